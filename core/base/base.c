@@ -1,0 +1,207 @@
+/* base.c — status text, allocation hooks, buffers, logging, env knobs. */
+#define _POSIX_C_SOURCE 200809L
+#include "lp_base.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *lp_strerror(lp_status st) {
+  switch (st) {
+  case LP_OK: return "ok";
+  case LP_ERR_NOMEM: return "out of memory";
+  case LP_ERR_ARG: return "invalid argument";
+  case LP_ERR_PARSE: return "parse error";
+  case LP_ERR_INVALID: return "invalid";
+  case LP_ERR_IO: return "i/o error";
+  case LP_ERR_UNSUPPORTED: return "unsupported in this build";
+  case LP_ERR_COMM: return "communication error";
+  case LP_ERR_TIMEOUT: return "timed out";
+  case LP_ERR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+/* ---- allocation ---- */
+
+static lp_alloc_fn alloc_fn;
+static void *alloc_ud;
+
+void lp_set_allocator(lp_alloc_fn fn, void *ud) {
+  alloc_fn = fn;
+  alloc_ud = ud;
+}
+
+void *lp_realloc(void *ptr, size_t size) {
+  if (alloc_fn) return alloc_fn(alloc_ud, ptr, size);
+  if (size == 0) {
+    free(ptr);
+    return NULL;
+  }
+  return realloc(ptr, size);
+}
+
+void *lp_malloc(size_t size) { return lp_realloc(NULL, size ? size : 1); }
+
+void *lp_calloc(size_t n, size_t size) {
+  if (size && n > SIZE_MAX / size) return NULL;
+  void *p = lp_malloc(n * size);
+  if (p && n * size > 0) memset(p, 0, n * size);
+  return p;
+}
+
+void lp_free(void *ptr) {
+  if (ptr) lp_realloc(ptr, 0);
+}
+
+char *lp_strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = lp_malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+/* ---- buffers ---- */
+
+void lp_buf_init(lp_buf *b) { memset(b, 0, sizeof *b); }
+
+void lp_buf_free(lp_buf *b) {
+  lp_free(b->data);
+  lp_buf_init(b);
+}
+
+static int buf_reserve(lp_buf *b, size_t extra) {
+  if (b->failed) return 0;
+  if (b->len + extra + 1 <= b->cap) return 1;
+  size_t cap = b->cap ? b->cap : 256;
+  while (cap < b->len + extra + 1) cap *= 2;
+  char *d = lp_realloc(b->data, cap);
+  if (!d) {
+    b->failed = 1;
+    return 0;
+  }
+  b->data = d;
+  b->cap = cap;
+  return 1;
+}
+
+void lp_buf_append(lp_buf *b, const char *s, size_t n) {
+  if (!buf_reserve(b, n)) return;
+  memcpy(b->data + b->len, s, n);
+  b->len += n;
+  b->data[b->len] = '\0';
+}
+
+void lp_buf_puts(lp_buf *b, const char *s) { lp_buf_append(b, s, strlen(s)); }
+
+void lp_buf_printf(lp_buf *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (n < 0 || !buf_reserve(b, (size_t)n)) return;
+  va_start(ap, fmt);
+  vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  b->len += (size_t)n;
+}
+
+void lp_buf_json_string(lp_buf *b, const char *s) {
+  lp_buf_append(b, "\"", 1);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    switch (c) {
+    case '"': lp_buf_puts(b, "\\\""); break;
+    case '\\': lp_buf_puts(b, "\\\\"); break;
+    case '\n': lp_buf_puts(b, "\\n"); break;
+    case '\r': lp_buf_puts(b, "\\r"); break;
+    case '\t': lp_buf_puts(b, "\\t"); break;
+    default:
+      if (c < 0x20) lp_buf_printf(b, "\\u%04x", c);
+      else lp_buf_append(b, (const char *)&c, 1);
+    }
+  }
+  lp_buf_append(b, "\"", 1);
+}
+
+char *lp_buf_take(lp_buf *b) {
+  char *d = NULL;
+  if (!b->failed) {
+    if (!b->data) buf_reserve(b, 0);
+    d = b->failed ? NULL : b->data;
+    if (d) b->data[b->len] = '\0';
+  }
+  if (!d) lp_free(b->data);
+  lp_buf_init(b);
+  return d;
+}
+
+/* ---- errors and logging ---- */
+
+void lp_errf(char *dst, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(dst, LP_ERRLEN, fmt, ap);
+  va_end(ap);
+}
+
+static const char *level_names[] = {"error", "warn", "info", "debug"};
+
+lp_log_level lp_log_threshold(void) {
+  static int cached = -1;
+  if (cached < 0) {
+    cached = LP_LOG_WARN;
+    const char *v = getenv("LUAPIPE_LOG");
+    for (int i = 0; v && i < 4; i++)
+      if (strcmp(v, level_names[i]) == 0) cached = i;
+  }
+  return (lp_log_level)cached;
+}
+
+void lp_log(lp_log_level lvl, const char *fmt, ...) {
+  if (lvl > lp_log_threshold()) return;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "luapipe %s: ", level_names[lvl]);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+/* ---- env knobs ---- */
+
+static const lp_env_knob knobs[] = {
+    {"LUAPIPE_LOG", "warn", "log level on stderr: error, warn, info or debug"},
+    {"LUAPIPE_LUA_PATH", "", "extra directory searched first for luapipe's Lua modules"},
+    {"LUAPIPE_TIMEOUT", "300", "watchdog: seconds a rank may wait on a message before every rank aborts"},
+    {"LUAPIPE_HISTORY", "~/.luapipe_history", "REPL history file (empty disables history)"},
+};
+
+const lp_env_knob *lp_env_knobs(int *count) {
+  *count = (int)(sizeof knobs / sizeof knobs[0]);
+  return knobs;
+}
+
+long lp_env_int(const char *name, long deflt) {
+  const char *v = getenv(name);
+  if (!v || !*v) return deflt;
+  char *end;
+  long x = strtol(v, &end, 10);
+  return *end ? deflt : x;
+}
+
+double lp_env_double(const char *name, double deflt) {
+  const char *v = getenv(name);
+  if (!v || !*v) return deflt;
+  char *end;
+  double x = strtod(v, &end);
+  return *end ? deflt : x;
+}
+
+double lp_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -1,0 +1,102 @@
+/* lp_base.h — status codes, error text, logging, allocation hooks and the
+ * LUAPIPE_* environment knobs shared by every luapipe module.
+ * Depends on nothing but the C library. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum lp_status {
+  LP_OK = 0,
+  LP_ERR_NOMEM,       /* an allocation failed */
+  LP_ERR_ARG,         /* a caller passed something out of range */
+  LP_ERR_PARSE,       /* text (action, CSV, JSON, numbers) did not parse */
+  LP_ERR_INVALID,     /* a schedule or plan failed validation */
+  LP_ERR_IO,          /* a file could not be read or written */
+  LP_ERR_UNSUPPORTED, /* not built in (e.g. CUDA without nvcc) */
+  LP_ERR_COMM,        /* a communication backend failed */
+  LP_ERR_TIMEOUT,     /* the watchdog fired */
+  LP_ERR_INTERNAL     /* a bug: an invariant did not hold */
+} lp_status;
+
+/* Returns a static, human-readable name for a status ("out of memory"). */
+const char *lp_strerror(lp_status st);
+
+/* ---- allocation hooks -------------------------------------------------
+ * Every allocation in the core goes through these so tests can inject
+ * out-of-memory failures. lp_realloc(p, 0) frees and returns NULL. */
+typedef void *(*lp_alloc_fn)(void *ud, void *ptr, size_t size);
+void lp_set_allocator(lp_alloc_fn fn, void *ud); /* NULL restores malloc */
+void *lp_malloc(size_t size);
+void *lp_calloc(size_t n, size_t size);
+void *lp_realloc(void *ptr, size_t size);
+void lp_free(void *ptr);
+char *lp_strdup(const char *s);
+
+/* ---- growable byte buffer (for text and JSON output) ----------------- */
+typedef struct lp_buf {
+  char *data; /* NUL-terminated while ok */
+  size_t len, cap;
+  int failed; /* set once an allocation failed; further appends are ignored */
+} lp_buf;
+void lp_buf_init(lp_buf *b);
+void lp_buf_free(lp_buf *b);
+void lp_buf_append(lp_buf *b, const char *s, size_t n);
+void lp_buf_puts(lp_buf *b, const char *s);
+void lp_buf_printf(lp_buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Appends s as a JSON string literal, with quotes and escapes. */
+void lp_buf_json_string(lp_buf *b, const char *s);
+/* Hands the data to the caller (who frees it with lp_free); NULL on
+ * allocation failure. The buffer is left empty. */
+char *lp_buf_take(lp_buf *b);
+
+/* ---- error text -------------------------------------------------------
+ * Contexts keep their last error in a fixed buffer: formatting never
+ * allocates, so it works after an out-of-memory failure. */
+#define LP_ERRLEN 512
+void lp_errf(char *dst, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ---- logging ---------------------------------------------------------- */
+typedef enum { LP_LOG_ERROR, LP_LOG_WARN, LP_LOG_INFO, LP_LOG_DEBUG } lp_log_level;
+void lp_log(lp_log_level lvl, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+lp_log_level lp_log_threshold(void); /* from LUAPIPE_LOG (error|warn|info|debug) */
+
+/* Check macros (NCCL style): return on failure, or jump to `fail`. Both
+ * leave a debug-level trail "-> code at file:line". */
+#define LP_CHECK(call)                                                         \
+  do {                                                                         \
+    lp_status st_ = (call);                                                    \
+    if (st_ != LP_OK) {                                                        \
+      lp_log(LP_LOG_DEBUG, "-> %d at %s:%d", (int)st_, __FILE__, __LINE__);   \
+      return st_;                                                              \
+    }                                                                          \
+  } while (0)
+#define LP_CHECK_GOTO(call, st, label)                                         \
+  do {                                                                         \
+    (st) = (call);                                                             \
+    if ((st) != LP_OK) {                                                       \
+      lp_log(LP_LOG_DEBUG, "-> %d at %s:%d", (int)(st), __FILE__, __LINE__);  \
+      goto label;                                                              \
+    }                                                                          \
+  } while (0)
+
+/* ---- environment knobs -------------------------------------------------
+ * Declared once here; each reads its LUAPIPE_* variable on first use.
+ * The README lists them. */
+typedef struct lp_env_knob {
+  const char *name;    /* "LUAPIPE_TIMEOUT" */
+  const char *deflt;   /* default as text */
+  const char *summary; /* one line for the README and `luapipe help env` */
+} lp_env_knob;
+const lp_env_knob *lp_env_knobs(int *count);
+/* Integer / double value of a knob (default when unset or unparsable). */
+long lp_env_int(const char *name, long deflt);
+double lp_env_double(const char *name, double deflt);
+
+/* Monotonic wall clock in seconds. */
+double lp_now(void);
+
+#define LP_VERSION "0.1.0"

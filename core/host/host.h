@@ -1,0 +1,13 @@
+/* host.h — pieces of the luapipe program shared by main.c and repl.c. */
+#pragma once
+
+#include <lua.h>
+
+/* Calls the function below nargs arguments through the pcall choke point
+ * with Ctrl-C turned into a Lua error. */
+int host_docall(lua_State *L, int nargs, int nres);
+/* Prints the error message on top of the stack (if status is not OK) to
+ * stderr and pops it. */
+void host_report(lua_State *L, int status);
+/* Runs the interactive REPL until end of input. */
+void host_repl(lua_State *L);

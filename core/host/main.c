@@ -1,0 +1,289 @@
+/* main.c — the luapipe program: runs scripts (`luapipe FILE.lua args`),
+ * code (`-e`), subcommands written in Lua (`luapipe simulate ...`) and an
+ * interactive REPL. Everything runs inside one protected pmain; every chunk
+ * goes through docall (traceback handler, SIGINT hook). */
+#define _POSIX_C_SOURCE 200809L
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "host.h"
+#include "lp_base.h"
+#include "lp_lua.h"
+
+static const char *progname = "luapipe";
+static lua_State *global_L;
+
+/* ---- SIGINT: set a hook that raises "interrupted!" at the next call ---- */
+
+static void stop_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  lua_sethook(L, NULL, 0, 0);
+  luaL_error(L, "interrupted!");
+}
+
+static void on_sigint(int sig) {
+  signal(sig, SIG_DFL); /* a second Ctrl-C kills the process */
+  lua_sethook(global_L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+}
+
+void host_report(lua_State *L, int status) {
+  if (status != LUA_OK) {
+    const char *msg = lua_tostring(L, -1);
+    fprintf(stderr, "%s: %s\n", progname, msg ? msg : "(error without a message)");
+    fflush(stderr);
+    lua_pop(L, 1);
+  }
+}
+
+int host_docall(lua_State *L, int nargs, int nres) {
+  global_L = L;
+  signal(SIGINT, on_sigint);
+  int status = lp_lua_pcall(L, nargs, nres);
+  signal(SIGINT, SIG_DFL);
+  return status;
+}
+
+/* ---- start-up ---- */
+
+static int dir_exists(const char *p) {
+  struct stat st;
+  return p && *p && stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* package.path = <lua dirs>/?.lua;<lua dirs>/?/init.lua;<default> */
+static void set_lua_path(lua_State *L) {
+  const char *dirs[3] = {getenv("LUAPIPE_LUA_PATH"), LUAPIPE_SOURCE_LUA_DIR,
+                         LUAPIPE_INSTALL_LUA_DIR};
+  luaL_Buffer b;
+  lua_getglobal(L, "package");
+  luaL_buffinit(L, &b);
+  for (int i = 0; i < 3; i++) {
+    if (!dir_exists(dirs[i])) continue;
+    luaL_addstring(&b, dirs[i]);
+    luaL_addstring(&b, "/?.lua;");
+    luaL_addstring(&b, dirs[i]);
+    luaL_addstring(&b, "/?/init.lua;");
+    if (i == 0) continue; /* the env dir is added in front of the others */
+    break;                /* source tree wins over the install dir */
+  }
+  lua_getfield(L, -2, "path");
+  luaL_addvalue(&b);
+  luaL_pushresult(&b);
+  lua_setfield(L, -2, "path");
+  lua_pop(L, 1);
+}
+
+/* Opens the standard libraries, preloads luapipe.core and sets the global
+ * `luapipe` to require("luapipe"). */
+static int open_luapipe(lua_State *L) {
+  luaL_openlibs(L);
+  set_lua_path(L);
+  luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
+  lua_pushcfunction(L, luaopen_luapipe_core);
+  lua_setfield(L, -2, "luapipe.core");
+  lua_pop(L, 1);
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "luapipe");
+  int st = host_docall(L, 1, 1);
+  if (st != LUA_OK) return st;
+  lua_setglobal(L, "luapipe");
+  return LUA_OK;
+}
+
+/* arg table as in lua.c: arg[0] = script, arg[1..] = its arguments,
+ * negative indices for what came before. */
+static void create_arg_table(lua_State *L, char **argv, int argc, int script) {
+  lua_createtable(L, argc - script - 1, script + 1);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - script);
+  }
+  lua_setglobal(L, "arg");
+}
+
+static int run_chunk(lua_State *L, int status) {
+  if (status == LUA_OK) status = host_docall(L, 0, 0);
+  host_report(L, status);
+  return status;
+}
+
+static int run_string(lua_State *L, const char *code, const char *name) {
+  return run_chunk(L, luaL_loadbuffer(L, code, strlen(code), name));
+}
+
+/* Runs a script with its arguments (arg[1..n] also passed as ...). */
+static int run_script(lua_State *L, char **argv, int argc, int script) {
+  const char *fname = argv[script];
+  if (strcmp(fname, "-") == 0) fname = NULL; /* stdin */
+  int status = luaL_loadfile(L, fname);
+  if (status == LUA_OK) {
+    int n = argc - script - 1;
+    luaL_checkstack(L, n, "too many arguments to script");
+    for (int i = script + 1; i < argc; i++) lua_pushstring(L, argv[i]);
+    status = host_docall(L, n, 0);
+  }
+  host_report(L, status);
+  return status;
+}
+
+/* `luapipe <command> ...`: require("luapipe.cli").main({args}) returns the
+ * exit code. */
+static int run_command(lua_State *L, char **argv, int argc, int *exit_code) {
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "luapipe.cli");
+  int st = host_docall(L, 1, 1);
+  if (st != LUA_OK) {
+    host_report(L, st);
+    return st;
+  }
+  lua_getfield(L, -1, "main");
+  lua_createtable(L, argc - 1, 0);
+  for (int i = 1; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i);
+  }
+  st = host_docall(L, 1, 1);
+  if (st != LUA_OK) {
+    host_report(L, st);
+    return st;
+  }
+  *exit_code = lua_isinteger(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+  lua_pop(L, 2);
+  return LUA_OK;
+}
+
+/* Is argv[1] a subcommand? Asks luapipe.cli.is_command(name). */
+static int is_command(lua_State *L, const char *name) {
+  if (strchr(name, '.') || strchr(name, '/')) return 0;
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "luapipe.cli");
+  if (host_docall(L, 1, 1) != LUA_OK) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  lua_getfield(L, -1, "is_command");
+  lua_pushstring(L, name);
+  int yes = host_docall(L, 1, 1) == LUA_OK && lua_toboolean(L, -1);
+  lua_pop(L, 2);
+  return yes;
+}
+
+static void print_usage(FILE *f) {
+  fprintf(f,
+          "usage: %s [options] [script.lua [args]]\n"
+          "       %s <command> [options]     (see `%s help`)\n"
+          "Options:\n"
+          "  -e CODE   run CODE\n"
+          "  -i        enter the interactive REPL after running the script\n"
+          "  -v        print the version\n"
+          "  -h, --help  show this help\n"
+          "  --        stop handling options\n"
+          "  -         run standard input as a script\n"
+          "Commands: schedule, simulate, bubbles, eplb, help (run `%s help`).\n"
+          "With no arguments, starts the REPL (the library is the global `luapipe`).\n",
+          progname, progname, progname, progname);
+}
+
+typedef struct host_args {
+  int argc;
+  char **argv;
+  int exit_code;
+} host_args;
+
+static int pmain(lua_State *L) {
+  host_args *ha = lua_touserdata(L, 1);
+  int argc = ha->argc;
+  char **argv = ha->argv;
+  int interactive = 0, version = 0, script = 0;
+  ha->exit_code = 1;
+  if (open_luapipe(L) != LUA_OK) {
+    host_report(L, LUA_ERRRUN);
+    return 0;
+  }
+  /* subcommand? */
+  if (argc >= 2 && argv[1][0] != '-' && is_command(L, argv[1])) {
+    int code = 1;
+    if (run_command(L, argv, argc, &code) == LUA_OK) ha->exit_code = code;
+    return 0;
+  }
+  /* first pass: options, find the script */
+  int i;
+  for (i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-' || strcmp(a, "-") == 0) break;
+    if (strcmp(a, "--") == 0) {
+      i++;
+      break;
+    } else if (strcmp(a, "-i") == 0) {
+      interactive = 1;
+    } else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) {
+      version = 1;
+    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      print_usage(stdout);
+      ha->exit_code = 0;
+      return 0;
+    } else if (strcmp(a, "-e") == 0) {
+      if (++i >= argc) {
+        fprintf(stderr, "%s: '-e' needs an argument\n", progname);
+        print_usage(stderr);
+        ha->exit_code = 2;
+        return 0;
+      }
+    } else {
+      fprintf(stderr, "%s: unrecognized option '%s'\n", progname, a);
+      print_usage(stderr);
+      ha->exit_code = 2;
+      return 0;
+    }
+  }
+  script = i < argc ? i : 0;
+  if (version) printf("luapipe %s (%s)\n", LP_VERSION, LUA_RELEASE);
+  create_arg_table(L, argv, argc, script ? script : argc - 1 + (argc == 1));
+  /* second pass: run -e chunks in order */
+  for (int j = 1; j < (script ? script : argc); j++) {
+    if (strcmp(argv[j], "-e") == 0) {
+      if (run_string(L, argv[++j], "=(command line)") != LUA_OK) return 0;
+    } else if (strcmp(argv[j], "--") == 0) {
+      break;
+    }
+  }
+  if (script) {
+    if (run_script(L, argv, argc, script) != LUA_OK) return 0;
+  }
+  int ran_something = script || version;
+  for (int j = 1; j < argc && !ran_something; j++)
+    if (strcmp(argv[j], "-e") == 0) ran_something = 1;
+  if (interactive || !ran_something) {
+    if (interactive || isatty(STDIN_FILENO)) {
+      host_repl(L);
+    } else { /* `luapipe < file`: run stdin as a script */
+      if (run_chunk(L, luaL_loadfile(L, NULL)) != LUA_OK) return 0;
+    }
+  }
+  ha->exit_code = 0;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argv[0] && argv[0][0]) progname = "luapipe";
+  lua_State *L = luaL_newstate();
+  if (!L) {
+    fprintf(stderr, "%s: cannot create Lua state: not enough memory\n", progname);
+    return 1;
+  }
+  host_args ha = {argc, argv, 1};
+  lua_pushcfunction(L, pmain);
+  lua_pushlightuserdata(L, &ha);
+  int st = lua_pcall(L, 1, 0, 0);
+  if (st != LUA_OK) host_report(L, st);
+  /* os.exit inside a script ends the process itself; otherwise here */
+  lua_close(L);
+  return st == LUA_OK ? ha.exit_code : 1;
+}

@@ -1,0 +1,131 @@
+/* repl.c — the interactive REPL: readline editing and history, expressions
+ * printed (`1+1` prints 2, `=x` too), statements continued while the parser
+ * reports an unfinished chunk, errors printed with a traceback. */
+#define _POSIX_C_SOURCE 200809L
+#include <lauxlib.h>
+#include <lua.h>
+#include <readline/history.h>
+#include <readline/readline.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host.h"
+#include "lp_base.h"
+
+#define PROMPT "luapipe> "
+#define PROMPT2 "      >> "
+
+static char history_path[4096];
+
+static void history_open(void) {
+  const char *p = getenv("LUAPIPE_HISTORY");
+  if (p && !*p) return; /* explicitly disabled */
+  if (p) {
+    snprintf(history_path, sizeof history_path, "%s", p);
+  } else {
+    const char *home = getenv("HOME");
+    if (!home) return;
+    snprintf(history_path, sizeof history_path, "%s/.luapipe_history", home);
+  }
+  read_history(history_path);
+}
+
+static void history_add(const char *line) {
+  if (!*line) return;
+  add_history(line);
+  if (history_path[0]) {
+    if (append_history(1, history_path) != 0) write_history(history_path);
+    history_truncate_file(history_path, 1000);
+  }
+}
+
+/* Is the syntax error on top of the stack "unexpected end of input"? */
+static int incomplete(lua_State *L, int status) {
+  if (status != LUA_ERRSYNTAX) return 0;
+  size_t len;
+  const char *msg = lua_tolstring(L, -1, &len);
+  static const char mark[] = "<eof>";
+  size_t ml = sizeof mark - 1;
+  if (len >= ml && strcmp(msg + len - ml, mark) == 0) {
+    lua_pop(L, 1);
+    return 1;
+  }
+  return 0;
+}
+
+/* Compiles `return <line>`; leaves the function or nothing. */
+static int try_expression(lua_State *L, const char *line) {
+  const char *expr = line[0] == '=' ? line + 1 : line;
+  const char *ret = lua_pushfstring(L, "return %s;", expr);
+  int st = luaL_loadbuffer(L, ret, strlen(ret), "=stdin");
+  lua_remove(L, -2); /* the string */
+  if (st != LUA_OK) lua_pop(L, 1);
+  return st;
+}
+
+/* Reads one chunk, continuing lines until it is complete; leaves the
+ * compiled function or an error message, returns the load status, or -1
+ * at end of input. */
+static int read_chunk(lua_State *L) {
+  char *line = readline(PROMPT);
+  if (!line) return -1;
+  if (try_expression(L, line) == LUA_OK) {
+    history_add(line);
+    free(line);
+    return LUA_OK;
+  }
+  lua_pushstring(L, line); /* [code] */
+  free(line);
+  for (;;) {
+    size_t len;
+    const char *code = lua_tolstring(L, -1, &len);
+    int st = luaL_loadbuffer(L, code, len, "=stdin"); /* [code, fn|err] */
+    if (!incomplete(L, st)) {
+      history_add(lua_tostring(L, -2));
+      lua_remove(L, -2);
+      return st;
+    }
+    char *more = readline(PROMPT2);
+    if (!more) { /* end of input inside a statement */
+      lua_pop(L, 1);
+      return -1;
+    }
+    lua_pushstring(L, "\n");
+    lua_pushstring(L, more);
+    free(more);
+    lua_concat(L, 3); /* [code .. "\n" .. more] */
+  }
+}
+
+/* Prints every value left by the chunk with tostring. */
+static void print_results(lua_State *L, int base) {
+  int n = lua_gettop(L) - base;
+  if (n <= 0) return;
+  luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
+  lua_getglobal(L, "print");
+  lua_insert(L, base + 1);
+  int st = host_docall(L, n, 0);
+  if (st != LUA_OK)
+    fprintf(stderr, "luapipe: error calling print (%s)\n", lua_tostring(L, -1));
+  host_report(L, st);
+}
+
+void host_repl(lua_State *L) {
+  printf("luapipe %s, %s — the library is `luapipe`; try luapipe.help()\n",
+         LP_VERSION, LUA_RELEASE);
+  history_open();
+  for (;;) {
+    int base = lua_gettop(L);
+    int st = read_chunk(L);
+    if (st == -1) break;
+    if (st == LUA_OK) st = host_docall(L, 0, LUA_MULTRET);
+    if (st == LUA_OK)
+      print_results(L, base);
+    else
+      host_report(L, st);
+    lua_settop(L, base);
+  }
+  lua_settop(L, 0);
+  putchar('\n');
+}

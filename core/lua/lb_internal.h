@@ -1,0 +1,31 @@
+/* lb_internal.h — helpers shared by the lb_<module>.c binding files. Each
+ * binding file adds its functions to the module table on the top of the
+ * stack through lb_open_<module>. */
+#pragma once
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "lp_base.h"
+
+void lb_open_schedule(lua_State *L);
+void lb_open_sim(lua_State *L);
+void lb_open_eplb(lua_State *L);
+
+/* Pushes nil, msg and returns 2 (runtime failures). */
+int lb_fail(lua_State *L, const char *msg);
+/* Registers metatable `tname` with __name, __index = methods (the methods
+ * table is also stored in the module table under `field`). Leaves nothing
+ * on the stack. Expects the module table at index -1. */
+void lb_new_class(lua_State *L, const char *tname, const char *field,
+                  const luaL_Reg *methods, const luaL_Reg *metamethods);
+
+#include "lp_schedule.h"
+#define LB_SCHEDULE "luapipe.Schedule"
+/* The schedule inside the luapipe.Schedule at idx; raises "attempt to use a
+ * closed luapipe.Schedule" when closed, a type error when not one. */
+lp_schedule *lb_check_schedule(lua_State *L, int idx);
+/* Pushes a new luapipe.Schedule box owning s (which must not be NULL). */
+void lb_push_schedule(lua_State *L, lp_schedule *s);
+/* Pushes {type=, stage=, mb=, [btype=, bstage=, bmb=], text=} for a. */
+void lb_push_action(lua_State *L, const lp_action *a);

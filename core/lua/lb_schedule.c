@@ -1,0 +1,329 @@
+/* lb_schedule.c — luapipe.Schedule: the schedule IR seen from Lua.
+ * Misuse (bad ids, unparsable actions) raises; validation and lowering
+ * failures return nil, message. */
+#include <string.h>
+
+#include "lb_internal.h"
+
+typedef struct sched_box {
+  lp_schedule *s; /* NULL once closed */
+} sched_box;
+
+lp_schedule *lb_check_schedule(lua_State *L, int idx) {
+  sched_box *b = luaL_checkudata(L, idx, LB_SCHEDULE);
+  if (!b->s) luaL_error(L, "attempt to use a closed " LB_SCHEDULE);
+  return b->s;
+}
+
+/* Closed-first: the box exists (and is safe to collect) before it owns s. */
+static sched_box *new_box(lua_State *L) {
+  sched_box *b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->s = NULL;
+  luaL_setmetatable(L, LB_SCHEDULE);
+  return b;
+}
+
+void lb_push_schedule(lua_State *L, lp_schedule *s) { new_box(L)->s = s; }
+
+static int lb_schedule_close(lua_State *L) {
+  sched_box *b = luaL_checkudata(L, 1, LB_SCHEDULE);
+  lp_schedule_free(b->s);
+  b->s = NULL;
+  return 0;
+}
+
+static int lb_schedule_new(lua_State *L) {
+  int ranks = (int)luaL_checkinteger(L, 1);
+  int stages = (int)luaL_checkinteger(L, 2);
+  int mbs = (int)luaL_checkinteger(L, 3);
+  luaL_argcheck(L, ranks >= 1, 1, "ranks must be at least 1");
+  luaL_argcheck(L, stages >= 1, 2, "stages must be at least 1");
+  luaL_argcheck(L, mbs >= 1, 3, "microbatches must be at least 1");
+  sched_box *b = new_box(L);
+  if (lp_schedule_new(ranks, stages, mbs, &b->s) != LP_OK)
+    return luaL_error(L, "out of memory");
+  return 1;
+}
+
+/* Raises the schedule's last error unless st is LP_OK. */
+static void check(lua_State *L, lp_schedule *s, lp_status st) {
+  if (st == LP_ERR_NOMEM) luaL_error(L, "out of memory");
+  if (st != LP_OK) luaL_error(L, "%s", lp_schedule_last_error(s));
+}
+
+static int lb_schedule_set_name(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  check(L, s, lp_schedule_set_name(s, luaL_checkstring(L, 2)));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int lb_schedule_info(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  lua_createtable(L, 0, 6);
+  lua_pushstring(L, lp_schedule_name(s));
+  lua_setfield(L, -2, "name");
+  lua_pushinteger(L, lp_schedule_ranks(s));
+  lua_setfield(L, -2, "ranks");
+  lua_pushinteger(L, lp_schedule_stages(s));
+  lua_setfield(L, -2, "stages");
+  lua_pushinteger(L, lp_schedule_microbatches(s));
+  lua_setfield(L, -2, "microbatches");
+  lua_pushinteger(L, lp_schedule_vstages(s));
+  lua_setfield(L, -2, "vstages");
+  lua_pushboolean(L, lp_schedule_has_comm(s));
+  lua_setfield(L, -2, "lowered");
+  return 1;
+}
+
+static int lb_schedule_add_vstage(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int id;
+  check(L, s, lp_schedule_add_vstage(s, (int)luaL_checkinteger(L, 2),
+                                     (int)luaL_checkinteger(L, 3), &id));
+  lua_pushinteger(L, id);
+  return 1;
+}
+
+static int lb_schedule_vstage(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int v = (int)luaL_checkinteger(L, 2);
+  luaL_argcheck(L, v >= 0 && v < lp_schedule_vstages(s), 2, "no such virtual stage");
+  lua_pushinteger(L, lp_schedule_vstage_stage(s, v));
+  lua_pushinteger(L, lp_schedule_vstage_rank(s, v));
+  return 2;
+}
+
+static int lb_schedule_set_route(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int mb = (int)luaL_checkinteger(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  int n = (int)luaL_len(L, 3);
+  int buf[256];
+  luaL_argcheck(L, n <= 256, 3, "route longer than 256 virtual stages");
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, 3, i + 1);
+    int ok;
+    buf[i] = (int)lua_tointegerx(L, -1, &ok);
+    if (!ok) return luaL_error(L, "route of micro-batch %d: entry %d is not an integer", mb, i + 1);
+    lua_pop(L, 1);
+  }
+  check(L, s, lp_schedule_set_route(s, mb, buf, n));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int lb_schedule_route(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int n;
+  const int *r = lp_schedule_route(s, (int)luaL_checkinteger(L, 2), &n);
+  if (!r) return 0;
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushinteger(L, r[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static void check_rank(lua_State *L, lp_schedule *s, int arg, int rank) {
+  if (rank < 0 || rank >= lp_schedule_ranks(s))
+    luaL_argerror(L, arg, lua_pushfstring(L, "rank %d is out of range 0..%d", rank,
+                                          lp_schedule_ranks(s) - 1));
+}
+
+/* s:push(rank, "0F3" | {"0F3", "0I3", ...}) */
+static int lb_schedule_push(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int rank = (int)luaL_checkinteger(L, 2);
+  check_rank(L, s, 2, rank);
+  if (lua_type(L, 3) == LUA_TTABLE) {
+    lua_Integer n = luaL_len(L, 3);
+    for (lua_Integer i = 1; i <= n; i++) {
+      lua_geti(L, 3, i);
+      const char *t = lua_tostring(L, -1);
+      if (!t) return luaL_error(L, "rank %d: action %d is not a string", rank, (int)i);
+      check(L, s, lp_schedule_push_text(s, rank, t));
+      lua_pop(L, 1);
+    }
+  } else {
+    check(L, s, lp_schedule_push_text(s, rank, luaL_checkstring(L, 3)));
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int lb_schedule_clear_rank(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int rank = (int)luaL_checkinteger(L, 2);
+  check_rank(L, s, 2, rank);
+  lp_schedule_clear_rank(s, rank);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* s:actions(rank) -> {"0F0", "0F1", ...} */
+static int lb_schedule_actions(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int rank = (int)luaL_checkinteger(L, 2);
+  check_rank(L, s, 2, rank);
+  int n;
+  const lp_action *a = lp_schedule_actions(s, rank, &n);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    char t[LP_ACTION_TEXT_MAX];
+    lp_action_format(&a[i], t, sizeof t);
+    lua_pushstring(L, t);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+void lb_push_action(lua_State *L, const lp_action *a) {
+  char t[LP_ACTION_TEXT_MAX];
+  lua_createtable(L, 0, 7);
+  lua_pushstring(L, a->type == LP_ACT_FB ? "FB" : lp_action_type_name(a->type));
+  lua_setfield(L, -2, "type");
+  lua_pushinteger(L, a->stage);
+  lua_setfield(L, -2, "stage");
+  if (a->mb >= 0) {
+    lua_pushinteger(L, a->mb);
+    lua_setfield(L, -2, "mb");
+  }
+  if (a->type == LP_ACT_FB) {
+    lua_pushstring(L, lp_action_type_name(a->btype));
+    lua_setfield(L, -2, "btype");
+    lua_pushinteger(L, a->bstage);
+    lua_setfield(L, -2, "bstage");
+    lua_pushinteger(L, a->bmb);
+    lua_setfield(L, -2, "bmb");
+  }
+  lp_action_format(a, t, sizeof t);
+  lua_pushstring(L, t);
+  lua_setfield(L, -2, "text");
+}
+
+/* s:action(rank, i) -> decoded table (i is 1-based), or nil past the end */
+static int lb_schedule_action(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int rank = (int)luaL_checkinteger(L, 2);
+  check_rank(L, s, 2, rank);
+  int n, i = (int)luaL_checkinteger(L, 3);
+  const lp_action *a = lp_schedule_actions(s, rank, &n);
+  if (i < 1 || i > n) return 0;
+  lb_push_action(L, &a[i - 1]);
+  return 1;
+}
+
+static int lb_schedule_count(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int rank = (int)luaL_checkinteger(L, 2);
+  check_rank(L, s, 2, rank);
+  int n;
+  lp_schedule_actions(s, rank, &n);
+  lua_pushinteger(L, n);
+  return 1;
+}
+
+static int lb_schedule_validate(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  lp_status st = lp_schedule_validate(s);
+  if (st == LP_ERR_NOMEM) return luaL_error(L, "out of memory");
+  if (st != LP_OK) return lb_fail(L, lp_schedule_last_error(s));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int lb_schedule_lower(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  sched_box *b = new_box(L);
+  lp_status st = lp_schedule_lower(s, &b->s);
+  if (st == LP_ERR_NOMEM) return luaL_error(L, "out of memory");
+  if (st != LP_OK) return lb_fail(L, lp_schedule_last_error(s));
+  return 1;
+}
+
+static int lb_schedule_clone(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  sched_box *b = new_box(L);
+  b->s = lp_schedule_clone(s);
+  if (!b->s) return luaL_error(L, "out of memory");
+  return 1;
+}
+
+static int push_owned_string(lua_State *L, char *text) {
+  if (!text) return luaL_error(L, "out of memory");
+  lua_pushstring(L, text);
+  lp_free(text);
+  return 1;
+}
+
+static int lb_schedule_to_csv(lua_State *L) {
+  return push_owned_string(L, lp_schedule_to_csv(lb_check_schedule(L, 1)));
+}
+
+static int lb_schedule_to_json(lua_State *L) {
+  return push_owned_string(L, lp_schedule_to_json(lb_check_schedule(L, 1)));
+}
+
+/* core.schedule_from_csv(text, origin) -> Schedule | nil, err */
+static int lb_schedule_from_csv(lua_State *L) {
+  const char *text = luaL_checkstring(L, 1);
+  const char *origin = luaL_optstring(L, 2, "csv");
+  char err[LP_ERRLEN];
+  sched_box *b = new_box(L);
+  lp_status st = lp_schedule_from_csv(text, origin, &b->s, err);
+  if (st == LP_ERR_NOMEM) return luaL_error(L, "out of memory");
+  if (st != LP_OK) return lb_fail(L, err);
+  return 1;
+}
+
+/* core.parse_action(text) -> decoded table | nil, err */
+static int lb_parse_action(lua_State *L) {
+  lp_action a;
+  char err[LP_ERRLEN];
+  if (lp_action_parse(luaL_checkstring(L, 1), &a, err) != LP_OK) return lb_fail(L, err);
+  lb_push_action(L, &a);
+  return 1;
+}
+
+static int lb_schedule_memory(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int rank = (int)luaL_checkinteger(L, 2);
+  check_rank(L, s, 2, rank);
+  lp_schedule_memory m;
+  check(L, s, lp_schedule_memory_of(s, rank, &m));
+  lua_createtable(L, 0, 4);
+  lua_pushinteger(L, m.peak_live);
+  lua_setfield(L, -2, "peak_live");
+  lua_pushinteger(L, m.peak_pending_w);
+  lua_setfield(L, -2, "peak_pending_w");
+  lua_pushinteger(L, m.peak_total);
+  lua_setfield(L, -2, "peak_total");
+  lua_pushinteger(L, m.param_stages);
+  lua_setfield(L, -2, "param_stages");
+  return 1;
+}
+
+void lb_open_schedule(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"set_name", lb_schedule_set_name}, {"info", lb_schedule_info},
+      {"add_vstage", lb_schedule_add_vstage}, {"vstage", lb_schedule_vstage},
+      {"set_route", lb_schedule_set_route}, {"route", lb_schedule_route},
+      {"push", lb_schedule_push}, {"clear_rank", lb_schedule_clear_rank},
+      {"actions", lb_schedule_actions}, {"action", lb_schedule_action},
+      {"count", lb_schedule_count}, {"validate", lb_schedule_validate},
+      {"lower", lb_schedule_lower}, {"clone", lb_schedule_clone},
+      {"to_csv", lb_schedule_to_csv}, {"to_json", lb_schedule_to_json},
+      {"memory", lb_schedule_memory}, {"close", lb_schedule_close},
+      {NULL, NULL}};
+  static const luaL_Reg meta[] = {
+      {"__gc", lb_schedule_close}, {"__close", lb_schedule_close}, {NULL, NULL}};
+  static const luaL_Reg funcs[] = {
+      {"schedule_new", lb_schedule_new},
+      {"schedule_from_csv", lb_schedule_from_csv},
+      {"parse_action", lb_parse_action},
+      {NULL, NULL}};
+  luaL_setfuncs(L, funcs, 0);
+  lb_new_class(L, LB_SCHEDULE, "Schedule", methods, meta);
+}

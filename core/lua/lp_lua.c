@@ -1,0 +1,79 @@
+/* lp_lua.c — luaopen_luapipe_core and the pcall choke point. */
+#include "lp_lua.h"
+
+#include "lb_internal.h"
+
+int lp_lua_traceback(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (msg == NULL) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
+      return 1;
+    msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+int lp_lua_pcall(lua_State *L, int nargs, int nresults) {
+  int base = lua_gettop(L) - nargs; /* function index */
+  lua_pushcfunction(L, lp_lua_traceback);
+  lua_insert(L, base);
+  int st = lua_pcall(L, nargs, nresults, base);
+  lua_remove(L, base);
+  return st;
+}
+
+int lb_fail(lua_State *L, const char *msg) {
+  lua_pushnil(L);
+  lua_pushstring(L, msg);
+  return 2;
+}
+
+void lb_new_class(lua_State *L, const char *tname, const char *field,
+                  const luaL_Reg *methods, const luaL_Reg *metamethods) {
+  luaL_newmetatable(L, tname); /* [mod, mt] */
+  if (metamethods) luaL_setfuncs(L, metamethods, 0);
+  lua_newtable(L);             /* [mod, mt, methods] */
+  luaL_setfuncs(L, methods, 0);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -3, "__index");
+  lua_setfield(L, -3, field);  /* mod[field] = methods; [mod, mt] */
+  lua_pop(L, 1);
+}
+
+static int lb_version(lua_State *L) {
+  lua_pushstring(L, LP_VERSION);
+  return 1;
+}
+
+static int lb_env_knobs(lua_State *L) {
+  int n;
+  const lp_env_knob *k = lp_env_knobs(&n);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_createtable(L, 0, 3);
+    lua_pushstring(L, k[i].name);
+    lua_setfield(L, -2, "name");
+    lua_pushstring(L, k[i].deflt);
+    lua_setfield(L, -2, "default");
+    lua_pushstring(L, k[i].summary);
+    lua_setfield(L, -2, "summary");
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static int lb_now(lua_State *L) {
+  lua_pushnumber(L, lp_now());
+  return 1;
+}
+
+int luaopen_luapipe_core(lua_State *L) {
+  static const luaL_Reg funcs[] = {
+      {"version", lb_version}, {"env_knobs", lb_env_knobs}, {"now", lb_now}, {NULL, NULL}};
+  luaL_newlib(L, funcs);
+  lb_open_schedule(L);
+  lb_open_sim(L);
+  lb_open_eplb(L);
+  return 1;
+}

@@ -1,0 +1,136 @@
+/* lp_schedule.h — the schedule IR: ranks, model stages, virtual stages (a
+ * model stage placed on a rank), a route per micro-batch and one ordered
+ * action list per rank; action text, CSV and JSON I/O; validation; lowering
+ * (SEND/RECV insertion); per-rank memory accounting. Uses lp_base only. */
+#pragma once
+
+#include "lp_base.h"
+
+typedef enum lp_action_type {
+  LP_ACT_F = 0,       /* forward */
+  LP_ACT_B,           /* full backward (input-grad + weight-grad) */
+  LP_ACT_I,           /* input-grad only; its W comes later */
+  LP_ACT_W,           /* weight-grad of an earlier I */
+  LP_ACT_FB,          /* overlapped pair: F of one virtual stage, B or I of another */
+  LP_ACT_SEND_F,      /* send F output to the next virtual stage of the route */
+  LP_ACT_RECV_F,      /* receive F input from the previous virtual stage */
+  LP_ACT_SEND_B,      /* send input-grad to the previous virtual stage */
+  LP_ACT_RECV_B,      /* receive output-grad from the next virtual stage */
+  LP_ACT_REDUCE_GRAD, /* sum gradients of a replicated model stage (no mb) */
+  LP_ACT__COUNT
+} lp_action_type;
+
+/* One action. Text form (PyTorch torch.distributed.pipelining):
+ * `<stage><TYPE><mb>` — "0F3", "7I2", "2SEND_F1", "3REDUCE_GRAD" — and
+ * "(0F7;7B3)OVERLAP_F_B" for FB. `stage` is always a virtual stage id. */
+typedef struct lp_action {
+  int32_t type;   /* lp_action_type */
+  int32_t stage;  /* virtual stage (the F half for FB) */
+  int32_t mb;     /* micro-batch; -1 for REDUCE_GRAD */
+  int32_t btype;  /* FB only: LP_ACT_B or LP_ACT_I */
+  int32_t bstage; /* FB only: virtual stage of the backward half */
+  int32_t bmb;    /* FB only: micro-batch of the backward half */
+} lp_action;
+
+#define LP_ACTION_TEXT_MAX 96
+
+/* Parses one action. On failure returns LP_ERR_PARSE and writes the reason
+ * into err (LP_ERRLEN bytes) when err is not NULL. Accepts PyTorch's older
+ * "BW" for a full backward. Surrounding spaces are ignored. */
+lp_status lp_action_parse(const char *text, lp_action *out, char *err);
+/* Writes the text form into buf (LP_ACTION_TEXT_MAX bytes is always enough). */
+void lp_action_format(const lp_action *a, char *buf, size_t len);
+/* "F", "B", ..., "REDUCE_GRAD", "OVERLAP_F_B" for FB. */
+const char *lp_action_type_name(int type);
+/* 1 for F, B, I, W, FB (work a rank computes), 0 for communication. */
+int lp_action_is_compute(int type);
+
+typedef struct lp_schedule lp_schedule;
+
+/* Creates an empty schedule: no virtual stages, no routes, no actions.
+ * Returns LP_ERR_ARG when a count is < 1, LP_ERR_NOMEM on allocation
+ * failure; *out is then NULL. The caller owns *out (lp_schedule_free). */
+lp_status lp_schedule_new(int ranks, int stages, int microbatches,
+                          lp_schedule **out);
+void lp_schedule_free(lp_schedule *s);
+/* Deep copy; NULL on allocation failure. */
+lp_schedule *lp_schedule_clone(const lp_schedule *s);
+
+/* The last error of any call on s, as text naming rank, action and reason;
+ * "" when none. Valid until the next call on s. */
+const char *lp_schedule_last_error(const lp_schedule *s);
+
+lp_status lp_schedule_set_name(lp_schedule *s, const char *name);
+const char *lp_schedule_name(const lp_schedule *s); /* "" when unset */
+int lp_schedule_ranks(const lp_schedule *s);
+int lp_schedule_stages(const lp_schedule *s);       /* model stages */
+int lp_schedule_microbatches(const lp_schedule *s);
+
+/* Places model stage `stage` on `rank` as a new virtual stage; its id
+ * (0, 1, 2, ... in order of addition) goes to *id when id is not NULL. */
+lp_status lp_schedule_add_vstage(lp_schedule *s, int stage, int rank, int *id);
+int lp_schedule_vstages(const lp_schedule *s);
+int lp_schedule_vstage_stage(const lp_schedule *s, int vstage); /* -1 if bad id */
+int lp_schedule_vstage_rank(const lp_schedule *s, int vstage);  /* -1 if bad id */
+
+/* Sets micro-batch mb's route: the ordered virtual stages it passes through
+ * (copied). Every model stage must appear exactly once, in model order. */
+lp_status lp_schedule_set_route(lp_schedule *s, int mb, const int *vstages,
+                                int n);
+/* The route of mb and its length in *n; NULL (and *n = 0) when unset. */
+const int *lp_schedule_route(const lp_schedule *s, int mb, int *n);
+
+/* Appends an action to rank's list. Checks only that ids are in range and
+ * that the virtual stages are placed on this rank; order is checked by
+ * lp_schedule_validate. */
+lp_status lp_schedule_push(lp_schedule *s, int rank, const lp_action *a);
+/* Parses and appends; parse errors name the text. */
+lp_status lp_schedule_push_text(lp_schedule *s, int rank, const char *text);
+/* Rank's action list and its length in *n (owned by s). */
+const lp_action *lp_schedule_actions(const lp_schedule *s, int rank, int *n);
+/* Removes every action of rank (to rebuild its list). */
+void lp_schedule_clear_rank(lp_schedule *s, int rank);
+
+/* 1 when any SEND/RECV action is present (the schedule is lowered). */
+int lp_schedule_has_comm(const lp_schedule *s);
+
+/* ---- I/O ---- */
+
+/* PyTorch-style CSV: one row per rank, one action per cell, empty cell =
+ * idle slot. Returns a NUL-terminated string to lp_free, NULL on OOM. */
+char *lp_schedule_to_csv(const lp_schedule *s);
+/* Reads CSV text. Placement and routes are inferred: a virtual stage lives
+ * on the rank whose row holds its actions; micro-batch m's route is the
+ * virtual stages that compute m, in increasing id order; a virtual stage's
+ * model stage is its position in the routes. Older spellings accepted ("BW";
+ * in a compute-only CSV a B followed by a W of the same stage and mb is an I).
+ * `origin` names the source in errors ("file.csv:3: ..."). On failure *out
+ * is NULL and err (LP_ERRLEN) says why. */
+lp_status lp_schedule_from_csv(const char *text, const char *origin,
+                               lp_schedule **out, char *err);
+/* JSON: {"name","ranks","stages","microbatches","virtual_stages":[{"id",
+ * "stage","rank"}],"routes":[[...]],"actions":[[text...]]}. lp_free it. */
+char *lp_schedule_to_json(const lp_schedule *s);
+
+/* ---- validation and lowering ---- */
+
+/* Checks everything the executor and simulator rely on (see README
+ * "Validation"). LP_OK, or LP_ERR_INVALID with the first problem in
+ * lp_schedule_last_error, e.g. "rank 2, action 14 (5B3): backward of
+ * micro-batch 3 on stage 5 comes before its forward". */
+lp_status lp_schedule_validate(lp_schedule *s);
+
+/* Validates s (compute-only), then returns a new schedule with SEND/RECV
+ * inserted so that it cannot deadlock under blocking rendezvous
+ * point-to-point; the result is validated again. Errors go to s. */
+lp_status lp_schedule_lower(lp_schedule *s, lp_schedule **out);
+
+/* ---- memory accounting (walks each rank's list in order) ---- */
+typedef struct lp_schedule_memory {
+  int peak_live;      /* max activations with F done and B/I not yet */
+  int peak_pending_w; /* max activations still held for a pending W */
+  int peak_total;     /* max of live + pending_w at the same moment */
+  int param_stages;   /* model-stage parameter copies held by the rank */
+} lp_schedule_memory;
+lp_status lp_schedule_memory_of(const lp_schedule *s, int rank,
+                                lp_schedule_memory *out);

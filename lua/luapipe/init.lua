@@ -1,0 +1,37 @@
+-- luapipe: pipeline-parallel schedules, simulation, execution and expert
+-- placement, scriptable from Lua. This is the table the REPL and scripts
+-- see as the global `luapipe`; submodules load on first use.
+local core = require("luapipe.core")
+
+local M = {
+  core = core,
+  version = core.version(),
+}
+
+local lazy = {
+  schedule = "luapipe.schedule",
+  schedules = "luapipe.schedules",
+  sim = "luapipe.sim",
+  show = "luapipe.show",
+  eplb = "luapipe.eplb",
+  cli = "luapipe.cli",
+}
+
+setmetatable(M, {
+  __index = function(t, k)
+    local name = lazy[k]
+    if name then
+      local mod = require(name)
+      rawset(t, k, mod)
+      return mod
+    end
+  end,
+})
+
+-- luapipe.help([topic]) prints help text in the REPL.
+function M.help(topic)
+  local cli = require("luapipe.cli")
+  io.write(cli.help_text(topic))
+end
+
+return M

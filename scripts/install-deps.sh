@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages luapipe needs, only those that are missing.
+# Idempotent and fast when everything is present.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config
+  lua5.4 liblua5.4-dev lua-unit lua-argparse lua-dkjson
+  libcmocka-dev
+  libopenmpi-dev openmpi-bin
+  libopenblas-dev
+  libreadline-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"
