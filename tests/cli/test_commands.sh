@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# `luapipe schedule | simulate | bubbles`: outputs, files, and error paths.
+. "$(dirname "$0")/lib.sh"
+
+# bubbles: DualPipe's table at P=8, M=20, F=1 B=2 W=1 F&B=3
+expect_rc "bubbles" 0 "$LP" bubbles --pp 8 --microbatches 20 --cost F=1,B=2,W=1,FB=3
+grep -E '^1F1B ' "$tmp/out" | grep -qE '^1F1B +21 ' && ok "1F1B bubble 21" || bad "1F1B bubble 21: $(grep -E '^1F1B' "$tmp/out")"
+grep -qE '^ZB1P +7 ' "$tmp/out" && ok "ZB1P bubble 7" || bad "ZB1P bubble 7: $(grep -E '^ZB1P' "$tmp/out")"
+grep -qE '^DualPipe +6 ' "$tmp/out" && ok "DualPipe bubble 6" || bad "DualPipe bubble 6: $(grep -E '^DualPipe ' "$tmp/out")"
+grep -E '^DualPipe ' "$tmp/out" | grep -q '9 (every rank)' && ok "DualPipe activations P+1 on every rank" || bad "DualPipe activations"
+expect_rc "bubbles json" 0 "$LP" bubbles -p 8 -m 20 --format json
+expect_in "bubbles json rows" "$tmp/out" '"rows"'
+expect_rc "bubbles bad cost exits 2" 2 "$LP" bubbles --cost F=x
+expect_in "bad cost named" "$tmp/err" "F=x"
+
+# schedule: listing, csv/json export, round trip through a file
+expect_rc "schedule text" 0 "$LP" schedule dualpipe --pp 4 --microbatches 8
+expect_in "worked example rank 0" "$tmp/out" "rank 0: 0F0 0F1 0F2 7F4 7I4 7W4 7F5 (0F3;7B5)OVERLAP_F_B (7F6;0B0)OVERLAP_F_B 7B6 (7F7;0B1)OVERLAP_F_B 7B7 0I2 0W2 0I3 0W3"
+expect_rc "schedule csv to file" 0 "$LP" schedule zb1p -p 4 -m 8 --format csv -o "$tmp/zb.csv"
+[ -s "$tmp/zb.csv" ] && ok "csv written" || bad "csv written"
+expect_rc "simulate from csv" 0 "$LP" simulate "$tmp/zb.csv" --cost F=1,B=2,W=1
+expect_in "csv schedule simulated" "$tmp/out" "makespan"
+expect_rc "schedule json" 0 "$LP" schedule 1f1b -p 2 -m 2 --format json -o "$tmp/s.json"
+expect_rc "simulate from json" 0 "$LP" simulate "$tmp/s.json" --no-gantt
+expect_rc "schedule lowered" 0 "$LP" schedule 1f1b -p 2 -m 2 --lower
+expect_in "lowered has SEND_F" "$tmp/out" "0SEND_F0"
+expect_rc "schedule gantt" 0 "$LP" schedule dualpipe -p 4 -m 8 --format gantt
+
+# a Lua file returning a schedule
+cat >"$tmp/mine.lua" <<'LUA'
+local schedule = require("luapipe.schedule")
+return schedule.new{ name = "mine", ranks = 2, stages = 2, microbatches = 2,
+  actions = { [0] = { "0F0", "0F1", "0B0", "0B1" }, [1] = { "1F0", "1B0", "1F1", "1B1" } } }
+LUA
+expect_rc "simulate a Lua schedule" 0 "$LP" simulate "$tmp/mine.lua" --cost F=1,B=2 --svg "$tmp/m.svg" --trace "$tmp/m.json"
+expect_in "svg named" "$tmp/out" "wrote SVG timeline to $tmp/m.svg"
+grep -q "<svg" "$tmp/m.svg" && ok "svg file" || bad "svg file"
+grep -q '"traceEvents"' "$tmp/m.json" && ok "trace file" || bad "trace file"
+expect_rc "simulate json" 0 "$LP" simulate "$tmp/mine.lua" --format json
+expect_in "json makespan" "$tmp/out" '"makespan"'
+
+# errors: invalid schedule, bad family parameters, missing file, unknown name
+cat >"$tmp/bad.lua" <<'LUA'
+local schedule = require("luapipe.schedule")
+return schedule.new{ ranks = 2, stages = 2, microbatches = 1,
+  actions = { [0] = { "0B0", "0F0" }, [1] = { "1F0", "1B0" } } }
+LUA
+expect_rc "invalid schedule exits 1" 1 "$LP" simulate "$tmp/bad.lua"
+expect_in "validation message" "$tmp/err" "rank 0, action 0 (0B0): backward of micro-batch 0 on stage 0 comes before its forward"
+expect_rc "dualpipe odd pp exits 1" 1 "$LP" schedule dualpipe --pp 3 --microbatches 8
+expect_in "dualpipe pp message" "$tmp/err" "pp must be even"
+expect_rc "missing csv exits 1" 1 "$LP" simulate "$tmp/none.csv"
+expect_in "missing file named" "$tmp/err" "none.csv"
+expect_rc "unknown family exits 1" 1 "$LP" schedule nosuch
+expect_in "unknown family message" "$tmp/err" "is not a schedule family"
+expect_rc "unwritable svg exits 1" 1 "$LP" simulate 1f1b --svg /nonexistent/dir/x.svg
+[ ! -e /nonexistent/dir/x.svg ] && ok "nothing half-written" || bad "file appeared"
+
+finish
