@@ -15,6 +15,7 @@
 
 #include "host.h"
 #include "lp_base.h"
+#include "lp_comm.h"
 #include "lp_lua.h"
 
 static const char *progname = "luapipe";
@@ -273,9 +274,12 @@ static int pmain(lua_State *L) {
 
 int main(int argc, char **argv) {
   if (argv[0] && argv[0][0]) progname = "luapipe";
+  /* MPI first when under mpirun (atexit also finalizes, for os.exit) */
+  if (lp_comm_mpi_init(&argc, &argv) != LP_OK) return 1;
   lua_State *L = luaL_newstate();
   if (!L) {
     fprintf(stderr, "%s: cannot create Lua state: not enough memory\n", progname);
+    lp_comm_mpi_finalize();
     return 1;
   }
   host_args ha = {argc, argv, 1};
@@ -285,5 +289,6 @@ int main(int argc, char **argv) {
   if (st != LUA_OK) host_report(L, st);
   /* os.exit inside a script ends the process itself; otherwise here */
   lua_close(L);
+  lp_comm_mpi_finalize();
   return st == LUA_OK ? ha.exit_code : 1;
 }

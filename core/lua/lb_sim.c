@@ -1,4 +1,422 @@
-/* lb_sim.c — TEMPORARY placeholder; the simulator binding replaces it. */
-#include "lb_internal.h"
+/* lb_sim.c — luapipe.SimResult: the simulator seen from Lua, plus
+ * `Schedule:simulate{...}` and core.isatty(fd).
+ * A bad cost table raises; an invalid schedule returns nil, message. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
-void lb_open_sim(lua_State *L) { (void)L; }
+#include "lb_internal.h"
+#include "lp_lua.h"
+#include "lp_sim.h"
+#include "lp_trace.h"
+
+#define LB_SIMRESULT "luapipe.SimResult"
+
+typedef struct simres_box {
+  lp_sim_result *r; /* NULL once closed */
+} simres_box;
+
+static lp_sim_result *check_result(lua_State *L, int idx) {
+  simres_box *b = luaL_checkudata(L, idx, LB_SIMRESULT);
+  if (!b->r) luaL_error(L, "attempt to use a closed " LB_SIMRESULT);
+  return b->r;
+}
+
+static int lb_simres_close(lua_State *L) {
+  simres_box *b = luaL_checkudata(L, 1, LB_SIMRESULT);
+  lp_sim_result_free(b->r);
+  b->r = NULL;
+  return 0;
+}
+
+/* __tostring: the Lua-side summary (luapipe.sim) when it loads, else a
+ * one-line note. */
+static int lb_simres_tostring(lua_State *L) {
+  simres_box *b = luaL_checkudata(L, 1, LB_SIMRESULT);
+  if (!b->r) {
+    lua_pushliteral(L, "luapipe.SimResult (closed)");
+    return 1;
+  }
+  if (lua_getfield(L, 1, "summary") == LUA_TFUNCTION) { /* [res, summary] */
+    lua_pushvalue(L, 1);
+    if (lp_lua_pcall(L, 1, 1) == LUA_OK && lua_type(L, -1) == LUA_TSTRING) return 1;
+  }
+  lua_pop(L, 1);
+  lua_pushfstring(L, "luapipe.SimResult: makespan %f, largest bubble %f",
+                  (lua_Number)lp_sim_makespan(b->r),
+                  (lua_Number)lp_sim_max_bubble(b->r));
+  return 1;
+}
+
+/* ---- the cost table ---- */
+
+static const char *const time_keys[] = {"F", "B", "I", "W", "FB", NULL};
+
+static double *time_field(lp_sim_times *t, int k) {
+  double *f[5] = {&t->f, &t->b, &t->i, &t->w, &t->fb};
+  return f[k];
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Raises "<ctx>: unknown key(s) 'a', 'b' (expected ...)" when the table at
+ * idx has a key outside `allowed` (NULL-terminated). Sorted, so the
+ * message does not depend on table order. */
+static void check_keys(lua_State *L, int idx, const char *const *allowed,
+                       const char *ctx, const char *expected) {
+  const char *bad[8];
+  int nbad = 0, more = 0;
+  idx = lua_absindex(L, idx);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1); /* [key] */
+    int ok = 0;
+    if (lua_type(L, -1) == LUA_TSTRING) {
+      const char *k = lua_tostring(L, -1);
+      for (int i = 0; allowed[i] && !ok; i++) ok = strcmp(k, allowed[i]) == 0;
+      if (!ok) {
+        if (nbad < 8) bad[nbad++] = k; /* the key stays alive in the table */
+        else more = 1;
+      }
+    } else {
+      if (nbad < 8) bad[nbad++] = luaL_typename(L, -1);
+      else more = 1;
+    }
+  }
+  if (nbad == 0) return;
+  qsort(bad, (size_t)nbad, sizeof *bad, cmp_str);
+  luaL_Buffer buf;
+  luaL_buffinit(L, &buf);
+  lua_pushfstring(L, "%s: unknown key%s ", ctx, nbad > 1 ? "s" : "");
+  luaL_addvalue(&buf);
+  for (int i = 0; i < nbad; i++) {
+    lua_pushfstring(L, "%s'%s'", i ? ", " : "", bad[i]);
+    luaL_addvalue(&buf);
+  }
+  if (more) luaL_addstring(&buf, ", ...");
+  lua_pushfstring(L, " (expected %s)", expected);
+  luaL_addvalue(&buf);
+  luaL_pushresult(&buf);
+  lua_error(L);
+}
+
+/* Reads number field `key` of the table at idx into *dst when present. */
+static void get_time(lua_State *L, int idx, const char *key, double *dst,
+                     const char *ctx) {
+  int t = lua_getfield(L, idx, key);
+  if (t != LUA_TNIL) {
+    int isnum;
+    lua_Number v = lua_tonumberx(L, -1, &isnum);
+    if (!isnum || !(v >= 0) || v != v || v > 1e300)
+      luaL_error(L, "%s: %s must be a number >= 0, got %s", ctx, key,
+                 isnum ? lua_tostring(L, -1) : luaL_typename(L, -1));
+    *dst = (double)v;
+  }
+  lua_pop(L, 1);
+}
+
+static void read_times(lua_State *L, int idx, lp_sim_times *t, const char *ctx) {
+  for (int k = 0; time_keys[k]; k++) get_time(L, idx, time_keys[k], time_field(t, k), ctx);
+}
+
+/* Fills c from the cost table at idx (absent or nil: defaults). Stage
+ * overrides live in a userdata left on the stack (collected with it). */
+static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
+  static const char *const top_keys[] = {"F", "B", "I", "W", "FB", "latency", "stages", NULL};
+  lp_sim_cost_init(c);
+  if (lua_isnoneornil(L, idx)) return;
+  luaL_checktype(L, idx, LUA_TTABLE);
+  idx = lua_absindex(L, idx);
+  check_keys(L, idx, top_keys, "simulate", "F, B, I, W, FB, latency, stages");
+  read_times(L, idx, &c->t, "simulate");
+  get_time(L, idx, "latency", &c->latency, "simulate");
+  if (lua_getfield(L, idx, "stages") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (!lua_istable(L, -1)) luaL_error(L, "simulate: stages must be a table {[stage] = {F = ...}}");
+  int S = lp_schedule_stages(s);
+  lp_sim_times *ov = lua_newuserdatauv(L, (size_t)S * sizeof *ov, 0); /* [stages, ov] */
+  for (int k = 0; k < S; k++) lp_sim_times_init(&ov[k]);
+  lua_pushnil(L);
+  while (lua_next(L, -3)) { /* [stages, ov, key, value] */
+    int isint;
+    lua_Integer k = lua_tointegerx(L, -2, &isint);
+    if (!isint || lua_type(L, -2) != LUA_TNUMBER || k < 0 || k >= S)
+      luaL_error(L, "simulate: stages key %s is not a model stage 0..%d",
+                 luaL_tolstring(L, -2, NULL), S - 1);
+    if (!lua_istable(L, -1))
+      luaL_error(L, "simulate: stages[%d] must be a table {F = ...}", (int)k);
+    char ctx[64];
+    snprintf(ctx, sizeof ctx, "simulate: stages[%d]", (int)k);
+    check_keys(L, -1, time_keys, ctx, "F, B, I, W, FB");
+    read_times(L, lua_absindex(L, -1), &ov[k], ctx);
+    lua_pop(L, 1);
+  }
+  lua_remove(L, -2); /* [ov] stays on the stack */
+  c->stages = ov;
+  c->nstages = S;
+}
+
+/* s:simulate([cost]) -> SimResult | nil, message */
+static int lb_schedule_simulate(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  lp_sim_cost cost;
+  read_cost(L, 2, s, &cost);
+  simres_box *b = lua_newuserdatauv(L, sizeof *b, 0); /* closed first */
+  b->r = NULL;
+  luaL_setmetatable(L, LB_SIMRESULT);
+  char err[LP_ERRLEN];
+  lp_status st = lp_sim_run(s, &cost, &b->r, err);
+  if (st == LP_ERR_NOMEM) return luaL_error(L, "out of memory");
+  if (st == LP_ERR_ARG) return luaL_error(L, "simulate: %s", err);
+  if (st != LP_OK) return lb_fail(L, err);
+  return 1;
+}
+
+/* ---- SimResult methods ---- */
+
+static int lb_simres_makespan(lua_State *L) {
+  lua_pushnumber(L, lp_sim_makespan(check_result(L, 1)));
+  return 1;
+}
+
+static int lb_simres_max_bubble(lua_State *L) {
+  lua_pushnumber(L, lp_sim_max_bubble(check_result(L, 1)));
+  return 1;
+}
+
+static void set_num(lua_State *L, const char *k, double v) {
+  lua_pushnumber(L, v);
+  lua_setfield(L, -2, k);
+}
+
+static void set_int(lua_State *L, const char *k, lua_Integer v) {
+  lua_pushinteger(L, v);
+  lua_setfield(L, -2, k);
+}
+
+/* r:info() -> {name=, ranks=, stages=, microbatches=, latency=} */
+static int lb_simres_info(lua_State *L) {
+  lp_sim_result *r = check_result(L, 1);
+  lua_createtable(L, 0, 5);
+  lua_pushstring(L, lp_sim_name(r));
+  lua_setfield(L, -2, "name");
+  set_int(L, "ranks", lp_sim_ranks(r));
+  set_int(L, "stages", lp_sim_stages(r));
+  set_int(L, "microbatches", lp_sim_microbatches(r));
+  set_num(L, "latency", lp_sim_latency(r));
+  return 1;
+}
+
+/* r:ranks() -> {{rank=, busy=, bubble=, bubble_ratio=, finish=,
+ *                peak_live=, peak_pending_w=}, ...} for ranks 0..P-1 */
+static int lb_simres_ranks(lua_State *L) {
+  lp_sim_result *r = check_result(L, 1);
+  int P = lp_sim_ranks(r);
+  lua_createtable(L, P, 0);
+  for (int k = 0; k < P; k++) {
+    lp_sim_rank_stats st;
+    lp_sim_rank_stats_of(r, k, &st);
+    lua_createtable(L, 0, 7);
+    set_int(L, "rank", k);
+    set_num(L, "busy", st.busy);
+    set_num(L, "bubble", st.bubble);
+    set_num(L, "bubble_ratio", st.bubble_ratio);
+    set_num(L, "finish", st.finish);
+    set_int(L, "peak_live", st.peak_live);
+    set_int(L, "peak_pending_w", st.peak_pending_w);
+    lua_rawseti(L, -2, k + 1);
+  }
+  return 1;
+}
+
+/* r:events([rank]) -> {{rank=, index=, text=, type=, stage=, mb=, start=,
+ *                        finish=, [btype=, bstage=, bmb=]}, ...} */
+static int lb_simres_events(lua_State *L) {
+  lp_sim_result *r = check_result(L, 1);
+  int n;
+  const lp_sim_event *ev;
+  if (lua_isnoneornil(L, 2)) {
+    ev = lp_sim_events(r, &n);
+  } else {
+    int rank = (int)luaL_checkinteger(L, 2);
+    luaL_argcheck(L, rank >= 0 && rank < lp_sim_ranks(r), 2, "no such rank");
+    ev = lp_sim_rank_events(r, rank, &n);
+  }
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lb_push_action(L, &ev[i].action);
+    set_int(L, "rank", ev[i].rank);
+    set_int(L, "index", ev[i].index);
+    set_num(L, "start", ev[i].start);
+    set_num(L, "finish", ev[i].end);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* r:messages() -> {{from=, to=, sent=, arrived=, text=}, ...} */
+static int lb_simres_messages(lua_State *L) {
+  lp_sim_result *r = check_result(L, 1);
+  int n;
+  const lp_sim_message *m = lp_sim_messages(r, &n);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_createtable(L, 0, 7);
+    set_int(L, "from", m[i].from);
+    set_int(L, "to", m[i].to);
+    set_num(L, "sent", m[i].sent);
+    set_num(L, "arrived", m[i].arrived);
+    lua_pushstring(L, m[i].text);
+    lua_setfield(L, -2, "text");
+    set_int(L, "from_index", m[i].from_index);
+    set_int(L, "to_index", m[i].to_index);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* r:memory(rank) -> {{time=, live=, pending_w=}, ...} (counter series) */
+static int lb_simres_memory(lua_State *L) {
+  lp_sim_result *r = check_result(L, 1);
+  int rank = (int)luaL_checkinteger(L, 2);
+  luaL_argcheck(L, rank >= 0 && rank < lp_sim_ranks(r), 2, "no such rank");
+  int n;
+  const lp_sim_sample *s = lp_sim_memory(r, rank, &n);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_createtable(L, 0, 3);
+    set_num(L, "time", s[i].t);
+    set_int(L, "live", s[i].live);
+    set_int(L, "pending_w", s[i].pending_w);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* r:trace_json() -> Chrome/Perfetto JSON text */
+static int lb_simres_trace_json(lua_State *L) {
+  lp_sim_result *r = check_result(L, 1);
+  lp_trace *t;
+  if (lp_trace_from_sim(r, &t) != LP_OK) return luaL_error(L, "out of memory");
+  char *json = lp_trace_to_json(t);
+  lp_trace_free(t);
+  if (!json) return luaL_error(L, "out of memory");
+  lua_pushstring(L, json);
+  lp_free(json);
+  return 1;
+}
+
+/* r:write_trace(path) -> true | nil, message (written atomically) */
+static int lb_simres_write_trace(lua_State *L) {
+  lp_sim_result *r = check_result(L, 1);
+  const char *path = luaL_checkstring(L, 2);
+  lp_trace *t;
+  if (lp_trace_from_sim(r, &t) != LP_OK) return luaL_error(L, "out of memory");
+  char err[LP_ERRLEN];
+  lp_status st = lp_trace_write_json(t, path, err);
+  lp_trace_free(t);
+  if (st != LP_OK) return lb_fail(L, err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.write_file(path, text) -> true | nil, message (atomic) */
+static int lb_write_file(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  size_t len;
+  const char *text = luaL_checklstring(L, 2, &len);
+  char err[LP_ERRLEN];
+  if (lp_trace_write_file(path, text, len, err) != LP_OK) return lb_fail(L, err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* core.isatty(fd) -> boolean */
+static int lb_isatty(lua_State *L) {
+  lua_pushboolean(L, isatty((int)luaL_checkinteger(L, 1)) == 1);
+  return 1;
+}
+
+/* __index of a methods table: on a miss for a key the Lua layer defines,
+ * loads module upvalue(1) once (through require, protected) and looks
+ * again. upvalue(2): table of keys to react to, or nil for any key;
+ * upvalue(3): true while the module is loading (no recursion). */
+static int lazy_index(lua_State *L) {
+  if (lua_type(L, 2) != LUA_TSTRING || lua_toboolean(L, lua_upvalueindex(3))) return 0;
+  if (lua_istable(L, lua_upvalueindex(2))) {
+    lua_pushvalue(L, 2);
+    int hit = lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL;
+    lua_pop(L, 1);
+    if (!hit) return 0;
+  }
+  if (lua_getglobal(L, "require") != LUA_TFUNCTION) return 0;
+  lua_pushboolean(L, 1);
+  lua_replace(L, lua_upvalueindex(3));
+  lua_pushvalue(L, lua_upvalueindex(1));
+  int st = lp_lua_pcall(L, 1, 0);
+  lua_pushboolean(L, 0);
+  lua_replace(L, lua_upvalueindex(3));
+  if (st != LUA_OK) {
+    lua_pop(L, 1);
+    return 0; /* the key stays missing; the caller reports it */
+  }
+  lua_pushvalue(L, 2);
+  lua_rawget(L, 1);
+  return 1;
+}
+
+/* Gives the methods table at idx a lazy __index (unless it has a
+ * metatable already). keys: NULL-terminated list, or NULL for any key. */
+static void set_lazy(lua_State *L, int idx, const char *module, const char *const *keys) {
+  idx = lua_absindex(L, idx);
+  if (lua_getmetatable(L, idx)) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_createtable(L, 0, 1); /* [mt] */
+  lua_pushstring(L, module);
+  if (keys) {
+    lua_newtable(L);
+    for (int i = 0; keys[i]; i++) {
+      lua_pushboolean(L, 1);
+      lua_setfield(L, -2, keys[i]);
+    }
+  } else {
+    lua_pushnil(L);
+  }
+  lua_pushboolean(L, 0);
+  lua_pushcclosure(L, lazy_index, 3);
+  lua_setfield(L, -2, "__index");
+  lua_setmetatable(L, idx);
+}
+
+void lb_open_sim(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"makespan", lb_simres_makespan}, {"max_bubble", lb_simres_max_bubble},
+      {"info", lb_simres_info},         {"ranks", lb_simres_ranks},
+      {"events", lb_simres_events},     {"messages", lb_simres_messages},
+      {"memory", lb_simres_memory},     {"trace_json", lb_simres_trace_json},
+      {"write_trace", lb_simres_write_trace}, {"close", lb_simres_close},
+      {NULL, NULL}};
+  static const luaL_Reg meta[] = {
+      {"__gc", lb_simres_close}, {"__close", lb_simres_close},
+      {"__tostring", lb_simres_tostring}, {NULL, NULL}};
+  static const luaL_Reg funcs[] = {
+      {"isatty", lb_isatty}, {"write_file", lb_write_file}, {NULL, NULL}};
+  static const char *const schedule_keys[] = {"show", "gantt", NULL};
+  luaL_setfuncs(L, funcs, 0);
+  lb_new_class(L, LB_SIMRESULT, "SimResult", methods, meta);
+  lua_getfield(L, -1, "SimResult"); /* [mod, methods] */
+  set_lazy(L, -1, "luapipe.sim", NULL);
+  lua_pop(L, 1);
+  lua_getfield(L, -1, "Schedule"); /* [mod, Schedule methods] */
+  lua_pushcfunction(L, lb_schedule_simulate);
+  lua_setfield(L, -2, "simulate");
+  set_lazy(L, -1, "luapipe.show", schedule_keys);
+  lua_pop(L, 1);
+}

@@ -75,5 +75,6 @@ int luaopen_luapipe_core(lua_State *L) {
   lb_open_schedule(L);
   lb_open_sim(L);
   lb_open_eplb(L);
+  lb_open_comm(L);
   return 1;
 }

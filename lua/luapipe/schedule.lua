@@ -148,7 +148,8 @@ end
 -- schedule.build(name, opts) -> Schedule: a built-in family by name.
 function M.build(name, opts)
   local fam = aliases[name] or name
-  local ok, builder = pcall(require, "luapipe.schedules." .. fam)
+  local ok, builder = false, nil
+  if M.is_family(fam) then ok, builder = pcall(require, "luapipe.schedules." .. fam) end
   if not ok or type(builder) ~= "function" then
     error(string.format("unknown schedule '%s' (families: %s)", name,
       table.concat(M.families, ", ")), 2)

@@ -42,6 +42,14 @@ local function fmt(x)
   return string.format("%.2f", x)
 end
 
+-- Interleaved 1F1B's formula counts F and B per rank; each of its v chunks
+-- per rank costs 1/v of that.
+local function per_chunk(cost, v)
+  local c = {}
+  for k, x in pairs(cost) do c[k] = (k == "latency") and x or x / v end
+  return c
+end
+
 -- Measures one family; returns a row table (row.error set when the family
 -- cannot be built with these parameters).
 function M.measure(family, P, Mb, v, cost)
@@ -51,7 +59,7 @@ function M.measure(family, P, Mb, v, cost)
     row.error = tostring(s):gsub("^[^:]*:%d+: ", "")
     return row
   end
-  local res, err = s:simulate(cost)
+  local res, err = s:simulate(family == "interleaved1f1b" and per_chunk(cost, v) or cost)
   if not res then
     row.error = err
     return row
@@ -119,8 +127,10 @@ function M.run(args)
           or string.format("%d..%d", r.activations_max, r.activations_min)))
     end
   end
-  print("bubble = largest per-rank (makespan - busy) under the cost model; params in model "
-    .. "stages per rank; activations in micro-batch-stage units (F done, B/I not yet).")
+  print("bubble = largest per-rank (makespan - busy) under the cost model (interleaved: each of "
+    .. "the v chunks costs 1/v of F, B, W); params = model-stage copies per rank (the DualPipe "
+    .. "README's unit); activations = peak micro-batch activations held per rank (F done, B/I "
+    .. "not yet).")
   return 0
 end
 

@@ -1,0 +1,348 @@
+/* comm.c — the generic half of the comm layer: argument checks, requests,
+ * the watchdog wait loop, error text and abort. Backends only start and
+ * poll operations (comm_self.c, comm_mpi.c). */
+#define _POSIX_C_SOURCE 200809L
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm_internal.h"
+
+/* ---- contexts ---- */
+
+void comm_init(lp_comm *c, const lp_comm_backend *be, int rank, int size,
+               int tag_ub, void *impl) {
+  memset(c, 0, sizeof *c);
+  c->be = be;
+  c->rank = rank;
+  c->size = size;
+  c->tag_ub = tag_ub;
+  c->impl = impl;
+  c->timeout_s = lp_env_double("LUAPIPE_TIMEOUT", 300);
+}
+
+static lp_comm *world;     /* set by comm_mpi.c while MPI runs */
+static lp_comm self_world; /* the world of a process without MPI */
+
+void comm_set_world(lp_comm *c) { world = c; }
+
+lp_comm *lp_comm_world(void) {
+  if (world) return world;
+  if (!self_world.be) {
+    comm_init(&self_world, &comm_self_backend, 0, 1, INT_MAX, NULL);
+    self_world.is_world = 1;
+  }
+  return &self_world;
+}
+
+lp_status lp_comm_new(const lp_comm_backend *be, int rank, int size, int tag_ub,
+                      void *impl, lp_comm **out) {
+  *out = NULL;
+  if (!be || size < 1 || rank < 0 || rank >= size || tag_ub < 0)
+    return LP_ERR_ARG;
+  lp_comm *c = lp_malloc(sizeof *c);
+  if (!c) return LP_ERR_NOMEM;
+  comm_init(c, be, rank, size, tag_ub, impl);
+  *out = c;
+  return LP_OK;
+}
+
+lp_status lp_comm_self_new(lp_comm **out) {
+  return lp_comm_new(&comm_self_backend, 0, 1, INT_MAX, NULL, out);
+}
+
+void *lp_comm_backend_state(lp_comm *c) { return c->impl; }
+
+void lp_comm_free(lp_comm *c) {
+  if (!c || c->is_world) return;
+  if (c->be->destroy) c->be->destroy(c);
+  lp_free(c);
+}
+
+int lp_comm_rank(const lp_comm *c) { return c->rank; }
+int lp_comm_size(const lp_comm *c) { return c->size; }
+const char *lp_comm_backend_name(const lp_comm *c) { return c->be->name; }
+int lp_comm_tag_ub(const lp_comm *c) { return c->tag_ub; }
+const char *lp_comm_last_error(const lp_comm *c) { return c->err; }
+void lp_comm_set_timeout(lp_comm *c, double seconds) { c->timeout_s = seconds; }
+double lp_comm_timeout(const lp_comm *c) { return c->timeout_s; }
+
+size_t comm_dtype_size(lp_comm_dtype dt) {
+  return dt == LP_COMM_DOUBLE ? sizeof(double) : sizeof(float);
+}
+
+const char *comm_dtype_name(lp_comm_dtype dt, size_t count) {
+  if (dt == LP_COMM_DOUBLE) return count == 1 ? "double" : "doubles";
+  return count == 1 ? "float" : "floats";
+}
+
+/* ---- requests ---- */
+
+/* Checks a point-to-point call; LP_OK or LP_ERR_ARG with text. */
+static lp_status check_p2p(lp_comm *c, comm_op op, const void *buf, size_t n,
+                           int peer, int tag, lp_comm_req **req) {
+  const char *verb = op == COMM_OP_SEND ? "send to" : "receive from";
+  if (!req) {
+    lp_errf(c->err, "%s rank %d: no place for the request", verb, peer);
+    return LP_ERR_ARG;
+  }
+  *req = NULL;
+  if (peer < 0 || peer >= c->size) {
+    lp_errf(c->err, "%s rank %d: no such rank (ranks are 0..%d)", verb, peer,
+            c->size - 1);
+    return LP_ERR_ARG;
+  }
+  if (peer == c->rank) {
+    lp_errf(c->err, "%s rank %d: a rank cannot %s itself (tag %d)", verb, peer,
+            op == COMM_OP_SEND ? "send to" : "receive from", tag);
+    return LP_ERR_ARG;
+  }
+  if (tag < 0 || tag > c->tag_ub) {
+    lp_errf(c->err, "%s rank %d: tag %d is out of range 0..%d", verb, peer, tag,
+            c->tag_ub);
+    return LP_ERR_ARG;
+  }
+  if (!buf && n > 0) {
+    lp_errf(c->err, "%s rank %d: NULL buffer for %zu floats", verb, peer, n);
+    return LP_ERR_ARG;
+  }
+  return LP_OK;
+}
+
+static lp_comm_req *new_req(lp_comm *c, comm_op op, lp_comm_dtype dt,
+                            size_t count, int peer, int tag) {
+  lp_comm_req *r = lp_malloc(sizeof *r);
+  if (!r) {
+    lp_errf(c->err, "out of memory");
+    return NULL;
+  }
+  memset(r, 0, sizeof *r);
+  r->op = op;
+  r->dtype = dt;
+  r->count = count;
+  r->peer = peer;
+  r->tag = tag;
+  r->started = lp_now();
+  return r;
+}
+
+lp_status lp_comm_isend(lp_comm *c, const float *buf, size_t n, int peer,
+                        int tag, lp_comm_req **req) {
+  LP_CHECK(check_p2p(c, COMM_OP_SEND, buf, n, peer, tag, req));
+  lp_comm_req *r = new_req(c, COMM_OP_SEND, LP_COMM_FLOAT, n, peer, tag);
+  if (!r) return LP_ERR_NOMEM;
+  lp_status st = c->be->isend(c, buf, n, LP_COMM_FLOAT, peer, tag, r);
+  if (st != LP_OK) {
+    lp_free(r);
+    return st;
+  }
+  *req = r;
+  return LP_OK;
+}
+
+lp_status lp_comm_irecv(lp_comm *c, float *buf, size_t n, int peer, int tag,
+                        lp_comm_req **req) {
+  LP_CHECK(check_p2p(c, COMM_OP_RECV, buf, n, peer, tag, req));
+  lp_comm_req *r = new_req(c, COMM_OP_RECV, LP_COMM_FLOAT, n, peer, tag);
+  if (!r) return LP_ERR_NOMEM;
+  lp_status st = c->be->irecv(c, buf, n, LP_COMM_FLOAT, peer, tag, r);
+  if (st != LP_OK) {
+    lp_free(r);
+    return st;
+  }
+  *req = r;
+  return LP_OK;
+}
+
+lp_status lp_comm_test(lp_comm *c, lp_comm_req **req, int *done) {
+  *done = 1;
+  if (!*req) return LP_OK;
+  int d = 0;
+  lp_status st = c->be->test(c, *req, &d);
+  if (st != LP_OK || d) {
+    lp_free(*req);
+    *req = NULL;
+    return st;
+  }
+  *done = 0;
+  return LP_OK;
+}
+
+void lp_comm_cancel(lp_comm *c, lp_comm_req **req) {
+  if (!req || !*req) return;
+  c->be->cancel(c, *req);
+  lp_free(*req);
+  *req = NULL;
+}
+
+/* ---- the watchdog ---- */
+
+/* Writes the timeout message for the unfinished request r. */
+static void timeout_text(lp_comm *c, const lp_comm_req *r, double limit,
+                         const char *what) {
+  char head[LP_ERRLEN];
+  const char *ty = comm_dtype_name(r->dtype, r->count);
+  switch (r->op) {
+  case COMM_OP_RECV:
+    snprintf(head, sizeof head, "waiting for rank %d to send %zu %s (tag %d) to rank %d",
+             r->peer, r->count, ty, r->tag, c->rank);
+    break;
+  case COMM_OP_SEND:
+    snprintf(head, sizeof head,
+             "waiting for rank %d to receive %zu %s (tag %d) from rank %d",
+             r->peer, r->count, ty, r->tag, c->rank);
+    break;
+  case COMM_OP_ALLREDUCE:
+    snprintf(head, sizeof head, "in an all-reduce of %zu %s on rank %d (%d ranks)",
+             r->count, ty, c->rank, c->size);
+    break;
+  case COMM_OP_BARRIER:
+    snprintf(head, sizeof head, "in a barrier on rank %d (%d ranks)", c->rank,
+             c->size);
+    break;
+  case COMM_OP_BCAST:
+    snprintf(head, sizeof head,
+             "in a broadcast of %zu bytes from rank %d, on rank %d", r->count,
+             r->peer, c->rank);
+    break;
+  }
+  lp_errf(c->err, "timed out after %g s (LUAPIPE_TIMEOUT) %s%s%s", limit, head,
+          what && *what ? ": " : "", what ? what : "");
+}
+
+/* Sleeps a little longer the longer a wait lasts: spin first (latency),
+ * then yield, then short sleeps so oversubscribed ranks get the CPU. */
+static void backoff(unsigned polls) {
+  if (polls < 64) return;
+  if (polls < 512) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, polls < 2048 ? 20000 : 100000};
+  nanosleep(&ts, NULL);
+}
+
+lp_status lp_comm_waitall(lp_comm *c, lp_comm_req **reqs, int n,
+                          const char *what) {
+  double limit = c->timeout_s;
+  double deadline = lp_now() + limit;
+  for (unsigned polls = 0;; polls++) {
+    int pending = -1;
+    for (int i = 0; i < n; i++) {
+      if (!reqs[i]) continue;
+      int done;
+      LP_CHECK(lp_comm_test(c, &reqs[i], &done));
+      if (!done && pending < 0) pending = i;
+    }
+    if (pending < 0) return LP_OK;
+    if (limit > 0 && lp_now() >= deadline) {
+      timeout_text(c, reqs[pending], limit, what);
+      return LP_ERR_TIMEOUT;
+    }
+    backoff(polls);
+  }
+}
+
+lp_status lp_comm_wait(lp_comm *c, lp_comm_req **req, const char *what) {
+  return lp_comm_waitall(c, req, 1, what);
+}
+
+lp_status lp_comm_send(lp_comm *c, const float *buf, size_t n, int peer,
+                       int tag, const char *what) {
+  lp_comm_req *r;
+  LP_CHECK(lp_comm_isend(c, buf, n, peer, tag, &r));
+  lp_status st = lp_comm_wait(c, &r, what);
+  lp_comm_cancel(c, &r);
+  return st;
+}
+
+lp_status lp_comm_recv(lp_comm *c, float *buf, size_t n, int peer, int tag,
+                       const char *what) {
+  lp_comm_req *r;
+  LP_CHECK(lp_comm_irecv(c, buf, n, peer, tag, &r));
+  lp_status st = lp_comm_wait(c, &r, what);
+  lp_comm_cancel(c, &r);
+  return st;
+}
+
+/* ---- collectives ---- */
+
+/* Starts a collective through `start` and waits for it. On a timeout the
+ * request is dropped (a started collective cannot be cancelled: the context
+ * should be taken down with lp_comm_fatal). */
+static lp_status collective(lp_comm *c, lp_comm_req *r, lp_status st,
+                            const char *what) {
+  if (st != LP_OK) {
+    lp_free(r);
+    return st;
+  }
+  st = lp_comm_wait(c, &r, what);
+  lp_comm_cancel(c, &r);
+  return st;
+}
+
+static lp_status allreduce(lp_comm *c, void *buf, size_t n, lp_comm_dtype dt,
+                           const char *what) {
+  if (!buf && n > 0) {
+    lp_errf(c->err, "all-reduce: NULL buffer for %zu %s", n,
+            comm_dtype_name(dt, n));
+    return LP_ERR_ARG;
+  }
+  lp_comm_req *r = new_req(c, COMM_OP_ALLREDUCE, dt, n, -1, -1);
+  if (!r) return LP_ERR_NOMEM;
+  return collective(c, r, c->be->iallreduce_sum(c, buf, n, dt, r), what);
+}
+
+lp_status lp_comm_allreduce_sum_float(lp_comm *c, float *buf, size_t n,
+                                      const char *what) {
+  return allreduce(c, buf, n, LP_COMM_FLOAT, what);
+}
+
+lp_status lp_comm_allreduce_sum_double(lp_comm *c, double *buf, size_t n,
+                                       const char *what) {
+  return allreduce(c, buf, n, LP_COMM_DOUBLE, what);
+}
+
+lp_status lp_comm_barrier(lp_comm *c, const char *what) {
+  lp_comm_req *r = new_req(c, COMM_OP_BARRIER, LP_COMM_FLOAT, 0, -1, -1);
+  if (!r) return LP_ERR_NOMEM;
+  return collective(c, r, c->be->ibarrier(c, r), what);
+}
+
+lp_status lp_comm_bcast(lp_comm *c, void *buf, size_t bytes, int root,
+                        const char *what) {
+  if (root < 0 || root >= c->size) {
+    lp_errf(c->err, "broadcast from rank %d: no such rank (ranks are 0..%d)",
+            root, c->size - 1);
+    return LP_ERR_ARG;
+  }
+  if (!buf && bytes > 0) {
+    lp_errf(c->err, "broadcast from rank %d: NULL buffer for %zu bytes", root,
+            bytes);
+    return LP_ERR_ARG;
+  }
+  lp_comm_req *r = new_req(c, COMM_OP_BCAST, LP_COMM_FLOAT, bytes, root, -1);
+  if (!r) return LP_ERR_NOMEM;
+  return collective(c, r, c->be->ibcast(c, buf, bytes, root, r), what);
+}
+
+/* ---- abort ---- */
+
+_Noreturn void lp_comm_abort(lp_comm *c, int code) {
+  if (!c) c = lp_comm_world();
+  fflush(stdout);
+  fflush(stderr);
+  c->be->abort(c, code);
+  _exit(code); /* a backend abort that returned */
+}
+
+_Noreturn void lp_comm_fatal(lp_comm *c, const char *msg) {
+  if (!c) c = lp_comm_world();
+  fprintf(stderr, "luapipe: rank %d: %s\n", c->rank,
+          msg && *msg ? msg : "fatal error");
+  lp_comm_abort(c, 1);
+}

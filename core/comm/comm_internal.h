@@ -1,0 +1,53 @@
+/* comm_internal.h — the context and request structs shared by comm.c and
+ * the backends (comm_self.c, comm_mpi.c). Nothing outside core/comm sees
+ * them. */
+#pragma once
+
+#include "lp_comm.h"
+
+typedef enum comm_op {
+  COMM_OP_SEND,
+  COMM_OP_RECV,
+  COMM_OP_ALLREDUCE,
+  COMM_OP_BARRIER,
+  COMM_OP_BCAST
+} comm_op;
+
+struct lp_comm {
+  const lp_comm_backend *be;
+  int rank, size;
+  int tag_ub;
+  int is_world;     /* owned by the library: lp_comm_free ignores it */
+  double timeout_s; /* watchdog limit; <= 0: none */
+  void *impl;       /* backend state */
+  char err[LP_ERRLEN];
+};
+
+struct lp_comm_req {
+  comm_op op;
+  lp_comm_dtype dtype;
+  int peer, tag; /* -1 for collectives (peer = root for bcast) */
+  size_t count;
+  double started; /* lp_now() when started */
+  /* backend state: big enough and aligned for an MPI_Request and a status
+   * (comm_mpi.c checks with a static assert) */
+  union {
+    void *p;
+    long long i;
+    double d;
+    unsigned char bytes[64];
+  } impl;
+};
+
+/* Fills a context for backend `be` (err cleared, timeout from
+ * LUAPIPE_TIMEOUT). */
+void comm_init(lp_comm *c, const lp_comm_backend *be, int rank, int size,
+               int tag_ub, void *impl);
+
+extern const lp_comm_backend comm_self_backend;
+
+/* Set by comm_mpi.c once MPI runs: the world context to hand out. */
+void comm_set_world(lp_comm *c);
+
+size_t comm_dtype_size(lp_comm_dtype dt);
+const char *comm_dtype_name(lp_comm_dtype dt, size_t count); /* "float(s)" */

@@ -1,0 +1,150 @@
+/* lp_comm.h — the communication layer the executor runs schedules over: one
+ * context type (lp_comm) in front of a backend vtable (Redis-engine style).
+ * Point-to-point isend/irecv of float buffers, all-reduce, barrier,
+ * broadcast, abort; every wait has a watchdog deadline (LUAPIPE_TIMEOUT).
+ * Backends: "self" (one process, no MPI) and "mpi" (comm_mpi.c, the only
+ * file besides the host bootstrap that sees mpi.h). Depends on lp_base. */
+#pragma once
+
+#include <stddef.h>
+
+#include "lp_base.h"
+
+typedef struct lp_comm lp_comm;         /* a communicator: rank, size, backend */
+typedef struct lp_comm_req lp_comm_req; /* one pending operation */
+
+typedef enum lp_comm_dtype { LP_COMM_FLOAT, LP_COMM_DOUBLE } lp_comm_dtype;
+
+/* ---- the backend vtable ---------------------------------------------------
+ * The generic layer (comm.c) checks arguments (peer in range and not this
+ * rank, tag in 0..tag_ub, counts), allocates the request and fills in what
+ * the watchdog reports; a backend only starts and polls operations. Every
+ * start function fills req (see comm_internal.h) and returns LP_OK, or
+ * writes the context's error text and returns a status (then req is
+ * released without calling cancel). */
+typedef struct lp_comm_backend {
+  const char *name; /* "self", "mpi", "nccl" */
+  lp_status (*isend)(lp_comm *c, const void *buf, size_t count, lp_comm_dtype dt,
+                     int peer, int tag, lp_comm_req *req);
+  lp_status (*irecv)(lp_comm *c, void *buf, size_t count, lp_comm_dtype dt,
+                     int peer, int tag, lp_comm_req *req);
+  lp_status (*iallreduce_sum)(lp_comm *c, void *buf, size_t count,
+                              lp_comm_dtype dt, lp_comm_req *req);
+  lp_status (*ibarrier)(lp_comm *c, lp_comm_req *req);
+  lp_status (*ibcast)(lp_comm *c, void *buf, size_t bytes, int root,
+                      lp_comm_req *req);
+  /* *done = 1 once req finished; LP_OK, or an error (text in the context)
+   * when the operation failed (the request is then finished too). */
+  lp_status (*test)(lp_comm *c, lp_comm_req *req, int *done);
+  /* Cancels an unfinished request and releases what the backend holds. */
+  void (*cancel)(lp_comm *c, lp_comm_req *req);
+  /* Takes every rank of the job down with exit code `code`; never returns. */
+  void (*abort)(lp_comm *c, int code);
+  /* Releases the backend state of the context (not the context itself). */
+  void (*destroy)(lp_comm *c);
+} lp_comm_backend;
+
+/* ---- contexts ------------------------------------------------------------ */
+
+/* The process's communicator: the MPI world when lp_comm_mpi_init started
+ * MPI, otherwise a "self" context (rank 0 of 1). Never NULL; owned by the
+ * library (lp_comm_free ignores it). */
+lp_comm *lp_comm_world(void);
+/* A new stand-alone "self" context (rank 0 of 1) in *out; the caller frees
+ * it with lp_comm_free. LP_ERR_NOMEM on allocation failure. */
+lp_status lp_comm_self_new(lp_comm **out);
+/* A new context for backend `be` (which a backend file calls when it sets
+ * one up): rank of size ranks, tags 0..tag_ub, backend state `impl` (given
+ * back by lp_comm_backend_state and released by be->destroy). */
+lp_status lp_comm_new(const lp_comm_backend *be, int rank, int size, int tag_ub,
+                      void *impl, lp_comm **out);
+void *lp_comm_backend_state(lp_comm *c);
+/* Frees a context made by lp_comm_self_new / lp_comm_new (calls the
+ * backend's destroy); NULL and the world are ignored. */
+void lp_comm_free(lp_comm *c);
+
+int lp_comm_rank(const lp_comm *c);
+int lp_comm_size(const lp_comm *c);
+const char *lp_comm_backend_name(const lp_comm *c); /* "self", "mpi" */
+/* Largest tag usable with isend/irecv (at least 32767). */
+int lp_comm_tag_ub(const lp_comm *c);
+/* Text of the last failure on this context ("" when none). Fixed buffer,
+ * valid until the next failing call. */
+const char *lp_comm_last_error(const lp_comm *c);
+
+/* Watchdog limit in seconds for every wait on this context. Starts as
+ * LUAPIPE_TIMEOUT (default 300); seconds <= 0 waits forever. */
+void lp_comm_set_timeout(lp_comm *c, double seconds);
+double lp_comm_timeout(const lp_comm *c);
+
+/* ---- point to point ------------------------------------------------------
+ * Start sending / receiving n floats to / from rank `peer` with tag `tag`;
+ * *req gets the request, which the caller finishes with lp_comm_wait,
+ * lp_comm_waitall or lp_comm_test, or drops with lp_comm_cancel. The buffer
+ * must stay untouched until then. A peer equal to this rank, a peer out of
+ * range or a tag outside 0..tag_ub is LP_ERR_ARG. A receive of a message
+ * with a different length fails (LP_ERR_COMM) when it completes. */
+lp_status lp_comm_isend(lp_comm *c, const float *buf, size_t n, int peer,
+                        int tag, lp_comm_req **req);
+lp_status lp_comm_irecv(lp_comm *c, float *buf, size_t n, int peer, int tag,
+                        lp_comm_req **req);
+
+/* Polls *req: *done = 1 when it has finished, and then *req is released and
+ * set to NULL. Returns the operation's failure if it failed (the request is
+ * released as well). A NULL *req counts as done. */
+lp_status lp_comm_test(lp_comm *c, lp_comm_req **req, int *done);
+/* Waits for *req under the watchdog. LP_OK: finished, *req released and set
+ * to NULL. LP_ERR_TIMEOUT: the limit passed; *req stays pending (wait again
+ * or cancel it) and the error text names this rank, the operation, the peer,
+ * the tag and `what` (caller's words, e.g. "action 14 (5B3) waits for RECV_B
+ * from rank 3"; may be NULL). Other errors release the request. */
+lp_status lp_comm_wait(lp_comm *c, lp_comm_req **req, const char *what);
+/* Waits for all n requests (NULL entries are skipped) under one deadline;
+ * each finished one is released and set to NULL. On timeout the message
+ * names the first unfinished request. */
+lp_status lp_comm_waitall(lp_comm *c, lp_comm_req **reqs, int n,
+                          const char *what);
+/* Cancels and releases *req (no-op when NULL); sets *req to NULL. */
+void lp_comm_cancel(lp_comm *c, lp_comm_req **req);
+
+/* Blocking send / receive: isend / irecv followed by lp_comm_wait. On
+ * failure no request is left behind. */
+lp_status lp_comm_send(lp_comm *c, const float *buf, size_t n, int peer,
+                       int tag, const char *what);
+lp_status lp_comm_recv(lp_comm *c, float *buf, size_t n, int peer, int tag,
+                       const char *what);
+
+/* ---- collectives (every rank calls them in the same order) ---------------
+ * Blocking, under the watchdog; `what` describes the caller for the
+ * timeout message (may be NULL). */
+lp_status lp_comm_allreduce_sum_float(lp_comm *c, float *buf, size_t n,
+                                      const char *what);
+lp_status lp_comm_allreduce_sum_double(lp_comm *c, double *buf, size_t n,
+                                       const char *what);
+lp_status lp_comm_barrier(lp_comm *c, const char *what);
+/* Copies `bytes` bytes of buf on rank `root` into buf on every rank. */
+lp_status lp_comm_bcast(lp_comm *c, void *buf, size_t bytes, int root,
+                        const char *what);
+
+/* ---- taking the job down -------------------------------------------------- */
+
+/* Ends every rank of the job with exit code `code` (MPI_Abort under MPI,
+ * exit in a single process). c may be NULL (the world). */
+_Noreturn void lp_comm_abort(lp_comm *c, int code);
+/* Prints "luapipe: rank R: <msg>" to stderr and aborts every rank with exit
+ * code 1, so a failed or dead peer never leaves the job hanging. */
+_Noreturn void lp_comm_fatal(lp_comm *c, const char *msg);
+
+/* ---- MPI bootstrap (the host calls these) --------------------------------- */
+
+/* When launched by mpirun (OMPI_COMM_WORLD_SIZE or PMIX_RANK in the
+ * environment) starts MPI (MPI_Init_thread, which may edit argc/argv) and
+ * makes lp_comm_world() the MPI world; otherwise does nothing and the
+ * process is rank 0 of 1. Registers lp_comm_mpi_finalize with atexit, so
+ * os.exit in a script still shuts MPI down. LP_ERR_COMM when MPI fails to
+ * start (message printed to stderr). */
+lp_status lp_comm_mpi_init(int *argc, char ***argv);
+/* Shuts MPI down when it was started (idempotent; skipped after an abort). */
+void lp_comm_mpi_finalize(void);
+/* 1 when this process runs under MPI (lp_comm_mpi_init started it). */
+int lp_comm_mpi_active(void);

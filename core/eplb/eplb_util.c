@@ -1,0 +1,205 @@
+/* eplb_util.c — sorting, a small heap and the scratch-space allocator used
+ * by the EPLB steps. */
+#include <string.h>
+
+#include "eplb_internal.h"
+
+/* Merge sort (stable) of idx by key descending. */
+void eplb_sort_desc(const double *key, int *idx, int n, int *tmp) {
+  if (n < 2) return;
+  if (n <= 16) { /* insertion sort: stable, fast for packs */
+    for (int i = 1; i < n; i++) {
+      int v = idx[i], j = i - 1;
+      while (j >= 0 && key[idx[j]] < key[v]) {
+        idx[j + 1] = idx[j];
+        j--;
+      }
+      idx[j + 1] = v;
+    }
+    return;
+  }
+  int h = n / 2;
+  eplb_sort_desc(key, idx, h, tmp);
+  eplb_sort_desc(key, idx + h, n - h, tmp);
+  int i = 0, j = h, o = 0;
+  while (i < h && j < n) {
+    /* take the right element only when strictly larger: stability */
+    if (key[idx[j]] > key[idx[i]])
+      tmp[o++] = idx[j++];
+    else
+      tmp[o++] = idx[i++];
+  }
+  while (i < h) tmp[o++] = idx[i++];
+  while (j < n) tmp[o++] = idx[j++];
+  memcpy(idx, tmp, (size_t)n * sizeof *idx);
+}
+
+static void sort_int_rec(int *a, int n, int *tmp) {
+  if (n <= 16) {
+    for (int i = 1; i < n; i++) {
+      int v = a[i], j = i - 1;
+      while (j >= 0 && a[j] > v) {
+        a[j + 1] = a[j];
+        j--;
+      }
+      a[j + 1] = v;
+    }
+    return;
+  }
+  int h = n / 2;
+  sort_int_rec(a, h, tmp);
+  sort_int_rec(a + h, n - h, tmp);
+  int i = 0, j = h, o = 0;
+  while (i < h && j < n) tmp[o++] = a[j] < a[i] ? a[j++] : a[i++];
+  while (i < h) tmp[o++] = a[i++];
+  while (j < n) tmp[o++] = a[j++];
+  memcpy(a, tmp, (size_t)n * sizeof *a);
+}
+
+void eplb_sort_int(int *a, int n) {
+  int buf[64];
+  if (n <= 16) {
+    sort_int_rec(a, n, buf);
+    return;
+  }
+  /* rare large packs: a heap sort needs no scratch */
+  for (int start = n / 2 - 1; start >= 0; start--) {
+    int r = start;
+    for (;;) {
+      int c = 2 * r + 1;
+      if (c >= n) break;
+      if (c + 1 < n && a[c + 1] > a[c]) c++;
+      if (a[c] <= a[r]) break;
+      int t = a[c]; a[c] = a[r]; a[r] = t;
+      r = c;
+    }
+  }
+  for (int end = n - 1; end > 0; end--) {
+    int t = a[0]; a[0] = a[end]; a[end] = t;
+    int r = 0;
+    for (;;) {
+      int c = 2 * r + 1;
+      if (c >= end) break;
+      if (c + 1 < end && a[c + 1] > a[c]) c++;
+      if (a[c] <= a[r]) break;
+      t = a[c]; a[c] = a[r]; a[r] = t;
+      r = c;
+    }
+  }
+}
+
+static int heap_less(const eplb_heap *h, int a, int b) {
+  return h->key[a] < h->key[b] || (h->key[a] == h->key[b] && h->id[a] < h->id[b]);
+}
+
+static void heap_swap(eplb_heap *h, int a, int b) {
+  double k = h->key[a];
+  int i = h->id[a];
+  h->key[a] = h->key[b];
+  h->id[a] = h->id[b];
+  h->key[b] = k;
+  h->id[b] = i;
+}
+
+void eplb_heap_push(eplb_heap *h, double key, int id) {
+  int i = h->n++;
+  h->key[i] = key;
+  h->id[i] = id;
+  while (i > 0) {
+    int p = (i - 1) / 2;
+    if (!heap_less(h, i, p)) break;
+    heap_swap(h, i, p);
+    i = p;
+  }
+}
+
+void eplb_heap_pop(eplb_heap *h, double *key, int *id) {
+  *key = h->key[0];
+  *id = h->id[0];
+  h->n--;
+  if (h->n == 0) return;
+  h->key[0] = h->key[h->n];
+  h->id[0] = h->id[h->n];
+  int i = 0;
+  for (;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < h->n && heap_less(h, l, m)) m = l;
+    if (r < h->n && heap_less(h, r, m)) m = r;
+    if (m == i) break;
+    heap_swap(h, i, m);
+    i = m;
+  }
+}
+
+/* ---- scratch space ---- */
+
+static void *take(eplb_ws *ws, size_t n, size_t size) {
+  if (ws->nblk < 0) return NULL; /* an earlier allocation failed */
+  if (ws->nblk >= (int)(sizeof ws->blk / sizeof ws->blk[0])) {
+    ws->nblk = -ws->nblk - 1;
+    return NULL;
+  }
+  void *p = lp_malloc(n * size + 16);
+  if (!p) {
+    ws->nblk = -ws->nblk - 1; /* remember the count for freeing */
+    return NULL;
+  }
+  ws->blk[ws->nblk++] = p;
+  return p;
+}
+
+void eplb_ws_free(eplb_ws *ws) {
+  int n = ws->nblk < 0 ? -ws->nblk - 1 : ws->nblk;
+  for (int i = 0; i < n; i++) lp_free(ws->blk[i]);
+  ws->nblk = 0;
+}
+
+lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d) {
+  memset(ws, 0, sizeof *ws);
+  int n = d->E;
+  if (d->R > n) n = d->R;
+  if (d->G > n) n = d->G;
+  if (d->groups > n) n = d->groups;
+  n += 1;
+  ws->n = n;
+  size_t nn = (size_t)n;
+  size_t gn = (size_t)(d->G > d->N ? d->G : d->N);
+#define I(f) ws->f = take(ws, nn, sizeof(int))
+#define D(f) ws->f = take(ws, nn, sizeof(double))
+#define F(f) ws->f = take(ws, nn, sizeof(float))
+  D(dkey); D(dkey2);
+  I(idx); I(tmp); I(ia); I(ib); I(ic); I(id); I(ie); I(if_);
+  D(hkey); I(hid);
+  F(fw); F(fa); F(fb);
+  D(da); D(db); D(dc);
+  I(r_log2mlog); I(r_mlog2log); I(r_phy2mlog); I(r_prank); I(r_mcnt);
+  I(r_pack); I(r_rank); I(r_inv);
+  I(p_items); I(p_items2); I(p_cnt); I(p_next); I(p_head); I(p_tail);
+  I(p_part); I(p_sort);
+  D(p_load); D(p_load2); D(p_sum);
+  I(p_buf);
+  I(c_phy2log); I(c_phyrank); I(c_home); I(c_gnode); I(c_cnt); I(c_items);
+  I(m_cnt); I(m_list); I(m_list2);
+  I(b_cur); I(b_start); I(b_list); I(b_tstart); I(b_tlist); I(b_diff);
+  I(b_done); I(b_stamp); I(b_order);
+  D(b_load); D(b_delta);
+#undef I
+#undef D
+#undef F
+  ws->h_score = take(ws, (size_t)d->G * (size_t)d->G, sizeof(int));
+  ws->h_cost = take(ws, gn * gn, sizeof(long long));
+  ws->h_u = take(ws, gn + 1, sizeof(long long));
+  ws->h_v = take(ws, gn + 1, sizeof(long long));
+  ws->h_minv = take(ws, gn + 1, sizeof(long long));
+  ws->h_p = take(ws, gn + 1, sizeof(int));
+  ws->h_way = take(ws, gn + 1, sizeof(int));
+  ws->h_used = take(ws, gn + 1, sizeof(int));
+  ws->h_ans = take(ws, gn + 1, sizeof(int));
+  ws->h_perm = take(ws, gn + 1, sizeof(int));
+  ws->h_vnode = take(ws, (size_t)d->N * (size_t)d->N, sizeof(int));
+  if (ws->nblk < 0) {
+    eplb_ws_free(ws);
+    return LP_ERR_NOMEM;
+  }
+  return LP_OK;
+}

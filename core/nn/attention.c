@@ -1,0 +1,204 @@
+/* attention.c — causal multi-head self-attention with Q, K, V, O
+ * projections. x [B, T, D]; heads are column blocks of width dh = D / H of
+ * the [B*T, D] projections, so per-head GEMMs run in place with ld = D.
+ *
+ * ctx slots: forward keeps x, q, k, v, P (softmax probabilities
+ * [B, H, T, T]) and o (concatenated head outputs, the input of Wo).
+ * input_grad keeps dy, dq, dk, dv for W and drops q, k, v, P.
+ * weight_grad needs x, o, dy, dq, dk, dv. */
+#include "nn_internal.h"
+
+#include <math.h>
+
+enum { A_X, A_Q, A_K, A_V, A_P, A_O, A_DY, A_DQ, A_DK, A_DV };
+
+#define WQ(l) ((l)->params[0].value)
+#define WK(l) ((l)->params[1].value)
+#define WV(l) ((l)->params[2].value)
+#define WO(l) ((l)->params[3].value)
+
+/* Per-batch, head-batched GEMM over the [B, T, D] / [B, H, T, T] layouts:
+ * `hd` operands are [T, dh] head blocks (ld D, head stride dh, batch stride
+ * T*D); `tt` operands are [T, T] (ld T, head stride T*T, batch stride
+ * H*T*T). kinds: 0 = hd, 1 = tt. */
+static lp_status head_gemm(const lp_tensor_backend *be, int64_t B, int64_t T,
+                           int64_t D, int64_t H, int ta, int tb, int64_t m,
+                           int64_t n, int64_t k, float alpha, const float *a,
+                           int a_tt, const float *b, int b_tt, float *c,
+                           int c_tt) {
+  int64_t dh = D / H;
+  for (int64_t bi = 0; bi < B; bi++) {
+    const float *ab = a + bi * (a_tt ? H * T * T : T * D);
+    const float *bb = b + bi * (b_tt ? H * T * T : T * D);
+    float *cb = c + bi * (c_tt ? H * T * T : T * D);
+    LP_CHECK(be->gemm(be, ta, tb, m, n, k, alpha, ab, a_tt ? T : D,
+                      a_tt ? T * T : dh, bb, b_tt ? T : D, b_tt ? T * T : dh,
+                      0.0f, cb, c_tt ? T : D, c_tt ? T * T : dh, H));
+  }
+  return LP_OK;
+}
+
+static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
+                                   const lp_tensor *x, lp_tensor **y) {
+  int64_t D = l->dim, H = l->heads;
+  if (x->ndim != 3 || x->shape[2] != D) {
+    char a[64];
+    return nn_fail(ctx, l, LP_ERR_ARG, "input must be [batch, seq, %lld], got %s",
+                   (long long)D, nn_shape_str(x, a, sizeof a));
+  }
+  int64_t B = x->shape[0], T = x->shape[1], dh = D / H;
+  const lp_tensor_backend *be = lp_tensor_backend_of(x);
+  lp_tensor *xd = NULL, *q = NULL, *k = NULL, *v = NULL, *p = NULL, *o = NULL;
+  lp_status st;
+  LP_CHECK(nn_dense(x, &xd));
+  LP_CHECK_GOTO(lp_tensor_empty_like(xd, &q), st, fail);
+  LP_CHECK_GOTO(lp_tensor_empty_like(xd, &k), st, fail);
+  LP_CHECK_GOTO(lp_tensor_empty_like(xd, &v), st, fail);
+  LP_CHECK_GOTO(lp_tensor_empty_like(xd, &o), st, fail);
+  LP_CHECK_GOTO(lp_tensor_empty(be, 4, (int64_t[]){B, H, T, T}, &p), st, fail);
+  LP_CHECK_GOTO(lp_tensor_gemm(q, 1.0f, xd, 0, WQ(l), 1, 0.0f), st, fail);
+  LP_CHECK_GOTO(lp_tensor_gemm(k, 1.0f, xd, 0, WK(l), 1, 0.0f), st, fail);
+  LP_CHECK_GOTO(lp_tensor_gemm(v, 1.0f, xd, 0, WV(l), 1, 0.0f), st, fail);
+  /* S = Q K^T / sqrt(dh), masked above the diagonal, softmax -> P */
+  float scale = (float)(1.0 / sqrt((double)dh));
+  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 0, 1, T, T, dh, scale, q->data, 0,
+                          k->data, 0, p->data, 1),
+                st, fail);
+  for (int64_t r = 0; r < B * H * T; r++) {
+    float *row = p->data + r * T;
+    for (int64_t j = r % T + 1; j < T; j++) row[j] = -INFINITY;
+  }
+  LP_CHECK_GOTO(lp_tensor_softmax_rows(p, p), st, fail);
+  /* O = P V */
+  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 0, 0, T, dh, T, 1.0f, p->data, 1,
+                          v->data, 0, o->data, 0),
+                st, fail);
+  LP_CHECK_GOTO(lp_tensor_empty_like(xd, y), st, fail);
+  LP_CHECK_GOTO(lp_tensor_gemm(*y, 1.0f, o, 0, WO(l), 1, 0.0f), st, fail);
+  nn_keep(ctx, A_X, xd);
+  nn_keep(ctx, A_Q, q);
+  nn_keep(ctx, A_K, k);
+  nn_keep(ctx, A_V, v);
+  nn_keep(ctx, A_P, p);
+  nn_keep(ctx, A_O, o);
+  return LP_OK;
+fail:
+  lp_tensor_free(xd);
+  lp_tensor_free(q);
+  lp_tensor_free(k);
+  lp_tensor_free(v);
+  lp_tensor_free(p);
+  lp_tensor_free(o);
+  return nn_fail(ctx, l, st, "forward: %s", lp_strerror(st));
+}
+
+static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
+                                      const lp_tensor *dy, lp_tensor **dx) {
+  const lp_tensor *x = ctx->saved[A_X];
+  if (!lp_tensor_same_shape(x, dy)) {
+    char a[64], b[64];
+    return nn_fail(ctx, l, LP_ERR_ARG, "dy has shape %s, forward output had %s",
+                   nn_shape_str(dy, a, sizeof a), nn_shape_str(x, b, sizeof b));
+  }
+  int64_t B = x->shape[0], T = x->shape[1], D = l->dim, H = l->heads;
+  int64_t dh = D / H;
+  const lp_tensor_backend *be = lp_tensor_backend_of(x);
+  const lp_tensor *q = ctx->saved[A_Q], *k = ctx->saved[A_K],
+                  *v = ctx->saved[A_V], *p = ctx->saved[A_P];
+  lp_tensor *dyd = NULL, *dout = NULL, *ds = NULL, *dq = NULL, *dk = NULL,
+            *dv = NULL;
+  lp_status st;
+  LP_CHECK(nn_dense(dy, &dyd));
+  LP_CHECK_GOTO(lp_tensor_empty_like(x, &dout), st, fail);
+  LP_CHECK_GOTO(lp_tensor_empty_like(p, &ds), st, fail);
+  LP_CHECK_GOTO(lp_tensor_empty_like(x, &dq), st, fail);
+  LP_CHECK_GOTO(lp_tensor_empty_like(x, &dk), st, fail);
+  LP_CHECK_GOTO(lp_tensor_empty_like(x, &dv), st, fail);
+  /* dO = dY Wo;  dP = dO V^T;  dV = P^T dO */
+  LP_CHECK_GOTO(lp_tensor_gemm(dout, 1.0f, dyd, 0, WO(l), 0, 0.0f), st, fail);
+  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 0, 1, T, T, dh, 1.0f, dout->data, 0,
+                          v->data, 0, ds->data, 1),
+                st, fail);
+  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 1, 0, T, dh, T, 1.0f, p->data, 1,
+                          dout->data, 0, dv->data, 0),
+                st, fail);
+  /* dS = P * (dP - rowsum(dP * P)), in place; masked entries have P = 0 */
+  for (int64_t r = 0; r < B * H * T; r++) {
+    const float *pr = p->data + r * T;
+    float *dr = ds->data + r * T;
+    double s = 0.0;
+    for (int64_t j = 0; j < T; j++) s += (double)dr[j] * pr[j];
+    float sf = (float)s;
+    for (int64_t j = 0; j < T; j++) dr[j] = pr[j] * (dr[j] - sf);
+  }
+  /* dQ = dS K / sqrt(dh);  dK = dS^T Q / sqrt(dh) */
+  float scale = (float)(1.0 / sqrt((double)dh));
+  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 0, 0, T, dh, T, scale, ds->data, 1,
+                          k->data, 0, dq->data, 0),
+                st, fail);
+  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 1, 0, T, dh, T, scale, ds->data, 1,
+                          q->data, 0, dk->data, 0),
+                st, fail);
+  if (dx) {
+    LP_CHECK_GOTO(lp_tensor_empty_like(x, dx), st, fail);
+    LP_CHECK_GOTO(lp_tensor_gemm(*dx, 1.0f, dq, 0, WQ(l), 0, 0.0f), st, fail);
+    LP_CHECK_GOTO(lp_tensor_gemm(*dx, 1.0f, dk, 0, WK(l), 0, 1.0f), st, fail);
+    LP_CHECK_GOTO(lp_tensor_gemm(*dx, 1.0f, dv, 0, WV(l), 0, 1.0f), st, fail);
+  }
+  lp_tensor_free(dout);
+  lp_tensor_free(ds);
+  nn_drop(ctx, A_Q);
+  nn_drop(ctx, A_K);
+  nn_drop(ctx, A_V);
+  nn_drop(ctx, A_P);
+  nn_keep(ctx, A_DY, dyd);
+  nn_keep(ctx, A_DQ, dq);
+  nn_keep(ctx, A_DK, dk);
+  nn_keep(ctx, A_DV, dv);
+  return LP_OK;
+fail:
+  lp_tensor_free(dyd);
+  lp_tensor_free(dout);
+  lp_tensor_free(ds);
+  lp_tensor_free(dq);
+  lp_tensor_free(dk);
+  lp_tensor_free(dv);
+  return nn_fail(ctx, l, st, "input_grad: %s", lp_strerror(st));
+}
+
+static lp_status attention_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
+  const lp_tensor *x = ctx->saved[A_X], *o = ctx->saved[A_O];
+  LP_CHECK(lp_tensor_gemm(l->params[0].grad, 1.0f, ctx->saved[A_DQ], 1, x, 0, 1.0f));
+  LP_CHECK(lp_tensor_gemm(l->params[1].grad, 1.0f, ctx->saved[A_DK], 1, x, 0, 1.0f));
+  LP_CHECK(lp_tensor_gemm(l->params[2].grad, 1.0f, ctx->saved[A_DV], 1, x, 0, 1.0f));
+  LP_CHECK(lp_tensor_gemm(l->params[3].grad, 1.0f, ctx->saved[A_DY], 1, o, 0, 1.0f));
+  return LP_OK;
+}
+
+static const nn_ops attention_ops = {"attention", attention_forward,
+                                     attention_input_grad,
+                                     attention_weight_grad};
+
+lp_status lp_nn_attention_new(const char *name, int64_t d_model,
+                              int64_t n_heads, uint64_t seed,
+                              lp_nn_layer **layer) {
+  if (!layer) return LP_ERR_ARG;
+  *layer = NULL;
+  if (d_model < 1 || n_heads < 1 || d_model % n_heads) return LP_ERR_ARG;
+  lp_nn_layer *l;
+  LP_CHECK(nn_layer_alloc(&attention_ops, name, &l));
+  l->dim = d_model;
+  l->heads = n_heads;
+  static const char *const names[4] = {"wq", "wk", "wv", "wo"};
+  float std = (float)(1.0 / sqrt((double)d_model));
+  lp_status st = LP_OK;
+  for (int i = 0; i < 4 && st == LP_OK; i++)
+    st = nn_add_param(l, names[i], 2, (int64_t[]){d_model, d_model},
+                      LP_NN_INIT_NORMAL, std, seed);
+  if (st != LP_OK) {
+    lp_nn_layer_release(l);
+    return st;
+  }
+  *layer = l;
+  return LP_OK;
+}

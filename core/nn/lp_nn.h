@@ -1,0 +1,263 @@
+/* lp_nn.h — neural-network layers for pipeline training: every layer has a
+ * forward, an input-grad (I) and a weight-grad (W) call so zero-bubble
+ * schedules can split backward; per-micro-batch contexts hold what backward
+ * needs; a chunk (sequential container) is what one model stage holds;
+ * losses; SGD and AdamW. Built on lp_tensor (CPU backend); no Lua.
+ *
+ * The life of one micro-batch on one layer (or chunk) `l`:
+ *
+ *   lp_nn_ctx *c;  lp_nn_ctx_new(&c);         caller owns c; keep many
+ *   lp_nn_forward(l, c, x, &y);               c: FORWARD (stashes x, ...)
+ *   lp_nn_input_grad(l, c, dy, &dx);          c: INPUT_GRAD (keeps W's needs)
+ *   ... any number of other micro-batches' F / I / W on their own ctxs ...
+ *   lp_nn_weight_grad(l, c, NULL);            grads += ...; c: EMPTY again
+ *   lp_nn_ctx_free(c);                        (or reuse it for the next mb)
+ *
+ * lp_nn_backward(l, c, dy, &dx) is I then W in one call. W without a prior I
+ * is allowed (pass dy); it does the internal part of I that W needs.
+ *
+ * Stashing is by reference: forward keeps views of x and input_grad keeps
+ * views of dy (storage refcounts keep them alive after the caller frees its
+ * headers). The caller must not WRITE into x's or dy's storage until the
+ * ctx is back to EMPTY (after W, or lp_nn_ctx_clear). Outputs (y, dx) are
+ * new tensors owned by the caller; layers never write to them afterwards.
+ *
+ * Token ids and class targets are float tensors holding integral values
+ * (exact up to 2^24); an id outside [0, vocab) is LP_ERR_ARG.
+ *
+ * Gradients accumulate (+=) into each parameter's grad over micro-batches
+ * until lp_nn_zero_grad / lp_nn_optim_zero_grad. For a fixed sequence of
+ * calls, every result is bitwise reproducible (single-threaded BLAS).
+ *
+ * Errors: every call returns an lp_status; the text for the last failure of
+ * a micro-batch is lp_nn_ctx_last_error(ctx) ("layer blocks.0.attn
+ * (attention): input must be [batch, seq, 64], got [8, 64]"). On failure
+ * the outputs are NULL and the ctx is cleared (back to EMPTY), except for a
+ * call out of order (wrong stage / other layer's ctx: LP_ERR_ARG), which
+ * leaves the ctx untouched. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lp_base.h"
+#include "lp_tensor.h"
+
+/* ======================================================================
+ * Layers
+ * ====================================================================== */
+
+typedef struct lp_nn_layer lp_nn_layer; /* opaque, refcounted */
+typedef struct lp_nn_ctx lp_nn_ctx;     /* opaque, one per micro-batch */
+
+typedef enum lp_nn_init_kind {
+  LP_NN_INIT_ZEROS = 0,
+  LP_NN_INIT_ONES = 1,
+  LP_NN_INIT_NORMAL = 2 /* N(0, init_std) from the (seed, name) stream */
+} lp_nn_init_kind;
+
+/* One trainable tensor. Owned by its layer; pointers stay valid while the
+ * layer (or a chunk holding it) is alive. */
+typedef struct lp_nn_param {
+  const char *name;   /* full dotted name, e.g. "blocks.3.attn.wq" */
+  lp_tensor *value;   /* dense */
+  lp_tensor *grad;    /* same shape; weight_grad accumulates into it */
+  lp_nn_init_kind init;
+  float init_std;
+} lp_nn_param;
+
+/* ---- constructors ------------------------------------------------------
+ * All: LP_OK and *out = a layer with one reference (release it with
+ * lp_nn_layer_release), or a status and *out = NULL. `name` is copied; it
+ * prefixes parameter names ("<name>.weight"). Parameters are initialised
+ * from (seed, parameter name) — see lp_nn_init — so building stage k of a
+ * split model with the same names gives the same numbers as the full
+ * model. LP_ERR_ARG for bad sizes, LP_ERR_NOMEM on allocation failure. */
+
+/* y = x W^T + b over the last dim: x [..., in] -> y [..., out].
+ * Params: <name>.weight [out, in] ~ N(0, 1/sqrt(in)); <name>.bias [out] = 0
+ * (only when bias != 0). */
+lp_status lp_nn_linear_new(const char *name, int64_t in, int64_t out, int bias,
+                           uint64_t seed, lp_nn_layer **layer);
+
+/* ids [...] (float, integral) -> y [..., dim] (ids may have up to 3 dims).
+ * Param: <name>.weight [vocab, dim] ~ N(0, 1). Has no input gradient:
+ * input_grad sets *dx = NULL. */
+lp_status lp_nn_embedding_new(const char *name, int64_t vocab, int64_t dim,
+                              uint64_t seed, lp_nn_layer **layer);
+
+/* Elementwise activation (GELU tanh approximation, or SiLU); no params. */
+lp_status lp_nn_act_new(const char *name, lp_tensor_act_kind kind,
+                        lp_nn_layer **layer);
+
+/* y = x / sqrt(mean(x^2 over the last dim) + eps) * w; x [..., dim].
+ * Param: <name>.weight [dim] = 1. */
+lp_status lp_nn_rmsnorm_new(const char *name, int64_t dim, float eps,
+                            lp_nn_layer **layer);
+
+/* Causal multi-head self-attention: x [batch, seq, d_model] -> y, same
+ * shape. q,k,v = x Wq^T, x Wk^T, x Wv^T split into n_heads heads of
+ * d_model/n_heads; position t attends to positions <= t; scores scaled by
+ * 1/sqrt(head dim); y = concat(heads) Wo^T. No biases.
+ * Params: <name>.wq, .wk, .wv, .wo, each [d_model, d_model] ~
+ * N(0, 1/sqrt(d_model)). d_model % n_heads must be 0. */
+lp_status lp_nn_attention_new(const char *name, int64_t d_model,
+                              int64_t n_heads, uint64_t seed,
+                              lp_nn_layer **layer);
+
+/* y = x + inner(x). Takes a new reference to inner (the caller keeps its
+ * own). Params: inner's. */
+lp_status lp_nn_residual_new(const char *name, lp_nn_layer *inner,
+                             lp_nn_layer **layer);
+
+/* A chunk: layers[0..n) applied in order (what one model stage holds).
+ * Takes a new reference to each layer; the caller keeps its own and may
+ * release them at once. Params: the layers' params in order, each tensor
+ * listed once (a layer that appears twice shares its params). n >= 1. */
+lp_status lp_nn_chunk_new(const char *name, lp_nn_layer *const *layers,
+                          size_t n, lp_nn_layer **layer);
+
+/* Residual MLP block: x + fc2(act(fc1(rmsnorm(x)))), with children
+ * <name>.norm, <name>.fc1 [d_hidden, d_model] (+bias), <name>.act,
+ * <name>.fc2 [d_model, d_hidden] (+bias). RMSNorm eps = 1e-5. */
+lp_status lp_nn_mlp_block_new(const char *name, int64_t d_model,
+                              int64_t d_hidden, lp_tensor_act_kind act,
+                              uint64_t seed, lp_nn_layer **layer);
+
+/* Pre-norm transformer block: x + attn(rmsnorm(x)), then the MLP block.
+ * Children: <name>.attn_norm, <name>.attn, <name>.mlp (see above).
+ * x [batch, seq, d_model]. */
+lp_status lp_nn_transformer_block_new(const char *name, int64_t d_model,
+                                      int64_t n_heads, int64_t d_hidden,
+                                      lp_tensor_act_kind act, uint64_t seed,
+                                      lp_nn_layer **layer);
+
+/* ---- lifetime and introspection ---- */
+
+/* Adds a reference; returns l. */
+lp_nn_layer *lp_nn_layer_retain(lp_nn_layer *l);
+/* Drops a reference; the last one frees the layer, its params and its
+ * references to children. NULL is a no-op. Contexts that still hold a
+ * forward of this layer must be cleared or freed first. */
+void lp_nn_layer_release(lp_nn_layer *l);
+/* The name given at construction, and the kind: "linear", "embedding",
+ * "gelu", "silu", "rmsnorm", "attention", "residual", "chunk". Static or
+ * layer-owned strings. */
+const char *lp_nn_layer_name(const lp_nn_layer *l);
+const char *lp_nn_layer_kind(const lp_nn_layer *l);
+/* Children of a chunk or residual (0 / NULL for leaves); borrowed. */
+size_t lp_nn_layer_children(const lp_nn_layer *l);
+lp_nn_layer *lp_nn_layer_child(const lp_nn_layer *l, size_t i);
+
+/* The layer's parameters (for a chunk: all of them, in layer order). The
+ * array and everything it points to are owned by the layer (borrowed;
+ * valid while l lives). *n = count; NULL when there are none. */
+const lp_nn_param *lp_nn_params(const lp_nn_layer *l, size_t *n);
+/* Total number of parameter elements. */
+int64_t lp_nn_param_numel(const lp_nn_layer *l);
+/* Re-initialises every parameter from (seed, its name) according to its
+ * init kind. Grads are left alone. */
+lp_status lp_nn_init(lp_nn_layer *l, uint64_t seed);
+/* Sets every parameter grad to zero. */
+lp_status lp_nn_zero_grad(lp_nn_layer *l);
+
+/* ======================================================================
+ * Per-micro-batch contexts
+ * ====================================================================== */
+
+typedef enum lp_nn_ctx_stage {
+  LP_NN_CTX_EMPTY = 0,      /* nothing stashed */
+  LP_NN_CTX_FORWARD = 1,    /* forward done; I or W (or B) may follow */
+  LP_NN_CTX_INPUT_GRAD = 2  /* input-grad done; W must follow */
+} lp_nn_ctx_stage;
+
+/* A new, empty context (caller owns; lp_nn_ctx_free). */
+lp_status lp_nn_ctx_new(lp_nn_ctx **out);
+/* Releases everything stashed and the ctx itself. NULL is a no-op. */
+void lp_nn_ctx_free(lp_nn_ctx *ctx);
+/* Releases everything stashed; the ctx is EMPTY and reusable. */
+void lp_nn_ctx_clear(lp_nn_ctx *ctx);
+lp_nn_ctx_stage lp_nn_ctx_stage_of(const lp_nn_ctx *ctx);
+/* Bytes of tensor data the ctx (and its sub-contexts) keeps alive, counted
+ * per stashed view (numel * 4) — the activation memory of this mb. */
+size_t lp_nn_ctx_bytes(const lp_nn_ctx *ctx);
+/* Text of the last failure recorded in this ctx ("" when none). */
+const char *lp_nn_ctx_last_error(const lp_nn_ctx *ctx);
+
+/* ======================================================================
+ * Compute. x, dy are borrowed (and stashed by reference, see the top);
+ * *y, *dx are new tensors owned by the caller.
+ * ====================================================================== */
+
+/* y = l(x). ctx must be EMPTY (it becomes FORWARD), or NULL for
+ * inference (nothing stashed; no backward possible). */
+lp_status lp_nn_forward(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
+                        lp_tensor **y);
+/* dx = dL/dx given dy = dL/dy (shape of y). ctx must be FORWARD of this
+ * layer; it becomes INPUT_GRAD and keeps what weight_grad needs (input_grad
+ * frees only what W does not need). dx == NULL: skip computing the input
+ * gradient (e.g. on the first stage) but still prepare for W. For an
+ * embedding (first layer) *dx is set to NULL. */
+lp_status lp_nn_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *dy,
+                           lp_tensor **dx);
+/* Accumulates this micro-batch's parameter gradients (grad += ...). ctx
+ * must be INPUT_GRAD of this layer (dy is then ignored and may be NULL) or
+ * FORWARD (dy required). Afterwards the ctx is EMPTY (all stash released). */
+lp_status lp_nn_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
+                            const lp_tensor *dy);
+/* Full backward: input_grad then weight_grad. dx may be NULL. */
+lp_status lp_nn_backward(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *dy,
+                         lp_tensor **dx);
+
+/* ======================================================================
+ * Losses (no params, no ctx: one call gives the loss and its gradient).
+ * *loss is the mean (double accumulation); *dgrad (optional: pass NULL to
+ * skip) is grad_scale * d(loss)/d(input), a new tensor owned by the
+ * caller. Use grad_scale = 1/M to average over M micro-batches.
+ * ====================================================================== */
+
+/* Cross-entropy of logits [..., V] against targets (numel = rows of
+ * logits, float integral class ids in [0, V)); mean over rows. */
+lp_status lp_nn_loss_cross_entropy(const lp_tensor *logits,
+                                   const lp_tensor *targets, float grad_scale,
+                                   double *loss, lp_tensor **dlogits);
+/* Mean squared error over all elements; pred and target same shape. */
+lp_status lp_nn_loss_mse(const lp_tensor *pred, const lp_tensor *target,
+                         float grad_scale, double *loss, lp_tensor **dpred);
+
+/* ======================================================================
+ * Optimizers over a list of (param, grad). The optimizer copies the list
+ * (names and tensor pointers are borrowed: the layers must outlive it) and
+ * owns its state (momentum / moments), allocated at creation.
+ * ====================================================================== */
+
+typedef struct lp_nn_optim lp_nn_optim;
+
+/* PyTorch SGD (dampening 0): g = grad + weight_decay * p;
+ * buf = momentum * buf + g (buf starts at 0); p -= lr * buf. */
+typedef struct lp_nn_sgd_opts {
+  float lr, momentum, weight_decay;
+} lp_nn_sgd_opts;
+
+/* PyTorch AdamW: p *= 1 - lr * weight_decay; m = b1 m + (1-b1) g;
+ * v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). */
+typedef struct lp_nn_adamw_opts {
+  float lr, beta1, beta2, eps, weight_decay;
+} lp_nn_adamw_opts;
+
+/* LP_OK and *out, or LP_ERR_ARG (NULL opts, param without grad, shape
+ * mismatch) / LP_ERR_NOMEM with *out = NULL. n may be 0. */
+lp_status lp_nn_optim_sgd_new(const lp_nn_param *params, size_t n,
+                              const lp_nn_sgd_opts *opts, lp_nn_optim **out);
+lp_status lp_nn_optim_adamw_new(const lp_nn_param *params, size_t n,
+                                const lp_nn_adamw_opts *opts,
+                                lp_nn_optim **out);
+/* One update of every param from its grad (grads are not zeroed). */
+lp_status lp_nn_optim_step(lp_nn_optim *o);
+/* Sets every grad in the list to zero. */
+lp_status lp_nn_optim_zero_grad(lp_nn_optim *o);
+void lp_nn_optim_set_lr(lp_nn_optim *o, float lr);
+/* Steps taken so far. */
+int64_t lp_nn_optim_steps(const lp_nn_optim *o);
+/* Frees the state (not the params). NULL is a no-op. */
+void lp_nn_optim_free(lp_nn_optim *o);

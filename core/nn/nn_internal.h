@@ -1,0 +1,86 @@
+/* nn_internal.h — private to core/nn: the layer object and its per-kind
+ * vtable, the context layout, and helpers shared by the layer files. */
+#pragma once
+
+#include "lp_nn.h"
+
+/* Per-kind behaviour. The public lp_nn_* calls check the ctx state machine
+ * and clear the ctx on failure; these only do the math.
+ *   forward:     ctx may be NULL (inference). Stash into ctx->saved.
+ *   input_grad:  ctx is FORWARD. dx may be NULL (prepare for W only).
+ *                Keep what weight_grad needs; release the rest.
+ *   weight_grad: ctx is INPUT_GRAD. Accumulate into param grads.
+ *                NULL for layers without params of their own. */
+typedef struct nn_ops {
+  const char *kind;
+  lp_status (*forward)(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
+                       lp_tensor **y);
+  lp_status (*input_grad)(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *dy,
+                          lp_tensor **dx);
+  lp_status (*weight_grad)(lp_nn_layer *l, lp_nn_ctx *ctx);
+} nn_ops;
+
+struct lp_nn_layer {
+  const nn_ops *ops;
+  char *name;
+  int refs;
+  /* params: leaves own names and tensors (owns_params = 1); composites
+   * hold copies of their children's entries (borrowed). */
+  lp_nn_param *params;
+  size_t nparams;
+  int owns_params;
+  lp_nn_layer **child; /* retained */
+  size_t nchild;
+  /* kind config */
+  int64_t in, out;   /* linear: features; embedding: vocab, dim */
+  int64_t dim;       /* rmsnorm, attention: d_model */
+  int64_t heads;     /* attention */
+  float eps;         /* rmsnorm */
+  lp_tensor_act_kind act;
+};
+
+#define NN_SLOTS 10
+
+struct lp_nn_ctx {
+  lp_nn_ctx *root;            /* where error text goes */
+  const lp_nn_layer *layer;   /* whose forward is stashed; NULL when EMPTY */
+  lp_nn_ctx_stage stage;
+  lp_tensor *saved[NN_SLOTS]; /* layer-specific meaning, owned */
+  lp_nn_ctx **child;          /* sub-contexts of composites (kept on clear) */
+  size_t nchild;
+  char err[LP_ERRLEN];
+};
+
+/* ---- helpers (layer.c) ---- */
+
+/* Records "layer <name> (<kind>): <message>" in ctx's root (no-op when ctx
+ * is NULL) and returns st. */
+lp_status nn_fail(lp_nn_ctx *ctx, const lp_nn_layer *l, lp_status st,
+                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Stores an owned tensor in slot i (freeing what was there). With a NULL
+ * ctx the tensor is freed. */
+void nn_keep(lp_nn_ctx *ctx, int i, lp_tensor *t);
+/* Stores a new view of a borrowed tensor in slot i. */
+lp_status nn_keep_view(lp_nn_ctx *ctx, int i, const lp_tensor *t);
+/* Frees slot i. */
+void nn_drop(lp_nn_ctx *ctx, int i);
+/* A dense, owned tensor with x's values: a view when x is dense, else a
+ * clone. */
+lp_status nn_dense(const lp_tensor *x, lp_tensor **out);
+/* Sub-context i of ctx, created on first use. NULL ctx gives NULL. */
+lp_status nn_child_ctx(lp_nn_ctx *ctx, size_t i, lp_nn_ctx **out);
+/* Allocates a layer with one reference, a copy of name and the given ops. */
+lp_status nn_layer_alloc(const nn_ops *ops, const char *name,
+                         lp_nn_layer **out);
+/* Adds an owned parameter "<layer name>.<suffix>" of the given shape (value
+ * and zero grad), initialised from (seed, full name). */
+lp_status nn_add_param(lp_nn_layer *l, const char *suffix, int ndim,
+                       const int64_t *shape, lp_nn_init_kind init,
+                       float init_std, uint64_t seed);
+/* Text "[a, b, c]" of t's shape into buf. */
+const char *nn_shape_str(const lp_tensor *t, char *buf, size_t n);
+/* Writes a copy of t's shape with the last dim replaced by last. */
+void nn_shape_last(const lp_tensor *t, int64_t last, int64_t *shape);
+
+/* Composite constructors used by blocks.c (layer.c). */
+lp_status nn_composite_collect_params(lp_nn_layer *l);

@@ -1,0 +1,141 @@
+/* optim.c — SGD with momentum and AdamW over a list of (param, grad).
+ * Per-element math in double, stored as float; fixed order. */
+#include "nn_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { OPT_SGD, OPT_ADAMW };
+
+struct lp_nn_optim {
+  int kind;
+  lp_nn_sgd_opts sgd;
+  lp_nn_adamw_opts adam;
+  lp_nn_param *params; /* copies of the entries (tensors borrowed) */
+  size_t n;
+  lp_tensor **m; /* momentum buffer / first moment, one per param */
+  lp_tensor **v; /* second moment (AdamW only) */
+  int64_t t;
+};
+
+void lp_nn_optim_free(lp_nn_optim *o) {
+  if (!o) return;
+  for (size_t i = 0; i < o->n; i++) {
+    if (o->m) lp_tensor_free(o->m[i]);
+    if (o->v) lp_tensor_free(o->v[i]);
+  }
+  lp_free(o->m);
+  lp_free(o->v);
+  lp_free(o->params);
+  lp_free(o);
+}
+
+static lp_status optim_new(int kind, const lp_nn_param *params, size_t n,
+                           lp_nn_optim **out) {
+  *out = NULL;
+  if (n && !params) return LP_ERR_ARG;
+  for (size_t i = 0; i < n; i++) {
+    const lp_nn_param *p = &params[i];
+    if (!p->value || !p->grad || !lp_tensor_same_shape(p->value, p->grad) ||
+        !lp_tensor_is_contiguous(p->value) || !lp_tensor_is_contiguous(p->grad))
+      return LP_ERR_ARG;
+    if (!lp_tensor_backend_of(p->value)->host_accessible ||
+        !lp_tensor_backend_of(p->grad)->host_accessible)
+      return LP_ERR_UNSUPPORTED;
+  }
+  lp_nn_optim *o = lp_calloc(1, sizeof *o);
+  if (!o) return LP_ERR_NOMEM;
+  o->kind = kind;
+  size_t cnt = n ? n : 1;
+  o->params = lp_malloc(cnt * sizeof *o->params);
+  o->m = lp_calloc(cnt, sizeof *o->m);
+  if (kind == OPT_ADAMW) o->v = lp_calloc(cnt, sizeof *o->v);
+  if (!o->params || !o->m || (kind == OPT_ADAMW && !o->v)) {
+    lp_nn_optim_free(o);
+    return LP_ERR_NOMEM;
+  }
+  if (n) memcpy(o->params, params, n * sizeof *params);
+  o->n = n;
+  for (size_t i = 0; i < n; i++) {
+    lp_status st = lp_tensor_zeros_like(params[i].value, &o->m[i]);
+    if (st == LP_OK && o->v) st = lp_tensor_zeros_like(params[i].value, &o->v[i]);
+    if (st != LP_OK) {
+      lp_nn_optim_free(o);
+      return st;
+    }
+  }
+  *out = o;
+  return LP_OK;
+}
+
+lp_status lp_nn_optim_sgd_new(const lp_nn_param *params, size_t n,
+                              const lp_nn_sgd_opts *opts, lp_nn_optim **out) {
+  if (!out) return LP_ERR_ARG;
+  *out = NULL;
+  if (!opts) return LP_ERR_ARG;
+  LP_CHECK(optim_new(OPT_SGD, params, n, out));
+  (*out)->sgd = *opts;
+  return LP_OK;
+}
+
+lp_status lp_nn_optim_adamw_new(const lp_nn_param *params, size_t n,
+                                const lp_nn_adamw_opts *opts,
+                                lp_nn_optim **out) {
+  if (!out) return LP_ERR_ARG;
+  *out = NULL;
+  if (!opts || !(opts->beta1 >= 0.0f && opts->beta1 < 1.0f) ||
+      !(opts->beta2 >= 0.0f && opts->beta2 < 1.0f))
+    return LP_ERR_ARG;
+  LP_CHECK(optim_new(OPT_ADAMW, params, n, out));
+  (*out)->adam = *opts;
+  return LP_OK;
+}
+
+lp_status lp_nn_optim_step(lp_nn_optim *o) {
+  if (!o) return LP_ERR_ARG;
+  o->t++;
+  for (size_t i = 0; i < o->n; i++) {
+    float *p = o->params[i].value->data;
+    const float *g = o->params[i].grad->data;
+    float *m = o->m[i]->data;
+    int64_t n = lp_tensor_numel(o->params[i].value);
+    if (o->kind == OPT_SGD) {
+      double lr = o->sgd.lr, mu = o->sgd.momentum, wd = o->sgd.weight_decay;
+      for (int64_t j = 0; j < n; j++) {
+        double gj = (double)g[j] + wd * (double)p[j];
+        double b = mu * (double)m[j] + gj;
+        m[j] = (float)b;
+        p[j] = (float)((double)p[j] - lr * (double)m[j]);
+      }
+    } else {
+      const lp_nn_adamw_opts *a = &o->adam;
+      double lr = a->lr, b1 = a->beta1, b2 = a->beta2, eps = a->eps;
+      double bc1 = 1.0 - pow(b1, (double)o->t), bc2 = 1.0 - pow(b2, (double)o->t);
+      double decay = 1.0 - lr * (double)a->weight_decay;
+      float *v = o->v[i]->data;
+      for (int64_t j = 0; j < n; j++) {
+        double gj = g[j];
+        double pj = (double)p[j] * decay;
+        m[j] = (float)(b1 * (double)m[j] + (1.0 - b1) * gj);
+        v[j] = (float)(b2 * (double)v[j] + (1.0 - b2) * gj * gj);
+        double den = sqrt((double)v[j] / bc2) + eps;
+        p[j] = (float)(pj - lr * ((double)m[j] / bc1) / den);
+      }
+    }
+  }
+  return LP_OK;
+}
+
+lp_status lp_nn_optim_zero_grad(lp_nn_optim *o) {
+  if (!o) return LP_ERR_ARG;
+  for (size_t i = 0; i < o->n; i++) LP_CHECK(lp_tensor_fill(o->params[i].grad, 0.0f));
+  return LP_OK;
+}
+
+void lp_nn_optim_set_lr(lp_nn_optim *o, float lr) {
+  if (!o) return;
+  if (o->kind == OPT_SGD) o->sgd.lr = lr;
+  else o->adam.lr = lr;
+}
+
+int64_t lp_nn_optim_steps(const lp_nn_optim *o) { return o ? o->t : 0; }

@@ -1,0 +1,114 @@
+/* lp_sim.h — the deterministic pipeline simulator: a validated schedule and
+ * a cost model in, a timeline out (per-action start/end, per-rank busy time
+ * and bubble, messages between ranks, activation counters over time).
+ * Uses lp_base and lp_schedule only. Times are in abstract cost units. */
+#pragma once
+
+#include "lp_base.h"
+#include "lp_schedule.h"
+
+/* A field holding LP_SIM_UNSET was not given; any other negative value is
+ * an error (LP_ERR_ARG). */
+#define LP_SIM_UNSET (-1.0)
+
+/* Compute times of one model stage (or of every stage, as the default). */
+typedef struct lp_sim_times {
+  double f;  /* forward */
+  double b;  /* full backward */
+  double i;  /* input-grad only */
+  double w;  /* weight-grad */
+  double fb; /* an overlapped F&B pair; unset: F + the backward half's time */
+} lp_sim_times;
+
+/* The cost model. Resolution for a model stage: the stage's override
+ * fields replace the defaults field by field, then the gaps are filled so
+ * that B = I + W: B unset, I and W set: B = I + W; B and W: I = B - W;
+ * B and I: W = B - I; only B: I = W = B/2; only I: W = I, B = 2I; only W:
+ * I = W, B = 2W; none: B = 2, I = W = 1. F unset: 1. All three given are
+ * kept as given. FB unset: F of the pair's F-half stage + B (or I) of its
+ * backward-half stage; FB set (on the F half's stage or globally) is used
+ * for every pair whose F half is on that stage. */
+typedef struct lp_sim_cost {
+  lp_sim_times t;             /* defaults for every model stage */
+  double latency;             /* per cross-rank message, >= 0 */
+  int nstages;                /* entries in `stages` (0: no overrides) */
+  const lp_sim_times *stages; /* [model stage]: overrides, LP_SIM_UNSET = inherit;
+                                 borrowed, only read during lp_sim_run */
+} lp_sim_cost;
+
+/* Every time unset, latency 0, no overrides (the default cost model). */
+void lp_sim_cost_init(lp_sim_cost *c);
+void lp_sim_times_init(lp_sim_times *t); /* every field LP_SIM_UNSET */
+
+/* Resolved times of model stage `stage` (out->fb stays LP_SIM_UNSET when
+ * FB is derived per pair). LP_ERR_ARG with the reason in err (LP_ERRLEN)
+ * for a negative time or a derived negative I or W. */
+lp_status lp_sim_cost_resolve(const lp_sim_cost *c, int stage,
+                              lp_sim_times *out, char *err);
+
+typedef struct lp_sim_result lp_sim_result;
+
+/* Validates s (lp_schedule_validate) and simulates it. On success *out is
+ * a new result the caller frees with lp_sim_result_free. On failure *out
+ * is NULL and err (LP_ERRLEN bytes) holds the message: LP_ERR_INVALID with
+ * the validator's text, LP_ERR_ARG for a bad cost model, LP_ERR_NOMEM, or
+ * LP_ERR_INTERNAL when a rank waits for an input that never comes (which
+ * validation should have caught). SEND/RECV actions take no rank time:
+ * messages are derived from the routes. REDUCE_GRAD takes no time either.
+ * cost may be NULL (the default model). Deterministic. */
+lp_status lp_sim_run(lp_schedule *s, const lp_sim_cost *cost,
+                     lp_sim_result **out, char *err);
+void lp_sim_result_free(lp_sim_result *r);
+
+/* One computed action (F, B, I, W, FB) of the timeline. */
+typedef struct lp_sim_event {
+  int rank;
+  int index;       /* position in the rank's action list (0-based) */
+  lp_action action;
+  double start, end;
+} lp_sim_event;
+
+/* One cross-rank message (an F output or an input-grad). */
+typedef struct lp_sim_message {
+  int from, to;           /* ranks */
+  int from_index;         /* producer's position in from's action list */
+  int to_index;           /* consumer's position in to's action list */
+  double sent, arrived;   /* producer's end; sent + latency */
+  lp_action what;         /* the producing half, e.g. 0F3 or 7B5 (never FB) */
+  char text[LP_ACTION_TEXT_MAX]; /* its text */
+} lp_sim_message;
+
+/* Per-rank figures. */
+typedef struct lp_sim_rank_stats {
+  double busy;         /* sum of action durations */
+  double finish;       /* end of the rank's last action (0 when none) */
+  double bubble;       /* makespan - busy */
+  double bubble_ratio; /* bubble / makespan (0 when makespan is 0) */
+  int peak_live;       /* activations with F started and B/I not finished */
+  int peak_pending_w;  /* activations held after an I for its W */
+} lp_sim_rank_stats;
+
+/* A point of a rank's memory counters: values from time t on. */
+typedef struct lp_sim_sample {
+  double t;
+  int live, pending_w;
+} lp_sim_sample;
+
+int lp_sim_ranks(const lp_sim_result *r);
+int lp_sim_stages(const lp_sim_result *r);       /* model stages */
+int lp_sim_microbatches(const lp_sim_result *r);
+const char *lp_sim_name(const lp_sim_result *r); /* the schedule's name */
+double lp_sim_makespan(const lp_sim_result *r);
+double lp_sim_max_bubble(const lp_sim_result *r);
+double lp_sim_latency(const lp_sim_result *r);
+/* Fills *out for rank; LP_ERR_ARG when rank is out of range. */
+lp_status lp_sim_rank_stats_of(const lp_sim_result *r, int rank,
+                               lp_sim_rank_stats *out);
+/* Every event, ordered by rank then position; owned by r. */
+const lp_sim_event *lp_sim_events(const lp_sim_result *r, int *n);
+/* The events of one rank (a slice of lp_sim_events); NULL, *n = 0 if bad. */
+const lp_sim_event *lp_sim_rank_events(const lp_sim_result *r, int rank, int *n);
+/* Every message, ordered by (sent, from, from_index, to); owned by r. */
+const lp_sim_message *lp_sim_messages(const lp_sim_result *r, int *n);
+/* Rank's counter series: first sample at t = 0, then one per change. */
+const lp_sim_sample *lp_sim_memory(const lp_sim_result *r, int rank, int *n);

@@ -1,0 +1,256 @@
+/* lp_tensor.h — float32 tensors (up to 4 dims, strided, refcounted storage
+ * so views are safe), CPU ops on OpenBLAS, a seeded deterministic RNG, and
+ * the compute-backend vtable (CPU now; CUDA plugs in behind the same table).
+ * Depends on lp_base only. No Lua, no CUDA headers. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lp_base.h"
+
+/* ======================================================================
+ * Compute backend
+ *
+ * A backend is a table of functions plus a name (the Redis "engine"
+ * pattern). Every tensor's storage records the backend that allocated it,
+ * and ops dispatch through that backend. The table works on raw, dense
+ * buffers of the backend's memory; the tensor layer above handles shapes
+ * and strides. Ops that are not in the table (RMSNorm, attention masking,
+ * losses, strided copies) run on the host and answer LP_ERR_UNSUPPORTED for
+ * storage that is not host_accessible; a CUDA backend grows the table.
+ *
+ * Every function returns LP_OK or a status; none aborts. Buffers never
+ * alias unless the op says so.
+ * ====================================================================== */
+
+typedef enum lp_tensor_act_kind {
+  LP_TENSOR_ACT_GELU = 0, /* tanh approximation */
+  LP_TENSOR_ACT_SILU = 1  /* x * sigmoid(x) */
+} lp_tensor_act_kind;
+
+typedef struct lp_tensor_backend lp_tensor_backend;
+struct lp_tensor_backend {
+  const char *name;    /* "cpu" */
+  int host_accessible; /* 1 when data pointers can be dereferenced by the CPU */
+  void *ud;            /* backend private data (device handle, stream, ...) */
+
+  /* Memory: alloc returns NULL on failure; free(NULL) is a no-op. */
+  void *(*alloc)(const lp_tensor_backend *be, size_t bytes);
+  void (*free)(const lp_tensor_backend *be, void *p);
+  /* Copies between this backend's memory and host memory (CPU: memcpy). */
+  lp_status (*to_host)(const lp_tensor_backend *be, void *host_dst,
+                       const void *src, size_t bytes);
+  lp_status (*from_host)(const lp_tensor_backend *be, void *dst,
+                         const void *host_src, size_t bytes);
+
+  /* Row-major, strided-batched GEMM:
+   *   for i < batch: C_i = alpha * op(A_i) * op(B_i) + beta * C_i
+   * with op(A_i) m x k, op(B_i) k x n, A_i = a + i*stride_a, etc.
+   * lda/ldb/ldc are row strides of the stored (untransposed) matrices.
+   * batch == 1 is a plain GEMM; strides are then ignored. */
+  lp_status (*gemm)(const lp_tensor_backend *be, int trans_a, int trans_b,
+                    int64_t m, int64_t n, int64_t k, float alpha,
+                    const float *a, int64_t lda, int64_t stride_a,
+                    const float *b, int64_t ldb, int64_t stride_b, float beta,
+                    float *c, int64_t ldc, int64_t stride_c, int64_t batch);
+
+  /* Dense elementwise ops over n floats. out may alias an input. */
+  lp_status (*fill)(const lp_tensor_backend *be, int64_t n, float v, float *x);
+  lp_status (*copy)(const lp_tensor_backend *be, int64_t n, const float *x,
+                    float *out);
+  lp_status (*axpy)(const lp_tensor_backend *be, int64_t n, float alpha,
+                    const float *x, float *y); /* y += alpha * x */
+  lp_status (*scale)(const lp_tensor_backend *be, int64_t n, float alpha,
+                     float *x); /* x *= alpha */
+  lp_status (*add)(const lp_tensor_backend *be, int64_t n, const float *a,
+                   const float *b, float *out); /* out = a + b */
+  lp_status (*mul)(const lp_tensor_backend *be, int64_t n, const float *a,
+                   const float *b, float *out); /* out = a * b */
+  /* y = act(x); dx = dy * act'(x) (dx may alias dy). */
+  lp_status (*act)(const lp_tensor_backend *be, lp_tensor_act_kind kind, int64_t n,
+                   const float *x, float *y);
+  lp_status (*act_backward)(const lp_tensor_backend *be, lp_tensor_act_kind kind,
+                            int64_t n, const float *x, const float *dy,
+                            float *dx);
+  /* Softmax of each of `rows` rows of `cols` floats (y may alias x). */
+  lp_status (*softmax_rows)(const lp_tensor_backend *be, int64_t rows,
+                            int64_t cols, const float *x, float *y);
+  /* out[c] = beta * out[c] + sum_r x[r*cols + c] (sums in row order). */
+  lp_status (*sum_rows)(const lp_tensor_backend *be, int64_t rows,
+                        int64_t cols, const float *x, float beta, float *out);
+};
+
+/* The CPU backend: lp_malloc memory, OpenBLAS sgemm, plain loops. Static
+ * storage; never freed. Deterministic for a fixed OPENBLAS_NUM_THREADS. */
+const lp_tensor_backend *lp_tensor_backend_cpu(void);
+
+/* ======================================================================
+ * Tensors
+ *
+ * An lp_tensor is a small header (shape, strides, data pointer) that holds
+ * one reference to a refcounted storage. Views (lp_tensor_view, _rows,
+ * _reshape, _transpose) are new headers on the same storage; the storage
+ * lives until its last header is freed, so a view stays valid after the
+ * tensor it came from is freed. Headers are single-owner: whoever receives
+ * a `lp_tensor **out` frees it with lp_tensor_free. Storage refcounts are
+ * atomic; a header itself must not be used from two threads at once.
+ *
+ * Strides are in elements. `data` already includes the view's offset.
+ * Unless stated, an op accepts any strides (dense inputs take the backend
+ * fast path; strided ones run on the host).
+ * ====================================================================== */
+
+#define LP_TENSOR_MAXDIM 4
+
+typedef struct lp_tensor_storage lp_tensor_storage; /* opaque */
+
+typedef struct lp_tensor {
+  float *data; /* first element of this view (backend memory) */
+  int ndim;    /* 1..LP_TENSOR_MAXDIM */
+  int64_t shape[LP_TENSOR_MAXDIM];
+  int64_t stride[LP_TENSOR_MAXDIM];
+  lp_tensor_storage *storage;
+} lp_tensor;
+
+/* ---- creation (all: LP_OK and *out set, or a status and *out = NULL) ----
+ * be == NULL means the CPU backend. ndim in 1..4, every dim >= 0.
+ * LP_ERR_ARG for a bad shape, LP_ERR_NOMEM when allocation fails. */
+
+/* Uninitialised contents. */
+lp_status lp_tensor_empty(const lp_tensor_backend *be, int ndim,
+                          const int64_t *shape, lp_tensor **out);
+/* Zero-filled. */
+lp_status lp_tensor_zeros(const lp_tensor_backend *be, int ndim,
+                          const int64_t *shape, lp_tensor **out);
+/* A dense copy of numel(shape) host floats from src. */
+lp_status lp_tensor_from_data(const lp_tensor_backend *be, int ndim,
+                              const int64_t *shape, const float *src,
+                              lp_tensor **out);
+/* A CPU tensor over caller memory (e.g. an MPI receive buffer); nothing is
+ * copied and the storage never frees `data`: the caller keeps it alive and
+ * unchanged for as long as any view of it (including ones stashed in nn
+ * contexts) exists. */
+lp_status lp_tensor_wrap(float *data, int ndim, const int64_t *shape,
+                         lp_tensor **out);
+/* Same shape and backend as t, dense; uninitialised / zero-filled. */
+lp_status lp_tensor_empty_like(const lp_tensor *t, lp_tensor **out);
+lp_status lp_tensor_zeros_like(const lp_tensor *t, lp_tensor **out);
+/* A dense deep copy of t (any strides). */
+lp_status lp_tensor_clone(const lp_tensor *t, lp_tensor **out);
+
+/* Frees the header and drops its storage reference. NULL is a no-op. */
+void lp_tensor_free(lp_tensor *t);
+
+/* ---- views: new headers on the same storage (no data copied) ---------- */
+
+/* The same view again (a second owner of the storage). */
+lp_status lp_tensor_view(const lp_tensor *t, lp_tensor **out);
+/* Rows [start, start+count) of dim 0. LP_ERR_ARG when out of range. */
+lp_status lp_tensor_rows(const lp_tensor *t, int64_t start, int64_t count,
+                         lp_tensor **out);
+/* A dense view with a new shape of the same numel. One entry may be -1
+ * (inferred). Needs t dense (lp_tensor_is_contiguous); LP_ERR_ARG otherwise
+ * — use lp_tensor_clone first. */
+lp_status lp_tensor_reshape(const lp_tensor *t, int ndim, const int64_t *shape,
+                            lp_tensor **out);
+/* Swaps dims d0 and d1 (strides swapped; the result is not dense). */
+lp_status lp_tensor_transpose(const lp_tensor *t, int d0, int d1,
+                              lp_tensor **out);
+
+/* ---- queries ---- */
+int64_t lp_tensor_numel(const lp_tensor *t);
+/* 1 when the view is dense row-major (no gaps, no reordering). */
+int lp_tensor_is_contiguous(const lp_tensor *t);
+/* 1 when shapes are equal (ndim and every dim). */
+int lp_tensor_same_shape(const lp_tensor *a, const lp_tensor *b);
+/* Rows = product of all dims but the last; cols = the last dim. */
+void lp_tensor_rows_cols(const lp_tensor *t, int64_t *rows, int64_t *cols);
+/* The backend that owns t's storage. */
+const lp_tensor_backend *lp_tensor_backend_of(const lp_tensor *t);
+/* Number of live headers on t's storage (for tests and memory accounting). */
+int lp_tensor_storage_refs(const lp_tensor *t);
+/* Bytes of t's storage (the whole allocation, not just this view). */
+size_t lp_tensor_storage_bytes(const lp_tensor *t);
+/* Address of element (i0..i3) (unused trailing indices are ignored). */
+float *lp_tensor_at(const lp_tensor *t, int64_t i0, int64_t i1, int64_t i2,
+                    int64_t i3);
+
+/* ---- ops: results go into caller-provided tensors ----------------------
+ * Shapes must match exactly unless stated (LP_ERR_ARG otherwise); all
+ * operands must be on one backend (LP_ERR_ARG). Element order of every
+ * reduction is fixed, so results are bitwise reproducible. */
+
+/* Every element of t = v. */
+lp_status lp_tensor_fill(lp_tensor *t, float v);
+/* dst = src elementwise (any strides, same shape). */
+lp_status lp_tensor_copy(lp_tensor *dst, const lp_tensor *src);
+/* out = a + b;  out = a * b  (out may be a or b). */
+lp_status lp_tensor_add(lp_tensor *out, const lp_tensor *a, const lp_tensor *b);
+lp_status lp_tensor_mul(lp_tensor *out, const lp_tensor *a, const lp_tensor *b);
+/* t *= alpha. */
+lp_status lp_tensor_scale(lp_tensor *t, float alpha);
+/* y += alpha * x. */
+lp_status lp_tensor_axpy(lp_tensor *y, float alpha, const lp_tensor *x);
+/* out = beta * out + column sums of x viewed as rows x cols (see
+ * lp_tensor_rows_cols); out has cols elements (any shape). x dense. */
+lp_status lp_tensor_sum_rows(lp_tensor *out, const lp_tensor *x, float beta);
+/* t[r, :] += v for every row r of t viewed as rows x cols; v has cols
+ * elements (any shape). Both dense. */
+lp_status lp_tensor_add_rowvec(lp_tensor *t, const lp_tensor *v);
+/* y = act(x);  dx = dy * act'(x)  (dx may be dy). */
+lp_status lp_tensor_act(lp_tensor *y, lp_tensor_act_kind kind, const lp_tensor *x);
+lp_status lp_tensor_act_backward(lp_tensor *dx, lp_tensor_act_kind kind,
+                                 const lp_tensor *x, const lp_tensor *dy);
+/* Softmax over the last dim (y may be x). x, y dense. */
+lp_status lp_tensor_softmax_rows(lp_tensor *y, const lp_tensor *x);
+/* C = alpha * op(A) * op(B) + beta * C, op = transpose when trans_* != 0.
+ * Each operand must look like a matrix: a dense tensor (viewed as rows x
+ * cols, see lp_tensor_rows_cols), or a 2-D view with unit stride in one dim
+ * (a row-slice or a transpose view). C needs unit column stride.
+ * LP_ERR_ARG on shape mismatch. beta == 0 ignores C's old contents. */
+lp_status lp_tensor_gemm(lp_tensor *c, float alpha, const lp_tensor *a,
+                         int trans_a, const lp_tensor *b, int trans_b,
+                         float beta);
+
+/* ---- reductions and comparisons (host; double accumulation) ---- */
+lp_status lp_tensor_sum(const lp_tensor *t, double *out);
+lp_status lp_tensor_dot(const lp_tensor *a, const lp_tensor *b, double *out);
+/* max |a - b| over elements. */
+lp_status lp_tensor_max_abs_diff(const lp_tensor *a, const lp_tensor *b,
+                                 double *out);
+/* 1 when shapes match and every element is bitwise equal, else 0. */
+int lp_tensor_equal(const lp_tensor *a, const lp_tensor *b);
+
+/* ======================================================================
+ * Deterministic RNG: xoshiro256** seeded through splitmix64, normals by
+ * Box–Muller. The same seed gives the same sequence on every platform
+ * (uniform draws are exact; normals use the C library's log/sqrt/cos).
+ *
+ * Parameter initialisation keys a stream by (seed, name) with
+ * lp_tensor_rng_seed_name, so a model split into stages initialises each
+ * parameter identically to the unsplit model as long as names agree.
+ * ====================================================================== */
+
+typedef struct lp_tensor_rng {
+  uint64_t s[4];
+  int has_spare;
+  double spare;
+} lp_tensor_rng;
+
+void lp_tensor_rng_seed(lp_tensor_rng *r, uint64_t seed);
+/* Seeds from (seed, FNV-1a hash of name). */
+void lp_tensor_rng_seed_name(lp_tensor_rng *r, uint64_t seed, const char *name);
+uint64_t lp_tensor_rng_next(lp_tensor_rng *r);
+double lp_tensor_rng_uniform(lp_tensor_rng *r); /* [0, 1), 53 bits */
+double lp_tensor_rng_normal(lp_tensor_rng *r);  /* N(0, 1) */
+/* 64-bit FNV-1a of a NUL-terminated string. */
+uint64_t lp_tensor_hash_name(const char *name);
+
+/* Fills t (element order = row-major index order) with draws from
+ * N(mean, std) / U[lo, hi). Host storage: any strides; other backends: dense
+ * only (drawn on the host, then copied; LP_ERR_UNSUPPORTED if strided). */
+lp_status lp_tensor_fill_normal(lp_tensor *t, lp_tensor_rng *r, float mean,
+                                float std);
+lp_status lp_tensor_fill_uniform(lp_tensor *t, lp_tensor_rng *r, float lo,
+                                 float hi);

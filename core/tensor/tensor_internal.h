@@ -1,0 +1,42 @@
+/* tensor_internal.h — private to core/tensor: the storage layout and the
+ * strided index walker shared by tensor.c, ops.c and rng.c. */
+#pragma once
+
+#include <stdatomic.h>
+
+#include "lp_tensor.h"
+
+struct lp_tensor_storage {
+  const lp_tensor_backend *be;
+  float *data;      /* base of the allocation */
+  size_t n;         /* floats */
+  atomic_int refs;  /* live headers */
+  int owns;         /* 0 for lp_tensor_wrap: data belongs to the caller */
+};
+
+/* Pads t's shape/stride to 4 dims (leading 1s) for the index walker. */
+static inline void tensor_pad4(const lp_tensor *t, int64_t sh[4],
+                               int64_t st[4]) {
+  int pad = 4 - t->ndim;
+  for (int i = 0; i < 4; i++) {
+    sh[i] = i < pad ? 1 : t->shape[i - pad];
+    st[i] = i < pad ? 0 : t->stride[i - pad];
+  }
+}
+
+/* Offset (elements) of the linear row-major index `lin` in a padded view. */
+static inline int64_t tensor_offset4(const int64_t sh[4], const int64_t st[4],
+                                     int64_t lin) {
+  int64_t off = 0;
+  for (int d = 3; d >= 0; d--) {
+    int64_t i = lin % sh[d];
+    lin /= sh[d];
+    off += i * st[d];
+  }
+  return off;
+}
+
+/* Checks that ops may dereference t on the host. */
+static inline int tensor_host(const lp_tensor *t) {
+  return t->storage->be->host_accessible;
+}

@@ -1,0 +1,54 @@
+-- Interleaved 1F1B (Narayanan et al. 2021) in Megatron-LM's order: each rank
+-- holds v model chunks; model stage k = c*P + r (chunk c of rank r) lives on
+-- rank k % P, S = P*v, virtual stage id = stage id.
+--
+-- Micro-batches go through the chunks in groups of G: a rank runs forwards of
+-- G micro-batches on chunk 0, the same G on chunk 1, ..., then the next group;
+-- backwards likewise, chunks in reverse. G = P when M is a multiple of P
+-- (Megatron's and PyTorch's classic rule, and its order exactly); otherwise
+-- G = M / max(1, M // P) as PyTorch's ScheduleInterleaved1F1B does.
+-- Warm-up: min((P-r-1)*2 + (v-1)*G, M*v) forwards, then one forward and one
+-- backward at a time, then the cool-down backwards.
+--
+-- Constraints: chunks >= 2 (one chunk is plain 1f1b); microbatches a multiple
+-- of its number of groups max(1, microbatches // pp) (any multiple of pp is).
+--
+--   local s = require("luapipe.schedules.interleaved1f1b"){ pp = 4, microbatches = 8, chunks = 2 }
+local schedule = require("luapipe.schedule")
+local program = require("luapipe.schedules.program")
+
+return function(opts)
+  local P, M = program.args("interleaved1f1b", opts)
+  local v = opts.chunks or 2
+  if math.type(v) ~= "integer" or v < 2 then
+    error(string.format("interleaved1f1b: chunks must be an integer >= 2 (use 1f1b for one chunk), got %s",
+      tostring(v)), 2)
+  end
+  local groups = math.max(1, M // P)
+  if M % groups ~= 0 then
+    error(string.format("interleaved1f1b: microbatches must be a multiple of max(1, microbatches // pp) = %d"
+      .. " (e.g. a multiple of pp = %d), got %d", groups, P, M), 2)
+  end
+  local G = M // groups
+  local placement = {}
+  for k = 0, P * v - 1 do placement[k + 1] = { stage = k, rank = k % P } end
+  local s = schedule.new { name = opts.name or "interleaved1f1b", ranks = P, stages = P * v,
+    microbatches = M, placement = placement }
+
+  for r = 0, P - 1 do
+    local p = program.new(s, r)
+    local total = M * v -- forwards (and backwards) this rank runs
+    local warmup = math.min((P - r - 1) * 2 + (v - 1) * G, total)
+    -- the virtual stage of rank r that runs its k-th forward / k-th backward
+    local function fwd(k) return ((k // G) % v) * P + r end
+    local function bwd(k) return (v - 1 - (k // G) % v) * P + r end
+
+    for k = 0, warmup - 1 do p:F(fwd(k)) end            -- warm-up
+    for k = 0, total - warmup - 1 do                    -- steady state: 1F1B
+      p:F(fwd(k + warmup))
+      p:B(bwd(k))
+    end
+    for k = total - warmup, total - 1 do p:B(bwd(k)) end -- cool-down
+  end
+  return s
+end

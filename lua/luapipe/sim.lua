@@ -1,0 +1,125 @@
+-- luapipe.sim: cost models and simulation results.
+--
+--   local sim = require("luapipe.sim")
+--   local cost = sim.parse_cost("F=1,B=2,W=1,FB=2.5,latency=0.1")
+--   local res = assert(s:simulate(cost))     -- a luapipe.SimResult (C userdata)
+--   print(res)                                -- summary: makespan, bubbles, memory
+--   res:show()                                -- terminal Gantt chart
+--
+-- Costs: F, B, I, W, FB (an overlapped F&B pair; default F + the backward
+-- half), latency (per cross-rank message) and per-model-stage overrides,
+-- stages = {[k] = {F = ...}}. B = I + W fills in what is not given (only B:
+-- I = W = B/2; nothing: F=1, B=2, I=1, W=1). Times are abstract units; in
+-- traces one unit is shown as one millisecond.
+--
+-- This module adds the Lua-side methods of luapipe.SimResult: summary,
+-- __tostring, show and gantt (the pictures live in luapipe.show).
+local core = require("luapipe.core")
+
+local M = {}
+package.loaded["luapipe.sim"] = M -- luapipe.show requires us back
+
+local SimResult = core.SimResult -- the methods table shared with the C binding
+
+M.cost_keys = { "F", "B", "I", "W", "FB", "latency" }
+local canonical = { f = "F", b = "B", i = "I", w = "W", fb = "FB", latency = "latency",
+  lat = "latency" }
+
+-- sim.parse_cost(text) -> cost table for s:simulate.
+-- text: comma-separated KEY=NUMBER items, e.g. "F=1,B=2,W=1,FB=2.5,latency=0.1";
+-- keys F, B, I, W, FB, latency (any case); KEY[k]=NUMBER overrides model
+-- stage k ("F[3]=2"). Raises an error naming the bad item.
+function M.parse_cost(text)
+  if type(text) ~= "string" then
+    error("parse_cost: expected a string such as 'F=1,B=2,W=1', got " .. type(text), 2)
+  end
+  local cost = {}
+  for item in (text .. ","):gmatch("([^,]*),") do
+    local it = item:match("^%s*(.-)%s*$")
+    if it ~= "" then
+      local key, value = it:match("^([%w_%[%]]+)%s*=%s*(.+)$")
+      if not key then
+        error(string.format("cost item '%s': expected KEY=NUMBER (keys: F, B, I, W, FB, latency)", it), 2)
+      end
+      local name, stage = key:match("^(%a+)%[(%d+)%]$")
+      name = canonical[(name or key):lower()]
+      if not name or (stage and name == "latency") then
+        error(string.format("cost item '%s': unknown key '%s' (keys: F, B, I, W, FB, latency%s)",
+          it, key, stage and "; per stage: F[k], B[k], I[k], W[k], FB[k]" or ""), 2)
+      end
+      local v = tonumber(value)
+      if not v or v ~= v or v < 0 or v == math.huge then
+        error(string.format("cost item '%s': '%s' is not a number >= 0", it, value), 2)
+      end
+      if stage then
+        cost.stages = cost.stages or {}
+        local k = math.tointeger(tonumber(stage))
+        cost.stages[k] = cost.stages[k] or {}
+        cost.stages[k][name] = v
+      else
+        cost[name] = v
+      end
+    end
+  end
+  return cost
+end
+
+-- sim.format_cost(cost) -> "F=1 B=2 W=1" (the keys that are set, in order)
+function M.format_cost(cost)
+  local parts = {}
+  for _, k in ipairs(M.cost_keys) do
+    if cost and cost[k] ~= nil then parts[#parts + 1] = string.format("%s=%g", k, cost[k]) end
+  end
+  return #parts > 0 and table.concat(parts, " ") or "default (F=1 B=2 I=1 W=1)"
+end
+
+-- Accepts a cost table, a cost string or nil.
+function M.to_cost(cost)
+  if type(cost) == "string" then return M.parse_cost(cost) end
+  return cost
+end
+
+local function num(x)
+  if x == math.floor(x) and math.abs(x) < 1e15 then return string.format("%d", x) end
+  return (string.format("%.3f", x):gsub("0+$", ""):gsub("%.$", ""))
+end
+M.format_number = num
+
+-- res:summary() -> text: makespan, then one line per rank.
+function SimResult.summary(res)
+  local info = res:info()
+  local ranks = res:ranks()
+  local lines = {}
+  local worst = ranks[1]
+  for _, r in ipairs(ranks) do
+    if r.bubble > worst.bubble then worst = r end
+  end
+  lines[1] = string.format("simulated %s: %d ranks, %d micro-batches: makespan %s, "
+    .. "largest bubble %s (rank %d, %.1f%%)",
+    info.name ~= "" and ("'" .. info.name .. "'") or "schedule", info.ranks,
+    info.microbatches, num(res:makespan()), num(res:max_bubble()), worst and worst.rank or 0,
+    worst and 100 * worst.bubble_ratio or 0)
+  lines[2] = string.format("%6s %10s %10s %10s %8s %12s %10s", "rank", "busy", "bubble",
+    "bubble %", "finish", "activations", "pending W")
+  for _, r in ipairs(ranks) do
+    lines[#lines + 1] = string.format("%6d %10s %10s %9.1f%% %8s %12d %10d", r.rank, num(r.busy),
+      num(r.bubble), 100 * r.bubble_ratio, num(r.finish), r.peak_live, r.peak_pending_w)
+  end
+  return table.concat(lines, "\n")
+end
+
+-- res:gantt([opts]) -> text (see luapipe.show.gantt for opts)
+function SimResult.gantt(res, opts)
+  return require("luapipe.show").gantt(res, opts)
+end
+
+-- res:show([opts]) prints the Gantt chart and the summary.
+function SimResult.show(res, opts)
+  io.write(res:gantt(opts), "\n", res:summary(), "\n")
+end
+
+-- print(res) shows res:summary(): the C __tostring calls this method.
+
+require("luapipe.show") -- installs the picture methods (svg, write_svg, Schedule:show)
+
+return M
