@@ -15,14 +15,14 @@ static void replicate(const double *w, int n, int slots, int *cnt, eplb_ws *ws) 
   eplb_heap h = {ws->hkey, ws->hid, 0};
   for (int j = 0; j < n; j++) {
     cnt[j] = 1;
-    eplb_heap_push(&h, -w[j], j);
+    h.key[j] = -w[j];
+    h.id[j] = j;
   }
+  eplb_heap_build(&h, n);
   for (int i = n; i < slots; i++) {
-    double key;
-    int j;
-    eplb_heap_pop(&h, &key, &j);
+    int j = h.id[0];
     cnt[j]++;
-    eplb_heap_push(&h, -(w[j] / cnt[j]), j);
+    eplb_heap_replace_top(&h, -(w[j] / cnt[j]), j);
   }
 }
 
@@ -92,7 +92,7 @@ static void build_spill(const eplb_dims *d, const double *load, const int *gnode
       nx++;
     }
   }
-  eplb_sort_desc(ew, order, nx, ws->tmp);
+  eplb_sort_desc(ew, order, nx, ws);
   for (int t = 0; t < nx; t++) {
     int x = order[t], e = extra[x], best = -1;
     for (int n = 0; n < nn; n++) {

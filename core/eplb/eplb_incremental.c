@@ -192,7 +192,7 @@ static void budget_refresh(budget *b, eplb_ws *ws) {
     b->sq += s * s;
     b->order[g] = g;
   }
-  eplb_sort_desc(b->load, b->order, G, ws->tmp);
+  eplb_sort_desc(b->load, b->order, G, ws);
   b->max = b->load[b->order[0]];
 }
 

@@ -3,6 +3,8 @@
  * algorithm, packers, balanced mode, relabelling, copy budget, metrics). */
 #pragma once
 
+#include <stdint.h>
+
 #include "lp_eplb.h"
 
 struct lp_eplb_plan {
@@ -30,10 +32,12 @@ typedef struct eplb_dims {
 
 /* ---- scratch space ------------------------------------------------------
  * Every array a call needs, allocated once per call through lp_malloc. */
-typedef struct eplb_ws {
+typedef struct eplb_ws eplb_ws;
+struct eplb_ws {
   int n;           /* max(E, R, G, groups) + 1: size of the "n" arrays */
   /* generic */
   double *dkey, *dkey2;       /* [n] */
+  uint64_t *s_k1, *s_k2; /* radix sort keys [n] */
   int *idx, *tmp, *ia, *ib, *ic, *id, *ie, *if_; /* [n] */
   double *hkey;               /* heap keys [n] */
   int *hid;                   /* heap ids [n] */
@@ -64,7 +68,7 @@ typedef struct eplb_ws {
   double *b_load, *b_delta;   /* [n] */
   void *blk[112];             /* every allocation, for eplb_ws_free */
   int nblk;
-} eplb_ws;
+};
 
 /* Allocates every array for dims d; LP_ERR_NOMEM (and nothing held) on
  * failure. eplb_ws_free releases them (idempotent). */
@@ -73,8 +77,8 @@ void eplb_ws_free(eplb_ws *ws);
 
 /* ---- small helpers (eplb_util.c) --------------------------------------- */
 /* Stable sort of idx[0..n) by key[idx] descending (equal keys keep their
- * order). tmp has n ints. */
-void eplb_sort_desc(const double *key, int *idx, int n, int *tmp);
+ * order); keys must be >= 0. Uses ws->tmp, ws->s_k1, ws->s_k2. */
+void eplb_sort_desc(const double *key, int *idx, int n, eplb_ws *ws);
 /* Sorts ints ascending in place. */
 void eplb_sort_int(int *a, int n);
 /* Binary min-heap of (key, id), ties broken by the lower id. */
@@ -85,6 +89,10 @@ typedef struct eplb_heap {
 } eplb_heap;
 void eplb_heap_push(eplb_heap *h, double key, int id);
 void eplb_heap_pop(eplb_heap *h, double *key, int *id);
+/* Replaces the top (pop + push in one sift). */
+void eplb_heap_replace_top(eplb_heap *h, double key, int id);
+/* Orders key[0..n) / id[0..n) filled by the caller into a heap. */
+void eplb_heap_build(eplb_heap *h, int n);
 
 /* ---- reference (eplb_reference.c) --------------------------------------
  * DeepSeek's algorithm on one layer (float32). Writes phy2log[R],

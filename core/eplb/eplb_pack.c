@@ -85,8 +85,8 @@ static void kk(int m, int k, const double *w, const int *order, eplb_ws *ws,
     eplb_heap_pop(&h, &ka, &a);
     eplb_heap_pop(&h, &ka, &b);
     int *pa = part + (size_t)a * m, *pb = part + (size_t)b * m;
-    eplb_sort_desc(sum, pa, m, ws->tmp);
-    eplb_sort_desc(sum, pb, m, ws->tmp);
+    eplb_sort_desc(sum, pa, m, ws);
+    eplb_sort_desc(sum, pb, m, ws);
     for (int j = 0; j < m; j++) srt[j] = pb[m - 1 - j]; /* lightest first */
     double hi = 0, lo = 0;
     for (int j = 0; j < m; j++) {
@@ -111,7 +111,7 @@ static void kk(int m, int k, const double *w, const int *order, eplb_ws *ws,
 /* Pairwise swaps: while some swap between the heaviest pack and another
  * lowers the larger of the two below the current max, apply the best. */
 static void improve(int m, int k, const double *w, int *it, double *load) {
-  int limit = 64 * m * k + 256;
+  int limit = 4 * m * k + 64; /* each swap lowers a pack below the max */
   while (limit-- > 0) {
     int h = 0;
     for (int p = 1; p < m; p++)
@@ -211,7 +211,7 @@ void eplb_pack_best(int n, int m, int k, const double *w, const int *tag,
                     eplb_ws *ws, int *items, double *load) {
   int *order = ws->idx;
   for (int i = 0; i < n; i++) order[i] = i;
-  eplb_sort_desc(w, order, n, ws->tmp);
+  eplb_sort_desc(w, order, n, ws);
 
   int *it1 = ws->p_items, *it2 = ws->p_items2;
   double *l1 = ws->p_load, *l2 = ws->p_load2;

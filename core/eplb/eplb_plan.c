@@ -111,23 +111,31 @@ static void init_dims(eplb_dims *d, int experts, int replicas, int groups,
 void eplb_layer_eval(const eplb_dims *d, const double *load,
                      const int *phy2log, eplb_ws *ws, double *gpu_load,
                      eplb_eval *out) {
-  int *cnt = ws->m_cnt, *list = ws->m_list;
-  const int k = d->k, gpn = d->G / d->N;
+  int *cnt = ws->m_cnt, *start = ws->m_list, *bye = ws->m_list2;
+  const int E = d->E, R = d->R, k = d->k, gpn = d->G / d->N;
   if (!gpu_load) gpu_load = ws->dc;
-  memset(cnt, 0, (size_t)d->E * sizeof *cnt);
-  for (int s = 0; s < d->R; s++) cnt[phy2log[s]]++;
-  out->max = out->node_max = out->total = 0;
+  memset(cnt, 0, (size_t)E * sizeof *cnt);
+  for (int s = 0; s < R; s++) cnt[phy2log[s]]++;
+  /* slots grouped by expert, ascending within each: every GPU then sums
+   * its shares in expert order, whatever the slot order */
+  start[0] = 0;
+  for (int e = 0; e < E; e++) start[e + 1] = start[e] + cnt[e];
+  for (int s = 0; s < R; s++) bye[start[phy2log[s]]++] = s;
+  for (int g = 0; g < d->G; g++) gpu_load[g] = 0;
   out->dups = 0;
+  int t = 0;
+  for (int e = 0; e < E; e++) {
+    double share = load[e] / cnt[e];
+    for (int c = 0; c < cnt[e]; c++, t++) {
+      int g = bye[t] / k;
+      gpu_load[g] += share;
+      if (c > 0 && bye[t - 1] / k == g) out->dups++;
+    }
+  }
+  out->max = out->node_max = out->total = 0;
   double node = 0;
   for (int g = 0; g < d->G; g++) {
-    memcpy(list, phy2log + (size_t)g * k, (size_t)k * sizeof *list);
-    eplb_sort_int(list, k);
-    double s = 0;
-    for (int j = 0; j < k; j++) {
-      s += load[list[j]] / cnt[list[j]];
-      if (j > 0 && list[j] == list[j - 1]) out->dups++;
-    }
-    gpu_load[g] = s;
+    double s = gpu_load[g];
     if (s > out->max) out->max = s;
     out->total += s;
     node += s;

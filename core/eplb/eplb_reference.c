@@ -2,7 +2,105 @@
  * float32 arithmetic and tie rules: stable descending sorts, the lightest
  * non-full pack with the lowest index, the heaviest load/count with the
  * lowest expert index. */
+#include <stdint.h>
+#include <string.h>
+
 #include "eplb_internal.h"
+
+/* Heap entries pack a non-negative float and an id into one integer that
+ * orders like (value, id): the float's bits order like its values. */
+static uint64_t fbits(float v) {
+  uint32_t u;
+  if (v == 0) v = 0; /* -0.0 -> +0.0 */
+  memcpy(&u, &v, sizeof u);
+  return u;
+}
+
+static void sift(uint64_t *h, int n, int i) {
+  uint64_t v = h[i];
+  for (;;) {
+    int c = 2 * i + 1;
+    if (c >= n) break;
+    if (c + 1 < n && h[c + 1] < h[c]) c++;
+    if (h[c] >= v) break;
+    h[i] = h[c];
+    i = c;
+  }
+  h[i] = v;
+}
+
+/* Sorts distinct integers ascending: insertion sort on runs of 16, then
+ * bottom-up merges through tmp. */
+static void sort_u64(uint64_t *a, int n, uint64_t *tmp) {
+  for (int b = 0; b < n; b += 16) {
+    int e = b + 16 < n ? b + 16 : n;
+    for (int i = b + 1; i < e; i++) {
+      uint64_t v = a[i];
+      int j = i - 1;
+      while (j >= b && a[j] > v) {
+        a[j + 1] = a[j];
+        j--;
+      }
+      a[j + 1] = v;
+    }
+  }
+  uint64_t *src = a, *dst = tmp;
+  for (int width = 16; width < n; width *= 2) {
+    for (int lo = 0; lo < n; lo += 2 * width) {
+      int mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+      int i = lo, j = mid, o = lo;
+      while (i < mid && j < hi) {
+        uint64_t x = src[i], y = src[j];
+        int take_y = y < x;
+        dst[o++] = take_y ? y : x;
+        j += take_y;
+        i += !take_y;
+      }
+      while (i < mid) dst[o++] = src[i++];
+      while (j < hi) dst[o++] = src[j++];
+    }
+    uint64_t *x = src;
+    src = dst;
+    dst = x;
+  }
+  if (src != a) memcpy(a, src, (size_t)n * sizeof *a);
+}
+
+/* Stable sort of 0..n-1 by w descending: the (complemented float bits,
+ * index) pairs are distinct integers that order exactly so. */
+static void sort_desc_f32(const float *w, int n, int *order, eplb_ws *ws) {
+  uint64_t *a = ws->s_k1;
+  for (int i = 0; i < n; i++)
+    a[i] = (uint64_t)(uint32_t)~fbits(w[i]) << 32 | (uint64_t)i;
+  if (n < 48) {
+    sort_u64(a, n, ws->s_k2);
+  } else {
+    /* LSD radix sort on the four key bytes (stable, so the index order
+     * of equal keys holds); one histogram pass, bytes all keys share are
+     * skipped */
+    static const int shifts[4] = {32, 40, 48, 56};
+    int count[4][256];
+    memset(count, 0, sizeof count);
+    for (int i = 0; i < n; i++)
+      for (int b = 0; b < 4; b++) count[b][(a[i] >> shifts[b]) & 0xff]++;
+    uint64_t *src = a, *dst = ws->s_k2;
+    for (int b = 0; b < 4; b++) {
+      if (count[b][(a[0] >> shifts[b]) & 0xff] == n) continue;
+      int sum = 0;
+      for (int c = 0; c < 256; c++) {
+        int x = count[b][c];
+        count[b][c] = sum;
+        sum += x;
+      }
+      for (int i = 0; i < n; i++) dst[count[b][(src[i] >> shifts[b]) & 0xff]++] = src[i];
+      uint64_t *x = src;
+      src = dst;
+      dst = x;
+    }
+    a = src;
+  }
+  for (int i = 0; i < n; i++) order[i] = (int)(a[i] & 0xffffffffu);
+}
 
 /* balanced_packing: n items of weight w into m packs of n/m items each.
  * Writes pack[i] and rank[i] (position inside the pack, in assignment
@@ -17,29 +115,53 @@ static void ref_pack(const float *w, int n, int m, int *pack, int *rank,
     }
     return;
   }
-  double *key = ws->dkey;
   int *order = ws->idx;
-  for (int i = 0; i < n; i++) {
-    key[i] = (double)w[i]; /* exact: sorting on float values */
-    order[i] = i;
-  }
-  eplb_sort_desc(key, order, n, ws->tmp);
+  sort_desc_f32(w, n, order, ws);
   float *pw = ws->fb;
   int *cnt = ws->ic;
-  eplb_heap h = {ws->hkey, ws->hid, 0};
+  /* The first m positive items go to packs 0, 1, ...: each finds the
+   * empty packs lightest and takes the lowest-indexed one. */
+  int t = 0;
   for (int p = 0; p < m; p++) {
     pw[p] = 0.0f;
     cnt[p] = 0;
-    eplb_heap_push(&h, 0.0, p);
   }
-  for (int t = 0; t < n; t++) {
-    int i = order[t], p;
-    double k;
-    eplb_heap_pop(&h, &k, &p); /* lightest non-full pack, lowest index */
+  for (; t < m && w[order[t]] > 0; t++) {
+    pack[order[t]] = t;
+    rank[order[t]] = 0;
+    pw[t] = w[order[t]];
+    cnt[t] = 1;
+  }
+  if (per == 2 && t == m) {
+    /* Every pack holds one item and the next one fills it, so the packs
+     * are picked once each, by (weight, index): the reverse of the first
+     * round, keeping ascending index inside runs of equal weight. */
+    int hi = m;
+    while (hi > 0) {
+      int lo = hi - 1;
+      while (lo > 0 && pw[lo - 1] == pw[hi - 1]) lo--;
+      for (int p = lo; p < hi; p++, t++) {
+        int i = order[t];
+        pack[i] = p;
+        rank[i] = 1;
+      }
+      hi = lo;
+    }
+    return;
+  }
+  /* then a heap of (weight, pack): the lightest non-full pack, lowest
+   * index on ties, is on top */
+  uint64_t *h = ws->s_k1;
+  for (int p = 0; p < m; p++) h[p] = fbits(pw[p]) << 32 | (uint64_t)p;
+  int hn = m;
+  for (int p = hn / 2 - 1; p >= 0; p--) sift(h, hn, p);
+  for (; t < n; t++) {
+    int i = order[t], p = (int)(h[0] & 0xffffffffu);
     pack[i] = p;
     rank[i] = cnt[p]++;
     pw[p] = pw[p] + w[i]; /* float32 accumulation, as the reference */
-    if (cnt[p] < per) eplb_heap_push(&h, (double)pw[p], p);
+    h[0] = cnt[p] < per ? fbits(pw[p]) << 32 | (uint64_t)p : h[--hn];
+    sift(h, hn, 0);
   }
 }
 
@@ -48,22 +170,23 @@ static void ref_pack(const float *w, int n, int m, int *pack, int *rank,
  * with the largest w / count (lowest index on ties). */
 static void ref_replicate(const float *w, int n, int num_phy, int *phy2log,
                           int *rank, int *cnt, eplb_ws *ws) {
-  eplb_heap h = {ws->hkey, ws->hid, 0};
+  /* (complemented value, expert): the largest value, lowest index, on top */
+  uint64_t *h = ws->s_k1;
   for (int e = 0; e < n; e++) {
     phy2log[e] = e;
     rank[e] = 0;
     cnt[e] = 1;
-    /* max-heap through negated keys; ties still go to the lower id */
-    eplb_heap_push(&h, -(double)w[e], e);
+    h[e] = (uint64_t)(uint32_t)~fbits(w[e]) << 32 | (uint64_t)e;
   }
+  if (num_phy == n) return;
+  for (int i = n / 2 - 1; i >= 0; i--) sift(h, n, i);
   for (int i = n; i < num_phy; i++) {
-    double k;
-    int e;
-    eplb_heap_pop(&h, &k, &e);
+    int e = (int)(h[0] & 0xffffffffu);
     phy2log[i] = e;
     rank[i] = cnt[e]++;
     float v = w[e] / (float)cnt[e];
-    eplb_heap_push(&h, -(double)v, e);
+    h[0] = (uint64_t)(uint32_t)~fbits(v) << 32 | (uint64_t)e;
+    sift(h, n, 0);
   }
 }
 
@@ -90,7 +213,8 @@ void eplb_reference_layer(const eplb_dims *d, const double *load,
   for (int g = 0; g < ng; g++)
     for (int j = 0; j < gs; j++)
       mlog2log[(gpack[g] * gpn + grank[g]) * gs + j] = g * gs + j;
-  for (int e = 0; e < E; e++) home[e] = d->hier ? gpack[e / gs] : -1;
+  for (int g = 0; g < ng; g++)
+    for (int j = 0; j < gs; j++) home[g * gs + j] = d->hier ? gpack[g] : -1;
 
   /* steps 2 and 3, node by node */
   float *wm = ws->fa; /* the group sums are no longer needed */

@@ -1,13 +1,26 @@
 /* eplb_util.c — sorting, a small heap and the scratch-space allocator used
  * by the EPLB steps. */
+#include <stdint.h>
 #include <string.h>
 
 #include "eplb_internal.h"
 
-/* Merge sort (stable) of idx by key descending. */
-void eplb_sort_desc(const double *key, int *idx, int n, int *tmp) {
+/* Radix key of a non-negative double: its bits order like the values
+ * (-0.0 counts as 0); complemented so that ascending keys mean descending
+ * values. */
+static uint64_t desc_key(double v) {
+  uint64_t u;
+  if (v == 0) v = 0; /* -0.0 -> +0.0 */
+  memcpy(&u, &v, sizeof u);
+  return ~u;
+}
+
+/* Stable sort of idx by key descending: insertion sort for short arrays,
+ * else an LSD radix sort on the key bits that skips bytes all keys share
+ * (integer-valued loads leave most low bytes equal). */
+void eplb_sort_desc(const double *key, int *idx, int n, eplb_ws *ws) {
   if (n < 2) return;
-  if (n <= 16) { /* insertion sort: stable, fast for packs */
+  if (n <= 24) {
     for (int i = 1; i < n; i++) {
       int v = idx[i], j = i - 1;
       while (j >= 0 && key[idx[j]] < key[v]) {
@@ -18,20 +31,38 @@ void eplb_sort_desc(const double *key, int *idx, int n, int *tmp) {
     }
     return;
   }
-  int h = n / 2;
-  eplb_sort_desc(key, idx, h, tmp);
-  eplb_sort_desc(key, idx + h, n - h, tmp);
-  int i = 0, j = h, o = 0;
-  while (i < h && j < n) {
-    /* take the right element only when strictly larger: stability */
-    if (key[idx[j]] > key[idx[i]])
-      tmp[o++] = idx[j++];
-    else
-      tmp[o++] = idx[i++];
+  uint64_t *a = ws->s_k1, *b = ws->s_k2, all_or = 0, all_and = ~(uint64_t)0;
+  int *ia = idx, *ib = ws->tmp;
+  for (int i = 0; i < n; i++) {
+    a[i] = desc_key(key[idx[i]]);
+    all_or |= a[i];
+    all_and &= a[i];
   }
-  while (i < h) tmp[o++] = idx[i++];
-  while (j < n) tmp[o++] = idx[j++];
-  memcpy(idx, tmp, (size_t)n * sizeof *idx);
+  uint64_t vary = all_or ^ all_and;
+  int count[256];
+  for (int shift = 0; shift < 64; shift += 8) {
+    if (((vary >> shift) & 0xff) == 0) continue;
+    memset(count, 0, sizeof count);
+    for (int i = 0; i < n; i++) count[(a[i] >> shift) & 0xff]++;
+    int sum = 0;
+    for (int c = 0; c < 256; c++) {
+      int t = count[c];
+      count[c] = sum;
+      sum += t;
+    }
+    for (int i = 0; i < n; i++) {
+      int pos = count[(a[i] >> shift) & 0xff]++;
+      b[pos] = a[i];
+      ib[pos] = ia[i];
+    }
+    uint64_t *tk = a;
+    a = b;
+    b = tk;
+    int *ti = ia;
+    ia = ib;
+    ib = ti;
+  }
+  if (ia != idx) memcpy(idx, ia, (size_t)n * sizeof *idx);
 }
 
 static void sort_int_rec(int *a, int n, int *tmp) {
@@ -113,14 +144,7 @@ void eplb_heap_push(eplb_heap *h, double key, int id) {
   }
 }
 
-void eplb_heap_pop(eplb_heap *h, double *key, int *id) {
-  *key = h->key[0];
-  *id = h->id[0];
-  h->n--;
-  if (h->n == 0) return;
-  h->key[0] = h->key[h->n];
-  h->id[0] = h->id[h->n];
-  int i = 0;
+static void sift_down(eplb_heap *h, int i) {
   for (;;) {
     int l = 2 * i + 1, r = l + 1, m = i;
     if (l < h->n && heap_less(h, l, m)) m = l;
@@ -129,6 +153,27 @@ void eplb_heap_pop(eplb_heap *h, double *key, int *id) {
     heap_swap(h, i, m);
     i = m;
   }
+}
+
+void eplb_heap_pop(eplb_heap *h, double *key, int *id) {
+  *key = h->key[0];
+  *id = h->id[0];
+  h->n--;
+  if (h->n == 0) return;
+  h->key[0] = h->key[h->n];
+  h->id[0] = h->id[h->n];
+  sift_down(h, 0);
+}
+
+void eplb_heap_replace_top(eplb_heap *h, double key, int id) {
+  h->key[0] = key;
+  h->id[0] = id;
+  sift_down(h, 0);
+}
+
+void eplb_heap_build(eplb_heap *h, int n) {
+  h->n = n;
+  for (int i = n / 2 - 1; i >= 0; i--) sift_down(h, i);
 }
 
 /* ---- scratch space ---- */
@@ -168,6 +213,8 @@ lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d) {
 #define D(f) ws->f = take(ws, nn, sizeof(double))
 #define F(f) ws->f = take(ws, nn, sizeof(float))
   D(dkey); D(dkey2);
+  ws->s_k1 = take(ws, nn, sizeof(uint64_t));
+  ws->s_k2 = take(ws, nn, sizeof(uint64_t));
   I(idx); I(tmp); I(ia); I(ib); I(ic); I(id); I(ie); I(if_);
   D(hkey); I(hid);
   F(fw); F(fa); F(fb);

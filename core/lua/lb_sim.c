@@ -40,7 +40,8 @@ static int lb_simres_tostring(lua_State *L) {
   }
   if (lua_getfield(L, 1, "summary") == LUA_TFUNCTION) { /* [res, summary] */
     lua_pushvalue(L, 1);
-    if (lp_lua_pcall(L, 1, 1) == LUA_OK && lua_type(L, -1) == LUA_TSTRING) return 1;
+    if (lp_lua_pcall(L, 1, 1) == LUA_OK && lua_type(L, -1) == LUA_TSTRING)
+      return 1;
   }
   lua_pop(L, 1);
   lua_pushfstring(L, "luapipe.SimResult: makespan %f, largest bubble %f",
@@ -76,14 +77,19 @@ static void check_keys(lua_State *L, int idx, const char *const *allowed,
     int ok = 0;
     if (lua_type(L, -1) == LUA_TSTRING) {
       const char *k = lua_tostring(L, -1);
-      for (int i = 0; allowed[i] && !ok; i++) ok = strcmp(k, allowed[i]) == 0;
+      for (int i = 0; allowed[i] && !ok; i++)
+        ok = strcmp(k, allowed[i]) == 0;
       if (!ok) {
-        if (nbad < 8) bad[nbad++] = k; /* the key stays alive in the table */
-        else more = 1;
+        if (nbad < 8)
+          bad[nbad++] = k; /* the key stays alive in the table */
+        else
+          more = 1;
       }
     } else {
-      if (nbad < 8) bad[nbad++] = luaL_typename(L, -1);
-      else more = 1;
+      if (nbad < 8)
+        bad[nbad++] = luaL_typename(L, -1);
+      else
+        more = 1;
     }
   }
   if (nbad == 0) return;
@@ -118,14 +124,17 @@ static void get_time(lua_State *L, int idx, const char *key, double *dst,
   lua_pop(L, 1);
 }
 
-static void read_times(lua_State *L, int idx, lp_sim_times *t, const char *ctx) {
-  for (int k = 0; time_keys[k]; k++) get_time(L, idx, time_keys[k], time_field(t, k), ctx);
+static void read_times(lua_State *L, int idx, lp_sim_times *t,
+                       const char *ctx) {
+  for (int k = 0; time_keys[k]; k++)
+    get_time(L, idx, time_keys[k], time_field(t, k), ctx);
 }
 
 /* Fills c from the cost table at idx (absent or nil: defaults). Stage
  * overrides live in a userdata left on the stack (collected with it). */
 static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
-  static const char *const top_keys[] = {"F", "B", "I", "W", "FB", "latency", "stages", NULL};
+  static const char *const top_keys[] = {"F",  "B",       "I",      "W",
+                                         "FB", "latency", "stages", NULL};
   lp_sim_cost_init(c);
   if (lua_isnoneornil(L, idx)) return;
   luaL_checktype(L, idx, LUA_TTABLE);
@@ -137,10 +146,13 @@ static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
     lua_pop(L, 1);
     return;
   }
-  if (!lua_istable(L, -1)) luaL_error(L, "simulate: stages must be a table {[stage] = {F = ...}}");
+  if (!lua_istable(L, -1))
+    luaL_error(L, "simulate: stages must be a table {[stage] = {F = ...}}");
   int S = lp_schedule_stages(s);
-  lp_sim_times *ov = lua_newuserdatauv(L, (size_t)S * sizeof *ov, 0); /* [stages, ov] */
-  for (int k = 0; k < S; k++) lp_sim_times_init(&ov[k]);
+  lp_sim_times *ov =
+      lua_newuserdatauv(L, (size_t)S * sizeof *ov, 0); /* [stages, ov] */
+  for (int k = 0; k < S; k++)
+    lp_sim_times_init(&ov[k]);
   lua_pushnil(L);
   while (lua_next(L, -3)) { /* [stages, ov, key, value] */
     int isint;
@@ -331,7 +343,8 @@ static int lb_write_file(lua_State *L) {
   size_t len;
   const char *text = luaL_checklstring(L, 2, &len);
   char err[LP_ERRLEN];
-  if (lp_trace_write_file(path, text, len, err) != LP_OK) return lb_fail(L, err);
+  if (lp_trace_write_file(path, text, len, err) != LP_OK)
+    return lb_fail(L, err);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -347,7 +360,8 @@ static int lb_isatty(lua_State *L) {
  * again. upvalue(2): table of keys to react to, or nil for any key;
  * upvalue(3): true while the module is loading (no recursion). */
 static int lazy_index(lua_State *L) {
-  if (lua_type(L, 2) != LUA_TSTRING || lua_toboolean(L, lua_upvalueindex(3))) return 0;
+  if (lua_type(L, 2) != LUA_TSTRING || lua_toboolean(L, lua_upvalueindex(3)))
+    return 0;
   if (lua_istable(L, lua_upvalueindex(2))) {
     lua_pushvalue(L, 2);
     int hit = lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL;
@@ -372,7 +386,8 @@ static int lazy_index(lua_State *L) {
 
 /* Gives the methods table at idx a lazy __index (unless it has a
  * metatable already). keys: NULL-terminated list, or NULL for any key. */
-static void set_lazy(lua_State *L, int idx, const char *module, const char *const *keys) {
+static void set_lazy(lua_State *L, int idx, const char *module,
+                     const char *const *keys) {
   idx = lua_absindex(L, idx);
   if (lua_getmetatable(L, idx)) {
     lua_pop(L, 1);
@@ -396,16 +411,21 @@ static void set_lazy(lua_State *L, int idx, const char *module, const char *cons
 }
 
 void lb_open_sim(lua_State *L) {
-  static const luaL_Reg methods[] = {
-      {"makespan", lb_simres_makespan}, {"max_bubble", lb_simres_max_bubble},
-      {"info", lb_simres_info},         {"ranks", lb_simres_ranks},
-      {"events", lb_simres_events},     {"messages", lb_simres_messages},
-      {"memory", lb_simres_memory},     {"trace_json", lb_simres_trace_json},
-      {"write_trace", lb_simres_write_trace}, {"close", lb_simres_close},
-      {NULL, NULL}};
-  static const luaL_Reg meta[] = {
-      {"__gc", lb_simres_close}, {"__close", lb_simres_close},
-      {"__tostring", lb_simres_tostring}, {NULL, NULL}};
+  static const luaL_Reg methods[] = {{"makespan", lb_simres_makespan},
+                                     {"max_bubble", lb_simres_max_bubble},
+                                     {"info", lb_simres_info},
+                                     {"ranks", lb_simres_ranks},
+                                     {"events", lb_simres_events},
+                                     {"messages", lb_simres_messages},
+                                     {"memory", lb_simres_memory},
+                                     {"trace_json", lb_simres_trace_json},
+                                     {"write_trace", lb_simres_write_trace},
+                                     {"close", lb_simres_close},
+                                     {NULL, NULL}};
+  static const luaL_Reg meta[] = {{"__gc", lb_simres_close},
+                                  {"__close", lb_simres_close},
+                                  {"__tostring", lb_simres_tostring},
+                                  {NULL, NULL}};
   static const luaL_Reg funcs[] = {
       {"isatty", lb_isatty}, {"write_file", lb_write_file}, {NULL, NULL}};
   static const char *const schedule_keys[] = {"show", "gantt", NULL};

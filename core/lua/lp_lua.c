@@ -76,5 +76,6 @@ int luaopen_luapipe_core(lua_State *L) {
   lb_open_sim(L);
   lb_open_eplb(L);
   lb_open_comm(L);
+  lb_open_nn(L); lb_open_exec(L);
   return 1;
 }

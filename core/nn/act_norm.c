@@ -49,9 +49,14 @@ lp_status lp_nn_act_new(const char *name, lp_tensor_act_kind kind,
   *layer = NULL;
   const nn_ops *ops;
   switch (kind) {
-  case LP_TENSOR_ACT_GELU: ops = &gelu_ops; break;
-  case LP_TENSOR_ACT_SILU: ops = &silu_ops; break;
-  default: return LP_ERR_ARG;
+  case LP_TENSOR_ACT_GELU:
+    ops = &gelu_ops;
+    break;
+  case LP_TENSOR_ACT_SILU:
+    ops = &silu_ops;
+    break;
+  default:
+    return LP_ERR_ARG;
   }
   LP_CHECK(nn_layer_alloc(ops, name, layer));
   (*layer)->act = kind;
@@ -74,18 +79,21 @@ static lp_status rmsnorm_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   lp_status st;
   LP_CHECK(nn_dense(x, &xd));
   lp_tensor_rows_cols(xd, &rows, NULL);
-  LP_CHECK_GOTO(lp_tensor_empty(lp_tensor_backend_of(x), 1, (int64_t[]){rows}, &rstd),
-                st, fail);
+  LP_CHECK_GOTO(
+      lp_tensor_empty(lp_tensor_backend_of(x), 1, (int64_t[]){rows}, &rstd), st,
+      fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, y), st, fail);
   const float *w = l->params[0].value->data;
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = xd->data + r * d;
     float *yr = (*y)->data + r * d;
     double ss = 0.0;
-    for (int64_t c = 0; c < d; c++) ss += (double)xr[c] * xr[c];
+    for (int64_t c = 0; c < d; c++)
+      ss += (double)xr[c] * xr[c];
     float rs = (float)(1.0 / sqrt(ss / (double)d + (double)l->eps));
     rstd->data[r] = rs;
-    for (int64_t c = 0; c < d; c++) yr[c] = xr[c] * rs * w[c];
+    for (int64_t c = 0; c < d; c++)
+      yr[c] = xr[c] * rs * w[c];
   }
   nn_keep(ctx, R_X, xd);
   nn_keep(ctx, R_RSTD, rstd);
@@ -113,7 +121,8 @@ static lp_status rmsnorm_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
     float *dr = (*dx)->data + r * d;
     float rs = rstd->data[r];
     double m = 0.0; /* mean of (dy * w) * xhat */
-    for (int64_t c = 0; c < d; c++) m += (double)(gr[c] * w[c]) * (xr[c] * rs);
+    for (int64_t c = 0; c < d; c++)
+      m += (double)(gr[c] * w[c]) * (xr[c] * rs);
     float mf = (float)(m / (double)d);
     for (int64_t c = 0; c < d; c++)
       dr[c] = rs * (gr[c] * w[c] - xr[c] * rs * mf);
@@ -130,7 +139,8 @@ static lp_status rmsnorm_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x->data + r * d, *gr = dy->data + r * d;
     float rs = rstd->data[r];
-    for (int64_t c = 0; c < d; c++) gw[c] += gr[c] * (xr[c] * rs);
+    for (int64_t c = 0; c < d; c++)
+      gw[c] += gr[c] * (xr[c] * rs);
   }
   return LP_OK;
 }
@@ -147,8 +157,8 @@ lp_status lp_nn_rmsnorm_new(const char *name, int64_t dim, float eps,
   LP_CHECK(nn_layer_alloc(&rmsnorm_ops, name, &l));
   l->dim = dim;
   l->eps = eps;
-  lp_status st = nn_add_param(l, "weight", 1, (int64_t[]){dim}, LP_NN_INIT_ONES,
-                              0.0f, 0);
+  lp_status st =
+      nn_add_param(l, "weight", 1, (int64_t[]){dim}, LP_NN_INIT_ONES, 0.0f, 0);
   if (st != LP_OK) {
     lp_nn_layer_release(l);
     return st;

@@ -43,8 +43,9 @@ static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   int64_t D = l->dim, H = l->heads;
   if (x->ndim != 3 || x->shape[2] != D) {
     char a[64];
-    return nn_fail(ctx, l, LP_ERR_ARG, "input must be [batch, seq, %lld], got %s",
-                   (long long)D, nn_shape_str(x, a, sizeof a));
+    return nn_fail(ctx, l, LP_ERR_ARG,
+                   "input must be [batch, seq, %lld], got %s", (long long)D,
+                   nn_shape_str(x, a, sizeof a));
   }
   int64_t B = x->shape[0], T = x->shape[1], dh = D / H;
   const lp_tensor_backend *be = lp_tensor_backend_of(x);
@@ -66,7 +67,8 @@ static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
                 st, fail);
   for (int64_t r = 0; r < B * H * T; r++) {
     float *row = p->data + r * T;
-    for (int64_t j = r % T + 1; j < T; j++) row[j] = -INFINITY;
+    for (int64_t j = r % T + 1; j < T; j++)
+      row[j] = -INFINITY;
   }
   LP_CHECK_GOTO(lp_tensor_softmax_rows(p, p), st, fail);
   /* O = P V */
@@ -127,9 +129,11 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
     const float *pr = p->data + r * T;
     float *dr = ds->data + r * T;
     double s = 0.0;
-    for (int64_t j = 0; j < T; j++) s += (double)dr[j] * pr[j];
+    for (int64_t j = 0; j < T; j++)
+      s += (double)dr[j] * pr[j];
     float sf = (float)s;
-    for (int64_t j = 0; j < T; j++) dr[j] = pr[j] * (dr[j] - sf);
+    for (int64_t j = 0; j < T; j++)
+      dr[j] = pr[j] * (dr[j] - sf);
   }
   /* dQ = dS K / sqrt(dh);  dK = dS^T Q / sqrt(dh) */
   float scale = (float)(1.0 / sqrt((double)dh));
@@ -168,10 +172,14 @@ fail:
 
 static lp_status attention_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   const lp_tensor *x = ctx->saved[A_X], *o = ctx->saved[A_O];
-  LP_CHECK(lp_tensor_gemm(l->params[0].grad, 1.0f, ctx->saved[A_DQ], 1, x, 0, 1.0f));
-  LP_CHECK(lp_tensor_gemm(l->params[1].grad, 1.0f, ctx->saved[A_DK], 1, x, 0, 1.0f));
-  LP_CHECK(lp_tensor_gemm(l->params[2].grad, 1.0f, ctx->saved[A_DV], 1, x, 0, 1.0f));
-  LP_CHECK(lp_tensor_gemm(l->params[3].grad, 1.0f, ctx->saved[A_DY], 1, o, 0, 1.0f));
+  LP_CHECK(
+      lp_tensor_gemm(l->params[0].grad, 1.0f, ctx->saved[A_DQ], 1, x, 0, 1.0f));
+  LP_CHECK(
+      lp_tensor_gemm(l->params[1].grad, 1.0f, ctx->saved[A_DK], 1, x, 0, 1.0f));
+  LP_CHECK(
+      lp_tensor_gemm(l->params[2].grad, 1.0f, ctx->saved[A_DV], 1, x, 0, 1.0f));
+  LP_CHECK(
+      lp_tensor_gemm(l->params[3].grad, 1.0f, ctx->saved[A_DY], 1, o, 0, 1.0f));
   return LP_OK;
 }
 

@@ -14,7 +14,8 @@ static const char *sub(char *buf, size_t n, const char *name,
 
 /* Releases n layers (NULLs allowed). */
 static void release_all(lp_nn_layer **ls, size_t n) {
-  for (size_t i = 0; i < n; i++) lp_nn_layer_release(ls[i]);
+  for (size_t i = 0; i < n; i++)
+    lp_nn_layer_release(ls[i]);
 }
 
 lp_status lp_nn_mlp_block_new(const char *name, int64_t d_model,
@@ -37,8 +38,9 @@ lp_status lp_nn_mlp_block_new(const char *name, int64_t d_model,
   LP_CHECK_GOTO(lp_nn_linear_new(sub(buf, sizeof buf, name, "fc2"), d_hidden,
                                  d_model, 1, seed, &ls[3]),
                 st, done);
-  LP_CHECK_GOTO(lp_nn_chunk_new(sub(buf, sizeof buf, name, "inner"), ls, 4, &seq),
-                st, done);
+  LP_CHECK_GOTO(
+      lp_nn_chunk_new(sub(buf, sizeof buf, name, "inner"), ls, 4, &seq), st,
+      done);
   st = lp_nn_residual_new(name, seq, layer);
 done:
   release_all(ls, 4);
@@ -61,12 +63,12 @@ lp_status lp_nn_transformer_block_new(const char *name, int64_t d_model,
   LP_CHECK_GOTO(lp_nn_attention_new(sub(buf, sizeof buf, name, "attn"), d_model,
                                     n_heads, seed, &a[1]),
                 st, done);
-  LP_CHECK_GOTO(lp_nn_chunk_new(sub(buf, sizeof buf, name, "attn_inner"), a, 2,
-                                &inner),
-                st, done);
-  LP_CHECK_GOTO(lp_nn_residual_new(sub(buf, sizeof buf, name, "attn_res"),
-                                   inner, &b[0]),
-                st, done);
+  LP_CHECK_GOTO(
+      lp_nn_chunk_new(sub(buf, sizeof buf, name, "attn_inner"), a, 2, &inner),
+      st, done);
+  LP_CHECK_GOTO(
+      lp_nn_residual_new(sub(buf, sizeof buf, name, "attn_res"), inner, &b[0]),
+      st, done);
   LP_CHECK_GOTO(lp_nn_mlp_block_new(sub(buf, sizeof buf, name, "mlp"), d_model,
                                     d_hidden, act, seed, &b[1]),
                 st, done);

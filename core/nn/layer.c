@@ -25,7 +25,8 @@ const char *nn_shape_str(const lp_tensor *t, char *buf, size_t n) {
 }
 
 void nn_shape_last(const lp_tensor *t, int64_t last, int64_t *shape) {
-  for (int i = 0; i < t->ndim; i++) shape[i] = t->shape[i];
+  for (int i = 0; i < t->ndim; i++)
+    shape[i] = t->shape[i];
   shape[t->ndim - 1] = last;
 }
 
@@ -78,7 +79,8 @@ lp_status nn_child_ctx(lp_nn_ctx *ctx, size_t i, lp_nn_ctx **out) {
   if (i >= ctx->nchild) {
     lp_nn_ctx **c = lp_realloc(ctx->child, (i + 1) * sizeof *c);
     if (!c) return LP_ERR_NOMEM;
-    for (size_t k = ctx->nchild; k <= i; k++) c[k] = NULL;
+    for (size_t k = ctx->nchild; k <= i; k++)
+      c[k] = NULL;
     ctx->child = c;
     ctx->nchild = i + 1;
   }
@@ -103,8 +105,10 @@ lp_status lp_nn_ctx_new(lp_nn_ctx **out) {
 
 void lp_nn_ctx_clear(lp_nn_ctx *ctx) {
   if (!ctx) return;
-  for (int i = 0; i < NN_SLOTS; i++) nn_drop(ctx, i);
-  for (size_t i = 0; i < ctx->nchild; i++) lp_nn_ctx_clear(ctx->child[i]);
+  for (int i = 0; i < NN_SLOTS; i++)
+    nn_drop(ctx, i);
+  for (size_t i = 0; i < ctx->nchild; i++)
+    lp_nn_ctx_clear(ctx->child[i]);
   ctx->layer = NULL;
   ctx->stage = LP_NN_CTX_EMPTY;
 }
@@ -112,7 +116,8 @@ void lp_nn_ctx_clear(lp_nn_ctx *ctx) {
 void lp_nn_ctx_free(lp_nn_ctx *ctx) {
   if (!ctx) return;
   lp_nn_ctx_clear(ctx);
-  for (size_t i = 0; i < ctx->nchild; i++) lp_nn_ctx_free(ctx->child[i]);
+  for (size_t i = 0; i < ctx->nchild; i++)
+    lp_nn_ctx_free(ctx->child[i]);
   lp_free(ctx->child);
   lp_free(ctx);
 }
@@ -125,8 +130,10 @@ size_t lp_nn_ctx_bytes(const lp_nn_ctx *ctx) {
   if (!ctx) return 0;
   size_t b = 0;
   for (int i = 0; i < NN_SLOTS; i++)
-    if (ctx->saved[i]) b += (size_t)lp_tensor_numel(ctx->saved[i]) * sizeof(float);
-  for (size_t i = 0; i < ctx->nchild; i++) b += lp_nn_ctx_bytes(ctx->child[i]);
+    if (ctx->saved[i])
+      b += (size_t)lp_tensor_numel(ctx->saved[i]) * sizeof(float);
+  for (size_t i = 0; i < ctx->nchild; i++)
+    b += lp_nn_ctx_bytes(ctx->child[i]);
   return b;
 }
 
@@ -186,9 +193,10 @@ lp_status lp_nn_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *dy,
   if (!l || !ctx) return LP_ERR_ARG;
   err_begin(ctx);
   if (ctx->stage != LP_NN_CTX_FORWARD || ctx->layer != l)
-    return nn_fail(ctx, l, LP_ERR_ARG,
-                   "input_grad: the context holds no forward of this layer%s",
-                   ctx->stage == LP_NN_CTX_INPUT_GRAD ? " (input_grad already ran)" : "");
+    return nn_fail(
+        ctx, l, LP_ERR_ARG,
+        "input_grad: the context holds no forward of this layer%s",
+        ctx->stage == LP_NN_CTX_INPUT_GRAD ? " (input_grad already ran)" : "");
   if (!dy) return nn_fail(ctx, l, LP_ERR_ARG, "input_grad: dy is NULL");
   lp_status st = l->ops->input_grad(l, ctx, dy, dx);
   if (st != LP_OK) {
@@ -265,7 +273,8 @@ void lp_nn_layer_release(lp_nn_layer *l) {
     }
   }
   lp_free(l->params);
-  for (size_t i = 0; i < l->nchild; i++) lp_nn_layer_release(l->child[i]);
+  for (size_t i = 0; i < l->nchild; i++)
+    lp_nn_layer_release(l->child[i]);
   lp_free(l->child);
   lp_free(l->name);
   lp_free(l);
@@ -284,8 +293,10 @@ lp_nn_layer *lp_nn_layer_child(const lp_nn_layer *l, size_t i) {
 
 static lp_status init_param(const lp_nn_param *p, uint64_t seed) {
   switch (p->init) {
-  case LP_NN_INIT_ZEROS: return lp_tensor_fill(p->value, 0.0f);
-  case LP_NN_INIT_ONES: return lp_tensor_fill(p->value, 1.0f);
+  case LP_NN_INIT_ZEROS:
+    return lp_tensor_fill(p->value, 0.0f);
+  case LP_NN_INIT_ONES:
+    return lp_tensor_fill(p->value, 1.0f);
   case LP_NN_INIT_NORMAL: {
     lp_tensor_rng r;
     lp_tensor_rng_seed_name(&r, seed, p->name);
@@ -331,7 +342,8 @@ int64_t lp_nn_param_numel(const lp_nn_layer *l) {
 
 lp_status lp_nn_init(lp_nn_layer *l, uint64_t seed) {
   if (!l) return LP_ERR_ARG;
-  for (size_t i = 0; i < l->nparams; i++) LP_CHECK(init_param(&l->params[i], seed));
+  for (size_t i = 0; i < l->nparams; i++)
+    LP_CHECK(init_param(&l->params[i], seed));
   return LP_OK;
 }
 
@@ -344,7 +356,8 @@ lp_status lp_nn_zero_grad(lp_nn_layer *l) {
 
 lp_status nn_composite_collect_params(lp_nn_layer *l) {
   size_t total = 0;
-  for (size_t i = 0; i < l->nchild; i++) total += l->child[i]->nparams;
+  for (size_t i = 0; i < l->nchild; i++)
+    total += l->child[i]->nparams;
   l->owns_params = 0;
   if (!total) return LP_OK;
   l->params = lp_malloc(total * sizeof *l->params);
@@ -376,7 +389,8 @@ static lp_status composite_new(const nn_ops *ops, const char *name,
     lp_nn_layer_release(l);
     return LP_ERR_NOMEM;
   }
-  for (size_t i = 0; i < n; i++) l->child[l->nchild++] = lp_nn_layer_retain(children[i]);
+  for (size_t i = 0; i < n; i++)
+    l->child[l->nchild++] = lp_nn_layer_retain(children[i]);
   lp_status st = nn_composite_collect_params(l);
   if (st != LP_OK) {
     lp_nn_layer_release(l);
@@ -424,8 +438,10 @@ static lp_status chunk_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                      c->name);
     cur = owned = next;
   }
-  if (dx) *dx = owned;
-  else lp_tensor_free(owned);
+  if (dx)
+    *dx = owned;
+  else
+    lp_tensor_free(owned);
   return LP_OK;
 }
 

@@ -11,11 +11,13 @@ enum { S_X = 0, S_DY = 1 };
 static lp_status check_dy(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
                           const lp_tensor *dy, int64_t last, int extend) {
   int ok = dy->ndim == x->ndim + extend;
-  for (int i = 0; ok && i < x->ndim - !extend; i++) ok = dy->shape[i] == x->shape[i];
+  for (int i = 0; ok && i < x->ndim - !extend; i++)
+    ok = dy->shape[i] == x->shape[i];
   if (ok) ok = dy->shape[dy->ndim - 1] == last;
   if (ok) return LP_OK;
   char a[64], b[64];
-  return nn_fail(ctx, l, LP_ERR_ARG, "dy has shape %s, forward output had %s%s%lld]",
+  return nn_fail(ctx, l, LP_ERR_ARG,
+                 "dy has shape %s, forward output had %s%s%lld]",
                  nn_shape_str(dy, a, sizeof a), nn_shape_str(x, b, sizeof b),
                  extend ? " + [" : " with last dim [", (long long)last);
 }
@@ -34,8 +36,10 @@ static lp_status linear_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   lp_status st;
   LP_CHECK(nn_dense(x, &xd));
   nn_shape_last(x, l->out, sh);
-  LP_CHECK_GOTO(lp_tensor_empty(lp_tensor_backend_of(x), x->ndim, sh, y), st, fail);
-  LP_CHECK_GOTO(lp_tensor_gemm(*y, 1.0f, xd, 0, l->params[0].value, 1, 0.0f), st, fail);
+  LP_CHECK_GOTO(lp_tensor_empty(lp_tensor_backend_of(x), x->ndim, sh, y), st,
+                fail);
+  LP_CHECK_GOTO(lp_tensor_gemm(*y, 1.0f, xd, 0, l->params[0].value, 1, 0.0f),
+                st, fail);
   if (l->nparams > 1)
     LP_CHECK_GOTO(lp_tensor_add_rowvec(*y, l->params[1].value), st, fail);
   nn_keep(ctx, S_X, xd);
@@ -75,10 +79,12 @@ lp_status lp_nn_linear_new(const char *name, int64_t in, int64_t out, int bias,
   lp_nn_layer *l;
   LP_CHECK(nn_layer_alloc(&linear_ops, name, &l));
   l->in = in, l->out = out;
-  lp_status st = nn_add_param(l, "weight", 2, (int64_t[]){out, in},
-                              LP_NN_INIT_NORMAL, (float)(1.0 / sqrt((double)in)), seed);
+  lp_status st =
+      nn_add_param(l, "weight", 2, (int64_t[]){out, in}, LP_NN_INIT_NORMAL,
+                   (float)(1.0 / sqrt((double)in)), seed);
   if (st == LP_OK && bias)
-    st = nn_add_param(l, "bias", 1, (int64_t[]){out}, LP_NN_INIT_ZEROS, 0.0f, seed);
+    st = nn_add_param(l, "bias", 1, (int64_t[]){out}, LP_NN_INIT_ZEROS, 0.0f,
+                      seed);
   if (st != LP_OK) {
     lp_nn_layer_release(l);
     return st;
@@ -104,15 +110,18 @@ static lp_status embedding_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
     float v = idd->data[r];
     if (!(v >= 0.0f && v < (float)l->in) || v != floorf(v)) {
       lp_tensor_free(idd);
-      return nn_fail(ctx, l, LP_ERR_ARG,
-                     "token id %g at position %lld is not an integer in [0, %lld)",
-                     (double)v, (long long)r, (long long)l->in);
+      return nn_fail(
+          ctx, l, LP_ERR_ARG,
+          "token id %g at position %lld is not an integer in [0, %lld)",
+          (double)v, (long long)r, (long long)l->in);
     }
   }
-  for (int i = 0; i < ids->ndim; i++) sh[i] = ids->shape[i];
+  for (int i = 0; i < ids->ndim; i++)
+    sh[i] = ids->shape[i];
   sh[ids->ndim] = l->out;
-  LP_CHECK_GOTO(lp_tensor_empty(lp_tensor_backend_of(ids), ids->ndim + 1, sh, y),
-                st, fail);
+  LP_CHECK_GOTO(
+      lp_tensor_empty(lp_tensor_backend_of(ids), ids->ndim + 1, sh, y), st,
+      fail);
   const lp_tensor_backend *be = lp_tensor_backend_of(*y);
   const float *w = l->params[0].value->data;
   for (int64_t r = 0; r < n; r++)
@@ -148,7 +157,8 @@ static lp_status embedding_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
 }
 
 static const nn_ops embedding_ops = {"embedding", embedding_forward,
-                                     embedding_input_grad, embedding_weight_grad};
+                                     embedding_input_grad,
+                                     embedding_weight_grad};
 
 lp_status lp_nn_embedding_new(const char *name, int64_t vocab, int64_t dim,
                               uint64_t seed, lp_nn_layer **layer) {

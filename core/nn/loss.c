@@ -26,8 +26,9 @@ lp_status lp_nn_loss_cross_entropy(const lp_tensor *logits,
     float t = td->data[r];
     if (!(t >= 0.0f && t < (float)v) || t != floorf(t)) {
       st = LP_ERR_ARG;
-      lp_log(LP_LOG_DEBUG, "cross_entropy: target %g at row %lld not in [0, %lld)",
-             (double)t, (long long)r, (long long)v);
+      lp_log(LP_LOG_DEBUG,
+             "cross_entropy: target %g at row %lld not in [0, %lld)", (double)t,
+             (long long)r, (long long)v);
       goto fail;
     }
   }
@@ -40,12 +41,14 @@ lp_status lp_nn_loss_cross_entropy(const lp_tensor *logits,
     for (int64_t j = 1; j < v; j++)
       if (lr[j] > m) m = lr[j];
     double s = 0.0;
-    for (int64_t j = 0; j < v; j++) s += exp((double)lr[j] - m);
+    for (int64_t j = 0; j < v; j++)
+      s += exp((double)lr[j] - m);
     total += (double)m + log(s) - (double)lr[t];
     if (dlogits) {
       float *g = (*dlogits)->data + r * v;
       for (int64_t j = 0; j < v; j++)
-        g[j] = (float)(gs * (exp((double)lr[j] - m) / s - (j == t ? 1.0 : 0.0)));
+        g[j] =
+            (float)(gs * (exp((double)lr[j] - m) / s - (j == t ? 1.0 : 0.0)));
     }
   }
   *loss = rows ? total / (double)rows : 0.0;

@@ -28,6 +28,7 @@
  * Gradients accumulate (+=) into each parameter's grad over micro-batches
  * until lp_nn_zero_grad / lp_nn_optim_zero_grad. For a fixed sequence of
  * calls, every result is bitwise reproducible (single-threaded BLAS).
+ * A layer and its contexts are used from one thread at a time.
  *
  * Errors: every call returns an lp_status; the text for the last failure of
  * a micro-batch is lp_nn_ctx_last_error(ctx) ("layer blocks.0.attn
@@ -59,9 +60,9 @@ typedef enum lp_nn_init_kind {
 /* One trainable tensor. Owned by its layer; pointers stay valid while the
  * layer (or a chunk holding it) is alive. */
 typedef struct lp_nn_param {
-  const char *name;   /* full dotted name, e.g. "blocks.3.attn.wq" */
-  lp_tensor *value;   /* dense */
-  lp_tensor *grad;    /* same shape; weight_grad accumulates into it */
+  const char *name; /* full dotted name, e.g. "blocks.3.attn.wq" */
+  lp_tensor *value; /* dense */
+  lp_tensor *grad;  /* same shape; weight_grad accumulates into it */
   lp_nn_init_kind init;
   float init_std;
 } lp_nn_param;
@@ -166,9 +167,9 @@ lp_status lp_nn_zero_grad(lp_nn_layer *l);
  * ====================================================================== */
 
 typedef enum lp_nn_ctx_stage {
-  LP_NN_CTX_EMPTY = 0,      /* nothing stashed */
-  LP_NN_CTX_FORWARD = 1,    /* forward done; I or W (or B) may follow */
-  LP_NN_CTX_INPUT_GRAD = 2  /* input-grad done; W must follow */
+  LP_NN_CTX_EMPTY = 0,     /* nothing stashed */
+  LP_NN_CTX_FORWARD = 1,   /* forward done; I or W (or B) may follow */
+  LP_NN_CTX_INPUT_GRAD = 2 /* input-grad done; W must follow */
 } lp_nn_ctx_stage;
 
 /* A new, empty context (caller owns; lp_nn_ctx_free). */
@@ -240,7 +241,8 @@ typedef struct lp_nn_sgd_opts {
 } lp_nn_sgd_opts;
 
 /* PyTorch AdamW: p *= 1 - lr * weight_decay; m = b1 m + (1-b1) g;
- * v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). */
+ * v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
+ */
 typedef struct lp_nn_adamw_opts {
   float lr, beta1, beta2, eps, weight_decay;
 } lp_nn_adamw_opts;

@@ -32,18 +32,18 @@ struct lp_nn_layer {
   lp_nn_layer **child; /* retained */
   size_t nchild;
   /* kind config */
-  int64_t in, out;   /* linear: features; embedding: vocab, dim */
-  int64_t dim;       /* rmsnorm, attention: d_model */
-  int64_t heads;     /* attention */
-  float eps;         /* rmsnorm */
+  int64_t in, out; /* linear: features; embedding: vocab, dim */
+  int64_t dim;     /* rmsnorm, attention: d_model */
+  int64_t heads;   /* attention */
+  float eps;       /* rmsnorm */
   lp_tensor_act_kind act;
 };
 
 #define NN_SLOTS 10
 
 struct lp_nn_ctx {
-  lp_nn_ctx *root;            /* where error text goes */
-  const lp_nn_layer *layer;   /* whose forward is stashed; NULL when EMPTY */
+  lp_nn_ctx *root;          /* where error text goes */
+  const lp_nn_layer *layer; /* whose forward is stashed; NULL when EMPTY */
   lp_nn_ctx_stage stage;
   lp_tensor *saved[NN_SLOTS]; /* layer-specific meaning, owned */
   lp_nn_ctx **child;          /* sub-contexts of composites (kept on clear) */

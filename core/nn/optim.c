@@ -58,7 +58,8 @@ static lp_status optim_new(int kind, const lp_nn_param *params, size_t n,
   o->n = n;
   for (size_t i = 0; i < n; i++) {
     lp_status st = lp_tensor_zeros_like(params[i].value, &o->m[i]);
-    if (st == LP_OK && o->v) st = lp_tensor_zeros_like(params[i].value, &o->v[i]);
+    if (st == LP_OK && o->v)
+      st = lp_tensor_zeros_like(params[i].value, &o->v[i]);
     if (st != LP_OK) {
       lp_nn_optim_free(o);
       return st;
@@ -110,7 +111,8 @@ lp_status lp_nn_optim_step(lp_nn_optim *o) {
     } else {
       const lp_nn_adamw_opts *a = &o->adam;
       double lr = a->lr, b1 = a->beta1, b2 = a->beta2, eps = a->eps;
-      double bc1 = 1.0 - pow(b1, (double)o->t), bc2 = 1.0 - pow(b2, (double)o->t);
+      double bc1 = 1.0 - pow(b1, (double)o->t),
+             bc2 = 1.0 - pow(b2, (double)o->t);
       double decay = 1.0 - lr * (double)a->weight_decay;
       float *v = o->v[i]->data;
       for (int64_t j = 0; j < n; j++) {
@@ -128,14 +130,17 @@ lp_status lp_nn_optim_step(lp_nn_optim *o) {
 
 lp_status lp_nn_optim_zero_grad(lp_nn_optim *o) {
   if (!o) return LP_ERR_ARG;
-  for (size_t i = 0; i < o->n; i++) LP_CHECK(lp_tensor_fill(o->params[i].grad, 0.0f));
+  for (size_t i = 0; i < o->n; i++)
+    LP_CHECK(lp_tensor_fill(o->params[i].grad, 0.0f));
   return LP_OK;
 }
 
 void lp_nn_optim_set_lr(lp_nn_optim *o, float lr) {
   if (!o) return;
-  if (o->kind == OPT_SGD) o->sgd.lr = lr;
-  else o->adam.lr = lr;
+  if (o->kind == OPT_SGD)
+    o->sgd.lr = lr;
+  else
+    o->adam.lr = lr;
 }
 
 int64_t lp_nn_optim_steps(const lp_nn_optim *o) { return o ? o->t : 0; }

@@ -29,11 +29,12 @@ typedef struct lp_sim_times {
  * backward-half stage; FB set (on the F half's stage or globally) is used
  * for every pair whose F half is on that stage. */
 typedef struct lp_sim_cost {
-  lp_sim_times t;             /* defaults for every model stage */
-  double latency;             /* per cross-rank message, >= 0 */
-  int nstages;                /* entries in `stages` (0: no overrides) */
-  const lp_sim_times *stages; /* [model stage]: overrides, LP_SIM_UNSET = inherit;
-                                 borrowed, only read during lp_sim_run */
+  lp_sim_times t; /* defaults for every model stage */
+  double latency; /* per cross-rank message, >= 0 */
+  int nstages;    /* entries in `stages` (0: no overrides) */
+  /* [model stage]: overrides, LP_SIM_UNSET = inherit; borrowed, only
+   * read during lp_sim_run */
+  const lp_sim_times *stages;
 } lp_sim_cost;
 
 /* Every time unset, latency 0, no overrides (the default cost model). */
@@ -63,18 +64,18 @@ void lp_sim_result_free(lp_sim_result *r);
 /* One computed action (F, B, I, W, FB) of the timeline. */
 typedef struct lp_sim_event {
   int rank;
-  int index;       /* position in the rank's action list (0-based) */
+  int index; /* position in the rank's action list (0-based) */
   lp_action action;
   double start, end;
 } lp_sim_event;
 
 /* One cross-rank message (an F output or an input-grad). */
 typedef struct lp_sim_message {
-  int from, to;           /* ranks */
-  int from_index;         /* producer's position in from's action list */
-  int to_index;           /* consumer's position in to's action list */
-  double sent, arrived;   /* producer's end; sent + latency */
-  lp_action what;         /* the producing half, e.g. 0F3 or 7B5 (never FB) */
+  int from, to;         /* ranks */
+  int from_index;       /* producer's position in from's action list */
+  int to_index;         /* consumer's position in to's action list */
+  double sent, arrived; /* producer's end; sent + latency */
+  lp_action what;       /* the producing half, e.g. 0F3 or 7B5 (never FB) */
   char text[LP_ACTION_TEXT_MAX]; /* its text */
 } lp_sim_message;
 
@@ -95,7 +96,7 @@ typedef struct lp_sim_sample {
 } lp_sim_sample;
 
 int lp_sim_ranks(const lp_sim_result *r);
-int lp_sim_stages(const lp_sim_result *r);       /* model stages */
+int lp_sim_stages(const lp_sim_result *r); /* model stages */
 int lp_sim_microbatches(const lp_sim_result *r);
 const char *lp_sim_name(const lp_sim_result *r); /* the schedule's name */
 double lp_sim_makespan(const lp_sim_result *r);
@@ -107,7 +108,8 @@ lp_status lp_sim_rank_stats_of(const lp_sim_result *r, int rank,
 /* Every event, ordered by rank then position; owned by r. */
 const lp_sim_event *lp_sim_events(const lp_sim_result *r, int *n);
 /* The events of one rank (a slice of lp_sim_events); NULL, *n = 0 if bad. */
-const lp_sim_event *lp_sim_rank_events(const lp_sim_result *r, int rank, int *n);
+const lp_sim_event *lp_sim_rank_events(const lp_sim_result *r, int rank,
+                                       int *n);
 /* Every message, ordered by (sent, from, from_index, to); owned by r. */
 const lp_sim_message *lp_sim_messages(const lp_sim_result *r, int *n);
 /* Rank's counter series: first sample at t = 0, then one per change. */

@@ -51,7 +51,8 @@ static int is_set(double x) { return x != LP_SIM_UNSET; }
 /* 1 when x is unset or a finite number >= 0. */
 static int time_ok(double x) { return !is_set(x) || (isfinite(x) && x >= 0); }
 
-static lp_status check_times(const lp_sim_times *t, const char *where, char *err) {
+static lp_status check_times(const lp_sim_times *t, const char *where,
+                             char *err) {
   static const char *names[5] = {"F", "B", "I", "W", "FB"};
   const double v[5] = {t->f, t->b, t->i, t->w, t->fb};
   for (int k = 0; k < 5; k++) {
@@ -134,7 +135,9 @@ void lp_sim_result_free(lp_sim_result *r) {
 int lp_sim_ranks(const lp_sim_result *r) { return r->ranks; }
 int lp_sim_stages(const lp_sim_result *r) { return r->stages; }
 int lp_sim_microbatches(const lp_sim_result *r) { return r->microbatches; }
-const char *lp_sim_name(const lp_sim_result *r) { return r->name ? r->name : ""; }
+const char *lp_sim_name(const lp_sim_result *r) {
+  return r->name ? r->name : "";
+}
 double lp_sim_makespan(const lp_sim_result *r) { return r->makespan; }
 double lp_sim_max_bubble(const lp_sim_result *r) { return r->max_bubble; }
 double lp_sim_latency(const lp_sim_result *r) { return r->latency; }
@@ -151,7 +154,8 @@ const lp_sim_event *lp_sim_events(const lp_sim_result *r, int *n) {
   return r->ev;
 }
 
-const lp_sim_event *lp_sim_rank_events(const lp_sim_result *r, int rank, int *n) {
+const lp_sim_event *lp_sim_rank_events(const lp_sim_result *r, int rank,
+                                       int *n) {
   if (rank < 0 || rank >= r->ranks) {
     *n = 0;
     return NULL;
@@ -228,9 +232,11 @@ static lp_status claim(run *R, where *map, int v, int mb, int rank, int idx,
     char t1[LP_ACTION_TEXT_MAX], t2[LP_ACTION_TEXT_MAX];
     act_text(&R->acts[rank][idx], t1, sizeof t1);
     act_text(&R->acts[w->rank][w->idx], t2, sizeof t2);
-    lp_errf(R->err, "rank %d, action %d (%s): the %s of micro-batch %d on "
-                    "virtual stage %d is already computed by rank %d, action "
-                    "%d (%s)", rank, idx, t1, what, mb, v, w->rank, w->idx, t2);
+    lp_errf(R->err,
+            "rank %d, action %d (%s): the %s of micro-batch %d on "
+            "virtual stage %d is already computed by rank %d, action "
+            "%d (%s)",
+            rank, idx, t1, what, mb, v, w->rank, w->idx, t2);
     return LP_ERR_INTERNAL;
   }
   w->rank = rank;
@@ -271,18 +277,22 @@ static lp_status route_pos(run *R, int r, int i, int v, int mb, int *k) {
   if (*k >= 0) return LP_OK;
   char t[LP_ACTION_TEXT_MAX];
   act_text(&R->acts[r][i], t, sizeof t);
-  lp_errf(R->err, "rank %d, action %d (%s): virtual stage %d is not on the "
-                  "route of micro-batch %d", r, i, t, v, mb);
+  lp_errf(R->err,
+          "rank %d, action %d (%s): virtual stage %d is not on the "
+          "route of micro-batch %d",
+          r, i, t, v, mb);
   return LP_ERR_INTERNAL;
 }
 
-static lp_status add_dep(run *R, node *n, int r, int i, int kind, int v, int mb) {
+static lp_status add_dep(run *R, node *n, int r, int i, int kind, int v,
+                         int mb) {
   where w = kind == 0 ? R->fwd[v * R->M + mb] : R->bwd[v * R->M + mb];
   char t[LP_ACTION_TEXT_MAX];
   if (w.rank < 0 || (kind == 2 && R->bwd_type[v * R->M + mb] != LP_ACT_I)) {
     act_text(&R->acts[r][i], t, sizeof t);
-    lp_errf(R->err, "rank %d, action %d (%s): needs the %s of micro-batch %d "
-                    "on virtual stage %d, which no rank computes",
+    lp_errf(R->err,
+            "rank %d, action %d (%s): needs the %s of micro-batch %d "
+            "on virtual stage %d, which no rank computes",
             r, i, t, kind_word(kind), mb, v);
     return LP_ERR_INTERNAL;
   }
@@ -317,11 +327,16 @@ static lp_status backward_deps(run *R, node *n, int r, int i, int v, int mb) {
 static double stage_time(run *R, int v, int type) {
   const lp_sim_times *t = &R->times[lp_schedule_vstage_stage(R->s, v)];
   switch (type) {
-  case LP_ACT_F: return t->f;
-  case LP_ACT_B: return t->b;
-  case LP_ACT_I: return t->i;
-  case LP_ACT_W: return t->w;
-  default: return 0;
+  case LP_ACT_F:
+    return t->f;
+  case LP_ACT_B:
+    return t->b;
+  case LP_ACT_I:
+    return t->i;
+  case LP_ACT_W:
+    return t->w;
+  default:
+    return 0;
   }
 }
 
@@ -417,11 +432,13 @@ static lp_status simulate(run *R, double latency) {
       where w = n->deps[d].from;
       if (R->nodes[w.rank][w.idx].done) continue;
       act_text(&R->acts[w.rank][w.idx], t2, sizeof t2);
-      lp_errf(R->err, "simulation stalled: rank %d, action %d (%s) waits for "
-                      "the %s of micro-batch %d on virtual stage %d (rank %d, "
-                      "action %d (%s)), which never runs: the schedule "
-                      "deadlocks", r, i, t1, kind_word(n->deps[d].kind),
-              n->deps[d].mb, n->deps[d].vstage, w.rank, w.idx, t2);
+      lp_errf(R->err,
+              "simulation stalled: rank %d, action %d (%s) waits for "
+              "the %s of micro-batch %d on virtual stage %d (rank %d, "
+              "action %d (%s)), which never runs: the schedule "
+              "deadlocks",
+              r, i, t1, kind_word(n->deps[d].kind), n->deps[d].mb,
+              n->deps[d].vstage, w.rank, w.idx, t2);
       break;
     }
     st = LP_ERR_INTERNAL;
@@ -600,14 +617,18 @@ static lp_status setup(run *R, const lp_sim_cost *cost) {
     return LP_ERR_ARG;
   }
   if (cost && !(isfinite(cost->latency) && cost->latency >= 0)) {
-    lp_errf(R->err, "cost model: latency = %g must be a number >= 0", cost->latency);
+    lp_errf(R->err, "cost model: latency = %g must be a number >= 0",
+            cost->latency);
     return LP_ERR_ARG;
   }
   for (int k = S; cost && k < cost->nstages; k++) {
     const lp_sim_times *o = &cost->stages[k];
-    if (is_set(o->f) || is_set(o->b) || is_set(o->i) || is_set(o->w) || is_set(o->fb)) {
-      lp_errf(R->err, "cost model: override for model stage %d, but the "
-                      "schedule has stages 0..%d", k, S - 1);
+    if (is_set(o->f) || is_set(o->b) || is_set(o->i) || is_set(o->w) ||
+        is_set(o->fb)) {
+      lp_errf(R->err,
+              "cost model: override for model stage %d, but the "
+              "schedule has stages 0..%d",
+              k, S - 1);
       return LP_ERR_ARG;
     }
   }
@@ -620,7 +641,8 @@ static lp_status setup(run *R, const lp_sim_cost *cost) {
 
 static void teardown(run *R) {
   if (R->nodes)
-    for (int r = 0; r < R->P; r++) lp_free(R->nodes[r]);
+    for (int r = 0; r < R->P; r++)
+      lp_free(R->nodes[r]);
   lp_free(R->nodes);
   lp_free(R->acts);
   lp_free(R->nacts);
@@ -645,8 +667,10 @@ lp_status lp_sim_run(lp_schedule *s, const lp_sim_cost *cost,
   }
   lp_status st = lp_schedule_validate(s);
   if (st != LP_OK) {
-    if (st == LP_ERR_NOMEM) lp_errf(err, "out of memory");
-    else lp_errf(err, "%s", lp_schedule_last_error(s));
+    if (st == LP_ERR_NOMEM)
+      lp_errf(err, "out of memory");
+    else
+      lp_errf(err, "%s", lp_schedule_last_error(s));
     return st;
   }
   run R;

@@ -25,12 +25,12 @@ static lp_status cpu_memcpy(const lp_tensor_backend *be, void *dst,
   return LP_OK;
 }
 
-static lp_status cpu_gemm(const lp_tensor_backend *be, int trans_a,
-                          int trans_b, int64_t m, int64_t n, int64_t k,
-                          float alpha, const float *a, int64_t lda,
-                          int64_t stride_a, const float *b, int64_t ldb,
-                          int64_t stride_b, float beta, float *c, int64_t ldc,
-                          int64_t stride_c, int64_t batch) {
+static lp_status cpu_gemm(const lp_tensor_backend *be, int trans_a, int trans_b,
+                          int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, int64_t stride_a,
+                          const float *b, int64_t ldb, int64_t stride_b,
+                          float beta, float *c, int64_t ldc, int64_t stride_c,
+                          int64_t batch) {
   (void)be;
   if (m < 0 || n < 0 || k < 0 || batch < 0) return LP_ERR_ARG;
   if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX ||
@@ -56,7 +56,8 @@ static lp_status cpu_gemm(const lp_tensor_backend *be, int trans_a,
 static lp_status cpu_fill(const lp_tensor_backend *be, int64_t n, float v,
                           float *x) {
   (void)be;
-  for (int64_t i = 0; i < n; i++) x[i] = v;
+  for (int64_t i = 0; i < n; i++)
+    x[i] = v;
   return LP_OK;
 }
 
@@ -70,28 +71,32 @@ static lp_status cpu_copy(const lp_tensor_backend *be, int64_t n,
 static lp_status cpu_axpy(const lp_tensor_backend *be, int64_t n, float alpha,
                           const float *x, float *y) {
   (void)be;
-  for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+  for (int64_t i = 0; i < n; i++)
+    y[i] += alpha * x[i];
   return LP_OK;
 }
 
-static lp_status cpu_scale(const lp_tensor_backend *be, int64_t n,
-                           float alpha, float *x) {
+static lp_status cpu_scale(const lp_tensor_backend *be, int64_t n, float alpha,
+                           float *x) {
   (void)be;
-  for (int64_t i = 0; i < n; i++) x[i] *= alpha;
+  for (int64_t i = 0; i < n; i++)
+    x[i] *= alpha;
   return LP_OK;
 }
 
-static lp_status cpu_add(const lp_tensor_backend *be, int64_t n,
-                         const float *a, const float *b, float *out) {
+static lp_status cpu_add(const lp_tensor_backend *be, int64_t n, const float *a,
+                         const float *b, float *out) {
   (void)be;
-  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+  for (int64_t i = 0; i < n; i++)
+    out[i] = a[i] + b[i];
   return LP_OK;
 }
 
-static lp_status cpu_mul(const lp_tensor_backend *be, int64_t n,
-                         const float *a, const float *b, float *out) {
+static lp_status cpu_mul(const lp_tensor_backend *be, int64_t n, const float *a,
+                         const float *b, float *out) {
   (void)be;
-  for (int64_t i = 0; i < n; i++) out[i] = a[i] * b[i];
+  for (int64_t i = 0; i < n; i++)
+    out[i] = a[i] * b[i];
   return LP_OK;
 }
 
@@ -103,9 +108,11 @@ static lp_status cpu_act(const lp_tensor_backend *be, lp_tensor_act_kind kind,
   (void)be;
   switch (kind) {
   case LP_TENSOR_ACT_GELU:
+    /* 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one expf instead of tanhf */
     for (int64_t i = 0; i < n; i++) {
       float v = x[i];
-      y[i] = 0.5f * v * (1.0f + tanhf(GELU_C * (v + GELU_A * v * v * v)));
+      float u = GELU_C * (v + GELU_A * v * v * v);
+      y[i] = v / (1.0f + expf(-2.0f * u));
     }
     return LP_OK;
   case LP_TENSOR_ACT_SILU:
@@ -124,13 +131,13 @@ static lp_status cpu_act_backward(const lp_tensor_backend *be,
   (void)be;
   switch (kind) {
   case LP_TENSOR_ACT_GELU:
+    /* with s = sigmoid(2u): d/dx [x s] = s + 2 x s (1 - s) u' */
     for (int64_t i = 0; i < n; i++) {
       float v = x[i];
-      float th = tanhf(GELU_C * (v + GELU_A * v * v * v));
-      float d = 0.5f * (1.0f + th) +
-                0.5f * v * (1.0f - th * th) * GELU_C *
-                    (1.0f + 3.0f * GELU_A * v * v);
-      dx[i] = dy[i] * d;
+      float u = GELU_C * (v + GELU_A * v * v * v);
+      float s = 1.0f / (1.0f + expf(-2.0f * u));
+      float du = GELU_C * (1.0f + 3.0f * GELU_A * v * v);
+      dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
     }
     return LP_OK;
   case LP_TENSOR_ACT_SILU:
@@ -154,7 +161,8 @@ static lp_status cpu_softmax_rows(const lp_tensor_backend *be, int64_t rows,
     for (int64_t j = 0; j < cols; j++)
       if (xr[j] > mx) mx = xr[j];
     if (mx == -INFINITY) { /* fully masked row: define as zeros */
-      for (int64_t j = 0; j < cols; j++) yr[j] = 0.0f;
+      for (int64_t j = 0; j < cols; j++)
+        yr[j] = 0.0f;
       continue;
     }
     double sum = 0.0;
@@ -164,7 +172,8 @@ static lp_status cpu_softmax_rows(const lp_tensor_backend *be, int64_t rows,
       sum += e;
     }
     float inv = (float)(1.0 / sum);
-    for (int64_t j = 0; j < cols; j++) yr[j] *= inv;
+    for (int64_t j = 0; j < cols; j++)
+      yr[j] *= inv;
   }
   return LP_OK;
 }
@@ -173,10 +182,12 @@ static lp_status cpu_sum_rows(const lp_tensor_backend *be, int64_t rows,
                               int64_t cols, const float *x, float beta,
                               float *out) {
   (void)be;
-  for (int64_t j = 0; j < cols; j++) out[j] = beta == 0.0f ? 0.0f : beta * out[j];
+  for (int64_t j = 0; j < cols; j++)
+    out[j] = beta == 0.0f ? 0.0f : beta * out[j];
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * cols;
-    for (int64_t j = 0; j < cols; j++) out[j] += xr[j];
+    for (int64_t j = 0; j < cols; j++)
+      out[j] += xr[j];
   }
   return LP_OK;
 }

@@ -68,17 +68,17 @@ struct lp_tensor_backend {
   lp_status (*mul)(const lp_tensor_backend *be, int64_t n, const float *a,
                    const float *b, float *out); /* out = a * b */
   /* y = act(x); dx = dy * act'(x) (dx may alias dy). */
-  lp_status (*act)(const lp_tensor_backend *be, lp_tensor_act_kind kind, int64_t n,
-                   const float *x, float *y);
-  lp_status (*act_backward)(const lp_tensor_backend *be, lp_tensor_act_kind kind,
-                            int64_t n, const float *x, const float *dy,
-                            float *dx);
+  lp_status (*act)(const lp_tensor_backend *be, lp_tensor_act_kind kind,
+                   int64_t n, const float *x, float *y);
+  lp_status (*act_backward)(const lp_tensor_backend *be,
+                            lp_tensor_act_kind kind, int64_t n, const float *x,
+                            const float *dy, float *dx);
   /* Softmax of each of `rows` rows of `cols` floats (y may alias x). */
   lp_status (*softmax_rows)(const lp_tensor_backend *be, int64_t rows,
                             int64_t cols, const float *x, float *y);
   /* out[c] = beta * out[c] + sum_r x[r*cols + c] (sums in row order). */
-  lp_status (*sum_rows)(const lp_tensor_backend *be, int64_t rows,
-                        int64_t cols, const float *x, float beta, float *out);
+  lp_status (*sum_rows)(const lp_tensor_backend *be, int64_t rows, int64_t cols,
+                        const float *x, float beta, float *out);
 };
 
 /* The CPU backend: lp_malloc memory, OpenBLAS sgemm, plain loops. Static
@@ -183,7 +183,8 @@ float *lp_tensor_at(const lp_tensor *t, int64_t i0, int64_t i1, int64_t i2,
 
 /* Every element of t = v. */
 lp_status lp_tensor_fill(lp_tensor *t, float v);
-/* dst = src elementwise (any strides, same shape). */
+/* dst = src elementwise (any strides, same shape). Also copies between
+ * backends (host <-> device) when both are dense. */
 lp_status lp_tensor_copy(lp_tensor *dst, const lp_tensor *src);
 /* out = a + b;  out = a * b  (out may be a or b). */
 lp_status lp_tensor_add(lp_tensor *out, const lp_tensor *a, const lp_tensor *b);
@@ -199,7 +200,8 @@ lp_status lp_tensor_sum_rows(lp_tensor *out, const lp_tensor *x, float beta);
  * elements (any shape). Both dense. */
 lp_status lp_tensor_add_rowvec(lp_tensor *t, const lp_tensor *v);
 /* y = act(x);  dx = dy * act'(x)  (dx may be dy). */
-lp_status lp_tensor_act(lp_tensor *y, lp_tensor_act_kind kind, const lp_tensor *x);
+lp_status lp_tensor_act(lp_tensor *y, lp_tensor_act_kind kind,
+                        const lp_tensor *x);
 lp_status lp_tensor_act_backward(lp_tensor *dx, lp_tensor_act_kind kind,
                                  const lp_tensor *x, const lp_tensor *dy);
 /* Softmax over the last dim (y may be x). x, y dense. */

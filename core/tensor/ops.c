@@ -6,7 +6,9 @@
 #include <math.h>
 #include <string.h>
 
-static const lp_tensor_backend *BE(const lp_tensor *t) { return t->storage->be; }
+static const lp_tensor_backend *BE(const lp_tensor *t) {
+  return t->storage->be;
+}
 
 static int one_backend(const lp_tensor *a, const lp_tensor *b) {
   return !a || !b || BE(a) == BE(b);
@@ -21,7 +23,8 @@ lp_status lp_tensor_fill(lp_tensor *t, float v) {
   if (!tensor_host(t)) return LP_ERR_UNSUPPORTED;
   int64_t sh[4], st[4];
   tensor_pad4(t, sh, st);
-  for (int64_t i = 0; i < n; i++) t->data[tensor_offset4(sh, st, i)] = v;
+  for (int64_t i = 0; i < n; i++)
+    t->data[tensor_offset4(sh, st, i)] = v;
   return LP_OK;
 }
 
@@ -33,9 +36,12 @@ lp_status lp_tensor_copy(lp_tensor *dst, const lp_tensor *src) {
   int dd = lp_tensor_is_contiguous(dst), sd = lp_tensor_is_contiguous(src);
   size_t bytes = (size_t)n * sizeof(float);
   if (dd && sd) {
-    if (BE(dst) == BE(src)) return BE(dst)->copy(BE(dst), n, src->data, dst->data);
-    if (tensor_host(src)) return BE(dst)->from_host(BE(dst), dst->data, src->data, bytes);
-    if (tensor_host(dst)) return BE(src)->to_host(BE(src), dst->data, src->data, bytes);
+    if (BE(dst) == BE(src))
+      return BE(dst)->copy(BE(dst), n, src->data, dst->data);
+    if (tensor_host(src))
+      return BE(dst)->from_host(BE(dst), dst->data, src->data, bytes);
+    if (tensor_host(dst))
+      return BE(src)->to_host(BE(src), dst->data, src->data, bytes);
     return LP_ERR_UNSUPPORTED;
   }
   if (!tensor_host(dst) || !tensor_host(src)) return LP_ERR_UNSUPPORTED;
@@ -43,7 +49,8 @@ lp_status lp_tensor_copy(lp_tensor *dst, const lp_tensor *src) {
   tensor_pad4(dst, dsh, dst4);
   tensor_pad4(src, ssh, sst);
   for (int64_t i = 0; i < n; i++)
-    dst->data[tensor_offset4(dsh, dst4, i)] = src->data[tensor_offset4(ssh, sst, i)];
+    dst->data[tensor_offset4(dsh, dst4, i)] =
+        src->data[tensor_offset4(ssh, sst, i)];
   return LP_OK;
 }
 
@@ -91,7 +98,8 @@ static lp_status elementwise(enum ew_kind kind, lp_tensor *out,
                              const lp_tensor *a, const lp_tensor *b,
                              float alpha, lp_tensor_act_kind act) {
   if (!out) return LP_ERR_ARG;
-  if ((a && !lp_tensor_same_shape(out, a)) || (b && !lp_tensor_same_shape(out, b)))
+  if ((a && !lp_tensor_same_shape(out, a)) ||
+      (b && !lp_tensor_same_shape(out, b)))
     return LP_ERR_ARG;
   if (!one_backend(out, a) || !one_backend(out, b)) return LP_ERR_ARG;
   const lp_tensor_backend *be = BE(out);
@@ -104,11 +112,21 @@ static lp_status elementwise(enum ew_kind kind, lp_tensor *out,
   int keep = kind == EW_AXPY || kind == EW_SCALE;
   LP_CHECK_GOTO(dense_out(out, &dout, &to, keep), st, done);
   switch (kind) {
-  case EW_ADD: st = be->add(be, n, da->data, db->data, dout->data); break;
-  case EW_MUL: st = be->mul(be, n, da->data, db->data, dout->data); break;
-  case EW_AXPY: st = be->axpy(be, n, alpha, da->data, dout->data); break;
-  case EW_SCALE: st = be->scale(be, n, alpha, dout->data); break;
-  case EW_ACT: st = be->act(be, act, n, da->data, dout->data); break;
+  case EW_ADD:
+    st = be->add(be, n, da->data, db->data, dout->data);
+    break;
+  case EW_MUL:
+    st = be->mul(be, n, da->data, db->data, dout->data);
+    break;
+  case EW_AXPY:
+    st = be->axpy(be, n, alpha, da->data, dout->data);
+    break;
+  case EW_SCALE:
+    st = be->scale(be, n, alpha, dout->data);
+    break;
+  case EW_ACT:
+    st = be->act(be, act, n, da->data, dout->data);
+    break;
   case EW_ACT_BWD:
     st = be->act_backward(be, act, n, da->data, db->data, dout->data);
     break;
@@ -122,12 +140,14 @@ done:
   return st;
 }
 
-lp_status lp_tensor_add(lp_tensor *out, const lp_tensor *a, const lp_tensor *b) {
+lp_status lp_tensor_add(lp_tensor *out, const lp_tensor *a,
+                        const lp_tensor *b) {
   if (!a || !b) return LP_ERR_ARG;
   return elementwise(EW_ADD, out, a, b, 0.0f, LP_TENSOR_ACT_GELU);
 }
 
-lp_status lp_tensor_mul(lp_tensor *out, const lp_tensor *a, const lp_tensor *b) {
+lp_status lp_tensor_mul(lp_tensor *out, const lp_tensor *a,
+                        const lp_tensor *b) {
   if (!a || !b) return LP_ERR_ARG;
   return elementwise(EW_MUL, out, a, b, 0.0f, LP_TENSOR_ACT_GELU);
 }
@@ -141,7 +161,8 @@ lp_status lp_tensor_axpy(lp_tensor *y, float alpha, const lp_tensor *x) {
   return elementwise(EW_AXPY, y, x, NULL, alpha, LP_TENSOR_ACT_GELU);
 }
 
-lp_status lp_tensor_act(lp_tensor *y, lp_tensor_act_kind kind, const lp_tensor *x) {
+lp_status lp_tensor_act(lp_tensor *y, lp_tensor_act_kind kind,
+                        const lp_tensor *x) {
   if (!x || (kind != LP_TENSOR_ACT_GELU && kind != LP_TENSOR_ACT_SILU))
     return LP_ERR_ARG;
   return elementwise(EW_ACT, y, x, NULL, 0.0f, kind);
@@ -204,7 +225,8 @@ static int as_matrix(const lp_tensor *t, mat *m) {
     m->ld = m->cols > 1 ? m->cols : 1;
     return 1;
   }
-  int64_t r = t->shape[0], c = t->shape[1], s0 = t->stride[0], s1 = t->stride[1];
+  int64_t r = t->shape[0], c = t->shape[1], s0 = t->stride[0],
+          s1 = t->stride[1];
   m->rows = r, m->cols = c;
   if ((c <= 1 || s1 == 1) && (r <= 1 || s0 >= c)) {
     m->ld = r <= 1 ? (c > 1 ? c : 1) : s0;
@@ -247,7 +269,8 @@ lp_status lp_tensor_sum(const lp_tensor *t, double *out) {
   int64_t n = lp_tensor_numel(t), sh[4], st[4];
   tensor_pad4(t, sh, st);
   double s = 0.0;
-  for (int64_t i = 0; i < n; i++) s += t->data[tensor_offset4(sh, st, i)];
+  for (int64_t i = 0; i < n; i++)
+    s += t->data[tensor_offset4(sh, st, i)];
   *out = s;
   return LP_OK;
 }

@@ -16,14 +16,16 @@ static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 void lp_tensor_rng_seed(lp_tensor_rng *r, uint64_t seed) {
   uint64_t x = seed;
-  for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+  for (int i = 0; i < 4; i++)
+    r->s[i] = splitmix64(&x);
   r->has_spare = 0;
   r->spare = 0.0;
 }
 
 uint64_t lp_tensor_hash_name(const char *name) {
   uint64_t h = 0xcbf29ce484222325ULL;
-  for (const unsigned char *p = (const unsigned char *)(name ? name : ""); *p; p++) {
+  for (const unsigned char *p = (const unsigned char *)(name ? name : ""); *p;
+       p++) {
     h ^= *p;
     h *= 0x100000001b3ULL;
   }

@@ -35,9 +35,11 @@ static lp_tensor *header_new(lp_tensor_storage *st, float *data, int ndim,
   if (!t) return NULL;
   memset(t, 0, sizeof *t);
   t->ndim = ndim;
-  for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+  for (int i = 0; i < ndim; i++)
+    t->shape[i] = shape[i];
   if (stride)
-    for (int i = 0; i < ndim; i++) t->stride[i] = stride[i];
+    for (int i = 0; i < ndim; i++)
+      t->stride[i] = stride[i];
   else
     set_dense_strides(t);
   t->data = data;
@@ -191,8 +193,8 @@ lp_status lp_tensor_rows(const lp_tensor *t, int64_t start, int64_t count,
   int64_t shape[LP_TENSOR_MAXDIM];
   memcpy(shape, t->shape, sizeof shape);
   shape[0] = count;
-  lp_tensor *v = header_new(t->storage, t->data + start * t->stride[0],
-                            t->ndim, shape, t->stride);
+  lp_tensor *v = header_new(t->storage, t->data + start * t->stride[0], t->ndim,
+                            shape, t->stride);
   if (!v) return LP_ERR_NOMEM;
   *out = v;
   return LP_OK;
@@ -253,7 +255,8 @@ lp_status lp_tensor_transpose(const lp_tensor *t, int d0, int d1,
 int64_t lp_tensor_numel(const lp_tensor *t) {
   if (!t) return 0;
   int64_t n = 1;
-  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+  for (int i = 0; i < t->ndim; i++)
+    n *= t->shape[i];
   return n;
 }
 
@@ -277,7 +280,8 @@ int lp_tensor_same_shape(const lp_tensor *a, const lp_tensor *b) {
 
 void lp_tensor_rows_cols(const lp_tensor *t, int64_t *rows, int64_t *cols) {
   int64_t r = 1;
-  for (int i = 0; i < t->ndim - 1; i++) r *= t->shape[i];
+  for (int i = 0; i < t->ndim - 1; i++)
+    r *= t->shape[i];
   if (rows) *rows = r;
   if (cols) *cols = t->shape[t->ndim - 1];
 }
@@ -297,6 +301,7 @@ size_t lp_tensor_storage_bytes(const lp_tensor *t) {
 float *lp_tensor_at(const lp_tensor *t, int64_t i0, int64_t i1, int64_t i2,
                     int64_t i3) {
   int64_t idx[4] = {i0, i1, i2, i3}, off = 0;
-  for (int i = 0; i < t->ndim; i++) off += idx[i] * t->stride[i];
+  for (int i = 0; i < t->ndim; i++)
+    off += idx[i] * t->stride[i];
   return t->data + off;
 }

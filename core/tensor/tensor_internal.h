@@ -8,10 +8,10 @@
 
 struct lp_tensor_storage {
   const lp_tensor_backend *be;
-  float *data;      /* base of the allocation */
-  size_t n;         /* floats */
-  atomic_int refs;  /* live headers */
-  int owns;         /* 0 for lp_tensor_wrap: data belongs to the caller */
+  float *data;     /* base of the allocation */
+  size_t n;        /* floats */
+  atomic_int refs; /* live headers */
+  int owns;        /* 0 for lp_tensor_wrap: data belongs to the caller */
 };
 
 /* Pads t's shape/stride to 4 dims (leading 1s) for the index walker. */

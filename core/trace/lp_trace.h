@@ -30,8 +30,8 @@ typedef struct lp_trace_event {
   char cat[LP_TRACE_CAT_MAX];   /* "F", "B", "I", "W", "FB", "comm" */
   double start_us, dur_us;
   /* args */
-  int stage, mb;                  /* virtual stage and micro-batch; -1: none */
-  int index;                      /* position in the rank's action list; -1 */
+  int stage, mb;                   /* virtual stage and micro-batch; -1: none */
+  int index;                       /* position in the rank's action list; -1 */
   char action[LP_ACTION_TEXT_MAX]; /* action text; "" for none */
 } lp_trace_event;
 
@@ -82,7 +82,9 @@ int lp_trace_ranks(const lp_trace *t); /* 1 + the largest rank seen */
  * ... (tid 2, 3, ...) so that every thread's slices nest. Slices are
  * complete events ("ph":"X") with args {stage, mb, index, action}; each
  * flow is a pair "ph":"s" / "ph":"f" ("bp":"e", same id, cat "message")
- * bound to the send and receive slices; counters are "ph":"C" events with
+ * bound to the send and receive slices (the "s" a quarter into the send
+ * slice, the "f" three quarters into the receive slice, so both lie inside
+ * their slices whenever these have a length); counters are "ph":"C" events with
  * args {"value": v}. Every event carries ph, pid, tid and ts. Returns a
  * NUL-terminated string to lp_free, NULL on allocation failure. */
 char *lp_trace_to_json(const lp_trace *t);

@@ -53,7 +53,8 @@ static void see_rank(lp_trace *t, int rank) {
 lp_status lp_trace_add_event(lp_trace *t, const lp_trace_event *e, int *index) {
   if (e->rank < 0 || e->kind < LP_TRACE_COMPUTE || e->kind > LP_TRACE_RECV)
     return LP_ERR_ARG;
-  if (!grow((void **)&t->ev, t->nev, &t->capev, sizeof *t->ev)) return LP_ERR_NOMEM;
+  if (!grow((void **)&t->ev, t->nev, &t->capev, sizeof *t->ev))
+    return LP_ERR_NOMEM;
   lp_trace_event *d = &t->ev[t->nev];
   *d = *e;
   d->name[sizeof d->name - 1] = '\0';
@@ -69,7 +70,8 @@ lp_status lp_trace_add_event(lp_trace *t, const lp_trace_event *e, int *index) {
 lp_status lp_trace_add_flow(lp_trace *t, const lp_trace_flow *f) {
   if (f->from_rank < 0 || f->to_rank < 0) return LP_ERR_ARG;
   if (f->from_event >= t->nev || f->to_event >= t->nev) return LP_ERR_ARG;
-  if (!grow((void **)&t->fl, t->nfl, &t->capfl, sizeof *t->fl)) return LP_ERR_NOMEM;
+  if (!grow((void **)&t->fl, t->nfl, &t->capfl, sizeof *t->fl))
+    return LP_ERR_NOMEM;
   t->fl[t->nfl++] = *f;
   see_rank(t, f->from_rank);
   see_rank(t, f->to_rank);
@@ -78,7 +80,8 @@ lp_status lp_trace_add_flow(lp_trace *t, const lp_trace_flow *f) {
 
 lp_status lp_trace_add_counter(lp_trace *t, const lp_trace_counter *c) {
   if (c->rank < 0) return LP_ERR_ARG;
-  if (!grow((void **)&t->ct, t->nct, &t->capct, sizeof *t->ct)) return LP_ERR_NOMEM;
+  if (!grow((void **)&t->ct, t->nct, &t->capct, sizeof *t->ct))
+    return LP_ERR_NOMEM;
   lp_trace_counter *d = &t->ct[t->nct++];
   *d = *c;
   d->name[sizeof d->name - 1] = '\0';
@@ -109,20 +112,23 @@ static void put_num(lp_buf *b, double x) {
   char *dot = strchr(s, '.');
   if (dot) {
     char *e = s + strlen(s) - 1;
-    while (e > dot && *e == '0') *e-- = '\0';
+    while (e > dot && *e == '0')
+      *e-- = '\0';
     if (e == dot) *e = '\0';
   }
   if (strcmp(s, "-0") == 0) strcpy(s, "0");
   lp_buf_puts(b, s);
 }
 
-static int track_of(const lp_trace_event *e) { return e->kind == LP_TRACE_COMPUTE ? 0 : 1; }
+static int track_of(const lp_trace_event *e) {
+  return e->kind == LP_TRACE_COMPUTE ? 0 : 1;
+}
 
 /* Lanes: slices of one (rank, track) sorted by start go to the first lane
  * that is free by then; tid = 2 * lane + track. */
 typedef struct lanes {
-  int *tid;      /* [nev] */
-  int *maxlane;  /* [ranks * 2]: lanes used - 1 */
+  int *tid;     /* [nev] */
+  int *maxlane; /* [ranks * 2]: lanes used - 1 */
 } lanes;
 
 typedef struct slice_key {
@@ -166,7 +172,8 @@ static lp_status assign_lanes(const lp_trace *t, lanes *L) {
         order[k].track != order[k - 1].track)
       nends = 0; /* a new (rank, track) group */
     int lane = 0;
-    while (lane < nends && e->start_us < ends[lane] - LANE_EPS) lane++;
+    while (lane < nends && e->start_us < ends[lane] - LANE_EPS)
+      lane++;
     if (lane == nends) {
       if (!grow((void **)&ends, nends, &capends, sizeof *ends)) {
         st = LP_ERR_NOMEM;
@@ -187,13 +194,15 @@ done:
 
 /* The event a flow end binds to: the known index, or the slice of `kind`
  * on rank that contains t (the last one starting at or before t). */
-static int flow_event(const lp_trace *t, int known, int rank, int kind, double us) {
+static int flow_event(const lp_trace *t, int known, int rank, int kind,
+                      double us) {
   if (known >= 0) return known;
   int best = -1;
   for (int i = 0; i < t->nev; i++) {
     const lp_trace_event *e = &t->ev[i];
     if (e->rank != rank || e->kind != kind) continue;
-    if (e->start_us <= us + LANE_EPS && us <= e->start_us + e->dur_us + LANE_EPS &&
+    if (e->start_us <= us + LANE_EPS &&
+        us <= e->start_us + e->dur_us + LANE_EPS &&
         (best < 0 || e->start_us >= t->ev[best].start_us))
       best = i;
   }
@@ -208,17 +217,23 @@ static void next(lp_buf *b, int *count) {
 static void put_meta(lp_buf *b, int *count, const char *name, int pid, int tid,
                      const char *key, const char *sval, long ival) {
   next(b, count);
-  lp_buf_printf(b, "\"name\":\"%s\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
-                   "\"ts\":0,\"args\":{\"%s\":", name, pid, tid, key);
-  if (sval) lp_buf_json_string(b, sval);
-  else lp_buf_printf(b, "%ld", ival);
+  lp_buf_printf(b,
+                "\"name\":\"%s\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+                "\"ts\":0,\"args\":{\"%s\":",
+                name, pid, tid, key);
+  if (sval)
+    lp_buf_json_string(b, sval);
+  else
+    lp_buf_printf(b, "%ld", ival);
   lp_buf_puts(b, "}}");
 }
 
-/* Where a flow end sits: inside its slice when the slice has a length. */
-static double flow_ts(const lp_trace_event *e, double fallback) {
+/* Where a flow end sits: inside its slice when the slice has a length
+ * (a quarter in for the start, three quarters for the end, so the arrow
+ * points forward when a send and its receive span the same interval). */
+static double flow_ts(const lp_trace_event *e, double at, double fallback) {
   if (!e) return fallback;
-  return e->start_us + e->dur_us / 2;
+  return e->start_us + e->dur_us * at;
 }
 
 char *lp_trace_to_json(const lp_trace *t) {
@@ -237,11 +252,15 @@ char *lp_trace_to_json(const lp_trace *t) {
       int ml = L.maxlane[r * 2 + track];
       for (int lane = 0; lane <= ml; lane++) {
         char tname[32];
-        if (lane == 0) snprintf(tname, sizeof tname, "%s", track ? "comm" : "compute");
-        else snprintf(tname, sizeof tname, "%s %d", track ? "comm" : "compute", lane + 1);
-        put_meta(&b, &count, "thread_name", r, 2 * lane + track, "name", tname, 0);
-        put_meta(&b, &count, "thread_sort_index", r, 2 * lane + track, "sort_index", NULL,
-                 2 * lane + track);
+        if (lane == 0)
+          snprintf(tname, sizeof tname, "%s", track ? "comm" : "compute");
+        else
+          snprintf(tname, sizeof tname, "%s %d", track ? "comm" : "compute",
+                   lane + 1);
+        put_meta(&b, &count, "thread_name", r, 2 * lane + track, "name", tname,
+                 0);
+        put_meta(&b, &count, "thread_sort_index", r, 2 * lane + track,
+                 "sort_index", NULL, 2 * lane + track);
       }
     }
   }
@@ -251,9 +270,11 @@ char *lp_trace_to_json(const lp_trace *t) {
     lp_buf_puts(&b, "\"name\":");
     lp_buf_json_string(&b, e->name);
     lp_buf_puts(&b, ",\"cat\":");
-    lp_buf_json_string(&b, e->cat[0] ? e->cat
-                                     : e->kind == LP_TRACE_COMPUTE ? "compute" : "comm");
-    lp_buf_printf(&b, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":", e->rank, L.tid[i]);
+    lp_buf_json_string(&b, e->cat[0]                     ? e->cat
+                           : e->kind == LP_TRACE_COMPUTE ? "compute"
+                                                         : "comm");
+    lp_buf_printf(&b, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":", e->rank,
+                  L.tid[i]);
     put_num(&b, e->start_us);
     lp_buf_puts(&b, ",\"dur\":");
     put_num(&b, e->dur_us);
@@ -279,21 +300,24 @@ char *lp_trace_to_json(const lp_trace *t) {
   }
   for (int i = 0; i < t->nfl; i++) {
     const lp_trace_flow *f = &t->fl[i];
-    int se = flow_event(t, f->from_event, f->from_rank, LP_TRACE_SEND, f->from_us);
+    int se =
+        flow_event(t, f->from_event, f->from_rank, LP_TRACE_SEND, f->from_us);
     int re = flow_event(t, f->to_event, f->to_rank, LP_TRACE_RECV, f->to_us);
     const lp_trace_event *sev = se >= 0 ? &t->ev[se] : NULL;
     const lp_trace_event *rev = re >= 0 ? &t->ev[re] : NULL;
     next(&b, &count);
-    lp_buf_printf(&b, "\"name\":\"message\",\"cat\":\"message\",\"ph\":\"s\","
-                      "\"bp\":\"e\",\"id\":%ld,\"pid\":%d,\"tid\":%d,\"ts\":",
+    lp_buf_printf(&b,
+                  "\"name\":\"message\",\"cat\":\"message\",\"ph\":\"s\","
+                  "\"bp\":\"e\",\"id\":%ld,\"pid\":%d,\"tid\":%d,\"ts\":",
                   f->id, f->from_rank, sev ? L.tid[se] : 1);
-    put_num(&b, flow_ts(sev, f->from_us));
+    put_num(&b, flow_ts(sev, 0.25, f->from_us));
     lp_buf_puts(&b, "}");
     next(&b, &count);
-    lp_buf_printf(&b, "\"name\":\"message\",\"cat\":\"message\",\"ph\":\"f\","
-                      "\"bp\":\"e\",\"id\":%ld,\"pid\":%d,\"tid\":%d,\"ts\":",
+    lp_buf_printf(&b,
+                  "\"name\":\"message\",\"cat\":\"message\",\"ph\":\"f\","
+                  "\"bp\":\"e\",\"id\":%ld,\"pid\":%d,\"tid\":%d,\"ts\":",
                   f->id, f->to_rank, rev ? L.tid[re] : 1);
-    put_num(&b, flow_ts(rev, f->to_us));
+    put_num(&b, flow_ts(rev, 0.75, f->to_us));
     lp_buf_puts(&b, "}");
   }
   for (int i = 0; i < t->nct; i++) {
@@ -447,7 +471,8 @@ static lp_status from_sim(const lp_sim_result *r, lp_trace *t) {
   int any_w = 0; /* "pending W" only for schedules that split B */
   for (int rank = 0; rank < lp_sim_ranks(r); rank++) {
     lp_sim_rank_stats rs;
-    if (lp_sim_rank_stats_of(r, rank, &rs) == LP_OK && rs.peak_pending_w > 0) any_w = 1;
+    if (lp_sim_rank_stats_of(r, rank, &rs) == LP_OK && rs.peak_pending_w > 0)
+      any_w = 1;
   }
   for (int rank = 0; rank < lp_sim_ranks(r); rank++) {
     int n;

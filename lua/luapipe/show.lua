@@ -152,7 +152,7 @@ function M.gantt(res, opts)
       scale = 1
     else
       scale = avail / T
-      if scale >= 1 then scale = math.min(8, math.floor(scale)) end
+      if scale >= 1 then scale = math.min(4, math.floor(scale)) end
     end
   end
   local ncols = math.max(1, math.ceil(T * scale - 1e-9))
@@ -218,7 +218,7 @@ local function xml(s)
     ['"'] = "&quot;" }))
 end
 
-local function f2(x) return string.format("%.2f", x):gsub("%.?0+$", "") end
+local function f2(x) return (string.format("%.2f", x):gsub("%.?0+$", "")) end
 
 -- show.svg(res[, opts]) -> SVG text. opts: scale (pixels per time unit;
 -- default fits about 1000 px, between 4 and 60), lane (lane height, 28),
@@ -289,7 +289,8 @@ function M.svg(res, opts)
           put('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 4 + fs / 3), '" font-size="', f2(fs * 0.9),
             '" text-anchor="middle">', e.mb, '</text>')
           put('<text x="', f2(x + w / 2), '" y="', f2(y + 3 * lane / 4 + fs / 3), '" font-size="', f2(fs * 0.9),
-            '" text-anchor="middle" fill="white">', (e.btype == "I" and "I" or ""), e.bmb, '</text>')
+            '" text-anchor="middle"', e.btype == "I" and "" or ' fill="white"', '>', (e.btype == "I" and "I" or ""),
+            e.bmb, '</text>')
         end
         put('</g>')
       else
@@ -298,7 +299,7 @@ function M.svg(res, opts)
           svg_fill[e.type] or "#999", '" stroke="white" stroke-width="0.5"/>')
         if w >= 10 then
           put('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 2 + fs / 3), '" font-size="', f2(fs),
-            '" text-anchor="middle"', e.type == "F" and "" or ' fill="white"', '>', e.mb, '</text>')
+            '" text-anchor="middle"', e.type == "B" and ' fill="white"' or "", '>', e.mb, '</text>')
         end
         put('</g>')
       end

@@ -1,0 +1,63 @@
+/* reference.c — lp_exec_reference_step: the single-process, no-pipeline
+ * training step the executor is checked against (see lp_exec.h). */
+#include "lp_exec.h"
+
+lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
+                                 lp_exec_loss_kind loss_kind, int M,
+                                 lp_exec_data_fn data, void *ud, int64_t step,
+                                 double *loss, char *err) {
+  if (!model || !optim || !data || M < 1) {
+    lp_errf(err, "reference step: model, optimizer, data and M >= 1 are required");
+    return LP_ERR_ARG;
+  }
+  lp_status st = lp_nn_optim_zero_grad(optim);
+  if (st != LP_OK) return st;
+  lp_nn_ctx *ctx = NULL;
+  LP_CHECK(lp_nn_ctx_new(&ctx));
+  double sum = 0;
+  for (int mb = 0; mb < M; mb++) {
+    lp_tensor *x = NULL, *tg = NULL, *y = NULL, *dy = NULL;
+    char derr[LP_ERRLEN] = "";
+    st = data(ud, step, mb, &x, &tg, derr);
+    if (st != LP_OK || !x || !tg) {
+      lp_errf(err, "reference step: data for micro-batch %d of step %lld: %s", mb,
+              (long long)step, *derr ? derr : lp_strerror(st ? st : LP_ERR_ARG));
+      if (st == LP_OK) st = LP_ERR_ARG;
+      goto next;
+    }
+    st = lp_nn_forward(model, ctx, x, &y);
+    if (st != LP_OK) {
+      lp_errf(err, "reference step: forward of micro-batch %d: %s", mb,
+              lp_nn_ctx_last_error(ctx));
+      goto next;
+    }
+    double l = 0;
+    st = loss_kind == LP_EXEC_LOSS_CROSS_ENTROPY
+             ? lp_nn_loss_cross_entropy(y, tg, 1.0f / (float)M, &l, &dy)
+             : lp_nn_loss_mse(y, tg, 1.0f / (float)M, &l, &dy);
+    if (st != LP_OK) {
+      lp_errf(err, "reference step: loss of micro-batch %d failed (%s)", mb, lp_strerror(st));
+      goto next;
+    }
+    sum += l;
+    st = lp_nn_backward(model, ctx, dy, NULL);
+    if (st != LP_OK)
+      lp_errf(err, "reference step: backward of micro-batch %d: %s", mb,
+              lp_nn_ctx_last_error(ctx));
+  next:
+    lp_nn_ctx_clear(ctx);
+    lp_tensor_free(x);
+    lp_tensor_free(tg);
+    lp_tensor_free(y);
+    lp_tensor_free(dy);
+    if (st != LP_OK) {
+      lp_nn_ctx_free(ctx);
+      return st;
+    }
+  }
+  lp_nn_ctx_free(ctx);
+  st = lp_nn_optim_step(optim);
+  if (st != LP_OK) return st;
+  if (loss) *loss = sum / M;
+  return LP_OK;
+}

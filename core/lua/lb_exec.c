@@ -1,0 +1,307 @@
+/* lb_exec.c — luapipe.Exec: the per-rank executor seen from Lua, and the
+ * trace writer for measured events. Misuse raises; runtime failures (a
+ * step that fails, a file that cannot be written) return nil, message. */
+#include <string.h>
+
+#include "lb_nn.h"
+#include "lp_lua.h"
+
+#define LB_EXEC "luapipe.Exec"
+
+typedef struct exec_box {
+  lp_exec *e; /* NULL once closed */
+  lb_data data;
+  int build_ref; /* registry ref of build(stage) during lp_exec_new */
+  lua_State *L;
+  int nstages;
+  int (*ndim);
+  int64_t (*shape)[LP_TENSOR_MAXDIM];
+} exec_box;
+
+static exec_box *check_exec(lua_State *L, int idx) {
+  exec_box *b = luaL_checkudata(L, idx, LB_EXEC);
+  if (!b->e) luaL_error(L, "attempt to use a closed " LB_EXEC);
+  return b;
+}
+
+static void box_close(lua_State *L, exec_box *b) {
+  lp_exec_free(b->e);
+  b->e = NULL;
+  if (b->data.ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, b->data.ref);
+  b->data.ref = LUA_NOREF;
+  lp_free(b->ndim);
+  lp_free(b->shape);
+  b->ndim = NULL;
+  b->shape = NULL;
+}
+
+static int lb_exec_close(lua_State *L) {
+  box_close(L, luaL_checkudata(L, 1, LB_EXEC));
+  return 0;
+}
+
+static lp_status exec_data(void *ud, int64_t step, int mb, lp_tensor **input,
+                           lp_tensor **target, char *err) {
+  return lb_data_call(&((exec_box *)ud)->data, step, mb, input, target, err);
+}
+
+/* lp_exec_chunk_fn over build(stage) -> Layer (through the pcall choke point). */
+static lp_status build_chunk(void *ud, int stage, lp_nn_layer **out, char *err) {
+  exec_box *b = ud;
+  lua_State *L = b->L;
+  int top = lua_gettop(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, b->build_ref);
+  lua_pushinteger(L, stage);
+  lp_status st = LP_OK;
+  if (lp_lua_pcall(L, 1, 1) != LUA_OK) {
+    lp_errf(err, "build(%d) failed: %s", stage, lua_tostring(L, -1));
+    st = LP_ERR_ARG;
+  } else {
+    void *p = luaL_testudata(L, -1, LB_LAYER);
+    if (!p) {
+      lp_errf(err, "build(%d) must return a luapipe.Layer, got %s", stage, luaL_typename(L, -1));
+      st = LP_ERR_ARG;
+    } else {
+      *out = lp_nn_layer_retain(lb_check_layer(L, -1));
+    }
+  }
+  lua_settop(L, top);
+  return st;
+}
+
+/* core.exec_new(schedule, {build=, data=, loss=, act_shapes=, optimizer=,
+ * trace=, lookahead=}) -> Exec | nil, err */
+static int lb_exec_new(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  exec_box *b = lua_newuserdatauv(L, sizeof *b, 0); /* closed-first */
+  memset(b, 0, sizeof *b);
+  b->data.ref = LUA_NOREF;
+  b->build_ref = LUA_NOREF;
+  luaL_setmetatable(L, LB_EXEC);
+  int S = lp_schedule_stages(s);
+  b->nstages = S;
+  b->ndim = lp_calloc((size_t)S, sizeof(int));
+  b->shape = lp_calloc((size_t)S, sizeof *b->shape);
+  if (!b->ndim || !b->shape) return luaL_error(L, "out of memory");
+
+  lp_exec_opts o;
+  memset(&o, 0, sizeof o);
+  lua_getfield(L, 2, "build");
+  luaL_argcheck(L, lua_isfunction(L, -1), 2, "'build' must be a function(stage) -> Layer");
+  b->build_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_getfield(L, 2, "data");
+  luaL_argcheck(L, lua_isfunction(L, -1), 2, "'data' must be a function(step, mb) -> input, target");
+  b->data.ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_getfield(L, 2, "loss");
+  {
+    const char *lk = lua_tostring(L, -1);
+    if (!lk || strcmp(lk, "mse") == 0) o.loss = LP_EXEC_LOSS_MSE;
+    else if (strcmp(lk, "cross_entropy") == 0) o.loss = LP_EXEC_LOSS_CROSS_ENTROPY;
+    else return luaL_error(L, "loss must be \"mse\" or \"cross_entropy\", got \"%s\"", lk);
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "act_shapes");
+  if (S > 1) luaL_argcheck(L, lua_istable(L, -1), 2, "'act_shapes' {[stage] = shape} needed");
+  for (int st = 1; st < S; st++) {
+    lua_geti(L, -1, st);
+    if (!lua_istable(L, -1)) return luaL_error(L, "act_shapes[%d] (input shape of stage %d) is missing", st, st);
+    int n = (int)luaL_len(L, -1);
+    if (n < 1 || n > LP_TENSOR_MAXDIM) return luaL_error(L, "act_shapes[%d] must have 1 to 4 dims", st);
+    b->ndim[st] = n;
+    for (int d = 0; d < n; d++) {
+      lua_geti(L, -1, d + 1);
+      b->shape[st][d] = lua_tointeger(L, -1);
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "optimizer");
+  lb_optim_opts(L, -1, &o.optim, &o.sgd, &o.adamw);
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "trace");
+  o.trace = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "lookahead");
+  o.recv_lookahead = (int)luaL_optinteger(L, -1, 0);
+  lua_pop(L, 1);
+  o.chunk = build_chunk;
+  o.data = exec_data;
+  o.ud = b;
+  o.act_ndim = b->ndim;
+  o.act_shape = (const int64_t(*)[LP_TENSOR_MAXDIM])b->shape;
+  b->L = L;
+  b->data.L = L;
+  char err[LP_ERRLEN] = "";
+  lp_status st = lp_exec_new(s, &o, &b->e, err);
+  luaL_unref(L, LUA_REGISTRYINDEX, b->build_ref);
+  b->build_ref = LUA_NOREF;
+  if (st != LP_OK) {
+    box_close(L, b);
+    return lb_fail(L, *err ? err : lp_strerror(st));
+  }
+  return 1;
+}
+
+/* exec:step(k) -> loss | nil, err */
+static int lb_exec_step(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  int64_t k = luaL_checkinteger(L, 2);
+  b->L = L;
+  b->data.L = L;
+  double loss = 0;
+  lp_status st = lp_exec_step(b->e, k, &loss);
+  if (st != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushnumber(L, loss);
+  return 1;
+}
+
+/* exec:timing() -> wall_s, busy_s of the last step */
+static int lb_exec_timing(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  double w, busy;
+  lp_exec_last_timing(b->e, &w, &busy);
+  lua_pushnumber(L, w);
+  lua_pushnumber(L, busy);
+  return 2;
+}
+
+/* exec:vstages() -> {{id=, stage=, layer=Layer}, ...} (layers shared) */
+static int lb_exec_vstages(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  int n = lp_exec_vstages(b->e);
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, lp_exec_vstage_id(b->e, i));
+    lua_setfield(L, -2, "id");
+    lua_pushinteger(L, lp_exec_vstage_stage(b->e, i));
+    lua_setfield(L, -2, "stage");
+    lb_push_layer(L, lp_nn_layer_retain(lp_exec_vstage_chunk(b->e, i)));
+    lua_setfield(L, -2, "layer");
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static const char *const kind_names[] = {"compute", "send", "recv", NULL};
+
+static void push_event(lua_State *L, const lp_trace_event *ev) {
+  lua_createtable(L, 0, 10);
+  lua_pushinteger(L, ev->rank);
+  lua_setfield(L, -2, "rank");
+  lua_pushstring(L, kind_names[ev->kind]);
+  lua_setfield(L, -2, "kind");
+  lua_pushstring(L, ev->name);
+  lua_setfield(L, -2, "name");
+  lua_pushstring(L, ev->cat);
+  lua_setfield(L, -2, "cat");
+  lua_pushnumber(L, ev->start_us);
+  lua_setfield(L, -2, "start_us");
+  lua_pushnumber(L, ev->dur_us);
+  lua_setfield(L, -2, "dur_us");
+  lua_pushinteger(L, ev->stage);
+  lua_setfield(L, -2, "stage");
+  lua_pushinteger(L, ev->mb);
+  lua_setfield(L, -2, "mb");
+  lua_pushinteger(L, ev->index);
+  lua_setfield(L, -2, "index");
+  lua_pushstring(L, ev->action);
+  lua_setfield(L, -2, "action");
+}
+
+/* exec:trace_events() -> list of event tables (empty without trace=true) */
+static int lb_exec_trace_events(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  lp_trace *t = lp_exec_trace(b->e);
+  int n = 0;
+  const lp_trace_event *ev = t ? lp_trace_events(t, &n) : NULL;
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    push_event(L, &ev[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+static void str_field(lua_State *L, int idx, const char *k, char *dst, size_t n) {
+  lua_getfield(L, idx, k);
+  const char *s = lua_tostring(L, -1);
+  snprintf(dst, n, "%s", s ? s : "");
+  lua_pop(L, 1);
+}
+
+static double num_field(lua_State *L, int idx, const char *k, double deflt) {
+  lua_getfield(L, idx, k);
+  double v = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : deflt;
+  lua_pop(L, 1);
+  return v;
+}
+
+/* core.trace_write(events, path [, flows]) -> true | nil, err: writes the
+ * Chrome JSON of a list of event tables (as exec:trace_events gives) and
+ * optional flows {{from_rank=, to_rank=, from_us=, to_us=}, ...}. */
+static int lb_trace_write(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  const char *path = luaL_checkstring(L, 2);
+  lp_trace *t = lp_trace_new();
+  if (!t) return luaL_error(L, "out of memory");
+  lp_status st = LP_OK;
+  int n = (int)luaL_len(L, 1);
+  for (int i = 1; i <= n && st == LP_OK; i++) {
+    lua_geti(L, 1, i);
+    int idx = lua_gettop(L);
+    lp_trace_event ev;
+    lp_trace_event_init(&ev);
+    ev.rank = (int)num_field(L, idx, "rank", 0);
+    char kind[16];
+    str_field(L, idx, "kind", kind, sizeof kind);
+    ev.kind = strcmp(kind, "send") == 0 ? LP_TRACE_SEND
+              : strcmp(kind, "recv") == 0 ? LP_TRACE_RECV : LP_TRACE_COMPUTE;
+    str_field(L, idx, "name", ev.name, sizeof ev.name);
+    str_field(L, idx, "cat", ev.cat, sizeof ev.cat);
+    str_field(L, idx, "action", ev.action, sizeof ev.action);
+    ev.start_us = num_field(L, idx, "start_us", 0);
+    ev.dur_us = num_field(L, idx, "dur_us", 0);
+    ev.stage = (int)num_field(L, idx, "stage", -1);
+    ev.mb = (int)num_field(L, idx, "mb", -1);
+    ev.index = (int)num_field(L, idx, "index", -1);
+    st = lp_trace_add_event(t, &ev, NULL);
+    lua_pop(L, 1);
+  }
+  if (lua_istable(L, 3)) {
+    int nf = (int)luaL_len(L, 3);
+    for (int i = 1; i <= nf && st == LP_OK; i++) {
+      lua_geti(L, 3, i);
+      int idx = lua_gettop(L);
+      lp_trace_flow f = {i, (int)num_field(L, idx, "from_rank", 0),
+                         (int)num_field(L, idx, "to_rank", 0), num_field(L, idx, "from_us", 0),
+                         num_field(L, idx, "to_us", 0), -1, -1};
+      st = lp_trace_add_flow(t, &f);
+      lua_pop(L, 1);
+    }
+  }
+  char err[LP_ERRLEN] = "";
+  if (st == LP_OK) st = lp_trace_write_json(t, path, err);
+  lp_trace_free(t);
+  if (st != LP_OK) return lb_fail(L, *err ? err : lp_strerror(st));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+void lb_open_exec(lua_State *L) {
+  static const luaL_Reg methods[] = {{"step", lb_exec_step},
+                                     {"timing", lb_exec_timing},
+                                     {"vstages", lb_exec_vstages},
+                                     {"trace_events", lb_exec_trace_events},
+                                     {"close", lb_exec_close},
+                                     {NULL, NULL}};
+  static const luaL_Reg meta[] = {{"__gc", lb_exec_close}, {"__close", lb_exec_close},
+                                  {NULL, NULL}};
+  static const luaL_Reg funcs[] = {{"exec_new", lb_exec_new},
+                                   {"trace_write", lb_trace_write},
+                                   {NULL, NULL}};
+  lb_new_class(L, LB_EXEC, "Exec", methods, meta);
+  luaL_setfuncs(L, funcs, 0);
+}

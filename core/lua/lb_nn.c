@@ -1,0 +1,602 @@
+/* lb_nn.c — luapipe.Tensor, luapipe.Layer and luapipe.Optim: build layers
+ * and chunks from Lua, read and write parameters as Lua tables (for tests),
+ * the no-pipeline reference step and per-layer cost measurement. Misuse
+ * raises; runtime failures return nil, message. */
+#include <string.h>
+
+#include "lb_nn.h"
+#include "lp_lua.h"
+
+/* ---- luapipe.Tensor ---- */
+
+typedef struct tensor_box {
+  lp_tensor *t; /* NULL once closed */
+} tensor_box;
+
+lp_tensor *lb_check_tensor(lua_State *L, int idx) {
+  tensor_box *b = luaL_checkudata(L, idx, LB_TENSOR);
+  if (!b->t) luaL_error(L, "attempt to use a closed " LB_TENSOR);
+  return b->t;
+}
+
+static tensor_box *new_tensor_box(lua_State *L) {
+  tensor_box *b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->t = NULL;
+  luaL_setmetatable(L, LB_TENSOR);
+  return b;
+}
+
+void lb_push_tensor(lua_State *L, lp_tensor *t) { new_tensor_box(L)->t = t; }
+
+static int lb_tensor_close(lua_State *L) {
+  tensor_box *b = luaL_checkudata(L, 1, LB_TENSOR);
+  lp_tensor_free(b->t);
+  b->t = NULL;
+  return 0;
+}
+
+/* Reads a shape table at idx into shape; returns ndim. */
+static int check_shape(lua_State *L, int idx, int64_t *shape) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  int n = (int)luaL_len(L, idx);
+  luaL_argcheck(L, n >= 1 && n <= LP_TENSOR_MAXDIM, idx, "shape must have 1 to 4 dims");
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, idx, i + 1);
+    int ok;
+    lua_Integer d = lua_tointegerx(L, -1, &ok);
+    if (!ok || d < 0) luaL_argerror(L, idx, "shape entries must be non-negative integers");
+    shape[i] = d;
+    lua_pop(L, 1);
+  }
+  return n;
+}
+
+/* core.tensor(shape [, values]) -> Tensor (values: flat list, row-major;
+ * nil: zeros) */
+static int lb_tensor_new(lua_State *L) {
+  int64_t shape[LP_TENSOR_MAXDIM];
+  int nd = check_shape(L, 1, shape);
+  int64_t n = 1;
+  for (int i = 0; i < nd; i++) n *= shape[i];
+  tensor_box *b = new_tensor_box(L);
+  if (lp_tensor_zeros(NULL, nd, shape, &b->t) != LP_OK) return luaL_error(L, "out of memory");
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    if ((int64_t)luaL_len(L, 2) != n)
+      return luaL_error(L, "tensor: %d values given for a shape of %d elements",
+                        (int)luaL_len(L, 2), (int)n);
+    for (int64_t i = 0; i < n; i++) {
+      lua_geti(L, 2, i + 1);
+      int ok;
+      lua_Number v = lua_tonumberx(L, -1, &ok);
+      if (!ok) return luaL_error(L, "tensor: value %d is not a number", (int)(i + 1));
+      b->t->data[i] = (float)v;
+      lua_pop(L, 1);
+    }
+  }
+  return 1;
+}
+
+static void push_shape(lua_State *L, const lp_tensor *t) {
+  lua_createtable(L, t->ndim, 0);
+  for (int i = 0; i < t->ndim; i++) {
+    lua_pushinteger(L, t->shape[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+}
+
+static void push_values(lua_State *L, const lp_tensor *t) {
+  lp_tensor *c = NULL;
+  const lp_tensor *src = t;
+  if (!lp_tensor_is_contiguous(t)) {
+    if (lp_tensor_clone(t, &c) != LP_OK) luaL_error(L, "out of memory");
+    src = c;
+  }
+  int64_t n = lp_tensor_numel(src);
+  lua_createtable(L, (int)n, 0);
+  for (int64_t i = 0; i < n; i++) {
+    lua_pushnumber(L, src->data[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lp_tensor_free(c);
+}
+
+static int lb_tensor_shape(lua_State *L) {
+  push_shape(L, lb_check_tensor(L, 1));
+  return 1;
+}
+
+static int lb_tensor_totable(lua_State *L) {
+  push_values(L, lb_check_tensor(L, 1));
+  return 1;
+}
+
+static int lb_tensor_numel(lua_State *L) {
+  lua_pushinteger(L, lp_tensor_numel(lb_check_tensor(L, 1)));
+  return 1;
+}
+
+static int lb_tensor_tostring(lua_State *L) {
+  tensor_box *b = luaL_checkudata(L, 1, LB_TENSOR);
+  if (!b->t) {
+    lua_pushstring(L, LB_TENSOR " (closed)");
+    return 1;
+  }
+  luaL_Buffer buf;
+  luaL_buffinit(L, &buf);
+  luaL_addstring(&buf, LB_TENSOR " [");
+  for (int i = 0; i < b->t->ndim; i++) {
+    lua_pushfstring(L, i ? ", %d" : "%d", (int)b->t->shape[i]);
+    luaL_addvalue(&buf);
+  }
+  luaL_addstring(&buf, "]");
+  luaL_pushresult(&buf);
+  return 1;
+}
+
+/* ---- luapipe.Layer ---- */
+
+typedef struct layer_box {
+  lp_nn_layer *l; /* one reference; NULL once closed */
+} layer_box;
+
+lp_nn_layer *lb_check_layer(lua_State *L, int idx) {
+  layer_box *b = luaL_checkudata(L, idx, LB_LAYER);
+  if (!b->l) luaL_error(L, "attempt to use a closed " LB_LAYER);
+  return b->l;
+}
+
+static layer_box *new_layer_box(lua_State *L) {
+  layer_box *b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->l = NULL;
+  luaL_setmetatable(L, LB_LAYER);
+  return b;
+}
+
+void lb_push_layer(lua_State *L, lp_nn_layer *l) { new_layer_box(L)->l = l; }
+
+static int lb_layer_close(lua_State *L) {
+  layer_box *b = luaL_checkudata(L, 1, LB_LAYER);
+  lp_nn_layer_release(b->l);
+  b->l = NULL;
+  return 0;
+}
+
+static lua_Integer field_int(lua_State *L, int idx, const char *k, lua_Integer deflt,
+                             int required, const char *kind) {
+  lua_getfield(L, idx, k);
+  int ok;
+  lua_Integer v = lua_tointegerx(L, -1, &ok);
+  int isnil = lua_isnil(L, -1);
+  lua_pop(L, 1);
+  if (isnil && !required) return deflt;
+  if (!ok || v < 1)
+    luaL_error(L, "layer '%s': field '%s' must be a positive integer", kind, k);
+  return v;
+}
+
+static lp_tensor_act_kind field_act(lua_State *L, int idx, const char *kind) {
+  lua_getfield(L, idx, "act");
+  const char *a = lua_tostring(L, -1);
+  lp_tensor_act_kind k = LP_TENSOR_ACT_GELU;
+  if (a && strcmp(a, "silu") == 0) k = LP_TENSOR_ACT_SILU;
+  else if (a && strcmp(a, "gelu") != 0)
+    luaL_error(L, "layer '%s': act must be \"gelu\" or \"silu\", got \"%s\"", kind, a);
+  lua_pop(L, 1);
+  return k;
+}
+
+/* Builds the layer described by the spec table at idx. */
+static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t seed,
+                             lp_nn_layer **out) {
+  idx = lua_absindex(L, idx);
+  luaL_checktype(L, idx, LUA_TTABLE);
+  lua_getfield(L, idx, "kind");
+  const char *kind = lua_tostring(L, -1);
+  if (!kind) luaL_error(L, "layer spec needs a 'kind' string");
+  lua_pop(L, 1); /* kind stays valid: the spec table holds the string */
+  if (strcmp(kind, "linear") == 0) {
+    lua_getfield(L, idx, "bias");
+    int bias = lua_isnil(L, -1) ? 1 : lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return lp_nn_linear_new(name, field_int(L, idx, "din", 0, 1, kind),
+                            field_int(L, idx, "dout", 0, 1, kind), bias, seed, out);
+  }
+  if (strcmp(kind, "embedding") == 0)
+    return lp_nn_embedding_new(name, field_int(L, idx, "vocab", 0, 1, kind),
+                               field_int(L, idx, "dim", 0, 1, kind), seed, out);
+  if (strcmp(kind, "gelu") == 0) return lp_nn_act_new(name, LP_TENSOR_ACT_GELU, out);
+  if (strcmp(kind, "silu") == 0) return lp_nn_act_new(name, LP_TENSOR_ACT_SILU, out);
+  if (strcmp(kind, "rmsnorm") == 0) {
+    lua_getfield(L, idx, "eps");
+    float eps = lua_isnil(L, -1) ? 1e-5f : (float)lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    return lp_nn_rmsnorm_new(name, field_int(L, idx, "dim", 0, 1, kind), eps, out);
+  }
+  if (strcmp(kind, "attention") == 0)
+    return lp_nn_attention_new(name, field_int(L, idx, "d_model", 0, 1, kind),
+                               field_int(L, idx, "heads", 1, 0, kind), seed, out);
+  if (strcmp(kind, "mlp_block") == 0)
+    return lp_nn_mlp_block_new(name, field_int(L, idx, "d_model", 0, 1, kind),
+                               field_int(L, idx, "d_hidden", 0, 1, kind),
+                               field_act(L, idx, kind), seed, out);
+  if (strcmp(kind, "transformer_block") == 0)
+    return lp_nn_transformer_block_new(
+        name, field_int(L, idx, "d_model", 0, 1, kind), field_int(L, idx, "heads", 1, 0, kind),
+        field_int(L, idx, "d_hidden", 0, 1, kind), field_act(L, idx, kind), seed, out);
+  if (strcmp(kind, "residual") == 0) {
+    lua_getfield(L, idx, "inner");
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s.inner", name);
+    lp_nn_layer *inner = NULL;
+    lp_status st = build_layer(L, -1, sub, seed, &inner);
+    lua_pop(L, 1);
+    if (st != LP_OK) return st;
+    st = lp_nn_residual_new(name, inner, out);
+    lp_nn_layer_release(inner);
+    return st;
+  }
+  luaL_error(L, "unknown layer kind '%s' (linear, embedding, gelu, silu, rmsnorm, attention, "
+             "mlp_block, transformer_block, residual)", kind);
+  return LP_ERR_ARG;
+}
+
+/* core.nn_layer(spec, name, seed) -> Layer */
+static int lb_nn_layer(lua_State *L) {
+  const char *name = luaL_checkstring(L, 2);
+  uint64_t seed = (uint64_t)luaL_optinteger(L, 3, 0);
+  layer_box *b = new_layer_box(L); /* closed-first */
+  lp_status st = build_layer(L, 1, name, seed, &b->l);
+  if (st == LP_ERR_NOMEM) return luaL_error(L, "out of memory");
+  if (st != LP_OK)
+    return luaL_error(L, "layer '%s': bad sizes (%s)", name, lp_strerror(st));
+  return 1;
+}
+
+/* core.nn_chunk(name, {Layer, ...}) -> Layer */
+static int lb_nn_chunk(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  int n = (int)luaL_len(L, 2);
+  luaL_argcheck(L, n >= 1, 2, "a chunk needs at least one layer");
+  lp_nn_layer **ls = lua_newuserdatauv(L, (size_t)n * sizeof *ls, 0); /* scratch */
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, 2, i + 1);
+    ls[i] = lb_check_layer(L, -1);
+    lua_pop(L, 1);
+  }
+  layer_box *b = new_layer_box(L);
+  if (lp_nn_chunk_new(name, ls, (size_t)n, &b->l) != LP_OK) return luaL_error(L, "out of memory");
+  return 1;
+}
+
+static int lb_layer_name(lua_State *L) {
+  lua_pushstring(L, lp_nn_layer_name(lb_check_layer(L, 1)));
+  return 1;
+}
+
+static int lb_layer_kind(lua_State *L) {
+  lua_pushstring(L, lp_nn_layer_kind(lb_check_layer(L, 1)));
+  return 1;
+}
+
+static int lb_layer_numel(lua_State *L) {
+  lua_pushinteger(L, lp_nn_param_numel(lb_check_layer(L, 1)));
+  return 1;
+}
+
+/* layer:params([grads]) -> {{name=, shape=, value={...}}, ...} (grads:
+ * value is the gradient) */
+static int lb_layer_params(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
+  int grads = lua_toboolean(L, 2);
+  size_t n;
+  const lp_nn_param *p = lp_nn_params(l, &n);
+  lua_createtable(L, (int)n, 0);
+  for (size_t i = 0; i < n; i++) {
+    lua_createtable(L, 0, 3);
+    lua_pushstring(L, p[i].name);
+    lua_setfield(L, -2, "name");
+    push_shape(L, p[i].value);
+    lua_setfield(L, -2, "shape");
+    push_values(L, grads ? p[i].grad : p[i].value);
+    lua_setfield(L, -2, "value");
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  return 1;
+}
+
+/* layer:set_params{[name] = {values...}} -> layer. Unknown names raise. */
+static int lb_layer_set_params(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  size_t n;
+  const lp_nn_param *p = lp_nn_params(l, &n);
+  lua_pushnil(L);
+  while (lua_next(L, 2)) {
+    const char *name = lua_tostring(L, -2);
+    size_t i = 0;
+    while (name && i < n && strcmp(p[i].name, name) != 0) i++;
+    if (!name || i == n) return luaL_error(L, "set_params: no parameter '%s'", name ? name : "?");
+    int64_t c = lp_tensor_numel(p[i].value);
+    luaL_checktype(L, -1, LUA_TTABLE);
+    if ((int64_t)luaL_len(L, -1) != c)
+      return luaL_error(L, "set_params: '%s' has %d elements, got %d", name, (int)c,
+                        (int)luaL_len(L, -1));
+    for (int64_t j = 0; j < c; j++) {
+      lua_geti(L, -1, j + 1);
+      p[i].value->data[j] = (float)lua_tonumber(L, -1);
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* layer:forward(x) -> Tensor (inference, nothing stashed) */
+static int lb_layer_forward(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
+  lp_tensor *x = lb_check_tensor(L, 2);
+  tensor_box *b = new_tensor_box(L);
+  lp_status st = lp_nn_forward(l, NULL, x, &b->t);
+  if (st != LP_OK) return lb_fail(L, lp_strerror(st));
+  return 1;
+}
+
+/* ---- luapipe.Optim ---- */
+
+typedef struct optim_box {
+  lp_nn_optim *o;
+  lp_nn_layer *l; /* a reference: the params must outlive the optimizer */
+} optim_box;
+
+static lp_nn_optim *check_optim(lua_State *L, int idx) {
+  optim_box *b = luaL_checkudata(L, idx, LB_OPTIM);
+  if (!b->o) luaL_error(L, "attempt to use a closed " LB_OPTIM);
+  return b->o;
+}
+
+static int lb_optim_close(lua_State *L) {
+  optim_box *b = luaL_checkudata(L, 1, LB_OPTIM);
+  lp_nn_optim_free(b->o);
+  lp_nn_layer_release(b->l);
+  b->o = NULL;
+  b->l = NULL;
+  return 0;
+}
+
+static float opt_num(lua_State *L, int idx, const char *k, float deflt) {
+  lua_getfield(L, idx, k);
+  float v = lua_isnil(L, -1) ? deflt : (float)luaL_checknumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+void lb_optim_opts(lua_State *L, int idx, lp_exec_optim_kind *kind, lp_nn_sgd_opts *sgd,
+                   lp_nn_adamw_opts *adamw) {
+  *kind = LP_EXEC_OPTIM_SGD;
+  *sgd = (lp_nn_sgd_opts){0.01f, 0.0f, 0.0f};
+  *adamw = (lp_nn_adamw_opts){1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  if (lua_isnoneornil(L, idx)) return;
+  idx = lua_absindex(L, idx);
+  luaL_checktype(L, idx, LUA_TTABLE);
+  lua_getfield(L, idx, "kind");
+  const char *k = lua_tostring(L, -1);
+  if (k && strcmp(k, "adamw") == 0) *kind = LP_EXEC_OPTIM_ADAMW;
+  else if (k && strcmp(k, "sgd") != 0)
+    luaL_error(L, "optimizer kind must be \"sgd\" or \"adamw\", got \"%s\"", k);
+  lua_pop(L, 1);
+  if (*kind == LP_EXEC_OPTIM_SGD) {
+    sgd->lr = opt_num(L, idx, "lr", sgd->lr);
+    sgd->momentum = opt_num(L, idx, "momentum", 0);
+    sgd->weight_decay = opt_num(L, idx, "weight_decay", 0);
+  } else {
+    adamw->lr = opt_num(L, idx, "lr", adamw->lr);
+    adamw->beta1 = opt_num(L, idx, "beta1", adamw->beta1);
+    adamw->beta2 = opt_num(L, idx, "beta2", adamw->beta2);
+    adamw->eps = opt_num(L, idx, "eps", adamw->eps);
+    adamw->weight_decay = opt_num(L, idx, "weight_decay", adamw->weight_decay);
+  }
+}
+
+/* core.nn_optim(layer, opts) -> Optim */
+static int lb_nn_optim(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
+  lp_exec_optim_kind kind;
+  lp_nn_sgd_opts sgd;
+  lp_nn_adamw_opts adamw;
+  lb_optim_opts(L, 2, &kind, &sgd, &adamw);
+  optim_box *b = lua_newuserdatauv(L, sizeof *b, 0);
+  b->o = NULL;
+  b->l = NULL;
+  luaL_setmetatable(L, LB_OPTIM);
+  size_t n;
+  const lp_nn_param *p = lp_nn_params(l, &n);
+  lp_status st = kind == LP_EXEC_OPTIM_ADAMW ? lp_nn_optim_adamw_new(p, n, &adamw, &b->o)
+                                             : lp_nn_optim_sgd_new(p, n, &sgd, &b->o);
+  if (st != LP_OK) return luaL_error(L, "optimizer: %s", lp_strerror(st));
+  b->l = lp_nn_layer_retain(l);
+  return 1;
+}
+
+static int lb_optim_step(lua_State *L) {
+  lp_status st = lp_nn_optim_step(check_optim(L, 1));
+  if (st != LP_OK) return lb_fail(L, lp_strerror(st));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int lb_optim_zero_grad(lua_State *L) {
+  lp_status st = lp_nn_optim_zero_grad(check_optim(L, 1));
+  if (st != LP_OK) return lb_fail(L, lp_strerror(st));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* ---- the data adapter ---- */
+
+lp_status lb_data_call(void *ud, int64_t step, int mb, lp_tensor **input, lp_tensor **target,
+                       char *err) {
+  lb_data *d = ud;
+  lua_State *L = d->L;
+  int top = lua_gettop(L);
+  lp_status st = LP_OK;
+  if (input) *input = NULL;
+  if (target) *target = NULL;
+  if (!lua_checkstack(L, 8)) {
+    lp_errf(err, "Lua stack overflow");
+    return LP_ERR_NOMEM;
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, d->ref);
+  lua_pushinteger(L, step);
+  lua_pushinteger(L, mb);
+  if (lp_lua_pcall(L, 2, 2) != LUA_OK) {
+    lp_errf(err, "the data function failed: %s", lua_tostring(L, -1));
+    st = LP_ERR_ARG;
+    goto done;
+  }
+  for (int i = 0; i < 2; i++) {
+    lp_tensor **out = i == 0 ? input : target;
+    if (!out) continue;
+    tensor_box *b = luaL_testudata(L, top + 1 + i, LB_TENSOR);
+    if (!b || !b->t) {
+      lp_errf(err, "the data function must return two luapipe.Tensor values (input, target); "
+              "%s %d is a %s", i == 0 ? "input" : "target", mb,
+              luaL_typename(L, top + 1 + i));
+      st = LP_ERR_ARG;
+      goto done;
+    }
+    st = lp_tensor_view(b->t, out);
+    if (st != LP_OK) goto done;
+  }
+done:
+  if (st != LP_OK) {
+    if (input && *input) { lp_tensor_free(*input); *input = NULL; }
+    if (target && *target) { lp_tensor_free(*target); *target = NULL; }
+  }
+  lua_settop(L, top);
+  return st;
+}
+
+static lp_exec_loss_kind check_loss(lua_State *L, int idx) {
+  static const char *const names[] = {"mse", "cross_entropy", NULL};
+  return (lp_exec_loss_kind)luaL_checkoption(L, idx, "mse", names);
+}
+
+/* core.nn_reference_step(layer, optim, loss, M, data, step) -> loss | nil, err */
+static int lb_nn_reference_step(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
+  lp_nn_optim *o = check_optim(L, 2);
+  lp_exec_loss_kind lk = check_loss(L, 3);
+  int M = (int)luaL_checkinteger(L, 4);
+  luaL_argcheck(L, M >= 1, 4, "at least one micro-batch");
+  luaL_checktype(L, 5, LUA_TFUNCTION);
+  int64_t step = luaL_checkinteger(L, 6);
+  lua_pushvalue(L, 5);
+  lb_data d = {L, luaL_ref(L, LUA_REGISTRYINDEX)};
+  char err[LP_ERRLEN] = "";
+  double loss = 0;
+  lp_status st = lp_exec_reference_step(l, o, lk, M, lb_data_call, &d, step, &loss, err);
+  luaL_unref(L, LUA_REGISTRYINDEX, d.ref);
+  if (st != LP_OK) return lb_fail(L, *err ? err : lp_strerror(st));
+  lua_pushnumber(L, loss);
+  return 1;
+}
+
+/* core.nn_time_layers({Layer...}, input, reps) -> {seconds...}: forward +
+ * backward time of each layer, chained (layer i's input is layer i-1's
+ * output), the best of `reps` runs. */
+static int lb_nn_time_layers(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lp_tensor *input = lb_check_tensor(L, 2);
+  int reps = (int)luaL_optinteger(L, 3, 3);
+  int n = (int)luaL_len(L, 1);
+  lp_nn_layer **ls = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *ls, 0);
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, 1, i + 1);
+    ls[i] = lb_check_layer(L, -1);
+    lua_pop(L, 1);
+  }
+  double *best = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *best, 0);
+  for (int i = 0; i < n; i++) best[i] = 1e30;
+  lp_status st = LP_OK;
+  for (int r = 0; r < reps && st == LP_OK; r++) {
+    lp_nn_ctx *ctx[64];
+    lp_tensor *xs[65];
+    int m = n < 64 ? n : 64;
+    double tf[64];
+    memset(xs, 0, sizeof xs);
+    memset(ctx, 0, sizeof ctx);
+    st = lp_tensor_view(input, &xs[0]);
+    for (int i = 0; i < m && st == LP_OK; i++) {
+      st = lp_nn_ctx_new(&ctx[i]);
+      double t0 = lp_now();
+      if (st == LP_OK) st = lp_nn_forward(ls[i], ctx[i], xs[i], &xs[i + 1]);
+      tf[i] = lp_now() - t0;
+    }
+    lp_tensor *dy = NULL;
+    if (st == LP_OK) {
+      st = lp_tensor_empty_like(xs[m], &dy);
+      if (st == LP_OK) st = lp_tensor_fill(dy, 1.0f / (float)lp_tensor_numel(xs[m]));
+    }
+    for (int i = m - 1; i >= 0 && st == LP_OK; i--) {
+      lp_tensor *dx = NULL;
+      double t0 = lp_now();
+      st = lp_nn_backward(ls[i], ctx[i], dy, i > 0 ? &dx : NULL);
+      double t = tf[i] + lp_now() - t0;
+      if (t < best[i]) best[i] = t;
+      lp_tensor_free(dy);
+      dy = dx;
+    }
+    lp_tensor_free(dy);
+    for (int i = 0; i <= m; i++) lp_tensor_free(xs[i]);
+    for (int i = 0; i < m; i++) lp_nn_ctx_free(ctx[i]);
+  }
+  if (st != LP_OK) return lb_fail(L, lp_strerror(st));
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushnumber(L, best[i] < 1e29 ? best[i] : 0);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+void lb_open_nn(lua_State *L) {
+  static const luaL_Reg tensor_methods[] = {{"shape", lb_tensor_shape},
+                                            {"totable", lb_tensor_totable},
+                                            {"numel", lb_tensor_numel},
+                                            {"close", lb_tensor_close},
+                                            {NULL, NULL}};
+  static const luaL_Reg tensor_meta[] = {{"__gc", lb_tensor_close},
+                                         {"__close", lb_tensor_close},
+                                         {"__tostring", lb_tensor_tostring},
+                                         {NULL, NULL}};
+  static const luaL_Reg layer_methods[] = {{"name", lb_layer_name},
+                                           {"kind", lb_layer_kind},
+                                           {"numel", lb_layer_numel},
+                                           {"params", lb_layer_params},
+                                           {"set_params", lb_layer_set_params},
+                                           {"forward", lb_layer_forward},
+                                           {"close", lb_layer_close},
+                                           {NULL, NULL}};
+  static const luaL_Reg layer_meta[] = {{"__gc", lb_layer_close}, {"__close", lb_layer_close},
+                                        {NULL, NULL}};
+  static const luaL_Reg optim_methods[] = {{"step", lb_optim_step},
+                                           {"zero_grad", lb_optim_zero_grad},
+                                           {"close", lb_optim_close},
+                                           {NULL, NULL}};
+  static const luaL_Reg optim_meta[] = {{"__gc", lb_optim_close}, {"__close", lb_optim_close},
+                                        {NULL, NULL}};
+  static const luaL_Reg funcs[] = {{"tensor", lb_tensor_new},
+                                   {"nn_layer", lb_nn_layer},
+                                   {"nn_chunk", lb_nn_chunk},
+                                   {"nn_optim", lb_nn_optim},
+                                   {"nn_reference_step", lb_nn_reference_step},
+                                   {"nn_time_layers", lb_nn_time_layers},
+                                   {NULL, NULL}};
+  lb_new_class(L, LB_TENSOR, "Tensor", tensor_methods, tensor_meta);
+  lb_new_class(L, LB_LAYER, "Layer", layer_methods, layer_meta);
+  lb_new_class(L, LB_OPTIM, "Optim", optim_methods, optim_meta);
+  luaL_setfuncs(L, funcs, 0);
+}

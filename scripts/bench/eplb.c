@@ -1,0 +1,201 @@
+/* bench_eplb — EPLB speed and quality on DeepSeek-V3 sizes: 58 MoE layers x
+ * 256 experts into 288 slots, prefill (32 GPUs over 4 nodes, 8 groups:
+ * hierarchical policy) and decode (144 GPUs over 18 nodes: global policy).
+ * Loads are seeded, skewed (log-normal popularity) token counts. One row
+ * per workload: ms per call of each mode (median of --reps calls on one
+ * core), balancedness of both, and the copies of re-planning the next
+ * step's drifted loads against the balanced plan (relabelled, and with a
+ * 16-slot budget). `#wrong` counts plans that break an invariant.
+ *
+ *   bench_eplb [--reps N] [--seed S] [--json] [--check]
+ * --check exits 1 when reference >= 1 ms or balanced >= 50 ms per call. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lp_eplb.h"
+
+static uint64_t rng_state;
+
+static uint64_t next_u64(void) { /* splitmix64 */
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static double uniform(void) { return ((double)(next_u64() >> 11) + 0.5) / 9007199254740992.0; }
+
+static double normal(void) {
+  return sqrt(-2.0 * log(uniform())) * cos(6.283185307179586 * uniform());
+}
+
+/* Token counts: tokens*topk spread over E experts by log-normal weights. */
+static void make_loads(double *load, int layers, int E, double sigma) {
+  const double tokens = 16384.0 * 8;
+  double *w = malloc((size_t)E * sizeof *w);
+  for (int l = 0; l < layers; l++) {
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += (w[e] = exp(sigma * normal()));
+    for (int e = 0; e < E; e++) load[(size_t)l * E + e] = floor(tokens * w[e] / sum + 0.5);
+  }
+  free(w);
+}
+
+static void drift(const double *in, double *out, size_t n, double sigma) {
+  for (size_t i = 0; i < n; i++) out[i] = floor(in[i] * exp(sigma * normal()) + 0.5);
+}
+
+/* 1 when the plan breaks an invariant: counts sum to R, every expert has a
+ * replica, the maps agree, padding is -1. */
+static int wrong(const lp_eplb_plan *p) {
+  int L = lp_eplb_plan_layers(p), E = lp_eplb_plan_experts(p);
+  int R = lp_eplb_plan_replicas(p), X = lp_eplb_plan_width(p);
+  const int *m = lp_eplb_plan_phy2log(p), *q = lp_eplb_plan_log2phy(p);
+  const int *c = lp_eplb_plan_logcnt(p);
+  for (int l = 0; l < L; l++) {
+    int total = 0;
+    for (int e = 0; e < E; e++) {
+      int n = c[l * E + e];
+      total += n;
+      if (n < 1 || n > X) return 1;
+      for (int x = 0; x < X; x++) {
+        int s = q[((size_t)l * E + e) * X + x];
+        if (x < n ? (s < 0 || s >= R || m[(size_t)l * R + s] != e) : s != -1) return 1;
+      }
+    }
+    if (total != R) return 1;
+  }
+  return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+typedef struct workload {
+  const char *name;
+  int replicas, groups, nodes, gpus;
+} workload;
+
+/* Median ms per call of `reps` calls; keeps the last plan in *out. */
+static double time_mode(const double *load, int L, int E, const workload *w,
+                        const lp_eplb_options *o, int reps, lp_eplb_plan **out) {
+  double *ms = malloc((size_t)reps * sizeof *ms);
+  char err[LP_ERRLEN];
+  *out = NULL;
+  for (int r = 0; r < reps; r++) {
+    lp_eplb_plan *p;
+    double t0 = lp_now();
+    if (lp_eplb_rebalance(load, L, E, w->replicas, w->groups, w->nodes, w->gpus, o, &p,
+                          err) != LP_OK) {
+      fprintf(stderr, "bench_eplb: %s: %s\n", w->name, err);
+      exit(1);
+    }
+    ms[r] = (lp_now() - t0) * 1e3;
+    lp_eplb_plan_free(*out);
+    *out = p;
+  }
+  qsort(ms, (size_t)reps, sizeof *ms, cmp_double);
+  double med = ms[reps / 2];
+  free(ms);
+  return med;
+}
+
+int main(int argc, char **argv) {
+  int reps = 21, json = 0, check = 0;
+  uint64_t seed = 2025;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
+    else if (strcmp(argv[i], "--json") == 0) json = 1;
+    else if (strcmp(argv[i], "--check") == 0) check = 1;
+    else {
+      fprintf(stderr, "usage: bench_eplb [--reps N] [--seed S] [--json] [--check]\n");
+      return 2;
+    }
+  }
+  if (reps < 1) reps = 1;
+  const int L = 58, E = 256;
+  const workload wls[] = {{"prefill", 288, 8, 4, 32}, {"decode", 288, 8, 18, 144}};
+  double *load = malloc((size_t)L * E * sizeof *load);
+  double *next = malloc((size_t)L * E * sizeof *next);
+  int failed = 0;
+  if (json) printf("{\"seed\": %llu, \"reps\": %d, \"rows\": [\n", (unsigned long long)seed, reps);
+  else {
+    printf("# EPLB, %d layers x %d experts -> 288 slots, seed %llu, median of %d calls, one core\n",
+           L, E, (unsigned long long)seed, reps);
+    printf("%-8s %-12s %-12s %9s %9s %8s %8s %7s %7s %9s %7s\n", "workload", "gpus/nodes",
+           "policy", "ref_ms", "bal_ms", "ref_bal", "bal_bal", "copies", "naive", "budget16", "#wrong");
+  }
+  for (size_t w = 0; w < sizeof wls / sizeof wls[0]; w++) {
+    const workload *wl = &wls[w];
+    rng_state = seed + 1000 * w;
+    make_loads(load, L, E, 1.0);
+    drift(load, next, (size_t)L * E, 0.3);
+    lp_eplb_options o;
+    lp_eplb_options_init(&o);
+    lp_eplb_plan *ref, *bal, *re, *naive, *bud;
+    o.mode = LP_EPLB_REFERENCE;
+    double ref_ms = time_mode(load, L, E, wl, &o, reps, &ref);
+    o.mode = LP_EPLB_BALANCED;
+    double bal_ms = time_mode(load, L, E, wl, &o, reps, &bal);
+    /* next step: re-plan against the balanced plan in force */
+    o.previous = lp_eplb_plan_phy2log(bal);
+    time_mode(next, L, E, wl, &o, 1, &re);
+    o.max_moves = 16;
+    time_mode(next, L, E, wl, &o, 1, &bud);
+    /* copies without relabelling: the plain new plan against the old */
+    lp_eplb_options_init(&o);
+    time_mode(next, L, E, wl, &o, 1, &naive);
+    lp_eplb_plan *ev;
+    char err[LP_ERRLEN];
+    if (lp_eplb_evaluate(next, L, E, lp_eplb_plan_phy2log(naive), wl->replicas, wl->nodes,
+                         wl->gpus, lp_eplb_plan_phy2log(bal), &ev, err) != LP_OK) {
+      fprintf(stderr, "bench_eplb: %s\n", err);
+      return 1;
+    }
+    lp_eplb_stats sr, sb, sre, sev, sbud;
+    lp_eplb_plan_stats(ref, &sr);
+    lp_eplb_plan_stats(bal, &sb);
+    lp_eplb_plan_stats(re, &sre);
+    lp_eplb_plan_stats(ev, &sev);
+    lp_eplb_plan_stats(bud, &sbud);
+    int nwrong = wrong(ref) + wrong(bal) + wrong(re) + wrong(bud) + wrong(naive);
+    if (sb.balancedness < sr.balancedness - 1e-12) nwrong++;
+    char gn[32];
+    snprintf(gn, sizeof gn, "%d/%d", wl->gpus, wl->nodes);
+    const char *policy = lp_eplb_plan_hierarchical(ref) ? "hierarchical" : "global";
+    if (json)
+      printf("  {\"workload\": \"%s\", \"gpus\": %d, \"nodes\": %d, \"policy\": \"%s\", "
+             "\"reference_ms\": %.4f, \"balanced_ms\": %.4f, \"reference_balancedness\": %.4f, "
+             "\"balanced_balancedness\": %.4f, \"copies\": %ld, \"copies_without_relabel\": %ld, "
+             "\"budget16_balancedness\": %.4f, \"budget16_copies\": %ld, \"wrong\": %d}%s\n",
+             wl->name, wl->gpus, wl->nodes, policy, ref_ms, bal_ms, sr.balancedness,
+             sb.balancedness, sre.copies, sev.copies, sbud.balancedness, sbud.copies, nwrong,
+             w + 1 < sizeof wls / sizeof wls[0] ? "," : "");
+    else
+      printf("%-8s %-12s %-12s %9.4f %9.3f %8.4f %8.4f %7ld %7ld %9.4f %7d\n", wl->name, gn,
+             policy, ref_ms, bal_ms, sr.balancedness, sb.balancedness, sre.copies, sev.copies,
+             sbud.balancedness, nwrong);
+    if (nwrong) failed = 1;
+    if (check && (ref_ms >= 1.0 || bal_ms >= 50.0)) failed = 1;
+    lp_eplb_plan_free(ref);
+    lp_eplb_plan_free(bal);
+    lp_eplb_plan_free(re);
+    lp_eplb_plan_free(bud);
+    lp_eplb_plan_free(naive);
+    lp_eplb_plan_free(ev);
+  }
+  if (json) printf("]}\n");
+  else
+    printf("# copies: slots GPUs must receive to re-plan the next step (drifted loads) against\n"
+           "# the balanced plan, relabelled; naive: without relabelling; budget16: balancedness\n"
+           "# of the re-plan limited to 16 copies per layer. Limits: reference < 1 ms, balanced < 50 ms.\n");
+  free(load);
+  free(next);
+  return failed;
+}
