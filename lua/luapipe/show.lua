@@ -8,7 +8,7 @@
 --
 -- The Gantt chart draws time left to right, one column per time unit (or
 -- more, or less, so that the chart fits `width` columns). Cells carry the
--- micro-batch number: F as digits ("3"), B, I and W with their letter
+-- micro-batch number (a-z for 10-35 where a cell is one column wide): F as digits ("3"), B, I and W with their letter
 -- ("B3", "I3", "W3"), an overlapped F&B pair as "3&5" (forward of mb 3
 -- with backward of mb 5); "." is idle. On a colour terminal cells are also
 -- coloured by type, pairs split in the F and B colours (NO_COLOR, TERM=dumb
@@ -46,28 +46,33 @@ end
 
 -- ---- the Gantt chart ----
 
-local function digits_tail(n, w)
+-- A micro-batch number in at most w columns: the number when it fits,
+-- otherwise one symbol: 0-9, then a-z for 10-35 (lower case, so it never
+-- reads as the B/I/W letters), "+" beyond.
+local function mb_text(n, w)
   local s = tostring(n)
-  if #s > w then s = s:sub(#s - w + 1) end
-  return s
+  if #s <= w then return s end
+  if n < 10 then return s end
+  if n < 36 then return string.char(87 + n) end -- 10 -> "a"
+  return "+"
 end
+M.mb_text = mb_text
 
 -- The text of an event's cell, fitted into w columns.
 local function cell_label(e, w)
   if w <= 0 then return "" end
   local label
   if e.type == "F" then
-    label = tostring(e.mb)
-    if #label > w then label = digits_tail(e.mb, w) end
+    label = mb_text(e.mb, w)
   elseif e.type == "FB" then
     local bmark = e.btype == "I" and "I" or ""
     label = e.mb .. "&" .. bmark .. e.bmb
-    if #label > w then label = (e.mb % 10) .. "&" .. bmark .. (e.bmb % 10) end
-    if #label > w then label = (e.mb % 10) .. "&" .. (e.bmb % 10) end
-    if #label > w then label = ("&" .. (e.bmb % 10)):sub(1, w) end
+    if #label > w then label = mb_text(e.mb, 1) .. "&" .. bmark .. mb_text(e.bmb, 1) end
+    if #label > w then label = mb_text(e.mb, 1) .. "&" .. mb_text(e.bmb, 1) end
+    if #label > w then label = ("&" .. mb_text(e.bmb, 1)):sub(1, w) end
   else
     label = e.type .. e.mb
-    if #label > w then label = w >= 2 and (e.type .. digits_tail(e.mb, w - 1)) or e.type end
+    if #label > w then label = w >= 2 and (e.type .. mb_text(e.mb, 1)) or e.type end
   end
   return label .. string.rep(" ", w - #label)
 end
@@ -113,10 +118,12 @@ local function legend_lines(color, width, scale)
     sample("B3", "B") .. "/" .. sample("I3", "I") .. "/" .. sample("W3", "W") .. "=B/I/W",
     sample("3", "FBf") .. sample("&5", "FBb") .. "=F3 overlapped with B5",
     sample(".", "idle") .. "=idle",
+    "a-z=mb 10-35 in narrow cells",
     unit,
   }
   -- plain lengths decide the wrapping
-  local plain = { "3=F of mb 3", "B3/I3/W3=B/I/W", "3&5=F3 overlapped with B5", ".=idle", unit }
+  local plain = { "3=F of mb 3", "B3/I3/W3=B/I/W", "3&5=F3 overlapped with B5", ".=idle",
+    "a-z=mb 10-35 in narrow cells", unit }
   local lines, cur, curlen = {}, "legend: ", 8
   for i, it in ipairs(items) do
     local add = (curlen > 8 and 2 or 0) + #plain[i]

@@ -1,0 +1,233 @@
+-- luapipe.nn: models for pipeline training, built from layer specs.
+--
+--   local nn = require("luapipe.nn")
+--   local model = nn.sequential {
+--     nn.linear(16, 64), nn.gelu(), nn.mlp_block(64, 128), nn.linear(64, 4),
+--     loss = "mse",                       -- or "cross_entropy"
+--   }
+--   local part = model:partition { stages = 4, by = "layers", input_shape = {8, 16} }
+--   local chunk = model:build_stage(part, 2, seed)   -- a luapipe.Layer
+--
+-- Layer i (1-based in the spec list) is named "layers.<i-1>", and its
+-- parameters are initialised from (seed, parameter name), so every split
+-- of a model starts from the same numbers as the unsplit model.
+-- Tensors: nn.tensor(shape, values) (flat row-major list; nil = zeros).
+local core = require("luapipe.core")
+
+local M = {}
+
+M.tensor = core.tensor
+
+-- ---- layer specs (plain tables; the C side builds them) ----
+
+function M.linear(din, dout, opts)
+  return { kind = "linear", din = din, dout = dout, bias = not (opts and opts.bias == false) }
+end
+function M.gelu() return { kind = "gelu" } end
+function M.silu() return { kind = "silu" } end
+function M.rmsnorm(dim, eps) return { kind = "rmsnorm", dim = dim, eps = eps } end
+function M.embedding(vocab, dim) return { kind = "embedding", vocab = vocab, dim = dim } end
+-- x + fc2(act(fc1(rmsnorm(x))))
+function M.mlp_block(d_model, d_hidden, act)
+  return { kind = "mlp_block", d_model = d_model, d_hidden = d_hidden, act = act }
+end
+-- causal multi-head self-attention, x [batch, seq, d_model]
+function M.attention(d_model, heads) return { kind = "attention", d_model = d_model, heads = heads } end
+-- x + attn(rmsnorm(x)), then an MLP block
+function M.transformer_block(d_model, heads, d_hidden, act)
+  return { kind = "transformer_block", d_model = d_model, heads = heads, d_hidden = d_hidden, act = act }
+end
+-- x + inner(x)
+function M.residual(inner) return { kind = "residual", inner = inner } end
+
+local function describe(spec)
+  if spec.kind == "linear" then return string.format("linear %d->%d", spec.din, spec.dout) end
+  return spec.kind
+end
+
+local function fmt_shape(s) return "[" .. table.concat(s, ", ") .. "]" end
+
+-- Output shape of `spec` for input shape `s` (a new table); raises with the
+-- layer's position on a mismatch.
+local function out_shape(spec, s, i)
+  local last = s[#s]
+  local function need(dim)
+    if last ~= dim then
+      error(string.format("model layer %d (%s) expects inputs [..., %d], got %s", i,
+        describe(spec), dim, fmt_shape(s)), 0)
+    end
+  end
+  local o = table.move(s, 1, #s, 1, {})
+  local k = spec.kind
+  if k == "linear" then need(spec.din); o[#o] = spec.dout
+  elseif k == "embedding" then o[#o + 1] = spec.dim
+  elseif k == "rmsnorm" then need(spec.dim)
+  elseif k == "attention" or k == "mlp_block" or k == "transformer_block" then need(spec.d_model)
+  elseif k == "residual" then
+    local inner = out_shape(spec.inner, s, i)
+    if fmt_shape(inner) ~= fmt_shape(s) then
+      error(string.format("model layer %d (residual): inner output %s differs from its input %s",
+        i, fmt_shape(inner), fmt_shape(s)), 0)
+    end
+  end
+  return o
+end
+
+local Model = {}
+Model.__index = Model
+
+-- nn.sequential{spec, spec, ..., loss = "mse" | "cross_entropy"} -> Model
+function M.sequential(t)
+  if type(t) ~= "table" or #t == 0 then
+    error("nn.sequential expects a list of layer specs (nn.linear(...), ...)", 2)
+  end
+  local layers = {}
+  for i, spec in ipairs(t) do
+    if type(spec) ~= "table" or type(spec.kind) ~= "string" then
+      error(string.format("nn.sequential: entry %d is not a layer spec", i), 2)
+    end
+    layers[i] = spec
+  end
+  local loss = t.loss or "mse"
+  if loss ~= "mse" and loss ~= "cross_entropy" then
+    error("nn.sequential: loss must be \"mse\" or \"cross_entropy\", got " .. tostring(loss), 2)
+  end
+  return setmetatable({ layers = layers, loss = loss }, Model)
+end
+
+function Model:nlayers() return #self.layers end
+
+-- model:shapes(input_shape) -> list: shapes[i] = output shape of layer i
+-- (shapes[0] = the input shape). Raises on a size mismatch.
+function Model:shapes(input_shape)
+  local shapes = { [0] = input_shape }
+  local s = input_shape
+  for i, spec in ipairs(self.layers) do
+    s = out_shape(spec, s, i)
+    shapes[i] = s
+  end
+  return shapes
+end
+
+-- model:build_layer(i, seed) -> luapipe.Layer for layer i (1-based)
+function Model:build_layer(i, seed)
+  return core.nn_layer(self.layers[i], "layers." .. (i - 1), seed or 0)
+end
+
+local function chunk_of(self, first, last, seed, name)
+  local ls = {}
+  for i = first, last do ls[#ls + 1] = self:build_layer(i, seed) end
+  local c = core.nn_chunk(name, ls)
+  for _, l in ipairs(ls) do l:close() end
+  return c
+end
+
+-- model:build(seed) -> the whole model as one luapipe.Layer (a chunk)
+function Model:build(seed) return chunk_of(self, 1, #self.layers, seed, "model") end
+
+-- model:build_stage(partition, stage, seed) -> luapipe.Layer of model stage
+-- `stage` (0-based)
+function Model:build_stage(part, stage, seed)
+  local b = part.bounds[stage + 1]
+  if not b then error(string.format("build_stage: no stage %d in a %d-stage partition", stage, part.stages), 2) end
+  return chunk_of(self, b.first, b.last, seed, "stage." .. stage)
+end
+
+-- Splits costs c[1..n] into S contiguous groups minimising the largest
+-- group sum; returns bounds {{first, last}, ...}.
+local function balanced_bounds(c, S)
+  local n = #c
+  local pre = { [0] = 0 }
+  for i = 1, n do pre[i] = pre[i - 1] + c[i] end
+  -- best[s][i]: minimal max cost of splitting the first i layers into s stages
+  local best, cut = {}, {}
+  best[0] = { [0] = 0 }
+  for s = 1, S do
+    best[s], cut[s] = {}, {}
+    for i = s, n - (S - s) do
+      local b, bj = math.huge, nil
+      for j = s - 1, i - 1 do
+        local prev = best[s - 1][j]
+        if prev then
+          local v = math.max(prev, pre[i] - pre[j])
+          if v < b then b, bj = v, j end
+        end
+      end
+      best[s][i], cut[s][i] = b, bj
+    end
+  end
+  local bounds, i = {}, n
+  for s = S, 1, -1 do
+    local j = cut[s][i]
+    bounds[s] = { first = j + 1, last = i }
+    i = j
+  end
+  return bounds
+end
+
+-- model:partition{stages = S, by = "layers" | "cost", input_shape = {...},
+--                 costs = {...}, reps = 3}
+--   -> {stages = S, by =, bounds = {{first =, last =}, ...}, costs = ...}
+-- "layers": contiguous groups of (almost) equal layer counts, the earlier
+-- stages taking the extra layers. "cost": contiguous groups minimising the
+-- largest stage cost, where a layer's cost is its measured forward +
+-- backward time on a zero input of input_shape (or the given `costs`).
+-- Under mpirun the measured costs are averaged over ranks so that every
+-- rank gets the same partition. A model with fewer layers than stages is
+-- an error.
+function Model:partition(opts)
+  opts = opts or {}
+  local S, n = opts.stages, #self.layers
+  if math.type(S) ~= "integer" or S < 1 then
+    error("partition: 'stages' must be a positive integer, got " .. tostring(S), 2)
+  end
+  if S > n then
+    error(string.format("partition: the schedule wants %d model stages, but the model has only %d layers"
+      .. " (each stage needs at least one layer): use a deeper model, or fewer stages (fewer ranks"
+      .. " or chunks)", S, n), 2)
+  end
+  local by = opts.by or "layers"
+  local bounds, costs
+  if by == "layers" then
+    bounds = {}
+    local base, extra, first = n // S, n % S, 1
+    for s = 1, S do
+      local size = base + (s <= extra and 1 or 0)
+      bounds[s] = { first = first, last = first + size - 1 }
+      first = first + size
+    end
+  elseif by == "cost" then
+    costs = opts.costs
+    if not costs then
+      if not opts.input_shape then error("partition: by = \"cost\" needs input_shape (or costs)", 2) end
+      self:shapes(opts.input_shape)
+      local ls = {}
+      for i = 1, n do ls[i] = self:build_layer(i, opts.seed or 0) end
+      local err
+      costs, err = core.nn_time_layers(ls, core.tensor(opts.input_shape), opts.reps or 3)
+      for _, l in ipairs(ls) do l:close() end
+      if not costs then error("partition: measuring layer costs failed: " .. tostring(err), 2) end
+      local comm = require("luapipe.comm")
+      if comm.size() > 1 then
+        local sum = assert(comm.allreduce(costs, "partition: averaging layer costs"))
+        for i = 1, n do costs[i] = sum[i] / comm.size() end
+      end
+    end
+    bounds = balanced_bounds(costs, S)
+  else
+    error("partition: 'by' must be \"layers\" or \"cost\", got " .. tostring(by), 2)
+  end
+  return { stages = S, by = by, bounds = bounds, costs = costs }
+end
+
+-- model:stage_input_shapes(partition, input_shape) -> {[s] = shape} for
+-- s = 1..S-1: the activation shape entering model stage s.
+function Model:stage_input_shapes(part, input_shape)
+  local shapes = self:shapes(input_shape)
+  local out = {}
+  for s = 1, part.stages - 1 do out[s] = shapes[part.bounds[s + 1].first - 1] end
+  return out
+end
+
+M.Model = Model
+return M

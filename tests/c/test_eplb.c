@@ -1,0 +1,595 @@
+/* test_eplb.c — EPLB core: DeepSeek's README vector exactly, invariants on
+ * seeded random inputs, brute-force optima on tiny cases, spill,
+ * relabelling and the copy budget, fixed widths, evaluation, every error
+ * message, and out-of-memory paths through the allocation hook. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "lp_eplb.h"
+
+/* ---- helpers ---- */
+
+static uint64_t rng;
+static uint64_t next_u64(void) {
+  uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static int rand_int(int lo, int hi) { return lo + (int)(next_u64() % (uint64_t)(hi - lo + 1)); }
+
+/* Skewed integer loads: a few hot experts, some zeros. */
+static void random_loads(double *load, int n, int zeros) {
+  for (int i = 0; i < n; i++) {
+    int r = rand_int(0, 99);
+    load[i] = r < 5 ? rand_int(500, 2000) : r < 30 ? rand_int(50, 400) : rand_int(0, 60);
+    if (zeros && rand_int(0, 9) == 0) load[i] = 0;
+  }
+}
+
+static lp_eplb_plan *plan_or_fail(const double *load, int L, int E, int R, int groups,
+                                  int nodes, int gpus, const lp_eplb_options *o) {
+  lp_eplb_plan *p = NULL;
+  char err[LP_ERRLEN] = "";
+  lp_status st = lp_eplb_rebalance(load, L, E, R, groups, nodes, gpus, o, &p, err);
+  if (st != LP_OK) fail_msg("rebalance failed: %s", err);
+  return p;
+}
+
+/* Every expert >= 1 replica, counts sum to R, the maps agree, -1 padding,
+ * metrics consistent. */
+static void check_invariants(const lp_eplb_plan *p) {
+  int L = lp_eplb_plan_layers(p), E = lp_eplb_plan_experts(p);
+  int R = lp_eplb_plan_replicas(p), X = lp_eplb_plan_width(p);
+  const int *m = lp_eplb_plan_phy2log(p), *q = lp_eplb_plan_log2phy(p);
+  const int *c = lp_eplb_plan_logcnt(p);
+  int maxc = 0;
+  for (int l = 0; l < L; l++) {
+    int total = 0;
+    int *seen = calloc((size_t)R, sizeof *seen);
+    for (int e = 0; e < E; e++) {
+      int n = c[l * E + e];
+      assert_true(n >= 1);
+      if (n > maxc) maxc = n;
+      total += n;
+      for (int x = 0; x < X; x++) {
+        int s = q[((size_t)l * E + e) * X + x];
+        if (x < n) {
+          assert_true(s >= 0 && s < R);
+          assert_int_equal(m[(size_t)l * R + s], e);
+          assert_int_equal(seen[s], 0);
+          seen[s] = 1;
+        } else {
+          assert_int_equal(s, -1);
+        }
+      }
+    }
+    free(seen);
+    assert_int_equal(total, R);
+  }
+  assert_true(X >= maxc);
+}
+
+/* ---- the README vector ---- */
+
+static const double readme_load[2][12] = {
+    {90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86},
+    {20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27}};
+
+static void test_readme_vector(void **state) {
+  (void)state;
+  static const int want_p2l[2][16] = {{5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1},
+                                      {7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1}};
+  static const int want_l2p0[12][2] = {{12, -1}, {15, 13}, {11, -1}, {6, -1},
+                                       {7, 5},   {0, 2},   {1, -1},  {3, -1},
+                                       {4, -1},  {9, -1},  {8, 10},  {14, -1}};
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  o.mode = LP_EPLB_REFERENCE;
+  lp_eplb_plan *p = plan_or_fail(&readme_load[0][0], 2, 12, 16, 4, 2, 8, &o);
+  assert_int_equal(lp_eplb_plan_hierarchical(p), 1);
+  assert_int_equal(lp_eplb_plan_width(p), 2);
+  assert_memory_equal(lp_eplb_plan_phy2log(p), want_p2l, sizeof want_p2l);
+  assert_memory_equal(lp_eplb_plan_log2phy(p), want_l2p0, sizeof want_l2p0);
+  const int *cnt = lp_eplb_plan_logcnt(p);
+  static const int want_cnt0[12] = {1, 2, 1, 1, 2, 2, 1, 1, 1, 1, 2, 1};
+  assert_memory_equal(cnt, want_cnt0, sizeof want_cnt0);
+  check_invariants(p);
+  lp_eplb_stats st;
+  lp_eplb_plan_stats(p, &st);
+  assert_int_equal(st.copies, -1);
+  const lp_eplb_layer_stats *ls = lp_eplb_plan_layer_stats(p);
+  /* layer 0: GPU 6 holds 90 and 132/2; the mean is 1033/8 */
+  assert_float_equal(ls[0].max_load, 156.0, 1e-9);
+  assert_float_equal(ls[0].mean_load, 1033.0 / 8, 1e-9);
+  assert_float_equal(ls[0].balancedness, (1033.0 / 8) / 156.0, 1e-12);
+  assert_float_equal(st.balancedness, (ls[0].balancedness + ls[1].balancedness) / 2, 1e-12);
+
+  /* balanced mode on the same input: valid and never worse */
+  o.mode = LP_EPLB_BALANCED;
+  lp_eplb_plan *b = plan_or_fail(&readme_load[0][0], 2, 12, 16, 4, 2, 8, &o);
+  check_invariants(b);
+  const lp_eplb_layer_stats *lb = lp_eplb_plan_layer_stats(b);
+  for (int l = 0; l < 2; l++) assert_true(lb[l].max_load <= ls[l].max_load);
+  lp_eplb_plan_free(b);
+  lp_eplb_plan_free(p);
+}
+
+/* The global policy (groups % nodes != 0) is the hierarchical one with one
+ * group and one node. */
+static void test_global_equals_one_group(void **state) {
+  (void)state;
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  o.mode = LP_EPLB_REFERENCE;
+  lp_eplb_plan *g = plan_or_fail(&readme_load[0][0], 2, 12, 16, 3, 2, 8, &o);
+  lp_eplb_plan *h = plan_or_fail(&readme_load[0][0], 2, 12, 16, 1, 1, 8, &o);
+  assert_int_equal(lp_eplb_plan_hierarchical(g), 0);
+  assert_memory_equal(lp_eplb_plan_phy2log(g), lp_eplb_plan_phy2log(h), 2 * 16 * sizeof(int));
+  assert_memory_equal(lp_eplb_plan_log2phy(g), lp_eplb_plan_log2phy(h),
+                      2 * 12 * (size_t)lp_eplb_plan_width(h) * sizeof(int));
+  lp_eplb_plan_free(g);
+  lp_eplb_plan_free(h);
+}
+
+/* ---- random invariants ---- */
+
+static void test_random_invariants(void **state) {
+  (void)state;
+  uint64_t seed = 20250101;
+  print_message("random invariants: seed %llu\n", (unsigned long long)seed);
+  rng = seed;
+  int improved = 0, cases = 0;
+  for (int t = 0; t < 150; t++) {
+    int nodes = rand_int(1, 4), gpn = rand_int(1, 4), gpus = nodes * gpn;
+    int groups = rand_int(0, 2) ? nodes * rand_int(1, 3) : rand_int(1, 7);
+    int gsize = rand_int(1, 4), E = groups * gsize;
+    int per = rand_int(1, 5), R = gpus * per;
+    while (R < E) R += gpus;
+    int L = rand_int(1, 3);
+    double *load = malloc((size_t)L * E * sizeof *load);
+    random_loads(load, L * E, 1);
+    lp_eplb_options o;
+    lp_eplb_options_init(&o);
+    o.mode = LP_EPLB_REFERENCE;
+    lp_eplb_plan *r = plan_or_fail(load, L, E, R, groups, nodes, gpus, &o);
+    check_invariants(r);
+    o.mode = LP_EPLB_BALANCED;
+    o.spill = rand_int(0, 1);
+    lp_eplb_plan *b = plan_or_fail(load, L, E, R, groups, nodes, gpus, &o);
+    lp_eplb_plan *b2 = plan_or_fail(load, L, E, R, groups, nodes, gpus, &o);
+    check_invariants(b);
+    /* deterministic */
+    assert_memory_equal(lp_eplb_plan_phy2log(b), lp_eplb_plan_phy2log(b2), (size_t)L * R * sizeof(int));
+    const lp_eplb_layer_stats *sr = lp_eplb_plan_layer_stats(r), *sb = lp_eplb_plan_layer_stats(b);
+    for (int l = 0; l < L; l++) {
+      if (sb[l].max_load > sr[l].max_load)
+        fail_msg("case %d layer %d: balanced %g > reference %g", t, l, sb[l].max_load, sr[l].max_load);
+      improved += sb[l].max_load < sr[l].max_load;
+      cases++;
+      if (!o.spill || !lp_eplb_plan_hierarchical(b)) assert_true(sb[l].off_node_load == 0);
+      assert_true(sb[l].duplicates <= sr[l].duplicates || sb[l].max_load < sr[l].max_load);
+    }
+    lp_eplb_plan_free(r);
+    lp_eplb_plan_free(b);
+    lp_eplb_plan_free(b2);
+    free(load);
+  }
+  print_message("balanced improved %d of %d layers\n", improved, cases);
+  assert_true(improved > 0);
+}
+
+/* ---- brute force on tiny cases ---- */
+
+static double best_pack;
+/* Exhaustive packing of n items (weights w) into m packs of k: returns the
+ * minimum max load. Packs are filled in order to break symmetry. */
+static void pack_rec(const double *w, int n, int m, int k, int i, double *load, int *cnt) {
+  if (i == n) {
+    double mx = 0;
+    for (int p = 0; p < m; p++) mx = load[p] > mx ? load[p] : mx;
+    if (mx < best_pack) best_pack = mx;
+    return;
+  }
+  for (int p = 0; p < m; p++) {
+    if (cnt[p] == k) continue;
+    if (cnt[p] == 0 && p > 0 && cnt[p - 1] == 0) break; /* empty packs are alike */
+    load[p] += w[i];
+    cnt[p]++;
+    pack_rec(w, n, m, k, i + 1, load, cnt);
+    load[p] -= w[i];
+    cnt[p]--;
+  }
+}
+
+/* Optimum over every replica count vector and every packing (global). */
+static double brute_force(const double *load, int E, int R, int G) {
+  int cnt[16];
+  double best = 1e300;
+  for (int e = 0; e < E; e++) cnt[e] = 1;
+  for (;;) {
+    int total = 0;
+    for (int e = 0; e < E; e++) total += cnt[e];
+    if (total == R) {
+      double w[32], pl[16] = {0};
+      int pc[16] = {0}, n = 0;
+      for (int e = 0; e < E; e++)
+        for (int c = 0; c < cnt[e]; c++) w[n++] = load[e] / cnt[e];
+      best_pack = 1e300;
+      pack_rec(w, n, G, R / G, 0, pl, pc);
+      if (best_pack < best) best = best_pack;
+    }
+    int e = 0; /* next count vector, odometer style */
+    while (e < E && ++cnt[e] > R - E + 1) cnt[e++] = 1;
+    if (e == E) break;
+  }
+  return best;
+}
+
+static void test_brute_force_tiny(void **state) {
+  (void)state;
+  uint64_t seed = 77;
+  print_message("brute force: seed %llu\n", (unsigned long long)seed);
+  rng = seed;
+  int hit_ref = 0, hit_bal = 0, n = 0;
+  for (int t = 0; t < 120; t++) {
+    int G = rand_int(2, 3), k = rand_int(2, 3), R = G * k;
+    int E = rand_int(G, R - 1 < 5 ? R - 1 : 5);
+    double load[8];
+    for (int e = 0; e < E; e++) load[e] = rand_int(1, 100);
+    lp_eplb_options o;
+    lp_eplb_options_init(&o);
+    o.mode = LP_EPLB_REFERENCE;
+    lp_eplb_plan *r = plan_or_fail(load, 1, E, R, 1, 1, G, &o);
+    o.mode = LP_EPLB_BALANCED;
+    lp_eplb_plan *b = plan_or_fail(load, 1, E, R, 1, 1, G, &o);
+    double opt = brute_force(load, E, R, G);
+    double mr = lp_eplb_plan_layer_stats(r)[0].max_load, mb = lp_eplb_plan_layer_stats(b)[0].max_load;
+    assert_true(opt <= mb + 1e-9);
+    assert_true(mb <= mr);
+    /* the balanced packer is optimal for its own replicas on these sizes */
+    {
+      const int *m = lp_eplb_plan_phy2log(b), *c = lp_eplb_plan_logcnt(b);
+      double w[32], pl[16] = {0};
+      int pc[16] = {0};
+      for (int s = 0; s < R; s++) w[s] = load[m[s]] / c[m[s]];
+      best_pack = 1e300;
+      pack_rec(w, R, G, k, 0, pl, pc);
+      if (best_pack < mb - 1e-9)
+        fail_msg("case %d: balanced packs its replicas to %g, optimum %g", t, mb, best_pack);
+    }
+    hit_ref += mr <= opt + 1e-9;
+    hit_bal += mb <= opt + 1e-9;
+    n++;
+    lp_eplb_plan_free(r);
+    lp_eplb_plan_free(b);
+  }
+  print_message("optimal: reference %d / %d, balanced %d / %d\n", hit_ref, n, hit_bal, n);
+  assert_true(hit_bal >= hit_ref);
+  assert_true(hit_bal > hit_ref);
+}
+
+/* ---- spill ---- */
+
+static void test_spill(void **state) {
+  (void)state;
+  /* two nodes, one group each; all the load on node 0's group */
+  double load[8] = {400, 300, 200, 100, 1, 1, 1, 1};
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  lp_eplb_plan *plain = plan_or_fail(load, 1, 8, 16, 2, 2, 4, &o);
+  o.spill = 1;
+  lp_eplb_plan *sp = plan_or_fail(load, 1, 8, 16, 2, 2, 4, &o);
+  check_invariants(sp);
+  const lp_eplb_layer_stats *a = lp_eplb_plan_layer_stats(plain), *b = lp_eplb_plan_layer_stats(sp);
+  assert_true(a[0].off_node_load == 0);
+  assert_true(b[0].max_load < a[0].max_load);
+  assert_true(b[0].off_node_load > 0);
+  /* the first replica of each expert stays on its group's node (0..7 on
+   * node 0 or 1: slots 0..7 node 0, 8..15 node 1) */
+  const int *l2p = lp_eplb_plan_log2phy(sp);
+  int X = lp_eplb_plan_width(sp);
+  int home0 = l2p[0 * X] / 8;
+  for (int e = 0; e < 4; e++) assert_int_equal(l2p[e * X] / 8, home0);
+  /* off-node load: every replica of an expert away from its home node */
+  const int *m = lp_eplb_plan_phy2log(sp), *c = lp_eplb_plan_logcnt(sp);
+  double off = 0;
+  for (int s = 0; s < 16; s++) {
+    int e = m[s], home = l2p[e * X] / 8;
+    if (s / 8 != home) off += load[e] / c[e];
+  }
+  assert_float_equal(off, b[0].off_node_load, 1e-9);
+  lp_eplb_stats st;
+  lp_eplb_plan_stats(sp, &st);
+  assert_float_equal(st.off_node_load, off, 1e-9);
+
+  /* spill is a no-op for the global policy */
+  lp_eplb_plan *g = plan_or_fail(load, 1, 8, 16, 3, 2, 4, &o);
+  assert_true(lp_eplb_plan_layer_stats(g)[0].off_node_load == 0);
+  lp_eplb_plan_free(g);
+  lp_eplb_plan_free(plain);
+  lp_eplb_plan_free(sp);
+}
+
+/* ---- previous plan: relabelling and the copy budget ---- */
+
+static void permute_gpus(const int *in, int *out, int L, int R, int G, int nodes, int global) {
+  int k = R / G, gpn = G / nodes;
+  for (int l = 0; l < L; l++)
+    for (int g = 0; g < G; g++) {
+      int to;
+      if (global) {
+        to = (g * 5 + 3) % G; /* G not a multiple of 5 in the callers */
+      } else {
+        int node = g / gpn, i = g % gpn;
+        to = ((node + 1) % nodes) * gpn + (gpn - 1 - i);
+      }
+      for (int j = 0; j < k; j++)
+        out[(size_t)l * R + to * k + (k - 1 - j)] = in[(size_t)l * R + g * k + j];
+    }
+}
+
+static void test_relabel_keeps_everything(void **state) {
+  (void)state;
+  rng = 5;
+  const int L = 3, E = 32, R = 48, G = 8;
+  double load[3 * 32];
+  random_loads(load, L * E, 0);
+  for (int global = 0; global < 2; global++) {
+    int groups = global ? 3 : 4, nodes = 2;
+    lp_eplb_options o;
+    lp_eplb_options_init(&o);
+    lp_eplb_plan *a = plan_or_fail(load, L, E, R, groups, nodes, G, &o);
+    int prev[3 * 48];
+    permute_gpus(lp_eplb_plan_phy2log(a), prev, L, R, G, nodes, global);
+    o.previous = prev;
+    lp_eplb_plan *b = plan_or_fail(load, L, E, R, groups, nodes, G, &o);
+    check_invariants(b);
+    lp_eplb_stats st;
+    lp_eplb_plan_stats(b, &st);
+    assert_int_equal(st.copies, 0);
+    assert_memory_equal(lp_eplb_plan_phy2log(b), prev, sizeof prev);
+    /* same loads per layer as the unlabelled plan */
+    for (int l = 0; l < L; l++)
+      assert_float_equal(lp_eplb_plan_layer_stats(a)[l].max_load,
+                         lp_eplb_plan_layer_stats(b)[l].max_load, 1e-9);
+    lp_eplb_plan_free(a);
+    lp_eplb_plan_free(b);
+  }
+}
+
+static void test_copy_budget(void **state) {
+  (void)state;
+  rng = 11;
+  const int L = 4, E = 64, R = 80, G = 16, groups = 8, nodes = 4;
+  double old_load[4 * 64], new_load[4 * 64];
+  random_loads(old_load, L * E, 0);
+  random_loads(new_load, L * E, 0);
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  lp_eplb_plan *old = plan_or_fail(old_load, L, E, R, groups, nodes, G, &o);
+  const int *prev = lp_eplb_plan_phy2log(old);
+  o.previous = prev;
+  lp_eplb_plan *free_plan = plan_or_fail(new_load, L, E, R, groups, nodes, G, &o);
+  lp_eplb_stats fs;
+  lp_eplb_plan_stats(free_plan, &fs);
+  assert_true(fs.copies > 0);
+  lp_eplb_plan *stale;
+  char err[LP_ERRLEN];
+  assert_int_equal(lp_eplb_evaluate(new_load, L, E, prev, R, nodes, G, NULL, &stale, err), LP_OK);
+  const lp_eplb_layer_stats *ss = lp_eplb_plan_layer_stats(stale);
+  int budgets[] = {0, 1, 4, 12, 1000};
+  double last = 1e300;
+  for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
+    o.max_moves = budgets[i];
+    lp_eplb_plan *p = plan_or_fail(new_load, L, E, R, groups, nodes, G, &o);
+    check_invariants(p);
+    const lp_eplb_layer_stats *ps = lp_eplb_plan_layer_stats(p);
+    double sum = 0;
+    for (int l = 0; l < L; l++) {
+      assert_true(ps[l].copies <= budgets[i]);
+      assert_true(ps[l].max_load <= ss[l].max_load + 1e-9); /* never worse than staying */
+      sum += ps[l].max_load;
+    }
+    if (budgets[i] == 0) assert_memory_equal(lp_eplb_plan_phy2log(p), prev, (size_t)L * R * sizeof(int));
+    if (budgets[i] == 1000)
+      assert_memory_equal(lp_eplb_plan_phy2log(p), lp_eplb_plan_phy2log(free_plan),
+                          (size_t)L * R * sizeof(int));
+    assert_true(sum <= last + 1e-6); /* more budget, no worse (here) */
+    last = sum;
+    lp_eplb_plan_free(p);
+  }
+  lp_eplb_plan_free(stale);
+  lp_eplb_plan_free(free_plan);
+  lp_eplb_plan_free(old);
+}
+
+/* ---- widths, evaluation ---- */
+
+static void test_fixed_x_and_evaluate(void **state) {
+  (void)state;
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  o.mode = LP_EPLB_REFERENCE;
+  o.fixed_x = 4;
+  lp_eplb_plan *p = plan_or_fail(&readme_load[0][0], 2, 12, 16, 4, 2, 8, &o);
+  assert_int_equal(lp_eplb_plan_width(p), 4);
+  const int *q = lp_eplb_plan_log2phy(p);
+  assert_int_equal(q[1 * 4 + 0], 15);
+  assert_int_equal(q[1 * 4 + 1], 13);
+  assert_int_equal(q[1 * 4 + 2], -1);
+  assert_int_equal(q[1 * 4 + 3], -1);
+  check_invariants(p);
+
+  lp_eplb_plan *ev;
+  char err[LP_ERRLEN];
+  assert_int_equal(lp_eplb_evaluate(&readme_load[0][0], 2, 12, lp_eplb_plan_phy2log(p), 16, 2,
+                                    8, lp_eplb_plan_phy2log(p), &ev, err),
+                   LP_OK);
+  for (int l = 0; l < 2; l++) {
+    assert_float_equal(lp_eplb_plan_layer_stats(ev)[l].max_load,
+                       lp_eplb_plan_layer_stats(p)[l].max_load, 1e-9);
+    assert_int_equal(lp_eplb_plan_layer_stats(ev)[l].copies, 0);
+  }
+  assert_memory_equal(lp_eplb_plan_logcnt(ev), lp_eplb_plan_logcnt(p), 24 * sizeof(int));
+  check_invariants(ev);
+  lp_eplb_plan_free(ev);
+  lp_eplb_plan_free(p);
+}
+
+/* ---- errors ---- */
+
+static void expect_error(const double *load, int L, int E, int R, int groups, int nodes,
+                         int gpus, const lp_eplb_options *o, lp_status want, const char *text) {
+  lp_eplb_plan *p = (lp_eplb_plan *)1;
+  char err[LP_ERRLEN] = "";
+  lp_status st = lp_eplb_rebalance(load, L, E, R, groups, nodes, gpus, o, &p, err);
+  assert_int_equal(st, want);
+  assert_null(p);
+  if (!strstr(err, text)) fail_msg("error '%s' does not contain '%s'", err, text);
+}
+
+static void test_errors(void **state) {
+  (void)state;
+  const double *v = &readme_load[0][0];
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  expect_error(v, 2, 12, 15, 4, 2, 8, &o, LP_ERR_ARG, "replicas (15) must be a multiple of gpus (8)");
+  expect_error(v, 2, 12, 18, 4, 4, 6, &o, LP_ERR_ARG, "gpus (6) must be a multiple of nodes (4)");
+  expect_error(v, 2, 12, 16, 8, 2, 8, &o, LP_ERR_ARG,
+               "experts (12) must be a multiple of groups (8) for the hierarchical policy");
+  expect_error(v, 2, 12, 8, 4, 2, 8, &o, LP_ERR_ARG,
+               "replicas (8) must be at least the number of experts (12)");
+  expect_error(v, 0, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "no layers");
+  expect_error(v, 2, 0, 16, 4, 2, 8, &o, LP_ERR_ARG, "no experts");
+  expect_error(v, 2, 12, 16, 0, 2, 8, &o, LP_ERR_ARG, "groups must be at least 1 (got 0)");
+  expect_error(v, 2, 12, 16, 4, 0, 8, &o, LP_ERR_ARG, "nodes must be at least 1 (got 0)");
+  expect_error(v, 2, 12, 16, 4, 2, 0, &o, LP_ERR_ARG, "gpus must be at least 1 (got 0)");
+  expect_error(v, 2, 12, 0, 4, 2, 8, &o, LP_ERR_ARG, "replicas must be at least 1 (got 0)");
+  expect_error(NULL, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "no load matrix");
+
+  double bad[24];
+  memcpy(bad, v, sizeof bad);
+  bad[12 + 7] = -3;
+  expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "layer 1, expert 7: load is negative (-3)");
+  bad[12 + 7] = 0.0 / 0.0;
+  expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "layer 1, expert 7: load is NaN");
+  bad[12 + 7] = 1e300 * 1e300;
+  expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "layer 1, expert 7: load inf is not a finite float32");
+  bad[12 + 7] = 1e39;
+  expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "is not a finite float32");
+
+  o.mode = (lp_eplb_mode)7;
+  expect_error(v, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "unknown mode 7");
+  o.mode = LP_EPLB_REFERENCE;
+  o.spill = 1;
+  expect_error(v, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "spill needs mode balanced");
+  lp_eplb_options_init(&o);
+  o.max_moves = 3;
+  expect_error(v, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "max_moves needs a previous plan");
+  o.fixed_x = -1;
+  o.max_moves = -1;
+  expect_error(v, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "fixed_x must be 0 (automatic) or positive");
+  o.fixed_x = 1;
+  expect_error(v, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "fixed_x=1 is too small: layer 0, expert");
+
+  int prev[32];
+  for (int i = 0; i < 32; i++) prev[i] = i % 12;
+  lp_eplb_options_init(&o);
+  o.previous = prev;
+  prev[20] = 12;
+  expect_error(v, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG,
+               "previous plan, layer 1, slot 4: expert 12 is out of range 0..11");
+  prev[20] = 0;
+  prev[16 + 11] = 0; /* layer 1 loses expert 11: fine for relabelling only */
+  lp_eplb_plan *p;
+  char err[LP_ERRLEN];
+  assert_int_equal(lp_eplb_rebalance(v, 2, 12, 16, 4, 2, 8, &o, &p, err), LP_OK);
+  lp_eplb_plan_free(p);
+  o.max_moves = 2; /* ... but a budget starts from it */
+  expect_error(v, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "previous plan, layer 1: expert 11 has no slot");
+
+  assert_int_equal(lp_eplb_rebalance(v, 2, 12, 16, 4, 2, 8, NULL, NULL, err), LP_ERR_ARG);
+  assert_int_equal(lp_eplb_evaluate(v, 2, 12, prev, 16, 2, 8, NULL, &p, err), LP_ERR_ARG);
+  assert_non_null(strstr(err, "placement, layer 1: expert 11 has no slot"));
+  assert_null(p);
+  assert_int_equal(lp_eplb_check_shape(1, 12, 16, 4, 2, 8, NULL), LP_OK);
+  assert_int_equal(lp_eplb_check_shape(1, 12, 15, 4, 2, 8, NULL), LP_ERR_ARG);
+  assert_int_equal(lp_eplb_mode_parse("reference"), LP_EPLB_REFERENCE);
+  assert_int_equal(lp_eplb_mode_parse("balanced"), LP_EPLB_BALANCED);
+  assert_int_equal(lp_eplb_mode_parse("fast"), -1);
+  assert_string_equal(lp_eplb_mode_name(LP_EPLB_BALANCED), "balanced");
+}
+
+/* ---- out of memory ---- */
+
+static long fail_after, live;
+static void *failing_alloc(void *ud, void *ptr, size_t size) {
+  (void)ud;
+  if (size == 0) {
+    if (ptr) live--;
+    free(ptr);
+    return NULL;
+  }
+  if (fail_after-- <= 0) return NULL;
+  void *p = realloc(ptr, size);
+  if (p && !ptr) live++;
+  return p;
+}
+
+static void test_out_of_memory(void **state) {
+  (void)state;
+  int prev[32];
+  for (int i = 0; i < 32; i++) prev[i] = (i * 7) % 12;
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  o.previous = prev;
+  o.max_moves = 1;
+  o.spill = 1;
+  int failures = 0;
+  for (long n = 0;; n++) {
+    fail_after = n;
+    live = 0;
+    lp_set_allocator(failing_alloc, NULL);
+    lp_eplb_plan *p = NULL;
+    char err[LP_ERRLEN];
+    lp_status st = lp_eplb_rebalance(&readme_load[0][0], 2, 12, 16, 4, 2, 8, &o, &p, err);
+    if (st == LP_OK) {
+      check_invariants(p);
+      lp_eplb_plan_free(p);
+      lp_set_allocator(NULL, NULL);
+      assert_int_equal(live, 0);
+      break;
+    }
+    lp_set_allocator(NULL, NULL);
+    assert_int_equal(st, LP_ERR_NOMEM);
+    assert_string_equal(err, "out of memory");
+    assert_null(p);
+    assert_int_equal(live, 0); /* nothing leaked */
+    failures++;
+  }
+  assert_true(failures > 5);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_readme_vector),
+      cmocka_unit_test(test_global_equals_one_group),
+      cmocka_unit_test(test_random_invariants),
+      cmocka_unit_test(test_brute_force_tiny),
+      cmocka_unit_test(test_spill),
+      cmocka_unit_test(test_relabel_keeps_everything),
+      cmocka_unit_test(test_copy_budget),
+      cmocka_unit_test(test_fixed_x_and_evaluate),
+      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_out_of_memory),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
