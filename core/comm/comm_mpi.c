@@ -205,6 +205,11 @@ lp_status lp_comm_mpi_init(int *argc, char ***argv) {
   int already = 0;
   MPI_Initialized(&already);
   if (!already) {
+    /* Open MPI's MPI_Finalize waits for every rank (a PMIx fence); when a
+     * rank aborts while others sit in that fence, mpirun (4.1 with an
+     * external PMIx) can deadlock in its own teardown. Ranks that are done
+     * leave at once instead, unless the user chose otherwise. */
+    setenv("OMPI_MCA_async_mpi_finalize", "1", 0);
     int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &g.provided);
     if (rc != MPI_SUCCESS) {
       fprintf(stderr, "luapipe: MPI_Init_thread failed (error %d)\n", rc);

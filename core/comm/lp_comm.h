@@ -116,7 +116,9 @@ lp_status lp_comm_recv(lp_comm *c, float *buf, size_t n, int peer, int tag,
 
 /* ---- collectives (every rank calls them in the same order) ---------------
  * Blocking, under the watchdog; `what` describes the caller for the
- * timeout message (may be NULL). */
+ * timeout message (may be NULL). A started collective cannot be cancelled:
+ * after LP_ERR_TIMEOUT the context is unusable; call lp_comm_fatal (the MPI
+ * backend also skips MPI_Finalize then, which could wait on it forever). */
 lp_status lp_comm_allreduce_sum_float(lp_comm *c, float *buf, size_t n,
                                       const char *what);
 lp_status lp_comm_allreduce_sum_double(lp_comm *c, double *buf, size_t n,
@@ -141,8 +143,10 @@ _Noreturn void lp_comm_fatal(lp_comm *c, const char *msg);
  * environment) starts MPI (MPI_Init_thread, which may edit argc/argv) and
  * makes lp_comm_world() the MPI world; otherwise does nothing and the
  * process is rank 0 of 1. Registers lp_comm_mpi_finalize with atexit, so
- * os.exit in a script still shuts MPI down. LP_ERR_COMM when MPI fails to
- * start (message printed to stderr). */
+ * os.exit in a script still shuts MPI down. Sets OMPI_MCA_async_mpi_finalize=1
+ * unless already set (a finished rank leaves without waiting for the others:
+ * mpirun can hang when an abort meets ranks waiting in MPI_Finalize).
+ * LP_ERR_COMM when MPI fails to start (message printed to stderr). */
 lp_status lp_comm_mpi_init(int *argc, char ***argv);
 /* Shuts MPI down when it was started (idempotent; skipped after an abort). */
 void lp_comm_mpi_finalize(void);

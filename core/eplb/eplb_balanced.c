@@ -2,8 +2,8 @@
  * competes with candidates built under the same constraints (groups packed
  * onto nodes, experts replicated inside their node, R/G slots per GPU) but
  * with a better packer, and, with spill, candidates whose redundant
- * replicas may sit on another node. The best by (max GPU load, max node
- * load, duplicates) wins, so a layer is never worse than the reference. */
+ * replicas may sit on another node. The best by (max GPU load,
+ * duplicates, max node load) wins, so a layer is never worse than the reference. */
 #include <string.h>
 
 #include "eplb_internal.h"

@@ -64,6 +64,102 @@ static long long hungarian(int n, const long long *a, eplb_ws *ws, int *ans) {
   return total;
 }
 
+/* Maximum-overlap assignment of n new GPUs to n old GPUs from the sparse
+ * nonzero overlaps (ws->h_score, n x n): shortest augmenting paths with
+ * Dijkstra on reduced costs (Jonker-Volgenant style), costs -overlap; each
+ * row also owns a zero-cost dummy column, so rows without a useful match
+ * stay free and take the columns left over, in ascending order. Optimal,
+ * and fast when most overlaps are zero. ans[i] = old GPU of new GPU i. */
+static void sparse_assign(int n, eplb_ws *ws, int *ans) {
+  const int C = 2 * n; /* real columns 0..n-1, dummy of row i: n + i */
+  long long *v = ws->s_v, *d = ws->s_d, *pcost = ws->s_pcost, *rcost = ws->s_rcost;
+  int *pred = ws->s_pred, *done = ws->s_done, *seen = ws->s_seen, *fin = ws->s_final;
+  int *cm = ws->s_cmatch, *rm = ws->s_rmatch;
+  int *start = ws->s_start, *adj = ws->s_adj, *w = ws->s_w;
+  int nnz = 0;
+  for (int i = 0; i < n; i++) {
+    start[i] = nnz;
+    for (int j = 0; j < n; j++) {
+      int s = ws->h_score[(size_t)i * n + j];
+      if (s > 0) {
+        adj[nnz] = j;
+        w[nnz++] = s;
+      }
+    }
+  }
+  start[n] = nnz;
+  for (int j = 0; j < C; j++) {
+    v[j] = 0;
+    cm[j] = -1;
+    done[j] = seen[j] = -1;
+  }
+  for (int i = 0; i < n; i++) rm[i] = -1;
+  eplb_heap h = {ws->s_hkey, ws->s_hid, 0};
+  for (int src = 0; src < n; src++) {
+    /* u of the new row: the least reduced cost over its edges and dummy */
+    long long u = -v[n + src];
+    for (int e = start[src]; e < start[src + 1]; e++)
+      if (-(long long)w[e] - v[adj[e]] < u) u = -(long long)w[e] - v[adj[e]];
+    h.n = 0;
+    int row = src, target = -1, nfin = 0;
+    long long base = 0, best = 0; /* distance of `row`; of the best free column */
+    for (;;) {
+      /* relax row's edges (reduced costs >= 0), its dummy last; free
+       * columns only improve the bound, matched ones go to the heap */
+      long long ur = row == src ? u : rcost[row] - v[rm[row]];
+      for (int e = start[row]; e <= start[row + 1]; e++) {
+        int j = e < start[row + 1] ? adj[e] : n + row;
+        long long c = e < start[row + 1] ? -(long long)w[e] : 0;
+        if (done[j] == src) continue;
+        long long nd = base + c - ur - v[j];
+        if (target >= 0 && nd >= best) continue;
+        if (seen[j] == src && nd >= d[j]) continue;
+        seen[j] = src;
+        d[j] = nd;
+        pred[j] = row;
+        pcost[j] = c;
+        if (cm[j] < 0) {
+          target = j;
+          best = nd;
+        } else {
+          eplb_heap_push(&h, (double)nd, j);
+        }
+      }
+      /* the closest matched column, unless the best free one is closer */
+      int j = -1;
+      while (h.n > 0) {
+        double k;
+        eplb_heap_pop(&h, &k, &j);
+        if (done[j] != src && (long long)k == d[j]) break;
+        j = -1;
+      }
+      if (j < 0 || d[j] >= best) break;
+      done[j] = src;
+      fin[nfin++] = j;
+      row = cm[j];
+      base = d[j];
+    }
+    /* potentials of the finalised columns, then augment */
+    for (int q = 0; q < nfin; q++) v[fin[q]] -= best - d[fin[q]];
+    for (int j = target;;) {
+      int i = pred[j], prev = rm[i];
+      cm[j] = i;
+      rm[i] = j;
+      rcost[i] = pcost[j];
+      if (i == src) break;
+      j = prev;
+    }
+  }
+  int next = 0;
+  for (int i = 0; i < n; i++) ans[i] = rm[i] < n ? rm[i] : -1;
+  for (int i = 0; i < n; i++) {
+    if (ans[i] >= 0) continue;
+    while (cm[next] >= 0) next++;
+    cm[next] = i;
+    ans[i] = next;
+  }
+}
+
 /* Best assignment of new node a's GPUs to old node b's GPUs; returns the
  * number of experts kept, the assignment in ans. */
 static int match_gpus(const eplb_dims *d, int a, int b, eplb_ws *ws, int *ans) {
@@ -73,22 +169,6 @@ static int match_gpus(const eplb_dims *d, int a, int b, eplb_ws *ws, int *ans) {
     for (int j = 0; j < gpn; j++)
       c[i * gpn + j] = -(long long)ws->h_score[(size_t)(a * gpn + i) * G + (b * gpn + j)];
   return (int)-hungarian(gpn, c, ws, ans);
-}
-
-static int overlap(const int *x, const int *y, int k) {
-  int i = 0, j = 0, same = 0;
-  while (i < k && j < k) {
-    if (x[i] == y[j]) {
-      same++;
-      i++;
-      j++;
-    } else if (x[i] < y[j]) {
-      i++;
-    } else {
-      j++;
-    }
-  }
-  return same;
 }
 
 void eplb_relabel_layer(const eplb_dims *d, const int *prev, eplb_ws *ws,
@@ -101,9 +181,40 @@ void eplb_relabel_layer(const eplb_dims *d, const int *prev, eplb_ws *ws,
     eplb_sort_int(ns + (size_t)g * k, k);
     eplb_sort_int(os + (size_t)g * k, k);
   }
-  for (int i = 0; i < G; i++)
-    for (int j = 0; j < G; j++)
-      ws->h_score[(size_t)i * G + j] = overlap(ns + (size_t)i * k, os + (size_t)j * k, k);
+  /* overlaps through the experts: old GPUs (with counts) per expert, then
+   * every distinct expert of a new GPU adds min(counts) to its old GPUs */
+  int *score = ws->h_score, *start = ws->b_tstart, *ogpu = ws->b_tlist, *ocnt = ws->b_diff;
+  memset(score, 0, (size_t)G * G * sizeof *score);
+  memset(start, 0, (size_t)(d->E + 1) * sizeof *start);
+  for (int g = 0; g < G; g++)
+    for (int t = 0; t < k; t++) {
+      const int *o = os + (size_t)g * k;
+      if (t == 0 || o[t] != o[t - 1]) start[o[t] + 1]++;
+    }
+  for (int e = 0; e < d->E; e++) start[e + 1] += start[e];
+  int *fill = ws->ic;
+  memcpy(fill, start, (size_t)d->E * sizeof *fill);
+  for (int g = 0; g < G; g++) {
+    const int *o = os + (size_t)g * k;
+    for (int t = 0; t < k; t++) {
+      if (t > 0 && o[t] == o[t - 1]) {
+        ocnt[fill[o[t]] - 1]++;
+      } else {
+        ogpu[fill[o[t]]] = g;
+        ocnt[fill[o[t]]++] = 1;
+      }
+    }
+  }
+  for (int i = 0; i < G; i++) {
+    const int *x = ns + (size_t)i * k;
+    for (int t = 0; t < k;) {
+      int e = x[t], a = 1;
+      while (t + a < k && x[t + a] == e) a++;
+      for (int q = start[e]; q < start[e + 1]; q++)
+        score[(size_t)i * G + ogpu[q]] += a < ocnt[q] ? a : ocnt[q];
+      t += a;
+    }
+  }
 
   int *sigma = ws->b_order; /* new node -> old node */
   int *ans = ws->h_ans;
@@ -120,9 +231,7 @@ void eplb_relabel_layer(const eplb_dims *d, const int *prev, eplb_ws *ws,
       for (int i = 0; i < gpn; i++) pos[a * gpn + i] = sigma[a] * gpn + ans[i];
     }
   } else {
-    long long *c = ws->h_cost;
-    for (size_t i = 0; i < (size_t)G * G; i++) c[i] = -(long long)ws->h_score[i];
-    hungarian(G, c, ws, pos);
+    sparse_assign(G, ws, pos);
     sigma[0] = 0;
   }
 
@@ -259,53 +368,49 @@ static int improves(double m, double q, double bm, double bq) {
   return m <= bm * (1 + 1e-12) && q < bq * (1 - 1e-12);
 }
 
-void eplb_budget_layer(const eplb_dims *d, const double *load,
-                       const int *prev, const int *target, int max_moves,
-                       eplb_ws *ws, int *out) {
-  const int R = d->R, E = d->E;
-  budget b = {d, load, out, ws->b_cur, ws->b_start, ws->b_list, ws->b_load,
-              ws->b_delta, ws->b_order, ws->b_stamp, ws->ia, 0, 0, 0};
-  memcpy(out, prev, (size_t)R * sizeof *out);
-  memset(b.stamp, 0, (size_t)d->G * sizeof *b.stamp);
-  int *diff = ws->b_diff, *done = ws->b_done, nd = 0;
-  for (int s = 0; s < R; s++)
-    if (target[s] != prev[s]) {
-      done[nd] = 0;
-      diff[nd++] = s;
-    }
+/* Greedy walk from b->cur towards goal over the slots diff[0..nd): each
+ * step applies the valid change that improves (max GPU load, sum of
+ * squares) most — one slot, or two when the first would remove an
+ * expert's last replica (paired with a change that brings it back) — at
+ * most `limit` slots in all; stops when nothing improves. */
+static void walk(budget *b, const int *goal, const int *diff, int nd, int limit,
+                 eplb_ws *ws) {
+  const int E = b->d->E;
+  int *done = ws->b_done, *tstart = ws->b_tstart, *tlist = ws->b_tlist, *fill = ws->ic;
+  int *cur = b->cur;
+  for (int x = 0; x < nd; x++) done[x] = 0;
   /* the changes that bring each expert somewhere: expert -> diff indices */
-  int *tstart = ws->b_tstart, *tlist = ws->b_tlist, *fill = ws->ic;
   memset(tstart, 0, (size_t)(E + 1) * sizeof *tstart);
-  for (int x = 0; x < nd; x++) tstart[target[diff[x]] + 1]++;
+  for (int x = 0; x < nd; x++) tstart[goal[diff[x]] + 1]++;
   for (int e = 0; e < E; e++) tstart[e + 1] += tstart[e];
   memcpy(fill, tstart, (size_t)E * sizeof *fill);
-  for (int x = 0; x < nd; x++) tlist[fill[target[diff[x]]]++] = x;
+  for (int x = 0; x < nd; x++) tlist[fill[goal[diff[x]]]++] = x;
 
   int moves = 0;
-  while (moves < max_moves) {
-    budget_refresh(&b, ws);
-    double bm = b.max, bq = b.sq;
+  while (moves < limit) {
+    budget_refresh(b, ws);
+    double bm = b->max, bq = b->sq;
     int bx = -1, by = -1;
     for (int x = 0; x < nd; x++) {
       if (done[x]) continue;
-      int s = diff[x], a = out[s], to = target[s];
+      int s = diff[x], a = cur[s], to = goal[s];
       double m, q;
-      if (b.cnt[a] >= 2) {
-        budget_eval(&b, &s, &to, 1, &m, &q);
+      if (b->cnt[a] >= 2) {
+        budget_eval(b, &s, &to, 1, &m, &q);
         if (improves(m, q, bm, bq)) {
           bm = m;
           bq = q;
           bx = x;
           by = -1;
         }
-      } else if (moves + 2 <= max_moves) {
+      } else if (moves + 2 <= limit) {
         /* a's last replica leaves s: pair it with a change bringing a in */
         for (int t = tstart[a]; t < tstart[a + 1]; t++) {
           int y = tlist[t];
           if (done[y] || y == x) continue;
-          int s2[2] = {s, diff[y]}, to2[2] = {to, a}, c = out[diff[y]];
-          if (c != to && b.cnt[c] < 2) continue;
-          budget_eval(&b, s2, to2, 2, &m, &q);
+          int s2[2] = {s, diff[y]}, to2[2] = {to, a}, c = cur[diff[y]];
+          if (c != to && b->cnt[c] < 2) continue;
+          budget_eval(b, s2, to2, 2, &m, &q);
           if (improves(m, q, bm, bq)) {
             bm = m;
             bq = q;
@@ -315,14 +420,29 @@ void eplb_budget_layer(const eplb_dims *d, const double *load,
         }
       }
     }
-    if (bx < 0) break;
-    out[diff[bx]] = target[diff[bx]];
+    if (bx < 0) return;
+    cur[diff[bx]] = goal[diff[bx]];
     done[bx] = 1;
     moves++;
     if (by >= 0) {
-      out[diff[by]] = target[diff[by]];
+      cur[diff[by]] = goal[diff[by]];
       done[by] = 1;
       moves++;
     }
   }
+}
+
+void eplb_budget_layer(const eplb_dims *d, const double *load,
+                       const int *prev, const int *target, int max_moves,
+                       eplb_ws *ws, int *out) {
+  const int R = d->R;
+  int *diff = ws->b_diff, nd = 0;
+  for (int s = 0; s < R; s++)
+    if (target[s] != prev[s]) diff[nd++] = s;
+  budget b = {d, load, out, ws->b_cur, ws->b_start, ws->b_list, ws->b_load,
+              ws->b_delta, ws->b_order, ws->b_stamp, ws->ia, 0, 0, 0};
+  memset(b.stamp, 0, (size_t)d->G * sizeof *b.stamp);
+  /* from prev, the changes towards target that help most */
+  memcpy(out, prev, (size_t)R * sizeof *out);
+  walk(&b, target, diff, nd, max_moves, ws);
 }

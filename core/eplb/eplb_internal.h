@@ -18,6 +18,7 @@ struct lp_eplb_plan {
   int *logcnt;     /* [L][E] */
   int *home;       /* [L][E] node of the expert's group, -1 global policy */
   double *gpu_load; /* [L][G] */
+  int *gpu_copies;  /* [L][G] copies each GPU receives; NULL without previous */
   lp_eplb_layer_stats *layer; /* [L] */
   lp_eplb_stats total;
 };
@@ -36,7 +37,7 @@ typedef struct eplb_ws eplb_ws;
 struct eplb_ws {
   int n;           /* max(E, R, G, groups) + 1: size of the "n" arrays */
   /* generic */
-  double *dkey, *dkey2;       /* [n] */
+  double *dkey2;              /* [n] */
   uint64_t *s_k1, *s_k2; /* radix sort keys [n] */
   int *idx, *tmp, *ia, *ib, *ic, *id, *ie, *if_; /* [n] */
   double *hkey;               /* heap keys [n] */
@@ -44,7 +45,7 @@ struct eplb_ws {
   float *fw, *fa, *fb;        /* [n] */
   double *da, *db, *dc;       /* [n] */
   /* reference mode */
-  int *r_log2mlog, *r_mlog2log, *r_phy2mlog, *r_prank, *r_mcnt, *r_pack,
+  int *r_mlog2log, *r_phy2mlog, *r_prank, *r_mcnt, *r_pack,
       *r_rank, *r_inv;        /* [n] */
   /* packers (items <= n, packs <= n) */
   int *p_items, *p_items2, *p_cnt, *p_next, *p_head, *p_tail, *p_part,
@@ -62,6 +63,12 @@ struct eplb_ws {
   long long *h_u, *h_v, *h_minv; /* [max(G,N)+1] */
   int *h_p, *h_way, *h_used, *h_ans, *h_perm; /* [max(G,N)+1] */
   int *h_vnode;               /* [N*N] */
+  /* sparse assignment (global relabelling): C = 2G columns with dummies */
+  long long *s_v, *s_d, *s_pcost, *s_rcost; /* [2G+1] */
+  int *s_pred, *s_done, *s_seen, *s_final, *s_cmatch, *s_rmatch, *s_start; /* [2G+1] */
+  int *s_adj, *s_w;           /* [G*G] */
+  double *s_hkey;             /* [G*G + 2G + 1] */
+  int *s_hid;                 /* [G*G + 2G + 1] */
   /* copy budget */
   int *b_cur, *b_start, *b_list, *b_tstart, *b_tlist, *b_diff, *b_done,
       *b_stamp, *b_order;     /* [n] */
@@ -70,9 +77,10 @@ struct eplb_ws {
   int nblk;
 };
 
-/* Allocates every array for dims d; LP_ERR_NOMEM (and nothing held) on
- * failure. eplb_ws_free releases them (idempotent). */
-lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d);
+/* Allocates every array for dims d (the G x G relabelling arrays only
+ * with `relabel`); LP_ERR_NOMEM (and nothing held) on failure.
+ * eplb_ws_free releases them (idempotent). */
+lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d, int relabel);
 void eplb_ws_free(eplb_ws *ws);
 
 /* ---- small helpers (eplb_util.c) --------------------------------------- */
@@ -112,7 +120,7 @@ void eplb_pack_best(int n, int m, int k, const double *w, const int *tag,
 
 /* ---- balanced mode (eplb_balanced.c) -----------------------------------
  * Replaces the layer's placement (reference on entry) when a better one is
- * found: lower max GPU load, then lower node max, then fewer duplicates.
+ * found: lower max GPU load, then fewer duplicates, then lower node max.
  * With spill, accepts cross-node replicas only when they lower the max. */
 void eplb_balanced_layer(const eplb_dims *d, const double *load, int spill,
                          eplb_ws *ws, int *phy2log, int *phyrank, int *home);
@@ -132,11 +140,12 @@ typedef struct eplb_eval {
 void eplb_layer_eval(const eplb_dims *d, const double *load,
                      const int *phy2log, eplb_ws *ws, double *gpu_load,
                      eplb_eval *out);
-/* 1 when a is strictly better than b (max, then node max, then dups). */
+/* 1 when a is strictly better than b (max, then dups, then node max). */
 int eplb_better(const eplb_eval *a, const eplb_eval *b);
-/* Expert copies GPUs need to go from prev to cur (multiset difference). */
+/* Expert copies GPUs need to go from prev to cur (multiset difference);
+ * per GPU into per_gpu[G] when not NULL. */
 int eplb_copies(const eplb_dims *d, const int *prev, const int *cur,
-                eplb_ws *ws);
+                eplb_ws *ws, int *per_gpu);
 
 /* ---- incremental (eplb_incremental.c) ----------------------------------
  * Relabels the GPUs (nodes and GPUs within nodes for the hierarchical

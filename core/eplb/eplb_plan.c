@@ -148,11 +148,12 @@ void eplb_layer_eval(const eplb_dims *d, const double *load,
 
 int eplb_better(const eplb_eval *a, const eplb_eval *b) {
   if (a->max != b->max) return a->max < b->max;
-  if (a->node_max != b->node_max) return a->node_max < b->node_max;
-  return a->dups < b->dups;
+  if (a->dups != b->dups) return a->dups < b->dups;
+  return a->node_max < b->node_max;
 }
 
-int eplb_copies(const eplb_dims *d, const int *prev, const int *cur, eplb_ws *ws) {
+int eplb_copies(const eplb_dims *d, const int *prev, const int *cur, eplb_ws *ws,
+                int *per_gpu) {
   int *a = ws->m_list, *b = ws->m_list2, k = d->k, copies = 0;
   for (int g = 0; g < d->G; g++) {
     memcpy(a, prev + (size_t)g * k, (size_t)k * sizeof *a);
@@ -172,6 +173,7 @@ int eplb_copies(const eplb_dims *d, const int *prev, const int *cur, eplb_ws *ws
       }
     }
     copies += k - same;
+    if (per_gpu) per_gpu[g] = k - same;
   }
   return copies;
 }
@@ -198,6 +200,7 @@ void lp_eplb_plan_free(lp_eplb_plan *p) {
   lp_free(p->logcnt);
   lp_free(p->home);
   lp_free(p->gpu_load);
+  lp_free(p->gpu_copies);
   lp_free(p->layer);
   lp_free(p);
 }
@@ -250,6 +253,10 @@ static lp_status plan_finish(lp_eplb_plan *p, const eplb_dims *d,
   p->width = width;
   p->log2phy = lp_malloc((size_t)L * E * width * sizeof(int));
   if (!p->log2phy) FAIL(LP_ERR_NOMEM, "out of memory");
+  if (previous) {
+    p->gpu_copies = lp_malloc((size_t)L * G * sizeof(int));
+    if (!p->gpu_copies) FAIL(LP_ERR_NOMEM, "out of memory");
+  }
   for (size_t i = 0; i < (size_t)L * E * width; i++) p->log2phy[i] = -1;
   memset(&p->total, 0, sizeof p->total);
   p->total.copies = previous ? 0 : -1;
@@ -282,7 +289,9 @@ static lp_status plan_finish(lp_eplb_plan *p, const eplb_dims *d,
       int e = map[s];
       if (home[e] >= 0 && s / per_node != home[e]) st->off_node_load += row[e] / cnt[e];
     }
-    st->copies = previous ? eplb_copies(d, previous + (size_t)l * R, map, ws) : -1;
+    st->copies = previous ? eplb_copies(d, previous + (size_t)l * R, map, ws,
+                                        p->gpu_copies + (size_t)l * G)
+                          : -1;
     p->total.balancedness += st->balancedness / L;
     p->total.gpu_max_over_mean += st->gpu_max_over_mean / L;
     p->total.node_max_over_mean += st->node_max_over_mean / L;
@@ -318,7 +327,7 @@ lp_status lp_eplb_rebalance(const double *load, int layers, int experts,
   eplb_dims d;
   init_dims(&d, experts, replicas, groups, nodes, gpus, groups % nodes == 0);
   eplb_ws ws;
-  if (eplb_ws_alloc(&ws, &d) != LP_OK) FAIL(LP_ERR_NOMEM, "out of memory");
+  if (eplb_ws_alloc(&ws, &d, opt->previous != NULL) != LP_OK) FAIL(LP_ERR_NOMEM, "out of memory");
   lp_status st = LP_OK;
   lp_eplb_plan *p = NULL;
   if (opt->previous) {
@@ -344,7 +353,7 @@ lp_status lp_eplb_rebalance(const double *load, int layers, int experts,
     if (opt->previous) {
       const int *prev = opt->previous + (size_t)l * replicas;
       eplb_relabel_layer(&d, prev, &ws, map, rank, home);
-      if (opt->max_moves >= 0 && eplb_copies(&d, prev, map, &ws) > opt->max_moves) {
+      if (opt->max_moves >= 0 && eplb_copies(&d, prev, map, &ws, NULL) > opt->max_moves) {
         int *tmp = ws.c_phy2log;
         eplb_budget_layer(&d, row, prev, map, opt->max_moves, &ws, tmp);
         memcpy(map, tmp, (size_t)replicas * sizeof *map);
@@ -378,7 +387,7 @@ lp_status lp_eplb_evaluate(const double *load, int layers, int experts,
   eplb_dims d;
   init_dims(&d, experts, replicas, 1, nodes, gpus, 0);
   eplb_ws ws;
-  if (eplb_ws_alloc(&ws, &d) != LP_OK) FAIL(LP_ERR_NOMEM, "out of memory");
+  if (eplb_ws_alloc(&ws, &d, 0) != LP_OK) FAIL(LP_ERR_NOMEM, "out of memory");
   lp_eplb_plan *p = NULL;
   lp_status st = check_map("placement", phy2log, layers, experts, replicas, 1, ws.ia, err);
   if (st == LP_OK && previous)
@@ -421,6 +430,7 @@ const int *lp_eplb_plan_phy2log(const lp_eplb_plan *p) { return p->phy2log; }
 const int *lp_eplb_plan_log2phy(const lp_eplb_plan *p) { return p->log2phy; }
 const int *lp_eplb_plan_logcnt(const lp_eplb_plan *p) { return p->logcnt; }
 const double *lp_eplb_plan_gpu_load(const lp_eplb_plan *p) { return p->gpu_load; }
+const int *lp_eplb_plan_gpu_copies(const lp_eplb_plan *p) { return p->gpu_copies; }
 const lp_eplb_layer_stats *lp_eplb_plan_layer_stats(const lp_eplb_plan *p) {
   return p->layer;
 }

@@ -199,7 +199,7 @@ void eplb_ws_free(eplb_ws *ws) {
   ws->nblk = 0;
 }
 
-lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d) {
+lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d, int relabel) {
   memset(ws, 0, sizeof *ws);
   int n = d->E;
   if (d->R > n) n = d->R;
@@ -212,14 +212,14 @@ lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d) {
 #define I(f) ws->f = take(ws, nn, sizeof(int))
 #define D(f) ws->f = take(ws, nn, sizeof(double))
 #define F(f) ws->f = take(ws, nn, sizeof(float))
-  D(dkey); D(dkey2);
+  D(dkey2);
   ws->s_k1 = take(ws, nn, sizeof(uint64_t));
   ws->s_k2 = take(ws, nn, sizeof(uint64_t));
   I(idx); I(tmp); I(ia); I(ib); I(ic); I(id); I(ie); I(if_);
   D(hkey); I(hid);
   F(fw); F(fa); F(fb);
   D(da); D(db); D(dc);
-  I(r_log2mlog); I(r_mlog2log); I(r_phy2mlog); I(r_prank); I(r_mcnt);
+  I(r_mlog2log); I(r_phy2mlog); I(r_prank); I(r_mcnt);
   I(r_pack); I(r_rank); I(r_inv);
   I(p_items); I(p_items2); I(p_cnt); I(p_next); I(p_head); I(p_tail);
   I(p_part); I(p_sort);
@@ -233,17 +233,35 @@ lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d) {
 #undef I
 #undef D
 #undef F
-  ws->h_score = take(ws, (size_t)d->G * (size_t)d->G, sizeof(int));
-  ws->h_cost = take(ws, gn * gn, sizeof(long long));
-  ws->h_u = take(ws, gn + 1, sizeof(long long));
-  ws->h_v = take(ws, gn + 1, sizeof(long long));
-  ws->h_minv = take(ws, gn + 1, sizeof(long long));
-  ws->h_p = take(ws, gn + 1, sizeof(int));
-  ws->h_way = take(ws, gn + 1, sizeof(int));
-  ws->h_used = take(ws, gn + 1, sizeof(int));
-  ws->h_ans = take(ws, gn + 1, sizeof(int));
-  ws->h_perm = take(ws, gn + 1, sizeof(int));
-  ws->h_vnode = take(ws, (size_t)d->N * (size_t)d->N, sizeof(int));
+  if (relabel) { /* G x G overlaps and the Hungarian method */
+    ws->h_score = take(ws, (size_t)d->G * (size_t)d->G, sizeof(int));
+    ws->h_cost = take(ws, gn * gn, sizeof(long long));
+    ws->h_u = take(ws, gn + 1, sizeof(long long));
+    ws->h_v = take(ws, gn + 1, sizeof(long long));
+    ws->h_minv = take(ws, gn + 1, sizeof(long long));
+    ws->h_p = take(ws, gn + 1, sizeof(int));
+    ws->h_way = take(ws, gn + 1, sizeof(int));
+    ws->h_used = take(ws, gn + 1, sizeof(int));
+    ws->h_ans = take(ws, gn + 1, sizeof(int));
+    ws->h_perm = take(ws, gn + 1, sizeof(int));
+    ws->h_vnode = take(ws, (size_t)d->N * (size_t)d->N, sizeof(int));
+    size_t c = 2 * (size_t)d->G + 1, gg = (size_t)d->G * (size_t)d->G;
+    ws->s_v = take(ws, c, sizeof(long long));
+    ws->s_d = take(ws, c, sizeof(long long));
+    ws->s_pcost = take(ws, c, sizeof(long long));
+    ws->s_rcost = take(ws, c, sizeof(long long));
+    ws->s_pred = take(ws, c, sizeof(int));
+    ws->s_done = take(ws, c, sizeof(int));
+    ws->s_seen = take(ws, c, sizeof(int));
+    ws->s_final = take(ws, c, sizeof(int));
+    ws->s_cmatch = take(ws, c, sizeof(int));
+    ws->s_rmatch = take(ws, c, sizeof(int));
+    ws->s_start = take(ws, c, sizeof(int));
+    ws->s_adj = take(ws, gg, sizeof(int));
+    ws->s_w = take(ws, gg, sizeof(int));
+    ws->s_hkey = take(ws, gg + c, sizeof(double));
+    ws->s_hid = take(ws, gg + c, sizeof(int));
+  }
   if (ws->nblk < 0) {
     eplb_ws_free(ws);
     return LP_ERR_NOMEM;

@@ -114,5 +114,8 @@ const int *lp_eplb_plan_phy2log(const lp_eplb_plan *p);
 const int *lp_eplb_plan_log2phy(const lp_eplb_plan *p);
 const int *lp_eplb_plan_logcnt(const lp_eplb_plan *p);
 const double *lp_eplb_plan_gpu_load(const lp_eplb_plan *p);
+/* [layers][gpus] expert copies each GPU must receive relative to previous
+ * (the placement diff); NULL when the plan was made without previous. */
+const int *lp_eplb_plan_gpu_copies(const lp_eplb_plan *p);
 const lp_eplb_layer_stats *lp_eplb_plan_layer_stats(const lp_eplb_plan *p);
 void lp_eplb_plan_stats(const lp_eplb_plan *p, lp_eplb_stats *out);

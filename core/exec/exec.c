@@ -6,10 +6,12 @@
  * pending receive buffers, and the outputs waiting for their SEND action.
  * Message tags are (kind * V + consumer vstage) * M + mb with kinds F, B and
  * REDUCE, so every message of a step has its own tag per peer pair. */
+#define _POSIX_C_SOURCE 200809L
 #include "lp_exec.h"
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { K_F = 0, K_B = 1, K_RED = 2, K__N = 3 };
 
@@ -37,9 +39,9 @@ typedef struct vst {
 
 typedef struct pending_send {
   lp_comm_req *req;
-  lp_tensor *t; /* kept alive until the send completes */
-  float *buf;   /* or a raw buffer (lp_free) */
-  int ev;       /* trace event to close, -1 */
+  lp_tensor *t;  /* kept alive until the send completes */
+  double posted; /* lp_now() of the isend */
+  int v, mb, fwd, index; /* what it carries, for its trace slice */
 } pending_send;
 
 struct lp_exec {
@@ -70,6 +72,7 @@ struct lp_exec {
   int cur; /* index of the action running */
   double loss_sum;
   double t0, wall, busy;
+  double waited; /* seconds the running action spent waiting for receives */
   lp_trace *trace;
   char err[LP_ERRLEN];
 };
@@ -110,12 +113,16 @@ static int trace_add(lp_exec *e, int kind, const char *name, const char *cat,
   return idx;
 }
 
-/* Sets the duration of trace event idx to end at `end`. */
-static void trace_close(lp_exec *e, int idx, double end) {
-  if (!e->trace || idx < 0) return;
-  int n;
-  lp_trace_event *ev = (lp_trace_event *)lp_trace_events(e->trace, &n);
-  if (idx < n) ev[idx].dur_us = (end - e->t0) * 1e6 - ev[idx].start_us;
+/* Records the slice of a finished send: from its isend to `end` (when this
+ * rank saw it complete), and releases what it kept alive. */
+static void send_done(lp_exec *e, pending_send *p, double end) {
+  if (e->trace) {
+    char name[LP_TRACE_NAME_MAX];
+    snprintf(name, sizeof name, "send %d%s%d", p->v, p->fwd ? "F" : "B", p->mb);
+    trace_add(e, LP_TRACE_SEND, name, "comm", p->posted, end, p->v, p->mb, p->index);
+  }
+  lp_tensor_free(p->t);
+  p->t = NULL;
 }
 
 /* Waits for *req under the watchdog; a timeout takes the job down. */
@@ -140,9 +147,7 @@ static lp_status poll_sends(lp_exec *e) {
       return st;
     }
     if (done) {
-      trace_close(e, p->ev, lp_now());
-      lp_tensor_free(p->t);
-      lp_free(p->buf);
+      send_done(e, p, lp_now());
     } else {
       e->ps[j++] = *p;
     }
@@ -151,8 +156,7 @@ static lp_status poll_sends(lp_exec *e) {
   return LP_OK;
 }
 
-static lp_status push_send(lp_exec *e, lp_comm_req *req, lp_tensor *t,
-                           float *buf, int ev) {
+static lp_status push_send(lp_exec *e, const pending_send *ps) {
   if (e->nps == e->cps) {
     int nc = e->cps ? 2 * e->cps : 16;
     pending_send *np = lp_realloc(e->ps, (size_t)nc * sizeof *np);
@@ -160,7 +164,7 @@ static lp_status push_send(lp_exec *e, lp_comm_req *req, lp_tensor *t,
     e->ps = np;
     e->cps = nc;
   }
-  e->ps[e->nps++] = (pending_send){req, t, buf, ev};
+  e->ps[e->nps++] = *ps;
   return LP_OK;
 }
 
@@ -172,9 +176,7 @@ static lp_status wait_sends(lp_exec *e) {
              "rank %d at the end of step %lld waits for its sends to complete",
              e->rank, (long long)e->step);
     LP_CHECK(wait_req(e, &p->req, what));
-    trace_close(e, p->ev, lp_now());
-    lp_tensor_free(p->t);
-    lp_free(p->buf);
+    send_done(e, p, lp_now());
   }
   e->nps = 0;
   return LP_OK;
@@ -242,9 +244,11 @@ static lp_status finish_recv(lp_exec *e, int fwd, int v, int mb, int stin,
            fwd ? "RECV_F (activation)" : "RECV_B (gradient)", mb, peer);
   double t0 = lp_now();
   LP_CHECK(wait_req(e, req, what));
+  double t1 = lp_now();
+  e->waited += t1 - t0;
   char name[LP_TRACE_NAME_MAX];
   snprintf(name, sizeof name, "recv %d%s%d", v, fwd ? "F" : "B", mb);
-  trace_add(e, LP_TRACE_RECV, name, "comm", t0, lp_now(), v, mb, e->cur);
+  trace_add(e, LP_TRACE_RECV, name, "comm", t0, t1, v, mb, e->cur);
   lp_status st = lp_tensor_from_data(NULL, e->ndim[stin], e->shape[stin], *buf, out);
   lp_free(*buf);
   *buf = NULL;
@@ -272,11 +276,8 @@ static lp_status do_send(lp_exec *e, const lp_action *a) {
             act_text(e, e->cur, tx, sizeof tx), lp_comm_last_error(e->comm));
     return st;
   }
-  char name[LP_TRACE_NAME_MAX];
-  snprintf(name, sizeof name, "send %d%s%d", v, fwd ? "F" : "B", mb);
-  double now = lp_now();
-  int ev = trace_add(e, LP_TRACE_SEND, name, "comm", now, now, v, mb, e->cur);
-  st = push_send(e, req, *t, NULL, ev);
+  pending_send ps = {req, *t, lp_now(), v, mb, fwd, e->cur};
+  st = push_send(e, &ps);
   if (st != LP_OK) {
     lp_comm_cancel(e->comm, &req);
     return st;
@@ -672,12 +673,29 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     e->trace = lp_trace_new();
     if (!e->trace) { st = LP_ERR_NOMEM; goto fail; }
   }
+  /* the common trace clock: rank 0's start time. Ranks on rank 0's host
+   * share its monotonic clock and take the time itself; others take the
+   * moment the broadcast arrives (off by its latency). */
+  struct {
+    double t0;
+    char host[64];
+  } clk;
+  memset(&clk, 0, sizeof clk);
+  char host[64] = "";
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   if (lp_comm_barrier(e->comm, "lp_exec_new: aligning the trace clocks") != LP_OK) {
     lp_errf(e->err, "%s", lp_comm_last_error(e->comm));
     st = LP_ERR_COMM;
     goto fail;
   }
-  e->t0 = lp_now();
+  clk.t0 = lp_now();
+  memcpy(clk.host, host, sizeof clk.host);
+  if (lp_comm_bcast(e->comm, &clk, sizeof clk, 0, "lp_exec_new: the trace clock") != LP_OK) {
+    lp_errf(e->err, "%s", lp_comm_last_error(e->comm));
+    st = LP_ERR_COMM;
+    goto fail;
+  }
+  e->t0 = host[0] && strncmp(clk.host, host, sizeof host) == 0 ? clk.t0 : lp_now();
   *out = e;
   return LP_OK;
 fail:
@@ -705,7 +723,6 @@ void lp_exec_free(lp_exec *e) {
   for (int i = 0; i < e->nps; i++) {
     lp_comm_cancel(e->comm, &e->ps[i].req);
     lp_tensor_free(e->ps[i].t);
-    lp_free(e->ps[i].buf);
   }
   lp_free(e->ps);
   if (e->vs) {
@@ -750,6 +767,10 @@ void lp_exec_free(lp_exec *e) {
 
 const char *lp_exec_last_error(const lp_exec *e) { return e ? e->err : ""; }
 
+void lp_exec_set_error(lp_exec *e, const char *msg) {
+  lp_errf(e->err, "%s", msg ? msg : "");
+}
+
 /* ---- the step ---- */
 
 static const char *cat_of(const lp_action *a) {
@@ -788,7 +809,6 @@ static void reset_step(lp_exec *e) {
   for (int i = 0; i < e->nps; i++) {
     lp_comm_cancel(e->comm, &e->ps[i].req);
     lp_tensor_free(e->ps[i].t);
-    lp_free(e->ps[i].buf);
   }
   e->nps = 0;
   for (int li = 0; li < e->nloc; li++) {
@@ -818,6 +838,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     if (limit <= e->cur) limit = e->cur + 1;
     LP_CHECK_GOTO(post_upto(e, limit), st, fail);
     int comp = lp_action_is_compute(a->type);
+    e->waited = 0;
     double t0 = lp_now();
     st = run_action(e, a);
     if (st != LP_OK) {
@@ -829,12 +850,15 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       goto fail;
     }
     if (comp) {
+      /* busy time excludes waits for receives; the slice starts after them
+       * (an FB pair's second wait is folded into its start as well) */
       double t1 = lp_now();
-      e->busy += t1 - t0;
+      e->busy += t1 - t0 - e->waited;
       ci++;
       char name[LP_ACTION_TEXT_MAX];
       lp_action_format(a, name, sizeof name);
-      trace_add(e, LP_TRACE_COMPUTE, name, cat_of(a), t0, t1, a->stage, a->mb, e->cur);
+      trace_add(e, LP_TRACE_COMPUTE, name, cat_of(a), t0 + e->waited, t1, a->stage, a->mb,
+                e->cur);
     }
     LP_CHECK_GOTO(poll_sends(e), st, fail);
   }
@@ -853,6 +877,9 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   double tr = lp_now();
   LP_CHECK_GOTO(reduce_finish(e), st, fail);
   LP_CHECK_GOTO(wait_sends(e), st, fail);
+  double to = lp_now();
+  if (to - tr > 1e-6)
+    trace_add(e, LP_TRACE_RECV, "reduce grads / finish sends", "comm", tr, to, -1, -1, -1);
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     if (vs->wq_len) {
@@ -863,8 +890,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     LP_CHECK_GOTO(lp_nn_optim_step(vs->optim), st, fail);
   }
   double t_opt = lp_now();
-  e->busy += t_opt - tr;
-  trace_add(e, LP_TRACE_COMPUTE, "reduce+optim", "optim", tr, t_opt, -1, -1, -1);
+  e->busy += t_opt - to;
+  trace_add(e, LP_TRACE_COMPUTE, "optimizer", "optim", to, t_opt, -1, -1, -1);
   double sum = e->loss_sum;
   if (lp_comm_allreduce_sum_double(e->comm, &sum, 1, "the loss all-reduce at the end of a step") != LP_OK) {
     const char *m = lp_comm_last_error(e->comm);

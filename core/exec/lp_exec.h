@@ -108,6 +108,10 @@ lp_nn_layer *lp_exec_vstage_chunk(const lp_exec *e, int i);
  * LP_ACT_B, LP_ACT_I or LP_ACT_W on virtual stage v, micro-batch mb. */
 lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
 
+/* Sets the text lp_exec_last_error reports (for an overlapped_fb hook that
+ * fails for its own reasons); msg is copied. */
+void lp_exec_set_error(lp_exec *e, const char *msg);
+
 /* The measured events recorded so far (opts.trace), times in microseconds
  * since the common start (a barrier in lp_exec_new). Borrowed; NULL when
  * tracing is off. */

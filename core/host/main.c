@@ -245,7 +245,14 @@ static int pmain(lua_State *L) {
     }
   }
   script = i < argc ? i : 0;
-  if (version) printf("luapipe %s (%s)\n", LP_VERSION, LUA_RELEASE);
+  if (version) {
+    printf("luapipe %s (%s)\n", LP_VERSION, LUA_RELEASE);
+    if (run_string(L, "local k = require('luapipe.core').kernels() "
+                      "print(string.format('CUDA kernels: %s, %d device(s) visible', "
+                      "k.cuda and 'built' or 'not built', k.devices))",
+                   "=version") != LUA_OK)
+      return 0;
+  }
   create_arg_table(L, argv, argc, script ? script : argc - 1 + (argc == 1));
   /* second pass: run -e chunks in order */
   for (int j = 1; j < (script ? script : argc); j++) {

@@ -12,6 +12,8 @@ typedef struct exec_box {
   lp_exec *e; /* NULL once closed */
   lb_data data;
   int build_ref; /* registry ref of build(stage) during lp_exec_new */
+  int fb_ref;    /* registry ref of overlapped_fb(exec, pair), or LUA_NOREF */
+  int in_step;   /* 1 while exec:step runs (run_half is allowed) */
   lua_State *L;
   int nstages;
   int (*ndim);
@@ -29,6 +31,8 @@ static void box_close(lua_State *L, exec_box *b) {
   b->e = NULL;
   if (b->data.ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, b->data.ref);
   b->data.ref = LUA_NOREF;
+  if (b->fb_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, b->fb_ref);
+  b->fb_ref = LUA_NOREF;
   lp_free(b->ndim);
   lp_free(b->shape);
   b->ndim = NULL;
@@ -69,8 +73,61 @@ static lp_status build_chunk(void *ud, int stage, lp_nn_layer **out, char *err) 
   return st;
 }
 
+/* lp_exec_fb_fn over the Lua hook overlapped_fb(exec, pair): pair = {f_stage=,
+ * f_mb=, b_type = "B" | "I", b_stage=, b_mb=, text=}; the hook runs both
+ * halves with exec:run_half. Called inside exec:step, whose first argument
+ * (stack index 1 of that C frame) is the exec box. */
+static lp_status lua_fb(void *ud, lp_exec *e, const lp_action *a) {
+  exec_box *b = ud;
+  lua_State *L = b->L;
+  int top = lua_gettop(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, b->fb_ref);
+  lua_pushvalue(L, 1); /* the exec box (exec:step's self) */
+  lua_createtable(L, 0, 6);
+  lua_pushinteger(L, a->stage);
+  lua_setfield(L, -2, "f_stage");
+  lua_pushinteger(L, a->mb);
+  lua_setfield(L, -2, "f_mb");
+  lua_pushstring(L, a->btype == LP_ACT_I ? "I" : "B");
+  lua_setfield(L, -2, "b_type");
+  lua_pushinteger(L, a->bstage);
+  lua_setfield(L, -2, "b_stage");
+  lua_pushinteger(L, a->bmb);
+  lua_setfield(L, -2, "b_mb");
+  char t[LP_ACTION_TEXT_MAX];
+  lp_action_format(a, t, sizeof t);
+  lua_pushstring(L, t);
+  lua_setfield(L, -2, "text");
+  lp_status st = LP_OK;
+  if (lp_lua_pcall(L, 2, 0) != LUA_OK) {
+    char msg[LP_ERRLEN];
+    lp_errf(msg, "overlapped_fb hook failed on %s: %s", t, lua_tostring(L, -1));
+    lp_exec_set_error(e, msg);
+    st = LP_ERR_ARG;
+  }
+  lua_settop(L, top);
+  return st;
+}
+
+/* exec:run_half(type, stage, mb) -> true | nil, err: one half of an FB pair,
+ * only inside an overlapped_fb hook. type "F", "B", "I" or "W". */
+static int lb_exec_run_half(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  static const char *const types[] = {"F", "B", "I", "W", NULL};
+  static const int codes[] = {LP_ACT_F, LP_ACT_B, LP_ACT_I, LP_ACT_W};
+  int ty = codes[luaL_checkoption(L, 2, NULL, types)];
+  int v = (int)luaL_checkinteger(L, 3), mb = (int)luaL_checkinteger(L, 4);
+  if (!b->in_step) return luaL_error(L, "exec:run_half is only allowed inside an overlapped_fb hook");
+  lp_status st = lp_exec_run_half(b->e, ty, v, mb);
+  if (st == LP_ERR_ARG && !*lp_exec_last_error(b->e))
+    return luaL_error(L, "run_half: virtual stage %d / micro-batch %d is not on this rank", v, mb);
+  if (st != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* core.exec_new(schedule, {build=, data=, loss=, act_shapes=, optimizer=,
- * trace=, lookahead=}) -> Exec | nil, err */
+ * trace=, lookahead=, overlapped_fb=}) -> Exec | nil, err */
 static int lb_exec_new(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -78,6 +135,7 @@ static int lb_exec_new(lua_State *L) {
   memset(b, 0, sizeof *b);
   b->data.ref = LUA_NOREF;
   b->build_ref = LUA_NOREF;
+  b->fb_ref = LUA_NOREF;
   luaL_setmetatable(L, LB_EXEC);
   int S = lp_schedule_stages(s);
   b->nstages = S;
@@ -126,6 +184,14 @@ static int lb_exec_new(lua_State *L) {
   lua_getfield(L, 2, "lookahead");
   o.recv_lookahead = (int)luaL_optinteger(L, -1, 0);
   lua_pop(L, 1);
+  lua_getfield(L, 2, "overlapped_fb");
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+  } else {
+    luaL_argcheck(L, lua_isfunction(L, -1), 2, "'overlapped_fb' must be a function(exec, pair)");
+    b->fb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    o.overlapped_fb = lua_fb;
+  }
   o.chunk = build_chunk;
   o.data = exec_data;
   o.ud = b;
@@ -151,7 +217,10 @@ static int lb_exec_step(lua_State *L) {
   b->L = L;
   b->data.L = L;
   double loss = 0;
+  lua_settop(L, 2); /* the hook finds the box at index 1 */
+  b->in_step = 1;
   lp_status st = lp_exec_step(b->e, k, &loss);
+  b->in_step = 0;
   if (st != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
   lua_pushnumber(L, loss);
   return 1;
@@ -294,6 +363,7 @@ void lb_open_exec(lua_State *L) {
   static const luaL_Reg methods[] = {{"step", lb_exec_step},
                                      {"timing", lb_exec_timing},
                                      {"vstages", lb_exec_vstages},
+                                     {"run_half", lb_exec_run_half},
                                      {"trace_events", lb_exec_trace_events},
                                      {"close", lb_exec_close},
                                      {NULL, NULL}};

@@ -54,6 +54,7 @@ static int check_shape(lua_State *L, int idx, int64_t *shape) {
 /* core.tensor(shape [, values]) -> Tensor (values: flat list, row-major;
  * nil: zeros) */
 static int lb_tensor_new(lua_State *L) {
+  lua_settop(L, 2); /* [shape, values]: the box goes to index 3 */
   int64_t shape[LP_TENSOR_MAXDIM];
   int nd = check_shape(L, 1, shape);
   int64_t n = 1;
@@ -521,15 +522,16 @@ static int lb_nn_time_layers(lua_State *L) {
   double *best = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *best, 0);
   for (int i = 0; i < n; i++) best[i] = 1e30;
   lp_status st = LP_OK;
+  /* scratch owned by Lua (freed by the GC even if something raises) */
+  lp_nn_ctx **ctx = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *ctx, 0);
+  lp_tensor **xs = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *xs, 0);
+  double *tf = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *tf, 0);
   for (int r = 0; r < reps && st == LP_OK; r++) {
-    lp_nn_ctx *ctx[64];
-    lp_tensor *xs[65];
-    int m = n < 64 ? n : 64;
-    double tf[64];
-    memset(xs, 0, sizeof xs);
-    memset(ctx, 0, sizeof ctx);
+    memset(xs, 0, (size_t)(n + 1) * sizeof *xs);
+    memset(ctx, 0, (size_t)(n + 1) * sizeof *ctx);
     st = lp_tensor_view(input, &xs[0]);
-    for (int i = 0; i < m && st == LP_OK; i++) {
+    int m = 0; /* layers whose forward ran */
+    for (int i = 0; i < n && st == LP_OK; i++, m++) {
       st = lp_nn_ctx_new(&ctx[i]);
       double t0 = lp_now();
       if (st == LP_OK) st = lp_nn_forward(ls[i], ctx[i], xs[i], &xs[i + 1]);
@@ -537,10 +539,10 @@ static int lb_nn_time_layers(lua_State *L) {
     }
     lp_tensor *dy = NULL;
     if (st == LP_OK) {
-      st = lp_tensor_empty_like(xs[m], &dy);
-      if (st == LP_OK) st = lp_tensor_fill(dy, 1.0f / (float)lp_tensor_numel(xs[m]));
+      st = lp_tensor_empty_like(xs[n], &dy);
+      if (st == LP_OK) st = lp_tensor_fill(dy, 1.0f / (float)lp_tensor_numel(xs[n]));
     }
-    for (int i = m - 1; i >= 0 && st == LP_OK; i--) {
+    for (int i = n - 1; i >= 0 && st == LP_OK; i--) {
       lp_tensor *dx = NULL;
       double t0 = lp_now();
       st = lp_nn_backward(ls[i], ctx[i], dy, i > 0 ? &dx : NULL);
@@ -550,7 +552,7 @@ static int lb_nn_time_layers(lua_State *L) {
       dy = dx;
     }
     lp_tensor_free(dy);
-    for (int i = 0; i <= m; i++) lp_tensor_free(xs[i]);
+    for (int i = 0; i <= n; i++) lp_tensor_free(xs[i]);
     for (int i = 0; i < m; i++) lp_nn_ctx_free(ctx[i]);
   }
   if (st != LP_OK) return lb_fail(L, lp_strerror(st));

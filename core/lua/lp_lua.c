@@ -2,6 +2,7 @@
 #include "lp_lua.h"
 
 #include "lb_internal.h"
+#include "lp_kernels.h"
 
 int lp_lua_traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
@@ -63,6 +64,16 @@ static int lb_env_knobs(lua_State *L) {
   return 1;
 }
 
+/* core.kernels() -> {cuda = built with CUDA?, devices = visible devices} */
+static int lb_kernels(lua_State *L) {
+  lua_createtable(L, 0, 2);
+  lua_pushboolean(L, lp_kernels_built_with_cuda());
+  lua_setfield(L, -2, "cuda");
+  lua_pushinteger(L, lp_kernels_device_count());
+  lua_setfield(L, -2, "devices");
+  return 1;
+}
+
 static int lb_now(lua_State *L) {
   lua_pushnumber(L, lp_now());
   return 1;
@@ -70,12 +81,14 @@ static int lb_now(lua_State *L) {
 
 int luaopen_luapipe_core(lua_State *L) {
   static const luaL_Reg funcs[] = {
-      {"version", lb_version}, {"env_knobs", lb_env_knobs}, {"now", lb_now}, {NULL, NULL}};
+      {"version", lb_version}, {"env_knobs", lb_env_knobs}, {"now", lb_now},
+      {"kernels", lb_kernels}, {NULL, NULL}};
   luaL_newlib(L, funcs);
   lb_open_schedule(L);
   lb_open_sim(L);
   lb_open_eplb(L);
   lb_open_comm(L);
-  lb_open_nn(L); lb_open_exec(L);
+  lb_open_nn(L);
+  lb_open_exec(L);
   return 1;
 }

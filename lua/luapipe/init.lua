@@ -14,6 +14,9 @@ local lazy = {
   sim = "luapipe.sim",
   show = "luapipe.show",
   eplb = "luapipe.eplb",
+  comm = "luapipe.comm",
+  nn = "luapipe.nn",
+  train = "luapipe.train",
   cli = "luapipe.cli",
 }
 

@@ -3,9 +3,11 @@
  * hierarchical policy) and decode (144 GPUs over 18 nodes: global policy).
  * Loads are seeded, skewed (log-normal popularity) token counts. One row
  * per workload: ms per call of each mode (median of --reps calls on one
- * core), balancedness of both, and the copies of re-planning the next
- * step's drifted loads against the balanced plan (relabelled, and with a
- * 16-slot budget). `#wrong` counts plans that break an invariant.
+ * core), balancedness of both (and of balanced with spill, hierarchical
+ * only), and re-planning the next step's drifted loads against the
+ * balanced plan: copies (relabelled, and naive without relabelling), the
+ * balancedness of keeping the stale plan, and of a 16-copy budget.
+ * `#wrong` counts plans that break an invariant or lose to reference.
  *
  *   bench_eplb [--reps N] [--seed S] [--json] [--check]
  * --check exits 1 when reference >= 1 ms or balanced >= 50 ms per call. */
@@ -128,8 +130,9 @@ int main(int argc, char **argv) {
   else {
     printf("# EPLB, %d layers x %d experts -> 288 slots, seed %llu, median of %d calls, one core\n",
            L, E, (unsigned long long)seed, reps);
-    printf("%-8s %-12s %-12s %9s %9s %8s %8s %7s %7s %9s %7s\n", "workload", "gpus/nodes",
-           "policy", "ref_ms", "bal_ms", "ref_bal", "bal_bal", "copies", "naive", "budget16", "#wrong");
+    printf("%-8s %-10s %-12s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %6s %8s %6s\n",
+           "workload", "gpus/nodes", "policy", "ref_ms", "bal_ms", "spl_ms", "re_ms", "ref_bal",
+           "bal_bal", "spl_bal", "copies", "naive", "stale", "bud16", "bud16_cp", "#wrong");
   }
   for (size_t w = 0; w < sizeof wls / sizeof wls[0]; w++) {
     const workload *wl = &wls[w];
@@ -143,58 +146,87 @@ int main(int argc, char **argv) {
     double ref_ms = time_mode(load, L, E, wl, &o, reps, &ref);
     o.mode = LP_EPLB_BALANCED;
     double bal_ms = time_mode(load, L, E, wl, &o, reps, &bal);
+    lp_eplb_plan *spl = NULL;
+    double spl_ms = -1;
+    if (lp_eplb_plan_hierarchical(bal)) {
+      o.spill = 1;
+      spl_ms = time_mode(load, L, E, wl, &o, reps, &spl);
+      o.spill = 0;
+    }
     /* next step: re-plan against the balanced plan in force */
     o.previous = lp_eplb_plan_phy2log(bal);
-    time_mode(next, L, E, wl, &o, 1, &re);
+    double re_ms = time_mode(next, L, E, wl, &o, reps, &re);
     o.max_moves = 16;
     time_mode(next, L, E, wl, &o, 1, &bud);
     /* copies without relabelling: the plain new plan against the old */
     lp_eplb_options_init(&o);
     time_mode(next, L, E, wl, &o, 1, &naive);
-    lp_eplb_plan *ev;
+    lp_eplb_plan *ev, *stale;
     char err[LP_ERRLEN];
     if (lp_eplb_evaluate(next, L, E, lp_eplb_plan_phy2log(naive), wl->replicas, wl->nodes,
-                         wl->gpus, lp_eplb_plan_phy2log(bal), &ev, err) != LP_OK) {
+                         wl->gpus, lp_eplb_plan_phy2log(bal), &ev, err) != LP_OK ||
+        lp_eplb_evaluate(next, L, E, lp_eplb_plan_phy2log(bal), wl->replicas, wl->nodes,
+                         wl->gpus, NULL, &stale, err) != LP_OK) {
       fprintf(stderr, "bench_eplb: %s\n", err);
       return 1;
     }
-    lp_eplb_stats sr, sb, sre, sev, sbud;
+    lp_eplb_stats sr, sb, sre, sev, sbud, sst, ssp = {0};
     lp_eplb_plan_stats(ref, &sr);
     lp_eplb_plan_stats(bal, &sb);
     lp_eplb_plan_stats(re, &sre);
     lp_eplb_plan_stats(ev, &sev);
     lp_eplb_plan_stats(bud, &sbud);
+    lp_eplb_plan_stats(stale, &sst);
     int nwrong = wrong(ref) + wrong(bal) + wrong(re) + wrong(bud) + wrong(naive);
-    if (sb.balancedness < sr.balancedness - 1e-12) nwrong++;
+    if (spl) {
+      lp_eplb_plan_stats(spl, &ssp);
+      nwrong += wrong(spl);
+    }
+    const lp_eplb_layer_stats *lr = lp_eplb_plan_layer_stats(ref), *lb = lp_eplb_plan_layer_stats(bal);
+    for (int l = 0; l < L; l++) nwrong += lb[l].max_load > lr[l].max_load;
     char gn[32];
     snprintf(gn, sizeof gn, "%d/%d", wl->gpus, wl->nodes);
     const char *policy = lp_eplb_plan_hierarchical(ref) ? "hierarchical" : "global";
+    char spl_ms_s[32] = "-", spl_bal_s[32] = "-";
+    if (spl) {
+      snprintf(spl_ms_s, sizeof spl_ms_s, "%.3f", spl_ms);
+      snprintf(spl_bal_s, sizeof spl_bal_s, "%.4f", ssp.balancedness);
+    }
     if (json)
       printf("  {\"workload\": \"%s\", \"gpus\": %d, \"nodes\": %d, \"policy\": \"%s\", "
-             "\"reference_ms\": %.4f, \"balanced_ms\": %.4f, \"reference_balancedness\": %.4f, "
-             "\"balanced_balancedness\": %.4f, \"copies\": %ld, \"copies_without_relabel\": %ld, "
-             "\"budget16_balancedness\": %.4f, \"budget16_copies\": %ld, \"wrong\": %d}%s\n",
-             wl->name, wl->gpus, wl->nodes, policy, ref_ms, bal_ms, sr.balancedness,
-             sb.balancedness, sre.copies, sev.copies, sbud.balancedness, sbud.copies, nwrong,
+             "\"reference_ms\": %.4f, \"balanced_ms\": %.4f, \"spill_ms\": %s, \"replan_ms\": %.4f, "
+             "\"reference_balancedness\": %.4f, \"balanced_balancedness\": %.4f, "
+             "\"spill_balancedness\": %s, \"copies\": %ld, \"copies_without_relabel\": %ld, "
+             "\"stale_balancedness\": %.4f, \"budget16_balancedness\": %.4f, "
+             "\"budget16_copies\": %ld, \"wrong\": %d}%s\n",
+             wl->name, wl->gpus, wl->nodes, policy, ref_ms, bal_ms, spl ? spl_ms_s : "null", re_ms,
+             sr.balancedness, sb.balancedness, spl ? spl_bal_s : "null", sre.copies, sev.copies,
+             sst.balancedness, sbud.balancedness, sbud.copies, nwrong,
              w + 1 < sizeof wls / sizeof wls[0] ? "," : "");
     else
-      printf("%-8s %-12s %-12s %9.4f %9.3f %8.4f %8.4f %7ld %7ld %9.4f %7d\n", wl->name, gn,
-             policy, ref_ms, bal_ms, sr.balancedness, sb.balancedness, sre.copies, sev.copies,
-             sbud.balancedness, nwrong);
+      printf("%-8s %-10s %-12s %7.3f %7.3f %7s %7.3f %7.4f %7.4f %7s %7ld %6ld %6.4f %6.4f %8ld %6d\n",
+             wl->name, gn, policy, ref_ms, bal_ms, spl_ms_s, re_ms, sr.balancedness, sb.balancedness,
+             spl_bal_s, sre.copies, sev.copies, sst.balancedness, sbud.balancedness, sbud.copies,
+             nwrong);
     if (nwrong) failed = 1;
-    if (check && (ref_ms >= 1.0 || bal_ms >= 50.0)) failed = 1;
+    if (check && (ref_ms >= 1.0 || bal_ms >= 50.0 || spl_ms >= 50.0 || re_ms >= 50.0)) failed = 1;
     lp_eplb_plan_free(ref);
     lp_eplb_plan_free(bal);
     lp_eplb_plan_free(re);
     lp_eplb_plan_free(bud);
     lp_eplb_plan_free(naive);
     lp_eplb_plan_free(ev);
+    lp_eplb_plan_free(stale);
+    lp_eplb_plan_free(spl);
   }
   if (json) printf("]}\n");
   else
-    printf("# copies: slots GPUs must receive to re-plan the next step (drifted loads) against\n"
-           "# the balanced plan, relabelled; naive: without relabelling; budget16: balancedness\n"
-           "# of the re-plan limited to 16 copies per layer. Limits: reference < 1 ms, balanced < 50 ms.\n");
+    printf("# *_ms: ms per call (all %d layers); *_bal: balancedness (mean/max GPU load, mean over\n"
+           "# layers); spl: balanced + spill; re_ms: balanced re-plan against the plan in force.\n"
+           "# Next step (loads drifted): copies = expert copies GPUs\n"
+           "# receive for the balanced re-plan, relabelled; naive = without relabelling; stale =\n"
+           "# balancedness of keeping the old plan; bud16 = re-plan with at most 16 copies per\n"
+           "# layer (bud16_cp copies in all). Limits: reference < 1 ms, balanced < 50 ms.\n", L);
   free(load);
   free(next);
   return failed;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <math.h>
 
 #include "lp_eplb.h"
 
@@ -33,6 +34,12 @@ static void random_loads(double *load, int n, int zeros) {
     if (zeros && rand_int(0, 9) == 0) load[i] = 0;
   }
 }
+
+#define assert_near(a, b, eps)                                                 \
+  do {                                                                         \
+    double a_ = (a), b_ = (b);                                                 \
+    if (fabs(a_ - b_) > (eps)) fail_msg("%.17g != %.17g (line %d)", a_, b_, __LINE__); \
+  } while (0)
 
 static lp_eplb_plan *plan_or_fail(const double *load, int L, int E, int R, int groups,
                                   int nodes, int gpus, const lp_eplb_options *o) {
@@ -105,12 +112,13 @@ static void test_readme_vector(void **state) {
   lp_eplb_stats st;
   lp_eplb_plan_stats(p, &st);
   assert_int_equal(st.copies, -1);
+  assert_null(lp_eplb_plan_gpu_copies(p));
   const lp_eplb_layer_stats *ls = lp_eplb_plan_layer_stats(p);
   /* layer 0: GPU 6 holds 90 and 132/2; the mean is 1033/8 */
-  assert_float_equal(ls[0].max_load, 156.0, 1e-9);
-  assert_float_equal(ls[0].mean_load, 1033.0 / 8, 1e-9);
-  assert_float_equal(ls[0].balancedness, (1033.0 / 8) / 156.0, 1e-12);
-  assert_float_equal(st.balancedness, (ls[0].balancedness + ls[1].balancedness) / 2, 1e-12);
+  assert_near(ls[0].max_load, 156.0, 1e-9);
+  assert_near(ls[0].mean_load, 1033.0 / 8, 1e-9);
+  assert_near(ls[0].balancedness, (1033.0 / 8) / 156.0, 1e-12);
+  assert_near(st.balancedness, (ls[0].balancedness + ls[1].balancedness) / 2, 1e-12);
 
   /* balanced mode on the same input: valid and never worse */
   o.mode = LP_EPLB_BALANCED;
@@ -175,7 +183,10 @@ static void test_random_invariants(void **state) {
       improved += sb[l].max_load < sr[l].max_load;
       cases++;
       if (!o.spill || !lp_eplb_plan_hierarchical(b)) assert_true(sb[l].off_node_load == 0);
-      assert_true(sb[l].duplicates <= sr[l].duplicates || sb[l].max_load < sr[l].max_load);
+      if (sb[l].duplicates > sr[l].duplicates && sb[l].max_load == sr[l].max_load)
+        fail_msg("case %d layer %d (E=%d R=%d groups=%d nodes=%d gpus=%d spill=%d): dups %d > %d, max %g node %g vs %g",
+                 t, l, E, R, groups, nodes, gpus, o.spill, sb[l].duplicates, sr[l].duplicates, sb[l].max_load,
+                 sb[l].node_max_over_mean, sr[l].node_max_over_mean);
     }
     lp_eplb_plan_free(r);
     lp_eplb_plan_free(b);
@@ -305,10 +316,10 @@ static void test_spill(void **state) {
     int e = m[s], home = l2p[e * X] / 8;
     if (s / 8 != home) off += load[e] / c[e];
   }
-  assert_float_equal(off, b[0].off_node_load, 1e-9);
+  assert_near(off, b[0].off_node_load, 1e-9);
   lp_eplb_stats st;
   lp_eplb_plan_stats(sp, &st);
-  assert_float_equal(st.off_node_load, off, 1e-9);
+  assert_near(st.off_node_load, off, 1e-9);
 
   /* spill is a no-op for the global policy */
   lp_eplb_plan *g = plan_or_fail(load, 1, 8, 16, 3, 2, 4, &o);
@@ -358,7 +369,7 @@ static void test_relabel_keeps_everything(void **state) {
     assert_memory_equal(lp_eplb_plan_phy2log(b), prev, sizeof prev);
     /* same loads per layer as the unlabelled plan */
     for (int l = 0; l < L; l++)
-      assert_float_equal(lp_eplb_plan_layer_stats(a)[l].max_load,
+      assert_near(lp_eplb_plan_layer_stats(a)[l].max_load,
                          lp_eplb_plan_layer_stats(b)[l].max_load, 1e-9);
     lp_eplb_plan_free(a);
     lp_eplb_plan_free(b);
@@ -381,6 +392,23 @@ static void test_copy_budget(void **state) {
   lp_eplb_stats fs;
   lp_eplb_plan_stats(free_plan, &fs);
   assert_true(fs.copies > 0);
+  /* relabelling never needs more copies than the plan made without it */
+  {
+    lp_eplb_options plain;
+    lp_eplb_options_init(&plain);
+    lp_eplb_plan *np = plan_or_fail(new_load, L, E, R, groups, nodes, G, &plain), *ev;
+    char e2[LP_ERRLEN];
+    assert_int_equal(lp_eplb_evaluate(new_load, L, E, lp_eplb_plan_phy2log(np), R, nodes, G, prev,
+                                      &ev, e2),
+                     LP_OK);
+    for (int l = 0; l < L; l++) {
+      assert_true(lp_eplb_plan_layer_stats(free_plan)[l].copies <= lp_eplb_plan_layer_stats(ev)[l].copies);
+      assert_near(lp_eplb_plan_layer_stats(free_plan)[l].max_load,
+                  lp_eplb_plan_layer_stats(np)[l].max_load, 1e-9);
+    }
+    lp_eplb_plan_free(ev);
+    lp_eplb_plan_free(np);
+  }
   lp_eplb_plan *stale;
   char err[LP_ERRLEN];
   assert_int_equal(lp_eplb_evaluate(new_load, L, E, prev, R, nodes, G, NULL, &stale, err), LP_OK);
@@ -394,6 +422,9 @@ static void test_copy_budget(void **state) {
     const lp_eplb_layer_stats *ps = lp_eplb_plan_layer_stats(p);
     double sum = 0;
     for (int l = 0; l < L; l++) {
+      int gsum = 0; /* the per-GPU diff adds up to the layer's copies */
+      for (int g = 0; g < G; g++) gsum += lp_eplb_plan_gpu_copies(p)[l * G + g];
+      assert_int_equal(gsum, ps[l].copies);
       assert_true(ps[l].copies <= budgets[i]);
       assert_true(ps[l].max_load <= ss[l].max_load + 1e-9); /* never worse than staying */
       sum += ps[l].max_load;
@@ -434,7 +465,7 @@ static void test_fixed_x_and_evaluate(void **state) {
                                     8, lp_eplb_plan_phy2log(p), &ev, err),
                    LP_OK);
   for (int l = 0; l < 2; l++) {
-    assert_float_equal(lp_eplb_plan_layer_stats(ev)[l].max_load,
+    assert_near(lp_eplb_plan_layer_stats(ev)[l].max_load,
                        lp_eplb_plan_layer_stats(p)[l].max_load, 1e-9);
     assert_int_equal(lp_eplb_plan_layer_stats(ev)[l].copies, 0);
   }
@@ -442,6 +473,53 @@ static void test_fixed_x_and_evaluate(void **state) {
   check_invariants(ev);
   lp_eplb_plan_free(ev);
   lp_eplb_plan_free(p);
+}
+
+/* ---- degenerate shapes ---- */
+
+static void test_degenerate(void **state) {
+  (void)state;
+  double zeros[2 * 6] = {0};
+  double one_hot[6] = {0, 0, 0, 50, 0, 0};
+  double single[1] = {7};
+  for (int mode = 0; mode < 2; mode++) {
+    lp_eplb_options o;
+    lp_eplb_options_init(&o);
+    o.mode = (lp_eplb_mode)mode;
+    /* no load at all: balancedness 1, every expert still placed */
+    lp_eplb_plan *p = plan_or_fail(zeros, 2, 6, 12, 2, 2, 4, &o);
+    check_invariants(p);
+    lp_eplb_stats st;
+    lp_eplb_plan_stats(p, &st);
+    assert_near(st.balancedness, 1.0, 0);
+    assert_near(st.gpu_max_over_mean, 1.0, 0);
+    lp_eplb_plan_free(p);
+    /* one hot expert takes every redundant slot */
+    p = plan_or_fail(one_hot, 1, 6, 12, 1, 1, 6, &o);
+    check_invariants(p);
+    assert_int_equal(lp_eplb_plan_logcnt(p)[3], 7);
+    assert_int_equal(lp_eplb_plan_width(p), 7);
+    if (mode == LP_EPLB_BALANCED) /* its 7 replicas on 6 GPUs: one doubled at most */
+      assert_int_equal(lp_eplb_plan_layer_stats(p)[0].duplicates, 1);
+    lp_eplb_plan_free(p);
+    /* one expert, one slot, one GPU; no redundancy with one slot per GPU */
+    p = plan_or_fail(single, 1, 1, 1, 1, 1, 1, &o);
+    check_invariants(p);
+    assert_int_equal(lp_eplb_plan_phy2log(p)[0], 0);
+    int prev[1] = {0};
+    o.previous = prev;
+    o.max_moves = 0;
+    lp_eplb_plan *q = plan_or_fail(single, 1, 1, 1, 1, 1, 1, &o);
+    assert_int_equal(lp_eplb_plan_layer_stats(q)[0].copies, 0);
+    lp_eplb_plan_free(q);
+    lp_eplb_plan_free(p);
+    o.previous = NULL;
+    o.max_moves = -1;
+    p = plan_or_fail(one_hot, 1, 6, 6, 3, 3, 6, &o);
+    check_invariants(p);
+    for (int s = 0; s < 6; s++) assert_int_equal(lp_eplb_plan_logcnt(p)[s], 1);
+    lp_eplb_plan_free(p);
+  }
 }
 
 /* ---- errors ---- */
@@ -479,9 +557,9 @@ static void test_errors(void **state) {
   memcpy(bad, v, sizeof bad);
   bad[12 + 7] = -3;
   expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "layer 1, expert 7: load is negative (-3)");
-  bad[12 + 7] = 0.0 / 0.0;
+  bad[12 + 7] = NAN;
   expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "layer 1, expert 7: load is NaN");
-  bad[12 + 7] = 1e300 * 1e300;
+  bad[12 + 7] = INFINITY;
   expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "layer 1, expert 7: load inf is not a finite float32");
   bad[12 + 7] = 1e39;
   expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "is not a finite float32");
@@ -507,8 +585,8 @@ static void test_errors(void **state) {
   prev[20] = 12;
   expect_error(v, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG,
                "previous plan, layer 1, slot 4: expert 12 is out of range 0..11");
-  prev[20] = 0;
-  prev[16 + 11] = 0; /* layer 1 loses expert 11: fine for relabelling only */
+  prev[20] = 8;
+  prev[23] = 0; /* layer 1 loses expert 11: fine for relabelling only */
   lp_eplb_plan *p;
   char err[LP_ERRLEN];
   assert_int_equal(lp_eplb_rebalance(v, 2, 12, 16, 4, 2, 8, &o, &p, err), LP_OK);
@@ -588,6 +666,7 @@ int main(void) {
       cmocka_unit_test(test_relabel_keeps_everything),
       cmocka_unit_test(test_copy_budget),
       cmocka_unit_test(test_fixed_x_and_evaluate),
+      cmocka_unit_test(test_degenerate),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_out_of_memory),
   };

@@ -2,6 +2,8 @@
 --   luapipe tests/mpi/comm_check.lua basic        (any number of ranks >= 2)
 --   luapipe tests/mpi/comm_check.lua silent|exit  (watchdog: rank 1 never
 --                                                  sends; `exit` leaves early)
+--   luapipe tests/mpi/comm_check.lua abort        (the last rank aborts while
+--                                                  the others wait)
 -- Prints "rank R: ok" per rank when the basic checks pass.
 local comm = require("luapipe.comm")
 local core = require("luapipe.core")
@@ -94,6 +96,12 @@ elseif mode == "silent" or mode == "exit" then
     if v == nil then comm.abort(err) end
     print("rank 0: unexpected message")
   end
+elseif mode == "abort" then
+  -- the last rank gives up at once; the others wait (default timeout) for a
+  -- message that never comes and must be taken down by the abort
+  if r == n - 1 then comm.abort("giving up on purpose") end
+  local v, err = comm.recv(n - 1, 1, 3, "a message that never comes")
+  print(string.format("rank %d: recv returned %s", r, tostring(v or err)))
 else
   error("unknown mode " .. mode)
 end

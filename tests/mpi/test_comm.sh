@@ -4,14 +4,15 @@
 # send/recv, all-reduce, barrier and error checks (comm_check.lua basic);
 # the watchdog: with LUAPIPE_TIMEOUT=2 rank 1 never sends (or leaves with
 # os.exit), rank 0's recv fails after ~2 s naming both ranks, the tag and
-# the description, and the whole job ends non-zero instead of hanging.
+# the description, and the whole job ends non-zero instead of hanging;
+# comm.abort on one rank ends ranks that wait in recv.
 # Exits 77 (skipped) without mpirun.
 set -u
 luapipe=${1:?usage: test_comm.sh path/to/luapipe}
 command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OPENBLAS_NUM_THREADS=1
-mpirun=(timeout 60 mpirun --oversubscribe)
+mpirun=(timeout -k 5 60 mpirun --oversubscribe)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0
@@ -49,13 +50,25 @@ for mode in silent exit; do
   secs=$(elapsed "$t0" "$t1")
   echo "watchdog ($mode): rc $rc in $secs s"
   [ "$rc" -ne 0 ] || fail "watchdog ($mode): mpirun exited 0"
-  [ "$rc" -ne 124 ] || fail "watchdog ($mode): the job hung (killed by timeout)"
+  [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "watchdog ($mode): the job hung (killed by timeout)"
   want="luapipe: rank 0: timed out after 2 s (LUAPIPE_TIMEOUT) waiting for rank 1 to send 4 floats (tag 7) to rank 0: action 14 (5B3) waits for RECV_B from rank 1"
   grep -qF "$want" "$tmp/err" || { fail "watchdog ($mode): message missing"; cat "$tmp/err"; }
   grep -qE '^rank 0: recv returned after (1\.9|2\.[0-9]) s' "$tmp/err" ||
     { fail "watchdog ($mode): recv did not return after ~2 s"; cat "$tmp/err"; }
   awk -v s="$secs" 'BEGIN { exit !(s < 20) }' || fail "watchdog ($mode): took $secs s"
 done
+
+# 4. comm.abort on one rank takes down the others, which wait in recv
+t0=$(date +%s.%N)
+"${mpirun[@]}" -np 4 "$luapipe" tests/mpi/comm_check.lua abort >"$tmp/out" 2>"$tmp/err"
+rc=$?
+t1=$(date +%s.%N)
+secs=$(elapsed "$t0" "$t1")
+echo "abort: rc $rc in $secs s"
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "abort: mpirun exited $rc"
+grep -qF "luapipe: rank 3: giving up on purpose" "$tmp/err" || { fail "abort: message missing"; cat "$tmp/err"; }
+! grep -q "recv returned" "$tmp/out" || { fail "abort: a rank outlived the abort"; cat "$tmp/out"; }
+awk -v s="$secs" 'BEGIN { exit !(s < 20) }' || fail "abort: took $secs s"
 
 if [ "$fails" -ne 0 ]; then
   echo "test_comm: $fails failure(s)"

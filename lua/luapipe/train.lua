@@ -1,0 +1,269 @@
+-- luapipe.train: pipeline-parallel training of a luapipe.nn model on the
+-- ranks of this job (one process per rank under mpirun), and the
+-- single-process reference it must agree with.
+--
+--   local train = require("luapipe.train")
+--   local r = train {
+--     model = model,                 -- luapipe.nn.sequential{...}
+--     schedule = "1f1b",             -- a family name or a luapipe.Schedule
+--     microbatches = 8,              -- for a family name (pp = job size)
+--     data = function(step, mb) return input, target end,  -- luapipe.Tensor each
+--     steps = 10, seed = 1,
+--     optimizer = { kind = "sgd", lr = 0.05 },  -- or { kind = "adamw", lr = ... }
+--     trace = "trace.json",          -- optional: measured Chrome trace, all ranks
+--   }
+--   r.losses[k]       -- loss of step k (the same on every rank)
+--   r.stage_params()  -- {{id =, stage =, params = {[name] = {values}}}, ...} of this rank
+--
+-- overlapped_fb = function(exec, pair) ... end replaces the default "F half,
+-- then backward half" of every overlapped pair (FB action, as DeepSeek's
+-- overlapped_forward_backward): pair = {f_stage =, f_mb =, b_type = "B" | "I",
+-- b_stage =, b_mb =, text =}; it must run both halves, in any order, with
+-- exec:run_half("F", pair.f_stage, pair.f_mb) and
+-- exec:run_half(pair.b_type, pair.b_stage, pair.b_mb).
+--
+-- The data function must give the same micro-batch on every rank that asks
+-- for it (input on the rank where the micro-batch enters, target where its
+-- loss is computed); steps are numbered from 1. Each micro-batch's loss is
+-- scaled by 1/M, so gradients are those of the mean loss of the whole
+-- batch, and the printed loss is that mean.
+local core = require("luapipe.core")
+local comm = require("luapipe.comm")
+local schedule = require("luapipe.schedule")
+
+local M = {}
+
+local function fail(msg)
+  -- the same misuse is found on every rank; under mpirun say it once per
+  -- rank and end the job
+  error(msg, 0)
+end
+
+-- Resolves opts.schedule to a validated compute-only schedule.
+local function get_schedule(opts)
+  local s = opts.schedule
+  if type(s) == "string" then
+    local ok, res = pcall(schedule.build, s, { pp = opts.pp or comm.size(),
+      microbatches = opts.microbatches or 2 * (opts.pp or comm.size()), chunks = opts.chunks })
+    if not ok then fail("luapipe.train: " .. tostring(res):gsub("^[^:]*:%d+: ", "")) end
+    s = res
+  elseif s == nil then
+    fail("luapipe.train: 'schedule' is required (a family name or a luapipe.Schedule)")
+  end
+  local ok, err = s:validate()
+  if not ok then fail("luapipe.train: the schedule is invalid: " .. tostring(err)) end
+  return s
+end
+
+local function check_common(opts, who)
+  if type(opts) ~= "table" then error(who .. " expects a table of options", 3) end
+  if type(opts.model) ~= "table" or getmetatable(opts.model) == nil or not opts.model.partition then
+    error(who .. ": 'model' must be a luapipe.nn model (nn.sequential{...})", 3)
+  end
+  if type(opts.data) ~= "function" then
+    error(who .. ": 'data' must be a function(step, mb) -> input, target", 3)
+  end
+  local steps = opts.steps or 1
+  if math.type(steps) ~= "integer" or steps < 0 then
+    error(who .. ": 'steps' must be a non-negative integer", 3)
+  end
+  return steps
+end
+
+local function input_shape_of(data)
+  local x = data(1, 0)
+  if type(x) ~= "userdata" then
+    error("luapipe.train: data(step, mb) must return luapipe.Tensor values (nn.tensor(shape, values))", 0)
+  end
+  return x:shape()
+end
+
+local function params_of(layer)
+  local out = {}
+  for _, p in ipairs(layer:params()) do out[p.name] = p.value end
+  return out
+end
+
+-- Gathers the measured events of every rank into one Chrome trace at path
+-- (rank 0 writes it). Ranks exchange their events through files next to
+-- `path`, so all ranks must see the same file system (one host).
+local function write_trace(exec, sched, path)
+  local rank, size = comm.rank(), comm.size()
+  local events = exec:trace_events()
+  if size > 1 then
+    local part = string.format("%s.rank%d.part", path, rank)
+    local f = assert(io.open(part, "w"))
+    f:write("return {\n")
+    for _, e in ipairs(events) do
+      f:write(string.format("{rank=%d,kind=%q,name=%q,cat=%q,start_us=%.3f,dur_us=%.3f,stage=%d,mb=%d,index=%d,action=%q},\n",
+        e.rank, e.kind, e.name, e.cat, e.start_us, e.dur_us, e.stage, e.mb, e.index, e.action))
+    end
+    f:write("}\n")
+    f:close()
+    assert(comm.barrier("trace: every rank wrote its events"))
+    if rank == 0 then
+      events = {}
+      for r = 0, size - 1 do
+        local p = string.format("%s.rank%d.part", path, r)
+        local list = assert(dofile(p))
+        for _, e in ipairs(list) do events[#events + 1] = e end
+        os.remove(p)
+      end
+    end
+  end
+  if rank ~= 0 then return true end
+  -- flows: the k-th send "send vFm" (or vBm) goes to the k-th matching
+  -- receive (one per step), events of a rank being in time order. Unmatched
+  -- slices keep their measured times (send: isend to observed completion;
+  -- receive: the wait).
+  local sends, used, flows = {}, {}, {}
+  for _, e in ipairs(events) do
+    if e.kind == "send" then
+      local key = e.name:gsub("^send ", "")
+      sends[key] = sends[key] or {}
+      table.insert(sends[key], e)
+    end
+  end
+  for _, e in ipairs(events) do
+    local u, dir, mb = e.name:match("^recv (%d+)([FB])(%d+)$")
+    if e.kind == "recv" and u then
+      u, mb = tonumber(u), tonumber(mb)
+      local route, v = sched:route(mb) or {}, nil
+      for k, x in ipairs(route) do
+        if x == u then v = dir == "F" and route[k - 1] or route[k + 1] end
+      end
+      local key = v and string.format("%d%s%d", v, dir, mb)
+      if key and sends[key] then
+        used[key] = (used[key] or 0) + 1
+        local s = sends[key][used[key]]
+        if s then
+          -- as in simulated traces, a message's send and receive slices both
+          -- span [sent, received]: from the isend to the moment the
+          -- receiving action had it
+          local arrived = math.max(e.start_us + e.dur_us, s.start_us)
+          s.dur_us = arrived - s.start_us
+          e.start_us, e.dur_us = s.start_us, arrived - s.start_us
+          flows[#flows + 1] = { from_rank = s.rank, to_rank = e.rank, from_us = s.start_us,
+            to_us = arrived }
+        end
+      end
+    end
+  end
+  return core.trace_write(events, path, flows)
+end
+
+-- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
+--   microbatches=, pp=, chunks=, partition = "layers" | "cost", trace=,
+--   quiet=, lookahead=, overlapped_fb=} -> result
+function M.run(opts)
+  local steps = check_common(opts, "luapipe.train")
+  local model, seed = opts.model, opts.seed or 0
+  local rank, size = comm.rank(), comm.size()
+  local s = get_schedule(opts)
+  local info = s:info()
+  local sname = info.name ~= "" and info.name or "(unnamed)"
+  if info.ranks ~= size then
+    fail(string.format("luapipe.train: schedule '%s' needs %d ranks, but this job has %d"
+      .. " (run it with mpirun -np %d)", sname, info.ranks, size, info.ranks))
+  end
+  local lowered = s
+  if not info.lowered then
+    local err
+    lowered, err = s:lower()
+    if not lowered then fail("luapipe.train: lowering the schedule failed: " .. tostring(err)) end
+  end
+  local in_shape = input_shape_of(opts.data)
+  local ok, part = pcall(model.partition, model, { stages = info.stages, by = opts.partition or "layers",
+    input_shape = in_shape, seed = seed })
+  if not ok then fail("luapipe.train: " .. tostring(part):gsub("^[^:]*:%d+: ", "")) end
+  local ok2, act_shapes = pcall(model.stage_input_shapes, model, part, in_shape)
+  if not ok2 then fail("luapipe.train: " .. tostring(act_shapes)) end
+  local exec, err = core.exec_new(lowered, {
+    build = function(stage) return model:build_stage(part, stage, seed) end,
+    data = opts.data, loss = model.loss, act_shapes = act_shapes,
+    optimizer = opts.optimizer, trace = opts.trace and true or false, lookahead = opts.lookahead,
+    overlapped_fb = opts.overlapped_fb,
+  })
+  if not exec then
+    if size > 1 then comm.abort("luapipe.train: " .. err) end
+    fail("luapipe.train: " .. err)
+  end
+  local M_ = info.microbatches
+  local samples = M_ * (in_shape[1] or 1)
+  local losses, timing = {}, {}
+  local quiet = opts.quiet
+  for k = 1, steps do
+    local loss, serr = exec:step(k)
+    if not loss then
+      if size > 1 then comm.abort(serr) end
+      fail(serr)
+    end
+    losses[k] = loss
+    local wall, busy = exec:timing()
+    local wall_max, busy_sum = wall, busy
+    if size > 1 then
+      local t = assert(comm.allreduce({ wall, busy }, "step timing"))
+      wall_max, busy_sum = t[1] / size, t[2]
+    end
+    local bubble = wall_max > 0 and math.max(0, 100 * (1 - busy_sum / (size * wall_max))) or 0
+    timing[k] = { wall = wall_max, bubble = bubble, samples_per_s = samples / math.max(wall_max, 1e-9) }
+    if rank == 0 and not quiet then
+      io.write(string.format("step %d loss %.6f  (%.1f samples/s, bubble %.1f%%)\n", k, loss,
+        timing[k].samples_per_s, bubble))
+      io.flush()
+    end
+  end
+  local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec }
+  -- {{id =, stage =, params = {[name] = values}}, ...} for this rank's virtual stages
+  function result.stage_params()
+    local out = {}
+    for _, v in ipairs(exec:vstages()) do
+      out[#out + 1] = { id = v.id, stage = v.stage, params = params_of(v.layer) }
+      v.layer:close()
+    end
+    return out
+  end
+  -- {[name] = values} of this rank's stages (a replicated stage's first copy)
+  function result.params()
+    local out = {}
+    for _, v in ipairs(result.stage_params()) do
+      for name, val in pairs(v.params) do if out[name] == nil then out[name] = val end end
+    end
+    return out
+  end
+  if opts.trace then
+    local tok, terr = write_trace(exec, lowered, opts.trace)
+    if not tok then
+      if size > 1 then comm.abort("trace: " .. tostring(terr)) end
+      fail("trace: " .. tostring(terr))
+    end
+  end
+  return result
+end
+
+-- luapipe.train.reference{model=, data=, steps=, microbatches=, optimizer=,
+--   seed=} -> {losses =, params = function() -> {[name] = values}}
+-- The same model trained without a pipeline: all layers in one process,
+-- micro-batches 0..M-1 in order, each loss scaled by 1/M, one optimizer
+-- step per step.
+function M.reference(opts)
+  local steps = check_common(opts, "luapipe.train.reference")
+  local Mb = opts.microbatches
+  if math.type(Mb) ~= "integer" or Mb < 1 then
+    error("luapipe.train.reference: 'microbatches' must be a positive integer", 2)
+  end
+  local model = opts.model
+  model:shapes(input_shape_of(opts.data))
+  local layer = model:build(opts.seed or 0)
+  local optim = core.nn_optim(layer, opts.optimizer)
+  local losses = {}
+  for k = 1, steps do
+    local loss, err = core.nn_reference_step(layer, optim, model.loss, Mb, opts.data, k)
+    if not loss then error("luapipe.train.reference: " .. err, 2) end
+    losses[k] = loss
+    if opts.verbose then io.write(string.format("step %d loss %.6f\n", k, loss)) end
+  end
+  return { losses = losses, layer = layer, params = function() return params_of(layer) end }
+end
+
+return setmetatable(M, { __call = function(_, opts) return M.run(opts) end })

@@ -1,0 +1,321 @@
+/* test_exec.c — the executor on one process (self comm): a two-stage model
+ * on one rank run with F/B and with FB pairs gives the no-pipeline
+ * reference's losses and parameters bitwise, with I/W split within 1e-6
+ * (weight-grads out of micro-batch order); an overlapped_fb hook is called
+ * for FB actions; two local copies of each stage are summed implicitly or at
+ * REDUCE_GRAD actions; misuse errors (wrong rank count, missing activation
+ * shape, a failing data source, recovery on the next step). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lp_exec.h"
+
+#define D_IN 5
+#define D_H 7
+#define D_OUT 3
+#define BATCH 4
+#define MB 4
+
+/* stage 0: linear(5,7) + gelu; stage 1: linear(7,3) */
+static lp_status build_stage(int stage, uint64_t seed, lp_nn_layer **out) {
+  lp_nn_layer *ls[2] = {NULL, NULL};
+  lp_status st;
+  if (stage == 0) {
+    st = lp_nn_linear_new("layers.0", D_IN, D_H, 1, seed, &ls[0]);
+    if (st == LP_OK) st = lp_nn_act_new("layers.1", LP_TENSOR_ACT_GELU, &ls[1]);
+    if (st == LP_OK) st = lp_nn_chunk_new("stage.0", ls, 2, out);
+  } else {
+    st = lp_nn_linear_new("layers.2", D_H, D_OUT, 1, seed, &ls[0]);
+    if (st == LP_OK) st = lp_nn_chunk_new("stage.1", ls, 1, out);
+  }
+  lp_nn_layer_release(ls[0]);
+  lp_nn_layer_release(ls[1]);
+  return st;
+}
+
+static lp_status chunk_fn(void *ud, int stage, lp_nn_layer **out, char *err) {
+  (void)ud;
+  (void)err;
+  return build_stage(stage, 42, out);
+}
+
+static int data_calls, data_fail, fb_calls;
+
+static lp_status data_fn(void *ud, int64_t step, int mb, lp_tensor **in, lp_tensor **tg,
+                         char *err) {
+  (void)ud;
+  data_calls++;
+  if (data_fail) {
+    lp_errf(err, "no data for micro-batch %d", mb);
+    return LP_ERR_IO;
+  }
+  float x[BATCH * D_IN], y[BATCH * D_OUT];
+  for (int i = 0; i < BATCH * D_IN; i++) x[i] = (float)sin(0.3 * (double)step + 1.1 * mb + 0.7 * i);
+  for (int i = 0; i < BATCH * D_OUT; i++) y[i] = (float)cos(0.5 * (double)step + 0.9 * mb + 0.4 * i);
+  if (in) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D_IN}, x, in), LP_OK);
+  if (tg) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D_OUT}, y, tg), LP_OK);
+  return LP_OK;
+}
+
+static const int act_ndim[2] = {0, 2};
+static const int64_t act_shape[2][LP_TENSOR_MAXDIM] = {{0}, {BATCH, D_H}};
+
+static lp_exec_opts base_opts(void) {
+  lp_exec_opts o;
+  memset(&o, 0, sizeof o);
+  o.chunk = chunk_fn;
+  o.data = data_fn;
+  o.loss = LP_EXEC_LOSS_MSE;
+  o.act_ndim = act_ndim;
+  o.act_shape = act_shape;
+  o.optim = LP_EXEC_OPTIM_SGD;
+  o.sgd = (lp_nn_sgd_opts){0.1f, 0.9f, 0.0f};
+  o.trace = 1;
+  return o;
+}
+
+/* One rank, two stages (both on rank 0), actions from text. */
+static lp_schedule *two_stage(const char *const *acts, int n) {
+  lp_schedule *s = NULL;
+  assert_int_equal(lp_schedule_new(1, 2, MB, &s), LP_OK);
+  assert_int_equal(lp_schedule_add_vstage(s, 0, 0, NULL), LP_OK);
+  assert_int_equal(lp_schedule_add_vstage(s, 1, 0, NULL), LP_OK);
+  int route[2] = {0, 1};
+  for (int mb = 0; mb < MB; mb++) assert_int_equal(lp_schedule_set_route(s, mb, route, 2), LP_OK);
+  for (int i = 0; i < n; i++) assert_int_equal(lp_schedule_push_text(s, 0, acts[i]), LP_OK);
+  if (lp_schedule_validate(s) != LP_OK) fail_msg("invalid: %s", lp_schedule_last_error(s));
+  return s;
+}
+
+/* Trains 3 steps with schedule s and with the reference; compares. */
+/* exact: bitwise (weight-grads accumulate in the reference's order);
+ * otherwise within 1e-6 (another accumulation order). */
+static void check_against_reference(lp_schedule *s, lp_exec_fb_fn hook, int exact) {
+  lp_exec_opts o = base_opts();
+  o.overlapped_fb = hook;
+  lp_exec *e = NULL;
+  char err[LP_ERRLEN] = "";
+  lp_status st = lp_exec_new(s, &o, &e, err);
+  if (st != LP_OK) fail_msg("lp_exec_new: %s", err);
+
+  lp_nn_layer *ref[2], *full = NULL;
+  assert_int_equal(build_stage(0, 42, &ref[0]), LP_OK);
+  assert_int_equal(build_stage(1, 42, &ref[1]), LP_OK);
+  assert_int_equal(lp_nn_chunk_new("model", ref, 2, &full), LP_OK);
+  size_t np;
+  const lp_nn_param *p = lp_nn_params(full, &np);
+  lp_nn_optim *opt = NULL;
+  assert_int_equal(lp_nn_optim_sgd_new(p, np, &o.sgd, &opt), LP_OK);
+
+  for (int k = 1; k <= 3; k++) {
+    double l1 = 0, l2 = 0;
+    st = lp_exec_step(e, k, &l1);
+    if (st != LP_OK) fail_msg("step %d: %s", k, lp_exec_last_error(e));
+    assert_int_equal(lp_exec_reference_step(full, opt, LP_EXEC_LOSS_MSE, MB, data_fn, NULL, k,
+                                            &l2, err),
+                     LP_OK);
+    assert_true(exact ? l1 == l2 : fabs(l1 - l2) <= 1e-6 * fabs(l2));
+  }
+  /* parameters: bitwise equal to the reference */
+  assert_int_equal(lp_exec_vstages(e), 2);
+  size_t idx = 0;
+  for (int i = 0; i < 2; i++) {
+    size_t n;
+    const lp_nn_param *q = lp_nn_params(lp_exec_vstage_chunk(e, i), &n);
+    for (size_t j = 0; j < n; j++, idx++) {
+      assert_string_equal(q[j].name, p[idx].name);
+      if (exact) {
+        assert_true(lp_tensor_equal(q[j].value, p[idx].value));
+      } else {
+        double d;
+        assert_int_equal(lp_tensor_max_abs_diff(q[j].value, p[idx].value, &d), LP_OK);
+        assert_true(d <= 1e-6);
+      }
+    }
+  }
+  assert_int_equal(idx, np);
+  int nev = 0;
+  lp_trace_events(lp_exec_trace(e), &nev);
+  assert_true(nev > 0);
+  double wall, busy;
+  lp_exec_last_timing(e, &wall, &busy);
+  assert_true(wall > 0 && busy > 0 && busy <= wall * 1.01);
+  lp_nn_optim_free(opt);
+  lp_nn_layer_release(full);
+  lp_nn_layer_release(ref[0]);
+  lp_nn_layer_release(ref[1]);
+  lp_exec_free(e);
+}
+
+static void test_fb_order(void **state) {
+  (void)state;
+  const char *acts[] = {"0F0", "1F0", "1B0", "0B0", "0F1", "1F1", "1B1", "0B1",
+                        "0F2", "1F2", "1B2", "0B2", "0F3", "1F3", "1B3", "0B3"};
+  lp_schedule *s = two_stage(acts, 16);
+  check_against_reference(s, NULL, 1);
+  lp_schedule_free(s);
+}
+
+static void test_split_backward(void **state) {
+  (void)state;
+  const char *acts[] = {"0F0", "0F1", "1F0", "1F1", "0F2", "1I0", "1F2", "0I0", "1W0",
+                        "1I1", "0F3", "1F3", "0I1", "0W1", "0W0", "1I2", "1W1", "0I2",
+                        "1I3", "1W2", "1W3", "0I3", "0W2", "0W3"};
+  lp_schedule *s = two_stage(acts, 24);
+  check_against_reference(s, NULL, 0);
+  lp_schedule_free(s);
+}
+
+static lp_status hook(void *ud, lp_exec *e, const lp_action *a) {
+  (void)ud;
+  fb_calls++;
+  LP_CHECK(lp_exec_run_half(e, a->btype, a->bstage, a->bmb));
+  return lp_exec_run_half(e, LP_ACT_F, a->stage, a->mb);
+}
+
+static void test_overlapped_pairs(void **state) {
+  (void)state;
+  /* (1F1;1B0): F of mb 1 on stage 1 with B of mb 0 on stage 1 */
+  const char *acts[] = {"0F0", "1F0", "0F1", "(1F1;1B0)OVERLAP_F_B", "0B0",
+                        "0F2", "(1F2;1B1)OVERLAP_F_B", "0B1", "0F3",
+                        "(1F3;1B2)OVERLAP_F_B", "0B2", "1B3", "0B3"};
+  lp_schedule *s = two_stage(acts, 13);
+  check_against_reference(s, NULL, 1);
+  fb_calls = 0;
+  check_against_reference(s, hook, 1);
+  assert_int_equal(fb_calls, 3 * 3);
+  lp_schedule_free(s);
+}
+
+/* Two copies of each stage on the one rank (mbs 0-1 through copy A, 2-3
+ * through copy B); gradients are summed at the end of the step (implicit)
+ * or at explicit REDUCE_GRAD actions: both copies end equal to each other
+ * bitwise and to the reference within 1e-6. */
+static void run_local_copies(int explicit_reduce) {
+  lp_schedule *s = NULL;
+  assert_int_equal(lp_schedule_new(1, 2, MB, &s), LP_OK);
+  for (int c = 0; c < 2; c++) {
+    assert_int_equal(lp_schedule_add_vstage(s, 0, 0, NULL), LP_OK);
+    assert_int_equal(lp_schedule_add_vstage(s, 1, 0, NULL), LP_OK);
+  }
+  int ra[2] = {0, 1}, rb[2] = {2, 3};
+  for (int mb = 0; mb < MB; mb++)
+    assert_int_equal(lp_schedule_set_route(s, mb, mb < 2 ? ra : rb, 2), LP_OK);
+  const char *acts[] = {"0F0", "1F0", "1B0", "0B0", "0F1", "1F1", "1B1", "0B1", "2F2",
+                        "3F2", "3B2", "2B2", "2F3", "3F3", "3B3", "2B3", "0REDUCE_GRAD",
+                        "1REDUCE_GRAD", "2REDUCE_GRAD", "3REDUCE_GRAD"};
+  for (int i = 0; i < (explicit_reduce ? 20 : 16); i++)
+    assert_int_equal(lp_schedule_push_text(s, 0, acts[i]), LP_OK);
+  if (lp_schedule_validate(s) != LP_OK) fail_msg("invalid: %s", lp_schedule_last_error(s));
+
+  lp_exec_opts o = base_opts();
+  lp_exec *e = NULL;
+  char err[LP_ERRLEN] = "";
+  if (lp_exec_new(s, &o, &e, err) != LP_OK) fail_msg("lp_exec_new: %s", err);
+  lp_nn_layer *ref[2], *full = NULL;
+  assert_int_equal(build_stage(0, 42, &ref[0]), LP_OK);
+  assert_int_equal(build_stage(1, 42, &ref[1]), LP_OK);
+  assert_int_equal(lp_nn_chunk_new("model", ref, 2, &full), LP_OK);
+  size_t np;
+  const lp_nn_param *p = lp_nn_params(full, &np);
+  lp_nn_optim *opt = NULL;
+  assert_int_equal(lp_nn_optim_sgd_new(p, np, &o.sgd, &opt), LP_OK);
+  for (int k = 1; k <= 3; k++) {
+    double l1 = 0, l2 = 0;
+    if (lp_exec_step(e, k, &l1) != LP_OK) fail_msg("step %d: %s", k, lp_exec_last_error(e));
+    assert_int_equal(lp_exec_reference_step(full, opt, LP_EXEC_LOSS_MSE, MB, data_fn, NULL, k,
+                                            &l2, err),
+                     LP_OK);
+    assert_true(fabs(l1 - l2) <= 1e-6 * fabs(l2));
+  }
+  assert_int_equal(lp_exec_vstages(e), 4);
+  for (int i = 0; i < 4; i++) {
+    size_t n, n2;
+    const lp_nn_param *q = lp_nn_params(lp_exec_vstage_chunk(e, i), &n);
+    const lp_nn_param *twin = lp_nn_params(lp_exec_vstage_chunk(e, (i + 2) % 4), &n2);
+    assert_int_equal(n, n2);
+    for (size_t j = 0; j < n; j++) {
+      assert_true(lp_tensor_equal(q[j].value, twin[j].value));
+      size_t r = 0;
+      while (r < np && strcmp(p[r].name, q[j].name) != 0) r++;
+      assert_true(r < np);
+      double d;
+      assert_int_equal(lp_tensor_max_abs_diff(q[j].value, p[r].value, &d), LP_OK);
+      assert_true(d <= 1e-6);
+    }
+  }
+  lp_nn_optim_free(opt);
+  lp_nn_layer_release(full);
+  lp_nn_layer_release(ref[0]);
+  lp_nn_layer_release(ref[1]);
+  lp_exec_free(e);
+  lp_schedule_free(s);
+}
+
+static void test_local_copies(void **state) {
+  (void)state;
+  run_local_copies(0);
+  run_local_copies(1);
+}
+
+static void test_errors(void **state) {
+  (void)state;
+  lp_exec_opts o = base_opts();
+  lp_exec *e = NULL;
+  char err[LP_ERRLEN] = "";
+  /* a 2-rank schedule on a 1-rank job */
+  lp_schedule *s = NULL;
+  assert_int_equal(lp_schedule_new(2, 2, 2, &s), LP_OK);
+  lp_schedule_set_name(s, "mine");
+  assert_int_equal(lp_schedule_add_vstage(s, 0, 0, NULL), LP_OK);
+  assert_int_equal(lp_schedule_add_vstage(s, 1, 1, NULL), LP_OK);
+  int route[2] = {0, 1};
+  for (int mb = 0; mb < 2; mb++) lp_schedule_set_route(s, mb, route, 2);
+  assert_int_equal(lp_exec_new(s, &o, &e, err), LP_ERR_ARG);
+  assert_null(e);
+  assert_string_equal(err, "schedule 'mine' needs 2 ranks, but this job has 1 (run it with "
+                           "mpirun -np 2)");
+  lp_schedule_free(s);
+
+  /* missing activation shape */
+  const char *acts[] = {"0F0", "1F0", "1B0", "0B0", "0F1", "1F1", "1B1", "0B1",
+                        "0F2", "1F2", "1B2", "0B2", "0F3", "1F3", "1B3", "0B3"};
+  s = two_stage(acts, 16);
+  o.act_ndim = NULL;
+  assert_int_equal(lp_exec_new(s, &o, &e, err), LP_ERR_ARG);
+  assert_string_equal(err, "lp_exec_new: no activation shape for the input of model stage 1");
+
+  /* a failing data source fails the step with its text */
+  o = base_opts();
+  assert_int_equal(lp_exec_new(s, &o, &e, err), LP_OK);
+  data_fail = 1;
+  double loss;
+  assert_int_equal(lp_exec_step(e, 1, &loss), LP_ERR_IO);
+  assert_string_equal(lp_exec_last_error(e),
+                      "rank 0, action 0 (0F0): data for micro-batch 0 of step 1: no data for "
+                      "micro-batch 0");
+  data_fail = 0;
+  /* and the executor recovers for the next step */
+  assert_int_equal(lp_exec_step(e, 2, &loss), LP_OK);
+  assert_true(loss > 0);
+  lp_exec_free(e);
+  lp_schedule_free(s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fb_order),
+      cmocka_unit_test(test_split_backward),
+      cmocka_unit_test(test_overlapped_pairs),
+      cmocka_unit_test(test_local_copies),
+      cmocka_unit_test(test_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# `luapipe eplb`: JSON and text load files, the README vector in the JSON
+# output, text output with its heat map, --previous / --max-moves, read
+# errors naming file and line (exit 1), bad options (exit 2).
+. "$(dirname "$0")/lib.sh"
+
+V0="90,132,40,61,104,165,39,4,73,56,183,86"
+V1="20,107,104,64,19,197,187,157,172,86,16,27"
+printf '[[%s],\n [%s]]\n' "$V0" "$V1" >"$tmp/v.json"
+printf '# the README vector\n%s\n\n%s\n' "$(echo "$V0" | tr ',' ' ')" "$V1" >"$tmp/v.txt"
+ARGS=(--replicas 16 --groups 4 --nodes 2 --gpus 8)
+
+# Checks a JSON plan file against DeepSeek's README vector.
+cat >"$tmp/check.lua" <<'LUA'
+local json = require("dkjson")
+local f = assert(io.open(arg[1]))
+local doc = assert(json.decode(f:read("a")))
+f:close()
+local function s(t)
+  local o = {}
+  for i, v in ipairs(t) do o[i] = type(v) == "table" and "[" .. s(v) .. "]" or tostring(v) end
+  return table.concat(o, ",")
+end
+assert(s(doc.physical_to_logical) == "[5,6,5,7,8,4,3,4,10,9,10,2,0,1,11,1],[7,10,6,8,6,11,8,9,2,4,5,1,5,0,3,1]", s(doc.physical_to_logical))
+assert(s(doc.logical_to_physical[1]) == "[12,-1],[15,13],[11,-1],[6,-1],[7,5],[0,2],[1,-1],[3,-1],[4,-1],[9,-1],[8,10],[14,-1]", s(doc.logical_to_physical[1]))
+assert(s(doc.logical_count[1]) == "1,2,1,1,2,2,1,1,1,1,2,1")
+assert(math.abs(doc.stats.balancedness - 0.8163691432754) < 1e-9, doc.stats.balancedness)
+assert(doc.stats.gpu_max_over_mean > 1 and #doc.stats.per_layer == 2 and doc.stats.solve_ms >= 0)
+assert(doc.stats.copies == nil) -- JSON null without --previous
+LUA
+check_vector() { "$LP" "$tmp/check.lua" "$1"; }
+
+expect_rc "json loads, reference" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode reference
+check_vector "$tmp/out" && ok "README vector from JSON" || bad "README vector from JSON"
+expect_rc "text loads, reference" 0 "$LP" eplb --loads "$tmp/v.txt" "${ARGS[@]}" --mode reference --format json
+check_vector "$tmp/out" && ok "README vector from text" || bad "README vector from text"
+expect_in "json keys" "$tmp/out" '"physical_to_logical":[[5,6,5,7,8,4,3,4,10,9,10,2,0,1,11,1],[7,10,6,8,6,11,8,9,2,4,5,1,5,0,3,1]]'
+
+expect_rc "output file" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode reference -o "$tmp/plan.json"
+expect_in "output file named" "$tmp/out" "wrote json plan to $tmp/plan.json"
+check_vector "$tmp/plan.json" && ok "README vector in the output file" || bad "README vector in the output file"
+
+expect_rc "text output" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --format text
+expect_in "text header" "$tmp/out" "EPLB plan: 2 layers, 12 experts -> 16 slots on 8 GPUs over 2 nodes (hierarchical policy, balanced mode)"
+expect_in "text per layer" "$tmp/out" "layer balancedness"
+expect_in "text heat map" "$tmp/out" "GPU load heat map"
+grep -qE '^ +1 [▁▂▃▄▅▆▇█]{4} [▁▂▃▄▅▆▇█]{4}$' "$tmp/out" && ok "heat map row per layer" || bad "heat map row per layer"
+
+# the plan in force: its own JSON output as --previous keeps everything
+expect_rc "previous" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode reference --previous "$tmp/plan.json"
+expect_in "no copies against itself" "$tmp/out" '"copies":0,'
+expect_in "copies per GPU" "$tmp/out" '"gpu_copies":[0,0,0,0,0,0,0,0],'
+printf '%s\n%s\n' "0 1 2 3 4 5 6 7 8 9 10 11 0 1 2 3" "0,1,2,3,4,5,6,7,8,9,10,11,4,5,6,7" >"$tmp/prev.txt"
+expect_rc "previous text, budget" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --previous "$tmp/prev.txt" --max-moves 2 --format text
+grep -qE '^ +0 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[012] ' "$tmp/out" && ok "budget respected" || bad "budget respected"
+
+# read errors: file and line, exit 1
+printf '[[1,2,3,4],\n [1,2,3,4],\n [1,2,3]]\n' >"$tmp/ragged.json"
+expect_rc "ragged json" 1 "$LP" eplb --loads "$tmp/ragged.json" --replicas 4 --gpus 2
+expect_in "ragged json named" "$tmp/err" "$tmp/ragged.json:3: layer 2 has 3 entries, layer 0 has 4"
+printf '1 2 3 4\n# comment\n1 2 x 4\n' >"$tmp/bad.txt"
+expect_rc "bad number" 1 "$LP" eplb --loads "$tmp/bad.txt" --replicas 4 --gpus 2
+expect_in "bad number named" "$tmp/err" "$tmp/bad.txt:3: layer 1, entry 2 ('x') is not a number"
+printf '[[1,2,3,4],\n [1,2,\n   -3,4]]\n' >"$tmp/neg.json"
+expect_rc "negative load" 1 "$LP" eplb --loads "$tmp/neg.json" --replicas 4 --gpus 2
+expect_in "negative load named" "$tmp/err" "$tmp/neg.json:3: layer 1, entry 2: load -3 is not a non-negative finite number"
+printf '[[1,2,3,4],\n [1,2' >"$tmp/cut.json"
+expect_rc "truncated json" 1 "$LP" eplb --loads "$tmp/cut.json" --replicas 4 --gpus 2
+expect_in "truncated json named" "$tmp/err" "$tmp/cut.json:2: invalid JSON"
+expect_rc "missing file" 1 "$LP" eplb --loads "$tmp/nope.json" --replicas 4 --gpus 2
+expect_in "missing file named" "$tmp/err" "cannot read $tmp/nope.json"
+printf '0 1 2\n' >"$tmp/shortprev.txt"
+expect_rc "short previous" 1 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --previous "$tmp/shortprev.txt"
+expect_in "short previous named" "$tmp/err" "$tmp/shortprev.txt: 1 layers, but $tmp/v.json has 2"
+
+# bad options: exit 2
+expect_rc "replicas not a number" 2 "$LP" eplb --loads "$tmp/v.json" --replicas x --gpus 8
+expect_in "replicas named" "$tmp/err" "--replicas must be a positive integer, got 'x'"
+expect_rc "unknown mode" 2 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode fast
+expect_rc "missing --loads" 2 "$LP" eplb "${ARGS[@]}"
+expect_rc "R not a multiple of G" 2 "$LP" eplb --loads "$tmp/v.json" --replicas 15 --groups 4 --nodes 2 --gpus 8
+expect_in "R/G named" "$tmp/err" "replicas (15) must be a multiple of gpus (8)"
+expect_rc "max-moves without previous" 2 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --max-moves 3
+expect_rc "spill with reference" 2 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode reference --spill
+
+# help lists the options
+expect_rc "help" 0 "$LP" help eplb
+expect_in "help mentions --max-moves" "$tmp/out" "--max-moves"
+
+finish

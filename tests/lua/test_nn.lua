@@ -1,0 +1,174 @@
+-- luapipe.nn and luapipe.train on one process: tensors, layers and their
+-- parameters as Lua tables, shape checks, partitioning (by layers, by cost,
+-- and the too-many-stages error), split-independent initialisation, and
+-- single-rank training against the reference.
+local lu = require("luaunit")
+local nn = require("luapipe.nn")
+local train = require("luapipe.train")
+local core = require("luapipe.core")
+
+local function error_of(f, ...)
+  local ok, err = pcall(f, ...)
+  lu.assertFalse(ok, "expected an error")
+  return (tostring(err):gsub("^[^:]*:%d+: ", ""))
+end
+
+local function mlp()
+  return nn.sequential {
+    nn.linear(4, 8), nn.gelu(), nn.mlp_block(8, 16), nn.linear(8, 8), nn.silu(),
+    nn.rmsnorm(8), nn.residual(nn.linear(8, 8)), nn.linear(8, 2), loss = "mse",
+  }
+end
+
+local function data(step, mb)
+  local x, y = {}, {}
+  for i = 1, 12 do x[i] = math.sin(step * 0.9 + mb * 1.7 + i * 0.31) end
+  for i = 1, 6 do y[i] = math.cos(step * 0.4 + mb * 0.6 + i) end
+  return nn.tensor({ 3, 4 }, x), nn.tensor({ 3, 2 }, y)
+end
+
+function test_tensor_roundtrip()
+  local t = nn.tensor({ 2, 3 }, { 1, 2, 3, 4, 5, 6.5 })
+  lu.assertEquals(t:shape(), { 2, 3 })
+  lu.assertEquals(t:numel(), 6)
+  lu.assertEquals(t:totable(), { 1, 2, 3, 4, 5, 6.5 })
+  lu.assertEquals(nn.tensor({ 2 }):totable(), { 0, 0 })
+  lu.assertEquals(tostring(t), "luapipe.Tensor [2, 3]")
+  lu.assertStrContains(error_of(nn.tensor, { 2, 2 }, { 1, 2, 3 }),
+    "tensor: 3 values given for a shape of 4 elements")
+  t:close()
+  lu.assertStrContains(error_of(t.shape, t), "attempt to use a closed luapipe.Tensor")
+end
+
+function test_layer_params_in_and_out()
+  local l = core.nn_layer(nn.linear(3, 2), "layers.0", 7)
+  local p = l:params()
+  lu.assertEquals(#p, 2)
+  lu.assertEquals(p[1].name, "layers.0.weight")
+  lu.assertEquals(p[1].shape, { 2, 3 })
+  lu.assertEquals(p[2].value, { 0, 0 })
+  l:set_params { ["layers.0.weight"] = { 1, 0, 0, 0, 1, 0 }, ["layers.0.bias"] = { 0.5, -1 } }
+  local y = l:forward(nn.tensor({ 1, 3 }, { 2, 3, 4 }))
+  lu.assertEquals(y:totable(), { 2.5, 2 })
+  lu.assertStrContains(error_of(l.set_params, l, { nope = { 1 } }), "set_params: no parameter 'nope'")
+  lu.assertStrContains(error_of(core.nn_layer, { kind = "conv" }, "x", 1), "unknown layer kind 'conv'")
+  lu.assertStrContains(error_of(core.nn_layer, { kind = "linear", din = 3 }, "x", 1),
+    "layer 'linear': field 'dout' must be a positive integer")
+  lu.assertStrContains(error_of(core.nn_layer, { kind = "mlp_block", d_model = 4, d_hidden = 8, act = "relu" }, "x", 1),
+    "act must be \"gelu\" or \"silu\", got \"relu\"")
+  local attn = core.nn_layer(nn.attention(8, 2), "blocks.0.attn", 1)
+  local names = {}
+  for _, q in ipairs(attn:params()) do names[#names + 1] = q.name end
+  lu.assertEquals(names, { "blocks.0.attn.wq", "blocks.0.attn.wk", "blocks.0.attn.wv", "blocks.0.attn.wo" })
+  attn:close()
+  attn:close() -- idempotent
+  lu.assertStrContains(error_of(attn.params, attn), "attempt to use a closed luapipe.Layer")
+  -- the same name and seed give the same numbers
+  local a = core.nn_layer(nn.linear(3, 2), "layers.0", 7):params()[1].value
+  local b = core.nn_layer(nn.linear(3, 2), "layers.0", 7):params()[1].value
+  lu.assertEquals(a, b)
+end
+
+function test_shapes_and_mismatch()
+  local m = mlp()
+  local s = m:shapes({ 3, 4 })
+  lu.assertEquals(s[1], { 3, 8 })
+  lu.assertEquals(s[8], { 3, 2 })
+  local bad = nn.sequential { nn.linear(4, 8), nn.linear(7, 2) }
+  lu.assertEquals(error_of(bad.shapes, bad, { 3, 4 }),
+    "model layer 2 (linear 7->2) expects inputs [..., 7], got [3, 8]")
+  local lm = nn.sequential { nn.embedding(10, 6), nn.transformer_block(6, 2, 12), nn.linear(6, 10) }
+  lu.assertEquals(lm:shapes({ 2, 5 })[3], { 2, 5, 10 })
+end
+
+function test_partition_by_layers()
+  local m = mlp()
+  local p = m:partition { stages = 3 }
+  lu.assertEquals(p.bounds, { { first = 1, last = 3 }, { first = 4, last = 6 }, { first = 7, last = 8 } })
+  lu.assertEquals(m:stage_input_shapes(p, { 3, 4 }), { [1] = { 3, 8 }, [2] = { 3, 8 } })
+  lu.assertEquals(error_of(m.partition, m, { stages = 16 }),
+    "partition: the schedule wants 16 model stages, but the model has only 8 layers (each stage"
+    .. " needs at least one layer): use a deeper model, or fewer stages (fewer ranks or chunks)")
+end
+
+function test_partition_by_cost()
+  local m = mlp()
+  local p = m:partition { stages = 3, by = "cost", costs = { 1, 1, 1, 10, 1, 1, 1, 1 } }
+  lu.assertEquals(p.bounds, { { first = 1, last = 3 }, { first = 4, last = 4 }, { first = 5, last = 8 } })
+  local q = m:partition { stages = 4, by = "cost", input_shape = { 3, 4 }, reps = 1 }
+  lu.assertEquals(#q.bounds, 4)
+  lu.assertEquals(#q.costs, 8)
+  lu.assertEquals(q.bounds[1].first, 1)
+  lu.assertEquals(q.bounds[4].last, 8)
+  for s = 2, 4 do lu.assertEquals(q.bounds[s].first, q.bounds[s - 1].last + 1) end
+end
+
+function test_split_does_not_change_init()
+  local m = mlp()
+  local full = {}
+  for _, p in ipairs(m:build(3):params()) do full[p.name] = p.value end
+  local part = m:partition { stages = 4 }
+  local n = 0
+  for s = 0, 3 do
+    for _, p in ipairs(m:build_stage(part, s, 3):params()) do
+      lu.assertEquals(p.value, full[p.name])
+      n = n + 1
+    end
+  end
+  lu.assertEquals(n, #m:build(3):params())
+end
+
+function test_train_one_rank_matches_reference()
+  local m = mlp()
+  local opt = { kind = "adamw", lr = 0.01 }
+  for _, fam in ipairs({ "gpipe", "1f1b", "zb1p" }) do
+    local r = train { model = m, schedule = fam, pp = 1, microbatches = 3, data = data, steps = 2,
+      seed = 9, optimizer = opt, quiet = true }
+    local ref = train.reference { model = m, microbatches = 3, data = data, steps = 2, seed = 9,
+      optimizer = opt }
+    lu.assertEquals(r.losses, ref.losses)
+    local got, want = r.params(), ref.params()
+    for name, v in pairs(want) do lu.assertEquals(got[name], v) end
+  end
+end
+
+function test_train_errors()
+  local m = mlp()
+  lu.assertEquals(error_of(train, { model = m, schedule = "1f1b", pp = 2, microbatches = 4, data = data }),
+    "luapipe.train: schedule '1f1b' needs 2 ranks, but this job has 1 (run it with mpirun -np 2)")
+  lu.assertStrContains(error_of(train, { model = m, schedule = "nope", pp = 1, data = data }),
+    "unknown schedule 'nope'")
+  lu.assertStrContains(error_of(train, { model = {}, schedule = "1f1b", data = data }),
+    "'model' must be a luapipe.nn model")
+  local bad = function(step, mb) return nn.tensor({ 3, 4 }), nn.tensor({ 3, 5 }) end
+  lu.assertStrContains(error_of(train, { model = m, schedule = "gpipe", pp = 1, microbatches = 1,
+    data = bad, quiet = true }), "loss of micro-batch 0 failed")
+end
+
+function test_overlapped_fb_hook()
+  local m = mlp()
+  local calls = 0
+  local function hook(exec, pair)
+    calls = calls + 1
+    lu.assertStrContains(pair.text, "OVERLAP_F_B")
+    assert(exec:run_half("F", pair.f_stage, pair.f_mb))
+    assert(exec:run_half(pair.b_type, pair.b_stage, pair.b_mb))
+  end
+  local opt = { kind = "sgd", lr = 0.1 }
+  local r = train { model = m, schedule = "dualpipev", pp = 1, microbatches = 4, data = data,
+    steps = 2, seed = 2, optimizer = opt, quiet = true, overlapped_fb = hook }
+  lu.assertTrue(calls > 0)
+  local ref = train.reference { model = m, microbatches = 4, data = data, steps = 2, seed = 2,
+    optimizer = opt }
+  for k = 1, 2 do lu.assertAlmostEquals(r.losses[k], ref.losses[k], 1e-6 * ref.losses[k]) end
+  -- a failing hook fails the step with its message
+  local err = error_of(train, { model = m, schedule = "dualpipev", pp = 1, microbatches = 4,
+    data = data, steps = 1, quiet = true, overlapped_fb = function() error("no overlap today") end })
+  lu.assertStrContains(err, "overlapped_fb hook failed on (")
+  lu.assertStrContains(err, "no overlap today")
+  -- run_half outside a hook is misuse
+  lu.assertStrContains(error_of(r.exec.run_half, r.exec, "F", 0, 0),
+    "exec:run_half is only allowed inside an overlapped_fb hook")
+end
+
+os.exit(lu.LuaUnit.run())

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# test_train_equivalence.sh LUAPIPE — the executor against the single-process
+# reference (run from the repo root): for every schedule family on 2 and 4
+# ranks (M = 2P micro-batches; interleaved1f1b with 2 chunks), a small MLP
+# trained 3 steps gives the reference's per-step losses and final
+# parameters within 1e-5 relative on every rank, and DualPipe's two copies
+# of each stage end bitwise equal (train_equivalence.lua); the same for a
+# small transformer LM with AdamW on 2 ranks (1f1b, zbv, dualpipe). Then the clear
+# errors: a schedule for 4 ranks on a 2-rank job, and a model with fewer
+# layers than the schedule's stages. Exits 77 (skipped) without mpirun.
+set -u
+luapipe=${1:?usage: test_train_equivalence.sh path/to/luapipe}
+command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OPENBLAS_NUM_THREADS=1
+mpirun=(timeout 60 mpirun --oversubscribe)
+driver=tests/mpi/train_equivalence.lua
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+
+for P in 2 4; do
+  for fam in gpipe 1f1b interleaved1f1b zb1p zbv dualpipe dualpipev; do
+    M=$((2 * P))
+    t0=$(date +%s.%N)
+    "${mpirun[@]}" -np "$P" "$luapipe" "$driver" "$fam" "$M" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    t1=$(date +%s.%N)
+    echo "$fam P=$P M=$M: rc $rc in $(elapsed "$t0" "$t1") s"
+    if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok ' "$tmp/out")" -ne "$P" ]; then
+      fail "$fam on $P ranks"
+      cat "$tmp/out" "$tmp/err"
+    fi
+  done
+done
+
+# a small transformer LM (embedding, attention, cross-entropy, AdamW)
+for fam in 1f1b zbv dualpipe; do
+  t0=$(date +%s.%N)
+  "${mpirun[@]}" -np 2 "$luapipe" "$driver" "$fam" 4 lm >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  t1=$(date +%s.%N)
+  echo "$fam P=2 M=4 (transformer LM, AdamW): rc $rc in $(elapsed "$t0" "$t1") s"
+  if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok ' "$tmp/out")" -ne 2 ]; then
+    fail "$fam on 2 ranks (LM)"
+    cat "$tmp/out" "$tmp/err"
+  fi
+done
+
+# variants on 4 ranks: M = 4P, receives posted one action ahead / all at
+# the start of the step, the model split by measured cost, DualPipe with
+# explicit REDUCE_GRAD actions, and with a Lua overlapped_fb hook
+while read -r fam M mode look what; do
+  t0=$(date +%s.%N)
+  "${mpirun[@]}" -np 4 "$luapipe" "$driver" "$fam" "$M" "$mode" "$look" >"$tmp/out" 2>"$tmp/err" </dev/null
+  rc=$?
+  t1=$(date +%s.%N)
+  echo "$fam P=4 M=$M ($what): rc $rc in $(elapsed "$t0" "$t1") s"
+  if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok ' "$tmp/out")" -ne 4 ]; then
+    fail "$fam on 4 ranks ($what)"
+    cat "$tmp/out" "$tmp/err"
+  fi
+done <<'LIST'
+1f1b 16 mlp 4 M=4P
+interleaved1f1b 16 mlp 4 M=4P
+dualpipe 16 mlp 4 M=4P
+zbv 8 mlp 1 lookahead 1
+dualpipev 8 mlp -1 all receives posted at step start
+dualpipe 8 mlp 1 lookahead 1
+zb1p 8 cost 4 partition by cost
+dualpipe 8 reduce 4 explicit REDUCE_GRAD actions
+dualpipe 8 hook 4 overlapped_fb hook
+LIST
+
+# a schedule for 4 ranks on a 2-rank job: a clear error on every rank
+"${mpirun[@]}" -np 2 "$luapipe" "$driver" 1f1b 8 ranks >"$tmp/out" 2>&1
+rc=$?
+n=$(grep -c "schedule '1f1b' needs 4 ranks, but this job has 2" "$tmp/out")
+echo "wrong rank count: rc $rc, $n rank(s) reported it"
+{ [ "$rc" -ne 0 ] && [ "$n" -eq 2 ]; } || { fail "wrong rank count"; cat "$tmp/out"; }
+
+# more stages than layers: an error before anything runs
+"${mpirun[@]}" -np 2 "$luapipe" "$driver" zbv 4 stages >"$tmp/out" 2>&1
+rc=$?
+n=$(grep -c "the schedule wants 4 model stages, but the model has only 1 layers" "$tmp/out")
+echo "too few layers: rc $rc, $n rank(s) reported it"
+{ [ "$rc" -ne 0 ] && [ "$n" -ge 1 ]; } || { fail "too few layers"; cat "$tmp/out"; }
+
+if [ "$fails" -ne 0 ]; then
+  echo "test_train_equivalence: $fails failure(s)"
+  exit 1
+fi
+echo "test_train_equivalence: all passed"

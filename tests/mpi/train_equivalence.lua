@@ -1,0 +1,185 @@
+-- train_equivalence.lua FAMILY MICROBATCHES [mode [lookahead]] — run under mpirun by
+-- test_train_equivalence.sh. Trains a small MLP with the schedule family on
+-- the ranks of this job and checks, on every rank, that the per-step
+-- losses and this rank's final parameters equal the single-process
+-- reference (luapipe.train.reference) within 1e-5 relative, and that the
+-- two copies of a replicated stage (DualPipe) are bitwise identical.
+-- Prints "rank R: ok" or "rank R: FAIL ..." lines; every rank exits with
+-- the job's failure count (0: all passed).
+-- mode "reduce": the schedule gets explicit REDUCE_GRAD actions, each right
+-- after the last compute action of its virtual stage (DualPipe).
+-- mode "hook": an overlapped_fb hook runs each FB pair backward half first
+-- (DualPipe); it must be called and change nothing.
+-- mode "cost": the model split by measured layer cost instead of by count.
+-- lookahead: receives posted that many compute actions ahead (-1: all at
+-- the start of the step; default 4).
+-- mode "lm": a small causal transformer LM (embedding, attention blocks,
+-- cross-entropy) trained with AdamW instead.
+-- mode "ranks": asks for pp = 4 on a smaller job (expects a clear error).
+-- mode "stages": a model with fewer layers than stages (expects an error).
+local nn = require("luapipe.nn")
+local train = require("luapipe.train")
+local comm = require("luapipe.comm")
+
+local family, M, mode, lookahead = arg[1], tonumber(arg[2]), arg[3], tonumber(arg[4])
+local rank, P = comm.rank(), comm.size()
+local STEPS, SEED = 3, 1234
+
+local model = nn.sequential {
+  nn.linear(6, 16), nn.gelu(), nn.mlp_block(16, 32, "gelu"), nn.linear(16, 16),
+  nn.silu(), nn.mlp_block(16, 24, "silu"), nn.rmsnorm(16), nn.linear(16, 3),
+  loss = "mse",
+}
+
+local function data(step, mb)
+  -- deterministic synthetic regression: target = a fixed function of input
+  local B, x, y = 4, {}, {}
+  for b = 0, B - 1 do
+    for i = 1, 6 do x[b * 6 + i] = math.sin(0.7 * step + 1.3 * mb + 0.37 * b + 0.91 * i) end
+    for j = 1, 3 do
+      local s = 0
+      for i = 1, 6 do s = s + x[b * 6 + i] * math.cos(i * j) end
+      y[b * 3 + j] = math.tanh(s)
+    end
+  end
+  return nn.tensor({ B, 6 }, x), nn.tensor({ B, 3 }, y)
+end
+
+local optimizer = { kind = "sgd", lr = 0.05, momentum = 0.9 }
+
+if mode == "lm" then
+  local V, D, T = 12, 8, 5
+  model = nn.sequential {
+    nn.embedding(V, D), nn.transformer_block(D, 2, 16, "gelu"), nn.residual(nn.attention(D, 2)),
+    nn.transformer_block(D, 2, 16, "silu"), nn.rmsnorm(D), nn.linear(D, V),
+    loss = "cross_entropy",
+  }
+  data = function(step, mb)
+    local B, x, y = 2, {}, {}
+    for i = 1, B * T do
+      x[i] = (step * 5 + mb * 3 + i * 7) % V
+      y[i] = (x[i] * 3 + 1) % V
+    end
+    return nn.tensor({ B, T }, x), nn.tensor({ B, T }, y)
+  end
+  optimizer = { kind = "adamw", lr = 0.01, weight_decay = 0.01 }
+end
+
+if mode == "ranks" then
+  train { model = model, schedule = family, pp = 4, microbatches = M, data = data, steps = 1 }
+  return
+elseif mode == "stages" then
+  local tiny = nn.sequential { nn.linear(6, 3), loss = "mse" }
+  train { model = tiny, schedule = family, microbatches = M, data = data, steps = 1 }
+  return
+end
+
+local sched = family
+if mode == "reduce" then
+  sched = require("luapipe.schedule").build(family, { pp = P, microbatches = M })
+  for rk = 0, P - 1 do
+    local acts, lastpos = sched:actions(rk), {}
+    for i, t in ipairs(acts) do
+      for v in t:gmatch("(%d+)[FBIW]%d+") do lastpos[tonumber(v)] = i end
+    end
+    local out = {}
+    for i, t in ipairs(acts) do
+      out[#out + 1] = t
+      for v, p in pairs(lastpos) do
+        if p == i then out[#out + 1] = v .. "REDUCE_GRAD" end
+      end
+    end
+    sched:clear_rank(rk)
+    sched:push(rk, out)
+  end
+  assert(sched:validate())
+end
+
+local hook_calls = 0
+local hook
+if mode == "hook" then
+  hook = function(exec, pair)
+    hook_calls = hook_calls + 1
+    assert(exec:run_half(pair.b_type, pair.b_stage, pair.b_mb))
+    assert(exec:run_half("F", pair.f_stage, pair.f_mb))
+  end
+end
+
+local r = train { model = model, schedule = sched, overlapped_fb = hook, microbatches = M, data = data,
+  steps = STEPS, seed = SEED, optimizer = optimizer, quiet = true, lookahead = lookahead,
+  partition = mode == "cost" and "cost" or "layers" }
+local ref = train.reference { model = model, microbatches = M, data = data, steps = STEPS,
+  seed = SEED, optimizer = optimizer }
+
+local fails = {}
+local function check(what, got, want)
+  local scale = math.abs(want)
+  if math.abs(got - want) > 1e-5 * math.max(scale, 1e-6) then
+    fails[#fails + 1] = string.format("%s: got %.9g, want %.9g", what, got, want)
+  end
+end
+
+for k = 1, STEPS do check("loss of step " .. k, r.losses[k], ref.losses[k]) end
+
+local want = ref.params()
+local V = r.schedule:info().vstages
+local sums = {}
+for i = 1, 2 * V do sums[i] = 0 end
+local nchecked = 0
+for _, vs in ipairs(r.stage_params()) do
+  local s1, s2 = 0, 0
+  local names = {}
+  for name in pairs(vs.params) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local got, w = vs.params[name], want[name]
+    if not w then
+      fails[#fails + 1] = "parameter " .. name .. " is not in the reference"
+    else
+      -- relative to the tensor's largest magnitude
+      local md, mx = 0, 0
+      for i = 1, #w do
+        md = math.max(md, math.abs(got[i] - w[i]))
+        mx = math.max(mx, math.abs(w[i]))
+      end
+      if md > 1e-5 * math.max(mx, 1e-6) then
+        fails[#fails + 1] = string.format("stage %d (vstage %d) parameter %s: max |diff| %.3g (max |value| %.3g)",
+          vs.stage, vs.id, name, md, mx)
+      end
+      nchecked = nchecked + 1
+    end
+    for i = 1, #got do
+      s1 = s1 + got[i]
+      s2 = s2 + got[i] * ((i % 97) + 1)
+    end
+  end
+  sums[2 * vs.id + 1], sums[2 * vs.id + 2] = s1, s2
+end
+if mode == "hook" then
+  local calls = assert(comm.allreduce({ hook_calls }, "gathering hook calls"))[1]
+  if calls == 0 then fails[#fails + 1] = "the overlapped_fb hook was never called" end
+end
+if nchecked == 0 then fails[#fails + 1] = "no parameters checked on this rank" end
+
+-- copies of a replicated stage must be bitwise equal: compare checksums
+local all = assert(comm.allreduce(sums, "gathering parameter checksums"))
+local copies = 0
+for v = 0, V - 1 do
+  for u = v + 1, V - 1 do
+    if r.schedule:vstage(v) == r.schedule:vstage(u) then
+      copies = copies + 1
+      if all[2 * v + 1] ~= all[2 * u + 1] or all[2 * v + 2] ~= all[2 * u + 2] then
+        fails[#fails + 1] = string.format("copies %d and %d of model stage %d differ", v, u,
+          (r.schedule:vstage(v)))
+      end
+    end
+  end
+end
+
+for _, f in ipairs(fails) do print(string.format("rank %d: FAIL %s %d ranks: %s", rank, family, P, f)) end
+if #fails == 0 then
+  print(string.format("rank %d: ok %s P=%d M=%d (%d params, %d replicated stages, losses %.6f %.6f %.6f)",
+    rank, family, P, M, nchecked, copies, r.losses[1], r.losses[2], r.losses[3]))
+end
+local total = assert(comm.allreduce({ #fails }, "gathering failure counts"))[1]
+os.exit(total == 0 and 0 or 1)
