@@ -12,7 +12,8 @@ void lb_open_schedule(lua_State *L);
 void lb_open_sim(lua_State *L);
 void lb_open_eplb(lua_State *L);
 void lb_open_comm(lua_State *L);
-void lb_open_nn(lua_State *L); void lb_open_exec(lua_State *L);
+void lb_open_nn(lua_State *L);
+void lb_open_exec(lua_State *L);
 
 /* Pushes nil, msg and returns 2 (runtime failures). */
 int lb_fail(lua_State *L, const char *msg);

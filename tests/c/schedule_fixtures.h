@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "lp_schedule.h"
+#include "lp_test_oom.h"
 
 /* Pushes the space-separated actions of `list` to rank; fails the test on
  * error (printing the schedule's message). */
@@ -137,39 +138,3 @@ static inline void fx_assert_same(const lp_schedule *a, const lp_schedule *b) {
   }
 }
 
-/* ---- out-of-memory injection ----
- * fx_oom_arm(k): the k-th allocation from now on (0-based) fails, and so
- * does none after it. fx_oom_live() counts blocks not yet freed. */
-typedef struct fx_oom {
-  long countdown; /* < 0: never fail */
-  long live;
-  int failed;
-} fx_oom;
-static fx_oom fx_oom_state;
-
-static inline void *fx_oom_alloc(void *ud, void *ptr, size_t size) {
-  fx_oom *o = ud;
-  if (size == 0) {
-    if (ptr) o->live--;
-    free(ptr);
-    return NULL;
-  }
-  if (o->countdown == 0) {
-    o->countdown = -1;
-    o->failed = 1;
-    return NULL;
-  }
-  if (o->countdown > 0) o->countdown--;
-  void *p = realloc(ptr, size);
-  if (p && !ptr) o->live++;
-  return p;
-}
-
-static inline void fx_oom_arm(long k) {
-  fx_oom_state.countdown = k;
-  fx_oom_state.live = 0;
-  fx_oom_state.failed = 0;
-  lp_set_allocator(fx_oom_alloc, &fx_oom_state);
-}
-
-static inline void fx_oom_disarm(void) { lp_set_allocator(NULL, NULL); }

@@ -14,6 +14,7 @@
 
 #include "comm_internal.h"
 #include "lp_comm.h"
+#include "lp_test_oom.h"
 
 /* ---- the self backend ---- */
 
@@ -118,22 +119,10 @@ static void test_timeout_knob(void **state) {
 
 /* ---- out of memory ---- */
 
-static int allocs_left;
-static void *failing_alloc(void *ud, void *ptr, size_t size) {
-  (void)ud;
-  if (size == 0) {
-    free(ptr);
-    return NULL;
-  }
-  if (allocs_left-- <= 0) return NULL;
-  return realloc(ptr, size);
-}
-
 static void test_out_of_memory(void **state) {
   (void)state;
   lp_comm *c = lp_comm_world();
-  lp_set_allocator(failing_alloc, NULL);
-  allocs_left = 0;
+  lp_test_oom_arm(0, 1); /* every allocation fails */
   lp_comm *s = NULL;
   assert_int_equal(lp_comm_self_new(&s), LP_ERR_NOMEM);
   assert_null(s);
@@ -141,7 +130,7 @@ static void test_out_of_memory(void **state) {
   assert_int_equal(lp_comm_allreduce_sum_float(c, x, 2, NULL), LP_ERR_NOMEM);
   assert_string_equal(lp_comm_last_error(c), "out of memory");
   assert_int_equal(lp_comm_barrier(c, NULL), LP_ERR_NOMEM);
-  allocs_left = 1;
+  lp_test_oom_arm(1, 1); /* one allocation succeeds */
   assert_int_equal(lp_comm_barrier(c, NULL), LP_OK);
   lp_set_allocator(NULL, NULL);
 }

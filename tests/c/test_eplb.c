@@ -14,6 +14,7 @@
 #include <math.h>
 
 #include "lp_eplb.h"
+#include "lp_test_oom.h"
 
 /* ---- helpers ---- */
 
@@ -608,20 +609,6 @@ static void test_errors(void **state) {
 
 /* ---- out of memory ---- */
 
-static long fail_after, live;
-static void *failing_alloc(void *ud, void *ptr, size_t size) {
-  (void)ud;
-  if (size == 0) {
-    if (ptr) live--;
-    free(ptr);
-    return NULL;
-  }
-  if (fail_after-- <= 0) return NULL;
-  void *p = realloc(ptr, size);
-  if (p && !ptr) live++;
-  return p;
-}
-
 static void test_out_of_memory(void **state) {
   (void)state;
   int prev[32];
@@ -633,24 +620,22 @@ static void test_out_of_memory(void **state) {
   o.spill = 1;
   int failures = 0;
   for (long n = 0;; n++) {
-    fail_after = n;
-    live = 0;
-    lp_set_allocator(failing_alloc, NULL);
+    lp_test_oom_arm(n, 1);
     lp_eplb_plan *p = NULL;
     char err[LP_ERRLEN];
     lp_status st = lp_eplb_rebalance(&readme_load[0][0], 2, 12, 16, 4, 2, 8, &o, &p, err);
     if (st == LP_OK) {
       check_invariants(p);
       lp_eplb_plan_free(p);
-      lp_set_allocator(NULL, NULL);
-      assert_int_equal(live, 0);
+      lp_test_oom_disarm();
+      assert_int_equal(lp_test_oom_state.live, 0);
       break;
     }
-    lp_set_allocator(NULL, NULL);
+    lp_test_oom_disarm();
     assert_int_equal(st, LP_ERR_NOMEM);
     assert_string_equal(err, "out of memory");
     assert_null(p);
-    assert_int_equal(live, 0); /* nothing leaked */
+    assert_int_equal(lp_test_oom_state.live, 0); /* nothing leaked */
     failures++;
   }
   assert_true(failures > 5);

@@ -216,9 +216,9 @@ static void test_lower_out_of_memory(void **state) {
   long fails = 0;
   for (long k = 0;; k++) {
     lp_schedule *low = (lp_schedule *)1;
-    fx_oom_arm(k);
+    lp_test_oom_arm(k, 0);
     lp_status st = lp_schedule_lower(s, &low);
-    int failed = fx_oom_state.failed;
+    int failed = lp_test_oom_state.failed;
     if (st == LP_OK) {
       fx_assert_same(want, low);
     } else {
@@ -227,8 +227,8 @@ static void test_lower_out_of_memory(void **state) {
       assert_string_equal(lp_schedule_last_error(s), "out of memory");
     }
     lp_schedule_free(low);
-    long live = fx_oom_state.live;
-    fx_oom_disarm();
+    long live = lp_test_oom_state.live;
+    lp_test_oom_disarm();
     assert_int_equal(live, 0);
     if (!failed) break;
     fails++;

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "lp_nn.h"
+#include "lp_test_oom.h"
 
 #define SH(...) ((int64_t[]){__VA_ARGS__})
 #define RTOL 1e-2
@@ -828,28 +829,6 @@ static void test_errors(void **state) {
 
 /* ---- out of memory ---- */
 
-typedef struct {
-  long count, fail_at, live;
-} oom_state;
-
-static void *oom_alloc(void *ud, void *ptr, size_t size) {
-  oom_state *s = ud;
-  if (size == 0) {
-    if (ptr) {
-      free(ptr);
-      s->live--;
-    }
-    return NULL;
-  }
-  if (s->count++ == s->fail_at) return NULL;
-  if (!ptr) {
-    void *p = malloc(size);
-    if (p) s->live++;
-    return p;
-  }
-  return realloc(ptr, size);
-}
-
 /* Build a 1-block LM, run F, loss, I, W for two micro-batches and one
  * AdamW step; every object is freed on every path. A failed forward or
  * input_grad must leave the ctx EMPTY. */
@@ -907,13 +886,12 @@ static void test_oom(void **state) {
   (void)state;
   int failures = 0;
   for (long k = 0;; k++) {
-    oom_state s = {0, k, 0};
-    lp_set_allocator(oom_alloc, &s);
+    lp_test_oom_arm(k, 0);
     lp_status st = nn_scenario();
-    lp_set_allocator(NULL, NULL);
-    if (s.live != 0)
-      printf("  leak: %ld blocks when failing allocation %ld\n", s.live, k);
-    assert_int_equal(s.live, 0);
+    lp_test_oom_disarm();
+    long live = lp_test_oom_state.live;
+    if (live != 0) printf("  leak: %ld blocks when failing allocation %ld\n", live, k);
+    assert_int_equal(live, 0);
     if (st == LP_OK) break;
     if (st != LP_ERR_NOMEM) printf("  allocation %ld: status %d\n", k, (int)st);
     assert_int_equal(st, LP_ERR_NOMEM);

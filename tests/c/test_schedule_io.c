@@ -339,12 +339,12 @@ static void test_io_out_of_memory(void **state) {
   char *want_csv = lp_schedule_to_csv(low), *want_json = lp_schedule_to_json(low);
   long k, fails = 0;
   for (k = 0;; k++) {
-    fx_oom_arm(k);
+    lp_test_oom_arm(k, 0);
     char *csv = lp_schedule_to_csv(low), *json = lp_schedule_to_json(low);
     lp_schedule *t = NULL;
     char err[LP_ERRLEN] = "";
     lp_status st = lp_schedule_from_csv(want_csv, "oom.csv", &t, err);
-    int failed = fx_oom_state.failed;
+    int failed = lp_test_oom_state.failed;
     if (csv) assert_string_equal(csv, want_csv);
     if (json) assert_string_equal(json, want_json);
     if (st == LP_OK) {
@@ -358,8 +358,8 @@ static void test_io_out_of_memory(void **state) {
     lp_free(csv);
     lp_free(json);
     lp_schedule_free(t);
-    long live = fx_oom_state.live;
-    fx_oom_disarm();
+    long live = lp_test_oom_state.live;
+    lp_test_oom_disarm();
     assert_int_equal(live, 0);
     if (!failed) break;
     fails++;

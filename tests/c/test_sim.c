@@ -14,6 +14,7 @@
 
 #include "lp_schedule.h"
 #include "lp_sim.h"
+#include "lp_test_oom.h"
 
 #define EPS 1e-9
 
@@ -501,23 +502,6 @@ static void test_invalid_refused(void **state) {
 
 /* ---- out of memory: every allocation may fail; nothing leaks ---- */
 
-static long budget = -1; /* allocations left; -1: unlimited */
-static long live_blocks;
-
-static void *counting_alloc(void *ud, void *ptr, size_t size) {
-  (void)ud;
-  if (size == 0) {
-    if (ptr) live_blocks--;
-    free(ptr);
-    return NULL;
-  }
-  if (budget == 0) return NULL;
-  if (budget > 0) budget--;
-  void *p = realloc(ptr, size);
-  if (p && !ptr) live_blocks++;
-  return p;
-}
-
 static void test_out_of_memory(void **state) {
   (void)state;
   lp_schedule *s = dualpipe_p2();
@@ -527,9 +511,7 @@ static void test_out_of_memory(void **state) {
   for (long n = 0; n < 10000 && !ok; n++) {
     lp_sim_result *r = NULL;
     char err[LP_ERRLEN];
-    live_blocks = 0;
-    budget = n;
-    lp_set_allocator(counting_alloc, NULL);
+    lp_test_oom_arm(n, 1);
     lp_status st = lp_sim_run(s, &c, &r, err);
     if (st == LP_OK) {
       lp_sim_result_free(r);
@@ -539,9 +521,8 @@ static void test_out_of_memory(void **state) {
       assert_null(r);
       assert_string_equal(err, "out of memory");
     }
-    lp_set_allocator(NULL, NULL);
-    budget = -1;
-    assert_int_equal(live_blocks, 0);
+    lp_test_oom_disarm();
+    assert_int_equal(lp_test_oom_state.live, 0);
   }
   assert_true(ok);
   lp_schedule_free(s);

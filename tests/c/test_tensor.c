@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "lp_tensor.h"
+#include "lp_test_oom.h"
 
 #define PI 3.14159265358979323846
 
@@ -435,28 +436,6 @@ static void test_rng(void **state) {
 
 /* ---- out of memory ---- */
 
-typedef struct {
-  long count, fail_at, live;
-} oom_state;
-
-static void *oom_alloc(void *ud, void *ptr, size_t size) {
-  oom_state *s = ud;
-  if (size == 0) {
-    if (ptr) {
-      free(ptr);
-      s->live--;
-    }
-    return NULL;
-  }
-  if (s->count++ == s->fail_at) return NULL;
-  if (!ptr) {
-    void *p = malloc(size);
-    if (p) s->live++;
-    return p;
-  }
-  return realloc(ptr, size);
-}
-
 /* Creates, views, clones and computes (strided paths that need dense
  * temporaries included); frees everything on any path. */
 static lp_status tensor_scenario(void) {
@@ -485,11 +464,10 @@ static void test_oom(void **state) {
   (void)state;
   int failures = 0;
   for (long k = 0;; k++) {
-    oom_state s = {0, k, 0};
-    lp_set_allocator(oom_alloc, &s);
+    lp_test_oom_arm(k, 0);
     lp_status st = tensor_scenario();
-    lp_set_allocator(NULL, NULL);
-    assert_int_equal(s.live, 0); /* nothing leaked on any path */
+    lp_test_oom_disarm();
+    assert_int_equal(lp_test_oom_state.live, 0); /* nothing leaked on any path */
     if (st == LP_OK) break;
     assert_int_equal(st, LP_ERR_NOMEM);
     failures++;

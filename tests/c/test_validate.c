@@ -472,12 +472,12 @@ static void test_validate_out_of_memory(void **state) {
   lp_schedule *bad = linear(2, 2, (const char *const[]){"0F0 0B0 0F1 0B1", "1F1 1B1 1F0 1B0"});
   long fails = 0;
   for (long k = 0;; k++) {
-    fx_oom_arm(k);
+    lp_test_oom_arm(k, 0);
     lp_status st1 = lp_schedule_validate(low);
     lp_status st2 = lp_schedule_validate(bad);
-    int failed = fx_oom_state.failed;
-    long live = fx_oom_state.live;
-    fx_oom_disarm();
+    int failed = lp_test_oom_state.failed;
+    long live = lp_test_oom_state.live;
+    lp_test_oom_disarm();
     assert_int_equal(live, 0);
     if (st1 == LP_ERR_NOMEM) assert_string_equal(lp_schedule_last_error(low), "out of memory");
     else assert_int_equal(st1, LP_OK);
