@@ -9,7 +9,7 @@ function M.parser(p)
   p:description("Simulate a schedule under a cost model: per-rank timeline, makespan, busy "
     .. "time, bubble (makespan - busy), bubble ratio, peak activations.")
   common.add_schedule_options(p)
-  p:option("--cost -c", "costs, e.g. F=1,B=2,W=1,FB=2.5,latency=0 (B = I + W)", "F=1,B=2,W=1")
+  p:option("--cost -c", "costs, e.g. F=1,B=2,W=1,FB=2.5,latency=0 (B = I + W); per model stage: F[3]=2", "F=1,B=2,W=1")
   p:option("--format -f", "text or json", "text"):choices { "text", "json" }
   p:option("--svg", "write the timeline as SVG to FILE")
   p:option("--trace", "write a Chrome/Perfetto trace (JSON) to FILE")
