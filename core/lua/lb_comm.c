@@ -18,16 +18,12 @@ static int comm_fail(lua_State *L, lp_comm *c, lp_status st) {
 static int lb_comm_info(lua_State *L) {
   lp_comm *c = lp_comm_world();
   lua_createtable(L, 0, 5);
-  lua_pushinteger(L, lp_comm_rank(c));
-  lua_setfield(L, -2, "rank");
-  lua_pushinteger(L, lp_comm_size(c));
-  lua_setfield(L, -2, "size");
+  lb_set_integer(L, "rank", lp_comm_rank(c));
+  lb_set_integer(L, "size", lp_comm_size(c));
   lua_pushstring(L, lp_comm_backend_name(c));
   lua_setfield(L, -2, "backend");
-  lua_pushnumber(L, lp_comm_timeout(c));
-  lua_setfield(L, -2, "timeout");
-  lua_pushinteger(L, lp_comm_tag_ub(c));
-  lua_setfield(L, -2, "tag_ub");
+  lb_set_number(L, "timeout", lp_comm_timeout(c));
+  lb_set_integer(L, "tag_ub", lp_comm_tag_ub(c));
   return 1;
 }
 

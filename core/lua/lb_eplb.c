@@ -128,15 +128,6 @@ static void *read_matrix(lua_State *L, int idx, const char *what, int want_rows,
   return out;
 }
 
-static void set_num(lua_State *L, const char *k, double v) {
-  lua_pushnumber(L, v);
-  lua_setfield(L, -2, k);
-}
-static void set_int(lua_State *L, const char *k, lua_Integer v) {
-  lua_pushinteger(L, v);
-  lua_setfield(L, -2, k);
-}
-
 /* Pushes rows x cols ints as a table of tables, or as a native int32
  * string when compact. */
 static void push_ints(lua_State *L, const int *a, int rows, int cols, int compact) {
@@ -200,35 +191,35 @@ static void push_plan(lua_State *L, const lp_eplb_plan *p, int compact) {
   lp_eplb_plan_stats(p, &st);
   const lp_eplb_layer_stats *ls = lp_eplb_plan_layer_stats(p);
   lua_createtable(L, 0, 8);
-  set_num(L, "balancedness", st.balancedness);
-  set_num(L, "gpu_max_over_mean", st.gpu_max_over_mean);
-  set_num(L, "node_max_over_mean", st.node_max_over_mean);
-  set_num(L, "off_node_load", st.off_node_load);
-  if (st.copies >= 0) set_int(L, "copies", st.copies);
-  set_int(L, "duplicates", st.duplicates);
-  set_num(L, "solve_ms", st.solve_ms);
+  lb_set_number(L, "balancedness", st.balancedness);
+  lb_set_number(L, "gpu_max_over_mean", st.gpu_max_over_mean);
+  lb_set_number(L, "node_max_over_mean", st.node_max_over_mean);
+  lb_set_number(L, "off_node_load", st.off_node_load);
+  if (st.copies >= 0) lb_set_integer(L, "copies", st.copies);
+  lb_set_integer(L, "duplicates", st.duplicates);
+  lb_set_number(L, "solve_ms", st.solve_ms);
   lua_createtable(L, Ln, 0);
   for (int l = 0; l < Ln; l++) {
     lua_createtable(L, 0, 8);
-    set_num(L, "max_load", ls[l].max_load);
-    set_num(L, "mean_load", ls[l].mean_load);
-    set_num(L, "gpu_max_over_mean", ls[l].gpu_max_over_mean);
-    set_num(L, "node_max_over_mean", ls[l].node_max_over_mean);
-    set_num(L, "balancedness", ls[l].balancedness);
-    set_num(L, "off_node_load", ls[l].off_node_load);
-    if (ls[l].copies >= 0) set_int(L, "copies", ls[l].copies);
-    set_int(L, "duplicates", ls[l].duplicates);
+    lb_set_number(L, "max_load", ls[l].max_load);
+    lb_set_number(L, "mean_load", ls[l].mean_load);
+    lb_set_number(L, "gpu_max_over_mean", ls[l].gpu_max_over_mean);
+    lb_set_number(L, "node_max_over_mean", ls[l].node_max_over_mean);
+    lb_set_number(L, "balancedness", ls[l].balancedness);
+    lb_set_number(L, "off_node_load", ls[l].off_node_load);
+    if (ls[l].copies >= 0) lb_set_integer(L, "copies", ls[l].copies);
+    lb_set_integer(L, "duplicates", ls[l].duplicates);
     lua_rawseti(L, -2, l + 1);
   }
   lua_setfield(L, -2, "per_layer");
   lua_setfield(L, -2, "stats");
 
-  set_int(L, "layers", Ln);
-  set_int(L, "experts", E);
-  set_int(L, "replicas", R);
-  set_int(L, "gpus", G);
-  set_int(L, "nodes", lp_eplb_plan_nodes(p));
-  set_int(L, "width", X);
+  lb_set_integer(L, "layers", Ln);
+  lb_set_integer(L, "experts", E);
+  lb_set_integer(L, "replicas", R);
+  lb_set_integer(L, "gpus", G);
+  lb_set_integer(L, "nodes", lp_eplb_plan_nodes(p));
+  lb_set_integer(L, "width", X);
   lua_pushstring(L, lp_eplb_plan_hierarchical(p) ? "hierarchical" : "global");
   lua_setfield(L, -2, "policy");
   lua_pushstring(L, lp_eplb_mode_name(lp_eplb_plan_mode(p)));

@@ -15,6 +15,9 @@ void lb_open_comm(lua_State *L);
 void lb_open_nn(lua_State *L);
 void lb_open_exec(lua_State *L);
 
+/* t[k] = v for the table on top of the stack. */
+void lb_set_number(lua_State *L, const char *k, double v);
+void lb_set_integer(lua_State *L, const char *k, lua_Integer v);
 /* Pushes nil, msg and returns 2 (runtime failures). */
 int lb_fail(lua_State *L, const char *msg);
 /* Registers metatable `tname` with __name, __index = methods (the methods

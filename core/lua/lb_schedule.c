@@ -63,14 +63,10 @@ static int lb_schedule_info(lua_State *L) {
   lua_createtable(L, 0, 6);
   lua_pushstring(L, lp_schedule_name(s));
   lua_setfield(L, -2, "name");
-  lua_pushinteger(L, lp_schedule_ranks(s));
-  lua_setfield(L, -2, "ranks");
-  lua_pushinteger(L, lp_schedule_stages(s));
-  lua_setfield(L, -2, "stages");
-  lua_pushinteger(L, lp_schedule_microbatches(s));
-  lua_setfield(L, -2, "microbatches");
-  lua_pushinteger(L, lp_schedule_vstages(s));
-  lua_setfield(L, -2, "vstages");
+  lb_set_integer(L, "ranks", lp_schedule_ranks(s));
+  lb_set_integer(L, "stages", lp_schedule_stages(s));
+  lb_set_integer(L, "microbatches", lp_schedule_microbatches(s));
+  lb_set_integer(L, "vstages", lp_schedule_vstages(s));
   lua_pushboolean(L, lp_schedule_has_comm(s));
   lua_setfield(L, -2, "lowered");
   return 1;
@@ -184,19 +180,15 @@ void lb_push_action(lua_State *L, const lp_action *a) {
   lua_createtable(L, 0, 7);
   lua_pushstring(L, a->type == LP_ACT_FB ? "FB" : lp_action_type_name(a->type));
   lua_setfield(L, -2, "type");
-  lua_pushinteger(L, a->stage);
-  lua_setfield(L, -2, "stage");
+  lb_set_integer(L, "stage", a->stage);
   if (a->mb >= 0) {
-    lua_pushinteger(L, a->mb);
-    lua_setfield(L, -2, "mb");
+    lb_set_integer(L, "mb", a->mb);
   }
   if (a->type == LP_ACT_FB) {
     lua_pushstring(L, lp_action_type_name(a->btype));
     lua_setfield(L, -2, "btype");
-    lua_pushinteger(L, a->bstage);
-    lua_setfield(L, -2, "bstage");
-    lua_pushinteger(L, a->bmb);
-    lua_setfield(L, -2, "bmb");
+    lb_set_integer(L, "bstage", a->bstage);
+    lb_set_integer(L, "bmb", a->bmb);
   }
   lp_action_format(a, t, sizeof t);
   lua_pushstring(L, t);
@@ -294,14 +286,10 @@ static int lb_schedule_memory(lua_State *L) {
   lp_schedule_memory m;
   check(L, s, lp_schedule_memory_of(s, rank, &m));
   lua_createtable(L, 0, 4);
-  lua_pushinteger(L, m.peak_live);
-  lua_setfield(L, -2, "peak_live");
-  lua_pushinteger(L, m.peak_pending_w);
-  lua_setfield(L, -2, "peak_pending_w");
-  lua_pushinteger(L, m.peak_total);
-  lua_setfield(L, -2, "peak_total");
-  lua_pushinteger(L, m.param_stages);
-  lua_setfield(L, -2, "param_stages");
+  lb_set_integer(L, "peak_live", m.peak_live);
+  lb_set_integer(L, "peak_pending_w", m.peak_pending_w);
+  lb_set_integer(L, "peak_total", m.peak_total);
+  lb_set_integer(L, "param_stages", m.param_stages);
   return 1;
 }
 

@@ -201,26 +201,16 @@ static int lb_simres_max_bubble(lua_State *L) {
   return 1;
 }
 
-static void set_num(lua_State *L, const char *k, double v) {
-  lua_pushnumber(L, v);
-  lua_setfield(L, -2, k);
-}
-
-static void set_int(lua_State *L, const char *k, lua_Integer v) {
-  lua_pushinteger(L, v);
-  lua_setfield(L, -2, k);
-}
-
 /* r:info() -> {name=, ranks=, stages=, microbatches=, latency=} */
 static int lb_simres_info(lua_State *L) {
   lp_sim_result *r = check_result(L, 1);
   lua_createtable(L, 0, 5);
   lua_pushstring(L, lp_sim_name(r));
   lua_setfield(L, -2, "name");
-  set_int(L, "ranks", lp_sim_ranks(r));
-  set_int(L, "stages", lp_sim_stages(r));
-  set_int(L, "microbatches", lp_sim_microbatches(r));
-  set_num(L, "latency", lp_sim_latency(r));
+  lb_set_integer(L, "ranks", lp_sim_ranks(r));
+  lb_set_integer(L, "stages", lp_sim_stages(r));
+  lb_set_integer(L, "microbatches", lp_sim_microbatches(r));
+  lb_set_number(L, "latency", lp_sim_latency(r));
   return 1;
 }
 
@@ -234,13 +224,13 @@ static int lb_simres_ranks(lua_State *L) {
     lp_sim_rank_stats st;
     lp_sim_rank_stats_of(r, k, &st);
     lua_createtable(L, 0, 7);
-    set_int(L, "rank", k);
-    set_num(L, "busy", st.busy);
-    set_num(L, "bubble", st.bubble);
-    set_num(L, "bubble_ratio", st.bubble_ratio);
-    set_num(L, "finish", st.finish);
-    set_int(L, "peak_live", st.peak_live);
-    set_int(L, "peak_pending_w", st.peak_pending_w);
+    lb_set_integer(L, "rank", k);
+    lb_set_number(L, "busy", st.busy);
+    lb_set_number(L, "bubble", st.bubble);
+    lb_set_number(L, "bubble_ratio", st.bubble_ratio);
+    lb_set_number(L, "finish", st.finish);
+    lb_set_integer(L, "peak_live", st.peak_live);
+    lb_set_integer(L, "peak_pending_w", st.peak_pending_w);
     lua_rawseti(L, -2, k + 1);
   }
   return 1;
@@ -262,10 +252,10 @@ static int lb_simres_events(lua_State *L) {
   lua_createtable(L, n, 0);
   for (int i = 0; i < n; i++) {
     lb_push_action(L, &ev[i].action);
-    set_int(L, "rank", ev[i].rank);
-    set_int(L, "index", ev[i].index);
-    set_num(L, "start", ev[i].start);
-    set_num(L, "finish", ev[i].end);
+    lb_set_integer(L, "rank", ev[i].rank);
+    lb_set_integer(L, "index", ev[i].index);
+    lb_set_number(L, "start", ev[i].start);
+    lb_set_number(L, "finish", ev[i].end);
     lua_rawseti(L, -2, i + 1);
   }
   return 1;
@@ -279,14 +269,14 @@ static int lb_simres_messages(lua_State *L) {
   lua_createtable(L, n, 0);
   for (int i = 0; i < n; i++) {
     lua_createtable(L, 0, 7);
-    set_int(L, "from", m[i].from);
-    set_int(L, "to", m[i].to);
-    set_num(L, "sent", m[i].sent);
-    set_num(L, "arrived", m[i].arrived);
+    lb_set_integer(L, "from", m[i].from);
+    lb_set_integer(L, "to", m[i].to);
+    lb_set_number(L, "sent", m[i].sent);
+    lb_set_number(L, "arrived", m[i].arrived);
     lua_pushstring(L, m[i].text);
     lua_setfield(L, -2, "text");
-    set_int(L, "from_index", m[i].from_index);
-    set_int(L, "to_index", m[i].to_index);
+    lb_set_integer(L, "from_index", m[i].from_index);
+    lb_set_integer(L, "to_index", m[i].to_index);
     lua_rawseti(L, -2, i + 1);
   }
   return 1;
@@ -302,9 +292,9 @@ static int lb_simres_memory(lua_State *L) {
   lua_createtable(L, n, 0);
   for (int i = 0; i < n; i++) {
     lua_createtable(L, 0, 3);
-    set_num(L, "time", s[i].t);
-    set_int(L, "live", s[i].live);
-    set_int(L, "pending_w", s[i].pending_w);
+    lb_set_number(L, "time", s[i].t);
+    lb_set_integer(L, "live", s[i].live);
+    lb_set_integer(L, "pending_w", s[i].pending_w);
     lua_rawseti(L, -2, i + 1);
   }
   return 1;

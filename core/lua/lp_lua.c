@@ -24,6 +24,16 @@ int lp_lua_pcall(lua_State *L, int nargs, int nresults) {
   return st;
 }
 
+void lb_set_number(lua_State *L, const char *k, double v) {
+  lua_pushnumber(L, v);
+  lua_setfield(L, -2, k);
+}
+
+void lb_set_integer(lua_State *L, const char *k, lua_Integer v) {
+  lua_pushinteger(L, v);
+  lua_setfield(L, -2, k);
+}
+
 int lb_fail(lua_State *L, const char *msg) {
   lua_pushnil(L);
   lua_pushstring(L, msg);

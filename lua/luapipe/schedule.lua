@@ -83,33 +83,8 @@ function M.new(opts)
   return s
 end
 
-local function read_file(path)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local text = f:read("a")
-  f:close()
-  return text
-end
-
-local function write_file(path, text)
-  -- write then rename, so a failure never leaves a half-written file
-  local tmp = path .. ".tmp" .. tostring(os.time())
-  local f, err = io.open(tmp, "wb")
-  if not f then return nil, err end
-  local ok, werr = f:write(text)
-  local cok, cerr = f:close()
-  if not ok or not cok then
-    os.remove(tmp)
-    return nil, string.format("%s: %s", path, tostring(werr or cerr))
-  end
-  local rok, rerr = os.rename(tmp, path)
-  if not rok then
-    os.remove(tmp)
-    return nil, rerr
-  end
-  return true
-end
-M.read_file, M.write_file = read_file, write_file
+local util = require("luapipe.util")
+local read_file, write_file = util.read_file, util.write_file
 
 -- schedule.from_csv(path) -> Schedule | nil, err
 function M.from_csv(path)

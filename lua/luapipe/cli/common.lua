@@ -1,5 +1,6 @@
 -- luapipe.cli.common: options and steps shared by the schedule commands.
 local schedule = require("luapipe.schedule")
+local util = require("luapipe.util")
 
 local M = {}
 
@@ -43,7 +44,7 @@ function M.emit(text, path)
     if text:sub(-1) ~= "\n" then io.write("\n") end
     return true
   end
-  return schedule.write_file(path, text)
+  return util.write_file(path, text)
 end
 
 return M

@@ -83,13 +83,7 @@ local function json_line(text, layer, entry)
   return line
 end
 
-local function read_file(path)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local text = f:read("a")
-  f:close()
-  return text
-end
+local read_file = require("luapipe.util").read_file
 
 -- Parses a matrix file. want = "number" (loads) or "integer" (expert ids).
 -- Returns rows, nil or nil, "FILE:LINE: message". JSON objects are read
@@ -279,10 +273,8 @@ function M.run(args)
   if not r then return fail(err) end
   local text = args.format == "text" and to_text(r) or to_json(r)
   if args.output then
-    local f, oerr = io.open(args.output, "wb")
-    if not f then return fail("cannot write " .. args.output .. ": " .. oerr) end
-    f:write(text)
-    f:close()
+    local ok, oerr = require("luapipe.util").write_file(args.output, text)
+    if not ok then return fail("cannot write " .. oerr) end
     io.write("wrote ", args.format, " plan to ", args.output, "\n")
   else
     io.write(text)
