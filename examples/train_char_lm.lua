@@ -27,6 +27,12 @@ parser:option("--lr", "AdamW learning rate.", "0.005"):convert(tonumber)
 parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
 parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
 parser:option("--trace", "Write the measured Chrome trace (all ranks) to this file.")
+parser:option("--svg", "Draw the measured last step (all ranks) as an SVG timeline in this file.")
+parser:option("--trace-steps", "Keep only the last N steps in the trace (default: all).")
+  :convert(tonumber)
+parser:flag("--show", "Print the schedule (simulated Gantt chart) before training.")
+parser:option("--log-every", "Print the progress line every N steps.", "1"):convert(tonumber)
+parser:option("--report", "Write the end-of-training summary figures (key=value lines) to this file.")
 local args = parser:parse(arg)
 
 local f = assert(io.open(args.text, "rb"))
@@ -77,8 +83,29 @@ end
 if comm.rank() == 0 then
   print(string.format("train_char_lm: %s on %d ranks, vocab %d (ln V = %.3f), %d layers, %d micro-batches of %dx%d chars",
     args.schedule, comm.size(), V, math.log(V), model:nlayers(), args.microbatches, args.batch, T))
+  if args.show then
+    local s = require("luapipe.schedule").build(args.schedule, { pp = comm.size(),
+      microbatches = args.microbatches, chunks = args.chunks })
+    print("the schedule, simulated with the default costs (F=1 B=2 I=W=1):")
+    print(s:gantt())
+  end
 end
-train { model = model, schedule = args.schedule, microbatches = args.microbatches,
+local result = train { model = model, schedule = args.schedule, microbatches = args.microbatches,
   chunks = args.chunks, data = data, steps = args.steps, seed = args.seed,
   optimizer = { kind = "adamw", lr = args.lr, weight_decay = 0.01 },
-  partition = args.partition, trace = args.trace }
+  partition = args.partition, trace = args.trace, svg = args.svg,
+  log_every = args.log_every, trace_steps = args.trace_steps }
+if comm.rank() == 0 then
+  if args.trace then print("measured Chrome/Perfetto trace written to " .. args.trace) end
+  if args.svg then print("measured SVG timeline (last step) written to " .. args.svg) end
+  if args.report and result.summary then
+    local r = assert(io.open(args.report, "w"))
+    local s = result.summary
+    for _, k in ipairs({ "steps", "step_ms", "predicted_ms", "makespan_ms", "ratio", "bubble_pct",
+      "sim_bubble_pct", "overhead_pct", "wait_pct", "post_pct", "latency_ms" }) do
+      r:write(string.format("%s=%s\n", k, tostring(s[k])))
+    end
+    r:write(string.format("final_loss=%.6f\n", result.losses[#result.losses] or 0))
+    r:close()
+  end
+end

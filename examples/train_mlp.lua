@@ -3,6 +3,7 @@
 --
 --   mpirun --oversubscribe -np 4 luapipe examples/train_mlp.lua --schedule dualpipe \
 --     --microbatches 8 --steps 20 --seed 1
+--   (add --checkpoint DIR --every 10 to save; rerun with --resume to continue)
 --
 -- Rank 0 prints "step K loss X" (with samples/s and the measured bubble).
 local argparse = require("argparse")
@@ -22,6 +23,9 @@ parser:option("--batch", "Samples per micro-batch.", "16"):convert(tonumber)
 parser:option("--lr", "AdamW learning rate.", "0.003"):convert(tonumber)
 parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
 parser:option("--trace", "Write the measured Chrome trace (all ranks) to this file.")
+parser:option("--checkpoint", "Save checkpoints (every rank's stages and optimizer state) in this directory.")
+parser:option("--every", "Steps between checkpoints.", "10"):convert(tonumber)
+parser:flag("--resume", "Continue from the latest checkpoint in --checkpoint.")
 local args = parser:parse(arg)
 
 local DIN, DOUT, W = 16, 4, args.width
@@ -67,4 +71,6 @@ end
 train { model = model, schedule = args.schedule, microbatches = args.microbatches,
   chunks = args.chunks, data = data, steps = args.steps, seed = args.seed,
   optimizer = { kind = "adamw", lr = args.lr, weight_decay = 0 },
-  partition = args.partition, trace = args.trace }
+  partition = args.partition, trace = args.trace,
+  checkpoint = args.checkpoint and { dir = args.checkpoint, every = math.tointeger(args.every) } or nil,
+  resume = args.resume or nil }

@@ -2,11 +2,14 @@
 #define _POSIX_C_SOURCE 200809L
 #include "lp_base.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 const char *lp_strerror(lp_status st) {
   switch (st) {
@@ -138,9 +141,108 @@ char *lp_buf_take(lp_buf *b) {
   return d;
 }
 
+/* ---- atomic file writes ---- */
+
+struct lp_file {
+  FILE *f;
+  int bad; /* errno of the first failed write */
+  char *path, *tmp;
+};
+
+static void file_release(lp_file *f) {
+  if (f->f) fclose(f->f);
+  lp_free(f->path);
+  lp_free(f->tmp);
+  lp_free(f);
+}
+
+lp_status lp_file_begin(const char *path, lp_file **out, char *err) {
+  *out = NULL;
+  lp_file *f = lp_calloc(1, sizeof *f);
+  size_t n = strlen(path);
+  if (f) f->path = lp_strdup(path);
+  if (f && f->path) f->tmp = lp_malloc(n + 5);
+  if (!f || !f->path || !f->tmp) {
+    if (f) file_release(f);
+    lp_errf(err, "%s: out of memory", path);
+    return LP_ERR_NOMEM;
+  }
+  memcpy(f->tmp, path, n);
+  memcpy(f->tmp + n, ".tmp", 5);
+  f->f = fopen(f->tmp, "wb");
+  if (!f->f) {
+    lp_errf(err, "cannot create %s: %s", f->tmp, strerror(errno));
+    file_release(f);
+    return LP_ERR_IO;
+  }
+  *out = f;
+  return LP_OK;
+}
+
+void lp_file_put(lp_file *f, const void *data, size_t n) {
+  if (f->bad || n == 0) return;
+  errno = 0;
+  if (fwrite(data, 1, n, f->f) != n) f->bad = errno ? errno : EIO;
+}
+
+void lp_file_abort(lp_file *f) {
+  if (!f) return;
+  if (f->f) fclose(f->f);
+  f->f = NULL;
+  remove(f->tmp);
+  file_release(f);
+}
+
+/* fsync of the directory holding path, which makes a rename durable.
+ * Errors are ignored: some file systems refuse fsync on a directory. */
+static void sync_dir_of(const char *path) {
+  char d[4096];
+  snprintf(d, sizeof d, "%s", path);
+  char *slash = strrchr(d, '/');
+  if (!slash) snprintf(d, sizeof d, ".");
+  else if (slash == d) d[1] = '\0';
+  else *slash = '\0';
+  int fd = open(d, O_RDONLY);
+  if (fd >= 0) {
+    (void)fsync(fd);
+    close(fd);
+  }
+}
+
+lp_status lp_file_commit(lp_file *f, char *err) {
+  if (!f->bad && fflush(f->f) != 0) f->bad = errno ? errno : EIO;
+  if (!f->bad && fsync(fileno(f->f)) != 0 && errno != EINVAL && errno != EROFS)
+    f->bad = errno;
+  if (fclose(f->f) != 0 && !f->bad) f->bad = errno ? errno : EIO;
+  f->f = NULL;
+  if (f->bad) {
+    lp_errf(err, "writing %s failed: %s (%s is unchanged)", f->tmp,
+            strerror(f->bad), f->path);
+    lp_file_abort(f);
+    return LP_ERR_IO;
+  }
+  if (rename(f->tmp, f->path) != 0) {
+    lp_errf(err, "cannot rename %s to %s: %s", f->tmp, f->path, strerror(errno));
+    lp_file_abort(f);
+    return LP_ERR_IO;
+  }
+  sync_dir_of(f->path);
+  file_release(f);
+  return LP_OK;
+}
+
+lp_status lp_write_file_atomic(const char *path, const void *data, size_t n,
+                               char *err) {
+  lp_file *f;
+  LP_CHECK(lp_file_begin(path, &f, err));
+  lp_file_put(f, data, n);
+  return lp_file_commit(f, err);
+}
+
 /* ---- errors and logging ---- */
 
 void lp_errf(char *dst, const char *fmt, ...) {
+  if (!dst) return;
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(dst, LP_ERRLEN, fmt, ap);

@@ -51,9 +51,26 @@ void lp_buf_json_string(lp_buf *b, const char *s);
  * allocation failure. The buffer is left empty. */
 char *lp_buf_take(lp_buf *b);
 
+/* ---- atomic file writes -----------------------------------------------
+ * lp_file_begin creates "<path>.tmp"; lp_file_put appends to it (a failed
+ * write is remembered and reported by commit); lp_file_commit flushes,
+ * fsyncs, renames it over path and fsyncs the directory; lp_file_abort
+ * removes it. Both free f. path is untouched unless commit succeeds.
+ * Errors name the files: "cannot create P.tmp: reason", "writing P.tmp
+ * failed: reason (P is unchanged)", "cannot rename P.tmp to P: reason". */
+typedef struct lp_file lp_file;
+lp_status lp_file_begin(const char *path, lp_file **out, char *err);
+void lp_file_put(lp_file *f, const void *data, size_t n);
+lp_status lp_file_commit(lp_file *f, char *err);
+void lp_file_abort(lp_file *f);
+/* Writes data to path through lp_file_begin/put/commit. */
+lp_status lp_write_file_atomic(const char *path, const void *data, size_t n,
+                               char *err);
+
 /* ---- error text -------------------------------------------------------
  * Contexts keep their last error in a fixed buffer: formatting never
- * allocates, so it works after an out-of-memory failure. */
+ * allocates, so it works after an out-of-memory failure. A NULL dst is
+ * allowed (the text is dropped). */
 #define LP_ERRLEN 512
 void lp_errf(char *dst, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

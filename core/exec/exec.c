@@ -15,6 +15,14 @@
 
 enum { K_F = 0, K_B = 1, K_RED = 2, K__N = 3 };
 
+/* pending sends kept before the step loop polls them (poll_sends); the
+ * rest complete at the end of the step (wait_sends). Polling after every
+ * action measured 3-18% of the char-LM step on 4 oversubscribed CPU ranks
+ * (an unsuccessful MPI_Test yields the CPU there) and gained nothing: every
+ * wait drives the comm library, and the receiver copies large messages
+ * (single-copy shared memory). The limit only bounds the memory held. */
+enum { SEND_BACKLOG = 64 };
+
 typedef struct slot {
   lp_nn_ctx *ctx;
   lp_tensor *fin, *bin;   /* forward input / output-grad, ready */
@@ -74,6 +82,13 @@ struct lp_exec {
   double t0, wall, busy;
   double waited; /* seconds the running action spent waiting for receives */
   lp_trace *trace;
+  /* always-on timing: this step's parts, the last step, the totals, and
+   * per (kind, model stage) action times [2][LP_EXEC_NKINDS][S] (0: this
+   * step, 1: since the reset) */
+  double t_wait, t_post, t_comp, t_optim;
+  lp_exec_timing tlast, ttotal;
+  double *act_s;
+  int64_t *act_n;
   char err[LP_ERRLEN];
 };
 
@@ -127,17 +142,23 @@ static void send_done(lp_exec *e, pending_send *p, double end) {
 
 /* Waits for *req under the watchdog; a timeout takes the job down. */
 static lp_status wait_req(lp_exec *e, lp_comm_req **req, const char *what) {
+  double tw = lp_now();
   lp_status st = lp_comm_wait(e->comm, req, what);
+  e->t_wait += lp_now() - tw;
   if (st == LP_ERR_TIMEOUT) lp_comm_fatal(e->comm, lp_comm_last_error(e->comm));
   if (st != LP_OK)
     lp_errf(e->err, "rank %d: %s: %s", e->rank, what, lp_comm_last_error(e->comm));
   return st;
 }
 
-/* Drops finished sends (non-blocking). */
+/* Drops finished sends (non-blocking), oldest first, stopping at the first
+ * one still in flight: one test that finds nothing done costs a progress
+ * call of the comm library (and, under MPI with more ranks than cores, a
+ * yield of the CPU), so a poll makes at most one such call; the rest
+ * complete at later polls or at the end of the step. */
 static lp_status poll_sends(lp_exec *e) {
-  int j = 0;
-  for (int i = 0; i < e->nps; i++) {
+  int i = 0;
+  for (; i < e->nps; i++) {
     pending_send *p = &e->ps[i];
     int done = 0;
     lp_status st = lp_comm_test(e->comm, &p->req, &done);
@@ -146,13 +167,13 @@ static lp_status poll_sends(lp_exec *e) {
               lp_comm_last_error(e->comm));
       return st;
     }
-    if (done) {
-      send_done(e, p, lp_now());
-    } else {
-      e->ps[j++] = *p;
-    }
+    if (!done) break;
+    send_done(e, p, lp_now());
   }
-  e->nps = j;
+  if (i > 0) {
+    memmove(e->ps, e->ps + i, (size_t)(e->nps - i) * sizeof *e->ps);
+    e->nps -= i;
+  }
   return LP_OK;
 }
 
@@ -669,6 +690,9 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     if (lp_action_is_compute(e->acts[i].type)) e->compute_idx[e->ncompute++] = i;
     if (e->acts[i].type == LP_ACT_REDUCE_GRAD) e->has_reduce = 1;
   }
+  e->act_s = lp_calloc((size_t)(2 * LP_EXEC_NKINDS * e->S), sizeof(double));
+  e->act_n = lp_calloc((size_t)(2 * LP_EXEC_NKINDS * e->S), sizeof(int64_t));
+  if (!e->act_s || !e->act_n) { st = LP_ERR_NOMEM; goto fail; }
   if (opts->trace) {
     e->trace = lp_trace_new();
     if (!e->trace) { st = LP_ERR_NOMEM; goto fail; }
@@ -760,6 +784,8 @@ void lp_exec_free(lp_exec *e) {
   lp_free(e->ndim);
   lp_free(e->numel);
   lp_free(e->compute_idx);
+  lp_free(e->act_s);
+  lp_free(e->act_n);
   lp_trace_free(e->trace);
   lp_schedule_free(e->s);
   lp_free(e);
@@ -821,6 +847,41 @@ static void reset_step(lp_exec *e) {
   }
 }
 
+static int kind_of(int type) {
+  switch (type) {
+  case LP_ACT_F: return LP_EXEC_K_F;
+  case LP_ACT_B: return LP_EXEC_K_B;
+  case LP_ACT_I: return LP_EXEC_K_I;
+  case LP_ACT_W: return LP_EXEC_K_W;
+  case LP_ACT_FB: return LP_EXEC_K_FB;
+  default: return -1;
+  }
+}
+
+/* The finished step's timing becomes the last step's and joins the totals. */
+static void timing_commit(lp_exec *e) {
+  lp_exec_timing *l = &e->tlast, *t = &e->ttotal;
+  l->steps = 1;
+  l->wall = e->wall;
+  l->optim = e->t_optim;
+  l->compute = e->t_comp + e->t_optim;
+  l->wait = e->t_wait;
+  l->post = e->t_post;
+  l->overhead = l->wall - l->compute - l->wait;
+  t->steps++;
+  t->wall += l->wall;
+  t->optim += l->optim;
+  t->compute += l->compute;
+  t->wait += l->wait;
+  t->post += l->post;
+  t->overhead += l->overhead;
+  size_t nk = (size_t)LP_EXEC_NKINDS * e->S;
+  for (size_t i = 0; i < nk; i++) {
+    e->act_s[nk + i] += e->act_s[i];
+    e->act_n[nk + i] += e->act_n[i];
+  }
+}
+
 lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   lp_status st = LP_OK;
   e->err[0] = '\0';
@@ -828,18 +889,24 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   e->loss_sum = 0;
   e->busy = 0;
   e->posted = 0;
+  e->t_wait = e->t_post = e->t_comp = e->t_optim = 0;
+  memset(e->act_s, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_s);
+  memset(e->act_n, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_n);
   double start = lp_now();
   for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_zero_grad(e->vs[li].optim), st, fail);
+  e->t_optim += lp_now() - start;
   int L = e->o.recv_lookahead == 0 ? 4 : e->o.recv_lookahead;
   int ci = 0; /* compute actions before e->cur */
   for (e->cur = 0; e->cur < e->nacts; e->cur++) {
     const lp_action *a = &e->acts[e->cur];
     int limit = L < 0 || ci + L >= e->ncompute ? e->nacts : e->compute_idx[ci + L];
     if (limit <= e->cur) limit = e->cur + 1;
+    double tp = lp_now();
     LP_CHECK_GOTO(post_upto(e, limit), st, fail);
     int comp = lp_action_is_compute(a->type);
     e->waited = 0;
     double t0 = lp_now();
+    e->t_post += t0 - tp;
     st = run_action(e, a);
     if (st != LP_OK) {
       if (!*e->err) {
@@ -849,20 +916,32 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       }
       goto fail;
     }
+    double t1 = lp_now();
     if (comp) {
       /* busy time excludes waits for receives; the slice starts after them
        * (an FB pair's second wait is folded into its start as well) */
-      double t1 = lp_now();
-      e->busy += t1 - t0 - e->waited;
+      double c = t1 - t0 - e->waited;
+      e->busy += c;
+      e->t_comp += c;
+      int k = kind_of(a->type), ms = e->vstage[a->stage];
+      if (k >= 0 && ms >= 0 && ms < e->S) {
+        e->act_s[k * e->S + ms] += c;
+        e->act_n[k * e->S + ms]++;
+      }
       ci++;
       char name[LP_ACTION_TEXT_MAX];
       lp_action_format(a, name, sizeof name);
       trace_add(e, LP_TRACE_COMPUTE, name, cat_of(a), t0 + e->waited, t1, a->stage, a->mb,
                 e->cur);
+    } else {
+      e->t_post += t1 - t0 - e->waited; /* SEND_*, RECV_* (posted ahead), REDUCE_GRAD */
     }
-    LP_CHECK_GOTO(poll_sends(e), st, fail);
+    /* only a backlog of sends is polled (see SEND_BACKLOG) */
+    if (e->nps >= SEND_BACKLOG) LP_CHECK_GOTO(poll_sends(e), st, fail);
+    e->t_post += lp_now() - t1; /* polling, trace recording */
   }
   e->cur = e->nacts;
+  double te = lp_now();
   /* replicated stages without REDUCE_GRAD actions: reduce now */
   for (int li = 0; li < e->nloc; li++)
     if (replicated(e, e->vs[li].id) && !e->vs[li].reduced) {
@@ -875,9 +954,12 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       LP_CHECK_GOTO(reduce_start(e, li), st, fail);
     }
   double tr = lp_now();
+  e->t_post += tr - te;
+  double wait_before = e->t_wait;
   LP_CHECK_GOTO(reduce_finish(e), st, fail);
   LP_CHECK_GOTO(wait_sends(e), st, fail);
   double to = lp_now();
+  e->t_comp += (to - tr) - (e->t_wait - wait_before); /* summing reduced grads */
   if (to - tr > 1e-6)
     trace_add(e, LP_TRACE_RECV, "reduce grads / finish sends", "comm", tr, to, -1, -1, -1);
   for (int li = 0; li < e->nloc; li++) {
@@ -891,6 +973,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   }
   double t_opt = lp_now();
   e->busy += t_opt - to;
+  e->t_optim += t_opt - to;
   trace_add(e, LP_TRACE_COMPUTE, "optimizer", "optim", to, t_opt, -1, -1, -1);
   double sum = e->loss_sum;
   if (lp_comm_allreduce_sum_double(e->comm, &sum, 1, "the loss all-reduce at the end of a step") != LP_OK) {
@@ -899,6 +982,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   }
   if (loss) *loss = sum / e->M;
   e->wall = t_opt - start;
+  timing_commit(e);
   return LP_OK;
 fail:
   if (!*e->err) lp_errf(e->err, "rank %d: step %lld failed: %s", e->rank, (long long)step, lp_strerror(st));
@@ -911,6 +995,26 @@ void lp_exec_last_timing(const lp_exec *e, double *wall_s, double *busy_s) {
   if (busy_s) *busy_s = e->busy;
 }
 
+void lp_exec_timing_of(const lp_exec *e, int total, lp_exec_timing *out) {
+  *out = total ? e->ttotal : e->tlast;
+}
+
+lp_status lp_exec_action_time(const lp_exec *e, int total, int kind, int stage,
+                              double *sum_s, int64_t *count) {
+  if (kind < 0 || kind >= LP_EXEC_NKINDS || stage < 0 || stage >= e->S) return LP_ERR_ARG;
+  size_t i = (total ? (size_t)LP_EXEC_NKINDS * e->S : 0) + (size_t)kind * e->S + stage;
+  if (sum_s) *sum_s = e->act_s[i];
+  if (count) *count = e->act_n[i];
+  return LP_OK;
+}
+
+void lp_exec_timing_reset(lp_exec *e) {
+  memset(&e->ttotal, 0, sizeof e->ttotal);
+  size_t nk = (size_t)LP_EXEC_NKINDS * e->S;
+  memset(e->act_s + nk, 0, nk * sizeof *e->act_s);
+  memset(e->act_n + nk, 0, nk * sizeof *e->act_n);
+}
+
 int lp_exec_vstages(const lp_exec *e) { return e->nloc; }
 int lp_exec_vstage_id(const lp_exec *e, int i) { return i >= 0 && i < e->nloc ? e->vs[i].id : -1; }
 int lp_exec_vstage_stage(const lp_exec *e, int i) {
@@ -920,3 +1024,17 @@ lp_nn_layer *lp_exec_vstage_chunk(const lp_exec *e, int i) {
   return i >= 0 && i < e->nloc ? e->vs[i].chunk : NULL;
 }
 lp_trace *lp_exec_trace(lp_exec *e) { return e->trace; }
+
+lp_status lp_exec_trace_clear(lp_exec *e) {
+  if (!e->trace) return LP_OK;
+  lp_trace *t = lp_trace_new();
+  if (!t) return LP_ERR_NOMEM;
+  lp_trace_free(e->trace);
+  e->trace = t;
+  return LP_OK;
+}
+lp_nn_optim *lp_exec_vstage_optim(const lp_exec *e, int i) {
+  return i >= 0 && i < e->nloc ? e->vs[i].optim : NULL;
+}
+const lp_schedule *lp_exec_schedule(const lp_exec *e) { return e->s; }
+lp_comm *lp_exec_comm(const lp_exec *e) { return e->comm; }

@@ -97,12 +97,48 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss);
  * spent in compute actions (F, B, I, W, FB), in seconds. */
 void lp_exec_last_timing(const lp_exec *e, double *wall_s, double *busy_s);
 
+/* Always-on step timing of this rank (a few clock reads per action, no
+ * allocation, no Lua). Seconds; overhead = wall - compute - wait, which
+ * holds the posting of sends and receives, polling, the executor's own
+ * bookkeeping and the data/loss calls' share outside compute actions. */
+typedef struct lp_exec_timing {
+  int64_t steps;   /* steps summed (the last step: 1; 0 before any) */
+  double wall;     /* zero-grad to the end of the optimizer step */
+  double compute;  /* F, B, I, W, FB actions less their waits, gradient
+                    * sums of replicated stages, zero-grad, optimizer */
+  double wait;     /* waiting on messages: receives, the step's last
+                    * sends, gradient reductions */
+  double post;     /* posting sends/receives, polling sends (overhead) */
+  double optim;    /* zero-grad and optimizer step (part of compute) */
+  double overhead; /* wall - compute - wait */
+} lp_exec_timing;
+
+/* Compute action kinds of lp_exec_action_time, in this order. */
+enum { LP_EXEC_K_F, LP_EXEC_K_B, LP_EXEC_K_I, LP_EXEC_K_W, LP_EXEC_K_FB, LP_EXEC_NKINDS };
+
+/* Timing of the last successful step (total 0) or the sum over the steps
+ * since lp_exec_timing_reset (total 1; divide by out->steps for means). */
+void lp_exec_timing_of(const lp_exec *e, int total, lp_exec_timing *out);
+/* Measured time of the compute actions of `kind` (LP_EXEC_K_*) on model
+ * stage `stage` (an FB pair counts on its F half's stage), waits excluded:
+ * sum in seconds and count, for the last step or since the reset.
+ * LP_ERR_ARG for a bad kind or stage. */
+lp_status lp_exec_action_time(const lp_exec *e, int total, int kind, int stage,
+                              double *sum_s, int64_t *count);
+/* Clears the totals (e.g. after a warm-up step). */
+void lp_exec_timing_reset(lp_exec *e);
+
 /* This rank's virtual stages: count, and the id / model stage / chunk of
  * the i-th (borrowed). */
 int lp_exec_vstages(const lp_exec *e);
 int lp_exec_vstage_id(const lp_exec *e, int i);
 int lp_exec_vstage_stage(const lp_exec *e, int i);
 lp_nn_layer *lp_exec_vstage_chunk(const lp_exec *e, int i);
+/* ... and its optimizer (borrowed), the executor's schedule (its clone)
+ * and communicator. */
+lp_nn_optim *lp_exec_vstage_optim(const lp_exec *e, int i);
+const lp_schedule *lp_exec_schedule(const lp_exec *e);
+lp_comm *lp_exec_comm(const lp_exec *e);
 
 /* Runs one half of an action (for an overlapped_fb hook): type LP_ACT_F,
  * LP_ACT_B, LP_ACT_I or LP_ACT_W on virtual stage v, micro-batch mb. */
@@ -116,6 +152,37 @@ void lp_exec_set_error(lp_exec *e, const char *msg);
  * since the common start (a barrier in lp_exec_new). Borrowed; NULL when
  * tracing is off. */
 lp_trace *lp_exec_trace(lp_exec *e);
+
+/* Drops the measured events recorded so far (to keep only the last steps
+ * of a long run). LP_OK (nothing to do when tracing is off) or
+ * LP_ERR_NOMEM. */
+lp_status lp_exec_trace_clear(lp_exec *e);
+
+/* ---- checkpoints (checkpoint.c) -------------------------------------------
+ * One file per rank, <dir>/rank<R>.ckpt: magic "LPIPECKP", format version,
+ * byte-order mark, rank, rank count, model stages, virtual stages, schedule
+ * name, optimizer kind, the step; per local virtual stage its id, model
+ * stage, optimizer step count, parameter names and shapes, parameter values
+ * and optimizer state (floats, native byte order); an FNV-1a 64 checksum of
+ * everything before it at the end. A DualPipe rank saves each of its copies.
+ * Not collective: each rank saves / loads its own file. */
+
+/* Writes this rank's stages (parameter values, optimizer state) and `step`
+ * to <dir>/rank<R>.ckpt: first <dir>/rank<R>.ckpt.tmp, fsync, rename over
+ * the old file, fsync of dir, so the file is always either the old
+ * checkpoint or the complete new one. dir must exist. LP_OK, or LP_ERR_IO /
+ * LP_ERR_NOMEM with the text (naming the file) in lp_exec_last_error. */
+lp_status lp_exec_checkpoint_save(lp_exec *e, const char *dir, int64_t step);
+/* Reads <dir>/rank<R>.ckpt and, only when every check passes, replaces this
+ * rank's parameter values and optimizer states with it; *step (optional)
+ * gets its step. Errors name the file and what is wrong: LP_ERR_IO (missing,
+ * unreadable), LP_ERR_PARSE (not a checkpoint, truncated, checksum mismatch,
+ * other format version or byte order), LP_ERR_INVALID (written for another
+ * rank, rank count, schedule, model or optimizer: the message says which
+ * and both values). On failure nothing is changed. */
+lp_status lp_exec_checkpoint_load(lp_exec *e, const char *dir, int64_t *step);
+/* <dir>/rank<rank>.ckpt into buf (n bytes, truncated like snprintf). */
+void lp_exec_checkpoint_path(const char *dir, int rank, char *buf, size_t n);
 
 /* ---- the no-pipeline reference ------------------------------------------ */
 

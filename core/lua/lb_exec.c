@@ -1,7 +1,10 @@
 /* lb_exec.c — luapipe.Exec: the per-rank executor seen from Lua, and the
  * trace writer for measured events. Misuse raises; runtime failures (a
  * step that fails, a file that cannot be written) return nil, message. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "lb_nn.h"
 #include "lp_lua.h"
@@ -84,16 +87,12 @@ static lp_status lua_fb(void *ud, lp_exec *e, const lp_action *a) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, b->fb_ref);
   lua_pushvalue(L, 1); /* the exec box (exec:step's self) */
   lua_createtable(L, 0, 6);
-  lua_pushinteger(L, a->stage);
-  lua_setfield(L, -2, "f_stage");
-  lua_pushinteger(L, a->mb);
-  lua_setfield(L, -2, "f_mb");
+  lb_set_integer(L, "f_stage", a->stage);
+  lb_set_integer(L, "f_mb", a->mb);
   lua_pushstring(L, a->btype == LP_ACT_I ? "I" : "B");
   lua_setfield(L, -2, "b_type");
-  lua_pushinteger(L, a->bstage);
-  lua_setfield(L, -2, "b_stage");
-  lua_pushinteger(L, a->bmb);
-  lua_setfield(L, -2, "b_mb");
+  lb_set_integer(L, "b_stage", a->bstage);
+  lb_set_integer(L, "b_mb", a->bmb);
   char t[LP_ACTION_TEXT_MAX];
   lp_action_format(a, t, sizeof t);
   lua_pushstring(L, t);
@@ -226,14 +225,71 @@ static int lb_exec_step(lua_State *L) {
   return 1;
 }
 
-/* exec:timing() -> wall_s, busy_s of the last step */
+static void push_timing(lua_State *L, const lp_exec_timing *t) {
+  lua_createtable(L, 0, 7);
+  lb_set_integer(L, "steps", t->steps);
+  lb_set_number(L, "wall", t->wall);
+  lb_set_number(L, "compute", t->compute);
+  lb_set_number(L, "wait", t->wait);
+  lb_set_number(L, "post", t->post);
+  lb_set_number(L, "optim", t->optim);
+  lb_set_number(L, "overhead", t->overhead);
+}
+
+/* exec:timing() -> wall_s, busy_s, {steps=1, wall=, compute=, wait=, post=,
+ * optim=, overhead=} of the last step (seconds) */
 static int lb_exec_timing(lua_State *L) {
   exec_box *b = check_exec(L, 1);
   double w, busy;
   lp_exec_last_timing(b->e, &w, &busy);
   lua_pushnumber(L, w);
   lua_pushnumber(L, busy);
-  return 2;
+  lp_exec_timing t;
+  lp_exec_timing_of(b->e, 0, &t);
+  push_timing(L, &t);
+  return 3;
+}
+
+/* exec:timing_stats([which]) -> {steps=, wall=, compute=, wait=, post=,
+ * optim=, overhead=, actions = {F = {[stage] = {sum=, n=}}, B=, I=, W=, FB=}}:
+ * sums (seconds) over the steps since exec:timing_reset() (which "total",
+ * the default) or of the last step ("last"). */
+static int lb_exec_timing_stats(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  static const char *const which[] = {"total", "last", NULL};
+  int total = luaL_checkoption(L, 2, "total", which) == 0;
+  lp_exec_timing t;
+  lp_exec_timing_of(b->e, total, &t);
+  push_timing(L, &t);
+  static const char *const kinds[LP_EXEC_NKINDS] = {"F", "B", "I", "W", "FB"};
+  lua_createtable(L, 0, LP_EXEC_NKINDS);
+  for (int k = 0; k < LP_EXEC_NKINDS; k++) {
+    lua_newtable(L);
+    for (int st = 0; st < b->nstages; st++) {
+      double sum = 0;
+      int64_t n = 0;
+      if (lp_exec_action_time(b->e, total, k, st, &sum, &n) != LP_OK || n == 0) continue;
+      lua_createtable(L, 0, 2);
+      lb_set_number(L, "sum", sum);
+      lb_set_integer(L, "n", n);
+      lua_rawseti(L, -2, st);
+    }
+    lua_setfield(L, -2, kinds[k]);
+  }
+  lua_setfield(L, -2, "actions");
+  return 1;
+}
+
+/* exec:trace_clear(): drops the measured events recorded so far */
+static int lb_exec_trace_clear(lua_State *L) {
+  if (lp_exec_trace_clear(check_exec(L, 1)->e) != LP_OK) return luaL_error(L, "out of memory");
+  return 0;
+}
+
+/* exec:timing_reset(): clears the totals of exec:timing_stats() */
+static int lb_exec_timing_reset(lua_State *L) {
+  lp_exec_timing_reset(check_exec(L, 1)->e);
+  return 0;
 }
 
 /* exec:vstages() -> {{id=, stage=, layer=Layer}, ...} (layers shared) */
@@ -243,10 +299,8 @@ static int lb_exec_vstages(lua_State *L) {
   lua_createtable(L, n, 0);
   for (int i = 0; i < n; i++) {
     lua_createtable(L, 0, 3);
-    lua_pushinteger(L, lp_exec_vstage_id(b->e, i));
-    lua_setfield(L, -2, "id");
-    lua_pushinteger(L, lp_exec_vstage_stage(b->e, i));
-    lua_setfield(L, -2, "stage");
+    lb_set_integer(L, "id", lp_exec_vstage_id(b->e, i));
+    lb_set_integer(L, "stage", lp_exec_vstage_stage(b->e, i));
     lb_push_layer(L, lp_nn_layer_retain(lp_exec_vstage_chunk(b->e, i)));
     lua_setfield(L, -2, "layer");
     lua_rawseti(L, -2, i + 1);
@@ -254,28 +308,76 @@ static int lb_exec_vstages(lua_State *L) {
   return 1;
 }
 
+/* exec:save_checkpoint(dir, step) -> true | nil, err: this rank's stages
+ * and optimizer state to <dir>/rank<R>.ckpt (atomically; dir must exist). */
+static int lb_exec_save_checkpoint(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  const char *dir = luaL_checkstring(L, 2);
+  int64_t step = luaL_checkinteger(L, 3);
+  if (lp_exec_checkpoint_save(b->e, dir, step) != LP_OK)
+    return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* exec:load_checkpoint(dir) -> step | nil, err: replaces this rank's
+ * parameters and optimizer state with <dir>/rank<R>.ckpt (nothing changes
+ * when it is missing, corrupt or written for another run). */
+static int lb_exec_load_checkpoint(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  const char *dir = luaL_checkstring(L, 2);
+  int64_t step = 0;
+  if (lp_exec_checkpoint_load(b->e, dir, &step) != LP_OK)
+    return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushinteger(L, step);
+  return 1;
+}
+
+/* core.mkdir_p(path) -> true | nil, err: creates path and its parents
+ * (mode 0777 & umask); an existing directory is fine. */
+static int lb_mkdir_p(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  char buf[4096];
+  size_t n = strlen(path);
+  if (n == 0 || n >= sizeof buf) return luaL_argerror(L, 1, "empty or too long path");
+  memcpy(buf, path, n + 1);
+  for (size_t i = 1; i <= n; i++) {
+    if (buf[i] != '/' && buf[i] != '\0') continue;
+    char c = buf[i];
+    buf[i] = '\0';
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+      lua_pushnil(L);
+      lua_pushfstring(L, "cannot create directory %s: %s", buf, strerror(errno));
+      return 2;
+    }
+    buf[i] = c;
+  }
+  struct stat sb;
+  if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot create directory %s: a file of that name exists", path);
+    return 2;
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static const char *const kind_names[] = {"compute", "send", "recv", NULL};
 
 static void push_event(lua_State *L, const lp_trace_event *ev) {
   lua_createtable(L, 0, 10);
-  lua_pushinteger(L, ev->rank);
-  lua_setfield(L, -2, "rank");
+  lb_set_integer(L, "rank", ev->rank);
   lua_pushstring(L, kind_names[ev->kind]);
   lua_setfield(L, -2, "kind");
   lua_pushstring(L, ev->name);
   lua_setfield(L, -2, "name");
   lua_pushstring(L, ev->cat);
   lua_setfield(L, -2, "cat");
-  lua_pushnumber(L, ev->start_us);
-  lua_setfield(L, -2, "start_us");
-  lua_pushnumber(L, ev->dur_us);
-  lua_setfield(L, -2, "dur_us");
-  lua_pushinteger(L, ev->stage);
-  lua_setfield(L, -2, "stage");
-  lua_pushinteger(L, ev->mb);
-  lua_setfield(L, -2, "mb");
-  lua_pushinteger(L, ev->index);
-  lua_setfield(L, -2, "index");
+  lb_set_number(L, "start_us", ev->start_us);
+  lb_set_number(L, "dur_us", ev->dur_us);
+  lb_set_integer(L, "stage", ev->stage);
+  lb_set_integer(L, "mb", ev->mb);
+  lb_set_integer(L, "index", ev->index);
   lua_pushstring(L, ev->action);
   lua_setfield(L, -2, "action");
 }
@@ -362,15 +464,22 @@ static int lb_trace_write(lua_State *L) {
 void lb_open_exec(lua_State *L) {
   static const luaL_Reg methods[] = {{"step", lb_exec_step},
                                      {"timing", lb_exec_timing},
+                                     {"timing_stats", lb_exec_timing_stats},
+                                     {"timing_reset", lb_exec_timing_reset},
+                                     {"trace_clear", lb_exec_trace_clear},
                                      {"vstages", lb_exec_vstages},
                                      {"run_half", lb_exec_run_half},
                                      {"trace_events", lb_exec_trace_events},
+                                     {"save_checkpoint", lb_exec_save_checkpoint},
+                                     {"load_checkpoint", lb_exec_load_checkpoint},
                                      {"close", lb_exec_close},
                                      {NULL, NULL}};
   static const luaL_Reg meta[] = {{"__gc", lb_exec_close}, {"__close", lb_exec_close},
                                   {NULL, NULL}};
   static const luaL_Reg funcs[] = {{"exec_new", lb_exec_new},
                                    {"trace_write", lb_trace_write},
+                                   
+                                   {"mkdir_p", lb_mkdir_p},
                                    {NULL, NULL}};
   lb_new_class(L, LB_EXEC, "Exec", methods, meta);
   luaL_setfuncs(L, funcs, 0);

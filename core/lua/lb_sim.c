@@ -327,18 +327,6 @@ static int lb_simres_write_trace(lua_State *L) {
   return 1;
 }
 
-/* core.write_file(path, text) -> true | nil, message (atomic) */
-static int lb_write_file(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  size_t len;
-  const char *text = luaL_checklstring(L, 2, &len);
-  char err[LP_ERRLEN];
-  if (lp_trace_write_file(path, text, len, err) != LP_OK)
-    return lb_fail(L, err);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
 /* core.isatty(fd) -> boolean */
 static int lb_isatty(lua_State *L) {
   lua_pushboolean(L, isatty((int)luaL_checkinteger(L, 1)) == 1);
@@ -417,7 +405,7 @@ void lb_open_sim(lua_State *L) {
                                   {"__tostring", lb_simres_tostring},
                                   {NULL, NULL}};
   static const luaL_Reg funcs[] = {
-      {"isatty", lb_isatty}, {"write_file", lb_write_file}, {NULL, NULL}};
+      {"isatty", lb_isatty}, {NULL, NULL}};
   static const char *const schedule_keys[] = {"show", "gantt", NULL};
   luaL_setfuncs(L, funcs, 0);
   lb_new_class(L, LB_SIMRESULT, "SimResult", methods, meta);

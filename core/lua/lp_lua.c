@@ -84,6 +84,18 @@ static int lb_kernels(lua_State *L) {
   return 1;
 }
 
+/* core.write_file(path, text) -> true | nil, message. Atomic: path.tmp,
+ * fsync, rename over path; a failure leaves path as it was. */
+static int lb_write_file(lua_State *L) {
+  size_t n;
+  const char *path = luaL_checkstring(L, 1);
+  const char *text = luaL_checklstring(L, 2, &n);
+  char err[LP_ERRLEN];
+  if (lp_write_file_atomic(path, text, n, err) != LP_OK) return lb_fail(L, err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int lb_now(lua_State *L) {
   lua_pushnumber(L, lp_now());
   return 1;
@@ -92,7 +104,7 @@ static int lb_now(lua_State *L) {
 int luaopen_luapipe_core(lua_State *L) {
   static const luaL_Reg funcs[] = {
       {"version", lb_version}, {"env_knobs", lb_env_knobs}, {"now", lb_now},
-      {"kernels", lb_kernels}, {NULL, NULL}};
+      {"kernels", lb_kernels}, {"write_file", lb_write_file}, {NULL, NULL}};
   luaL_newlib(L, funcs);
   lb_open_schedule(L);
   lb_open_sim(L);

@@ -263,3 +263,23 @@ void lp_nn_optim_set_lr(lp_nn_optim *o, float lr);
 int64_t lp_nn_optim_steps(const lp_nn_optim *o);
 /* Frees the state (not the params). NULL is a no-op. */
 void lp_nn_optim_free(lp_nn_optim *o);
+
+/* ---- optimizer state, for checkpoints ----------------------------------
+ * The state as one flat float buffer: for each param in list order its
+ * momentum buffer (SGD) / first moment m (AdamW), numel floats, then (AdamW
+ * only) for each param its second moment v. Together with the step count
+ * (AdamW's bias correction) this is everything a later step depends on, so
+ * export, then import into a fresh optimizer over equal params, continues
+ * bitwise like the original. */
+/* "sgd" or "adamw" (static string). */
+const char *lp_nn_optim_kind(const lp_nn_optim *o);
+/* Floats in the state buffer (0 for NULL). */
+size_t lp_nn_optim_state_numel(const lp_nn_optim *o);
+/* Copies the state into buf (n must equal lp_nn_optim_state_numel: else
+ * LP_ERR_ARG) and the step count into *steps (optional). */
+lp_status lp_nn_optim_state_export(const lp_nn_optim *o, float *buf, size_t n,
+                                   int64_t *steps);
+/* Replaces the state with buf (n floats, as export wrote them) and sets the
+ * step count. LP_ERR_ARG (state untouched) when n differs or steps < 0. */
+lp_status lp_nn_optim_state_import(lp_nn_optim *o, const float *buf, size_t n,
+                                   int64_t steps);

@@ -144,3 +144,48 @@ void lp_nn_optim_set_lr(lp_nn_optim *o, float lr) {
 }
 
 int64_t lp_nn_optim_steps(const lp_nn_optim *o) { return o ? o->t : 0; }
+
+/* ---- state export / import (checkpoints) ---- */
+
+const char *lp_nn_optim_kind(const lp_nn_optim *o) {
+  return o && o->kind == OPT_ADAMW ? "adamw" : "sgd";
+}
+
+size_t lp_nn_optim_state_numel(const lp_nn_optim *o) {
+  if (!o) return 0;
+  size_t n = 0;
+  for (size_t i = 0; i < o->n; i++) n += (size_t)lp_tensor_numel(o->params[i].value);
+  return o->kind == OPT_ADAMW ? 2 * n : n;
+}
+
+lp_status lp_nn_optim_state_export(const lp_nn_optim *o, float *buf, size_t n,
+                                   int64_t *steps) {
+  if (!o || n != lp_nn_optim_state_numel(o) || (n && !buf)) return LP_ERR_ARG;
+  size_t off = 0;
+  for (int pass = 0; pass < (o->kind == OPT_ADAMW ? 2 : 1); pass++) {
+    lp_tensor *const *st = pass ? o->v : o->m;
+    for (size_t i = 0; i < o->n; i++) {
+      size_t c = (size_t)lp_tensor_numel(st[i]);
+      if (c) memcpy(buf + off, st[i]->data, c * sizeof(float));
+      off += c;
+    }
+  }
+  if (steps) *steps = o->t;
+  return LP_OK;
+}
+
+lp_status lp_nn_optim_state_import(lp_nn_optim *o, const float *buf, size_t n,
+                                   int64_t steps) {
+  if (!o || steps < 0 || n != lp_nn_optim_state_numel(o) || (n && !buf)) return LP_ERR_ARG;
+  size_t off = 0;
+  for (int pass = 0; pass < (o->kind == OPT_ADAMW ? 2 : 1); pass++) {
+    lp_tensor **st = pass ? o->v : o->m;
+    for (size_t i = 0; i < o->n; i++) {
+      size_t c = (size_t)lp_tensor_numel(st[i]);
+      if (c) memcpy(st[i]->data, buf + off, c * sizeof(float));
+      off += c;
+    }
+  }
+  o->t = steps;
+  return LP_OK;
+}

@@ -89,14 +89,10 @@ int lp_trace_ranks(const lp_trace *t); /* 1 + the largest rank seen */
  * NUL-terminated string to lp_free, NULL on allocation failure. */
 char *lp_trace_to_json(const lp_trace *t);
 
-/* Writes the JSON to path atomically: a temporary file in the same
- * directory, then rename; on failure no file is left behind and err
- * (LP_ERRLEN) names the path and the reason (LP_ERR_IO, LP_ERR_NOMEM). */
+/* Writes the JSON to path atomically (lp_write_file_atomic): on failure no
+ * file is left behind and err (LP_ERRLEN, may be NULL) names the path and
+ * the reason (LP_ERR_IO, LP_ERR_NOMEM). */
 lp_status lp_trace_write_json(const lp_trace *t, const char *path, char *err);
-
-/* Writes len bytes to path atomically (as above). */
-lp_status lp_trace_write_file(const char *path, const char *data, size_t len,
-                              char *err);
 
 /* Builds the trace of a simulation: a compute slice per action (cat = its
  * type, "FB" for a pair), a send slice [sent, arrived] on the producer's

@@ -342,54 +342,6 @@ fail:
   return NULL;
 }
 
-/* ---- atomic writes ---- */
-
-lp_status lp_trace_write_file(const char *path, const char *data, size_t len,
-                              char *err) {
-  char local[LP_ERRLEN];
-  if (!err) err = local;
-  size_t pn = strlen(path);
-  char *tmp = lp_malloc(pn + 48);
-  if (!tmp) {
-    lp_errf(err, "%s: out of memory", path);
-    return LP_ERR_NOMEM;
-  }
-  int fd = -1;
-  static unsigned serial;
-  for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-    snprintf(tmp, pn + 48, "%s.tmp.%ld.%u", path, (long)getpid(), serial++);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) {
-    lp_errf(err, "%s: %s", path, strerror(errno));
-    lp_free(tmp);
-    return LP_ERR_IO;
-  }
-  size_t off = 0;
-  int e = 0;
-  while (off < len) {
-    ssize_t w = write(fd, data + off, len - off);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      e = errno;
-      break;
-    }
-    off += (size_t)w;
-  }
-  if (!e && fsync(fd) != 0 && errno != EINVAL && errno != EROFS) e = errno;
-  if (close(fd) != 0 && !e) e = errno;
-  if (!e && rename(tmp, path) != 0) e = errno;
-  if (e) {
-    unlink(tmp);
-    lp_errf(err, "%s: %s", path, strerror(e));
-    lp_free(tmp);
-    return LP_ERR_IO;
-  }
-  lp_free(tmp);
-  return LP_OK;
-}
-
 lp_status lp_trace_write_json(const lp_trace *t, const char *path, char *err) {
   char local[LP_ERRLEN];
   if (!err) err = local;
@@ -398,7 +350,7 @@ lp_status lp_trace_write_json(const lp_trace *t, const char *path, char *err) {
     lp_errf(err, "%s: out of memory", path);
     return LP_ERR_NOMEM;
   }
-  lp_status st = lp_trace_write_file(path, json, strlen(json), err);
+  lp_status st = lp_write_file_atomic(path, json, strlen(json), err);
   lp_free(json);
   return st;
 }

@@ -11,9 +11,32 @@
 --     steps = 10, seed = 1,
 --     optimizer = { kind = "sgd", lr = 0.05 },  -- or { kind = "adamw", lr = ... }
 --     trace = "trace.json",          -- optional: measured Chrome trace, all ranks
+--     svg = "step.svg",              -- optional: the measured last step as an SVG timeline
+--     trace_steps = 20,              -- optional: trace/svg keep only the last 20 steps
+--     log_every = 10,                -- optional: progress line every 10 steps (default 1)
+--     checkpoint = { dir = "ckpt", every = 100 },  -- optional: save every 100 steps
+--     resume = true,                 -- optional: continue from ckpt's latest checkpoint
 --   }
 --   r.losses[k]       -- loss of step k (the same on every rank)
 --   r.stage_params()  -- {{id =, stage =, params = {[name] = {values}}}, ...} of this rank
+--   r.summary         -- measured vs simulated, the same on every rank (luapipe.perf):
+--                     -- step_ms, predicted_ms, ratio, bubble_pct, sim_bubble_pct,
+--                     -- overhead_pct, costs, stages, latency_ms, steps; rank 0 prints
+--                     -- it after the progress lines (the first step is warm-up)
+--
+-- Checkpoints: checkpoint = {dir =, every = N (default 1)} saves, after
+-- every N-th step, each rank's virtual stages (parameters and optimizer
+-- state: SGD momentum, AdamW moments and step count) to
+-- <dir>/step<k>/rank<R>.ckpt,
+-- each file written to .tmp, fsynced and renamed; when all ranks are done
+-- rank 0 replaces <dir>/latest (also atomically) and the previous
+-- checkpoint is deleted, so `latest` always names a complete one. resume =
+-- true (or resume = "dir") loads it on every rank and runs steps k+1..steps
+-- (data gets the true step numbers); r.losses[k] is then set for those
+-- steps only and r.first_step = k+1. The result is bitwise the run that
+-- never stopped. A missing, truncated or corrupt file, or one written for
+-- another schedule, rank count, model or optimizer, fails on every rank
+-- with a message naming the file and what differs. All ranks must see dir.
 --
 -- overlapped_fb = function(exec, pair) ... end replaces the default "F half,
 -- then backward half" of every overlapped pair (FB action, as DeepSeek's
@@ -30,6 +53,7 @@
 local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 local schedule = require("luapipe.schedule")
+local checkpoint = require("luapipe.checkpoint")
 
 local M = {}
 
@@ -154,9 +178,10 @@ end
 
 -- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
 --   microbatches=, pp=, chunks=, partition = "layers" | "cost", trace=,
---   quiet=, lookahead=, overlapped_fb=} -> result
+--   quiet=, lookahead=, overlapped_fb=, checkpoint = {dir=, every=}, resume=} -> result
 function M.run(opts)
   local steps = check_common(opts, "luapipe.train")
+  local ckpt = checkpoint.options(opts) -- nil without checkpoint / resume
   local model, seed = opts.model, opts.seed or 0
   local rank, size = comm.rank(), comm.size()
   local s = get_schedule(opts)
@@ -181,7 +206,7 @@ function M.run(opts)
   local exec, err = core.exec_new(lowered, {
     build = function(stage) return model:build_stage(part, stage, seed) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
-    optimizer = opts.optimizer, trace = opts.trace and true or false, lookahead = opts.lookahead,
+    optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
     overlapped_fb = opts.overlapped_fb,
   })
   if not exec then
@@ -192,7 +217,13 @@ function M.run(opts)
   local samples = M_ * (in_shape[1] or 1)
   local losses, timing = {}, {}
   local quiet = opts.quiet
-  for k = 1, steps do
+  -- resume: every rank loads its file of the latest checkpoint, then the
+  -- steps after it run with their true numbers
+  local first_step = ckpt and ckpt.resume and checkpoint.resume(ckpt, exec) + 1 or 1
+  for k = first_step, steps do
+    if opts.trace_steps and k == steps - opts.trace_steps + 1 and k > first_step then
+      exec:trace_clear() -- keep the events of the last trace_steps steps only
+    end
     local loss, serr = exec:step(k)
     if not loss then
       if size > 1 then comm.abort(serr) end
@@ -200,6 +231,7 @@ function M.run(opts)
     end
     losses[k] = loss
     local wall, busy = exec:timing()
+    if k == first_step and steps > k then exec:timing_reset() end -- the first step is warm-up
     local wall_max, busy_sum = wall, busy
     if size > 1 then
       local t = assert(comm.allreduce({ wall, busy }, "step timing"))
@@ -207,13 +239,15 @@ function M.run(opts)
     end
     local bubble = wall_max > 0 and math.max(0, 100 * (1 - busy_sum / (size * wall_max))) or 0
     timing[k] = { wall = wall_max, bubble = bubble, samples_per_s = samples / math.max(wall_max, 1e-9) }
-    if rank == 0 and not quiet then
+    if rank == 0 and not quiet and (k % (opts.log_every or 1) == 0 or k == first_step or k == steps) then
       io.write(string.format("step %d loss %.6f  (%.1f samples/s, bubble %.1f%%)\n", k, loss,
         timing[k].samples_per_s, bubble))
       io.flush()
     end
+    if ckpt then checkpoint.after_step(ckpt, exec, k, info) end
   end
   local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec }
+  result.first_step = first_step -- > 1 after resume: losses[k] for k = first_step..steps
   -- {{id =, stage =, params = {[name] = values}}, ...} for this rank's virtual stages
   function result.stage_params()
     local out = {}
@@ -236,6 +270,20 @@ function M.run(opts)
     if not tok then
       if size > 1 then comm.abort("trace: " .. tostring(terr)) end
       fail("trace: " .. tostring(terr))
+    end
+  end
+  -- measured vs predicted (luapipe.perf): every rank takes part
+  if steps >= first_step then
+    local perf = require("luapipe.perf")
+    result.summary = perf.summary(exec, lowered)
+    result.summary.skipped = steps > first_step
+    if rank == 0 and not quiet then io.write(perf.format(result.summary), "\n") io.flush() end
+    if opts.svg then
+      local sok, serr = perf.write_measured_svg(exec, lowered, opts.svg)
+      if not sok then
+        if size > 1 then comm.abort("svg: " .. tostring(serr)) end
+        fail("svg: " .. tostring(serr))
+      end
     end
   end
   return result

@@ -515,7 +515,7 @@ static int leftovers(const char *dir) {
   int n = 0;
   struct dirent *de;
   while ((de = readdir(d)))
-    if (strstr(de->d_name, ".tmp.")) n++;
+    if (strstr(de->d_name, ".tmp")) n++;
   closedir(d);
   return n;
 }
@@ -561,7 +561,7 @@ static void test_atomic_write(void **state) {
   assert_string_equal(buf, json);
   assert_int_equal(leftovers(dir), 0);
   /* overwriting keeps it whole */
-  assert_int_equal(lp_trace_write_file(good, "x", 1, err), LP_OK);
+  assert_int_equal(lp_write_file_atomic(good, "x", 1, err), LP_OK);
   fp = fopen(good, "rb");
   assert_int_equal(fread(buf, 1, (size_t)n, fp), 1);
   fclose(fp);

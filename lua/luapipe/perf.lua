@@ -1,0 +1,355 @@
+-- luapipe.perf: what a training run measured against what the simulator
+-- predicts from those measurements. Used by luapipe.train after the step
+-- loop (every function here is collective: every rank calls it).
+--
+--   local perf = require("luapipe.perf")
+--   local s = perf.summary(exec, sched)   -- same table on every rank
+--   print(perf.format(s))
+--   perf.write_measured_svg(exec, sched, "step.svg")   -- needs trace = true
+--
+-- Figures (times in milliseconds):
+--   step_ms        measured step time: the largest per-rank mean step wall
+--                  time (zero-grad to the end of the optimizer step)
+--   predicted_ms   the simulator's prediction: the schedule simulated with
+--                  the measured per-action mean costs of every model stage
+--                  (F, B, I, W, FB; latency = measured message latency),
+--                  plus each rank's measured optimizer time after its last
+--                  action; the largest over ranks
+--   makespan_ms    the simulated makespan alone (pipeline part)
+--   ratio          predicted_ms / step_ms
+--   bubble_pct     measured bubble: mean over ranks of 1 - busy / step time,
+--                  busy = compute actions + optimizer
+--   sim_bubble_pct the same from the simulation (sim busy + optimizer over
+--                  predicted_ms)
+--   overhead_pct   100 * (wall - compute - wait) / wall, summed over ranks:
+--                  step time spent neither computing nor waiting on messages
+--   wait_pct, post_pct  waiting on messages; posting/polling (in overhead)
+--   costs          {F = ms, B =, I =, W =, FB =} means over all stages
+--   stages         {[stage] = {F = ms, ...}} per model stage (as simulated)
+--   steps          steps measured (the first is skipped when there are more)
+local core = require("luapipe.core")
+local comm = require("luapipe.comm")
+
+local M = {}
+
+M.kinds = { "F", "B", "I", "W", "FB" }
+
+local function allreduce(list, what)
+  if comm.size() == 1 then return list end
+  local t, err = comm.allreduce(list, what)
+  if not t then error("luapipe.perf: " .. tostring(err), 0) end
+  return t
+end
+
+-- perf.message_latency(exec, sched) -> mean latency in ms, count: from
+-- the measured events (exec built with trace = true; 0, 0 without), over
+-- the messages the receiver had to wait for: from the later of the
+-- sender's isend and the start of the wait to the end of the wait (the
+-- delivery and wake-up time the simulator's latency stands for). Every rank gets the
+-- same figures (ranks of one host share the trace clock). Collective.
+function M.message_latency(exec, sched)
+  local P, rank = comm.size(), comm.rank()
+  local Mb = sched:info().microbatches
+  local evs = exec:trace_events()
+  -- message id: (occurrence * 2V + 2 * producer vstage + dir) * M + mb
+  local seen, sends, recvs = {}, {}, {}
+  local routes = {}
+  local function route(mb)
+    routes[mb] = routes[mb] or sched:route(mb) or {}
+    return routes[mb]
+  end
+  local maxv = 0
+  for mb = 0, Mb - 1 do for _, x in ipairs(route(mb)) do maxv = math.max(maxv, x + 1) end end
+  local function id_of(v, dir, mb)
+    local key = (2 * v + dir) * Mb + mb
+    local o = seen[key] or 0
+    seen[key] = o + 1
+    return o * 2 * maxv * Mb + key
+  end
+  for _, e in ipairs(evs) do
+    if e.kind == "send" then
+      local v, d, mb = e.name:match("^send (%d+)([FB])(%d+)$")
+      if v then sends[#sends + 1] = { id_of(tonumber(v), d == "F" and 0 or 1, tonumber(mb)), e.start_us } end
+    end
+  end
+  seen = {}
+  for _, e in ipairs(evs) do
+    if e.kind == "recv" then
+      local u, d, mb = e.name:match("^recv (%d+)([FB])(%d+)$")
+      if u then
+        u, mb = tonumber(u), tonumber(mb)
+        local r, v = route(mb), nil
+        for k, x in ipairs(r) do if x == u then v = d == "F" and r[k - 1] or r[k + 1] end end
+        if v then
+          local id = id_of(v, d == "F" and 0 or 1, mb)
+          if e.dur_us > 0 then recvs[#recvs + 1] = { id, e.start_us, e.start_us + e.dur_us } end
+        end
+      end
+    end
+  end
+  local cnt = {}
+  for r = 0, P - 1 do
+    cnt[2 * r + 1] = r == rank and #sends or 0
+    cnt[2 * r + 2] = r == rank and #recvs or 0
+  end
+  cnt = allreduce(cnt, "luapipe.perf: counting messages")
+  local off, offs = 0, {}
+  for r = 0, P - 1 do
+    offs[r] = off
+    off = off + 2 * math.floor(cnt[2 * r + 1] + 0.5) + 3 * math.floor(cnt[2 * r + 2] + 0.5)
+  end
+  if off == 0 then return 0, 0 end
+  local v = {}
+  for i = 1, off do v[i] = 0 end
+  local o = offs[rank]
+  for _, x in ipairs(sends) do v[o + 1], v[o + 2] = x[1], x[2]; o = o + 2 end
+  for _, x in ipairs(recvs) do v[o + 1], v[o + 2], v[o + 3] = x[1], x[2], x[3]; o = o + 3 end
+  v = allreduce(v, "luapipe.perf: gathering message times")
+  local sent, sum, n = {}, 0, 0
+  for r = 0, P - 1 do
+    local ns = math.floor(cnt[2 * r + 1] + 0.5)
+    for j = 0, ns - 1 do
+      local i = offs[r] + 2 * j
+      sent[math.floor(v[i + 1] + 0.5)] = v[i + 2]
+    end
+  end
+  for r = 0, P - 1 do
+    local ns, nr = math.floor(cnt[2 * r + 1] + 0.5), math.floor(cnt[2 * r + 2] + 0.5)
+    for j = 0, nr - 1 do
+      local i = offs[r] + 2 * ns + 3 * j
+      local t = sent[math.floor(v[i + 1] + 0.5)]
+      if t and v[i + 3] >= t then
+        sum, n = sum + (v[i + 3] - math.max(t, v[i + 2])), n + 1
+      end
+    end
+  end
+  return n > 0 and sum / n / 1000 or 0, n
+end
+
+-- perf.summary(exec, sched[, opts]) -> summary table (see above), the same
+-- on every rank. sched: the lowered schedule exec runs. opts.latency_ms:
+-- the message latency to simulate with (default: measured by
+-- perf.message_latency when exec records trace events, else 0).
+function M.summary(exec, sched, opts)
+  opts = opts or {}
+  local lat_n
+  if opts.latency_ms == nil then
+    opts.latency_ms, lat_n = M.message_latency(exec, sched)
+  end
+  local P, rank = comm.size(), comm.rank()
+  local info = sched:info()
+  local S = info.stages
+  local st = exec:timing_stats("total")
+  local n = math.max(st.steps, 1)
+  -- one vector: sums of the rank figures, per-rank slots, action times
+  local v = { st.wall, st.compute, st.wait, st.post, st.optim, st.overhead }
+  local base = #v
+  for r = 0, P - 1 do
+    v[base + 3 * r + 1] = r == rank and st.wall / n or 0
+    v[base + 3 * r + 2] = r == rank and st.compute / n or 0
+    v[base + 3 * r + 3] = r == rank and st.optim / n or 0
+  end
+  local abase = base + 3 * P
+  for k, kind in ipairs(M.kinds) do
+    for s = 0, S - 1 do
+      local a = st.actions[kind][s]
+      local i = abase + 2 * ((k - 1) * S + s)
+      v[i + 1] = a and a.sum or 0
+      v[i + 2] = a and a.n or 0
+    end
+  end
+  v[#v + 1] = st.steps
+  v = allreduce(v, "luapipe.perf: gathering the measured timing")
+  local steps = math.floor(v[#v] / P + 0.5)
+  local ms = 1000
+  local out = { steps = steps, ranks = P, schedule = info.name, microbatches = info.microbatches }
+  local wall_sum = v[1]
+  out.overhead_pct = wall_sum > 0 and 100 * v[6] / wall_sum or 0
+  out.wait_pct = wall_sum > 0 and 100 * v[3] / wall_sum or 0
+  out.post_pct = wall_sum > 0 and 100 * v[4] / wall_sum or 0
+  out.compute_pct = wall_sum > 0 and 100 * v[2] / wall_sum or 0
+  local rw, rc, ro = {}, {}, {}
+  local step_s = 0
+  for r = 0, P - 1 do
+    rw[r], rc[r], ro[r] = v[base + 3 * r + 1], v[base + 3 * r + 2], v[base + 3 * r + 3]
+    step_s = math.max(step_s, rw[r])
+  end
+  out.step_ms = step_s * ms
+  local bub = 0
+  for r = 0, P - 1 do bub = bub + (step_s > 0 and math.max(0, 1 - rc[r] / step_s) or 0) end
+  out.bubble_pct = 100 * bub / P
+  -- measured costs: per model stage and overall means
+  local cost, stages, tot = {}, {}, {}
+  for k, kind in ipairs(M.kinds) do
+    local ssum, sn = 0, 0
+    for s = 0, S - 1 do
+      local i = abase + 2 * ((k - 1) * S + s)
+      if v[i + 2] > 0 then
+        stages[s] = stages[s] or {}
+        stages[s][kind] = v[i + 1] / v[i + 2] * ms
+        ssum, sn = ssum + v[i + 1], sn + v[i + 2]
+      end
+    end
+    if sn > 0 then tot[kind] = ssum / sn * ms end
+  end
+  for k, val in pairs(tot) do cost[k] = val end
+  cost.latency = opts.latency_ms or 0
+  cost.stages = stages
+  out.costs, out.stages, out.latency_ms = tot, stages, cost.latency
+  out.latency_messages = lat_n
+  -- the simulator's prediction from those costs
+  local ok, res, err = pcall(sched.simulate, sched, cost)
+  if not ok or not res then
+    err = ok and err or res
+    out.sim_error = tostring(err)
+    out.predicted_ms, out.makespan_ms, out.ratio, out.sim_bubble_pct = 0, 0, 0, 0
+    return out
+  end
+  out.makespan_ms = res:makespan()
+  local pred, sim_busy = 0, {}
+  for _, rr in ipairs(res:ranks()) do
+    local opt = ro[rr.rank] * ms
+    pred = math.max(pred, rr.finish + opt)
+    sim_busy[rr.rank] = rr.busy + opt
+  end
+  out.predicted_ms = pred
+  local sb = 0
+  for r = 0, P - 1 do sb = sb + (pred > 0 and math.max(0, 1 - (sim_busy[r] or 0) / pred) or 0) end
+  out.sim_bubble_pct = 100 * sb / P
+  out.ratio = out.step_ms > 0 and pred / out.step_ms or 0
+  out.sim = res
+  return out
+end
+
+local function f1(x) return string.format("%.1f", x) end
+local function f2(x) return string.format("%.2f", x) end
+
+-- perf.format(summary) -> text (several lines)
+function M.format(s)
+  local L = {}
+  L[#L + 1] = string.format("summary (%d measured step%s%s, %d ranks):", s.steps,
+    s.steps == 1 and "" or "s", s.skipped and ", first step skipped as warm-up" or "", s.ranks)
+  local parts = {}
+  for _, k in ipairs(M.kinds) do
+    if s.costs[k] then parts[#parts + 1] = string.format("%s %s", k, f2(s.costs[k])) end
+  end
+  L[#L + 1] = "  measured mean action costs (ms, all stages): " .. table.concat(parts, "  ")
+  local per = {}
+  local ks = {}
+  for st in pairs(s.stages) do ks[#ks + 1] = st end
+  table.sort(ks)
+  for _, st in ipairs(ks) do
+    local p = {}
+    for _, k in ipairs(M.kinds) do
+      if s.stages[st][k] then p[#p + 1] = k .. "=" .. f2(s.stages[st][k]) end
+    end
+    per[#per + 1] = string.format("[%d] %s", st, table.concat(p, " "))
+  end
+  L[#L + 1] = "  per model stage: " .. table.concat(per, "  ")
+  if s.sim_error then
+    L[#L + 1] = "  simulation failed: " .. s.sim_error
+  end
+  L[#L + 1] = string.format("  step time: measured %s ms, simulator's prediction %s ms "
+    .. "(makespan %s ms + optimizer; latency %s ms): predicted/measured %.3f",
+    f1(s.step_ms), f1(s.predicted_ms), f1(s.makespan_ms), f2(s.latency_ms), s.ratio)
+  L[#L + 1] = string.format("  bubble: measured %s%%, simulated %s%%", f1(s.bubble_pct),
+    f1(s.sim_bubble_pct))
+  L[#L + 1] = string.format("  overhead: %s%% of the step (neither compute nor waiting; "
+    .. "posting/polling %s%%), waiting on messages %s%%, compute %s%%", f2(s.overhead_pct),
+    f2(s.post_pct), f1(s.wait_pct), f1(s.compute_pct))
+  return table.concat(L, "\n")
+end
+
+-- ---- the measured timeline as a picture ----
+
+-- A luapipe.SimResult look-alike over measured events, enough for
+-- luapipe.show.svg / gantt: info, makespan, max_bubble, events(rank).
+local Measured = {}
+Measured.__index = Measured
+function Measured:info() return self.meta end
+function Measured:makespan() return self.T end
+function Measured:max_bubble() return self.maxb end
+function Measured:events(r) return self.ev[r] or {} end
+
+-- perf.measured(exec, sched) -> on rank 0 a SimResult look-alike holding
+-- the measured compute slices (and optimizer) of the last step of every
+-- rank, times in ms from the step's first slice; nil on other ranks.
+-- Needs exec built with trace = true. Collective.
+function M.measured(exec, sched)
+  local P, rank = comm.size(), comm.rank()
+  local evs = exec:trace_events()
+  -- this rank's last step: the slices after its next-to-last optimizer slice
+  local opt = {}
+  for i, e in ipairs(evs) do if e.cat == "optim" then opt[#opt + 1] = i end end
+  local first = #opt >= 2 and opt[#opt - 1] + 1 or 1
+  local mine = {}
+  for i = first, #evs do
+    local e = evs[i]
+    if e.kind == "compute" then mine[#mine + 1] = e end
+  end
+  local cnt = allreduce((function()
+    local t = {}
+    for r = 0, P - 1 do t[r + 1] = r == rank and #mine or 0 end
+    return t
+  end)(), "luapipe.perf: counting measured slices")
+  local cap = 0
+  for r = 1, P do cap = math.max(cap, math.floor(cnt[r] + 0.5)) end
+  local v = {}
+  for i = 1, P * cap * 3 do v[i] = 0 end
+  for j, e in ipairs(mine) do
+    local o = (rank * cap + j - 1) * 3
+    v[o + 1], v[o + 2], v[o + 3] = e.index, e.start_us, e.dur_us
+  end
+  v = allreduce(v, "luapipe.perf: gathering measured slices")
+  if rank ~= 0 then return nil end
+  local t0 = math.huge
+  for r = 0, P - 1 do
+    for j = 1, math.floor(cnt[r + 1] + 0.5) do
+      t0 = math.min(t0, v[(r * cap + j - 1) * 3 + 2])
+    end
+  end
+  local info = sched:info()
+  local obj = setmetatable({ ev = {}, T = 0, maxb = 0,
+    meta = { name = (info.name ~= "" and info.name or "schedule") .. " (measured)", ranks = P,
+      stages = info.stages, microbatches = info.microbatches, latency = 0 } }, Measured)
+  local busy = {}
+  for r = 0, P - 1 do
+    local list, texts = {}, sched:actions(r)
+    busy[r] = 0
+    for j = 1, math.floor(cnt[r + 1] + 0.5) do
+      local o = (r * cap + j - 1) * 3
+      local idx = math.floor(v[o + 1] + 0.5)
+      local e
+      if idx >= 0 then
+        e = sched:action(r, idx + 1) or { type = "?" }
+        e.text = texts[idx + 1] or "?"
+      else
+        e = { type = "optim", text = "optimizer", mb = "opt", stage = -1 }
+      end
+      e.rank, e.index = r, idx
+      e.start = (v[o + 2] - t0) / 1000
+      e.finish = e.start + v[o + 3] / 1000
+      busy[r] = busy[r] + v[o + 3] / 1000
+      obj.T = math.max(obj.T, e.finish)
+      list[#list + 1] = e
+    end
+    obj.ev[r] = list
+  end
+  for r = 0, P - 1 do obj.maxb = math.max(obj.maxb, obj.T - busy[r]) end
+  return obj
+end
+
+-- perf.write_measured_svg(exec, sched, path) -> true | nil, err on rank 0
+-- (true elsewhere): the measured last step drawn like a simulated one, one
+-- unit = 1 ms; grey slices are the optimizer step. Collective.
+function M.write_measured_svg(exec, sched, path)
+  local m = M.measured(exec, sched)
+  if not m then return true end
+  local info = sched:info()
+  local title = string.format("%s: measured last step on %d ranks, %d micro-batches: %.1f ms "
+    .. "(time axis in ms; grey: optimizer)", info.name ~= "" and info.name or "schedule",
+    m.meta.ranks, m.meta.microbatches, m.T)
+  return core.write_file(path, require("luapipe.show").svg(m, { title = title }))
+end
+
+return M

@@ -1,0 +1,361 @@
+/* test_checkpoint.c — checkpoints of the executor on one process (self
+ * comm): optimizer state export/import (SGD momentum, AdamW moments and
+ * step count); save after step 2, load into a fresh executor, and steps 3-4
+ * give bitwise the losses and parameters of the run that never stopped
+ * (while a fresh executor without the load does not); the error paths, each
+ * naming the file: missing, truncated, a flipped byte, bad magic, another
+ * schedule, another model, another optimizer — and a failed load changes
+ * nothing; a save that cannot be written leaves the old checkpoint intact;
+ * lp_write_file_atomic. */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "lp_exec.h"
+
+#define D_IN 5
+#define D_OUT 3
+#define BATCH 4
+#define MB 4
+
+static int d_hidden = 7; /* changed to build "another model" */
+
+/* stage 0: linear(5,H) + gelu; stage 1: linear(H,3) */
+static lp_status build_stage(int stage, lp_nn_layer **out) {
+  lp_nn_layer *ls[2] = {NULL, NULL};
+  lp_status st;
+  if (stage == 0) {
+    st = lp_nn_linear_new("layers.0", D_IN, d_hidden, 1, 42, &ls[0]);
+    if (st == LP_OK) st = lp_nn_act_new("layers.1", LP_TENSOR_ACT_GELU, &ls[1]);
+    if (st == LP_OK) st = lp_nn_chunk_new("stage.0", ls, 2, out);
+  } else {
+    st = lp_nn_linear_new("layers.2", d_hidden, D_OUT, 1, 42, &ls[0]);
+    if (st == LP_OK) st = lp_nn_chunk_new("stage.1", ls, 1, out);
+  }
+  lp_nn_layer_release(ls[0]);
+  lp_nn_layer_release(ls[1]);
+  return st;
+}
+
+static lp_status chunk_fn(void *ud, int stage, lp_nn_layer **out, char *err) {
+  (void)ud;
+  (void)err;
+  return build_stage(stage, out);
+}
+
+static lp_status data_fn(void *ud, int64_t step, int mb, lp_tensor **in, lp_tensor **tg,
+                         char *err) {
+  (void)ud;
+  (void)err;
+  float x[BATCH * D_IN], y[BATCH * D_OUT];
+  for (int i = 0; i < BATCH * D_IN; i++) x[i] = (float)sin(0.3 * (double)step + 1.1 * mb + 0.7 * i);
+  for (int i = 0; i < BATCH * D_OUT; i++) y[i] = (float)cos(0.5 * (double)step + 0.9 * mb + 0.4 * i);
+  if (in) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D_IN}, x, in), LP_OK);
+  if (tg) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D_OUT}, y, tg), LP_OK);
+  return LP_OK;
+}
+
+static int act_ndim[2] = {0, 2};
+static int64_t act_shape[2][LP_TENSOR_MAXDIM] = {{0}, {BATCH, 7}};
+
+static lp_exec_opts opts_of(lp_exec_optim_kind kind) {
+  lp_exec_opts o;
+  memset(&o, 0, sizeof o);
+  o.chunk = chunk_fn;
+  o.data = data_fn;
+  o.loss = LP_EXEC_LOSS_MSE;
+  act_shape[1][1] = d_hidden;
+  o.act_ndim = act_ndim;
+  o.act_shape = (const int64_t(*)[LP_TENSOR_MAXDIM])act_shape;
+  o.optim = kind;
+  o.sgd = (lp_nn_sgd_opts){0.1f, 0.9f, 0.0f};
+  o.adamw = (lp_nn_adamw_opts){0.01f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  return o;
+}
+
+/* One rank, two stages, split backward (I then W later), named `name`. */
+static lp_schedule *sched(const char *name) {
+  static const char *const acts[] = {"0F0", "1F0", "1I0", "0I0", "0F1", "1F1", "1I1", "0I1",
+                                     "1W0", "0W0", "0F2", "1F2", "1I2", "0I2", "1W1", "0W1",
+                                     "0F3", "1F3", "1I3", "0I3", "1W2", "0W2", "1W3", "0W3"};
+  lp_schedule *s = NULL;
+  assert_int_equal(lp_schedule_new(1, 2, MB, &s), LP_OK);
+  assert_int_equal(lp_schedule_set_name(s, name), LP_OK);
+  assert_int_equal(lp_schedule_add_vstage(s, 0, 0, NULL), LP_OK);
+  assert_int_equal(lp_schedule_add_vstage(s, 1, 0, NULL), LP_OK);
+  int route[2] = {0, 1};
+  for (int mb = 0; mb < MB; mb++) assert_int_equal(lp_schedule_set_route(s, mb, route, 2), LP_OK);
+  for (size_t i = 0; i < sizeof acts / sizeof *acts; i++)
+    assert_int_equal(lp_schedule_push_text(s, 0, acts[i]), LP_OK);
+  if (lp_schedule_validate(s) != LP_OK) fail_msg("invalid: %s", lp_schedule_last_error(s));
+  return s;
+}
+
+static lp_exec *new_exec(const char *name, lp_exec_optim_kind kind) {
+  lp_schedule *s = sched(name);
+  lp_exec_opts o = opts_of(kind);
+  lp_exec *e = NULL;
+  char err[LP_ERRLEN] = "";
+  if (lp_exec_new(s, &o, &e, err) != LP_OK) fail_msg("lp_exec_new: %s", err);
+  lp_schedule_free(s);
+  return e;
+}
+
+static double step(lp_exec *e, int64_t k) {
+  double l = 0;
+  if (lp_exec_step(e, k, &l) != LP_OK) fail_msg("step %lld: %s", (long long)k, lp_exec_last_error(e));
+  return l;
+}
+
+/* 1: every parameter of a and b is bitwise equal. */
+static int same_params(const lp_exec *a, const lp_exec *b) {
+  assert_int_equal(lp_exec_vstages(a), lp_exec_vstages(b));
+  for (int i = 0; i < lp_exec_vstages(a); i++) {
+    size_t na, nb;
+    const lp_nn_param *pa = lp_nn_params(lp_exec_vstage_chunk(a, i), &na);
+    const lp_nn_param *pb = lp_nn_params(lp_exec_vstage_chunk(b, i), &nb);
+    assert_int_equal(na, nb);
+    for (size_t j = 0; j < na; j++)
+      if (!lp_tensor_equal(pa[j].value, pb[j].value)) return 0;
+  }
+  return 1;
+}
+
+static char tmpdir[256];
+
+static int setup(void **state) {
+  (void)state;
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/lp_test_ckpt_XXXXXX");
+  assert_non_null(mkdtemp(tmpdir));
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+static void test_optim_state(void **state) {
+  (void)state;
+  lp_nn_layer *l = NULL;
+  assert_int_equal(lp_nn_linear_new("fc", 3, 2, 1, 1, &l), LP_OK);
+  size_t np;
+  const lp_nn_param *p = lp_nn_params(l, &np);
+  lp_nn_sgd_opts so = {0.1f, 0.9f, 0.0f};
+  lp_nn_adamw_opts ao = {0.01f, 0.9f, 0.999f, 1e-8f, 0.0f};
+  lp_nn_optim *sgd = NULL, *a1 = NULL, *a2 = NULL;
+  assert_int_equal(lp_nn_optim_sgd_new(p, np, &so, &sgd), LP_OK);
+  assert_int_equal(lp_nn_optim_adamw_new(p, np, &ao, &a1), LP_OK);
+  assert_int_equal(lp_nn_optim_adamw_new(p, np, &ao, &a2), LP_OK);
+  assert_string_equal(lp_nn_optim_kind(sgd), "sgd");
+  assert_string_equal(lp_nn_optim_kind(a1), "adamw");
+  assert_int_equal(lp_nn_optim_state_numel(sgd), 8);
+  assert_int_equal(lp_nn_optim_state_numel(a1), 16);
+  for (size_t i = 0; i < np; i++) assert_int_equal(lp_tensor_fill(p[i].grad, 0.5f), LP_OK);
+  assert_int_equal(lp_nn_optim_step(a1), LP_OK);
+  assert_int_equal(lp_nn_optim_step(a1), LP_OK);
+  float buf[16], back[16];
+  int64_t t = -1;
+  assert_int_equal(lp_nn_optim_state_export(a1, buf, 15, &t), LP_ERR_ARG);
+  assert_int_equal(lp_nn_optim_state_export(a1, buf, 16, &t), LP_OK);
+  assert_int_equal(t, 2);
+  assert_true(buf[0] != 0.0f && buf[15] != 0.0f); /* m and v were written */
+  assert_int_equal(lp_nn_optim_state_import(a2, buf, 8, 2), LP_ERR_ARG);
+  assert_int_equal(lp_nn_optim_state_import(a2, buf, 16, -1), LP_ERR_ARG);
+  assert_int_equal(lp_nn_optim_steps(a2), 0); /* untouched */
+  assert_int_equal(lp_nn_optim_state_import(a2, buf, 16, 2), LP_OK);
+  assert_int_equal(lp_nn_optim_steps(a2), 2);
+  assert_int_equal(lp_nn_optim_state_export(a2, back, 16, NULL), LP_OK);
+  assert_memory_equal(buf, back, sizeof buf);
+  lp_nn_optim_free(sgd);
+  lp_nn_optim_free(a1);
+  lp_nn_optim_free(a2);
+  lp_nn_layer_release(l);
+}
+
+static void round_trip(lp_exec_optim_kind kind) {
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s/rt%d", tmpdir, (int)kind);
+  assert_int_equal(mkdir(dir, 0777), 0);
+  lp_exec *a = new_exec("mine", kind);
+  step(a, 1);
+  step(a, 2);
+  assert_int_equal(lp_exec_checkpoint_save(a, dir, 2), LP_OK);
+  char path[400], tmp[410];
+  lp_exec_checkpoint_path(dir, 0, path, sizeof path);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  assert_int_equal(access(path, F_OK), 0);
+  assert_int_not_equal(access(tmp, F_OK), 0); /* renamed away */
+  double l3 = step(a, 3), l4 = step(a, 4);
+
+  lp_exec *b = new_exec("mine", kind), *c = new_exec("mine", kind);
+  int64_t k = -1;
+  assert_int_equal(lp_exec_checkpoint_load(b, dir, &k), LP_OK);
+  assert_int_equal(k, 2);
+  assert_true(step(b, 3) == l3); /* bitwise */
+  assert_true(step(b, 4) == l4);
+  assert_true(same_params(a, b));
+  /* the control: without the checkpoint the same steps differ */
+  assert_true(step(c, 3) != l3);
+  step(c, 4);
+  assert_false(same_params(a, c));
+  lp_exec_free(a);
+  lp_exec_free(b);
+  lp_exec_free(c);
+}
+
+static void test_round_trip_adamw(void **state) {
+  (void)state;
+  round_trip(LP_EXEC_OPTIM_ADAMW);
+}
+
+static void test_round_trip_sgd(void **state) {
+  (void)state;
+  round_trip(LP_EXEC_OPTIM_SGD);
+}
+
+/* Loads dir into a fresh executor (name, optimizer kind) expecting status
+ * `want` and an error containing each of the NULL-terminated fragments;
+ * checks the parameters did not change. */
+static void expect_load_error(const char *dir, const char *name, lp_exec_optim_kind kind,
+                              lp_status want, ...) {
+  lp_exec *e = new_exec(name, kind), *fresh = new_exec(name, kind);
+  int64_t k = -7;
+  assert_int_equal(lp_exec_checkpoint_load(e, dir, &k), want);
+  assert_int_equal(k, -7);
+  const char *msg = lp_exec_last_error(e);
+  va_list ap;
+  va_start(ap, want);
+  for (const char *frag; (frag = va_arg(ap, const char *)) != NULL;)
+    if (!strstr(msg, frag)) fail_msg("error '%s' lacks '%s'", msg, frag);
+  va_end(ap);
+  assert_true(same_params(e, fresh)); /* nothing changed */
+  lp_exec_free(e);
+  lp_exec_free(fresh);
+}
+
+static void copy_file(const char *from, const char *to, long keep, long flip) {
+  FILE *f = fopen(from, "rb");
+  assert_non_null(f);
+  static unsigned char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  assert_true(n > 0 && n < sizeof buf);
+  if (keep >= 0 && (size_t)keep < n) n = (size_t)keep;
+  if (flip >= 0 && (size_t)flip < n) buf[flip] ^= 0x10;
+  f = fopen(to, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(buf, 1, n, f), n);
+  fclose(f);
+}
+
+static void test_errors(void **state) {
+  (void)state;
+  char good[300], path[400], bad[300], bpath[400];
+  snprintf(good, sizeof good, "%s/good", tmpdir);
+  snprintf(bad, sizeof bad, "%s/bad", tmpdir);
+  assert_int_equal(mkdir(good, 0777), 0);
+  assert_int_equal(mkdir(bad, 0777), 0);
+  lp_exec_checkpoint_path(good, 0, path, sizeof path);
+  lp_exec_checkpoint_path(bad, 0, bpath, sizeof bpath);
+  lp_exec *a = new_exec("mine", LP_EXEC_OPTIM_ADAMW);
+  step(a, 1);
+  assert_int_equal(lp_exec_checkpoint_save(a, good, 1), LP_OK);
+
+  /* missing */
+  expect_load_error(bad, "mine", LP_EXEC_OPTIM_ADAMW, LP_ERR_IO, "rank 0: cannot open checkpoint",
+                    bpath, "No such file", NULL);
+  /* truncated: every shorter length is refused (a few samples) */
+  struct stat sb;
+  assert_int_equal(stat(path, &sb), 0);
+  long lens[] = {0, 5, 20, 100, (long)sb.st_size / 2, (long)sb.st_size - 1};
+  for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+    copy_file(path, bpath, lens[i], -1);
+    expect_load_error(bad, "mine", LP_EXEC_OPTIM_ADAMW, LP_ERR_PARSE, bpath, "truncated", NULL);
+  }
+  /* one flipped bit in the parameter data */
+  copy_file(path, bpath, -1, (long)sb.st_size - 40);
+  expect_load_error(bad, "mine", LP_EXEC_OPTIM_ADAMW, LP_ERR_PARSE, bpath,
+                    "truncated or corrupt (checksum mismatch", NULL);
+  /* not a checkpoint */
+  copy_file(path, bpath, -1, 2);
+  expect_load_error(bad, "mine", LP_EXEC_OPTIM_ADAMW, LP_ERR_PARSE, bpath,
+                    "is not a luapipe checkpoint (bad magic)", NULL);
+  /* another schedule, another optimizer, both at once */
+  expect_load_error(good, "theirs", LP_EXEC_OPTIM_ADAMW, LP_ERR_INVALID, path,
+                    "does not match this run: schedule 'mine' in the checkpoint, 'theirs' in this run",
+                    NULL);
+  expect_load_error(good, "mine", LP_EXEC_OPTIM_SGD, LP_ERR_INVALID, path,
+                    "optimizer adamw in the checkpoint, sgd in this run", NULL);
+  expect_load_error(good, "theirs", LP_EXEC_OPTIM_SGD, LP_ERR_INVALID, "schedule 'mine'",
+                    "; optimizer adamw", NULL);
+  /* another model: hidden size 8 instead of 7 */
+  d_hidden = 8;
+  expect_load_error(good, "mine", LP_EXEC_OPTIM_ADAMW, LP_ERR_INVALID, path,
+                    "does not match the model: model stage 0, parameter 1 is layers.0.weight "
+                    "[7, 5] in the checkpoint but layers.0.weight [8, 5] in this model",
+                    NULL);
+  d_hidden = 7;
+
+  /* a save that cannot be written leaves the good checkpoint as it was */
+  char tmp[410];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  assert_int_equal(mkdir(tmp, 0777), 0); /* the .tmp name is taken */
+  step(a, 2);
+  assert_int_equal(lp_exec_checkpoint_save(a, good, 2), LP_ERR_IO);
+  assert_non_null(strstr(lp_exec_last_error(a), "rank 0: saving checkpoint"));
+  assert_non_null(strstr(lp_exec_last_error(a), tmp));
+  assert_int_equal(rmdir(tmp), 0);
+  lp_exec *b = new_exec("mine", LP_EXEC_OPTIM_ADAMW);
+  int64_t k = 0;
+  assert_int_equal(lp_exec_checkpoint_load(b, good, &k), LP_OK);
+  assert_int_equal(k, 1);
+  /* a directory that does not exist */
+  char nodir[300];
+  snprintf(nodir, sizeof nodir, "%s/nope", tmpdir);
+  assert_int_equal(lp_exec_checkpoint_save(a, nodir, 2), LP_ERR_IO);
+  assert_non_null(strstr(lp_exec_last_error(a), "cannot create"));
+  lp_exec_free(a);
+  lp_exec_free(b);
+}
+
+static void test_write_file_atomic(void **state) {
+  (void)state;
+  char path[300], err[LP_ERRLEN] = "";
+  snprintf(path, sizeof path, "%s/latest", tmpdir);
+  assert_int_equal(lp_write_file_atomic(path, "{\"step\": 1}\n", 12, err), LP_OK);
+  assert_int_equal(lp_write_file_atomic(path, "{\"step\": 22}\n", 13, err), LP_OK);
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  char buf[64] = "";
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  assert_int_equal(n, 13);
+  assert_string_equal(buf, "{\"step\": 22}\n");
+  snprintf(path, sizeof path, "%s/no/such/dir/latest", tmpdir);
+  assert_int_equal(lp_write_file_atomic(path, "x", 1, err), LP_ERR_IO);
+  assert_non_null(strstr(err, "cannot create"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_optim_state),
+      cmocka_unit_test(test_round_trip_adamw),
+      cmocka_unit_test(test_round_trip_sgd),
+      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_write_file_atomic),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

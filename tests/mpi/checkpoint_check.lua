@@ -1,0 +1,154 @@
+-- checkpoint_check.lua FAMILY[:lm] MODE DIR [STEPS] — run under mpirun by
+-- test_checkpoint.sh. A small MLP (FAMILY:lm: a small transformer LM with
+-- cross-entropy) trained with AdamW (M = 2P micro-batches).
+-- MODE:
+--   full    STEPS steps (default 4) without checkpoints; writes this rank's
+--           losses and final parameters to DIR/full.rank<R>.lua
+--   part    STEPS steps (default 2) with checkpoint = {dir = DIR/ckpt, every = 2}
+--   resume  resume = true from DIR/ckpt up to STEPS (default 4), still
+--           checkpointing every 2; checks, on every rank, that the steps it
+--           ran have exactly (bitwise) the losses of the full run and that
+--           the final parameters are bitwise those of the full run; prints
+--           "rank R: ok ..." or "rank R: FAIL ..." and exits with the job's
+--           failure count
+--   error   resume = true from DIR/ckpt up to STEPS (default 6): expected to
+--           fail (corrupt file, other schedule, no checkpoint); the error
+--           text goes to stderr via the host
+local nn = require("luapipe.nn")
+local train = require("luapipe.train")
+local comm = require("luapipe.comm")
+
+local family, mode, dir, steps = arg[1], arg[2], arg[3], tonumber(arg[4])
+local variant
+family, variant = family:match("^([^:]+):?(.*)$")
+local rank, P = comm.rank(), comm.size()
+local M, SEED = 2 * P, 77
+
+local model = nn.sequential {
+  nn.linear(6, 16), nn.gelu(), nn.mlp_block(16, 32, "gelu"), nn.linear(16, 16),
+  nn.silu(), nn.mlp_block(16, 24, "silu"), nn.rmsnorm(16), nn.linear(16, 3),
+  loss = "mse",
+}
+
+local function data(step, mb)
+  local B, x, y = 4, {}, {}
+  for b = 0, B - 1 do
+    for i = 1, 6 do x[b * 6 + i] = math.sin(0.7 * step + 1.3 * mb + 0.37 * b + 0.91 * i) end
+    for j = 1, 3 do
+      local s = 0
+      for i = 1, 6 do s = s + x[b * 6 + i] * math.cos(i * j) end
+      y[b * 3 + j] = math.tanh(s)
+    end
+  end
+  return nn.tensor({ B, 6 }, x), nn.tensor({ B, 3 }, y)
+end
+
+local optimizer = { kind = "adamw", lr = 0.01, weight_decay = 0.01 }
+
+if variant == "lm" then -- embedding, attention, cross-entropy
+  local V, D, T = 12, 8, 5
+  model = nn.sequential {
+    nn.embedding(V, D), nn.transformer_block(D, 2, 16, "gelu"), nn.residual(nn.attention(D, 2)),
+    nn.transformer_block(D, 2, 16, "silu"), nn.rmsnorm(D), nn.linear(D, V),
+    loss = "cross_entropy",
+  }
+  data = function(step, mb)
+    local B, x, y = 2, {}, {}
+    for i = 1, B * T do
+      x[i] = (step * 5 + mb * 3 + i * 7) % V
+      y[i] = (x[i] * 3 + 1) % V
+    end
+    return nn.tensor({ B, T }, x), nn.tensor({ B, T }, y)
+  end
+end
+local base = { model = model, schedule = family, microbatches = M, data = data, seed = SEED,
+  optimizer = optimizer, quiet = true }
+local function run(extra)
+  local o = {}
+  for k, v in pairs(base) do o[k] = v end
+  for k, v in pairs(extra) do o[k] = v end
+  return train(o)
+end
+
+local ckdir = dir .. "/ckpt"
+local full_file = string.format("%s/full.rank%d.lua", dir, rank)
+
+if mode == "full" then
+  steps = steps or 4
+  local r = run { steps = steps }
+  local f = assert(io.open(full_file, "w"))
+  f:write("return {\nlosses = {")
+  for k = 1, steps do f:write(string.format("%.17g, ", r.losses[k])) end
+  f:write("},\nstages = {\n")
+  for _, vs in ipairs(r.stage_params()) do
+    f:write(string.format("{id = %d, params = {\n", vs.id))
+    for name, vals in pairs(vs.params) do
+      local t = {}
+      for i, x in ipairs(vals) do t[i] = string.format("%.17g", x) end
+      f:write(string.format("[%q] = {%s},\n", name, table.concat(t, ",")))
+    end
+    f:write("}},\n")
+  end
+  f:write("}}\n")
+  f:close()
+  print(string.format("rank %d: ok full %s (losses %.9g .. %.9g)", rank, family, r.losses[1],
+    r.losses[steps]))
+elseif mode == "part" then
+  steps = steps or 2
+  local r = run { steps = steps, checkpoint = { dir = ckdir, every = 2 } }
+  print(string.format("rank %d: ok part %s (%d steps, loss %.9g)", rank, family, steps,
+    r.losses[steps]))
+elseif mode == "resume" then
+  steps = steps or 4
+  local r = run { steps = steps, resume = true, checkpoint = { dir = ckdir, every = 2 } }
+  local want = assert(dofile(full_file))
+  local fails = {}
+  if r.first_step ~= 3 then
+    fails[#fails + 1] = "resumed at step " .. tostring(r.first_step) .. ", want 3"
+  end
+  for k = 1, steps do
+    local got = r.losses[k]
+    if k < r.first_step then
+      if got ~= nil then fails[#fails + 1] = "a loss for step " .. k .. ", which did not run" end
+    elseif got ~= want.losses[k] then
+      fails[#fails + 1] = string.format("loss of step %d: %.17g, uninterrupted %.17g", k,
+        got or 0 / 0, want.losses[k])
+    end
+  end
+  local n, nv = 0, 0
+  for i, vs in ipairs(r.stage_params()) do
+    local w = want.stages[i]
+    nv = nv + 1
+    if not w or w.id ~= vs.id then
+      fails[#fails + 1] = "virtual stage " .. vs.id .. " is not in the full run's dump"
+    else
+      for name, vals in pairs(vs.params) do
+        local wv = w.params[name]
+        if not wv or #wv ~= #vals then
+          fails[#fails + 1] = "parameter " .. name .. " differs in size"
+        else
+          local bad = 0
+          for j = 1, #vals do if vals[j] ~= wv[j] then bad = bad + 1 end end
+          if bad > 0 then
+            fails[#fails + 1] = string.format("stage %d parameter %s: %d of %d values differ",
+              vs.id, name, bad, #vals)
+          end
+          n = n + 1
+        end
+      end
+    end
+  end
+  if n == 0 then fails[#fails + 1] = "no parameters checked" end
+  for _, m in ipairs(fails) do print(string.format("rank %d: FAIL %s resume: %s", rank, family, m)) end
+  if #fails == 0 then
+    print(string.format("rank %d: ok resume %s (steps %d..%d bitwise, %d params in %d vstages)",
+      rank, family, r.first_step, steps, n, nv))
+  end
+  local total = assert(comm.allreduce({ #fails }, "gathering failure counts"))[1]
+  os.exit(total == 0 and 0 or 1)
+elseif mode == "error" then
+  run { steps = steps or 6, resume = true, checkpoint = { dir = ckdir, every = 2 } }
+  print(string.format("rank %d: resumed without an error", rank))
+else
+  error("unknown mode " .. tostring(mode))
+end

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# test_checkpoint.sh LUAPIPE — checkpoint and resume of luapipe.train on 4
+# ranks (run from the repo root). For 1f1b, zb1p (deferred weight-grads)
+# and dualpipe (two copies of every stage) with AdamW, and dualpipe with a
+# small transformer LM (embedding, attention, cross-entropy): 4 steps without a
+# break; 2 steps with checkpoint = {every = 2}; then a new job with resume =
+# true for steps 3..4, whose losses and final parameters must equal the
+# uninterrupted run's bitwise (checkpoint_check.lua), and which leaves only
+# the step-4 checkpoint. Then the clear errors (non-zero exit, message on
+# every rank): a truncated rank file, a checkpoint of another schedule,
+# another rank count, and resume = true with no checkpoint. Exits 77
+# (skipped) without mpirun.
+set -u
+luapipe=${1:?usage: test_checkpoint.sh path/to/luapipe}
+command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OPENBLAS_NUM_THREADS=1
+mpirun=(timeout -k 5 60 mpirun --oversubscribe)
+driver=tests/mpi/checkpoint_check.lua
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+T0=$(date +%s.%N)
+
+# run NAME NP ARGS...: one job; its rc in $rc, output in $tmp/out
+run() {
+  local what=$1 np=$2
+  shift 2
+  local t0 t1
+  t0=$(date +%s.%N)
+  "${mpirun[@]}" -np "$np" "$luapipe" "$driver" "$@" >"$tmp/out" 2>&1 </dev/null
+  rc=$?
+  t1=$(date +%s.%N)
+  echo "$what: rc $rc in $(elapsed "$t0" "$t1") s"
+}
+
+for fam in 1f1b zb1p dualpipe dualpipe:lm; do
+  d=$tmp/${fam/:/-}
+  mkdir -p "$d"
+  run "$fam uninterrupted 4 steps" 4 "$fam" full "$d"
+  [ "$rc" -eq 0 ] && [ "$(grep -c ': ok full' "$tmp/out")" -eq 4 ] ||
+    { fail "$fam full run"; cat "$tmp/out"; continue; }
+  run "$fam 2 steps, checkpoint every 2" 4 "$fam" part "$d"
+  [ "$rc" -eq 0 ] && [ -f "$d/ckpt/latest" ] && [ "$(ls "$d/ckpt/step2" | grep -c '^rank[0-3]\.ckpt$')" -eq 4 ] ||
+    { fail "$fam checkpointed run"; cat "$tmp/out"; ls -R "$d/ckpt"; continue; }
+  grep -q '"step": 2' "$d/ckpt/latest" || fail "$fam: latest does not name step 2"
+  run "$fam resume, steps 3..4" 4 "$fam" resume "$d"
+  if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok resume' "$tmp/out")" -ne 4 ]; then
+    fail "$fam resume differs from the uninterrupted run"
+    cat "$tmp/out"
+    continue
+  fi
+  grep -m1 ': ok resume' "$tmp/out"
+  # the step-4 checkpoint replaced step 2; no temporary files are left
+  [ -d "$d/ckpt/step2" ] && fail "$fam: the step-2 checkpoint was not removed"
+  [ "$(ls "$d/ckpt/step4" | grep -c '^rank[0-3]\.ckpt$')" -eq 4 ] || fail "$fam: no step-4 checkpoint"
+  grep -q '"step": 4' "$d/ckpt/latest" || fail "$fam: latest does not name step 4"
+  [ -z "$(find "$d/ckpt" -name '*.tmp')" ] || fail "$fam: temporary files left behind"
+done
+
+# errors: clear, on every rank, non-zero exit
+d=$tmp/1f1b
+if [ -f "$d/ckpt/step4/rank1.ckpt" ]; then
+  # another schedule over the same model and ranks
+  run "zb1p resuming a 1f1b checkpoint" 4 zb1p error "$d"
+  n=$(grep -c "does not match this run: schedule '1f1b' in the checkpoint, 'zb1p' in this run" "$tmp/out")
+  { [ "$rc" -ne 0 ] && [ "$n" -eq 4 ]; } || { fail "schedule mismatch ($n ranks said it)"; cat "$tmp/out"; }
+  # another rank count
+  run "1f1b on 2 ranks resuming a 4-rank checkpoint" 2 1f1b error "$d"
+  n=$(grep -c "4 ranks in the checkpoint, 2 in this run" "$tmp/out")
+  { [ "$rc" -ne 0 ] && [ "$n" -eq 2 ]; } || { fail "rank-count mismatch ($n ranks said it)"; cat "$tmp/out"; }
+  # a truncated file (a copy, so the good one stays)
+  cp -r "$d/ckpt" "$tmp/cut-ckpt-copy"
+  mkdir -p "$tmp/cut" && mv "$tmp/cut-ckpt-copy" "$tmp/cut/ckpt"
+  f=$tmp/cut/ckpt/step4/rank1.ckpt
+  truncate -s $(($(stat -c %s "$f") / 2)) "$f"
+  run "resume from a truncated rank1.ckpt" 4 1f1b error "$tmp/cut"
+  n1=$(grep -c "rank 1: checkpoint $f is truncated or corrupt" "$tmp/out")
+  n=$(grep -c "loading checkpoint $tmp/cut/ckpt/step4 failed on rank 1" "$tmp/out")
+  { [ "$rc" -ne 0 ] && [ "$n1" -eq 1 ] && [ "$n" -eq 3 ]; } ||
+    { fail "truncated checkpoint ($n1 + $n ranks said it)"; cat "$tmp/out"; }
+fi
+mkdir -p "$tmp/empty"
+run "resume = true without a checkpoint" 4 1f1b error "$tmp/empty"
+n=$(grep -c "resume = true, but there is no checkpoint in '$tmp/empty/ckpt'" "$tmp/out")
+{ [ "$rc" -ne 0 ] && [ "$n" -eq 4 ]; } || { fail "missing checkpoint ($n ranks said it)"; cat "$tmp/out"; }
+
+echo "total $(elapsed "$T0" "$(date +%s.%N)") s"
+if [ "$fails" -ne 0 ]; then
+  echo "test_checkpoint: $fails failure(s)"
+  exit 1
+fi
+echo "test_checkpoint: all passed"
