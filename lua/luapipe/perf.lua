@@ -14,7 +14,8 @@
 --                  the measured per-action mean costs of every model stage
 --                  (F, B, I, W, FB; latency = measured message latency),
 --                  plus each rank's measured optimizer time after its last
---                  action; the largest over ranks
+--                  action (and after the other copies of its replicated
+--                  stages are done); the largest over ranks
 --   makespan_ms    the simulated makespan alone (pipeline part)
 --   ratio          predicted_ms / step_ms
 --   bubble_pct     measured bubble: mean over ranks of 1 - busy / step time,
@@ -206,10 +207,29 @@ function M.summary(exec, sched, opts)
     return out
   end
   out.makespan_ms = res:makespan()
+  -- a rank holding a copy of a replicated stage (DualPipe) waits for the
+  -- other copies' gradients: its optimizer starts when all those ranks are
+  -- done (the simulator gives REDUCE_GRAD no time)
+  local holders, peers = {}, {}
+  for vs = 0, (info.vstages or 0) - 1 do
+    local stg, rk = sched:vstage(vs)
+    holders[stg] = holders[stg] or {}
+    holders[stg][rk] = true
+  end
+  for _, hs in pairs(holders) do
+    for a in pairs(hs) do
+      peers[a] = peers[a] or {}
+      for b in pairs(hs) do peers[a][b] = true end
+    end
+  end
+  local finish = {}
+  for _, rr in ipairs(res:ranks()) do finish[rr.rank] = rr.finish end
   local pred, sim_busy = 0, {}
   for _, rr in ipairs(res:ranks()) do
     local opt = ro[rr.rank] * ms
-    pred = math.max(pred, rr.finish + opt)
+    local ready = rr.finish
+    for b in pairs(peers[rr.rank] or {}) do ready = math.max(ready, finish[b] or 0) end
+    pred = math.max(pred, ready + opt)
     sim_busy[rr.rank] = rr.busy + opt
   end
   out.predicted_ms = pred
@@ -222,13 +242,14 @@ function M.summary(exec, sched, opts)
 end
 
 local function f1(x) return string.format("%.1f", x) end
-local function f2(x) return string.format("%.2f", x) end
+local function f2(x) return string.format(math.abs(x) < 0.1 and x ~= 0 and "%.2g" or "%.2f", x) end
 
 -- perf.format(summary) -> text (several lines)
 function M.format(s)
   local L = {}
-  L[#L + 1] = string.format("summary (%d measured step%s%s, %d ranks):", s.steps,
-    s.steps == 1 and "" or "s", s.skipped and ", first step skipped as warm-up" or "", s.ranks)
+  L[#L + 1] = string.format("summary (%d measured step%s%s, %d rank%s):", s.steps,
+    s.steps == 1 and "" or "s", s.skipped and ", first step skipped as warm-up" or "", s.ranks,
+    s.ranks == 1 and "" or "s")
   local parts = {}
   for _, k in ipairs(M.kinds) do
     if s.costs[k] then parts[#parts + 1] = string.format("%s %s", k, f2(s.costs[k])) end

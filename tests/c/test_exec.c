@@ -147,6 +147,41 @@ static void check_against_reference(lp_schedule *s, lp_exec_fb_fn hook, int exac
   double wall, busy;
   lp_exec_last_timing(e, &wall, &busy);
   assert_true(wall > 0 && busy > 0 && busy <= wall * 1.01);
+  /* always-on timing: the parts add up; every compute action counted */
+  lp_exec_timing tl, tt;
+  lp_exec_timing_of(e, 0, &tl);
+  lp_exec_timing_of(e, 1, &tt);
+  assert_int_equal(tl.steps, 1);
+  assert_int_equal(tt.steps, 3);
+  assert_true(tl.wall == wall && tl.compute > 0 && tl.compute <= tl.wall * 1.0001);
+  assert_true(tl.wait >= 0 && tl.post >= 0 && tl.optim >= 0 && tl.optim <= tl.compute);
+  assert_true(fabs(tl.overhead - (tl.wall - tl.compute - tl.wait)) < 1e-12);
+  assert_true(tt.wall >= tl.wall && tt.compute >= tl.compute);
+  int64_t nacts = 0, nlast = 0;
+  for (int k = 0; k < LP_EXEC_NKINDS; k++) {
+    for (int stg = 0; stg < lp_schedule_stages(s); stg++) {
+      double sum = -1;
+      int64_t n = -1, n1 = -1;
+      assert_int_equal(lp_exec_action_time(e, 1, k, stg, &sum, &n), LP_OK);
+      assert_int_equal(lp_exec_action_time(e, 0, k, stg, NULL, &n1), LP_OK);
+      assert_true(sum >= 0 && (n > 0 || sum == 0));
+      nacts += n;
+      nlast += n1;
+    }
+  }
+  int ncomp = 0;
+  for (int r = 0; r < lp_schedule_ranks(s); r++) {
+    int n;
+    const lp_action *acts = lp_schedule_actions(s, r, &n);
+    for (int i = 0; i < n; i++) ncomp += lp_action_is_compute(acts[i].type);
+  }
+  assert_int_equal(nlast, ncomp);
+  assert_int_equal(nacts, 3 * ncomp);
+  assert_int_equal(lp_exec_action_time(e, 1, LP_EXEC_NKINDS, 0, NULL, NULL), LP_ERR_ARG);
+  assert_int_equal(lp_exec_action_time(e, 1, 0, lp_schedule_stages(s), NULL, NULL), LP_ERR_ARG);
+  lp_exec_timing_reset(e);
+  lp_exec_timing_of(e, 1, &tt);
+  assert_true(tt.steps == 0 && tt.wall == 0);
   lp_nn_optim_free(opt);
   lp_nn_layer_release(full);
   lp_nn_layer_release(ref[0]);

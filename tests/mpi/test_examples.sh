@@ -62,11 +62,27 @@ fi
 
 t0=$(date +%s.%N)
 "${mpirun[@]}" -np 4 "$luapipe" examples/train_char_lm.lua --schedule zbv --microbatches 8 \
-  --steps 30 --seed 1 --dim 32 --context 32 --blocks 6 --lr 0.01 >"$tmp/out" 2>"$tmp/err"
+  --steps 30 --seed 1 --dim 32 --context 32 --blocks 6 --lr 0.01 \
+  --svg "$tmp/lm.svg" --report "$tmp/report" >"$tmp/out" 2>"$tmp/err"
 rc=$?
 echo "train_char_lm (zbv, 4 ranks, 30 steps): rc $rc in $(elapsed "$t0" "$(date +%s.%N)") s"
 [ "$rc" -eq 0 ] || { fail "train_char_lm exited $rc"; cat "$tmp/out" "$tmp/err"; }
 learns "$tmp/out" 30 0.8 || { fail "train_char_lm did not learn"; cat "$tmp/out"; }
+# the end-of-training summary (figures judged by scripts/bench/pipeline, not here)
+grep -q '^summary (29 measured steps, first step skipped as warm-up, 4 ranks):' "$tmp/out" ||
+  { fail "train_char_lm: no summary"; cat "$tmp/out"; }
+grep -q '^  step time: measured .* ms, simulator.s prediction .* ms' "$tmp/out" ||
+  fail "train_char_lm: no step-time comparison"
+if [ -s "$tmp/report" ]; then
+  sane=$(awk -F= '{ v[$1] = $2 } END { print (v["overhead_pct"] >= 0 && v["overhead_pct"] <= 100 &&
+    v["predicted_ms"] > 0 && v["step_ms"] > 0 && v["ratio"] > 0 && v["steps"] == 29 &&
+    v["bubble_pct"] >= 0 && v["bubble_pct"] <= 100) ? "yes" : "no" }' "$tmp/report")
+  echo "summary: $(tr '\n' ' ' <"$tmp/report")"
+  [ "$sane" = yes ] || fail "train_char_lm --report: figures out of range"
+else
+  fail "train_char_lm --report wrote nothing"
+fi
+grep -q 'measured last step' "$tmp/lm.svg" 2>/dev/null || fail "train_char_lm --svg: no measured SVG"
 
 if [ "$fails" -ne 0 ]; then
   echo "test_examples: $fails failure(s)"

@@ -1,0 +1,122 @@
+-- summary_check.lua FAMILY STEPS SVG — run under mpirun by test_summary.sh.
+-- Trains a small MLP with the schedule family on the ranks of this job and
+-- checks the end-of-training summary (result.summary, luapipe.perf) and the
+-- executor's timing on every rank: fields present, figures sane (no timing
+-- thresholds: scripts/bench/pipeline judges the figures), the same summary
+-- on every rank, rank 0's SVG of the measured last step, and trace_steps
+-- (only the last two steps' events kept). Prints
+-- "rank R: ok" or "rank R: FAIL ..." lines; exits with the failure count.
+local nn = require("luapipe.nn")
+local train = require("luapipe.train")
+local comm = require("luapipe.comm")
+
+local family, steps, svg = arg[1], tonumber(arg[2]), arg[3]
+local rank, P = comm.rank(), comm.size()
+
+local model = nn.sequential {
+  nn.linear(6, 16), nn.gelu(), nn.mlp_block(16, 32, "gelu"), nn.linear(16, 16),
+  nn.silu(), nn.mlp_block(16, 24, "silu"), nn.rmsnorm(16), nn.linear(16, 3),
+  loss = "mse",
+}
+local function data(step, mb)
+  local B, x, y = 4, {}, {}
+  for b = 0, B - 1 do
+    for i = 1, 6 do x[b * 6 + i] = math.sin(0.7 * step + 1.3 * mb + 0.37 * b + 0.91 * i) end
+    for j = 1, 3 do y[b * 3 + j] = math.cos(0.5 * step + 0.9 * mb + 0.3 * b + j) end
+  end
+  return nn.tensor({ B, 6 }, x), nn.tensor({ B, 3 }, y)
+end
+
+local r = train { model = model, schedule = family, microbatches = 8, data = data, steps = steps,
+  seed = 7, optimizer = { kind = "sgd", lr = 0.05 }, svg = svg ~= "-" and svg or nil,
+  trace_steps = 2 }
+
+local fails = {}
+local function check(ok, what) if not ok then fails[#fails + 1] = what end end
+local function num(x) return type(x) == "number" and x == x and x ~= math.huge end
+
+local s = r.summary
+check(type(s) == "table", "result.summary missing")
+if type(s) == "table" then
+  local measured = steps > 1 and steps - 1 or steps
+  check(s.steps == measured, string.format("summary.steps %s, expected %d", tostring(s.steps), measured))
+  check(s.skipped == (steps > 1), "summary.skipped")
+  check(s.ranks == P, "summary.ranks")
+  for _, k in ipairs({ "step_ms", "predicted_ms", "makespan_ms", "ratio" }) do
+    check(num(s[k]) and s[k] > 0, k .. " = " .. tostring(s[k]) .. ", expected > 0")
+  end
+  for _, k in ipairs({ "overhead_pct", "bubble_pct", "sim_bubble_pct", "wait_pct", "post_pct",
+    "compute_pct" }) do
+    check(num(s[k]) and s[k] >= 0 and s[k] <= 100, k .. " = " .. tostring(s[k]) .. ", expected 0..100")
+  end
+  check(num(s.latency_ms) and s.latency_ms >= 0, "latency_ms")
+  check(s.sim_error == nil, "simulation failed: " .. tostring(s.sim_error))
+  check(s.predicted_ms >= s.makespan_ms, "predicted_ms < makespan_ms")
+  check(num(s.costs.F) and s.costs.F > 0, "costs.F")
+  local info = r.schedule:info()
+  for st = 0, info.stages - 1 do
+    check(s.stages[st] and num(s.stages[st].F) and s.stages[st].F > 0,
+      "no measured F cost for model stage " .. st)
+  end
+  if family == "dualpipe" then check(num(s.costs.FB) and s.costs.FB > 0, "costs.FB (dualpipe)") end
+  if family == "zb1p" then
+    check(num(s.costs.I) and num(s.costs.W), "costs.I / costs.W (zb1p)")
+  end
+  -- the same figures on every rank
+  local t = assert(comm.allreduce({ s.step_ms, s.predicted_ms, s.overhead_pct }))
+  check(math.abs(t[1] - P * s.step_ms) < 1e-9 * P * s.step_ms + 1e-12 and
+    math.abs(t[2] - P * s.predicted_ms) < 1e-9 * P * s.predicted_ms + 1e-12,
+    "summary differs between ranks")
+end
+
+-- the executor's timing: the last step's parts add up
+local wall, busy, last = r.exec:timing()
+check(num(wall) and wall > 0 and num(busy) and busy >= 0, "exec:timing wall/busy")
+check(type(last) == "table" and last.steps == 1, "exec:timing detail table")
+if type(last) == "table" then
+  check(math.abs(last.wall - wall) < 1e-12, "detail wall differs")
+  check(math.abs(last.overhead - (last.wall - last.compute - last.wait)) < 1e-9,
+    "overhead ~= wall - compute - wait")
+  check(last.compute >= 0 and last.wait >= 0 and last.post >= 0 and last.optim >= 0 and
+    last.optim <= last.compute and last.compute <= last.wall * 1.0001, "detail parts out of range")
+end
+local tot = r.exec:timing_stats()
+check(tot.steps == (steps > 1 and steps - 1 or steps), "timing_stats steps " .. tostring(tot.steps))
+local nF = 0
+for _, a in pairs(tot.actions.F) do nF = nF + a.n end
+local mine = 0
+for _, v in ipairs(r.exec:vstages()) do
+  for mb = 0, 7 do
+    for _, x in ipairs(r.schedule:route(mb)) do if x == v.id then mine = mine + 1 end end
+  end
+end
+-- every F of this rank counted once per measured step (FB pairs apart)
+local nFB = 0
+for _, a in pairs(tot.actions.FB) do nFB = nFB + a.n end
+check(nF + nFB == mine * tot.steps, string.format("F actions counted %d + FB %d, expected %d",
+  nF, nFB, mine * tot.steps))
+r.exec:timing_reset()
+check(r.exec:timing_stats().steps == 0, "timing_reset")
+
+-- trace_steps = 2: only the last two steps' events are kept
+if svg ~= "-" then
+  local nopt = 0
+  for _, e in ipairs(r.exec:trace_events()) do if e.cat == "optim" then nopt = nopt + 1 end end
+  check(nopt == math.min(2, steps), "trace_steps = 2 kept " .. nopt .. " steps")
+end
+
+if rank == 0 and svg ~= "-" then
+  local f = io.open(svg)
+  local text = f and f:read("a") or ""
+  if f then f:close() end
+  check(text:find("<svg", 1, true) and text:find("measured last step", 1, true),
+    "SVG of the measured step missing or wrong")
+end
+
+if #fails == 0 then
+  print(string.format("rank %d: ok", rank))
+else
+  print(string.format("rank %d: FAIL %s", rank, table.concat(fails, "; ")))
+end
+io.stdout:flush()
+os.exit(#fails)

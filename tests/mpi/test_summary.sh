@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# test_summary.sh LUAPIPE — the end-of-training summary (luapipe.perf): a
+# small MLP trained on 4 ranks (mpirun) with 1f1b, zb1p and dualpipe; rank
+# 0 prints the summary after the progress lines, result.summary holds sane
+# figures on every rank (summary_check.lua), and train{svg=} draws the
+# measured last step. One step only: nothing skipped as warm-up. No timing
+# thresholds (scripts/bench/pipeline judges the figures). Exits 77
+# (skipped) without mpirun.
+set -u
+luapipe=${1:?usage: test_summary.sh path/to/luapipe}
+command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OPENBLAS_NUM_THREADS=1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+run() { # family steps svg
+  timeout 120 mpirun --oversubscribe -np 4 "$luapipe" tests/mpi/summary_check.lua "$@" \
+    >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  echo "$1, $2 steps: rc $rc, $(grep -c ': ok$' "$tmp/out") ranks ok"
+  [ "$rc" -eq 0 ] && [ "$(grep -c ': ok$' "$tmp/out")" -eq 4 ] ||
+    { fail "$1 ($2 steps)"; cat "$tmp/out" "$tmp/err"; return; }
+  grep -q '^summary (' "$tmp/out" || fail "$1: no summary printed"
+  [ "$(grep -c '^summary (' "$tmp/out")" -eq 1 ] || fail "$1: summary printed more than once"
+  grep -q '^  step time: measured .* ms, simulator.s prediction .* ms' "$tmp/out" ||
+    fail "$1: no step-time line"
+  grep -q '^  bubble: measured .*%, simulated .*%' "$tmp/out" || fail "$1: no bubble line"
+  grep -q '^  overhead: ' "$tmp/out" || fail "$1: no overhead line"
+  # the summary comes after the last progress line
+  last_step=$(grep -n '^step [0-9]* loss ' "$tmp/out" | tail -1 | cut -d: -f1)
+  sum_line=$(grep -n '^summary (' "$tmp/out" | cut -d: -f1)
+  [ -n "$last_step" ] && [ "$sum_line" -gt "$last_step" ] || fail "$1: summary before the progress lines"
+}
+
+run 1f1b 4 "$tmp/1f1b.svg"
+run zb1p 4 -
+run dualpipe 5 "$tmp/dualpipe.svg"
+grep -q 'skipped as warm-up' "$tmp/out" || fail "dualpipe: warm-up step not reported as skipped"
+run 1f1b 1 -
+grep -q 'skipped as warm-up' "$tmp/out" && fail "1 step: nothing should be skipped"
+
+if [ "$fails" -ne 0 ]; then
+  echo "test_summary: $fails failure(s)"
+  exit 1
+fi
+echo "test_summary: all passed"
