@@ -6,26 +6,14 @@
 -- on every rank, rank 0's SVG of the measured last step, and trace_steps
 -- (only the last two steps' events kept). Prints
 -- "rank R: ok" or "rank R: FAIL ..." lines; exits with the failure count.
-local nn = require("luapipe.nn")
 local train = require("luapipe.train")
 local comm = require("luapipe.comm")
 
 local family, steps, svg = arg[1], tonumber(arg[2]), arg[3]
 local rank, P = comm.rank(), comm.size()
 
-local model = nn.sequential {
-  nn.linear(6, 16), nn.gelu(), nn.mlp_block(16, 32, "gelu"), nn.linear(16, 16),
-  nn.silu(), nn.mlp_block(16, 24, "silu"), nn.rmsnorm(16), nn.linear(16, 3),
-  loss = "mse",
-}
-local function data(step, mb)
-  local B, x, y = 4, {}, {}
-  for b = 0, B - 1 do
-    for i = 1, 6 do x[b * 6 + i] = math.sin(0.7 * step + 1.3 * mb + 0.37 * b + 0.91 * i) end
-    for j = 1, 3 do y[b * 3 + j] = math.cos(0.5 * step + 0.9 * mb + 0.3 * b + j) end
-  end
-  return nn.tensor({ B, 6 }, x), nn.tensor({ B, 3 }, y)
-end
+local fx = dofile("tests/mpi/fixtures.lua")
+local model, data = fx.mlp(), fx.regression_data
 
 local r = train { model = model, schedule = family, microbatches = 8, data = data, steps = steps,
   seed = 7, optimizer = { kind = "sgd", lr = 0.05 }, svg = svg ~= "-" and svg or nil,

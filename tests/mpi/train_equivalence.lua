@@ -25,43 +25,13 @@ local family, M, mode, lookahead = arg[1], tonumber(arg[2]), arg[3], tonumber(ar
 local rank, P = comm.rank(), comm.size()
 local STEPS, SEED = 3, 1234
 
-local model = nn.sequential {
-  nn.linear(6, 16), nn.gelu(), nn.mlp_block(16, 32, "gelu"), nn.linear(16, 16),
-  nn.silu(), nn.mlp_block(16, 24, "silu"), nn.rmsnorm(16), nn.linear(16, 3),
-  loss = "mse",
-}
-
-local function data(step, mb)
-  -- deterministic synthetic regression: target = a fixed function of input
-  local B, x, y = 4, {}, {}
-  for b = 0, B - 1 do
-    for i = 1, 6 do x[b * 6 + i] = math.sin(0.7 * step + 1.3 * mb + 0.37 * b + 0.91 * i) end
-    for j = 1, 3 do
-      local s = 0
-      for i = 1, 6 do s = s + x[b * 6 + i] * math.cos(i * j) end
-      y[b * 3 + j] = math.tanh(s)
-    end
-  end
-  return nn.tensor({ B, 6 }, x), nn.tensor({ B, 3 }, y)
-end
+local fx = dofile("tests/mpi/fixtures.lua")
+local model, data = fx.mlp(), fx.regression_data
 
 local optimizer = { kind = "sgd", lr = 0.05, momentum = 0.9 }
 
 if mode == "lm" then
-  local V, D, T = 12, 8, 5
-  model = nn.sequential {
-    nn.embedding(V, D), nn.transformer_block(D, 2, 16, "gelu"), nn.residual(nn.attention(D, 2)),
-    nn.transformer_block(D, 2, 16, "silu"), nn.rmsnorm(D), nn.linear(D, V),
-    loss = "cross_entropy",
-  }
-  data = function(step, mb)
-    local B, x, y = 2, {}, {}
-    for i = 1, B * T do
-      x[i] = (step * 5 + mb * 3 + i * 7) % V
-      y[i] = (x[i] * 3 + 1) % V
-    end
-    return nn.tensor({ B, T }, x), nn.tensor({ B, T }, y)
-  end
+  model, data = fx.lm(), fx.lm_data
   optimizer = { kind = "adamw", lr = 0.01, weight_decay = 0.01 }
 end
 

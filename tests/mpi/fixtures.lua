@@ -1,0 +1,60 @@
+-- fixtures.lua — the models and data shared by the multi-rank test drivers
+-- (loaded with dofile from the repository root). Everything is
+-- deterministic: the same micro-batch on every rank that asks for it.
+local nn = require("luapipe.nn")
+
+local F = {}
+
+-- An 8-layer MLP (linear, activations, residual MLP blocks, RMSNorm) with
+-- an MSE loss: 6 inputs, 3 outputs.
+function F.mlp()
+  return nn.sequential {
+    nn.linear(6, 16), nn.gelu(), nn.mlp_block(16, 32, "gelu"), nn.linear(16, 16),
+    nn.silu(), nn.mlp_block(16, 24, "silu"), nn.rmsnorm(16), nn.linear(16, 3),
+    loss = "mse",
+  }
+end
+
+-- Inputs of a synthetic regression: 4 rows of 6 features for (step, mb).
+local function inputs(step, mb)
+  local x = {}
+  for b = 0, 3 do
+    for i = 1, 6 do x[b * 6 + i] = math.sin(0.7 * step + 1.3 * mb + 0.37 * b + 0.91 * i) end
+  end
+  return x
+end
+
+-- The target is a fixed function of the input (learnable).
+function F.regression_data(step, mb)
+  local x, y = inputs(step, mb), {}
+  for b = 0, 3 do
+    for j = 1, 3 do
+      local s = 0
+      for i = 1, 6 do s = s + x[b * 6 + i] * math.cos(i * j) end
+      y[b * 3 + j] = math.tanh(s)
+    end
+  end
+  return nn.tensor({ 4, 6 }, x), nn.tensor({ 4, 3 }, y)
+end
+
+-- A small transformer LM (embedding, attention, cross-entropy) over a
+-- 12-token vocabulary, and its data: 2 sequences of 5 tokens.
+local V, D, T = 12, 8, 5
+function F.lm()
+  return nn.sequential {
+    nn.embedding(V, D), nn.transformer_block(D, 2, 16, "gelu"), nn.residual(nn.attention(D, 2)),
+    nn.transformer_block(D, 2, 16, "silu"), nn.rmsnorm(D), nn.linear(D, V),
+    loss = "cross_entropy",
+  }
+end
+
+function F.lm_data(step, mb)
+  local x, y = {}, {}
+  for i = 1, 2 * T do
+    x[i] = (step * 5 + mb * 3 + i * 7) % V
+    y[i] = (x[i] * 3 + 1) % V
+  end
+  return nn.tensor({ 2, T }, x), nn.tensor({ 2, T }, y)
+end
+
+return F
