@@ -19,7 +19,7 @@ typedef enum lp_trace_kind {
   LP_TRACE_RECV         /* a message arriving: the "comm" track */
 } lp_trace_kind;
 
-#define LP_TRACE_NAME_MAX 96
+#define LP_TRACE_NAME_MAX (LP_ACTION_TEXT_MAX + 32) /* room for "recv <action> from rank N" */
 #define LP_TRACE_CAT_MAX 32
 
 /* One slice. Strings are copied into the trace. */

@@ -382,14 +382,14 @@ static lp_status from_sim(const lp_sim_result *r, lp_trace *t) {
     lp_trace_event_init(&e);
     e.rank = ev[i].rank;
     e.kind = LP_TRACE_COMPUTE;
-    lp_action_format(&ev[i].action, e.name, sizeof e.name);
+    lp_action_format(&ev[i].action, e.action, sizeof e.action);
+    snprintf(e.name, sizeof e.name, "%s", e.action);
     snprintf(e.cat, sizeof e.cat, "%s", cat_of(&ev[i].action));
     e.start_us = ev[i].start * k;
     e.dur_us = (ev[i].end - ev[i].start) * k;
     e.stage = ev[i].action.stage;
     e.mb = ev[i].action.mb;
     e.index = ev[i].index;
-    snprintf(e.action, sizeof e.action, "%s", e.name);
     LP_CHECK(lp_trace_add_event(t, &e, NULL));
   }
   for (int i = 0; i < nmsg; i++) {
