@@ -24,9 +24,7 @@ typedef struct exec_box {
 } exec_box;
 
 static exec_box *check_exec(lua_State *L, int idx) {
-  exec_box *b = luaL_checkudata(L, idx, LB_EXEC);
-  if (!b->e) luaL_error(L, "attempt to use a closed " LB_EXEC);
-  return b;
+  return lb_box_check(L, idx, LB_EXEC);
 }
 
 static void box_close(lua_State *L, exec_box *b) {
@@ -130,12 +128,10 @@ static int lb_exec_run_half(lua_State *L) {
 static int lb_exec_new(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
-  exec_box *b = lua_newuserdatauv(L, sizeof *b, 0); /* closed-first */
-  memset(b, 0, sizeof *b);
+  exec_box *b = lb_box_new(L, sizeof *b, LB_EXEC); /* closed-first */
   b->data.ref = LUA_NOREF;
   b->build_ref = LUA_NOREF;
   b->fb_ref = LUA_NOREF;
-  luaL_setmetatable(L, LB_EXEC);
   int S = lp_schedule_stages(s);
   b->nstages = S;
   b->ndim = lp_calloc((size_t)S, sizeof(int));

@@ -18,6 +18,13 @@ void lb_open_exec(lua_State *L);
 /* t[k] = v for the table on top of the stack. */
 void lb_set_number(lua_State *L, const char *k, double v);
 void lb_set_integer(lua_State *L, const char *k, lua_Integer v);
+/* Closed-first boxes (liolib's pattern): a box is a userdata whose FIRST
+ * field is the pointer it owns, NULL once closed. lb_box_new pushes a
+ * zeroed box of `size` bytes with metatable tname (safe to collect before
+ * it owns anything); lb_box_check returns the box at idx, raising the type
+ * error or "attempt to use a closed <tname>". */
+void *lb_box_new(lua_State *L, size_t size, const char *tname);
+void *lb_box_check(lua_State *L, int idx, const char *tname);
 /* Pushes nil, msg and returns 2 (runtime failures). */
 int lb_fail(lua_State *L, const char *msg);
 /* Registers metatable `tname` with __name, __index = methods (the methods

@@ -14,16 +14,11 @@ typedef struct tensor_box {
 } tensor_box;
 
 lp_tensor *lb_check_tensor(lua_State *L, int idx) {
-  tensor_box *b = luaL_checkudata(L, idx, LB_TENSOR);
-  if (!b->t) luaL_error(L, "attempt to use a closed " LB_TENSOR);
-  return b->t;
+  return ((tensor_box *)lb_box_check(L, idx, LB_TENSOR))->t;
 }
 
 static tensor_box *new_tensor_box(lua_State *L) {
-  tensor_box *b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->t = NULL;
-  luaL_setmetatable(L, LB_TENSOR);
-  return b;
+  return lb_box_new(L, sizeof(tensor_box), LB_TENSOR);
 }
 
 void lb_push_tensor(lua_State *L, lp_tensor *t) { new_tensor_box(L)->t = t; }
@@ -142,16 +137,11 @@ typedef struct layer_box {
 } layer_box;
 
 lp_nn_layer *lb_check_layer(lua_State *L, int idx) {
-  layer_box *b = luaL_checkudata(L, idx, LB_LAYER);
-  if (!b->l) luaL_error(L, "attempt to use a closed " LB_LAYER);
-  return b->l;
+  return ((layer_box *)lb_box_check(L, idx, LB_LAYER))->l;
 }
 
 static layer_box *new_layer_box(lua_State *L) {
-  layer_box *b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->l = NULL;
-  luaL_setmetatable(L, LB_LAYER);
-  return b;
+  return lb_box_new(L, sizeof(layer_box), LB_LAYER);
 }
 
 void lb_push_layer(lua_State *L, lp_nn_layer *l) { new_layer_box(L)->l = l; }
@@ -353,9 +343,7 @@ typedef struct optim_box {
 } optim_box;
 
 static lp_nn_optim *check_optim(lua_State *L, int idx) {
-  optim_box *b = luaL_checkudata(L, idx, LB_OPTIM);
-  if (!b->o) luaL_error(L, "attempt to use a closed " LB_OPTIM);
-  return b->o;
+  return ((optim_box *)lb_box_check(L, idx, LB_OPTIM))->o;
 }
 
 static int lb_optim_close(lua_State *L) {
@@ -408,10 +396,7 @@ static int lb_nn_optim(lua_State *L) {
   lp_nn_sgd_opts sgd;
   lp_nn_adamw_opts adamw;
   lb_optim_opts(L, 2, &kind, &sgd, &adamw);
-  optim_box *b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->o = NULL;
-  b->l = NULL;
-  luaL_setmetatable(L, LB_OPTIM);
+  optim_box *b = lb_box_new(L, sizeof *b, LB_OPTIM);
   size_t n;
   const lp_nn_param *p = lp_nn_params(l, &n);
   lp_status st = kind == LP_EXEC_OPTIM_ADAMW ? lp_nn_optim_adamw_new(p, n, &adamw, &b->o)

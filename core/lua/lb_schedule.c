@@ -10,17 +10,12 @@ typedef struct sched_box {
 } sched_box;
 
 lp_schedule *lb_check_schedule(lua_State *L, int idx) {
-  sched_box *b = luaL_checkudata(L, idx, LB_SCHEDULE);
-  if (!b->s) luaL_error(L, "attempt to use a closed " LB_SCHEDULE);
-  return b->s;
+  return ((sched_box *)lb_box_check(L, idx, LB_SCHEDULE))->s;
 }
 
 /* Closed-first: the box exists (and is safe to collect) before it owns s. */
 static sched_box *new_box(lua_State *L) {
-  sched_box *b = lua_newuserdatauv(L, sizeof *b, 0);
-  b->s = NULL;
-  luaL_setmetatable(L, LB_SCHEDULE);
-  return b;
+  return lb_box_new(L, sizeof(sched_box), LB_SCHEDULE);
 }
 
 void lb_push_schedule(lua_State *L, lp_schedule *s) { new_box(L)->s = s; }

@@ -18,9 +18,7 @@ typedef struct simres_box {
 } simres_box;
 
 static lp_sim_result *check_result(lua_State *L, int idx) {
-  simres_box *b = luaL_checkudata(L, idx, LB_SIMRESULT);
-  if (!b->r) luaL_error(L, "attempt to use a closed " LB_SIMRESULT);
-  return b->r;
+  return ((simres_box *)lb_box_check(L, idx, LB_SIMRESULT))->r;
 }
 
 static int lb_simres_close(lua_State *L) {
@@ -178,9 +176,7 @@ static int lb_schedule_simulate(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   lp_sim_cost cost;
   read_cost(L, 2, s, &cost);
-  simres_box *b = lua_newuserdatauv(L, sizeof *b, 0); /* closed first */
-  b->r = NULL;
-  luaL_setmetatable(L, LB_SIMRESULT);
+  simres_box *b = lb_box_new(L, sizeof *b, LB_SIMRESULT); /* closed first */
   char err[LP_ERRLEN];
   lp_status st = lp_sim_run(s, &cost, &b->r, err);
   if (st == LP_ERR_NOMEM) return luaL_error(L, "out of memory");

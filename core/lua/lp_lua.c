@@ -1,6 +1,8 @@
 /* lp_lua.c — luaopen_luapipe_core and the pcall choke point. */
 #include "lp_lua.h"
 
+#include <string.h>
+
 #include "lb_internal.h"
 #include "lp_kernels.h"
 
@@ -22,6 +24,19 @@ int lp_lua_pcall(lua_State *L, int nargs, int nresults) {
   int st = lua_pcall(L, nargs, nresults, base);
   lua_remove(L, base);
   return st;
+}
+
+void *lb_box_new(lua_State *L, size_t size, const char *tname) {
+  void *b = lua_newuserdatauv(L, size, 0);
+  memset(b, 0, size);
+  luaL_setmetatable(L, tname);
+  return b;
+}
+
+void *lb_box_check(lua_State *L, int idx, const char *tname) {
+  void **b = luaL_checkudata(L, idx, tname);
+  if (!*b) luaL_error(L, "attempt to use a closed %s", tname);
+  return b;
 }
 
 void lb_set_number(lua_State *L, const char *k, double v) {
