@@ -130,12 +130,15 @@ static lp_comm_req *new_req(lp_comm *c, comm_op op, lp_comm_dtype dt,
   return r;
 }
 
-lp_status lp_comm_isend(lp_comm *c, const float *buf, size_t n, int peer,
-                        int tag, lp_comm_req **req) {
-  LP_CHECK(check_p2p(c, COMM_OP_SEND, buf, n, peer, tag, req));
-  lp_comm_req *r = new_req(c, COMM_OP_SEND, LP_COMM_FLOAT, n, peer, tag);
+/* Checks and starts one point-to-point float transfer (op SEND or RECV). */
+static lp_status start_p2p(lp_comm *c, comm_op op, float *buf, size_t n, int peer,
+                           int tag, lp_comm_req **req) {
+  LP_CHECK(check_p2p(c, op, buf, n, peer, tag, req));
+  lp_comm_req *r = new_req(c, op, LP_COMM_FLOAT, n, peer, tag);
   if (!r) return LP_ERR_NOMEM;
-  lp_status st = c->be->isend(c, buf, n, LP_COMM_FLOAT, peer, tag, r);
+  lp_status st = op == COMM_OP_SEND
+                     ? c->be->isend(c, buf, n, LP_COMM_FLOAT, peer, tag, r)
+                     : c->be->irecv(c, buf, n, LP_COMM_FLOAT, peer, tag, r);
   if (st != LP_OK) {
     lp_free(r);
     return st;
@@ -144,18 +147,14 @@ lp_status lp_comm_isend(lp_comm *c, const float *buf, size_t n, int peer,
   return LP_OK;
 }
 
+lp_status lp_comm_isend(lp_comm *c, const float *buf, size_t n, int peer,
+                        int tag, lp_comm_req **req) {
+  return start_p2p(c, COMM_OP_SEND, (float *)buf, n, peer, tag, req);
+}
+
 lp_status lp_comm_irecv(lp_comm *c, float *buf, size_t n, int peer, int tag,
                         lp_comm_req **req) {
-  LP_CHECK(check_p2p(c, COMM_OP_RECV, buf, n, peer, tag, req));
-  lp_comm_req *r = new_req(c, COMM_OP_RECV, LP_COMM_FLOAT, n, peer, tag);
-  if (!r) return LP_ERR_NOMEM;
-  lp_status st = c->be->irecv(c, buf, n, LP_COMM_FLOAT, peer, tag, r);
-  if (st != LP_OK) {
-    lp_free(r);
-    return st;
-  }
-  *req = r;
-  return LP_OK;
+  return start_p2p(c, COMM_OP_RECV, buf, n, peer, tag, req);
 }
 
 lp_status lp_comm_test(lp_comm *c, lp_comm_req **req, int *done) {

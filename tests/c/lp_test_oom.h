@@ -7,6 +7,7 @@
  * once a call succeeds without reaching it). */
 #pragma once
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "lp_base.h"
@@ -44,3 +45,24 @@ static inline void lp_test_oom_arm(long k, int sticky) {
 }
 
 static inline void lp_test_oom_disarm(void) { lp_set_allocator(NULL, NULL); }
+
+/* Runs scenario() with allocation k = 0, 1, 2, ... failing (alone) until it
+ * succeeds; asserts (cmocka) that every failure returns LP_ERR_NOMEM and
+ * leaks nothing, and that it ends within max_points. Returns the number of
+ * failure points. Include cmocka.h first. */
+static inline int lp_test_oom_points(lp_status (*scenario)(void), long max_points) {
+  int failures = 0;
+  for (long k = 0;; k++) {
+    lp_test_oom_arm(k, 0);
+    lp_status st = scenario();
+    lp_test_oom_disarm();
+    long live = lp_test_oom_state.live;
+    if (live != 0) printf("  leak: %ld blocks when failing allocation %ld\n", live, k);
+    assert_int_equal(live, 0);
+    if (st == LP_OK) return failures;
+    if (st != LP_ERR_NOMEM) printf("  allocation %ld: status %d\n", k, (int)st);
+    assert_int_equal(st, LP_ERR_NOMEM);
+    failures++;
+    assert_true(k < max_points);
+  }
+}

@@ -884,20 +884,7 @@ done:
 
 static void test_oom(void **state) {
   (void)state;
-  int failures = 0;
-  for (long k = 0;; k++) {
-    lp_test_oom_arm(k, 0);
-    lp_status st = nn_scenario();
-    lp_test_oom_disarm();
-    long live = lp_test_oom_state.live;
-    if (live != 0) printf("  leak: %ld blocks when failing allocation %ld\n", live, k);
-    assert_int_equal(live, 0);
-    if (st == LP_OK) break;
-    if (st != LP_ERR_NOMEM) printf("  allocation %ld: status %d\n", k, (int)st);
-    assert_int_equal(st, LP_ERR_NOMEM);
-    failures++;
-    assert_true(k < 100000);
-  }
+  int failures = lp_test_oom_points(nn_scenario, 100000);
   printf("# nn oom: %d failure points, all LP_ERR_NOMEM, no leaks\n", failures);
   assert_true(failures > 50);
 }

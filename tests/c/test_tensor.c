@@ -462,17 +462,7 @@ done:
 
 static void test_oom(void **state) {
   (void)state;
-  int failures = 0;
-  for (long k = 0;; k++) {
-    lp_test_oom_arm(k, 0);
-    lp_status st = tensor_scenario();
-    lp_test_oom_disarm();
-    assert_int_equal(lp_test_oom_state.live, 0); /* nothing leaked on any path */
-    if (st == LP_OK) break;
-    assert_int_equal(st, LP_ERR_NOMEM);
-    failures++;
-    assert_true(k < 1000);
-  }
+  int failures = lp_test_oom_points(tensor_scenario, 1000);
   printf("# tensor oom: %d failure points, all LP_ERR_NOMEM, no leaks\n",
          failures);
   assert_true(failures > 5);
