@@ -481,8 +481,9 @@ lp_status lp_comm_ialltoallv(lp_comm *c, const float *send,
     lp_free(r);
     return st;
   }
-  if (out + in > 0)
-    set_arrival(c, r, (double)(out > in ? out : in) * sizeof(float));
+  if (lp_link_active(&c->link) && out + in > 0)
+    r->arrival = r->started + lp_link_alltoallv_time(&c->link, (double)out * sizeof(float),
+                                                     (double)in * sizeof(float));
   *req = r;
   return LP_OK;
 }
