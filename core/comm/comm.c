@@ -160,6 +160,7 @@ static lp_status start_p2p(lp_comm *c, comm_op op, float *buf, size_t n, int pee
   LP_CHECK(check_p2p(c, op, buf, n, peer, tag, req));
   lp_comm_req *r = new_req(c, op, LP_COMM_FLOAT, n, peer, tag);
   if (!r) return LP_ERR_NOMEM;
+  set_arrival(c, r, (double)n * sizeof(float)); /* the backend may use it */
   lp_status st = op == COMM_OP_SEND
                      ? c->be->isend(c, buf, n, LP_COMM_FLOAT, peer, tag, r)
                      : c->be->irecv(c, buf, n, LP_COMM_FLOAT, peer, tag, r);
@@ -167,7 +168,6 @@ static lp_status start_p2p(lp_comm *c, comm_op op, float *buf, size_t n, int pee
     lp_free(r);
     return st;
   }
-  set_arrival(c, r, (double)n * sizeof(float));
   *req = r;
   return LP_OK;
 }
