@@ -552,6 +552,7 @@ static void test_alltoallv_watchdog(void **state) {
   assert_non_null(q);
   lp_comm_cancel(c, &q);
   assert_int_equal(lp_comm_alltoallv(c, s, sc, sd, r, rc, rd, NULL), LP_ERR_TIMEOUT);
+  lp_comm_free(c);
   /* a backend without the operations says so */
   lp_comm_backend nope = fake_backend;
   nope.ialltoallv = NULL;
