@@ -237,8 +237,10 @@ _Noreturn void lp_comm_fatal(lp_comm *c, const char *msg);
 /* Progress: under MPI the library asks for MPI_THREAD_MULTIPLE and, when
  * MPI provides it (checked with MPI_Query_thread), runs one progress
  * thread per process that drives MPI's progress engine (MPI_Iprobe on a
- * private communicator every ~50 us) while any operation is pending, and
- * sleeps on a condition variable otherwise. So a transfer or an
+ * private communicator: every 50 us for 5 ms after an operation started,
+ * then every 200 us, after 50 ms every 1 ms) while any operation is
+ * pending, and sleeps on a condition variable otherwise; it also posts the
+ * sends of an emulated link at their time. So a transfer or an
  * all-to-all-v started before a long computation finishes during it,
  * without the caller calling into MPI; lp_comm_test never blocks (one
  * MPI_Test). LUAPIPE_COMM_THREAD=0 turns the thread off (progress then
