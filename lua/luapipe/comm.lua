@@ -63,7 +63,9 @@ M.recv = core.comm_recv
 
 -- world(): the process's communicator as a luapipe.Comm object, with
 -- methods rank(), size(), split(color [, key]), barrier([what]),
--- allreduce(list [, what]), alltoallv(lists [, what]), set_link(text),
+-- allreduce(list [, what]), bcast(list, root [, what]) (root's list to
+-- every rank; all pass lists of one length), alltoallv(lists [, what]),
+-- set_link(text),
 -- link() and close() (a no-op for the world).
 function M.world()
   if not M._world then M._world = core.comm_world() end
