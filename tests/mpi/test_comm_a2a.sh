@@ -2,12 +2,12 @@
 # test_comm_a2a.sh LUAPIPE — all-to-all-v, split communicators and the
 # emulated link on real ranks (run from the repo root): uneven counts with
 # zeros on 2, 3 and 4 ranks, a message on a lat=20ms link completes no
-# earlier than 20 ms after its start (comm_check.lua a2a); 4 ranks split
-# into a 2 x 2 grid with all-reduce, barrier, broadcast and all-to-all-v in
-# the groups
-# (grid); the watchdog when a rank never joins an all-to-all-v
-# (a2a_silent) or a split (split_silent); a malformed LUAPIPE_LINK stops the job with the parser's
-# message. Exits 77 (skipped) without mpirun.
+# earlier than 20 ms after its start, a late sender's message no earlier
+# than its own start + latency (comm_check.lua a2a); 4 ranks split into a
+# 2 x 2 grid with all-reduce, barrier, broadcast and all-to-all-v in the
+# groups (grid); the watchdog when a rank never joins an all-to-all-v
+# (a2a_silent) or a split (split_silent); a malformed LUAPIPE_LINK stops
+# the job with the parser's message. Exits 77 (skipped) without mpirun.
 set -u
 luapipe=${1:?usage: test_comm_a2a.sh path/to/luapipe}
 command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
