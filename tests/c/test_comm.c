@@ -131,8 +131,21 @@ static void test_out_of_memory(void **state) {
   assert_int_equal(lp_comm_allreduce_sum_float(c, x, 2, NULL), LP_ERR_NOMEM);
   assert_string_equal(lp_comm_last_error(c), "out of memory");
   assert_int_equal(lp_comm_barrier(c, NULL), LP_ERR_NOMEM);
+  size_t n1[1] = {2}, d0[1] = {0};
+  float y[2];
+  assert_int_equal(lp_comm_alltoallv(c, x, n1, d0, y, n1, d0, NULL), LP_ERR_NOMEM);
+  assert_int_equal(lp_comm_alltoallv(c, x, n1, NULL, y, n1, NULL, NULL), LP_ERR_NOMEM);
+  assert_int_equal(lp_comm_split(c, 0, 0, &s), LP_ERR_NOMEM);
+  assert_null(s);
   lp_test_oom_arm(1, 1); /* one allocation succeeds */
   assert_int_equal(lp_comm_barrier(c, NULL), LP_OK);
+  lp_test_oom_arm(2, 1); /* prefix sums and request, not the split's context */
+  assert_int_equal(lp_comm_alltoallv(c, x, n1, NULL, y, n1, NULL, NULL), LP_OK);
+  assert_true(y[0] == 1 && y[1] == 2);
+  lp_test_oom_arm(1, 1);
+  assert_int_equal(lp_comm_split(c, 0, 0, &s), LP_ERR_NOMEM);
+  assert_null(s);
+  assert_string_equal(lp_comm_last_error(c), "out of memory");
   lp_set_allocator(NULL, NULL);
 }
 
@@ -500,6 +513,11 @@ static void test_self_alltoallv(void **state) {
   assert_null(r);
   float want[6] = {0, 0, 2, 3, 4, 0};
   assert_memory_equal(recv, want, sizeof want);
+  /* NULL displacements: packed in rank order (here: from 0) */
+  memset(recv, 0, sizeof recv);
+  assert_int_equal(lp_comm_alltoallv(c, send, sc, NULL, recv, rc, NULL, NULL), LP_OK);
+  float packed[6] = {1, 2, 3, 0, 0, 0};
+  assert_memory_equal(recv, packed, sizeof packed);
   /* zero counts and NULL buffers are fine together */
   sc[0] = rc[0] = 0;
   assert_int_equal(lp_comm_alltoallv(c, NULL, sc, sd, NULL, rc, rd, NULL), LP_OK);
@@ -513,6 +531,8 @@ static void test_self_alltoallv(void **state) {
   assert_string_equal(lp_comm_last_error(c),
                       "all-to-all-v on rank 0: NULL send buffer for 3 floats");
   assert_int_equal(lp_comm_alltoallv(c, send, NULL, sd, recv, rc, rd, NULL), LP_ERR_ARG);
+  assert_string_equal(lp_comm_last_error(c), "all-to-all-v on rank 0: NULL count array");
+  assert_int_equal(lp_comm_alltoallv(c, send, sc, NULL, recv, NULL, NULL, NULL), LP_ERR_ARG);
   assert_int_equal(lp_comm_ialltoallv(c, send, sc, sd, recv, rc, rd, NULL), LP_ERR_ARG);
   /* a split of a self context is a self context that works the same */
   lp_comm *d;
