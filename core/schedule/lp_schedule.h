@@ -17,6 +17,9 @@ typedef enum lp_action_type {
   LP_ACT_SEND_B,      /* send input-grad to the previous virtual stage */
   LP_ACT_RECV_B,      /* receive output-grad from the next virtual stage */
   LP_ACT_REDUCE_GRAD, /* sum gradients of a replicated model stage (no mb) */
+  LP_ACT_WAIT_REDUCE_GRAD, /* wait for the reduction its REDUCE_GRAD started */
+  LP_ACT_UNSHARD,     /* FSDP: gather a stage's parameters (no mb) */
+  LP_ACT_RESHARD,     /* FSDP: free the gathered parameters (no mb) */
   LP_ACT__COUNT
 } lp_action_type;
 
@@ -26,7 +29,7 @@ typedef enum lp_action_type {
 typedef struct lp_action {
   int32_t type;   /* lp_action_type */
   int32_t stage;  /* virtual stage (the F half for FB) */
-  int32_t mb;     /* micro-batch; -1 for REDUCE_GRAD */
+  int32_t mb;     /* micro-batch; -1 for the stage actions (lp_action_has_mb) */
   int32_t btype;  /* FB only: LP_ACT_B or LP_ACT_I */
   int32_t bstage; /* FB only: virtual stage of the backward half */
   int32_t bmb;    /* FB only: micro-batch of the backward half */
@@ -44,6 +47,11 @@ void lp_action_format(const lp_action *a, char *buf, size_t len);
 const char *lp_action_type_name(int type);
 /* 1 for F, B, I, W, FB (work a rank computes), 0 for communication. */
 int lp_action_is_compute(int type);
+/* 1 for SEND_F, RECV_F, SEND_B, RECV_B. */
+int lp_action_is_p2p(int type);
+/* 0 for the per-stage actions that take no micro-batch (REDUCE_GRAD,
+ * WAIT_REDUCE_GRAD, UNSHARD, RESHARD), 1 for every other type. */
+int lp_action_has_mb(int type);
 
 typedef struct lp_schedule lp_schedule;
 
@@ -120,9 +128,20 @@ char *lp_schedule_to_json(const lp_schedule *s);
  * micro-batch 3 on stage 5 comes before its forward". */
 lp_status lp_schedule_validate(lp_schedule *s);
 
+/* How a lowered schedule's SEND waits (the executor's MPI and self backends
+ * are buffered: isend never waits for its receive). */
+typedef enum lp_send_model {
+  LP_SENDS_BUFFERED = 0,  /* a SEND never waits; a RECV waits for its SEND */
+  LP_SENDS_RENDEZVOUS = 1 /* a SEND and its RECV happen together */
+} lp_send_model;
+/* lp_schedule_validate under the given send model; a deadlock message
+ * names the model ("deadlock under rendezvous sends ..."). */
+lp_status lp_schedule_validate_sends(lp_schedule *s, lp_send_model sends);
+
 /* Validates s (compute-only), then returns a new schedule with SEND/RECV
- * inserted so that it cannot deadlock under blocking rendezvous
- * point-to-point; the result is validated again. Errors go to s. */
+ * inserted so that it cannot deadlock under either send model; the result
+ * is validated again under rendezvous sends (the stricter model). Errors go
+ * to s. */
 lp_status lp_schedule_lower(lp_schedule *s, lp_schedule **out);
 
 /* ---- memory accounting (walks each rank's list in order) ---- */

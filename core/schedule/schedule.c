@@ -8,7 +8,7 @@
 
 static const char *type_names[LP_ACT__COUNT] = {
     "F", "B", "I", "W", "OVERLAP_F_B", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
-    "REDUCE_GRAD"};
+    "REDUCE_GRAD", "WAIT_REDUCE_GRAD", "UNSHARD", "RESHARD"};
 
 const char *lp_action_type_name(int type) {
   return (type >= 0 && type < LP_ACT__COUNT) ? type_names[type] : "?";
@@ -16,11 +16,17 @@ const char *lp_action_type_name(int type) {
 
 int lp_action_is_compute(int type) { return type >= LP_ACT_F && type <= LP_ACT_FB; }
 
+int lp_action_is_p2p(int type) { return type >= LP_ACT_SEND_F && type <= LP_ACT_RECV_B; }
+
+int lp_action_has_mb(int type) {
+  return type < LP_ACT_REDUCE_GRAD || type >= LP_ACT__COUNT;
+}
+
 void lp_action_format(const lp_action *a, char *buf, size_t len) {
   if (a->type == LP_ACT_FB) {
     snprintf(buf, len, "(%dF%d;%d%s%d)OVERLAP_F_B", a->stage, a->mb, a->bstage,
              a->btype == LP_ACT_I ? "I" : "B", a->bmb);
-  } else if (a->type == LP_ACT_REDUCE_GRAD || a->mb < 0) {
+  } else if (!lp_action_has_mb(a->type) || a->mb < 0) {
     snprintf(buf, len, "%d%s", a->stage, lp_action_type_name(a->type));
   } else {
     snprintf(buf, len, "%d%s%d", a->stage, lp_action_type_name(a->type), a->mb);
@@ -63,16 +69,17 @@ static lp_status parse_simple(const char *p, const char *end, lp_action *out,
   if (out->type < 0) {
     if (err)
       lp_errf(err, "action '%s': unknown action type '%s' (expected F, B, I, "
-                   "W, SEND_F, RECV_F, SEND_B, RECV_B, REDUCE_GRAD or an "
-                   "OVERLAP_F_B pair)", whole, type);
+                   "W, SEND_F, RECV_F, SEND_B, RECV_B, REDUCE_GRAD, "
+                   "WAIT_REDUCE_GRAD, UNSHARD, RESHARD or an OVERLAP_F_B pair)",
+              whole, type);
     return LP_ERR_PARSE;
   }
   out->stage = (int32_t)stage;
   out->mb = (int32_t)mb;
   out->btype = out->bstage = out->bmb = -1;
-  if (out->type == LP_ACT_REDUCE_GRAD) {
+  if (!lp_action_has_mb(out->type)) {
     if (mb >= 0) {
-      if (err) lp_errf(err, "action '%s': REDUCE_GRAD takes no micro-batch", whole);
+      if (err) lp_errf(err, "action '%s': %s takes no micro-batch", whole, type);
       return LP_ERR_PARSE;
     }
   } else if (mb < 0) {
@@ -298,7 +305,7 @@ static int check_ref(lp_schedule *s, int rank, const lp_action *a, int v, int mb
             v, s->vst[v].rank, rank);
     return 0;
   }
-  if (a->type != LP_ACT_REDUCE_GRAD && (mb < 0 || mb >= s->microbatches)) {
+  if (lp_action_has_mb(a->type) && (mb < 0 || mb >= s->microbatches)) {
     lp_errf(s->err, "rank %d, action %d (%s): micro-batch %d is out of range "
                     "0..%d", rank, s->acts[rank].n, ACT_TEXT(a, t), mb,
             s->microbatches - 1);
@@ -333,7 +340,7 @@ lp_status lp_schedule_push(lp_schedule *s, int rank, const lp_action *a) {
   }
   lp_action c = *a;
   if (c.type != LP_ACT_FB) c.btype = c.bstage = c.bmb = -1;
-  if (c.type == LP_ACT_REDUCE_GRAD) c.mb = -1;
+  if (!lp_action_has_mb(c.type)) c.mb = -1;
   l->v[l->n++] = c;
   return LP_OK;
 }
@@ -365,7 +372,6 @@ void lp_schedule_clear_rank(lp_schedule *s, int rank) {
 int lp_schedule_has_comm(const lp_schedule *s) {
   for (int r = 0; r < s->ranks; r++)
     for (int i = 0; i < s->acts[r].n; i++)
-      if (s->acts[r].v[i].type >= LP_ACT_SEND_F && s->acts[r].v[i].type <= LP_ACT_RECV_B)
-        return 1;
+      if (lp_action_is_p2p(s->acts[r].v[i].type)) return 1;
   return 0;
 }
