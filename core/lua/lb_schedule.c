@@ -212,9 +212,25 @@ static int lb_schedule_count(lua_State *L) {
   return 1;
 }
 
+/* s:validate([{sends = "buffered" | "rendezvous"}]) -> true | nil, err */
 static int lb_schedule_validate(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
-  lp_status st = lp_schedule_validate(s);
+  static const char *const models[] = {"buffered", "rendezvous", NULL};
+  lp_send_model sends = LP_SENDS_BUFFERED;
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_argexpected(L, lua_istable(L, 2), 2, "table of options {sends = ...}");
+    if (lua_getfield(L, 2, "sends") != LUA_TNIL) {
+      const char *m = lua_tostring(L, -1);
+      int i = 0;
+      while (m && models[i] && strcmp(models[i], m) != 0) i++;
+      if (!m || !models[i])
+        return luaL_error(L, "validate: option 'sends' must be \"buffered\" or "
+                             "\"rendezvous\", got %s", m ? m : luaL_typename(L, -1));
+      sends = (lp_send_model)i;
+    }
+    lua_pop(L, 1);
+  }
+  lp_status st = lp_schedule_validate_sends(s, sends);
   if (st == LP_ERR_NOMEM) return luaL_error(L, "out of memory");
   if (st != LP_OK) return lb_fail(L, lp_schedule_last_error(s));
   lua_pushboolean(L, 1);

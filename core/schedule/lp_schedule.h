@@ -111,7 +111,7 @@ char *lp_schedule_to_csv(const lp_schedule *s);
  * on the rank whose row holds its actions; micro-batch m's route is the
  * virtual stages that compute m, in increasing id order; a virtual stage's
  * model stage is its position in the routes. Older spellings accepted ("BW";
- * in a compute-only CSV a B followed by a W of the same stage and mb is an I).
+ * a B followed by a W of the same stage and mb is an I, also among SEND/RECV).
  * `origin` names the source in errors ("file.csv:3: ..."). On failure *out
  * is NULL and err (LP_ERRLEN) says why. */
 lp_status lp_schedule_from_csv(const char *text, const char *origin,

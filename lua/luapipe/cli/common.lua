@@ -11,6 +11,9 @@ function M.add_schedule_options(p)
   p:option("--pp -p", "pipeline ranks (P)", "4"):convert(tonumber)
   p:option("--microbatches -m", "micro-batches per step (M)", "8"):convert(tonumber)
   p:option("--chunks", "model chunks per rank (interleaved1f1b)", "2"):convert(tonumber)
+  p:option("--sends", "send model the validation assumes: buffered (a send never waits "
+    .. "for its receive; the executor's) or rendezvous", "buffered")
+    :choices { "buffered", "rendezvous" }
 end
 
 local function positive_int(name, v)
@@ -32,7 +35,7 @@ function M.load_schedule(args)
   end
   local s, err = schedule.load(args.schedule, opts)
   if not s then return nil, err end
-  local ok, verr = s:validate()
+  local ok, verr = s:validate { sends = args.sends }
   if not ok then return nil, "invalid schedule: " .. verr end
   return s
 end
