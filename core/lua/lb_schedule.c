@@ -1,6 +1,7 @@
 /* lb_schedule.c — luapipe.Schedule: the schedule IR seen from Lua.
  * Misuse (bad ids, unparsable actions) raises; validation and lowering
  * failures return nil, message. */
+#include <limits.h>
 #include <string.h>
 
 #include "lb_internal.h"
@@ -89,14 +90,20 @@ static int lb_schedule_set_route(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   int mb = (int)luaL_checkinteger(L, 2);
   luaL_checktype(L, 3, LUA_TTABLE);
-  int n = (int)luaL_len(L, 3);
-  int buf[256];
-  luaL_argcheck(L, n <= 256, 3, "route longer than 256 virtual stages");
+  lua_Integer len = luaL_len(L, 3);
+  int stages = lp_schedule_stages(s);
+  if (len != stages) /* the core reports it without reading an entry */
+    check(L, s, lp_schedule_set_route(s, mb, NULL, len > INT_MAX ? INT_MAX : (int)len));
+  int n = stages, small[64];
+  int *buf = n <= 64 ? small : lua_newuserdatauv(L, (size_t)n * sizeof(int), 0);
   for (int i = 0; i < n; i++) {
     lua_geti(L, 3, i + 1);
     int ok;
-    buf[i] = (int)lua_tointegerx(L, -1, &ok);
-    if (!ok) return luaL_error(L, "route of micro-batch %d: entry %d is not an integer", mb, i + 1);
+    lua_Integer v = lua_tointegerx(L, -1, &ok);
+    if (!ok || v < 0 || v > INT_MAX)
+      return luaL_error(L, "route of micro-batch %d: entry %d is not a virtual stage id", mb,
+                        i + 1);
+    buf[i] = (int)v;
     lua_pop(L, 1);
   }
   check(L, s, lp_schedule_set_route(s, mb, buf, n));
@@ -113,6 +120,25 @@ static int lb_schedule_route(lua_State *L) {
   for (int i = 0; i < n; i++) {
     lua_pushinteger(L, r[i]);
     lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* s:microbatches_of(v) -> the micro-batches whose route passes virtual
+ * stage v, in increasing order (O(microbatches)). */
+static int lb_schedule_microbatches_of(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int v = (int)luaL_checkinteger(L, 2);
+  luaL_argcheck(L, v >= 0 && v < lp_schedule_vstages(s), 2, "no such virtual stage");
+  int k = lp_schedule_vstage_stage(s, v), M = lp_schedule_microbatches(s), n = 0;
+  lua_createtable(L, 0, 0);
+  for (int mb = 0; mb < M; mb++) {
+    int len;
+    const int *r = lp_schedule_route(s, mb, &len);
+    if (r && k < len && r[k] == v) {
+      lua_pushinteger(L, mb);
+      lua_rawseti(L, -2, ++n);
+    }
   }
   return 1;
 }
@@ -140,6 +166,36 @@ static int lb_schedule_push(lua_State *L) {
   } else {
     check(L, s, lp_schedule_push_text(s, rank, luaL_checkstring(L, 3)));
   }
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* Action type named `name` ("F", ..., "FB" or "OVERLAP_F_B"); -1 if none. */
+static int type_of(const char *name) {
+  if (strcmp(name, "FB") == 0) return LP_ACT_FB;
+  for (int t = 0; t < LP_ACT__COUNT; t++)
+    if (strcmp(name, lp_action_type_name(t)) == 0) return t;
+  return -1;
+}
+
+/* s:push_op(rank, type, v[, mb[, btype, bv, bmb]]) -> s: one action from
+ * its fields, without text (what the builders use: no format, no parse).
+ * type "F", "B", ..., "REDUCE_GRAD"; "FB" takes the backward half too. */
+static int lb_schedule_push_op(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int rank = (int)luaL_checkinteger(L, 2);
+  check_rank(L, s, 2, rank);
+  lp_action a = {type_of(luaL_checkstring(L, 3)), 0, -1, -1, -1, -1};
+  luaL_argcheck(L, a.type >= 0, 3, "unknown action type");
+  a.stage = (int32_t)luaL_checkinteger(L, 4);
+  if (lp_action_has_mb(a.type)) a.mb = (int32_t)luaL_checkinteger(L, 5);
+  if (a.type == LP_ACT_FB) {
+    a.btype = type_of(luaL_checkstring(L, 6));
+    luaL_argcheck(L, a.btype == LP_ACT_B || a.btype == LP_ACT_I, 6, "expected \"B\" or \"I\"");
+    a.bstage = (int32_t)luaL_checkinteger(L, 7);
+    a.bmb = (int32_t)luaL_checkinteger(L, 8);
+  }
+  check(L, s, lp_schedule_push(s, rank, &a));
   lua_settop(L, 1);
   return 1;
 }
@@ -309,7 +365,9 @@ void lb_open_schedule(lua_State *L) {
       {"set_name", lb_schedule_set_name}, {"info", lb_schedule_info},
       {"add_vstage", lb_schedule_add_vstage}, {"vstage", lb_schedule_vstage},
       {"set_route", lb_schedule_set_route}, {"route", lb_schedule_route},
-      {"push", lb_schedule_push}, {"clear_rank", lb_schedule_clear_rank},
+      {"microbatches_of", lb_schedule_microbatches_of},
+      {"push", lb_schedule_push}, {"push_op", lb_schedule_push_op},
+      {"clear_rank", lb_schedule_clear_rank},
       {"actions", lb_schedule_actions}, {"action", lb_schedule_action},
       {"count", lb_schedule_count}, {"validate", lb_schedule_validate},
       {"lower", lb_schedule_lower}, {"clone", lb_schedule_clone},
