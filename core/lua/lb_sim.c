@@ -241,7 +241,7 @@ static int lb_simres_events(lua_State *L) {
   if (lua_isnoneornil(L, 2)) {
     ev = lp_sim_events(r, &n);
   } else {
-    int rank = (int)luaL_checkinteger(L, 2);
+    int rank = lb_check_int(L, 2);
     luaL_argcheck(L, rank >= 0 && rank < lp_sim_ranks(r), 2, "no such rank");
     ev = lp_sim_rank_events(r, rank, &n);
   }
@@ -281,7 +281,7 @@ static int lb_simres_messages(lua_State *L) {
 /* r:memory(rank) -> {{time=, live=, pending_w=}, ...} (counter series) */
 static int lb_simres_memory(lua_State *L) {
   lp_sim_result *r = check_result(L, 1);
-  int rank = (int)luaL_checkinteger(L, 2);
+  int rank = lb_check_int(L, 2);
   luaL_argcheck(L, rank >= 0 && rank < lp_sim_ranks(r), 2, "no such rank");
   int n;
   const lp_sim_sample *s = lp_sim_memory(r, rank, &n);
@@ -325,7 +325,7 @@ static int lb_simres_write_trace(lua_State *L) {
 
 /* core.isatty(fd) -> boolean */
 static int lb_isatty(lua_State *L) {
-  lua_pushboolean(L, isatty((int)luaL_checkinteger(L, 1)) == 1);
+  lua_pushboolean(L, isatty(lb_check_int(L, 1)) == 1);
   return 1;
 }
 

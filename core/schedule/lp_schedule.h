@@ -55,9 +55,28 @@ int lp_action_has_mb(int type);
 
 typedef struct lp_schedule lp_schedule;
 
+/* Limits on a schedule's counts, checked before anything is allocated (so
+ * "ranks": 4294967298 or 1e8 micro-batches is one clear error, not a
+ * truncated count or minutes of work). Actions: about 24 bytes each, so
+ * the limit keeps a schedule under ~1.6 GB (validation adds as much). */
+#define LP_SCHEDULE_MAX_RANKS 4096
+#define LP_SCHEDULE_MAX_STAGES 65536        /* model stages */
+#define LP_SCHEDULE_MAX_MICROBATCHES 65536
+#define LP_SCHEDULE_MAX_CELLS (1LL << 26)   /* stages x micro-batches */
+#define LP_SCHEDULE_MAX_VSTAGES (1 << 20)
+#define LP_SCHEDULE_MAX_ACTIONS (1LL << 26) /* all ranks together */
+
+/* LP_OK when 1 <= ranks, stages, microbatches <= their limits and stages x
+ * microbatches <= LP_SCHEDULE_MAX_CELLS; else LP_ERR_ARG and err
+ * (LP_ERRLEN) names the count and its limit: "ranks must be 1..4096, got
+ * 4294967298". */
+lp_status lp_schedule_check_counts(long long ranks, long long stages, long long microbatches,
+                                   char *err);
+
 /* Creates an empty schedule: no virtual stages, no routes, no actions.
- * Returns LP_ERR_ARG when a count is < 1, LP_ERR_NOMEM on allocation
- * failure; *out is then NULL. The caller owns *out (lp_schedule_free). */
+ * Returns LP_ERR_ARG when a count is out of range (lp_schedule_check_counts),
+ * LP_ERR_NOMEM on allocation failure; *out is then NULL. The caller owns
+ * *out (lp_schedule_free). */
 lp_status lp_schedule_new(int ranks, int stages, int microbatches,
                           lp_schedule **out);
 void lp_schedule_free(lp_schedule *s);

@@ -141,10 +141,31 @@ lp_status lp_action_parse(const char *text, lp_action *out, char *err) {
 
 /* ---- the schedule object ---- */
 
+static int count_ok(long long v, long long max, const char *what, char *err) {
+  if (v >= 1 && v <= max) return 1;
+  if (err) lp_errf(err, "%s must be 1..%lld, got %lld", what, max, v);
+  return 0;
+}
+
+lp_status lp_schedule_check_counts(long long ranks, long long stages, long long microbatches,
+                                   char *err) {
+  if (!count_ok(ranks, LP_SCHEDULE_MAX_RANKS, "ranks", err) ||
+      !count_ok(stages, LP_SCHEDULE_MAX_STAGES, "stages", err) ||
+      !count_ok(microbatches, LP_SCHEDULE_MAX_MICROBATCHES, "microbatches", err))
+    return LP_ERR_ARG;
+  if (stages * microbatches > LP_SCHEDULE_MAX_CELLS) {
+    if (err)
+      lp_errf(err, "stages x microbatches = %lld x %lld is over the limit of %lld", stages,
+              microbatches, (long long)LP_SCHEDULE_MAX_CELLS);
+    return LP_ERR_ARG;
+  }
+  return LP_OK;
+}
+
 lp_status lp_schedule_new(int ranks, int stages, int microbatches,
                           lp_schedule **out) {
   *out = NULL;
-  if (ranks < 1 || stages < 1 || microbatches < 1) return LP_ERR_ARG;
+  if (lp_schedule_check_counts(ranks, stages, microbatches, NULL) != LP_OK) return LP_ERR_ARG;
   lp_schedule *s = lp_calloc(1, sizeof *s);
   if (!s) return LP_ERR_NOMEM;
   s->ranks = ranks;
@@ -227,6 +248,11 @@ lp_status lp_schedule_add_vstage(lp_schedule *s, int stage, int rank, int *id) {
   if (rank < 0 || rank >= s->ranks) {
     lp_errf(s->err, "virtual stage %d: rank %d is out of range 0..%d", s->nvst,
             rank, s->ranks - 1);
+    return LP_ERR_ARG;
+  }
+  if (s->nvst >= LP_SCHEDULE_MAX_VSTAGES) {
+    lp_errf(s->err, "virtual stage %d: a schedule holds at most %d virtual stages", s->nvst,
+            LP_SCHEDULE_MAX_VSTAGES);
     return LP_ERR_ARG;
   }
   if (s->nvst == s->capvst) {
@@ -331,6 +357,11 @@ lp_status lp_schedule_push(lp_schedule *s, int rank, const lp_action *a) {
       return LP_ERR_ARG;
   }
   action_list *l = &s->acts[rank];
+  if (s->nacts >= LP_SCHEDULE_MAX_ACTIONS) {
+    lp_errf(s->err, "rank %d, action %d: a schedule holds at most %lld actions (all ranks "
+                    "together)", rank, l->n, (long long)LP_SCHEDULE_MAX_ACTIONS);
+    return LP_ERR_ARG;
+  }
   if (l->n == l->cap) {
     int cap = l->cap ? 2 * l->cap : 16;
     lp_action *v = lp_realloc(l->v, (size_t)cap * sizeof *v);
@@ -342,6 +373,7 @@ lp_status lp_schedule_push(lp_schedule *s, int rank, const lp_action *a) {
   if (c.type != LP_ACT_FB) c.btype = c.bstage = c.bmb = -1;
   if (!lp_action_has_mb(c.type)) c.mb = -1;
   l->v[l->n++] = c;
+  s->nacts++;
   return LP_OK;
 }
 
@@ -366,7 +398,10 @@ const lp_action *lp_schedule_actions(const lp_schedule *s, int rank, int *n) {
 }
 
 void lp_schedule_clear_rank(lp_schedule *s, int rank) {
-  if (rank >= 0 && rank < s->ranks) s->acts[rank].n = 0;
+  if (rank >= 0 && rank < s->ranks) {
+    s->nacts -= s->acts[rank].n;
+    s->acts[rank].n = 0;
+  }
 }
 
 int lp_schedule_has_comm(const lp_schedule *s) {

@@ -78,4 +78,100 @@ function test_lowered_families_valid_under_both_models()
   end
 end
 
+-- ---- bad input: one clear error naming the field, the count or the limit ----
+
+local VS = '"virtual_stages":[{"id":0,"stage":0,"rank":0},{"id":1,"stage":1,"rank":1}]'
+
+function test_json_fields_named()
+  local cases = {
+    { '{"ranks":2,"stages":2,"microbatches":2,"virtual_stages":[5]}',
+      "virtual_stages[0] must be an object, got number" },
+    { '{"ranks":2,"stages":2,"microbatches":2,"virtual_stages":{"a":1}}',
+      "virtual_stages must be a list of objects, got an object" },
+    { '{"ranks":2,"stages":2,"microbatches":2,"virtual_stages":[{"id":0,"stage":"0","rank":0}]}',
+      'virtual_stages[0].stage must be an integer, got "0"' },
+    { '{"ranks":2,"stages":2,"microbatches":2,"virtual_stages":[{"id":1,"stage":0,"rank":0}]}',
+      "virtual_stages[0] has id 1, expected 0" },
+    { '{"ranks":"2","stages":2,"microbatches":2}', 'ranks must be an integer, got "2"' },
+    { '{"ranks":2.5,"stages":2,"microbatches":2}', "ranks must be an integer, got 2.5" },
+    { '{"stages":2,"microbatches":2}', "ranks is missing" },
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1],7]}',
+      "routes[1] must be a list of virtual stage ids, got number" },
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1],[0,"x"]]}',
+      'routes[1][1] must be an integer, got "x"' },
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1]]}',
+      "routes has 1 entries, expected one per micro-batch (2)" },
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1],[0,1]],"actions":[[1]]}',
+      'actions[0][0] must be an action string such as "0F3", got number' },
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1],[0,1]],"actions":[["0X0"]]}',
+      "rank 0, action 0: action '0X0': unknown action type 'X' (expected F, B, I, W, SEND_F, "
+      .. "RECV_F, SEND_B, RECV_B, REDUCE_GRAD, WAIT_REDUCE_GRAD, UNSHARD, RESHARD or an "
+      .. "OVERLAP_F_B pair)" },
+    { '[1, 2]', "the top level must be an object, got a list" },
+    { '{"ranks":4294967298,"stages":2,"microbatches":2}', "ranks must be 1..4096, got 4294967298" },
+    { '{"ranks":1e8,"stages":2,"microbatches":2}', "ranks must be 1..4096, got 100000000" },
+    { '{"ranks":4,"stages":4096,"microbatches":65536}',
+      "stages x microbatches = 4096 x 65536 is over the limit of 67108864" },
+  }
+  for _, c in ipairs(cases) do
+    local s, err = schedule.from_json(c[1], "s.json")
+    lu.assertNil(s, c[1])
+    lu.assertEquals(err, "s.json: " .. c[2])
+  end
+  -- and what to_json writes reads back
+  local s = schedule.build("dualpipe", { pp = 4, microbatches = 8 })
+  lu.assertEquals(assert(schedule.from_json(s:to_json())):to_csv(), s:to_csv())
+end
+
+function test_counts_bounded_before_building()
+  local limits = core.schedule_limits()
+  lu.assertEquals(limits.ranks, 4096)
+  lu.assertEquals(limits.microbatches, 65536)
+  lu.assertEquals(error_of(core.schedule_new, 4294967298, 2, 2),
+    "ranks must be 1..4096, got 4294967298")
+  lu.assertEquals(error_of(schedule.new, { ranks = 2, stages = 2, microbatches = 100000000 }),
+    "microbatches must be 1..65536, got 100000000")
+  lu.assertEquals(error_of(schedule.build, "1f1b", { pp = 4, microbatches = 1000000000 }),
+    "1f1b: microbatches must be at most 65536, got 1000000000")
+  lu.assertEquals(error_of(schedule.build, "gpipe", { pp = 9223372036854775807, microbatches = 2 }),
+    "gpipe: pp must be at most 4096, got 9223372036854775807")
+  lu.assertEquals(error_of(schedule.build, "zbv", { pp = 4096, microbatches = 65536 }),
+    "zbv: pp = 4096 with 65536 micro-batches needs about 1610612736 actions, over the limit "
+    .. "of 67108864")
+  lu.assertEquals(error_of(schedule.build, "interleaved1f1b",
+      { pp = 4, microbatches = 8, chunks = 1000000000 }),
+    "interleaved1f1b: pp x chunks must be at most 65536 model stages, got 4 x 1000000000")
+  -- ids are never truncated to int
+  local s = core.schedule_new(1, 1, 1)
+  lu.assertStrContains(error_of(s.set_route, s, 4294967296, { 0 }), "4294967296 is out of range")
+  lu.assertStrContains(error_of(s.push_op, s, 0, "F", 4294967296, 0), "4294967296 is out of range")
+end
+
+function test_long_routes()
+  -- more than 256 virtual stages on a route (the old binding's limit)
+  local s = schedule.build("interleaved1f1b", { pp = 160, microbatches = 160, chunks = 2 })
+  lu.assertEquals(#s:route(0), 320)
+  lu.assertEquals({ s:validate() }, { true })
+end
+
+function test_tensor_sizes()
+  lu.assertEquals(error_of(core.tensor, { 2 ^ 32, 2 ^ 32 }),
+    "tensor of 18446744073709551616 elements is too large")
+  lu.assertEquals(error_of(core.tensor, { 2 ^ 62 }),
+    "tensor of 4611686018427387904 elements is too large")
+  lu.assertEquals(tostring(core.tensor({ 3, 4 })), "luapipe.Tensor [3, 4]")
+  lu.assertEquals(error_of(core.tensor, { 2, 2 }, { 1, 2, 3 }),
+    "tensor: 3 values given for a shape of 4 elements")
+end
+
+function test_set_params_names_the_argument()
+  local l = core.nn_layer(require("luapipe.nn").linear(2, 1), "l", 1)
+  lu.assertEquals(error_of(l.set_params, l, { [1] = { 1, 2 } }),
+    "set_params: keys must be parameter names, got a number key")
+  lu.assertEquals(error_of(l.set_params, l, { ["l.weight"] = 5 }),
+    "set_params: 'l.weight' must be a list of 2 numbers, got a number")
+  lu.assertEquals(error_of(l.set_params, l, { ["l.weight"] = { 1, "x" } }),
+    "set_params: 'l.weight' value 2 is not a number")
+end
+
 os.exit(lu.LuaUnit.run())

@@ -107,19 +107,34 @@ function Program:pending_w(v)
   return q and q.tail - q.head + 1 or 0
 end
 
--- program.args(family, opts) -> pp, microbatches: the options every family
--- takes, checked; misuse raises an error naming the family and the option.
-function M.args(family, opts)
+local limits = require("luapipe.core").schedule_limits()
+
+-- program.args(family, opts[, ops]) -> pp, microbatches: the options every
+-- family takes, checked against the limits of luapipe.core.schedule_limits()
+-- before anything is built; `ops` (default 2) is about how many actions
+-- the family writes per rank and micro-batch. Misuse raises an error naming
+-- the family, the option and the limit.
+function M.args(family, opts, ops)
   if type(opts) ~= "table" then
     error(string.format("%s: expects a table of options {pp = <ranks>, microbatches = <count>}", family), 3)
   end
+  local max = { pp = limits.ranks, microbatches = limits.microbatches }
   for _, k in ipairs { "pp", "microbatches" } do
     local v = opts[k]
     if math.type(v) ~= "integer" or v < 1 then
       error(string.format("%s: %s must be a positive integer, got %s", family, k, tostring(v)), 3)
     end
+    if v > max[k] then
+      error(string.format("%s: %s must be at most %d, got %d", family, k, max[k], v), 3)
+    end
+  end
+  local need = opts.pp * opts.microbatches * (ops or 2)
+  if need > limits.actions then
+    error(string.format("%s: pp = %d with %d micro-batches needs about %d actions, over the "
+      .. "limit of %d", family, opts.pp, opts.microbatches, need, limits.actions), 3)
   end
   return opts.pp, opts.microbatches
 end
+M.limits = limits
 
 return M
