@@ -114,9 +114,10 @@ static void get_time(lua_State *L, int idx, const char *key, double *dst,
   if (t != LUA_TNIL) {
     int isnum;
     lua_Number v = lua_tonumberx(L, -1, &isnum);
-    if (!isnum || !(v >= 0) || v != v || v > 1e300)
-      luaL_error(L, "%s: %s must be a number >= 0, got %s", ctx, key,
-                 isnum ? lua_tostring(L, -1) : luaL_typename(L, -1));
+    char err[LP_ERRLEN];
+    if (!isnum)
+      luaL_error(L, "%s: %s must be a number >= 0, got %s", ctx, key, luaL_typename(L, -1));
+    if (lp_sim_time_check(key, (double)v, err) != LP_OK) luaL_error(L, "%s: %s", ctx, err);
     *dst = (double)v;
   }
   lua_pop(L, 1);
@@ -323,6 +324,16 @@ static int lb_simres_write_trace(lua_State *L) {
   return 1;
 }
 
+/* core.sim_check_time(key, v) -> true | nil, "<key> = <v> must be ..."
+ * (lp_sim_time_check, for the Lua layers' own parsers) */
+static int lb_sim_check_time(lua_State *L) {
+  char err[LP_ERRLEN];
+  if (lp_sim_time_check(luaL_checkstring(L, 1), (double)luaL_checknumber(L, 2), err) != LP_OK)
+    return lb_fail(L, err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* core.isatty(fd) -> boolean */
 static int lb_isatty(lua_State *L) {
   lua_pushboolean(L, isatty(lb_check_int(L, 1)) == 1);
@@ -401,7 +412,7 @@ void lb_open_sim(lua_State *L) {
                                   {"__tostring", lb_simres_tostring},
                                   {NULL, NULL}};
   static const luaL_Reg funcs[] = {
-      {"isatty", lb_isatty}, {NULL, NULL}};
+      {"isatty", lb_isatty}, {"sim_check_time", lb_sim_check_time}, {NULL, NULL}};
   static const char *const schedule_keys[] = {"show", "gantt", NULL};
   luaL_setfuncs(L, funcs, 0);
   lb_new_class(L, LB_SIMRESULT, "SimResult", methods, meta);

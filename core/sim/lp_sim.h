@@ -37,6 +37,13 @@ typedef struct lp_sim_cost {
   const lp_sim_times *stages;
 } lp_sim_cost;
 
+/* The one check of a time or latency value (the Lua layers ask it too):
+ * LP_OK when 0 <= v <= LP_SIM_MAX_TIME (so sums stay finite), else
+ * LP_ERR_ARG and err (LP_ERRLEN) says "<key> = <v> must be a number in
+ * 0..1e+15". */
+#define LP_SIM_MAX_TIME 1e15
+lp_status lp_sim_time_check(const char *key, double v, char *err);
+
 /* Every time unset, latency 0, no overrides (the default cost model). */
 void lp_sim_cost_init(lp_sim_cost *c);
 void lp_sim_times_init(lp_sim_times *t); /* every field LP_SIM_UNSET */

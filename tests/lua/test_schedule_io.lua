@@ -174,4 +174,21 @@ function test_set_params_names_the_argument()
     "set_params: 'l.weight' value 2 is not a number")
 end
 
+function test_cost_checked_in_one_place()
+  local sim = require("luapipe.sim")
+  lu.assertEquals(error_of(sim.parse_cost, "F=1e308"),
+    "cost item 'F=1e308': F = 1e+308 must be a number in 0..1e+15")
+  lu.assertEquals(error_of(sim.parse_cost, "B[3]=-1"),
+    "cost item 'B[3]=-1': B = -1 must be a number in 0..1e+15")
+  local s = schedule.build("1f1b", { pp = 2, microbatches = 2 })
+  lu.assertEquals(error_of(s.simulate, s, { F = 1e308 }),
+    "simulate: F = 1e+308 must be a number in 0..1e+15")
+  lu.assertEquals(error_of(s.simulate, s, { latency = -1 }),
+    "simulate: latency = -1 must be a number in 0..1e+15")
+  lu.assertEquals({ core.sim_check_time("W", 1e15) }, { true })
+  local ok, err = core.sim_check_time("W", 0 / 0)
+  lu.assertNil(ok)
+  lu.assertStrContains(err, "must be a number in 0..1e+15")
+end
+
 os.exit(lu.LuaUnit.run())
