@@ -340,61 +340,6 @@ static int lb_isatty(lua_State *L) {
   return 1;
 }
 
-/* __index of a methods table: on a miss for a key the Lua layer defines,
- * loads module upvalue(1) once (through require, protected) and looks
- * again. upvalue(2): table of keys to react to, or nil for any key;
- * upvalue(3): true while the module is loading (no recursion). */
-static int lazy_index(lua_State *L) {
-  if (lua_type(L, 2) != LUA_TSTRING || lua_toboolean(L, lua_upvalueindex(3)))
-    return 0;
-  if (lua_istable(L, lua_upvalueindex(2))) {
-    lua_pushvalue(L, 2);
-    int hit = lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL;
-    lua_pop(L, 1);
-    if (!hit) return 0;
-  }
-  if (lua_getglobal(L, "require") != LUA_TFUNCTION) return 0;
-  lua_pushboolean(L, 1);
-  lua_replace(L, lua_upvalueindex(3));
-  lua_pushvalue(L, lua_upvalueindex(1));
-  int st = lp_lua_pcall(L, 1, 0);
-  lua_pushboolean(L, 0);
-  lua_replace(L, lua_upvalueindex(3));
-  if (st != LUA_OK) {
-    lua_pop(L, 1);
-    return 0; /* the key stays missing; the caller reports it */
-  }
-  lua_pushvalue(L, 2);
-  lua_rawget(L, 1);
-  return 1;
-}
-
-/* Gives the methods table at idx a lazy __index (unless it has a
- * metatable already). keys: NULL-terminated list, or NULL for any key. */
-static void set_lazy(lua_State *L, int idx, const char *module,
-                     const char *const *keys) {
-  idx = lua_absindex(L, idx);
-  if (lua_getmetatable(L, idx)) {
-    lua_pop(L, 1);
-    return;
-  }
-  lua_createtable(L, 0, 1); /* [mt] */
-  lua_pushstring(L, module);
-  if (keys) {
-    lua_newtable(L);
-    for (int i = 0; keys[i]; i++) {
-      lua_pushboolean(L, 1);
-      lua_setfield(L, -2, keys[i]);
-    }
-  } else {
-    lua_pushnil(L);
-  }
-  lua_pushboolean(L, 0);
-  lua_pushcclosure(L, lazy_index, 3);
-  lua_setfield(L, -2, "__index");
-  lua_setmetatable(L, idx);
-}
-
 void lb_open_sim(lua_State *L) {
   static const luaL_Reg methods[] = {{"makespan", lb_simres_makespan},
                                      {"max_bubble", lb_simres_max_bubble},
@@ -413,15 +358,12 @@ void lb_open_sim(lua_State *L) {
                                   {NULL, NULL}};
   static const luaL_Reg funcs[] = {
       {"isatty", lb_isatty}, {"sim_check_time", lb_sim_check_time}, {NULL, NULL}};
-  static const char *const schedule_keys[] = {"show", "gantt", NULL};
   luaL_setfuncs(L, funcs, 0);
+  /* The Lua layer (luapipe.sim, luapipe.show) adds its methods to these
+   * tables when it loads; the binding never requires it. */
   lb_new_class(L, LB_SIMRESULT, "SimResult", methods, meta);
-  lua_getfield(L, -1, "SimResult"); /* [mod, methods] */
-  set_lazy(L, -1, "luapipe.sim", NULL);
-  lua_pop(L, 1);
   lua_getfield(L, -1, "Schedule"); /* [mod, Schedule methods] */
   lua_pushcfunction(L, lb_schedule_simulate);
   lua_setfield(L, -2, "simulate");
-  set_lazy(L, -1, "luapipe.show", schedule_keys);
   lua_pop(L, 1);
 }

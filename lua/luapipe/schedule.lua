@@ -13,10 +13,9 @@ local core = require("luapipe.core")
 local M = {}
 local Schedule = core.Schedule -- the methods table shared with the C binding
 
--- Families by name (see luapipe.schedules); aliases users type.
-M.families = { "gpipe", "1f1b", "interleaved1f1b", "zb1p", "zbv", "dualpipe", "dualpipev" }
-local aliases = { interleaved = "interleaved1f1b", ["zb-h1"] = "zb1p", zbh1 = "zb1p",
-  ["zb-v"] = "zbv", ["dualpipe-v"] = "dualpipev" }
+-- Families by name: the list lives in luapipe.schedules (one home).
+local schedules = require("luapipe.schedules")
+M.families = schedules.list()
 
 local function check_int(t, k, min, ctx)
   local v = t[k]
@@ -195,23 +194,18 @@ function M.from_json(text, origin)
   return s
 end
 
--- schedule.build(name, opts) -> Schedule: a built-in family by name.
+-- schedule.build(name, opts) -> Schedule: a built-in family by name (any
+-- case, or an alias such as "zb-h1").
 function M.build(name, opts)
-  local fam = aliases[name] or name
-  local ok, builder = false, nil
-  if M.is_family(fam) then ok, builder = pcall(require, "luapipe.schedules." .. fam) end
-  if not ok or type(builder) ~= "function" then
-    error(string.format("unknown schedule '%s' (families: %s)", name,
+  local fam = schedules.canonical(name)
+  if not fam then
+    error(string.format("unknown schedule '%s' (families: %s)", tostring(name),
       table.concat(M.families, ", ")), 2)
   end
-  return builder(opts)
+  return schedules[fam](opts)
 end
 
-function M.is_family(name)
-  name = aliases[name] or name
-  for _, f in ipairs(M.families) do if f == name then return true end end
-  return false
-end
+function M.is_family(name) return schedules.canonical(name) ~= nil end
 
 -- schedule.load(spec, opts) -> Schedule | nil, err
 -- spec is a family name (opts: pp, microbatches, chunks), a .csv file, a
@@ -266,5 +260,10 @@ mt.__tostring = function(s)
   local ok, text = pcall(Schedule.summary, s)
   return ok and text or "luapipe.Schedule (closed)"
 end
+
+-- The simulator's and the pictures' methods (res:summary, res:show,
+-- s:show, s:gantt) come with every schedule: those modules install them on
+-- the C classes (the binding never loads Lua modules itself).
+require("luapipe.sim")
 
 return M

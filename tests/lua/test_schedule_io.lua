@@ -191,4 +191,37 @@ function test_cost_checked_in_one_place()
   lu.assertStrContains(err, "must be a number in 0..1e+15")
 end
 
+function test_binding_never_loads_lua_modules()
+  -- luapipe.core alone: C methods only; loading luapipe.schedule brings the
+  -- Lua layer's methods (it installs them on the C classes)
+  local code = [[
+    local c = require("luapipe.core")
+    local s = c.schedule_new(1, 1, 1)
+    s:add_vstage(0, 0); s:set_route(0, { 0 }); s:push(0, { "0F0", "0B0" })
+    local r = s:simulate()
+    local before = tostring(r.show) .. " " .. tostring(s.show) .. " "
+      .. tostring(package.loaded["luapipe.sim"])
+    require("luapipe.schedule")
+    io.write(before, " | ", type(r.show), " ", type(s.show), " ", type(r.summary))
+  ]]
+  local exe = arg[-1] or "luapipe"
+  local f = assert(io.popen(string.format("%q -e %q", exe, code)))
+  local out = f:read("a")
+  f:close()
+  lu.assertEquals(out, "nil nil nil | function function function")
+end
+
+function test_family_list_in_one_place()
+  local schedules = require("luapipe.schedules")
+  lu.assertEquals(schedule.families, schedules.list())
+  lu.assertEquals(schedules.canonical("ZB-H1"), "zb1p")
+  lu.assertEquals(schedules.canonical("DualPipe"), "dualpipe")
+  lu.assertEquals(schedules.canonical("Interleaved 1F1B"), "interleaved1f1b")
+  lu.assertNil(schedules.canonical("frobnicate"))
+  lu.assertEquals(schedules.label("dualpipev"), "DualPipeV")
+  lu.assertEquals(schedule.build("DualPipeV", { pp = 2, microbatches = 4 }):info().name, "dualpipev")
+  lu.assertEquals(error_of(schedule.build, "nope", { pp = 2, microbatches = 4 }),
+    "unknown schedule 'nope' (families: " .. table.concat(schedules.list(), ", ") .. ")")
+end
+
 os.exit(lu.LuaUnit.run())

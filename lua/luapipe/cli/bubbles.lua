@@ -32,9 +32,9 @@ local formulas = {
   dualpipev = { "(PP/2-1)(F&B+B-3W), PP=2P", function(c, P) return (P - 1) * (c.FB + c.B - 3 * c.W) end },
 }
 
-local order = { "gpipe", "1f1b", "interleaved1f1b", "zb1p", "zbv", "dualpipe", "dualpipev" }
-local labels = { gpipe = "GPipe", ["1f1b"] = "1F1B", interleaved1f1b = "Interleaved 1F1B",
-  zb1p = "ZB1P", zbv = "ZB-V", dualpipe = "DualPipe", dualpipev = "DualPipeV" }
+local schedules = require("luapipe.schedules")
+local order = schedules.list() -- the one family list
+local labels = setmetatable({}, { __index = function(_, name) return schedules.label(name) end })
 
 local function fmt(x)
   if x == nil then return "-" end
