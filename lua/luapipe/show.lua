@@ -365,12 +365,12 @@ function Schedule.gantt(s, cost, opts)
 end
 
 -- s:show([cost[, opts]]) prints the Gantt chart of s simulated under cost.
--- Returns true, or nil, message when s is invalid.
+-- Returns nothing (so the REPL echoes nothing), or nil, message when s is
+-- invalid.
 function Schedule.show(s, cost, opts)
   local text, err = Schedule.gantt(s, cost, opts)
   if not text then return nil, err end
   io.write(text, "\n")
-  return true
 end
 
 require("luapipe.sim") -- installs summary, __tostring, show, gantt of results
