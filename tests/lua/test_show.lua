@@ -52,6 +52,11 @@ local function count(text, pat)
   return n
 end
 
+-- The chart is cut into bands of P rows each; every line fits the width.
+local function bands(text)
+  return count("\n" .. text, "\nr0 +|")
+end
+
 -- ---- Gantt ----
 
 TestGantt = {}
@@ -75,12 +80,78 @@ function TestGantt:test_p8_fits_80_columns()
   for _, s in ipairs { onef1b(8, 16), ref.dualpipe(8, 20), ref.dualpipev(8, 16) } do
     local res = assert(s:simulate { F = 1, B = 2, W = 1, FB = 3 })
     local text = res:gantt { color = false }
-    lu.assertEquals(rows(text), 8)
-    if res:makespan() <= 75 then lu.assertTrue(max_width(text) <= 80, text) end
+    lu.assertEquals(rows(text), 8 * bands(text))
+    lu.assertTrue(max_width(text) <= 80, text)
   end
   local text = assert(ref.dualpipe(8, 20):simulate { FB = 3 }):gantt { color = false }
   lu.assertTrue(max_width(text) <= 80)
   lu.assertStrContains(text, "&") -- overlapped pairs
+  -- 1F1B P=4 M=8 fits one band of 80 columns at 2 columns per unit
+  text = assert(onef1b(4, 8):simulate { F = 1, B = 2 }):gantt { color = false }
+  lu.assertEquals(bands(text), 1)
+  lu.assertStrContains(text, "1 unit = 2 cols")
+end
+
+-- The cells of each rank, in order: the words between idle dots and the
+-- spaces that end every cell, over all bands.
+local function cells_of(text, P)
+  local out = {}
+  for r = 0, P - 1 do out[r] = {} end
+  for line in (text .. "\n"):gmatch("(.-)\n") do
+    local r, body = line:match("^r(%d+) +|(.*)|$")
+    if r then
+      for word in body:gsub("%.", " "):gmatch("%S+") do
+        table.insert(out[tonumber(r)], word)
+      end
+    end
+  end
+  return out
+end
+
+-- Every action's full label appears, in order, whatever the cost ratio
+-- (the README's F=1,B=2,W=1,FB=2.5 used to print "&0" for "e&0").
+function TestGantt:test_every_label_whole_at_any_cost_ratio()
+  local cases = {
+    { ref.dualpipe(4, 10), { F = 1, B = 2, W = 1, FB = 2.5 } },
+    { ref.dualpipe(8, 20), { F = 1, B = 2, W = 1, FB = 2.5 } },
+    { ref.dualpipe(8, 20), { F = 1.3, B = 2.6, W = 1.3, FB = 3.1 } },
+    { ref.dualpipev(4, 12), { F = 0.7, B = 1.9, W = 0.4, FB = 2.2 } },
+    { onef1b(4, 16), { F = 10, B = 20 } },
+    { zb2(), { F = 1, B = 5, W = 0.3 } },
+  }
+  for _, c in ipairs(cases) do
+    local s, cost = c[1], c[2]
+    local res = assert(s:simulate(cost))
+    local P = res:info().ranks
+    -- one band: the words are exactly the labels, in order
+    local text = res:gantt { color = false, width = 100000 }
+    lu.assertEquals(bands(text), 1)
+    local got = cells_of(text, P)
+    for r = 0, P - 1 do
+      local want = {}
+      for _, e in ipairs(res:events(r)) do
+        if e.finish > e.start then want[#want + 1] = show.cell_label(e) end
+      end
+      lu.assertEquals(got[r], want, "rank " .. r)
+    end
+    -- 80 columns: bands; a cut action shows "~" where its label has no room
+    text = res:gantt { color = false }
+    lu.assertTrue(max_width(text) <= 80)
+    got = cells_of(text, P)
+    for r = 0, P - 1 do
+      local n = 0
+      for _, e in ipairs(res:events(r)) do if e.finish > e.start then n = n + 1 end end
+      local whole = 0
+      for _, w in ipairs(got[r]) do if not w:find("~", 1, true) then whole = whole + 1 end end
+      lu.assertTrue(whole >= n - (bands(text) - 1), "rank " .. r)
+    end
+    lu.assertNotStrContains(text, "a-z")
+  end
+  -- full labels: no narrow-cell codes like "I4W45"
+  lu.assertEquals(show.cell_label { type = "FB", mb = 14, bmb = 0, btype = "B" }, "14&0")
+  lu.assertEquals(show.cell_label { type = "FB", mb = 3, bmb = 5, btype = "I" }, "3&I5")
+  lu.assertEquals(show.cell_label { type = "W", mb = 12 }, "W12")
+  lu.assertEquals(show.cell_label { type = "F", mb = 12 }, "12")
 end
 
 function TestGantt:test_pairs_and_split_backward()
@@ -97,7 +168,9 @@ function TestGantt:test_colour()
   lu.assertStrContains(text, "\27[30;46m") -- F
   lu.assertStrContains(text, "\27[1;4;30;106m") -- F half of a pair
   lu.assertStrContains(text, "\27[1;4;30;102m") -- B half of a pair
-  lu.assertEquals(rows((text:gsub("\27%[[%d;]*m", ""))), 4)
+  local plain = text:gsub("\27%[[%d;]*m", "")
+  lu.assertEquals(rows(plain), 4 * bands(plain))
+  lu.assertEquals(plain, res:gantt { color = false })
   if not core.isatty(1) then lu.assertFalse(show.use_color()) end
   lu.assertIsBoolean(core.isatty(0))
 end
