@@ -273,9 +273,17 @@ end
 
 -- ---- SVG ----
 
+-- Two hue families, as in DeepSeek's DualPipe figure: actions of a virtual
+-- stage on a route running down the ranks (rank 0 towards P-1) in warm
+-- colours, up the ranks in cool ones; within a family F is light, I
+-- medium, B dark and W darkest. ink: the text colour on that fill.
 local svg_fill = {
-  F = "#f4a259", B = "#4f86c6", I = "#8fc1e3", W = "#7fb069", idle = "#eeeeee",
+  down = { F = "#fdae61", I = "#f46d43", B = "#d73027", W = "#8c510a" },
+  up = { F = "#abd9e9", I = "#74add1", B = "#4575b4", W = "#5e3c99" },
+  optim = "#9e9e9e", other = "#bdbdbd",
 }
+local svg_ink = { F = "#222", I = "#222", B = "white", W = "white" }
+local type_names = { F = "forward", I = "input-grad", B = "backward", W = "weight-grad" }
 
 local function xml(s)
   return (tostring(s):gsub("[&<>\"]", { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;",
@@ -284,24 +292,171 @@ end
 
 local function f2(x) return (string.format("%.2f", x):gsub("%.?0+$", "")) end
 
+-- The direction of every virtual stage seen in res: "down" or "up". The
+-- virtual stages are taken in number order and cut into runs that step one
+-- rank at a time the same way (0,1,2,3 | 3,2,1,0 for DualPipe and ZB-V;
+-- 0,1 | 0,1 for interleaved 1F1B); a run going to lower ranks is "up".
+local function directions(res, P)
+  local rank_of, maxv = {}, -1
+  for r = 0, P - 1 do
+    for _, e in ipairs(res:events(r)) do
+      for _, v in ipairs { e.stage, e.bstage } do
+        if type(v) == "number" and v >= 0 then
+          rank_of[v] = r
+          if v > maxv then maxv = v end
+        end
+      end
+    end
+  end
+  local dir, v = {}, 0
+  while v <= maxv do
+    local d, w = 1, v
+    if rank_of[v] and rank_of[v + 1] and rank_of[v + 1] == rank_of[v] - 1 then d = -1 end
+    while rank_of[w] and rank_of[w + 1] and rank_of[w + 1] == rank_of[w] + d do w = w + 1 end
+    for k = v, w do dir[k] = d < 0 and "up" or "down" end
+    v = w + 1
+  end
+  return dir
+end
+
+-- The fill of an action of type t (F, B, I, W) on virtual stage v.
+local function fill_of(dir, t, v)
+  local fam = svg_fill[dir[v] or "down"]
+  return fam[t] or (t == "optim" and svg_fill.optim) or svg_fill.other
+end
+
+-- Text of about fs px per character fits w px?
+local function fits(text, fs, w) return #text * fs * 0.6 + 4 <= w end
+
+-- The label of a cell at most w px wide, and its font size; nil when even
+-- 8 px does not fit (the tooltip still names the action).
+local function svg_label(text, fs, w)
+  while fs >= 8 do
+    if fits(text, fs, w) then return text, fs end
+    fs = fs - 1
+  end
+  return nil
+end
+
 -- show.svg(res[, opts]) -> SVG text. opts: scale (pixels per time unit;
--- default fits about 1000 px, between 4 and 60), lane (lane height, 28),
--- title (default: schedule name and figures).
+-- default: about 1000 px wide, more when a two-digit micro-batch number
+-- would not fit its cell, within 2400 px), lane (lane height; default
+-- grows with the width so that the picture is about 3:1), unit (the time
+-- unit named on the axis, "units"), title (default: schedule name and
+-- figures).
 function M.svg(res, opts)
   opts = opts or {}
   local info = res:info()
   local P = info.ranks
   local T = res:makespan()
-  local scale = opts.scale or math.max(4, math.min(60, T > 0 and 1000 / T or 60))
-  local lane, gap = opts.lane or 28, 8
-  local left, top, right = 70, 46, 20
+  local unit = opts.unit or "units"
+  local dir = directions(res, P)
+  local present, fams, optim = {}, {}, false
+  local scale = opts.scale
+  if not scale then
+    scale = T > 0 and 1000 / T or 60
+    local need = 0 -- px per unit for the shortest action to hold "88" at 11 px
+    for r = 0, P - 1 do
+      for _, e in ipairs(res:events(r)) do
+        local d = e.finish - e.start
+        if d > 0 and e.type ~= "optim" then need = math.max(need, (2 * 11 * 0.6 + 4) / d) end
+      end
+    end
+    scale = math.max(scale, math.min(need, T > 0 and 2400 / T or need))
+    scale = math.max(4 / math.max(1, T / 250), math.min(60, scale))
+  end
   local plot_w = math.max(1, T * scale)
+  local lane = opts.lane or math.floor(math.max(28, math.min(90, plot_w / (3.2 * P))))
+  local gap = math.max(6, lane // 5)
+  local left, top, right = 70, 46, 20
   local W = left + plot_w + right
   local lanes_h = P * (lane + gap)
-  local legend_y = top + lanes_h + 36
-  local H = legend_y + 34
   local o = {}
   local function put(...) o[#o + 1] = table.concat({ ... }) end
+  -- the lanes first (the legend shows only what they use)
+  local body = {}
+  local function bput(...) body[#body + 1] = table.concat({ ... }) end
+  local fs0 = math.min(14, math.floor(lane / 2 - 2))
+  for r = 0, P - 1 do
+    local y = top + r * (lane + gap)
+    bput('<g class="rank" id="rank', r, '">')
+    bput('<text x="', left - 8, '" y="', f2(y + lane / 2 + 4), '" text-anchor="end" font-size="12">rank ',
+      r, '</text>')
+    bput('<rect class="lane" x="', left, '" y="', y, '" width="', f2(plot_w), '" height="', lane,
+      '" fill="url(#idle)" stroke="#bbb" stroke-width="0.5"><title>rank ', r, ': idle where hatched</title></rect>')
+    for _, e in ipairs(res:events(r)) do
+      local x, w = left + e.start * scale, (e.finish - e.start) * scale
+      local tip = string.format("rank %d, action %d: %s [%s, %s] %s", r, e.index, e.text,
+        fmt_num(e.start), fmt_num(e.finish), unit)
+      if e.type == "FB" then
+        local ff, bf = fill_of(dir, "F", e.stage), fill_of(dir, e.btype or "B", e.bstage)
+        present[e.btype or "B"], present.F, present.FB = true, true, true
+        fams[dir[e.stage] or "down"], fams[dir[e.bstage] or "down"] = true, true
+        bput('<g class="FB"><title>', xml(tip), '</title>')
+        bput('<rect class="FB-F" x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', f2(lane / 2),
+          '" fill="', ff, '"/>')
+        bput('<rect class="FB-B" x="', f2(x), '" y="', f2(y + lane / 2), '" width="', f2(w),
+          '" height="', f2(lane / 2), '" fill="', bf, '"/>')
+        bput('<rect x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', lane,
+          '" fill="none" stroke="#222" stroke-width="1.5"/>')
+        local ft, ffs = svg_label(tostring(e.mb), math.min(fs0, lane // 2 - 2), w)
+        local bt, bfs = svg_label((e.btype == "I" and "I" or "") .. e.bmb, math.min(fs0, lane // 2 - 2), w)
+        if ft then
+          bput('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 4 + ffs / 3), '" font-size="', ffs,
+            '" text-anchor="middle" fill="', svg_ink.F, '">', ft, '</text>')
+        end
+        if bt then
+          bput('<text x="', f2(x + w / 2), '" y="', f2(y + 3 * lane / 4 + bfs / 3), '" font-size="', bfs,
+            '" text-anchor="middle" fill="', svg_ink[e.btype or "B"], '">', bt, '</text>')
+        end
+        bput('</g>')
+      else
+        local fill = fill_of(dir, e.type, e.stage)
+        if e.type == "optim" then optim = true
+        elseif type_names[e.type] then
+          present[e.type] = true
+          fams[dir[e.stage] or "down"] = true
+        end
+        bput('<g class="', xml(e.type), '"><title>', xml(tip), '</title>')
+        bput('<rect x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', lane, '" fill="',
+          fill, '" stroke="white" stroke-width="0.5"/>')
+        local text = e.type == "optim" and "optimizer" or tostring(e.mb)
+        local t, tfs = svg_label(text, fs0, w)
+        if t then
+          bput('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 2 + tfs / 3), '" font-size="', tfs,
+            '" text-anchor="middle" fill="', svg_ink[e.type] or "#222", '">', xml(t), '</text>')
+        end
+        bput('</g>')
+      end
+    end
+    bput('</g>')
+  end
+
+  -- legend rows: one per hue family in use, then pairs, idle, optimizer
+  local legend = {}
+  local both = fams.down and fams.up
+  for _, fam in ipairs { "down", "up" } do
+    if fams[fam] then
+      local row = {}
+      if both then
+        row.title = fam == "down" and string.format("down the ranks (0 to %d):", P - 1)
+          or string.format("up the ranks (%d to 0):", P - 1)
+      end
+      for _, t in ipairs { "F", "B", "I", "W" } do
+        if present[t] then row[#row + 1] = { fill = svg_fill[fam][t], label = t .. " " .. type_names[t] } end
+      end
+      legend[#legend + 1] = row
+    end
+  end
+  local misc = {}
+  if present.FB then misc[#misc + 1] = { pair = true, label = "F&B overlapped: F top, B bottom" } end
+  misc[#misc + 1] = { fill = "url(#idle)", label = "idle" }
+  if optim then misc[#misc + 1] = { fill = svg_fill.optim, label = "optimizer step" } end
+  misc[#misc + 1] = { label = "numbers: micro-batch" }
+  legend[#legend + 1] = misc
+  local legend_y = top + lanes_h + 36
+  local H = legend_y + #legend * 22 + 8
+
   put('<?xml version="1.0" encoding="UTF-8"?>')
   put('<svg xmlns="http://www.w3.org/2000/svg" width="', f2(W), '" height="', f2(H),
     '" viewBox="0 0 ', f2(W), " ", f2(H), '" font-family="Helvetica, Arial, sans-serif">')
@@ -325,70 +480,31 @@ function M.svg(res, opts)
     t = t + step
   end
   put('<text x="', f2(left + plot_w), '" y="', top + lanes_h + 22,
-    '" text-anchor="end">time (units)</text>')
+    '" text-anchor="end">time (', xml(unit), ')</text>')
   put('</g>')
-  -- lanes
-  for r = 0, P - 1 do
-    local y = top + r * (lane + gap)
-    put('<g class="rank" id="rank', r, '">')
-    put('<text x="', left - 8, '" y="', f2(y + lane / 2 + 4), '" text-anchor="end" font-size="12">rank ',
-      r, '</text>')
-    put('<rect class="lane" x="', left, '" y="', y, '" width="', f2(plot_w), '" height="', lane,
-      '" fill="url(#idle)" stroke="#bbb" stroke-width="0.5"><title>rank ', r, ': idle where hatched</title></rect>')
-    for _, e in ipairs(res:events(r)) do
-      local x, w = left + e.start * scale, (e.finish - e.start) * scale
-      local tip = string.format("rank %d, action %d: %s [%s, %s]", r, e.index, e.text,
-        fmt_num(e.start), fmt_num(e.finish))
-      local fs = math.min(12, lane / 2 - 2)
-      if e.type == "FB" then
-        local bfill = svg_fill[e.btype] or svg_fill.B
-        put('<g class="FB"><title>', xml(tip), '</title>')
-        put('<rect class="FB-F" x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', f2(lane / 2),
-          '" fill="', svg_fill.F, '"/>')
-        put('<rect class="FB-B" x="', f2(x), '" y="', f2(y + lane / 2), '" width="', f2(w),
-          '" height="', f2(lane / 2), '" fill="', bfill, '"/>')
-        put('<rect x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', lane,
-          '" fill="none" stroke="#222" stroke-width="1.5"/>')
-        if w >= 10 then
-          put('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 4 + fs / 3), '" font-size="', f2(fs * 0.9),
-            '" text-anchor="middle">', e.mb, '</text>')
-          put('<text x="', f2(x + w / 2), '" y="', f2(y + 3 * lane / 4 + fs / 3), '" font-size="', f2(fs * 0.9),
-            '" text-anchor="middle"', e.btype == "I" and "" or ' fill="white"', '>', (e.btype == "I" and "I" or ""),
-            e.bmb, '</text>')
-        end
-        put('</g>')
-      else
-        put('<g class="', e.type, '"><title>', xml(tip), '</title>')
-        put('<rect x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', lane, '" fill="',
-          svg_fill[e.type] or "#999", '" stroke="white" stroke-width="0.5"/>')
-        if w >= 10 then
-          put('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 2 + fs / 3), '" font-size="', f2(fs),
-            '" text-anchor="middle"', e.type == "B" and ' fill="white"' or "", '>', e.mb, '</text>')
-        end
-        put('</g>')
-      end
-    end
-    put('</g>')
-  end
+  for _, l in ipairs(body) do o[#o + 1] = l end
   -- legend
   put('<g class="legend" font-size="12">')
-  local lx = left
-  local entries = {
-    { "F", "forward" }, { "B", "backward (full)" }, { "I", "backward, input-grad (I)" },
-    { "W", "weight-grad (W)" }, { "FB", "F&B pair: F half top, B half bottom" }, { "idle", "idle" },
-  }
-  for _, en in ipairs(entries) do
-    local k, label = en[1], en[2]
-    if k == "FB" then
-      put('<rect x="', lx, '" y="', legend_y, '" width="16" height="7" fill="', svg_fill.F, '"/>')
-      put('<rect x="', lx, '" y="', legend_y + 7, '" width="16" height="7" fill="', svg_fill.B, '"/>')
-      put('<rect x="', lx, '" y="', legend_y, '" width="16" height="14" fill="none" stroke="#222" stroke-width="1.5"/>')
-    else
-      put('<rect x="', lx, '" y="', legend_y, '" width="16" height="14" fill="',
-        k == "idle" and "url(#idle)" or svg_fill[k], '" stroke="#999" stroke-width="0.5"/>')
+  for i, row in ipairs(legend) do
+    local y, lx = legend_y + (i - 1) * 22, left
+    if row.title then
+      put('<text x="', lx, '" y="', y + 11, '">', xml(row.title), '</text>')
+      lx = lx + #row.title * 6.5 + 10
     end
-    put('<text x="', lx + 21, '" y="', legend_y + 11, '">', xml(label), '</text>')
-    lx = lx + 30 + #label * 6.5
+    for _, en in ipairs(row) do
+      if en.pair then
+        put('<rect x="', lx, '" y="', y, '" width="16" height="7" fill="', svg_fill.down.F, '"/>')
+        put('<rect x="', lx, '" y="', y + 7, '" width="16" height="7" fill="', svg_fill.up.B, '"/>')
+        put('<rect x="', lx, '" y="', y, '" width="16" height="14" fill="none" stroke="#222" stroke-width="1.5"/>')
+        lx = lx + 21
+      elseif en.fill then
+        put('<rect x="', lx, '" y="', y, '" width="16" height="14" fill="', en.fill,
+          '" stroke="#999" stroke-width="0.5"/>')
+        lx = lx + 21
+      end
+      put('<text x="', lx, '" y="', y + 11, '">', xml(en.label), '</text>')
+      lx = lx + 14 + #en.label * 6.5
+    end
   end
   put('</g>')
   put('</svg>')

@@ -234,6 +234,110 @@ function TestSvg:test_lanes_legend_split_cells()
   lu.assertStrMatches(svg, ".*</svg>\n$")
 end
 
+-- The cell groups of an SVG: {class, tip, width, labels = {{text, size}}}.
+local function svg_cells(svg)
+  local out = {}
+  for class, tip, inner in svg:gmatch('<g class="([%w_-]+)"><title>(.-)</title>\n(.-)</g>') do
+    local c = { class = class, tip = tip, width = tonumber(inner:match('width="([%d.]+)"')), labels = {} }
+    for size, text in inner:gmatch('<text [^>]-font%-size="([%d.]+)"[^>]->(.-)</text>') do
+      c.labels[#c.labels + 1] = { text, tonumber(size) }
+    end
+    out[#out + 1] = c
+  end
+  return out
+end
+
+local function svg_size(svg)
+  local w, h = svg:match('<svg [^>]-width="([%d.]+)" height="([%d.]+)"')
+  return tonumber(w), tonumber(h)
+end
+
+-- Each label is one micro-batch number (never "101112..."), fits its cell,
+-- and is readable (>= 8 px); two-digit numbers fit at P=8, M=20.
+function TestSvg:test_labels_fit_their_cells()
+  local res = assert(ref.dualpipe(8, 20):simulate { F = 1, B = 2, W = 1, FB = 3 })
+  local svg = res:svg()
+  local cells, labelled, two = svg_cells(svg), 0, 0
+  lu.assertTrue(#cells > 200)
+  for _, c in ipairs(cells) do
+    lu.assertTrue(#c.labels <= (c.class == "FB" and 2 or 1))
+    for _, l in ipairs(c.labels) do
+      local text, size = l[1], l[2]
+      lu.assertNotNil(text:match("^I?%d+$"), c.tip)
+      lu.assertTrue(size >= 8, c.tip)
+      lu.assertTrue(#text * size * 0.6 + 4 <= c.width + 1e-6, c.tip)
+      labelled = labelled + 1
+      if #text == 2 then two = two + 1 end
+    end
+  end
+  -- every action is labelled, two-digit micro-batches included
+  lu.assertEquals(labelled, #res:events() + count(svg, 'class="FB%-B"'))
+  lu.assertTrue(two > 50)
+  lu.assertNotStrContains(svg, "1011")
+  local w, h = svg_size(svg)
+  lu.assertTrue(w / h >= 1.5 and w / h <= 4, w .. "x" .. h)
+end
+
+-- DualPipe's two directions use two hue families; 1F1B only the first.
+function TestSvg:test_directions_two_hue_families()
+  local down_f, up_f, up_b = "#fdae61", "#abd9e9", "#4575b4"
+  local svg = assert(ref.dualpipe(4, 8):simulate { FB = 3 }):svg()
+  lu.assertStrContains(svg, "down the ranks (0 to 3):")
+  lu.assertStrContains(svg, "up the ranks (3 to 0):")
+  -- rank 0 runs F of mb 0 (down route, vstage 0) and F of mb 4 (up, vstage 7)
+  local cells = svg_cells(svg)
+  local function fill_of(tipword)
+    for _, c in ipairs(cells) do
+      if c.tip:find(tipword, 1, true) then
+        return svg:match('<title>' .. c.tip:gsub("%p", "%%%0") .. '</title>\n<rect [^>]-fill="(#%x+)"')
+      end
+    end
+  end
+  lu.assertEquals(fill_of("rank 0, action 0: 0F0 "), down_f)
+  lu.assertEquals(fill_of("rank 0, action 3: 7F4 "), up_f)
+  lu.assertStrContains(svg, up_b)
+  local one = assert(onef1b(4, 8):simulate()):svg()
+  lu.assertNotStrContains(one, "up the ranks")
+  lu.assertNotStrContains(one, up_f)
+  lu.assertStrContains(one, "F forward")
+  lu.assertStrContains(one, "B backward")
+  lu.assertNotStrContains(one, "W weight-grad") -- only what the picture uses
+  -- ZB-V: the V's second leg runs up the ranks
+  local zbv = assert(require("luapipe.schedules").zbv({ pp = 4, microbatches = 8 })
+    :simulate()):svg()
+  lu.assertStrContains(zbv, "up the ranks (3 to 0):")
+end
+
+-- A measured step (times in ms, optimizer slices) as perf.write_measured_svg
+-- draws it: the unit on the axis, the optimizer in the legend, about 3:1.
+function TestSvg:test_measured_units_optimizer_aspect()
+  local Fake = {}
+  Fake.__index = Fake
+  function Fake:info() return { name = "1f1b (measured)", ranks = 2, stages = 2, microbatches = 2 } end
+  function Fake:makespan() return 12.5 end
+  function Fake:max_bubble() return 3 end
+  local ev = {
+    [0] = { { type = "F", stage = 0, mb = 0, start = 0, finish = 2, index = 0, text = "0F0" },
+      { type = "B", stage = 0, mb = 0, start = 7, finish = 10.5, index = 1, text = "0B0" },
+      { type = "optim", stage = -1, mb = "opt", start = 10.5, finish = 12.5, index = -1, text = "optimizer" } },
+    [1] = { { type = "F", stage = 1, mb = 0, start = 2.5, finish = 4.5, index = 0, text = "1F0" },
+      { type = "B", stage = 1, mb = 0, start = 4.5, finish = 6.9, index = 1, text = "1B0" },
+      { type = "optim", stage = -1, mb = "opt", start = 7, finish = 9, index = -1, text = "optimizer" } },
+  }
+  function Fake:events(r) return ev[r] end
+  local m = setmetatable({}, Fake)
+  local svg = show.svg(m, { title = "measured", unit = "ms", scale = 1200 / 12.5 })
+  lu.assertStrContains(svg, "time (ms)")
+  lu.assertNotStrContains(svg, "units")
+  lu.assertStrContains(svg, "optimizer step")
+  lu.assertStrContains(svg, "[10.5, 12.5] ms")
+  local w, h = svg_size(svg)
+  lu.assertTrue(w / h >= 2 and w / h <= 4, w .. "x" .. h)
+  well_formed(svg)
+  -- the simulated picture says "units"
+  lu.assertStrContains(assert(onef1b(2, 2):simulate()):svg(), "time (units)")
+end
+
 function TestSvg:test_write_svg_atomic()
   local res = assert(onef1b(2, 2):simulate())
   local path = os.tmpname()
