@@ -55,5 +55,8 @@ expect_rc "unknown family exits 2" 2 "$LP" schedule nosuch
 expect_in "unknown family message" "$tmp/err" "unknown schedule family 'nosuch'"
 expect_rc "unwritable svg exits 1" 1 "$LP" simulate 1f1b --svg /nonexistent/dir/x.svg
 [ ! -e /nonexistent/dir/x.svg ] && ok "nothing half-written" || bad "file appeared"
+expect_in "unwritable svg: the user's path and the reason" "$tmp/err" \
+  "cannot create /nonexistent/dir/x.svg: there is no folder /nonexistent/dir"
+grep -q "x.svg.tmp" "$tmp/err" && bad "svg error names the temporary file" || ok "no temporary named"
 
 finish
