@@ -100,7 +100,7 @@ end
 
 -- schedule.from_json(text) -> Schedule | nil, err (the to_json format)
 function M.from_json(text, origin)
-  local json = require("dkjson")
+  local json = require("luapipe.json")
   local t, _, err = json.decode(text)
   origin = origin or "json"
   if not t then return nil, origin .. ": " .. tostring(err) end

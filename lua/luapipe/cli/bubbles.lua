@@ -108,7 +108,7 @@ function M.run(args)
   local rows = {}
   for _, fam in ipairs(order) do rows[#rows + 1] = M.measure(fam, P, Mb, v, full) end
   if args.format == "json" then
-    local json = require("dkjson")
+    local json = require("luapipe.json")
     io.write(json.encode({ pp = P, microbatches = Mb, chunks = v, cost = full, rows = rows },
       { indent = true }), "\n")
     return 0
