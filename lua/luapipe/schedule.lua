@@ -177,7 +177,7 @@ end
 -- schedule.from_json(text[, origin]) -> Schedule | nil, err (the to_json
 -- format). Errors name the field: "s.json: virtual_stages[1] must be an object".
 function M.from_json(text, origin)
-  local json = require("dkjson")
+  local json = require("luapipe.json")
   origin = origin or "json"
   if type(text) ~= "string" then return nil, origin .. ": expected JSON text, got " .. type(text) end
   local t, _, err = json.decode(text)

@@ -481,7 +481,7 @@ function TestSimulate:test_close()
 end
 
 function TestSimulate:test_trace()
-  local json = require("dkjson")
+  local json = require("luapipe.json")
   local res = assert(onef1b(2, 2):simulate { latency = 0.5 })
   local t = json.decode(res:trace_json())
   lu.assertEquals(t.displayTimeUnit, "ms")

@@ -118,7 +118,7 @@ function M.run(args)
     rows[#rows + 1] = row
   end
   if args.format == "json" then
-    local json = require("dkjson")
+    local json = require("luapipe.json")
     io.write(json.encode({ pp = P, microbatches = Mb, chunks = v, cost = full, rows = rows },
       { indent = true }), "\n")
     return 0

@@ -19,7 +19,7 @@ function M.parser(p)
 end
 
 local function result_json(s, res, cost)
-  local json = require("dkjson")
+  local json = require("luapipe.json")
   local info = s:info()
   local ranks = {}
   for i, r in ipairs(res:ranks()) do
