@@ -57,7 +57,7 @@ struct lp_nn_layer {
   unsigned param_gen;
 };
 
-#define NN_SLOTS 24
+#define NN_SLOTS 28
 
 struct lp_nn_ctx {
   lp_nn_ctx *root;          /* where error text goes */

@@ -207,6 +207,48 @@ lp_status lp_tensor_softmax_rows(lp_tensor *y, const lp_tensor *x) {
   return BE(x)->softmax_rows(BE(x), rows, cols, x->data, y->data);
 }
 
+/* ---- row gather / index-add ---- */
+
+/* Checks the shared preconditions: n indices in [0, bound); *cols = the
+ * common row width. */
+static lp_status rows_op_check(const lp_tensor *out, const lp_tensor *x,
+                               const int64_t *idx, int64_t n, int64_t bound,
+                               int64_t *cols) {
+  int64_t oc, xc;
+  if (!out || !x || (n && !idx) || !one_backend(out, x)) return LP_ERR_ARG;
+  if (!lp_tensor_is_contiguous(out) || !lp_tensor_is_contiguous(x))
+    return LP_ERR_ARG;
+  lp_tensor_rows_cols(out, NULL, &oc);
+  lp_tensor_rows_cols(x, NULL, &xc);
+  if (oc != xc) return LP_ERR_ARG;
+  for (int64_t i = 0; i < n; i++)
+    if (idx[i] < 0 || idx[i] >= bound) return LP_ERR_ARG;
+  *cols = oc;
+  return LP_OK;
+}
+
+lp_status lp_tensor_gather_rows(lp_tensor *out, const lp_tensor *x,
+                                const int64_t *idx, const float *scale) {
+  int64_t n, xr, cols;
+  if (!out || !x) return LP_ERR_ARG;
+  lp_tensor_rows_cols(out, &n, NULL);
+  lp_tensor_rows_cols(x, &xr, NULL);
+  LP_CHECK(rows_op_check(out, x, idx, n, xr, &cols));
+  return BE(out)->gather_rows(BE(out), n, cols, x->data, idx, scale,
+                              out->data);
+}
+
+lp_status lp_tensor_index_add_rows(lp_tensor *out, const lp_tensor *x,
+                                   const int64_t *idx, const float *scale) {
+  int64_t n, orows, cols;
+  if (!out || !x) return LP_ERR_ARG;
+  lp_tensor_rows_cols(x, &n, NULL);
+  lp_tensor_rows_cols(out, &orows, NULL);
+  LP_CHECK(rows_op_check(out, x, idx, n, orows, &cols));
+  return BE(out)->scatter_add_rows(BE(out), n, cols, x->data, idx, scale,
+                                   out->data);
+}
+
 /* ---- GEMM ---- */
 
 typedef struct {
