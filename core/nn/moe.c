@@ -810,34 +810,13 @@ static const nn_phased moe_phased = {moe_advance, moe_phase};
 
 /* ---- parameters and placement ---- */
 
-/* A new owned param named "<layer>.<suffix>" (value initialised from
- * (seed, name) with N(0, std), zero grad) into *p. */
+/* A new owned [r, c] param "<layer>.<suffix>" ~ N(0, std) from (seed,
+ * name), zero grad. */
 static lp_status make_param(const lp_nn_layer *l, const char *suffix,
                             int64_t r, int64_t c, float std, uint64_t seed,
                             lp_nn_param *p) {
-  memset(p, 0, sizeof *p);
-  size_t n = strlen(l->name) + strlen(suffix) + 2;
-  char *name = lp_malloc(n);
-  if (!name) return LP_ERR_NOMEM;
-  snprintf(name, n, "%s%s%s", l->name, l->name[0] ? "." : "", suffix);
-  p->name = name;
-  p->init = LP_NN_INIT_NORMAL;
-  p->init_std = std;
-  lp_status st = new2(r, c, &p->value);
-  if (st == LP_OK) st = lp_tensor_zeros(NULL, 2, (int64_t[]){r, c}, &p->grad);
-  if (st == LP_OK) {
-    lp_tensor_rng rng;
-    lp_tensor_rng_seed_name(&rng, seed, name);
-    st = lp_tensor_fill_normal(p->value, &rng, 0.0f, std);
-  }
-  return st;
-}
-
-static void free_param(lp_nn_param *p) {
-  lp_free((char *)p->name);
-  lp_tensor_free(p->value);
-  lp_tensor_free(p->grad);
-  memset(p, 0, sizeof *p);
+  return nn_param_make(l, suffix, 2, (int64_t[]){r, c}, LP_NN_INIT_NORMAL, std,
+                       seed, p);
 }
 
 /* The three params of expert e for a new slot: fresh (from seed), or a
@@ -925,7 +904,7 @@ static lp_status apply_placement(lp_nn_layer *l, int size, int rank, int spr,
     }
   }
   for (size_t i = m->slot0; i < old_n; i++)
-    free_param(&l->params[i]);
+    nn_param_free(&l->params[i]);
   lp_free(l->params);
   l->params = np;
   l->nparams = n;
@@ -938,7 +917,7 @@ static lp_status apply_placement(lp_nn_layer *l, int size, int rank, int spr,
 fail:
   if (np)
     for (size_t i = m->slot0; i < n; i++)
-      free_param(&np[i]);
+      nn_param_free(&np[i]);
   lp_free(np), lp_free(src), lp_free(taken), lp_free(p2), lp_free(rs);
   lp_free(rsl);
   return st;
