@@ -1129,3 +1129,27 @@ lp_nn_layer *lp_nn_moe_find(const lp_nn_layer *l, int i) {
   }
   return NULL;
 }
+
+lp_status lp_nn_param_roles(const lp_nn_layer *l, lp_nn_param_role *roles,
+                            size_t n) {
+  size_t np;
+  const lp_nn_param *ps = lp_nn_params(l, &np);
+  if (!l || (n && !roles) || n != np) return LP_ERR_ARG;
+  for (size_t i = 0; i < np; i++)
+    roles[i] = (lp_nn_param_role){-1, -1, -1};
+  int count = lp_nn_moe_count(l);
+  for (int k = 0; k < count; k++) {
+    const lp_nn_layer *m = lp_nn_moe_find(l, k);
+    const struct nn_moe *mm = m->moe;
+    for (size_t j = 0; j < m->nparams; j++) {
+      lp_nn_param_role r = {k, -1, -1};
+      if (j >= mm->slot0) {
+        r.slot = mm->rank * mm->spr + (int)((j - mm->slot0) / 3);
+        r.expert = mm->p2l[r.slot];
+      }
+      for (size_t i = 0; i < np; i++)
+        if (ps[i].value == m->params[j].value) roles[i] = r;
+    }
+  }
+  return LP_OK;
+}

@@ -1079,6 +1079,23 @@ static long ep_check(int k, int block, int spr, const int *p2l,
     lp_tensor_free(sum);
   }
   printf("# ep=%d: %zu param grads, worst rel err %.2e\n", k, n0, worst);
+  /* roles name the routed experts' params and nothing else */
+  for (int r = 0; r < k; r++) {
+    size_t n;
+    const lp_nn_param *ps = lp_nn_params(ls[r], &n);
+    lp_nn_param_role *roles = calloc(n, sizeof *roles);
+    assert_int_equal(lp_nn_param_roles(ls[r], roles, n), LP_OK);
+    int experts = 0, holders = lp_nn_moe_slots_per_rank(lp_nn_moe_find(ls[r], 0));
+    for (size_t j = 0; j < n; j++) {
+      char want[64];
+      snprintf(want, sizeof want, ".experts.%d.", roles[j].expert);
+      assert_int_equal(roles[j].expert >= 0, strstr(ps[j].name, ".experts.") != NULL);
+      if (roles[j].expert >= 0) assert_non_null(strstr(ps[j].name, want)), experts++;
+      assert_int_equal(roles[j].moe >= 0, strstr(ps[j].name, ".moe.") != NULL);
+    }
+    assert_int_equal(experts, 3 * holders);
+    free(roles);
+  }
   /* loads: the ranks' counts add up to the reference's */
   int64_t l0[8], lr[8], tot[8] = {0};
   assert_int_equal(lp_nn_moe_expert_load(lp_nn_moe_find(ref, 0), l0), LP_OK);
@@ -1192,6 +1209,16 @@ static void test_moe_placement_move(void **state) {
       assert_string_equal(sp[0].name, want);
       /* an expert this rank held keeps its values without an import */
       int held = p2[s] / 2 == r;
+      if (s == r * 3) { /* roles: router dense, slots by slot and expert */
+        lp_nn_param_role roles[1 + 9];
+        assert_int_equal(lp_nn_param_roles(ls[r], roles, 10), LP_OK);
+        assert_true(roles[0].moe == 0 && roles[0].slot == -1 &&
+                    roles[0].expert == -1);
+        for (int i = 1; i < 10; i++)
+          assert_true(roles[i].moe == 0 && roles[i].slot == r * 3 + (i - 1) / 3 &&
+                      roles[i].expert == p2[r * 3 + (i - 1) / 3]);
+        assert_int_equal(lp_nn_param_roles(ls[r], roles, 9), LP_ERR_ARG);
+      }
       if (held) assert_true(lp_tensor_equal(sp[0].value, saved[p2[s]][0]));
       for (int i = 0; i < 3; i++)
         assert_int_equal(lp_tensor_copy(sp[i].value, saved[p2[s]][i]), LP_OK);
