@@ -1141,6 +1141,88 @@ static void test_moe_ep_equivalence(void **state) {
   ep_check(3, 1, 3, r3, NULL, NULL);
 }
 
+/* An overlapped F&B pair on 2 EP ranks: the forward of micro-batch 1 and
+ * the input-grad of micro-batch 0 advanced alternately (each one's
+ * exchange in flight while the other computes) give the same bits as
+ * running them one after the other. */
+static void test_moe_overlapped_pair(void **state) {
+  (void)state;
+  enum { K = 2 };
+  lp_nn_moe_opts o = moe_opts(8, 6, 4, 2);
+  o.shared = 1;
+  lp_tensor *x0 = randn(3, SH(2, 3, 8), 71), *x1 = randn(3, SH(2, 3, 8), 72),
+            *dy = randn(3, SH(2, 3, 8), 73);
+  lp_tensor *y[2][K] = {{NULL}}, *dx[2][K] = {{NULL}}, *y0[K] = {NULL};
+  lp_tensor *g[2][64] = {{NULL}};
+  size_t ng = 0;
+  for (int mode = 0; mode < 2; mode++) { /* 0: sequential, 1: interleaved */
+    fake_world w = {0};
+    fake_rank fr[K];
+    lp_nn_layer *ls[K];
+    lp_nn_ctx *c0[K], *c1[K];
+    w.k = K;
+    for (int r = 0; r < K; r++) {
+      fr[r] = (fake_rank){&w, r};
+      lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
+      assert_int_equal(lp_nn_moe_block_new("b", 2, &o, 5, &ls[r]), LP_OK);
+      assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
+      assert_int_equal(lp_nn_ctx_new(&c0[r]), LP_OK);
+      assert_int_equal(lp_nn_ctx_new(&c1[r]), LP_OK);
+      assert_int_equal(lp_nn_forward_begin(ls[r], c0[r], x0), LP_OK);
+    }
+    drive(ls, c0, K, y0, NULL, 0);
+    for (int r = 0; r < K; r++) {
+      lp_tensor_free(y0[r]);
+      assert_int_equal(lp_nn_forward_begin(ls[r], c1[r], x1), LP_OK);
+      assert_int_equal(lp_nn_input_grad_begin(ls[r], c0[r], dy), LP_OK);
+    }
+    if (mode == 0) {
+      drive(ls, c1, K, y[mode], NULL, 0);
+      drive(ls, c0, K, dx[mode], NULL, 0);
+    } else {
+      int fd = 0, bd = 0, overlapped = 0;
+      while (!fd || !bd) {
+        for (int half = 0; half < 2; half++) {
+          int *d = half ? &bd : &fd;
+          if (*d) continue;
+          for (int r = 0; r < K; r++) {
+            int dd = 0;
+            lp_nn_ctx *c = half ? c0[r] : c1[r];
+            lp_tensor **out = half ? &dx[mode][r] : &y[mode][r];
+            assert_int_equal(lp_nn_advance(ls[r], c, &dd, out), LP_OK);
+            if (lp_nn_ctx_exchange_pending(c0[r]) &&
+                lp_nn_ctx_exchange_pending(c1[r]))
+              overlapped++;
+            if (r == K - 1) *d = dd;
+          }
+        }
+      }
+      assert_true(overlapped > 0); /* both exchanges in flight at once */
+    }
+    for (int r = 0; r < K; r++) {
+      assert_int_equal(lp_nn_weight_grad(ls[r], c0[r], NULL), LP_OK);
+      size_t n;
+      const lp_nn_param *ps = lp_nn_params(ls[r], &n);
+      for (size_t i = 0; i < n; i++)
+        g[mode][r * 32 + i] = like(ps[i].grad);
+      ng = n;
+      lp_nn_ctx_free(c0[r]), lp_nn_ctx_free(c1[r]);
+      lp_nn_layer_release(ls[r]);
+    }
+  }
+  for (int r = 0; r < K; r++) {
+    assert_true(lp_tensor_equal(y[0][r], y[1][r]));
+    assert_true(lp_tensor_equal(dx[0][r], dx[1][r]));
+    for (size_t i = 0; i < ng; i++) {
+      assert_true(lp_tensor_equal(g[0][r * 32 + i], g[1][r * 32 + i]));
+      lp_tensor_free(g[0][r * 32 + i]), lp_tensor_free(g[1][r * 32 + i]);
+    }
+    for (int m = 0; m < 2; m++)
+      lp_tensor_free(y[m][r]), lp_tensor_free(dx[m][r]);
+  }
+  lp_tensor_free(x0), lp_tensor_free(x1), lp_tensor_free(dy);
+}
+
 /* Moving expert weights to a new placement: export every slot's values
  * by logical expert, apply the new placement, import into the slots this
  * rank did not hold before; the outputs are unchanged. */
@@ -1436,6 +1518,7 @@ int main(void) {
       cmocka_unit_test(test_grad_moe),
       cmocka_unit_test(test_grad_moe_block),
       cmocka_unit_test(test_moe_ep_equivalence),
+      cmocka_unit_test(test_moe_overlapped_pair),
       cmocka_unit_test(test_moe_placement_move),
       cmocka_unit_test(test_moe_bias_and_errors),
       cmocka_unit_test(test_moe_oom),
