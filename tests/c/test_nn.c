@@ -1387,6 +1387,25 @@ static void test_moe_bias_and_errors(void **state) {
   bo.groups = 3, bo.topk_groups = 1, bo.topk = 3; /* 1 group of 2 < top-3 */
   assert_int_equal(lp_nn_moe_new("x", &bo, 1, &l2), LP_ERR_ARG);
   assert_null(l2);
+  /* a placement change re-lists the chunks holding the MoE, not others */
+  lp_nn_layer *lin = NULL, *other = NULL, *holder = NULL;
+  assert_int_equal(lp_nn_linear_new("lin", 8, 8, 1, 1, &lin), LP_OK);
+  assert_int_equal(lp_nn_chunk_new("other", &lin, 1, &other), LP_OK);
+  lp_nn_layer *pair[2] = {lin, m};
+  assert_int_equal(lp_nn_chunk_new("holder", pair, 2, &holder), LP_OK);
+  size_t n_other, n_holder;
+  const lp_nn_param *po = lp_nn_params(other, &n_other);
+  lp_nn_params(holder, &n_holder);
+  assert_int_equal(n_holder, 2 + 1 + 3 * 4);
+  const int two_each[] = {0, 1, 2, 3, 0, 1}; /* one rank, 6 slots */
+  assert_int_equal(lp_nn_moe_set_placement(m, 6, two_each), LP_OK);
+  assert_ptr_equal(lp_nn_params(other, NULL), po);
+  lp_nn_params(holder, &n_holder);
+  assert_int_equal(n_holder, 2 + 1 + 3 * 6);
+  assert_int_equal(lp_nn_param_numel(holder),
+                   8 * 8 + 8 + 4 * 8 + 6 * 3 * 4 * 8);
+  lp_nn_layer_release(lin), lp_nn_layer_release(other);
+  lp_nn_layer_release(holder);
   const int missing[] = {0, 1, 1, 3}; /* expert 2 nowhere */
   assert_int_equal(lp_nn_moe_set_placement(m, 4, missing), LP_ERR_ARG);
   const int out_of_range[] = {0, 1, 2, 4};
