@@ -1141,6 +1141,69 @@ static void test_moe_ep_equivalence(void **state) {
   ep_check(3, 1, 3, r3, NULL, NULL);
 }
 
+/* A rank whose experts get no tokens (the bias sends every token to
+ * experts 0 and 1, both on rank 0) receives and returns empty blocks; the
+ * results still match EP = 1. */
+static void test_moe_ep_idle_rank(void **state) {
+  (void)state;
+  enum { K = 2 };
+  lp_nn_moe_opts o = moe_opts(8, 6, 4, 2);
+  const float bias[4] = {5, 5, 0, 0};
+  lp_tensor *x = randn(2, SH(6, 8), 81), *dy = randn(2, SH(6, 8), 82);
+  lp_nn_layer *ref = NULL, *ls[K];
+  lp_nn_ctx *c0 = NULL, *cs[K];
+  lp_tensor *y0 = NULL, *dx0 = NULL, *ys[K] = {NULL}, *dxs[K] = {NULL},
+            *xs[K], *dys[K];
+  assert_int_equal(lp_nn_moe_new("m", &o, 2, &ref), LP_OK);
+  assert_int_equal(lp_nn_moe_set_bias(ref, bias), LP_OK);
+  assert_int_equal(lp_nn_ctx_new(&c0), LP_OK);
+  assert_int_equal(lp_nn_forward(ref, c0, x, &y0), LP_OK);
+  assert_int_equal(lp_nn_backward(ref, c0, dy, &dx0), LP_OK);
+  fake_world w = {0};
+  fake_rank fr[K];
+  w.k = K;
+  for (int r = 0; r < K; r++) {
+    fr[r] = (fake_rank){&w, r};
+    lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
+    assert_int_equal(lp_nn_moe_new("m", &o, 2, &ls[r]), LP_OK);
+    assert_int_equal(lp_nn_moe_set_bias(ls[r], bias), LP_OK);
+    assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
+    assert_int_equal(lp_nn_ctx_new(&cs[r]), LP_OK);
+    assert_int_equal(lp_tensor_rows(x, r * 3, 3, &xs[r]), LP_OK);
+    assert_int_equal(lp_tensor_rows(dy, r * 3, 3, &dys[r]), LP_OK);
+    assert_int_equal(lp_nn_forward_begin(ls[r], cs[r], xs[r]), LP_OK);
+  }
+  drive(ls, cs, K, ys, NULL, 0);
+  for (int r = 0; r < K; r++)
+    assert_int_equal(lp_nn_input_grad_begin(ls[r], cs[r], dys[r]), LP_OK);
+  drive(ls, cs, K, dxs, NULL, 0);
+  for (int r = 0; r < K; r++) {
+    assert_true(rel_rows(ys[r], y0, r * 3) <= 1e-5);
+    assert_true(rel_rows(dxs[r], dx0, r * 3) <= 1e-5);
+    assert_int_equal(lp_nn_weight_grad(ls[r], cs[r], NULL), LP_OK);
+  }
+  /* rank 1's experts (2, 3) saw nothing: zero grads; rank 0's match */
+  const lp_nn_param *p0 = lp_nn_params(ref, NULL);
+  const lp_nn_param *p1 = lp_nn_params(ls[1], NULL);
+  double g;
+  for (int i = 1; i < 7; i++) {
+    assert_int_equal(lp_tensor_dot(p1[i].grad, p1[i].grad, &g), LP_OK);
+    assert_true(g == 0.0);
+    assert_true(rel_rows(lp_nn_params(ls[0], NULL)[i].grad, p0[i].grad, 0) <=
+                1e-5);
+  }
+  for (int r = 0; r < K; r++) {
+    lp_nn_ctx_free(cs[r]);
+    lp_nn_layer_release(ls[r]);
+    lp_tensor_free(ys[r]), lp_tensor_free(dxs[r]);
+    lp_tensor_free(xs[r]), lp_tensor_free(dys[r]);
+  }
+  lp_nn_ctx_free(c0);
+  lp_nn_layer_release(ref);
+  lp_tensor_free(x), lp_tensor_free(dy), lp_tensor_free(y0),
+      lp_tensor_free(dx0);
+}
+
 /* An overlapped F&B pair on 2 EP ranks: the forward of micro-batch 1 and
  * the input-grad of micro-batch 0 advanced alternately (each one's
  * exchange in flight while the other computes) give the same bits as
@@ -1537,6 +1600,7 @@ int main(void) {
       cmocka_unit_test(test_grad_moe),
       cmocka_unit_test(test_grad_moe_block),
       cmocka_unit_test(test_moe_ep_equivalence),
+      cmocka_unit_test(test_moe_ep_idle_rank),
       cmocka_unit_test(test_moe_overlapped_pair),
       cmocka_unit_test(test_moe_placement_move),
       cmocka_unit_test(test_moe_bias_and_errors),
