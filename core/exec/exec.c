@@ -506,21 +506,26 @@ static lp_status reduce_start(lp_exec *e, int li) {
   return LP_OK;
 }
 
+/* Waits for the messages of local vstage li's reduction (WAIT_REDUCE_GRAD;
+ * a no-op once they are done or when none was started). */
+static lp_status reduce_wait(lp_exec *e, int li) {
+  vst *vs = &e->vs[li];
+  for (int u = 0; u < 2 * e->V; u++) {
+    if (!vs->red_req[u]) continue;
+    char what[200];
+    snprintf(what, sizeof what,
+             "rank %d, REDUCE_GRAD of stage %d (model stage %d) waits for rank %d",
+             e->rank, vs->id, vs->stage, e->vrank[u % e->V]);
+    LP_CHECK(wait_req(e, &vs->red_req[u], what));
+  }
+  return LP_OK;
+}
+
 /* Waits for every reduction and writes sum-of-copies (in vstage id order,
  * so every copy gets bitwise the same numbers) into the grads. */
 static lp_status reduce_finish(lp_exec *e) {
-  for (int li = 0; li < e->nloc; li++) {
-    vst *vs = &e->vs[li];
-    if (!vs->reduced) continue;
-    for (int u = 0; u < 2 * e->V; u++) {
-      if (!vs->red_req[u]) continue;
-      char what[200];
-      snprintf(what, sizeof what,
-               "rank %d, REDUCE_GRAD of stage %d (model stage %d) waits for rank %d",
-               e->rank, vs->id, vs->stage, e->vrank[u % e->V]);
-      LP_CHECK(wait_req(e, &vs->red_req[u], what));
-    }
-  }
+  for (int li = 0; li < e->nloc; li++)
+    if (e->vs[li].reduced) LP_CHECK(reduce_wait(e, li));
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     if (!vs->reduced) continue;
@@ -827,6 +832,11 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
   case LP_ACT_REDUCE_GRAD:
     if (e->loc[a->stage] < 0 || !replicated(e, a->stage)) return LP_OK;
     return reduce_start(e, e->loc[a->stage]);
+  case LP_ACT_WAIT_REDUCE_GRAD:
+    if (e->loc[a->stage] < 0) return LP_OK;
+    return reduce_wait(e, e->loc[a->stage]);
+  case LP_ACT_UNSHARD:
+  case LP_ACT_RESHARD: return LP_OK; /* stages are never sharded here */
   default: return LP_ERR_INTERNAL;
   }
 }
