@@ -15,6 +15,7 @@
 
 #include "comm_internal.h"
 #include "lp_comm.h"
+#include "lp_sim.h"
 #include "lp_test_oom.h"
 
 /* ---- the self backend ---- */
@@ -400,6 +401,26 @@ static void test_link_parse(void **state) {
   lp_link_format(&l, text, sizeof text);
   assert_string_equal(text, "none");
   assert_true(lp_link_time(NULL, 5) == 0);
+  /* all-to-all-v: latency + the larger direction; nothing moving is free;
+   * the simulator's phase cost is the same formula */
+  assert_int_equal(lp_link_parse("lat=1ms,bw=1MB/s", &l, err), LP_OK);
+  assert_true(fabs(lp_link_alltoallv_time(&l, 3000, 5000) - 0.006) < 1e-15);
+  assert_true(fabs(lp_link_alltoallv_time(&l, 5000, 0) - 0.006) < 1e-15);
+  assert_true(lp_link_alltoallv_time(&l, 0, 0) == 0);
+  lp_sim_cost sc;
+  lp_sim_cost_init(&sc);
+  assert_true(lp_sim_alltoallv_time(&sc, 4000, 4000) == 0); /* no link */
+  sc.link = l;
+  assert_true(lp_sim_alltoallv_time(&sc, 4000, 1000) == lp_link_alltoallv_time(&l, 4000, 1000));
+  assert_true(lp_sim_alltoallv_time(NULL, 1, 1) == 0);
+  double delay;
+  sc.message_bytes = 2000;
+  sc.latency = 0.5;
+  assert_int_equal(lp_sim_message_delay(&sc, &delay, err), LP_OK);
+  assert_true(fabs(delay - (0.5 + 0.001 + 0.002)) < 1e-15);
+  sc.message_bytes = -1;
+  assert_int_equal(lp_sim_message_delay(&sc, &delay, err), LP_ERR_ARG);
+  assert_string_equal(err, "cost model: bytes = -1 must be a number in 0..1e+15");
   expect_link_error("lat=50,bw=2GB/s",
                     "link 'lat=50,bw=2GB/s': lat=50 needs a unit (us, ms or s)");
   expect_link_error("lat=50ns", "link 'lat=50ns': lat=50ns has an unknown unit "
