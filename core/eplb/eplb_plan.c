@@ -355,7 +355,7 @@ lp_status lp_eplb_rebalance(const double *load, int layers, int experts,
       eplb_relabel_layer(&d, prev, &ws, map, rank, home);
       if (opt->max_moves >= 0 && eplb_copies(&d, prev, map, &ws, NULL) > opt->max_moves) {
         int *tmp = ws.c_phy2log;
-        eplb_budget_layer(&d, row, prev, map, opt->max_moves, &ws, tmp);
+        eplb_budget_layer(&d, row, prev, opt->max_moves, &ws, tmp);
         memcpy(map, tmp, (size_t)replicas * sizeof *map);
         eplb_rank_slots(&d, map, home, ws.ia, rank);
       }

@@ -443,6 +443,76 @@ static void test_copy_budget(void **state) {
   lp_eplb_plan_free(old);
 }
 
+/* A drifting series (Zipf-0.8 popularity, lognormal drift sigma 0.25 and
+ * two rank swaps per layer per window): the plan made against the one in
+ * force with a 10% copy budget stays within 1% of the from-scratch plan's
+ * GPU max/mean, copies at most 10% of the slots in every layer, and beats
+ * keeping the stale plan (which misses the 1% bound: the test can fail). */
+static double std_normal(void) {
+  double u1 = ((double)(next_u64() >> 11) + 0.5) / 9007199254740992.0;
+  double u2 = ((double)(next_u64() >> 11) + 0.5) / 9007199254740992.0;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static void test_drifting_series(void **state) {
+  (void)state;
+  rng = 99;
+  enum { L = 6, E = 64, R = 80, G = 16, NODES = 4, GROUPS = 8, WINDOWS = 6 };
+  const int budget = R / 10;
+  double w[L * E], load[L * E];
+  for (int l = 0; l < L; l++) {
+    int perm[E];
+    for (int e = 0; e < E; e++) perm[e] = e;
+    for (int e = E - 1; e > 0; e--) {
+      int j = rand_int(0, e), t = perm[e];
+      perm[e] = perm[j];
+      perm[j] = t;
+    }
+    for (int r = 0; r < E; r++) w[l * E + perm[r]] = pow(r + 1.0, -0.8);
+  }
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  for (int i = 0; i < L * E; i++) load[i] = floor(4096 * w[i] + 0.5);
+  lp_eplb_plan *inc = plan_or_fail(load, L, E, R, GROUPS, NODES, G, &o);
+  int stale_misses = 0;
+  for (int t = 0; t < WINDOWS; t++) {
+    for (int i = 0; i < L * E; i++) w[i] *= exp(0.25 * std_normal());
+    for (int l = 0; l < L; l++)
+      for (int q = 0; q < 2; q++) {
+        int a = rand_int(0, E - 1), b = rand_int(0, E - 1);
+        double x = w[l * E + a];
+        w[l * E + a] = w[l * E + b];
+        w[l * E + b] = x;
+      }
+    for (int i = 0; i < L * E; i++) load[i] = floor(4096 * w[i] + 0.5);
+    lp_eplb_options_init(&o);
+    lp_eplb_plan *scratch = plan_or_fail(load, L, E, R, GROUPS, NODES, G, &o), *stale;
+    char err[LP_ERRLEN];
+    assert_int_equal(lp_eplb_evaluate(load, L, E, lp_eplb_plan_phy2log(inc), R, NODES, G, NULL,
+                                      &stale, err), LP_OK);
+    o.previous = lp_eplb_plan_phy2log(inc);
+    o.max_moves = budget;
+    lp_eplb_plan *next = plan_or_fail(load, L, E, R, GROUPS, NODES, G, &o);
+    check_invariants(next);
+    lp_eplb_stats ss, si, st;
+    lp_eplb_plan_stats(scratch, &ss);
+    lp_eplb_plan_stats(next, &si);
+    lp_eplb_plan_stats(stale, &st);
+    if (si.gpu_max_over_mean > 1.01 * ss.gpu_max_over_mean)
+      fail_msg("window %d: incremental GPU max/mean %.4f > 1.01 x from-scratch %.4f", t,
+               si.gpu_max_over_mean, ss.gpu_max_over_mean);
+    for (int l = 0; l < L; l++) assert_true(lp_eplb_plan_layer_stats(next)[l].copies <= budget);
+    assert_true(si.copies > 0);
+    stale_misses += st.gpu_max_over_mean > 1.01 * ss.gpu_max_over_mean;
+    lp_eplb_plan_free(scratch);
+    lp_eplb_plan_free(stale);
+    lp_eplb_plan_free(inc);
+    inc = next;
+  }
+  assert_true(stale_misses > 0);
+  lp_eplb_plan_free(inc);
+}
+
 /* ---- widths, evaluation ---- */
 
 static void test_fixed_x_and_evaluate(void **state) {
@@ -650,6 +720,7 @@ int main(void) {
       cmocka_unit_test(test_spill),
       cmocka_unit_test(test_relabel_keeps_everything),
       cmocka_unit_test(test_copy_budget),
+      cmocka_unit_test(test_drifting_series),
       cmocka_unit_test(test_fixed_x_and_evaluate),
       cmocka_unit_test(test_degenerate),
       cmocka_unit_test(test_errors),
