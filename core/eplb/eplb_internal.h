@@ -36,6 +36,8 @@ typedef struct eplb_dims {
 typedef struct eplb_ws eplb_ws;
 struct eplb_ws {
   int n;           /* max(E, R, G, groups) + 1: size of the "n" arrays */
+  int *slot_gpu, *slot_node; /* [n]: GPU and node of each slot (no division
+                                in the per-slot loops) */
   /* generic */
   double *dkey2;              /* [n] */
   uint64_t *s_k1, *s_k2; /* radix sort keys [n] */
