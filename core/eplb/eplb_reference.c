@@ -161,6 +161,7 @@ static void sort_desc_f32(const float *w, int n, int *order, eplb_ws *ws) {
  * Writes pack[i] and rank[i] (position inside the pack, in assignment
  * order), and item inv[p * (n/m) + r] for pack p, rank r. With one item per
  * pack, item i goes to pack i. */
+#define MIN64(x, y) ((x) < (y) ? (x) : (y))
 #define PUT(i, p, r)                                                           \
   do {                                                                         \
     pack[i] = (p);                                                             \
@@ -204,18 +205,22 @@ static void ref_pack(const float *w, int n, int m, int *pack, int *rank, int *in
     return;
   }
   if (m <= 16) {
-    /* few packs: a scan for the least (weight, pack) key of the non-full
-     * ones (full packs hold the largest key) */
+    /* few packs: the least (weight, pack) key of the non-full ones by a
+     * fixed reduction tree (the key carries the pack; full packs and the
+     * padding hold the largest key) */
     uint64_t key[16];
-    for (int p = 0; p < m; p++) key[p] = fbits(pw[p]) << 32 | (uint64_t)p;
+    const int width = m <= 8 ? 8 : 16;
+    for (int p = 0; p < 16; p++) key[p] = p < m ? fbits(pw[p]) << 32 | (uint64_t)p : UINT64_MAX;
     for (; t < n; t++) {
-      int i = order[t], p = 0;
-      uint64_t best = key[0];
-      for (int q = 1; q < m; q++) {
-        uint64_t kq = key[q];
-        p = kq < best ? q : p;
-        best = kq < best ? kq : best;
+      uint64_t a0 = MIN64(key[0], key[1]), a1 = MIN64(key[2], key[3]);
+      uint64_t a2 = MIN64(key[4], key[5]), a3 = MIN64(key[6], key[7]);
+      uint64_t best = MIN64(MIN64(a0, a1), MIN64(a2, a3));
+      if (width == 16) {
+        uint64_t b0 = MIN64(key[8], key[9]), b1 = MIN64(key[10], key[11]);
+        uint64_t b2 = MIN64(key[12], key[13]), b3 = MIN64(key[14], key[15]);
+        best = MIN64(best, MIN64(MIN64(b0, b1), MIN64(b2, b3)));
       }
+      int i = order[t], p = (int)(best & 0xffffffffu);
       PUT(i, p, cnt[p]);
       cnt[p]++;
       pw[p] = pw[p] + w[i]; /* float32 accumulation, as the reference */
@@ -240,6 +245,7 @@ static void ref_pack(const float *w, int n, int m, int *pack, int *rank, int *in
 }
 
 #undef PUT
+#undef MIN64
 
 /* replicate_experts: n logical experts (weights w) into num_phy physical
  * slots. Slot i < n holds expert i; each further slot goes to the expert
