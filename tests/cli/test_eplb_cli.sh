@@ -27,7 +27,7 @@ assert(s(doc.logical_to_physical[1]) == "[12],[15,13],[11],[6],[7,5],[0,2],[1],[
 assert(s(doc.logical_count[1]) == "1,2,1,1,2,2,1,1,1,1,2,1")
 assert(math.abs(doc.stats.balancedness - 0.8163691432754) < 1e-9, doc.stats.balancedness)
 assert(doc.stats.gpu_max_over_mean > 1 and #doc.stats.per_layer == 2 and doc.stats.solve_ms >= 0)
-assert(doc.stats.copies == json.null) -- JSON null without --previous
+assert(doc.stats.copies == nil) -- JSON null without --previous
 LUA
 check_vector() { "$LP" "$tmp/check.lua" "$1"; }
 
@@ -37,6 +37,7 @@ expect_rc "text loads, reference" 0 "$LP" eplb --loads "$tmp/v.txt" "${ARGS[@]}"
 check_vector "$tmp/out" && ok "README vector from text" || bad "README vector from text"
 expect_in "json keys" "$tmp/out" '"physical_to_logical":['
 expect_in "json map row" "$tmp/out" '    [5,6,5,7,8,4,3,4,10,9,10,2,0,1,11,1],'
+expect_in "no copies without --previous: null" "$tmp/out" '"copies":null,'
 
 expect_rc "output file" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode reference -o "$tmp/plan.json"
 expect_in "output file named" "$tmp/out" "wrote json plan to $tmp/plan.json"
