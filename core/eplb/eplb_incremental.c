@@ -409,8 +409,8 @@ static void consider(budget *b, const int *prev, int used, int limit, int known,
 static void polish(budget *b, const int *prev, int limit, eplb_ws *ws) {
   const eplb_dims *d = b->d;
   const int E = d->E, R = d->R, G = d->G, k = d->k;
-  enum { NCOLD = 16 };
-  int *cur = b->cur, *spare = ws->p_sort, cold[NCOLD];
+  enum { NCOLD = 16, NLIGHT = 32 };
+  int *cur = b->cur, cold[NCOLD];
   int *ong = ws->p_next, *hasa = ws->p_head; /* flags: expert on g; GPU holds a */
   double *xslot = ws->p_sum;                  /* load of each slot */
   memset(ong, 0, (size_t)E * sizeof *ong);
@@ -419,12 +419,10 @@ static void polish(budget *b, const int *prev, int limit, eplb_ws *ws) {
   for (int step = 0; step < 2 * limit + 16; step++) {
     budget_refresh(b, ws);
     int used = changed_slots(prev, cur, R), g = b->order[0];
-    /* the NCOLD experts one more replica would load least, lightest first,
-     * and the experts with replicas to spare */
-    int ncold = 0, nspare = 0;
+    /* the NCOLD experts one more replica would load least, lightest first */
+    int ncold = 0;
     for (int e = 0; e < E; e++) {
       double u = b->w[e] / (b->cnt[e] + 1);
-      if (b->cnt[e] >= 2) spare[nspare++] = e;
       if (ncold == NCOLD && u >= unit[NCOLD - 1]) continue;
       int i = ncold < NCOLD ? ncold++ : NCOLD - 1;
       while (i > 0 && unit[i - 1] > u) {
@@ -456,33 +454,31 @@ static void polish(budget *b, const int *prev, int limit, eplb_ws *ws) {
           c.n = 1, c.s[0] = s, c.to[0] = e;
           consider(b, prev, used, limit, 0, &c, &best);
         }
-      /* a gets a slot of expert x (x keeps a replica elsewhere): the slot
-       * of x on its lightest GPU without a */
-      for (int ix = 0; ix < nspare; ix++) {
-        int x = spare[ix], t = -1;
-        if (x == a) continue;
-        for (int q = b->start[x]; q < b->start[x + 1]; q++) {
-          int u = b->list[q], h = u / k;
-          if (h == g || hasa[h]) continue;
-          if (t < 0 || b->load[h] < b->load[t / k]) t = u;
+      /* on the NLIGHT lightest GPUs h without a: a gets slot t of an expert
+       * x that keeps a replica elsewhere, or s and t swap (then only g and
+       * h change) */
+      for (int r = G - 1, seen = 0; r > 0 && seen < NLIGHT; r--) {
+        int h = b->order[r];
+        if (h == g || hasa[h]) continue;
+        seen++;
+        double lh = b->load[h];
+        for (int t = h * k; t < (h + 1) * k; t++) {
+          int x = cur[t];
+          if (x == a) continue;
+          double xt = xslot[t];
+          if (b->cnt[x] >= 2 && lh - xt + xa < top) {
+            c.n = 1, c.s[0] = t, c.to[0] = a;
+            consider(b, prev, used, limit, 0, &c, &best);
+          }
+          double ng = top - xs + xt, nh = lh + xs - xt;
+          if (!(xt < xs) || nh >= top || ong[x]) continue;
+          double rest = G > 1 ? b->load[h != g2 ? g2 : g3] : 0;
+          c.m = ng > nh ? ng : nh;
+          if (rest > c.m) c.m = rest;
+          c.q = b->sq - top * top - lh * lh + ng * ng + nh * nh;
+          c.n = 2, c.s[0] = s, c.to[0] = x, c.s[1] = t, c.to[1] = a;
+          consider(b, prev, used, limit, 1, &c, &best);
         }
-        if (t < 0 || b->load[t / k] - b->w[x] / b->cnt[x] + xa >= top) continue;
-        c.n = 1, c.s[0] = t, c.to[0] = a;
-        consider(b, prev, used, limit, 0, &c, &best);
-      }
-      /* swap s with a slot t of another GPU: only g and h change */
-      for (int t = 0; t < R; t++) {
-        double xt = xslot[t];
-        if (!(xt < xs)) continue;
-        int h = t / k, x = cur[t];
-        double lh = b->load[h], ng = top - xs + xt, nh = lh + xs - xt;
-        if (h == g || nh >= top || hasa[h] || ong[x]) continue;
-        double rest = G > 1 ? b->load[h != g2 ? g2 : g3] : 0;
-        c.m = ng > nh ? ng : nh;
-        if (rest > c.m) c.m = rest;
-        c.q = b->sq - top * top - lh * lh + ng * ng + nh * nh;
-        c.n = 2, c.s[0] = s, c.to[0] = x, c.s[1] = t, c.to[1] = a;
-        consider(b, prev, used, limit, 1, &c, &best);
       }
       for (int q = b->start[a]; q < b->start[a + 1]; q++) hasa[b->list[q] / k] = 0;
     }
