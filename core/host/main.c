@@ -51,12 +51,12 @@ static void on_sigint(int sig) {
   if (L) lua_sethook(L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
 
-void host_sigint_install(int restart) {
+void host_sigint_install(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = restart ? SA_RESTART : 0;
+  sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, NULL);
 }
 
@@ -254,18 +254,26 @@ static int run_command(lua_State *L, char **argv, int argc, int *exit_code) {
   return LUA_OK;
 }
 
-/* Is argv[1] a subcommand? Asks luapipe.cli.is_command(name). */
+/* Is argv[1] a subcommand? Asks luapipe.cli.is_command(name): 1 or 0, or
+ * -1 after reporting an error (such as an early Ctrl-C). */
 static int is_command(lua_State *L, const char *name) {
   if (strchr(name, '.') || strchr(name, '/')) return 0;
   lua_getglobal(L, "require");
   lua_pushstring(L, "luapipe.cli");
-  if (host_docall(L, 1, 1) != LUA_OK) {
-    lua_pop(L, 1);
-    return 0;
+  int st = host_docall(L, 1, 1);
+  if (st != LUA_OK) {
+    host_report(L, st);
+    return -1;
   }
   lua_getfield(L, -1, "is_command");
   lua_pushstring(L, name);
-  int yes = host_docall(L, 1, 1) == LUA_OK && lua_toboolean(L, -1);
+  st = host_docall(L, 1, 1);
+  if (st != LUA_OK) {
+    host_report(L, st);
+    lua_pop(L, 1);
+    return -1;
+  }
+  int yes = lua_toboolean(L, -1);
   lua_pop(L, 2);
   return yes;
 }
@@ -330,8 +338,10 @@ static int pmain(lua_State *L) {
   }
   /* subcommand? A word that is neither a command nor a file is a usage
    * error (the message lists the commands). */
+  int command = argc >= 2 && argv[1][0] != '-' ? is_command(L, argv[1]) : 0;
+  if (command < 0) return 0;
   if (argc >= 2 && argv[1][0] != '-' &&
-      (is_command(L, argv[1]) || (!strchr(argv[1], '/') && access(argv[1], F_OK) != 0))) {
+      (command || (!strchr(argv[1], '/') && access(argv[1], F_OK) != 0))) {
     int code = 1;
     if (run_command(L, argv, argc, &code) == LUA_OK) ha->exit_code = code;
     return 0;
@@ -407,7 +417,7 @@ static int pmain(lua_State *L) {
 }
 
 int main(int argc, char **argv) {
-  host_sigint_install(1);
+  host_sigint_install();
   /* MPI first when under mpirun (atexit also finalizes, for os.exit) */
   if (lp_comm_mpi_init(&argc, &argv) != LP_OK) return 1;
   lua_State *L = luaL_newstate();
