@@ -11,8 +11,9 @@
 -- micro-batch number (a-z for 10-35 where a cell is one column wide): F as digits ("3"), B, I and W with their letter
 -- ("B3", "I3", "W3"), an overlapped F&B pair as "3&5" (forward of mb 3
 -- with backward of mb 5); "." is idle. On a colour terminal cells are also
--- coloured by type, pairs split in the F and B colours (NO_COLOR, TERM=dumb
--- or a non-terminal stdout turn colour off).
+-- coloured by type, pairs split in the F and B colours (show.use_color
+-- decides: the output must end at a terminal; NO_COLOR, TERM=dumb and
+-- --color=never turn colour off).
 local core = require("luapipe.core")
 
 local M = {}
