@@ -141,10 +141,26 @@ function test_counts_bounded_before_building()
   lu.assertEquals(error_of(schedule.build, "interleaved1f1b",
       { pp = 4, microbatches = 8, chunks = 1000000000 }),
     "interleaved1f1b: pp x chunks must be at most 65536 model stages, got 4 x 1000000000")
+  local rows = {}
+  for r = 0, 4096 do rows[#rows + 1] = string.format("%dF0,%dB0", r, r) end
+  lu.assertEquals({ schedule.from_csv_text(table.concat(rows, "\n"), "wide.csv") },
+    { nil, "wide.csv: ranks must be 1..4096, got 4097 (rows are ranks)" })
   -- ids are never truncated to int
   local s = core.schedule_new(1, 1, 1)
   lu.assertStrContains(error_of(s.set_route, s, 4294967296, { 0 }), "4294967296 is out of range")
   lu.assertStrContains(error_of(s.push_op, s, 0, "F", 4294967296, 0), "4294967296 is out of range")
+end
+
+function test_push_ops()
+  local s = schedule.new { ranks = 1, stages = 1, microbatches = 2 }
+  local C = core.action_codes
+  s:push_ops(0, { C.F, 0, 0, C.F, 0, 1, C.FB, 0, 1, C.B, 0, 0 })
+  s:push_ops(0, { C.B, 0, 1, C.REDUCE_GRAD, 0, -1 })
+  lu.assertEquals(s:actions(0), { "0F0", "0F1", "(0F1;0B0)OVERLAP_F_B", "0B1", "0REDUCE_GRAD" })
+  lu.assertEquals(error_of(s.push_ops, s, 0, { C.W, 0 }),
+    "push_ops: entry 1: the list ends inside an action")
+  lu.assertEquals(error_of(s.push_ops, s, 0, { C.W, 0, 5 }),
+    "rank 0, action 5 (0W5): micro-batch 5 is out of range 0..1")
 end
 
 function test_long_routes()
