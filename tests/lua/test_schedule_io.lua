@@ -170,63 +170,6 @@ function test_long_routes()
   lu.assertEquals({ s:validate() }, { true })
 end
 
-function test_tensor_sizes()
-  lu.assertEquals(error_of(core.tensor, { 2 ^ 32, 2 ^ 32 }),
-    "tensor of 18446744073709551616 elements is too large")
-  lu.assertEquals(error_of(core.tensor, { 2 ^ 62 }),
-    "tensor of 4611686018427387904 elements is too large")
-  lu.assertEquals(tostring(core.tensor({ 3, 4 })), "luapipe.Tensor [3, 4]")
-  lu.assertEquals(error_of(core.tensor, { 2, 2 }, { 1, 2, 3 }),
-    "tensor: 3 values given for a shape of 4 elements")
-end
-
-function test_set_params_names_the_argument()
-  local l = core.nn_layer(require("luapipe.nn").linear(2, 1), "l", 1)
-  lu.assertEquals(error_of(l.set_params, l, { [1] = { 1, 2 } }),
-    "set_params: keys must be parameter names, got a number key")
-  lu.assertEquals(error_of(l.set_params, l, { ["l.weight"] = 5 }),
-    "set_params: 'l.weight' must be a list of 2 numbers, got a number")
-  lu.assertEquals(error_of(l.set_params, l, { ["l.weight"] = { 1, "x" } }),
-    "set_params: 'l.weight' value 2 is not a number")
-end
-
-function test_cost_checked_in_one_place()
-  local sim = require("luapipe.sim")
-  lu.assertEquals(error_of(sim.parse_cost, "F=1e308"),
-    "cost item 'F=1e308': F = 1e+308 must be a number in 0..1e+15")
-  lu.assertEquals(error_of(sim.parse_cost, "B[3]=-1"),
-    "cost item 'B[3]=-1': B = -1 must be a number in 0..1e+15")
-  local s = schedule.build("1f1b", { pp = 2, microbatches = 2 })
-  lu.assertEquals(error_of(s.simulate, s, { F = 1e308 }),
-    "simulate: F = 1e+308 must be a number in 0..1e+15")
-  lu.assertEquals(error_of(s.simulate, s, { latency = -1 }),
-    "simulate: latency = -1 must be a number in 0..1e+15")
-  lu.assertEquals({ core.sim_check_time("W", 1e15) }, { true })
-  local ok, err = core.sim_check_time("W", 0 / 0)
-  lu.assertNil(ok)
-  lu.assertStrContains(err, "must be a number in 0..1e+15")
-end
-
-function test_binding_never_loads_lua_modules()
-  -- luapipe.core alone: C methods only; loading luapipe.schedule brings the
-  -- Lua layer's methods (it installs them on the C classes)
-  local code = [[
-    local c = require("luapipe.core")
-    local s = c.schedule_new(1, 1, 1)
-    s:add_vstage(0, 0); s:set_route(0, { 0 }); s:push(0, { "0F0", "0B0" })
-    local r = s:simulate()
-    local before = tostring(r.show) .. " " .. tostring(s.show) .. " "
-      .. tostring(package.loaded["luapipe.sim"])
-    require("luapipe.schedule")
-    io.write(before, " | ", type(r.show), " ", type(s.show), " ", type(r.summary))
-  ]]
-  local exe = arg[-1] or "luapipe"
-  local f = assert(io.popen(string.format("%q -e %q", exe, code)))
-  local out = f:read("a")
-  f:close()
-  lu.assertEquals(out, "nil nil nil | function function function")
-end
-
 function test_family_list_in_one_place()
   local schedules = require("luapipe.schedules")
   lu.assertEquals(schedule.families, schedules.list())
