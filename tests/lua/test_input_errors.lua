@@ -83,4 +83,24 @@ function test_model_shapes_argument()
   lu.assertEquals(m:shapes({ 4, 2 })[1], { 4, 3 })
 end
 
+function test_schedule_new_names_the_option()
+  local function new_err(o) return error_of(schedule.new, o) end
+  local base = function(extra)
+    local o = { ranks = 2, stages = 2, microbatches = 1 }
+    for k, v in pairs(extra) do o[k] = v end
+    return o
+  end
+  lu.assertEquals(new_err(base { routes = { 5 } }),
+    "schedule.new: the route of micro-batch 0 must be a list of virtual stage ids, got number")
+  lu.assertEquals(new_err(base { name = 3 }), "schedule.new: 'name' must be a string, got number")
+  lu.assertEquals(new_err(base { actions = { [0] = 5 } }),
+    "schedule.new: actions[0] must be a list of action strings, got number")
+  lu.assertEquals(new_err(base { placement = { { stage = 0, rank = 7 } } }),
+    "schedule.new: virtual stage 0: rank 7 is out of range 0..1")
+  lu.assertEquals(new_err(base { actions = { [1] = { "1F0", true } } }),
+    "schedule.new: rank 1: action 2 is not a string")
+  lu.assertEquals(new_err { ranks = 5000, stages = 2, microbatches = 1 },
+    "schedule.new: ranks must be 1..4096, got 5000")
+end
+
 os.exit(lu.LuaUnit.run())

@@ -130,7 +130,7 @@ function test_counts_bounded_before_building()
   lu.assertEquals(error_of(core.schedule_new, 4294967298, 2, 2),
     "ranks must be 1..4096, got 4294967298")
   lu.assertEquals(error_of(schedule.new, { ranks = 2, stages = 2, microbatches = 100000000 }),
-    "microbatches must be 1..65536, got 100000000")
+    "schedule.new: microbatches must be 1..65536, got 100000000")
   lu.assertEquals(error_of(schedule.build, "1f1b", { pp = 4, microbatches = 1000000000 }),
     "1f1b: microbatches must be at most 65536, got 1000000000")
   lu.assertEquals(error_of(schedule.build, "gpipe", { pp = 9223372036854775807, microbatches = 2 }),
