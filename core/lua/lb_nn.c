@@ -401,9 +401,14 @@ static int lb_optim_close(lua_State *L) {
   return 0;
 }
 
+/* Field k of the optimizer options at idx, deflt when nil; a non-number
+ * raises naming the option (never "bad argument #-1"). */
 static float opt_num(lua_State *L, int idx, const char *k, float deflt) {
   lua_getfield(L, idx, k);
-  float v = lua_isnil(L, -1) ? deflt : (float)luaL_checknumber(L, -1);
+  int isnum = 1;
+  float v = lua_isnil(L, -1) ? deflt : (float)lua_tonumberx(L, -1, &isnum);
+  if (!isnum)
+    luaL_error(L, "optimizer: option '%s' must be a number, got %s", k, luaL_typename(L, -1));
   lua_pop(L, 1);
   return v;
 }

@@ -103,4 +103,10 @@ function test_schedule_new_names_the_option()
     "schedule.new: ranks must be 1..4096, got 5000")
 end
 
+function test_optimizer_option_named()
+  local l = core.nn_layer(require("luapipe.nn").linear(2, 1), "l", 1)
+  lu.assertEquals(error_of(core.nn_optim, l, { kind = "sgd", lr = "fast" }),
+    "optimizer: option 'lr' must be a number, got string")
+end
+
 os.exit(lu.LuaUnit.run())
