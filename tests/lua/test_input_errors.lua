@@ -18,6 +18,8 @@ function test_tensor_sizes()
   lu.assertEquals(error_of(core.tensor, { 2 ^ 62 }),
     "tensor of 4611686018427387904 elements is too large")
   lu.assertEquals(tostring(core.tensor({ 3, 4 })), "luapipe.Tensor [3, 4]")
+  -- sizes past 2^31 are shown whole (an empty tensor: nothing allocated)
+  lu.assertEquals(tostring(core.tensor({ 0, 2 ^ 33 })), "luapipe.Tensor [0, 8589934592]")
   lu.assertEquals(error_of(core.tensor, { 2, 2 }, { 1, 2, 3 }),
     "tensor: 3 values given for a shape of 4 elements")
 end
