@@ -198,8 +198,8 @@ expect_rc "too many passes exits 2" 2 timeout 60 "$LP" simulate 1f1b --pp 4096 -
 expect_in "pass limit named" "$tmp/err" "is more than the limit of 4194304"
 expect_rc "family parameter error is a usage error" 2 "$LP" simulate dualpipe --pp 3
 for cmd in "simulate 1f1b" "bubbles"; do
-  for c in "F=1e308|--cost: 'F=1e308': costs must be at most 1e9 time units" \
-    "F=inf|'inf' is not a number >= 0" "W=nan|'nan' is not a number >= 0" \
+  for c in "F=1e308|--cost: cost item 'F=1e308': F = 1e+308 must be a number in 0..1e+15" \
+    "F=inf|cost item 'F=inf': 'inf' is not a number" "W=nan|cost item 'W=nan': 'nan' is not a number" \
     "F=1,,Q=2|unknown key 'Q'"; do
     # shellcheck disable=SC2086
     expect_rc "$cmd --cost ${c%%|*} exits 2" 2 "$LP" $cmd --cost "${c%%|*}"
