@@ -305,3 +305,48 @@ float *lp_tensor_at(const lp_tensor *t, int64_t i0, int64_t i1, int64_t i2,
     off += idx[i] * t->stride[i];
   return t->data + off;
 }
+
+/* ---- moving between backends ---- */
+
+lp_status lp_tensor_move(lp_tensor *t, const lp_tensor_backend *be) {
+  if (!t) return LP_ERR_ARG;
+  be = be_or_cpu(be);
+  if (t->storage->be == be) return LP_OK;
+  if (!lp_tensor_is_contiguous(t) || atomic_load(&t->storage->refs) != 1)
+    return LP_ERR_ARG;
+  lp_tensor *n;
+  LP_CHECK(tensor_alloc(be, t->ndim, t->shape, &n));
+  lp_status st = lp_tensor_copy(n, t);
+  if (st != LP_OK) {
+    lp_tensor_free(n);
+    return st;
+  }
+  /* swap storages: t takes n's, n (freed next) takes t's old one */
+  lp_tensor_storage *old = t->storage;
+  t->storage = n->storage;
+  t->data = n->data;
+  memcpy(t->stride, n->stride, sizeof t->stride);
+  n->storage = old;
+  lp_tensor_free(n);
+  return LP_OK;
+}
+
+lp_status lp_tensor_to_host(const lp_tensor *t, lp_tensor **out) {
+  if (!out) return LP_ERR_ARG;
+  *out = NULL;
+  if (!t) return LP_ERR_ARG;
+  lp_tensor *src = NULL;
+  lp_status st = LP_OK;
+  if (!lp_tensor_is_contiguous(t)) { /* densify on t's own backend first */
+    LP_CHECK(lp_tensor_clone(t, &src));
+    t = src;
+  }
+  st = tensor_alloc(NULL, t->ndim, t->shape, out);
+  if (st == LP_OK) st = lp_tensor_copy(*out, t);
+  if (st != LP_OK) {
+    lp_tensor_free(*out);
+    *out = NULL;
+  }
+  lp_tensor_free(src);
+  return st;
+}
