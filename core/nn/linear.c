@@ -154,8 +154,8 @@ static lp_status embedding_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   const lp_tensor *ids = ctx->saved[S_X], *dy = ctx->saved[S_DY];
   lp_tensor *g = l->params[0].grad;
   const lp_tensor_backend *be = lp_tensor_backend_of(g);
-  return be->embedding_backward(be, lp_tensor_numel(ids), l->out, ids->data,
-                                dy->data, g->data);
+  return be->embedding_backward(be, lp_tensor_numel(ids), l->out, l->in,
+                                ids->data, dy->data, g->data);
 }
 
 static const nn_ops embedding_ops = {"embedding", embedding_forward,

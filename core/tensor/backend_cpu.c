@@ -253,8 +253,10 @@ static lp_status cpu_embedding(const lp_tensor_backend *be, int64_t n,
 }
 
 static lp_status cpu_embedding_backward(const lp_tensor_backend *be, int64_t n,
-                                        int64_t dim, const float *ids,
-                                        const float *dy, float *gw) {
+                                        int64_t dim, int64_t vocab,
+                                        const float *ids, const float *dy,
+                                        float *gw) {
+  (void)vocab;
   for (int64_t r = 0; r < n; r++)
     LP_CHECK(cpu_axpy(be, dim, 1.0f, dy + r * dim, gw + (int64_t)ids[r] * dim));
   return LP_OK;

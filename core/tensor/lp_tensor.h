@@ -105,9 +105,10 @@ struct lp_tensor_backend {
    * floats the caller checked to lie in [0, vocab). */
   lp_status (*embedding)(const lp_tensor_backend *be, int64_t n, int64_t dim,
                          const float *ids, const float *w, float *y);
-  /* Embedding backward: gw[ids[r], :] += dy[r, :] for r = 0..n-1 in order. */
+  /* Embedding backward: gw[ids[r], :] += dy[r, :] for r = 0..n-1 in order;
+   * gw is vocab x dim. */
   lp_status (*embedding_backward)(const lp_tensor_backend *be, int64_t n,
-                                  int64_t dim, const float *ids,
+                                  int64_t dim, int64_t vocab, const float *ids,
                                   const float *dy, float *gw);
   /* Causal mask over rows of t floats: row r gets -inf at columns
    * j > r % t (rows are [.., T, T] score blocks). */
