@@ -830,7 +830,16 @@ extern "C" void *lp_kernels_cuda_stream(const lp_tensor_backend *be) {
   return is_cuda(be) ? (void *)dev_of(be)->stream : NULL;
 }
 
+// Pinned memory when a device is visible; plain memory otherwise (so the
+// staged comm path also runs, unpinned, on machines without a GPU).
+static int pinned_mode(void) {
+  static int mode = -1;
+  if (mode < 0) mode = lp_kernels_device_count() > 0;
+  return mode;
+}
+
 extern "C" void *lp_kernels_host_alloc(size_t bytes) {
+  if (!pinned_mode()) return lp_malloc(bytes ? bytes : 1);
   void *p = NULL;
   cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
   if (e != cudaSuccess) {
@@ -842,5 +851,7 @@ extern "C" void *lp_kernels_host_alloc(size_t bytes) {
 }
 
 extern "C" void lp_kernels_host_free(void *p) {
-  if (p) cudaFreeHost(p);
+  if (!p) return;
+  if (!pinned_mode()) lp_free(p);
+  else cudaFreeHost(p);
 }
