@@ -33,6 +33,15 @@ void *lp_kernels_cuda_stream(const lp_tensor_backend *be) {
 void *lp_kernels_host_alloc(size_t bytes) { return lp_malloc(bytes ? bytes : 1); }
 void lp_kernels_host_free(void *p) { lp_free(p); }
 
+int lp_kernels_bench_sgemm(int device, int trans_a, int trans_b, int64_t m,
+                           int64_t n, int64_t k, float beta, int iters,
+                           double *ms) {
+  (void)device, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k;
+  (void)beta, (void)iters;
+  if (ms) *ms = 0;
+  return LP_KERNELS_UNSUPPORTED;
+}
+
 int lp_kernels_saxpy(size_t n, float alpha, const float *x, float *y) {
   (void)n, (void)alpha, (void)x, (void)y;
   return LP_KERNELS_UNSUPPORTED;

@@ -59,6 +59,15 @@ void *lp_kernels_cuda_stream(const lp_tensor_backend *be);
 void *lp_kernels_host_alloc(size_t bytes);
 void lp_kernels_host_free(void *p);
 
+/* Raw cuBLAS reference for benchmarks: times `iters` row-major SGEMMs
+ * C = op(A) op(B) + beta C (m x n x k, the same mapping as the backend's
+ * gemm) on device `device` with its own handle, stream and random operands;
+ * *ms = the median over 5 batches of the mean time per GEMM (CUDA events,
+ * after a warm-up). LP_KERNELS_OK or a failure code. */
+int lp_kernels_bench_sgemm(int device, int trans_a, int trans_b, int64_t m,
+                           int64_t n, int64_t k, float beta, int iters,
+                           double *ms);
+
 /* y[i] = alpha * x[i] + y[i] for i < n, on the device; x and y are host
  * arrays (copied in and out). A self-contained smoke test of the toolchain. */
 int lp_kernels_saxpy(size_t n, float alpha, const float *x, float *y);
