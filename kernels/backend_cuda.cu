@@ -446,27 +446,27 @@ void cu_free(const lp_tensor_backend *be, void *p) {
   pthread_mutex_unlock(&d->mu);
 }
 
-lp_status cu_to_host(const lp_tensor_backend *be, void *dst, const void *src,
-                     size_t bytes) {
+// Host <-> device copies wait for the stream: to_host so the caller can
+// read, from_host so the caller may reuse its buffer at once.
+lp_status copy_sync(const lp_tensor_backend *be, void *dst, const void *src,
+                    size_t bytes, cudaMemcpyKind kind, const char *what) {
   Device *d = dev_of(be);
   if (!bytes) return LP_OK;
-  ENTER("copy to host");
-  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d->stream);
+  ENTER(what);
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, d->stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(d->stream);
-  if (e != cudaSuccess) return lpk_cuda_fail(d->name, "copy to host", e);
+  if (e != cudaSuccess) return lpk_cuda_fail(d->name, what, e);
   return LP_OK;
+}
+
+lp_status cu_to_host(const lp_tensor_backend *be, void *dst, const void *src,
+                     size_t bytes) {
+  return copy_sync(be, dst, src, bytes, cudaMemcpyDeviceToHost, "copy to host");
 }
 
 lp_status cu_from_host(const lp_tensor_backend *be, void *dst, const void *src,
                        size_t bytes) {
-  Device *d = dev_of(be);
-  if (!bytes) return LP_OK;
-  ENTER("copy from host");
-  // the caller may reuse src at once: wait for the copy
-  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, d->stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(d->stream);
-  if (e != cudaSuccess) return lpk_cuda_fail(d->name, "copy from host", e);
-  return LP_OK;
+  return copy_sync(be, dst, src, bytes, cudaMemcpyHostToDevice, "copy from host");
 }
 
 lp_status cu_gemm(const lp_tensor_backend *be, int trans_a, int trans_b,

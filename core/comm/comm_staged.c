@@ -97,20 +97,26 @@ static staged_req *req_new(lp_comm *c, lp_comm_req *req) {
   return sr;
 }
 
-static lp_status st_isend(lp_comm *c, const void *buf, size_t count,
-                          lp_comm_dtype dt, int peer, int tag,
-                          lp_comm_req *req) {
+/* Send: the device buffer is copied to pinned memory first (to_host waits
+ * for the compute stream that wrote it). Receive: lands in pinned memory;
+ * st_test copies it to the device. */
+static lp_status start_p2p(lp_comm *c, int send, void *buf, size_t count,
+                           lp_comm_dtype dt, int peer, int tag,
+                           lp_comm_req *req) {
   const lp_tensor_backend *be = S(c)->be;
   size_t bytes = count * comm_dtype_size(dt);
   staged_req *sr = req_new(c, req);
   if (!sr) return LP_ERR_NOMEM;
   lp_status st = LP_ERR_NOMEM;
   if (!(sr->host = pin_get(c, bytes))) goto fail;
-  if ((st = be->to_host(be, sr->host, buf, bytes)) != LP_OK) {
+  if (send && (st = be->to_host(be, sr->host, buf, bytes)) != LP_OK) {
     st = copy_fail(c, st, "a send");
     goto fail;
   }
-  if ((st = lp_comm_isend(S(c)->inner, sr->host, count, peer, tag, &sr->inner)) != LP_OK) {
+  if (!send) sr->dev = buf, sr->bytes = bytes;
+  st = send ? lp_comm_isend(S(c)->inner, sr->host, count, peer, tag, &sr->inner)
+            : lp_comm_irecv(S(c)->inner, sr->host, count, peer, tag, &sr->inner);
+  if (st != LP_OK) {
     st = inner_fail(c, st);
     goto fail;
   }
@@ -121,24 +127,15 @@ fail:
   return st;
 }
 
+static lp_status st_isend(lp_comm *c, const void *buf, size_t count,
+                          lp_comm_dtype dt, int peer, int tag,
+                          lp_comm_req *req) {
+  return start_p2p(c, 1, (void *)buf, count, dt, peer, tag, req);
+}
+
 static lp_status st_irecv(lp_comm *c, void *buf, size_t count, lp_comm_dtype dt,
                           int peer, int tag, lp_comm_req *req) {
-  size_t bytes = count * comm_dtype_size(dt);
-  staged_req *sr = req_new(c, req);
-  if (!sr) return LP_ERR_NOMEM;
-  lp_status st = LP_ERR_NOMEM;
-  sr->dev = buf;
-  sr->bytes = bytes;
-  if (!(sr->host = pin_get(c, bytes))) goto fail;
-  if ((st = lp_comm_irecv(S(c)->inner, sr->host, count, peer, tag, &sr->inner)) != LP_OK) {
-    st = inner_fail(c, st);
-    goto fail;
-  }
-  return LP_OK;
-fail:
-  req_release(c, sr);
-  *SR(req) = NULL;
-  return st;
+  return start_p2p(c, 0, buf, count, dt, peer, tag, req);
 }
 
 /* Blocking collective on a host copy of buf: down, run, up. */
