@@ -207,7 +207,8 @@ lp_status lp_tensor_clone(const lp_tensor *t, lp_tensor **out);
  * only header on its storage (LP_ERR_ARG otherwise). No-op when t is
  * already there. On failure t is unchanged. */
 lp_status lp_tensor_move(lp_tensor *t, const lp_tensor_backend *be);
-/* A host (CPU) dense copy of t from any backend (tests, checkpoints). */
+/* A dense host (CPU) copy of t from any backend, any strides (tests,
+ * checkpoints, reading results). */
 lp_status lp_tensor_to_host(const lp_tensor *t, lp_tensor **out);
 
 /* Frees the header and drops its storage reference. NULL is a no-op. */

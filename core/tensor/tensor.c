@@ -335,18 +335,37 @@ lp_status lp_tensor_to_host(const lp_tensor *t, lp_tensor **out) {
   if (!out) return LP_ERR_ARG;
   *out = NULL;
   if (!t) return LP_ERR_ARG;
-  lp_tensor *src = NULL;
-  lp_status st = LP_OK;
-  if (!lp_tensor_is_contiguous(t)) { /* densify on t's own backend first */
-    LP_CHECK(lp_tensor_clone(t, &src));
-    t = src;
+  LP_CHECK(tensor_alloc(NULL, t->ndim, t->shape, out));
+  lp_status st;
+  if (lp_tensor_is_contiguous(t) || t->storage->be->host_accessible) {
+    st = lp_tensor_copy(*out, t);
+  } else {
+    /* a strided device view: bring the span it covers, then gather on the
+     * host through a view with the same strides */
+    int64_t span = 1;
+    for (int i = 0; i < t->ndim; i++)
+      if (t->shape[i] == 0) span = 0;
+      else if (t->stride[i] < 0) span = -1;
+      else if (span > 0) span += (t->shape[i] - 1) * t->stride[i];
+    if (span < 0) {
+      st = LP_ERR_UNSUPPORTED;
+    } else {
+      lp_tensor *buf = NULL, *v = NULL;
+      st = tensor_alloc(NULL, 1, (int64_t[]){span}, &buf);
+      if (st == LP_OK)
+        st = t->storage->be->to_host(t->storage->be, buf->data, t->data,
+                                     (size_t)span * sizeof(float));
+      if (st == LP_OK) {
+        v = header_new(buf->storage, buf->data, t->ndim, t->shape, t->stride);
+        st = v ? lp_tensor_copy(*out, v) : LP_ERR_NOMEM;
+      }
+      lp_tensor_free(v);
+      lp_tensor_free(buf);
+    }
   }
-  st = tensor_alloc(NULL, t->ndim, t->shape, out);
-  if (st == LP_OK) st = lp_tensor_copy(*out, t);
   if (st != LP_OK) {
     lp_tensor_free(*out);
     *out = NULL;
   }
-  lp_tensor_free(src);
   return st;
 }

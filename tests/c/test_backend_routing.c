@@ -171,6 +171,16 @@ static void test_mixing_devices(void **state) {
   assert_ptr_equal(lp_tensor_backend_of(x), lp_tensor_backend_cpu());
   lp_tensor_free(v);
   assert_int_equal(lp_tensor_move(x, &fake), LP_OK);
+  /* a strided (transposed) device view read back to the host */
+  lp_tensor *m = NULL, *mt = NULL, *h = NULL;
+  float vals[6] = {1, 2, 3, 4, 5, 6};
+  assert_int_equal(lp_tensor_from_data(&fake, 2, (int64_t[]){2, 3}, vals, &m), LP_OK);
+  assert_int_equal(lp_tensor_transpose(m, 0, 1, &mt), LP_OK);
+  assert_int_equal(lp_tensor_to_host(mt, &h), LP_OK);
+  assert_true(lp_tensor_is_contiguous(h));
+  float want[6] = {1, 4, 2, 5, 3, 6};
+  assert_memory_equal(h->data, want, sizeof want);
+  lp_tensor_free(m), lp_tensor_free(mt), lp_tensor_free(h);
   assert_ptr_equal(lp_tensor_backend_of(x), &fake);
   lp_tensor_free(d), lp_tensor_free(x);
   lp_nn_ctx_free(ctx);
