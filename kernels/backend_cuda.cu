@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <unordered_map>
 #include <vector>
 
@@ -766,7 +767,103 @@ bool is_cuda(const lp_tensor_backend *be) {
   return be && be->alloc == cu_alloc;
 }
 
+// ---- MoE row gather / scatter-add ----
+
+__global__ void k_gather_rows(int64_t n, int64_t cols, const float *x,
+                              const int64_t *idx, const float *scale,
+                              float *out) {
+  GRID_STRIDE(e, n * cols) {
+    int64_t i = e / cols, c = e % cols;
+    float v = x[idx[i] * cols + c];
+    out[e] = scale ? scale[i] * v : v;
+  }
+}
+
+// One block per target row: its sources (perm[start[g]..start[g+1]), in
+// order of i) added one after the other.
+__global__ void k_scatter_rows(int64_t cols, const float *x, const int64_t *perm,
+                               const int64_t *start, const int64_t *target,
+                               const float *scale, float *out) {
+  int64_t g = blockIdx.x;
+  float *dst = out + target[g] * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+    float acc = dst[c];
+    for (int64_t k = start[g]; k < start[g + 1]; k++) {
+      int64_t i = perm[k];
+      acc += (scale ? scale[i] : 1.0f) * x[i * cols + c];
+    }
+    dst[c] = acc;
+  }
+}
+
+// Uploads `bytes` of host data into a block of be's memory (NULL for none).
+lp_status upload(const lp_tensor_backend *be, const void *host, size_t bytes,
+                 void **dev) {
+  *dev = NULL;
+  if (!host) return LP_OK;
+  if (!(*dev = cu_alloc(be, bytes ? bytes : 1))) return LP_ERR_NOMEM;
+  return cu_from_host(be, *dev, host, bytes);
+}
+
 } // namespace
+
+extern "C" lp_status lp_kernels_cuda_gather_rows(const lp_tensor_backend *be,
+                                                 int64_t n, int64_t cols,
+                                                 const float *x,
+                                                 const int64_t *idx,
+                                                 const float *scale,
+                                                 float *out) {
+  if (!is_cuda(be) || n < 0 || cols < 0) return LP_ERR_ARG;
+  if (n == 0 || cols == 0) return LP_OK;
+  Device *d = dev_of(be);
+  void *di = NULL, *ds = NULL;
+  lp_status st = upload(be, idx, (size_t)n * sizeof *idx, &di);
+  if (st == LP_OK) st = upload(be, scale, (size_t)n * sizeof *scale, &ds);
+  if (st == LP_OK) st = enter(d, "gather rows");
+  if (st == LP_OK) {
+    k_gather_rows<<<blocks_for(n * cols), kThreads, 0, d->stream>>>(
+        n, cols, x, (const int64_t *)di, (const float *)ds, out);
+    st = launched(d, "gather rows");
+  }
+  cu_free(be, di); // stream-ordered: reused only by later work
+  cu_free(be, ds);
+  return st;
+}
+
+extern "C" lp_status lp_kernels_cuda_scatter_add_rows(
+    const lp_tensor_backend *be, int64_t n, int64_t cols, const float *x,
+    const int64_t *idx, const float *scale, float *out) {
+  if (!is_cuda(be) || n < 0 || cols < 0) return LP_ERR_ARG;
+  if (n == 0 || cols == 0) return LP_OK;
+  Device *d = dev_of(be);
+  // group the sources by target row, keeping the order of i inside a group
+  std::vector<int64_t> perm((size_t)n), start, target;
+  for (int64_t i = 0; i < n; i++) perm[(size_t)i] = i;
+  std::stable_sort(perm.begin(), perm.end(),
+                   [idx](int64_t a, int64_t b) { return idx[a] < idx[b]; });
+  for (int64_t k = 0; k < n; k++)
+    if (k == 0 || idx[perm[(size_t)k]] != idx[perm[(size_t)k - 1]]) {
+      start.push_back(k);
+      target.push_back(idx[perm[(size_t)k]]);
+    }
+  start.push_back(n);
+  int64_t groups = (int64_t)target.size();
+  if (groups > INT32_MAX) return LP_ERR_ARG;
+  void *dp = NULL, *dst = NULL, *dt = NULL, *ds = NULL;
+  lp_status st = upload(be, perm.data(), perm.size() * sizeof(int64_t), &dp);
+  if (st == LP_OK) st = upload(be, start.data(), start.size() * sizeof(int64_t), &dst);
+  if (st == LP_OK) st = upload(be, target.data(), target.size() * sizeof(int64_t), &dt);
+  if (st == LP_OK) st = upload(be, scale, (size_t)n * sizeof *scale, &ds);
+  if (st == LP_OK) st = enter(d, "scatter-add rows");
+  if (st == LP_OK) {
+    k_scatter_rows<<<(unsigned)groups, kThreads, 0, d->stream>>>(
+        cols, x, (const int64_t *)dp, (const int64_t *)dst, (const int64_t *)dt,
+        (const float *)ds, out);
+    st = launched(d, "scatter-add rows");
+  }
+  cu_free(be, dp), cu_free(be, dst), cu_free(be, dt), cu_free(be, ds);
+  return st;
+}
 
 extern "C" const lp_tensor_backend *lp_tensor_backend_cuda(int device) {
   int n = lp_kernels_device_count();

@@ -30,6 +30,20 @@ void *lp_kernels_cuda_stream(const lp_tensor_backend *be) {
   (void)be;
   return NULL;
 }
+lp_status lp_kernels_cuda_gather_rows(const lp_tensor_backend *be, int64_t n,
+                                      int64_t cols, const float *x,
+                                      const int64_t *idx, const float *scale,
+                                      float *out) {
+  (void)be, (void)n, (void)cols, (void)x, (void)idx, (void)scale, (void)out;
+  return LP_ERR_UNSUPPORTED;
+}
+lp_status lp_kernels_cuda_scatter_add_rows(const lp_tensor_backend *be,
+                                           int64_t n, int64_t cols,
+                                           const float *x, const int64_t *idx,
+                                           const float *scale, float *out) {
+  (void)be, (void)n, (void)cols, (void)x, (void)idx, (void)scale, (void)out;
+  return LP_ERR_UNSUPPORTED;
+}
 void *lp_kernels_host_alloc(size_t bytes) { return lp_malloc(bytes ? bytes : 1); }
 void lp_kernels_host_free(void *p) { lp_free(p); }
 

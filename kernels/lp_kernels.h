@@ -54,6 +54,21 @@ void lp_kernels_cuda_empty_cache(const lp_tensor_backend *be);
  * backends that order their work after it; NULL for other backends. */
 void *lp_kernels_cuda_stream(const lp_tensor_backend *be);
 
+/* MoE row gather / scatter-add on a CUDA backend, with the signature of the
+ * table entries gather_rows / scatter_add_rows (branch moe): idx and scale
+ * are HOST arrays of n entries (scale NULL: 1); x and out are be's memory.
+ *   gather:      out[i] = scale[i] * x[idx[i]]
+ *   scatter-add: out[idx[i]] += scale[i] * x[i], rows with the same idx
+ *                added in order of i (no atomics: reproducible). */
+lp_status lp_kernels_cuda_gather_rows(const lp_tensor_backend *be, int64_t n,
+                                      int64_t cols, const float *x,
+                                      const int64_t *idx, const float *scale,
+                                      float *out);
+lp_status lp_kernels_cuda_scatter_add_rows(const lp_tensor_backend *be,
+                                           int64_t n, int64_t cols,
+                                           const float *x, const int64_t *idx,
+                                           const float *scale, float *out);
+
 /* Page-locked host memory (for staging device buffers through MPI); NULL
  * on failure. lp_kernels_host_free(NULL) is a no-op. */
 void *lp_kernels_host_alloc(size_t bytes);

@@ -264,6 +264,35 @@ static void test_mask_losses_optim(void) {
   lp_free(w0), lp_free(m0), lp_free(v0), lp_free(g0), lp_free(hw), lp_free(hm), lp_free(hv);
 }
 
+/* MoE gather / scatter-add (the table entries of branch moe) against host
+ * loops written from their definition; repeated targets on purpose. */
+static void test_gather_scatter(int with_scale) {
+  int64_t rows = 23, n = 61, cols = 37;
+  float *x = twin_rand((size_t)(rows * cols), -1, 1), *sc = twin_rand((size_t)n, 0, 1);
+  float *src = twin_rand((size_t)(n * cols), -1, 1), *acc = twin_rand((size_t)(rows * cols), -1, 1);
+  int64_t *idx = lp_malloc((size_t)n * sizeof *idx);
+  for (int64_t i = 0; i < n; i++) idx[i] = (int64_t)(lp_tensor_rng_next(&twin_rng) % (uint64_t)rows);
+  const float *s = with_scale ? sc : NULL;
+  float *want = lp_malloc((size_t)(n * cols) * sizeof *want);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t c = 0; c < cols; c++)
+      want[i * cols + c] = (s ? s[i] : 1.0f) * x[idx[i] * cols + c];
+  float *dx = UP(x, rows * cols), *out = twin_poison(G, (size_t)(n * cols));
+  twin_status("gather", lp_kernels_cuda_gather_rows(G, n, cols, dx, idx, s, out));
+  check_out(with_scale ? "gather_rows (scaled)" : "gather_rows", out, want, (size_t)(n * cols), 1e-7);
+  float *w2 = twin_copy(acc, (size_t)(rows * cols));
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t c = 0; c < cols; c++)
+      w2[idx[i] * cols + c] += (s ? s[i] : 1.0f) * src[i * cols + c];
+  float *dsrc = UP(src, n * cols);
+  out = UP(acc, rows * cols);
+  twin_status("scatter", lp_kernels_cuda_scatter_add_rows(G, n, cols, dsrc, idx, s, out));
+  check_out(with_scale ? "scatter_add_rows (scaled)" : "scatter_add_rows", out, w2,
+            (size_t)(rows * cols), 1e-6);
+  G->free(G, dx), G->free(G, dsrc);
+  lp_free(x), lp_free(sc), lp_free(src), lp_free(acc), lp_free(idx), lp_free(want), lp_free(w2);
+}
+
 static void test_tensor_layer(void) {
   /* a tensor knows its device; moves keep values; mixing devices fails */
   int64_t sh[2] = {33, 17};
@@ -304,6 +333,8 @@ int main(void) {
   test_embedding(513, 65, 64);
   test_embedding(40, 3, 300);
   test_mask_losses_optim();
+  test_gather_scatter(0);
+  test_gather_scatter(1);
   test_tensor_layer();
   lp_status st = lp_kernels_cuda_sync(G);
   twin_status("final sync", st);
