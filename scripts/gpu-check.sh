@@ -4,8 +4,8 @@
 #
 # Where it runs:
 #   * here (a build machine): scripts/build.sh, then this script runs
-#     build/'s binaries; without a GPU it checks what needs none and reports
-#     "no device" (exit 0);
+#     build/'s binaries (or GPU_CHECK_BIN's); without a GPU it checks what
+#     needs none and reports "no device" (exit 0; tests/cli/test_gpu_check.sh);
 #   * on the GPU test machine (no Lua, OpenBLAS, Open MPI or registry there):
 #     on the build machine run scripts/build.sh and scripts/gpu-bundle.sh,
 #     which packs binaries + the shared objects they need into
@@ -32,7 +32,8 @@
 #   torch      scripts/gpu_torch_lm.py: the same model in PyTorch eager fp32
 #              (manual attention and SDPA), step ms vs luapipe's
 set -uo pipefail
-out=${1:?usage: scripts/gpu-check.sh OUTDIR}
+[ $# = 1 ] || { echo "usage: scripts/gpu-check.sh OUTDIR" >&2; exit 2; }
+out=$1
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -41,7 +42,11 @@ declare -a rows=()
 row() { rows+=("$(printf '%-10s %-6s %s' "$1" "$2" "$3")"); echo "== $1: $2 $3"; }
 
 # ---- where the binaries come from ----
-if [ -f "$root/gpu-bundle/bundle.tar.xz" ]; then
+if [ -n "${GPU_CHECK_BIN:-}" ]; then # a given build folder (tests use this)
+  bin=$GPU_CHECK_BIN
+  text=/usr/share/common-licenses/GPL-3
+  where="GPU_CHECK_BIN ($bin)"
+elif [ -f "$root/gpu-bundle/bundle.tar.xz" ]; then
   bundle=$(mktemp -d)
   trap 'rm -rf "$bundle"' EXIT
   tar -C "$bundle" -xJf "$root/gpu-bundle/bundle.tar.xz"
