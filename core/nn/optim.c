@@ -97,6 +97,15 @@ lp_status lp_nn_optim_step(lp_nn_optim *o) {
   for (size_t i = 0; i < o->n; i++) {
     lp_tensor *pt = o->params[i].value;
     const lp_tensor_backend *be = lp_tensor_backend_of(pt);
+    /* parameters moved (lp_nn_layer_to) after the optimizer was made */
+    if (lp_tensor_backend_of(o->m[i]) != be ||
+        lp_tensor_backend_of(o->params[i].grad) != be) {
+      lp_log(LP_LOG_WARN, "optimizer step: %s is on %s but its optimizer state on %s "
+             "(build the optimizer after moving the model)", o->params[i].name,
+             be->name, lp_tensor_backend_of(o->m[i])->name);
+      if (i == 0) o->t--; /* nothing was updated */
+      return LP_ERR_ARG;
+    }
     float *p = pt->data, *m = o->m[i]->data;
     const float *g = o->params[i].grad->data;
     int64_t n = lp_tensor_numel(pt);

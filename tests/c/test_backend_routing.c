@@ -187,12 +187,30 @@ static void test_mixing_devices(void **state) {
   lp_nn_layer_release(lin);
 }
 
+static void test_optimizer_before_move(void **state) {
+  (void)state;
+  lp_nn_layer *lin = NULL;
+  lp_nn_optim *o = NULL;
+  size_t n;
+  assert_int_equal(lp_nn_linear_new("fc", 4, 3, 1, 1, &lin), LP_OK);
+  const lp_nn_param *p = lp_nn_params(lin, &n);
+  lp_nn_sgd_opts s = {0.1f, 0.0f, 0.0f};
+  assert_int_equal(lp_nn_optim_sgd_new(p, n, &s, &o), LP_OK);
+  assert_int_equal(lp_nn_layer_to(lin, &fake), LP_OK);
+  /* its state stayed on the CPU: refused, nothing touched */
+  assert_int_equal(lp_nn_optim_step(o), LP_ERR_ARG);
+  assert_int_equal(lp_nn_optim_steps(o), 0);
+  lp_nn_optim_free(o);
+  lp_nn_layer_release(lin);
+}
+
 int main(void) {
   fake_backend_init();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lm_on_device),
       cmocka_unit_test(test_mlp_on_device),
       cmocka_unit_test(test_mixing_devices),
+      cmocka_unit_test(test_optimizer_before_move),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
