@@ -210,6 +210,12 @@ lp_status lp_tensor_move(lp_tensor *t, const lp_tensor_backend *be);
 /* A dense host (CPU) copy of t from any backend, any strides (tests,
  * checkpoints, reading results). */
 lp_status lp_tensor_to_host(const lp_tensor *t, lp_tensor **out);
+/* Copies a dense t's numel floats to / from host memory, whatever its
+ * backend (memcpy on the CPU; a device copy that waits otherwise): for
+ * code that packs tensors into host buffers (gradient all-reduce,
+ * checkpoints, messages). LP_ERR_ARG when t is not dense. */
+lp_status lp_tensor_read(const lp_tensor *t, float *dst);
+lp_status lp_tensor_write(lp_tensor *t, const float *src);
 
 /* Frees the header and drops its storage reference. NULL is a no-op. */
 void lp_tensor_free(lp_tensor *t);

@@ -369,3 +369,17 @@ lp_status lp_tensor_to_host(const lp_tensor *t, lp_tensor **out) {
   }
   return st;
 }
+
+lp_status lp_tensor_read(const lp_tensor *t, float *dst) {
+  if (!t || !lp_tensor_is_contiguous(t)) return LP_ERR_ARG;
+  size_t bytes = (size_t)lp_tensor_numel(t) * sizeof(float);
+  if (bytes && !dst) return LP_ERR_ARG;
+  return bytes ? t->storage->be->to_host(t->storage->be, dst, t->data, bytes) : LP_OK;
+}
+
+lp_status lp_tensor_write(lp_tensor *t, const float *src) {
+  if (!t || !lp_tensor_is_contiguous(t)) return LP_ERR_ARG;
+  size_t bytes = (size_t)lp_tensor_numel(t) * sizeof(float);
+  if (bytes && !src) return LP_ERR_ARG;
+  return bytes ? t->storage->be->from_host(t->storage->be, t->data, src, bytes) : LP_OK;
+}

@@ -180,6 +180,14 @@ static void test_mixing_devices(void **state) {
   assert_true(lp_tensor_is_contiguous(h));
   float want[6] = {1, 4, 2, 5, 3, 6};
   assert_memory_equal(h->data, want, sizeof want);
+  /* read / write dense tensors through host memory */
+  float back[6] = {0}, two[6] = {2, 2, 2, 2, 2, 2};
+  assert_int_equal(lp_tensor_read(m, back), LP_OK);
+  assert_memory_equal(back, vals, sizeof vals);
+  assert_int_equal(lp_tensor_write(m, two), LP_OK);
+  assert_int_equal(lp_tensor_read(m, back), LP_OK);
+  assert_memory_equal(back, two, sizeof two);
+  assert_int_equal(lp_tensor_read(mt, back), LP_ERR_ARG); /* strided */
   lp_tensor_free(m), lp_tensor_free(mt), lp_tensor_free(h);
   assert_ptr_equal(lp_tensor_backend_of(x), &fake);
   lp_tensor_free(d), lp_tensor_free(x);
