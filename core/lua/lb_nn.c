@@ -3,9 +3,11 @@
  * the no-pipeline reference step and per-layer cost measurement. Misuse
  * raises; runtime failures return nil, message. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lb_nn.h"
+#include "lp_kernels.h"
 #include "lp_lua.h"
 
 /* ---- luapipe.Tensor ---- */
@@ -118,8 +120,11 @@ static void push_shape(lua_State *L, const lp_tensor *t) {
 static void push_values(lua_State *L, const lp_tensor *t) {
   lp_tensor *c = NULL;
   const lp_tensor *src = t;
-  if (!lp_tensor_is_contiguous(t)) {
-    if (lp_tensor_clone(t, &c) != LP_OK) luaL_error(L, "out of memory");
+  if (!lp_tensor_is_contiguous(t) || !lp_tensor_backend_of(t)->host_accessible) {
+    /* a dense host copy (device tensors are read back) */
+    if (lp_tensor_to_host(t, &c) != LP_OK)
+      luaL_error(L, "reading a tensor from %s failed: %s", lp_tensor_backend_of(t)->name,
+                 lp_kernels_last_error());
     src = c;
   }
   int64_t n = lp_tensor_numel(src);
@@ -407,28 +412,51 @@ static int lb_layer_set_params(lua_State *L) {
     if ((int64_t)luaL_len(L, -1) != c)
       return luaL_error(L, "set_params: '%s' has %I elements, got %I", name, (lua_Integer)c,
                         (lua_Integer)luaL_len(L, -1));
+    lp_tensor *h = NULL; /* values go through a host copy (the param may be on a device) */
+    if (lp_tensor_empty(NULL, p[i].value->ndim, p[i].value->shape, &h) != LP_OK)
+      return luaL_error(L, "out of memory");
     for (int64_t j = 0; j < c; j++) {
       lua_geti(L, -1, j + 1);
       int ok;
       lua_Number x = lua_tonumberx(L, -1, &ok);
-      if (!ok)
+      if (!ok) {
+        lp_tensor_free(h);
         return luaL_error(L, "set_params: '%s' value %I is not a number", name,
                           (lua_Integer)(j + 1));
-      p[i].value->data[j] = (float)x;
+      }
+      h->data[j] = (float)x;
       lua_pop(L, 1);
     }
+    lp_status st = lp_tensor_copy(p[i].value, h);
+    lp_tensor_free(h);
+    if (st != LP_OK) return luaL_error(L, "set_params: '%s': %s", name, lp_strerror(st));
     lua_pop(L, 1);
   }
   lua_settop(L, 1);
   return 1;
 }
 
-/* layer:forward(x) -> Tensor (inference, nothing stashed) */
+/* The backend holding l's parameters (the CPU for a layer without any). */
+static const lp_tensor_backend *layer_backend(const lp_nn_layer *l) {
+  size_t n;
+  const lp_nn_param *p = lp_nn_params(l, &n);
+  return n ? lp_tensor_backend_of(p[0].value) : lp_tensor_backend_cpu();
+}
+
+/* layer:forward(x) -> Tensor (inference, nothing stashed). A host x is
+ * copied to the layer's device first. */
 static int lb_layer_forward(lua_State *L) {
   lp_nn_layer *l = lb_check_layer(L, 1);
-  lp_tensor *x = lb_check_tensor(L, 2);
+  lp_tensor *x = lb_check_tensor(L, 2), *xd = NULL;
+  const lp_tensor_backend *be = layer_backend(l);
   tensor_box *b = new_tensor_box(L);
-  lp_status st = lp_nn_forward(l, NULL, x, &b->t);
+  lp_status st = LP_OK;
+  if (lp_tensor_backend_of(x) != be && lp_tensor_backend_of(x)->host_accessible) {
+    st = lp_tensor_empty(be, x->ndim, x->shape, &xd);
+    if (st == LP_OK) st = lp_tensor_copy(xd, x);
+  }
+  if (st == LP_OK) st = lp_nn_forward(l, NULL, xd ? xd : x, &b->t);
+  lp_tensor_free(xd);
   if (st != LP_OK) return lb_fail(L, lp_strerror(st));
   return 1;
 }
@@ -483,6 +511,36 @@ static int lb_layer_update_bias(lua_State *L) {
   return 1;
 }
 
+/* layer:to(device) -> layer | nil, message. device: "cpu", "cuda" (device
+ * 0) or "cuda:N". Moves every parameter and grad (build optimizers after). */
+static int lb_layer_to(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
+  const char *dev = luaL_checkstring(L, 2);
+  const lp_tensor_backend *be = NULL;
+  if (!strcmp(dev, "cpu")) {
+    be = lp_tensor_backend_cpu();
+  } else if (!strncmp(dev, "cuda", 4) && (dev[4] == 0 || dev[4] == ':')) {
+    char *end = NULL;
+    long n = dev[4] ? strtol(dev + 5, &end, 10) : 0;
+    if (dev[4] && (end == dev + 5 || *end || n < 0 || n > 1023))
+      return luaL_error(L, "to: device '%s' is not cpu, cuda or cuda:N", dev);
+    be = lp_tensor_backend_cuda((int)n);
+    if (!be) return lb_fail(L, lp_kernels_last_error());
+  } else {
+    return luaL_error(L, "to: device '%s' is not cpu, cuda or cuda:N", dev);
+  }
+  lp_status st = lp_nn_layer_to(l, be);
+  if (st != LP_OK) {
+    char msg[LP_ERRLEN];
+    snprintf(msg, sizeof msg, "moving layer %s to %s: %s%s%s", lp_nn_layer_name(l), dev,
+             lp_strerror(st), be->host_accessible ? "" : ": ",
+             be->host_accessible ? "" : lp_kernels_last_error());
+    return lb_fail(L, msg);
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
 static int lb_layer_moe_bias(lua_State *L) {
   lp_nn_layer *m = check_moe(L, lb_check_layer(L, 1), 2);
   int E = lp_nn_moe_get_opts(m)->experts;
@@ -493,6 +551,12 @@ static int lb_layer_moe_bias(lua_State *L) {
     lua_pushnumber(L, b[e]);
     lua_rawseti(L, -2, e + 1);
   }
+  return 1;
+}
+
+/* layer:device() -> "cpu" | "cuda:N" (where the parameters are) */
+static int lb_layer_device(lua_State *L) {
+  lua_pushstring(L, layer_backend(lb_check_layer(L, 1))->name);
   return 1;
 }
 
@@ -735,6 +799,8 @@ void lb_open_nn(lua_State *L) {
                                            {"expert_load", lb_layer_expert_load},
                                            {"update_bias", lb_layer_update_bias},
                                            {"moe_bias", lb_layer_moe_bias},
+                                           {"to", lb_layer_to},
+                                           {"device", lb_layer_device},
                                            {"close", lb_layer_close},
                                            {NULL, NULL}};
   static const luaL_Reg layer_meta[] = {{"__gc", lb_layer_close}, {"__close", lb_layer_close},

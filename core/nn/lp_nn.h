@@ -2,7 +2,8 @@
  * forward, an input-grad (I) and a weight-grad (W) call so zero-bubble
  * schedules can split backward; per-micro-batch contexts hold what backward
  * needs; a chunk (sequential container) is what one model stage holds;
- * losses; SGD and AdamW. Built on lp_tensor (CPU backend); no Lua.
+ * losses; SGD and AdamW. Built on lp_tensor: runs on whichever backend
+ * holds the parameters (CPU, or CUDA after lp_nn_layer_to); no Lua.
  *
  * The life of one micro-batch on one layer (or chunk) `l`:
  *
@@ -165,6 +166,12 @@ int64_t lp_nn_param_numel(const lp_nn_layer *l);
 lp_status lp_nn_init(lp_nn_layer *l, uint64_t seed);
 /* Sets every parameter grad to zero. */
 lp_status lp_nn_zero_grad(lp_nn_layer *l);
+/* Moves every parameter (value and grad) of l to backend `be` (NULL: the
+ * CPU), e.g. lp_tensor_backend_cuda(0) from lp_kernels.h. Build optimizers
+ * after the move (their state is made on the parameters' backend). Inputs
+ * must then be on the same backend (token ids and loss targets may stay
+ * on the host). On failure the parameters are back where they were. */
+lp_status lp_nn_layer_to(lp_nn_layer *l, const lp_tensor_backend *be);
 
 /* ======================================================================
  * Per-micro-batch contexts
