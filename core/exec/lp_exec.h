@@ -16,16 +16,6 @@
 
 typedef struct lp_exec lp_exec;
 
-typedef enum lp_exec_loss_kind {
-  LP_EXEC_LOSS_MSE = 0,          /* mean squared error against the target */
-  LP_EXEC_LOSS_CROSS_ENTROPY = 1 /* logits [..., V] against class ids */
-} lp_exec_loss_kind;
-
-typedef enum lp_exec_optim_kind {
-  LP_EXEC_OPTIM_SGD = 0,
-  LP_EXEC_OPTIM_ADAMW = 1
-} lp_exec_optim_kind;
-
 /* The data source: the input of micro-batch mb of step `step` (needed on the
  * rank holding position 0 of mb's route) and its target (on the rank holding
  * the last position). Returns new tensors the executor owns and frees; a
@@ -52,13 +42,13 @@ typedef struct lp_exec_opts {
   lp_exec_chunk_fn chunk;      /* required */
   lp_exec_data_fn data;        /* required */
   void *ud;                    /* passed to chunk, data and overlapped_fb */
-  lp_exec_loss_kind loss;
+  lp_nn_loss_kind loss;
   /* shape of the activation entering model stage s (s = 1..S-1; index 0 is
    * unused), the same for every micro-batch; act_ndim[s] dims in
    * act_shape[s][0..]. Gradients travelling back have the same shape. */
   const int *act_ndim;
   const int64_t (*act_shape)[LP_TENSOR_MAXDIM];
-  lp_exec_optim_kind optim;
+  lp_nn_optim_type optim;
   lp_nn_sgd_opts sgd;
   lp_nn_adamw_opts adamw;
   int recv_lookahead;          /* post receives this many compute actions
@@ -192,6 +182,6 @@ void lp_exec_checkpoint_path(const char *dir, int rank, char *buf, size_t n);
  * backward; then one optimizer step. *loss gets the mean micro-batch loss.
  * LP_OK, or a status with the reason in err (LP_ERRLEN). */
 lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
-                                 lp_exec_loss_kind loss_kind, int M,
+                                 lp_nn_loss_kind loss_kind, int M,
                                  lp_exec_data_fn data, void *ud, int64_t step,
                                  double *loss, char *err);

@@ -3,7 +3,7 @@
 #include "lp_exec.h"
 
 lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
-                                 lp_exec_loss_kind loss_kind, int M,
+                                 lp_nn_loss_kind loss_kind, int M,
                                  lp_exec_data_fn data, void *ud, int64_t step,
                                  double *loss, char *err) {
   if (!model || !optim || !data || M < 1) {
@@ -32,9 +32,7 @@ lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
       goto next;
     }
     double l = 0;
-    st = loss_kind == LP_EXEC_LOSS_CROSS_ENTROPY
-             ? lp_nn_loss_cross_entropy(y, tg, 1.0f / (float)M, &l, &dy)
-             : lp_nn_loss_mse(y, tg, 1.0f / (float)M, &l, &dy);
+    st = lp_nn_loss(loss_kind, y, tg, 1.0f / (float)M, &l, &dy);
     if (st != LP_OK) {
       lp_errf(err, "reference step: loss of micro-batch %d failed (%s)", mb, lp_strerror(st));
       goto next;

@@ -34,6 +34,8 @@ static void box_close(lua_State *L, exec_box *b) {
   b->data.ref = LUA_NOREF;
   if (b->fb_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, b->fb_ref);
   b->fb_ref = LUA_NOREF;
+  if (b->build_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, b->build_ref);
+  b->build_ref = LUA_NOREF;
   lp_free(b->ndim);
   lp_free(b->shape);
   b->ndim = NULL;
@@ -147,12 +149,7 @@ static int lb_exec_new(lua_State *L) {
   luaL_argcheck(L, lua_isfunction(L, -1), 2, "'data' must be a function(step, mb) -> input, target");
   b->data.ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_getfield(L, 2, "loss");
-  {
-    const char *lk = lua_tostring(L, -1);
-    if (!lk || strcmp(lk, "mse") == 0) o.loss = LP_EXEC_LOSS_MSE;
-    else if (strcmp(lk, "cross_entropy") == 0) o.loss = LP_EXEC_LOSS_CROSS_ENTROPY;
-    else return luaL_error(L, "loss must be \"mse\" or \"cross_entropy\", got \"%s\"", lk);
-  }
+  o.loss = lb_loss_kind(L, -1, "loss");
   lua_pop(L, 1);
   lua_getfield(L, 2, "act_shapes");
   if (S > 1) luaL_argcheck(L, lua_istable(L, -1), 2, "'act_shapes' {[stage] = shape} needed");
@@ -196,7 +193,7 @@ static int lb_exec_new(lua_State *L) {
   b->data.L = L;
   char err[LP_ERRLEN] = "";
   lp_status st = lp_exec_new(s, &o, &b->e, err);
-  luaL_unref(L, LUA_REGISTRYINDEX, b->build_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, b->build_ref); /* needed only while building */
   b->build_ref = LUA_NOREF;
   if (st != LP_OK) {
     box_close(L, b);

@@ -171,4 +171,21 @@ function test_overlapped_fb_hook()
     "exec:run_half is only allowed inside an overlapped_fb hook")
 end
 
+-- an error after exec_new took the build function (here: a bad loss name)
+-- must not pin it (and the model it closes over) in the registry
+function test_exec_new_error_releases_build()
+  local schedule = require("luapipe.schedule")
+  local s = schedule.build("1f1b", { pp = 1, microbatches = 1 })
+  local collected = false
+  do
+    local guard = setmetatable({}, { __gc = function() collected = true end })
+    local build = function() return guard end
+    lu.assertStrContains(error_of(core.exec_new, s, { build = build, data = data, loss = "hinge" }),
+      'loss must be "mse" or "cross_entropy", got "hinge"')
+  end
+  collectgarbage()
+  collectgarbage()
+  lu.assertTrue(collected, "the build function stayed referenced after the error")
+end
+
 os.exit(lu.LuaUnit.run())
