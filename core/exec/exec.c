@@ -60,6 +60,7 @@ static lp_status run_f(lp_exec *e, int v, int mb) {
     LP_CHECK(ex_finish_recv(e, 1, v, mb, e->vstage[v], e->vrank[pv], &x));
   }
   if (!sl->ctx) LP_CHECK_GOTO(lp_nn_ctx_new(&sl->ctx), st, out);
+  ex_trace_memory(e, lp_now(), 1, 0); /* the activation is held from the start */
   st = lp_nn_forward(vs->chunk, sl->ctx, x, &y);
   if (st != LP_OK) { nnfail(e, sl, "forward", st); goto out; }
   if (k == last) {
@@ -123,6 +124,7 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
     vs->wq[(vs->wq_head + vs->wq_len) % e->M] = mb;
     vs->wq_len++;
   }
+  ex_trace_memory(e, lp_now(), -1, full ? 0 : 1);
   if (k > 0) {
     if (!dx) {
       lp_errf(e->err, "rank %d: stage %d gives no input gradient (an embedding must be "
@@ -168,6 +170,7 @@ static lp_status run_w(lp_exec *e, int v, int mb) {
   slot *sl = &vs->slots[mb];
   lp_status st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
   if (st != LP_OK) return nnfail(e, sl, "weight-grad", st);
+  ex_trace_memory(e, lp_now(), 0, -1);
   return LP_OK;
 }
 
@@ -484,6 +487,12 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   memset(e->act_s, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_s);
   memset(e->act_n, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_n);
   double start = lp_now();
+  e->live = e->pending_w = 0;
+  if (e->trace) {
+    lp_trace_marker mk = {e->rank, "", (start - e->t0) * 1e6};
+    snprintf(mk.name, sizeof mk.name, "step %lld", (long long)step);
+    lp_trace_add_marker(e->trace, &mk); /* a marker lost to NOMEM is only cosmetic */
+  }
   for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_zero_grad(e->vs[li].optim), st, fail);
   e->t_optim += lp_now() - start;
   int L = e->o.recv_lookahead == 0 ? 4 : e->o.recv_lookahead;
@@ -523,7 +532,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       char name[LP_ACTION_TEXT_MAX];
       lp_action_format(a, name, sizeof name);
       ex_trace_add(e, LP_TRACE_COMPUTE, name, cat_of(a), t0 + e->waited, t1, a->stage, a->mb,
-                e->cur);
+                   e->cur, -1, -1);
     } else {
       e->t_post += t1 - t0 - e->waited; /* SEND_*, RECV_* (posted ahead), REDUCE_GRAD */
     }
@@ -552,7 +561,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   double to = lp_now();
   e->t_comp += (to - tr) - (e->t_wait - wait_before); /* summing reduced grads */
   if (to - tr > 1e-6)
-    ex_trace_add(e, LP_TRACE_RECV, "reduce grads / finish sends", "comm", tr, to, -1, -1, -1);
+    ex_trace_add(e, LP_TRACE_RECV, "reduce grads / finish sends", "comm", tr, to, -1, -1, -1,
+                 -1, -1);
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     if (vs->wq_len) {
@@ -565,7 +575,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   double t_opt = lp_now();
   e->busy += t_opt - to;
   e->t_optim += t_opt - to;
-  ex_trace_add(e, LP_TRACE_COMPUTE, "optimizer", "optim", to, t_opt, -1, -1, -1);
+  ex_trace_add(e, LP_TRACE_COMPUTE, "optimizer", "optim", to, t_opt, -1, -1, -1, -1, -1);
   double sum = e->loss_sum;
   if (lp_comm_allreduce_sum_double(e->comm, &sum, 1, "the loss all-reduce at the end of a step") != LP_OK) {
     const char *m = lp_comm_last_error(e->comm);

@@ -45,6 +45,7 @@ typedef struct pending_send {
   lp_tensor *t;  /* kept alive until the send completes */
   double posted; /* lp_now() of the isend */
   int v, mb, fwd, index; /* what it carries, for its trace slice */
+  int peer, tag;
 } pending_send;
 
 struct lp_exec {
@@ -77,6 +78,7 @@ struct lp_exec {
   double t0, wall, busy;
   double waited; /* seconds the running action spent waiting for receives */
   lp_trace *trace;
+  int live, pending_w; /* trace counters of this rank */
   /* always-on timing: this step's parts, the last step, the totals, and
    * per (kind, model stage) action times [2][LP_EXEC_NKINDS][S] (0: this
    * step, 1: since the reset) */
@@ -117,7 +119,11 @@ lp_status ex_reduce_finish(lp_exec *e);
 /* Records a slice [start, end] (lp_now() seconds) when tracing; peer and
  * tag describe a message (-1 when none). Returns its index or -1. */
 int ex_trace_add(lp_exec *e, int kind, const char *name, const char *cat, double start,
-                 double end, int v, int mb, int index);
+                 double end, int v, int mb, int index, int peer, int tag);
+/* Counters of this rank (tracing only): the live activations (forward
+ * passes whose backward has not finished) and the pending weight-grads
+ * change by dlive / dpw at time `at` (lp_now()). */
+void ex_trace_memory(lp_exec *e, double at, int dlive, int dpw);
 /* LP_EXEC_K_* of an action type, -1 for a non-compute one. */
 int ex_kind_of(int type);
 /* The finished step's timing becomes the last step's and joins the totals. */

@@ -143,6 +143,19 @@ void lp_exec_set_error(lp_exec *e, const char *msg);
  * tracing is off. */
 lp_trace *lp_exec_trace(lp_exec *e);
 
+/* Gathers the measured events of every rank on rank 0 over the comm (no
+ * shared file system needed): collective, between steps. On rank 0 *out
+ * gets one trace (to lp_trace_free) with every send paired with its
+ * receive (lp_trace_link_messages) and times starting at 0; on other ranks
+ * *out is NULL. The events carry a step marker per step and the counters
+ * "live activations" and "pending W" (as simulated traces do). LP_OK, or a
+ * status with the text in lp_exec_last_error (LP_ERR_ARG when tracing is
+ * off). */
+lp_status lp_exec_trace_gather(lp_exec *e, lp_trace **out);
+/* Gathers (lp_exec_trace_gather) and writes the Chrome JSON at path on
+ * rank 0 (atomically). Collective; every rank returns rank 0's status. */
+lp_status lp_exec_trace_write(lp_exec *e, const char *path);
+
 /* Drops the measured events recorded so far (to keep only the last steps
  * of a long run). LP_OK (nothing to do when tracing is off) or
  * LP_ERR_NOMEM. */

@@ -26,7 +26,8 @@ static void send_done(lp_exec *e, pending_send *p, double end) {
   if (e->trace) {
     char name[LP_TRACE_NAME_MAX];
     snprintf(name, sizeof name, "send %d%s%d", p->v, p->fwd ? "F" : "B", p->mb);
-    ex_trace_add(e, LP_TRACE_SEND, name, "comm", p->posted, end, p->v, p->mb, p->index);
+    ex_trace_add(e, LP_TRACE_SEND, name, "comm", p->posted, end, p->v, p->mb, p->index,
+                 p->peer, p->tag);
   }
   lp_tensor_free(p->t);
   p->t = NULL;
@@ -161,7 +162,8 @@ lp_status ex_finish_recv(lp_exec *e, int fwd, int v, int mb, int stin,
   e->waited += t1 - t0;
   char name[LP_TRACE_NAME_MAX];
   snprintf(name, sizeof name, "recv %d%s%d", v, fwd ? "F" : "B", mb);
-  ex_trace_add(e, LP_TRACE_RECV, name, "comm", t0, t1, v, mb, e->cur);
+  ex_trace_add(e, LP_TRACE_RECV, name, "comm", t0, t1, v, mb, e->cur, peer,
+               ex_tag(e, fwd ? K_F : K_B, v, mb));
   lp_status st = lp_tensor_from_data(NULL, e->ndim[stin], e->shape[stin], *buf, out);
   lp_free(*buf);
   *buf = NULL;
@@ -189,7 +191,8 @@ lp_status ex_send(lp_exec *e, const lp_action *a) {
             ex_act_text(e, e->cur, tx, sizeof tx), lp_comm_last_error(e->comm));
     return st;
   }
-  pending_send ps = {req, *t, lp_now(), v, mb, fwd, e->cur};
+  pending_send ps = {req, *t, lp_now(), v, mb, fwd, e->cur, e->vrank[u],
+                     ex_tag(e, fwd ? K_F : K_B, u, mb)};
   st = push_send(e, &ps);
   if (st != LP_OK) {
     lp_comm_cancel(e->comm, &req);

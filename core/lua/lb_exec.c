@@ -373,6 +373,20 @@ static void push_event(lua_State *L, const lp_trace_event *ev) {
   lb_set_integer(L, "index", ev->index);
   lua_pushstring(L, ev->action);
   lua_setfield(L, -2, "action");
+  lb_set_integer(L, "peer", ev->peer);
+  lb_set_integer(L, "tag", ev->tag);
+  lb_set_integer(L, "step", ev->step);
+}
+
+/* exec:trace_write(path) -> true | nil, err: gathers the measured events
+ * of every rank on rank 0 over the comm and writes one Chrome trace there
+ * (times from 0, a marker per step, counters, message flows). Collective. */
+static int lb_exec_trace_write(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  const char *path = luaL_checkstring(L, 2);
+  if (lp_exec_trace_write(b->e, path) != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* exec:trace_events() -> list of event tables (empty without trace=true) */
@@ -389,71 +403,6 @@ static int lb_exec_trace_events(lua_State *L) {
   return 1;
 }
 
-static void str_field(lua_State *L, int idx, const char *k, char *dst, size_t n) {
-  lua_getfield(L, idx, k);
-  const char *s = lua_tostring(L, -1);
-  snprintf(dst, n, "%s", s ? s : "");
-  lua_pop(L, 1);
-}
-
-static double num_field(lua_State *L, int idx, const char *k, double deflt) {
-  lua_getfield(L, idx, k);
-  double v = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : deflt;
-  lua_pop(L, 1);
-  return v;
-}
-
-/* core.trace_write(events, path [, flows]) -> true | nil, err: writes the
- * Chrome JSON of a list of event tables (as exec:trace_events gives) and
- * optional flows {{from_rank=, to_rank=, from_us=, to_us=}, ...}. */
-static int lb_trace_write(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  const char *path = luaL_checkstring(L, 2);
-  lp_trace *t = lp_trace_new();
-  if (!t) return luaL_error(L, "out of memory");
-  lp_status st = LP_OK;
-  int n = (int)luaL_len(L, 1);
-  for (int i = 1; i <= n && st == LP_OK; i++) {
-    lua_geti(L, 1, i);
-    int idx = lua_gettop(L);
-    lp_trace_event ev;
-    lp_trace_event_init(&ev);
-    ev.rank = (int)num_field(L, idx, "rank", 0);
-    char kind[16];
-    str_field(L, idx, "kind", kind, sizeof kind);
-    ev.kind = strcmp(kind, "send") == 0 ? LP_TRACE_SEND
-              : strcmp(kind, "recv") == 0 ? LP_TRACE_RECV : LP_TRACE_COMPUTE;
-    str_field(L, idx, "name", ev.name, sizeof ev.name);
-    str_field(L, idx, "cat", ev.cat, sizeof ev.cat);
-    str_field(L, idx, "action", ev.action, sizeof ev.action);
-    ev.start_us = num_field(L, idx, "start_us", 0);
-    ev.dur_us = num_field(L, idx, "dur_us", 0);
-    ev.stage = (int)num_field(L, idx, "stage", -1);
-    ev.mb = (int)num_field(L, idx, "mb", -1);
-    ev.index = (int)num_field(L, idx, "index", -1);
-    st = lp_trace_add_event(t, &ev, NULL);
-    lua_pop(L, 1);
-  }
-  if (lua_istable(L, 3)) {
-    int nf = (int)luaL_len(L, 3);
-    for (int i = 1; i <= nf && st == LP_OK; i++) {
-      lua_geti(L, 3, i);
-      int idx = lua_gettop(L);
-      lp_trace_flow f = {i, (int)num_field(L, idx, "from_rank", 0),
-                         (int)num_field(L, idx, "to_rank", 0), num_field(L, idx, "from_us", 0),
-                         num_field(L, idx, "to_us", 0), -1, -1};
-      st = lp_trace_add_flow(t, &f);
-      lua_pop(L, 1);
-    }
-  }
-  char err[LP_ERRLEN] = "";
-  if (st == LP_OK) st = lp_trace_write_json(t, path, err);
-  lp_trace_free(t);
-  if (st != LP_OK) return lb_fail(L, *err ? err : lp_strerror(st));
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
 void lb_open_exec(lua_State *L) {
   static const luaL_Reg methods[] = {{"step", lb_exec_step},
                                      {"timing", lb_exec_timing},
@@ -463,6 +412,7 @@ void lb_open_exec(lua_State *L) {
                                      {"vstages", lb_exec_vstages},
                                      {"run_half", lb_exec_run_half},
                                      {"trace_events", lb_exec_trace_events},
+                                     {"trace_write", lb_exec_trace_write},
                                      {"save_checkpoint", lb_exec_save_checkpoint},
                                      {"load_checkpoint", lb_exec_load_checkpoint},
                                      {"close", lb_exec_close},
@@ -470,8 +420,6 @@ void lb_open_exec(lua_State *L) {
   static const luaL_Reg meta[] = {{"__gc", lb_exec_close}, {"__close", lb_exec_close},
                                   {NULL, NULL}};
   static const luaL_Reg funcs[] = {{"exec_new", lb_exec_new},
-                                   {"trace_write", lb_trace_write},
-                                   
                                    {"mkdir_p", lb_mkdir_p},
                                    {NULL, NULL}};
   lb_new_class(L, LB_EXEC, "Exec", methods, meta);

@@ -50,41 +50,22 @@ end
 -- same figures (ranks of one host share the trace clock). Collective.
 function M.message_latency(exec, sched)
   local P, rank = comm.size(), comm.rank()
-  local Mb = sched:info().microbatches
   local evs = exec:trace_events()
-  -- message id: (occurrence * 2V + 2 * producer vstage + dir) * M + mb
-  local seen, sends, recvs = {}, {}, {}
-  local routes = {}
-  local function route(mb)
-    routes[mb] = routes[mb] or sched:route(mb) or {}
-    return routes[mb]
+  -- message id from the structured fields: (step, sender, receiver, tag)
+  local maxtag = 0
+  for _, e in ipairs(evs) do maxtag = math.max(maxtag, e.tag) end
+  -- the sum over ranks bounds every rank's largest tag: ids stay unique
+  maxtag = math.floor(allreduce({ maxtag }, "luapipe.perf: the largest message tag")[1] + 0.5)
+  local function id_of(step, from, to, tag)
+    return ((step * P + from) * P + to) * (maxtag + 1) + tag
   end
-  local maxv = 0
-  for mb = 0, Mb - 1 do for _, x in ipairs(route(mb)) do maxv = math.max(maxv, x + 1) end end
-  local function id_of(v, dir, mb)
-    local key = (2 * v + dir) * Mb + mb
-    local o = seen[key] or 0
-    seen[key] = o + 1
-    return o * 2 * maxv * Mb + key
-  end
+  local sends, recvs = {}, {}
   for _, e in ipairs(evs) do
-    if e.kind == "send" then
-      local v, d, mb = e.name:match("^send (%d+)([FB])(%d+)$")
-      if v then sends[#sends + 1] = { id_of(tonumber(v), d == "F" and 0 or 1, tonumber(mb)), e.start_us } end
-    end
-  end
-  seen = {}
-  for _, e in ipairs(evs) do
-    if e.kind == "recv" then
-      local u, d, mb = e.name:match("^recv (%d+)([FB])(%d+)$")
-      if u then
-        u, mb = tonumber(u), tonumber(mb)
-        local r, v = route(mb), nil
-        for k, x in ipairs(r) do if x == u then v = d == "F" and r[k - 1] or r[k + 1] end end
-        if v then
-          local id = id_of(v, d == "F" and 0 or 1, mb)
-          if e.dur_us > 0 then recvs[#recvs + 1] = { id, e.start_us, e.start_us + e.dur_us } end
-        end
+    if e.peer >= 0 and e.tag >= 0 then
+      if e.kind == "send" then
+        sends[#sends + 1] = { id_of(e.step, rank, e.peer, e.tag), e.start_us }
+      elseif e.kind == "recv" and e.dur_us > 0 then
+        recvs[#recvs + 1] = { id_of(e.step, e.peer, rank, e.tag), e.start_us, e.start_us + e.dur_us }
       end
     end
   end

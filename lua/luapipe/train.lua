@@ -108,74 +108,6 @@ local function params_of(layer)
   return out
 end
 
--- Gathers the measured events of every rank into one Chrome trace at path
--- (rank 0 writes it). Ranks exchange their events through files next to
--- `path`, so all ranks must see the same file system (one host).
-local function write_trace(exec, sched, path)
-  local rank, size = comm.rank(), comm.size()
-  local events = exec:trace_events()
-  if size > 1 then
-    local part = string.format("%s.rank%d.part", path, rank)
-    local f = assert(io.open(part, "w"))
-    f:write("return {\n")
-    for _, e in ipairs(events) do
-      f:write(string.format("{rank=%d,kind=%q,name=%q,cat=%q,start_us=%.3f,dur_us=%.3f,stage=%d,mb=%d,index=%d,action=%q},\n",
-        e.rank, e.kind, e.name, e.cat, e.start_us, e.dur_us, e.stage, e.mb, e.index, e.action))
-    end
-    f:write("}\n")
-    f:close()
-    assert(comm.barrier("trace: every rank wrote its events"))
-    if rank == 0 then
-      events = {}
-      for r = 0, size - 1 do
-        local p = string.format("%s.rank%d.part", path, r)
-        local list = assert(dofile(p))
-        for _, e in ipairs(list) do events[#events + 1] = e end
-        os.remove(p)
-      end
-    end
-  end
-  if rank ~= 0 then return true end
-  -- flows: the k-th send "send vFm" (or vBm) goes to the k-th matching
-  -- receive (one per step), events of a rank being in time order. Unmatched
-  -- slices keep their measured times (send: isend to observed completion;
-  -- receive: the wait).
-  local sends, used, flows = {}, {}, {}
-  for _, e in ipairs(events) do
-    if e.kind == "send" then
-      local key = e.name:gsub("^send ", "")
-      sends[key] = sends[key] or {}
-      table.insert(sends[key], e)
-    end
-  end
-  for _, e in ipairs(events) do
-    local u, dir, mb = e.name:match("^recv (%d+)([FB])(%d+)$")
-    if e.kind == "recv" and u then
-      u, mb = tonumber(u), tonumber(mb)
-      local route, v = sched:route(mb) or {}, nil
-      for k, x in ipairs(route) do
-        if x == u then v = dir == "F" and route[k - 1] or route[k + 1] end
-      end
-      local key = v and string.format("%d%s%d", v, dir, mb)
-      if key and sends[key] then
-        used[key] = (used[key] or 0) + 1
-        local s = sends[key][used[key]]
-        if s then
-          -- as in simulated traces, a message's send and receive slices both
-          -- span [sent, received]: from the isend to the moment the
-          -- receiving action had it
-          local arrived = math.max(e.start_us + e.dur_us, s.start_us)
-          s.dur_us = arrived - s.start_us
-          e.start_us, e.dur_us = s.start_us, arrived - s.start_us
-          flows[#flows + 1] = { from_rank = s.rank, to_rank = e.rank, from_us = s.start_us,
-            to_us = arrived }
-        end
-      end
-    end
-  end
-  return core.trace_write(events, path, flows)
-end
-
 -- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
 --   microbatches=, pp=, chunks=, partition = "layers" | "cost", trace=,
 --   quiet=, lookahead=, overlapped_fb=, checkpoint = {dir=, every=}, resume=} -> result
@@ -266,7 +198,7 @@ function M.run(opts)
     return out
   end
   if opts.trace then
-    local tok, terr = write_trace(exec, lowered, opts.trace)
+    local tok, terr = exec:trace_write(opts.trace) -- gathered over the comm on rank 0
     if not tok then
       if size > 1 then comm.abort("trace: " .. tostring(terr)) end
       fail("trace: " .. tostring(terr))

@@ -42,19 +42,33 @@ if [ -s "$tmp/trace.json" ]; then
     local json = require("dkjson")
     local f = assert(io.open(arg[1])); local t = json.decode(f:read("a")); f:close()
     local compute, s, fl, bad = {}, {}, {}, 0
+    local t0, markers, live, sends, peerless = math.huge, {}, {}, 0, 0
     for _, e in ipairs(t.traceEvents) do
       if e.ph == "X" and e.tid == 0 then compute[e.pid] = (compute[e.pid] or 0) + 1 end
       if e.ph == "s" then s[e.id] = e.ts end
       if e.ph == "f" then fl[#fl + 1] = e end
+      if e.ph == "X" or e.ph == "C" or e.ph == "i" then t0 = math.min(t0, e.ts) end
+      if e.ph == "i" and e.name:match("^step %d+$") then markers[e.pid] = (markers[e.pid] or 0) + 1 end
+      if e.ph == "C" and e.name == "live activations" then live[e.pid] = true end
+      if e.ph == "X" and e.name:match("^send ") then
+        sends = sends + 1
+        if not (e.args.peer and e.args.tag and e.args.step) then peerless = peerless + 1 end
+      end
     end
     for _, e in ipairs(fl) do if not s[e.id] or e.ts < s[e.id] then bad = bad + 1 end end
     print(string.format("ranks %d %d %d %d flows %d backwards %d", compute[0] or 0,
       compute[1] or 0, compute[2] or 0, compute[3] or 0, #fl, bad))
+    -- times from 0, a marker per step on every rank, counters, every send paired
+    print(string.format("start %g markers %d %d %d %d live %s sends %d unpaired %d peerless %d", t0,
+      markers[0] or 0, markers[1] or 0, markers[2] or 0, markers[3] or 0,
+      (live[0] and live[1] and live[2] and live[3]) and "all" or "missing", sends, sends - #fl, peerless))
 LUA
   check=$("$luapipe" "$tmp/check.lua" "$tmp/trace.json")
   echo "trace: $check"
-  [[ "$check" =~ ^ranks\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ flows\ [1-9][0-9]*\ backwards\ 0$ ]] ||
+  [[ "$check" =~ ^ranks\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ flows\ [1-9][0-9]*\ backwards\ 0 ]] ||
     fail "trace: expected compute slices on every rank and forward flows"
+  [[ "$check" == *"start 0 markers 15 15 15 15 live all sends "*" unpaired 0 peerless 0"* ]] ||
+    fail "trace: expected times from 0, 15 step markers per rank, live-activation counters, every send paired"
   ls "$tmp" | grep -q part && fail "trace: per-rank part files left behind"
 else
   fail "train_mlp --trace wrote no trace"
