@@ -58,18 +58,57 @@ local checkpoint = require("luapipe.checkpoint")
 local M = {}
 
 local function fail(msg)
-  -- the same misuse is found on every rank; under mpirun say it once per
-  -- rank and end the job
   error(msg, 0)
+end
+
+-- A mistake in how the job was started or configured, found the same way
+-- on every rank: under mpirun rank 0 prints it as one line and every rank
+-- exits with status 2 (no traceback, no copy per rank); on one process it
+-- is an ordinary error.
+local function usage_fail(msg)
+  if comm.size() > 1 then
+    if comm.rank() == 0 then
+      io.stderr:write("luapipe: ", msg, "\n")
+      io.stderr:flush()
+    end
+    comm.barrier("luapipe.train: every rank stops on a usage error")
+    os.exit(2)
+  end
+  error(msg, 0)
+end
+M.usage_fail = usage_fail
+
+-- family names as users read them
+local display = { gpipe = "GPipe", ["1f1b"] = "1F1B", interleaved1f1b = "Interleaved 1F1B",
+  zb1p = "ZB1P", zbv = "ZB-V", dualpipe = "DualPipe", dualpipev = "DualPipeV" }
+
+-- A family builder's complaint about pp, in the words of someone who only
+-- chose how many processes mpirun starts.
+local function in_rank_terms(msg, fam, ranks)
+  local name = display[fam] or fam
+  msg = msg:gsub("^[^:]*:%d+: ", "")
+  local got = msg:match("pp must be even, got (%d+)")
+  if got then return string.format("%s needs an even number of ranks; mpirun started %s", name, got) end
+  local need, m = msg:match("microbatches must be at least 2%*pp = (%d+), got (%d+)")
+  if need then
+    return string.format("%s needs at least 2 micro-batches per rank: %s micro-batches on %d ranks, got %s",
+      name, need, ranks, m)
+  end
+  return (msg:gsub("^" .. fam .. ": ", name .. ": "))
 end
 
 -- Resolves opts.schedule to a validated compute-only schedule.
 local function get_schedule(opts)
   local s = opts.schedule
   if type(s) == "string" then
-    local ok, res = pcall(schedule.build, s, { pp = opts.pp or comm.size(),
-      microbatches = opts.microbatches or 2 * (opts.pp or comm.size()), chunks = opts.chunks })
-    if not ok then fail("luapipe.train: " .. tostring(res):gsub("^[^:]*:%d+: ", "")) end
+    local pp = opts.pp or comm.size()
+    local ok, res = pcall(schedule.build, s, { pp = pp,
+      microbatches = opts.microbatches or 2 * pp, chunks = opts.chunks })
+    if not ok then
+      local msg = tostring(res)
+      if opts.pp == nil then usage_fail(in_rank_terms(msg, s:lower(), pp)) end
+      fail("luapipe.train: " .. msg:gsub("^[^:]*:%d+: ", ""))
+    end
     s = res
   elseif s == nil then
     fail("luapipe.train: 'schedule' is required (a family name or a luapipe.Schedule)")
@@ -120,8 +159,8 @@ function M.run(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
   if info.ranks ~= size then
-    fail(string.format("luapipe.train: schedule '%s' needs %d ranks, but this job has %d"
-      .. " (run it with mpirun -np %d)", sname, info.ranks, size, info.ranks))
+    usage_fail(string.format("schedule '%s' needs %d ranks, but %s (run it with mpirun -np %d)",
+      sname, info.ranks, size > 1 and "mpirun started " .. size or "this is one process", info.ranks))
   end
   local lowered = s
   if not info.lowered then

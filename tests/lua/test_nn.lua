@@ -135,7 +135,7 @@ end
 function test_train_errors()
   local m = mlp()
   lu.assertEquals(error_of(train, { model = m, schedule = "1f1b", pp = 2, microbatches = 4, data = data }),
-    "luapipe.train: schedule '1f1b' needs 2 ranks, but this job has 1 (run it with mpirun -np 2)")
+    "schedule '1f1b' needs 2 ranks, but this is one process (run it with mpirun -np 2)")
   lu.assertStrContains(error_of(train, { model = m, schedule = "nope", pp = 1, data = data }),
     "unknown schedule 'nope'")
   lu.assertStrContains(error_of(train, { model = {}, schedule = "1f1b", data = data }),

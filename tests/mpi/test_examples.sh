@@ -74,6 +74,14 @@ else
   fail "train_mlp --trace wrote no trace"
 fi
 
+# DualPipe on an odd number of ranks: one line, once, in the user's words
+"${mpirun[@]}" -np 3 "$luapipe" examples/train_mlp.lua --schedule dualpipe --steps 1 >"$tmp/out" 2>&1
+rc=$?
+n=$(grep -c "^luapipe: DualPipe needs an even number of ranks; mpirun started 3$" "$tmp/out")
+echo "dualpipe on 3 ranks: rc $rc, reported $n time(s)"
+{ [ "$rc" -eq 2 ] && [ "$n" -eq 1 ] && ! grep -qiE "traceback|\bpp\b" "$tmp/out"; } ||
+  { fail "dualpipe on 3 ranks"; cat "$tmp/out"; }
+
 t0=$(date +%s.%N)
 "${mpirun[@]}" -np 4 "$luapipe" examples/train_char_lm.lua --schedule zbv --microbatches 8 \
   --steps 30 --seed 1 --dim 32 --context 32 --blocks 6 --lr 0.01 \
