@@ -279,6 +279,8 @@ static const lp_env_knob knobs[] = {
     {"LUAPIPE_LUA_PATH", "", "extra directory searched first for luapipe's Lua modules"},
     {"LUAPIPE_TIMEOUT", "300", "watchdog: seconds a rank may wait on a message before every rank aborts"},
     {"LUAPIPE_HISTORY", "~/.luapipe_history", "REPL history file (empty disables history)"},
+    {"LUAPIPE_LINK", "none", "emulated link for every message, e.g. lat=50us,bw=2GB/s (see lp_comm.h)"},
+    {"LUAPIPE_COMM_THREAD", "1", "0 turns off the MPI progress thread (communication then progresses only while a rank waits)"},
 };
 
 const lp_env_knob *lp_env_knobs(int *count) {

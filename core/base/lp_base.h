@@ -115,5 +115,30 @@ double lp_env_double(const char *name, double deflt);
 
 /* Monotonic wall clock in seconds. */
 double lp_now(void);
+/* Sleeps until lp_now() >= t (returns at once when t has passed). */
+void lp_sleep_until(double t);
+
+/* ---- emulated link ----------------------------------------------------
+ * One cost model for the comm layer's emulated link (LUAPIPE_LINK,
+ * lp_comm_set_link) and the simulator's --link: a message of B bytes takes
+ * latency_s + B / bytes_per_s seconds (bytes_per_s 0: unlimited). Text
+ * form: comma-separated fields "lat=<number><us|ms|s>" and
+ * "bw=<number><GB/s|MB/s|KB/s|B/s>" (decimal units: 1 GB = 1e9 bytes), in
+ * any order, each at most once, e.g. "lat=50us,bw=2GB/s"; a missing field
+ * is 0 (no latency) / unlimited. "" and "none" are the zero link. */
+typedef struct lp_link {
+  double latency_s;   /* >= 0 */
+  double bytes_per_s; /* > 0, or 0 for unlimited */
+} lp_link;
+/* Parses text into *out (zeroed on failure). LP_ERR_PARSE with the reason
+ * in err (LP_ERRLEN), naming the field and the accepted units, e.g.
+ * "link 'lat=5,bw=1GB/s': lat=5 needs a unit (us, ms or s)". */
+lp_status lp_link_parse(const char *text, lp_link *out, char *err);
+/* latency_s + bytes / bytes_per_s (0 for a NULL link). */
+double lp_link_time(const lp_link *l, double bytes);
+/* 1 when l models any cost (latency or limited bandwidth). */
+int lp_link_active(const lp_link *l);
+/* Writes the canonical text of l ("lat=50us,bw=2GB/s", "none"). */
+void lp_link_format(const lp_link *l, char *buf, size_t size);
 
 #define LP_VERSION "0.1.0"

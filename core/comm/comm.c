@@ -3,6 +3,7 @@
  * poll operations (comm_self.c, comm_mpi.c). */
 #define _POSIX_C_SOURCE 200809L
 #include <limits.h>
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +24,24 @@ void comm_init(lp_comm *c, const lp_comm_backend *be, int rank, int size,
   c->tag_ub = tag_ub;
   c->impl = impl;
   c->timeout_s = lp_env_double("LUAPIPE_TIMEOUT", 300);
+  char err[LP_ERRLEN];
+  /* a malformed LUAPIPE_LINK was reported by lp_comm_mpi_init: none here */
+  if (lp_comm_link_from_env(&c->link, err) != LP_OK) memset(&c->link, 0, sizeof c->link);
 }
+
+lp_status lp_comm_link_from_env(lp_link *out, char *err) {
+  char e[LP_ERRLEN];
+  lp_status st = lp_link_parse(getenv("LUAPIPE_LINK"), out, e);
+  if (st != LP_OK) lp_errf(err, "LUAPIPE_LINK: %s", e);
+  return st;
+}
+
+void lp_comm_set_link(lp_comm *c, const lp_link *link) {
+  if (link) c->link = *link;
+  else memset(&c->link, 0, sizeof c->link);
+}
+
+const lp_link *lp_comm_link(const lp_comm *c) { return &c->link; }
 
 static lp_comm *world;     /* set by comm_mpi.c while MPI runs */
 static lp_comm self_world; /* the world of a process without MPI */
@@ -130,6 +148,12 @@ static lp_comm_req *new_req(lp_comm *c, comm_op op, lp_comm_dtype dt,
   return r;
 }
 
+/* Stamps r with its modelled arrival for `bytes` on c's emulated link. */
+static void set_arrival(const lp_comm *c, lp_comm_req *r, double bytes) {
+  if (lp_link_active(&c->link))
+    r->arrival = r->started + lp_link_time(&c->link, bytes);
+}
+
 /* Checks and starts one point-to-point float transfer (op SEND or RECV). */
 static lp_status start_p2p(lp_comm *c, comm_op op, float *buf, size_t n, int peer,
                            int tag, lp_comm_req **req) {
@@ -143,6 +167,7 @@ static lp_status start_p2p(lp_comm *c, comm_op op, float *buf, size_t n, int pee
     lp_free(r);
     return st;
   }
+  set_arrival(c, r, (double)n * sizeof(float));
   *req = r;
   return LP_OK;
 }
@@ -160,20 +185,29 @@ lp_status lp_comm_irecv(lp_comm *c, float *buf, size_t n, int peer, int tag,
 lp_status lp_comm_test(lp_comm *c, lp_comm_req **req, int *done) {
   *done = 1;
   if (!*req) return LP_OK;
-  int d = 0;
-  lp_status st = c->be->test(c, *req, &d);
-  if (st != LP_OK || d) {
-    lp_free(*req);
-    *req = NULL;
-    return st;
+  lp_comm_req *r = *req;
+  if (!r->be_done) {
+    int d = 0;
+    lp_status st = c->be->test(c, r, &d);
+    if (st != LP_OK) {
+      lp_free(r);
+      *req = NULL;
+      return st;
+    }
+    r->be_done = d;
   }
-  *done = 0;
+  if (!r->be_done || (r->arrival > 0 && lp_now() < r->arrival)) {
+    *done = 0;
+    return LP_OK;
+  }
+  lp_free(r);
+  *req = NULL;
   return LP_OK;
 }
 
 void lp_comm_cancel(lp_comm *c, lp_comm_req **req) {
   if (!req || !*req) return;
-  c->be->cancel(c, *req);
+  if (!(*req)->be_done) c->be->cancel(c, *req);
   lp_free(*req);
   *req = NULL;
 }
@@ -208,6 +242,13 @@ static void timeout_text(lp_comm *c, const lp_comm_req *r, double limit,
              "in a broadcast of %zu bytes from rank %d, on rank %d", r->count,
              r->peer, c->rank);
     break;
+  case COMM_OP_ALLTOALLV:
+    snprintf(head, sizeof head,
+             "in an all-to-all-v on rank %d (%d ranks) sending %zu %s to and "
+             "receiving %zu %s from other ranks",
+             c->rank, c->size, r->count, ty, r->count_in,
+             comm_dtype_name(r->dtype, r->count_in));
+    break;
   }
   lp_errf(c->err, "timed out after %g s (LUAPIPE_TIMEOUT) %s%s%s", limit, head,
           what && *what ? ": " : "", what ? what : "");
@@ -225,6 +266,22 @@ static void backoff(unsigned polls) {
   nanosleep(&ts, NULL);
 }
 
+/* When the pending requests cannot be reported before some future time
+ * (their modelled arrival on the emulated link), the time to sleep until:
+ * the earliest arrival, but at most 1 ms ahead while the backend has not
+ * finished one yet (it may need polling). 0 when polling should go on. */
+static double link_wake(lp_comm_req **reqs, int n, double now) {
+  double wake = 0;
+  for (int i = 0; i < n; i++) {
+    const lp_comm_req *r = reqs[i];
+    if (!r) continue;
+    if (r->arrival <= now) return 0; /* only the real transfer is left */
+    double t = r->be_done ? r->arrival : fmin(r->arrival, now + 1e-3);
+    if (wake == 0 || t < wake) wake = t;
+  }
+  return wake;
+}
+
 lp_status lp_comm_waitall(lp_comm *c, lp_comm_req **reqs, int n,
                           const char *what) {
   double limit = c->timeout_s;
@@ -238,11 +295,14 @@ lp_status lp_comm_waitall(lp_comm *c, lp_comm_req **reqs, int n,
       if (!done && pending < 0) pending = i;
     }
     if (pending < 0) return LP_OK;
-    if (limit > 0 && lp_now() >= deadline) {
+    double now = lp_now();
+    if (limit > 0 && now >= deadline) {
       timeout_text(c, reqs[pending], limit, what);
       return LP_ERR_TIMEOUT;
     }
-    backoff(polls);
+    double wake = link_wake(reqs, n, now);
+    if (wake > 0) lp_sleep_until(limit > 0 ? fmin(wake, deadline) : wake);
+    else backoff(polls);
   }
 }
 
@@ -327,6 +387,117 @@ lp_status lp_comm_bcast(lp_comm *c, void *buf, size_t bytes, int root,
   lp_comm_req *r = new_req(c, COMM_OP_BCAST, LP_COMM_FLOAT, bytes, root, -1);
   if (!r) return LP_ERR_NOMEM;
   return collective(c, r, c->be->ibcast(c, buf, bytes, root, r), what);
+}
+
+/* ---- sub-communicators ---- */
+
+lp_status lp_comm_split(lp_comm *c, int color, int key, lp_comm **out) {
+  *out = NULL;
+  if (color < 0) {
+    lp_errf(c->err, "split on rank %d: color %d must be >= 0", c->rank, color);
+    return LP_ERR_ARG;
+  }
+  if (!c->be->split) {
+    lp_errf(c->err, "split: the %s backend cannot split a communicator",
+            c->be->name);
+    return LP_ERR_UNSUPPORTED;
+  }
+  char what[96];
+  snprintf(what, sizeof what, "splitting the communicator (color %d, key %d)",
+           color, key);
+  LP_CHECK(lp_comm_barrier(c, what));
+  lp_comm *n = NULL;
+  LP_CHECK(c->be->split(c, color, key, &n));
+  n->timeout_s = c->timeout_s;
+  n->link = c->link;
+  *out = n;
+  return LP_OK;
+}
+
+/* ---- all-to-all-v ---- */
+
+/* Checks an all-to-all-v call; LP_OK or LP_ERR_ARG with text; *out_total /
+ * *in_total get the floats to / from other ranks. */
+static lp_status check_alltoallv(lp_comm *c, const float *send,
+                                 const size_t *sc, const size_t *sd,
+                                 const float *recv, const size_t *rc,
+                                 const size_t *rd, lp_comm_req **req,
+                                 size_t *out_total, size_t *in_total) {
+  if (!req) {
+    lp_errf(c->err, "all-to-all-v on rank %d: no place for the request", c->rank);
+    return LP_ERR_ARG;
+  }
+  *req = NULL;
+  if (!sc || !sd || !rc || !rd) {
+    lp_errf(c->err, "all-to-all-v on rank %d: NULL count or displacement array",
+            c->rank);
+    return LP_ERR_ARG;
+  }
+  size_t out = 0, in = 0, send_end = 0, recv_end = 0;
+  for (int p = 0; p < c->size; p++) {
+    if (p != c->rank) {
+      out += sc[p];
+      in += rc[p];
+    }
+    if (sc[p] && sd[p] + sc[p] > send_end) send_end = sd[p] + sc[p];
+    if (rc[p] && rd[p] + rc[p] > recv_end) recv_end = rd[p] + rc[p];
+  }
+  if (sc[c->rank] != rc[c->rank]) {
+    lp_errf(c->err,
+            "all-to-all-v on rank %d: sends %zu floats to itself but expects "
+            "%zu from itself",
+            c->rank, sc[c->rank], rc[c->rank]);
+    return LP_ERR_ARG;
+  }
+  if ((!send && send_end > 0) || (!recv && recv_end > 0)) {
+    lp_errf(c->err, "all-to-all-v on rank %d: NULL %s buffer for %zu floats",
+            c->rank, !send && send_end ? "send" : "receive",
+            !send && send_end ? send_end : recv_end);
+    return LP_ERR_ARG;
+  }
+  *out_total = out;
+  *in_total = in;
+  return LP_OK;
+}
+
+lp_status lp_comm_ialltoallv(lp_comm *c, const float *send,
+                             const size_t *send_counts,
+                             const size_t *send_displs, float *recv,
+                             const size_t *recv_counts,
+                             const size_t *recv_displs, lp_comm_req **req) {
+  size_t out, in;
+  LP_CHECK(check_alltoallv(c, send, send_counts, send_displs, recv,
+                           recv_counts, recv_displs, req, &out, &in));
+  if (!c->be->ialltoallv) {
+    lp_errf(c->err, "all-to-all-v: the %s backend has none", c->be->name);
+    return LP_ERR_UNSUPPORTED;
+  }
+  lp_comm_req *r = new_req(c, COMM_OP_ALLTOALLV, LP_COMM_FLOAT, out, -1, -1);
+  if (!r) return LP_ERR_NOMEM;
+  r->count_in = in;
+  lp_status st = c->be->ialltoallv(c, send, send_counts, send_displs, recv,
+                                   recv_counts, recv_displs, r);
+  if (st != LP_OK) {
+    lp_free(r);
+    return st;
+  }
+  if (out + in > 0)
+    set_arrival(c, r, (double)(out > in ? out : in) * sizeof(float));
+  *req = r;
+  return LP_OK;
+}
+
+lp_status lp_comm_alltoallv(lp_comm *c, const float *send,
+                            const size_t *send_counts,
+                            const size_t *send_displs, float *recv,
+                            const size_t *recv_counts,
+                            const size_t *recv_displs, const char *what) {
+  lp_comm_req *r;
+  LP_CHECK(lp_comm_ialltoallv(c, send, send_counts, send_displs, recv,
+                              recv_counts, recv_displs, &r));
+  lp_status st = lp_comm_wait(c, &r, what);
+  lp_comm_cancel(c, &r);
+  return st;
 }
 
 /* ---- abort ---- */

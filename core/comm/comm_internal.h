@@ -10,7 +10,8 @@ typedef enum comm_op {
   COMM_OP_RECV,
   COMM_OP_ALLREDUCE,
   COMM_OP_BARRIER,
-  COMM_OP_BCAST
+  COMM_OP_BCAST,
+  COMM_OP_ALLTOALLV
 } comm_op;
 
 struct lp_comm {
@@ -19,6 +20,7 @@ struct lp_comm {
   int tag_ub;
   int is_world;     /* owned by the library: lp_comm_free ignores it */
   double timeout_s; /* watchdog limit; <= 0: none */
+  lp_link link;     /* emulated link (LUAPIPE_LINK / lp_comm_set_link) */
   void *impl;       /* backend state */
   char err[LP_ERRLEN];
 };
@@ -27,8 +29,11 @@ struct lp_comm_req {
   comm_op op;
   lp_comm_dtype dtype;
   int peer, tag; /* -1 for collectives (peer = root for bcast) */
-  size_t count;
+  size_t count;   /* floats sent (all-to-all-v: to other ranks) */
+  size_t count_in; /* all-to-all-v: floats received from other ranks */
   double started; /* lp_now() when started */
+  double arrival; /* modelled arrival on the emulated link (0: none) */
+  int be_done;    /* the backend finished it; only the link time is left */
   /* backend state: big enough and aligned for an MPI_Request and a status
    * (comm_mpi.c checks with a static assert) */
   union {

@@ -1,11 +1,15 @@
 /* comm_mpi.c — the "mpi" backend (Open MPI) and the bootstrap the host
  * calls. Every operation is non-blocking (MPI_Isend, MPI_Iallreduce,
  * MPI_Ibarrier, ...) so comm.c's watchdog can bound every wait. The world
- * context works on a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN.
+ * context works on a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN;
+ * split contexts own their MPI communicator (impl, a mpi_ctx). A progress
+ * thread (see lp_comm.h) drives MPI while operations are pending.
  * The only file in core/ that includes mpi.h. */
 #define _POSIX_C_SOURCE 200809L
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,14 +26,95 @@ static struct {
   int provided;  /* thread level MPI gave us */
   MPI_Comm comm;
   lp_comm ctx;
-} g;
+  /* the progress thread */
+  int thread_on;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int pending; /* operations started and not yet finished */
+  int stop;
+  MPI_Comm progress_comm; /* private: MPI_Iprobe on it only drives progress */
+} g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
-_Static_assert(sizeof(MPI_Request) <= sizeof(((lp_comm_req *)0)->impl),
+/* A split context's backend state. */
+typedef struct mpi_ctx {
+  MPI_Comm comm;
+} mpi_ctx;
+
+/* The backend part of a request: the MPI request and, for an all-to-all-v,
+ * the int count/displacement arrays MPI reads until it completes. */
+typedef struct mpi_req {
+  MPI_Request q;
+  int *arrays;
+} mpi_req;
+
+_Static_assert(sizeof(mpi_req) <= sizeof(((lp_comm_req *)0)->impl),
                "lp_comm_req.impl too small for an MPI_Request");
-_Static_assert(_Alignof(MPI_Request) <= _Alignof(long long),
+_Static_assert(_Alignof(mpi_req) <= _Alignof(long long),
                "lp_comm_req.impl not aligned for an MPI_Request");
 
-static MPI_Request *mreq(lp_comm_req *r) { return (MPI_Request *)(void *)&r->impl; }
+static mpi_req *mr(lp_comm_req *r) { return (mpi_req *)(void *)&r->impl; }
+static MPI_Request *mreq(lp_comm_req *r) { return &mr(r)->q; }
+
+static MPI_Comm mcomm(lp_comm *c) {
+  return c->impl ? ((mpi_ctx *)c->impl)->comm : g.comm;
+}
+
+/* ---- the progress thread ---- */
+
+/* One more (+1) or one fewer (-1) operation pending; wakes the thread. */
+static void pending_add(int d) {
+  if (!g.thread_on) return;
+  pthread_mutex_lock(&g.mu);
+  g.pending += d;
+  if (d > 0 && g.pending == 1) pthread_cond_signal(&g.cv);
+  pthread_mutex_unlock(&g.mu);
+}
+
+/* While operations are pending: let MPI progress (MPI_Iprobe runs Open
+ * MPI's progress engine, which moves point-to-point fragments and the
+ * schedules of non-blocking collectives), then sleep ~50 us. Otherwise
+ * sleep on the condition variable: an idle rank costs nothing. */
+static void *progress_main(void *arg) {
+  (void)arg;
+  struct timespec nap = {0, 50000};
+  pthread_mutex_lock(&g.mu);
+  for (;;) {
+    while (!g.stop && g.pending <= 0) pthread_cond_wait(&g.cv, &g.mu);
+    if (g.stop) break;
+    pthread_mutex_unlock(&g.mu);
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g.progress_comm, &flag,
+               MPI_STATUS_IGNORE);
+    nanosleep(&nap, NULL);
+    pthread_mutex_lock(&g.mu);
+  }
+  pthread_mutex_unlock(&g.mu);
+  return NULL;
+}
+
+static void progress_start(void) {
+  if (g.provided < MPI_THREAD_MULTIPLE || !lp_env_int("LUAPIPE_COMM_THREAD", 1))
+    return;
+  if (MPI_Comm_dup(MPI_COMM_WORLD, &g.progress_comm) != MPI_SUCCESS) return;
+  g.stop = 0;
+  g.pending = 0;
+  g.thread_on = pthread_create(&g.thread, NULL, progress_main, NULL) == 0;
+  if (!g.thread_on) MPI_Comm_free(&g.progress_comm);
+}
+
+static void progress_stop(void) {
+  if (!g.thread_on) return;
+  pthread_mutex_lock(&g.mu);
+  g.stop = 1;
+  pthread_cond_signal(&g.cv);
+  pthread_mutex_unlock(&g.mu);
+  pthread_join(g.thread, NULL);
+  g.thread_on = 0;
+  MPI_Comm_free(&g.progress_comm);
+}
+
+int lp_comm_progress_thread(void) { return g.thread_on; }
 
 static MPI_Datatype mtype(lp_comm_dtype dt) {
   return dt == LP_COMM_DOUBLE ? MPI_DOUBLE : MPI_FLOAT;
@@ -63,10 +148,11 @@ static lp_status mpi_isend(lp_comm *c, const void *buf, size_t count,
                            lp_comm_dtype dt, int peer, int tag,
                            lp_comm_req *req) {
   LP_CHECK(check_count(c, count, "send"));
-  int rc = MPI_Isend(buf, (int)count, mtype(dt), peer, tag, g.comm, mreq(req));
+  int rc = MPI_Isend(buf, (int)count, mtype(dt), peer, tag, mcomm(c), mreq(req));
   if (rc != MPI_SUCCESS)
     return mpi_fail(c, rc, "send of %zu %s to rank %d (tag %d) from rank %d",
                     count, comm_dtype_name(dt, count), peer, tag, c->rank);
+  pending_add(1);
   return LP_OK;
 }
 
@@ -74,10 +160,11 @@ static lp_status mpi_irecv(lp_comm *c, void *buf, size_t count,
                            lp_comm_dtype dt, int peer, int tag,
                            lp_comm_req *req) {
   LP_CHECK(check_count(c, count, "receive"));
-  int rc = MPI_Irecv(buf, (int)count, mtype(dt), peer, tag, g.comm, mreq(req));
+  int rc = MPI_Irecv(buf, (int)count, mtype(dt), peer, tag, mcomm(c), mreq(req));
   if (rc != MPI_SUCCESS)
     return mpi_fail(c, rc, "receive of %zu %s from rank %d (tag %d) on rank %d",
                     count, comm_dtype_name(dt, count), peer, tag, c->rank);
+  pending_add(1);
   return LP_OK;
 }
 
@@ -85,33 +172,125 @@ static lp_status mpi_iallreduce(lp_comm *c, void *buf, size_t count,
                                 lp_comm_dtype dt, lp_comm_req *req) {
   LP_CHECK(check_count(c, count, "all-reduce"));
   int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mtype(dt), MPI_SUM,
-                          g.comm, mreq(req));
+                          mcomm(c), mreq(req));
   if (rc != MPI_SUCCESS)
     return mpi_fail(c, rc, "all-reduce of %zu %s on rank %d", count,
                     comm_dtype_name(dt, count), c->rank);
+  pending_add(1);
   return LP_OK;
 }
 
 static lp_status mpi_ibarrier(lp_comm *c, lp_comm_req *req) {
-  int rc = MPI_Ibarrier(g.comm, mreq(req));
+  int rc = MPI_Ibarrier(mcomm(c), mreq(req));
   if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "barrier on rank %d", c->rank);
+  pending_add(1);
   return LP_OK;
 }
 
 static lp_status mpi_ibcast(lp_comm *c, void *buf, size_t bytes, int root,
                             lp_comm_req *req) {
   LP_CHECK(check_count(c, bytes, "broadcast"));
-  int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, g.comm, mreq(req));
+  int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, mcomm(c), mreq(req));
   if (rc != MPI_SUCCESS)
     return mpi_fail(c, rc, "broadcast of %zu bytes from rank %d on rank %d",
                     bytes, root, c->rank);
+  pending_add(1);
   return LP_OK;
+}
+
+/* Copies n size_t counts into ints for MPI; LP_ERR_ARG past INT_MAX. */
+static lp_status to_ints(lp_comm *c, const size_t *v, int *out, const char *what) {
+  for (int p = 0; p < c->size; p++) {
+    if (v[p] > INT_MAX) {
+      lp_errf(c->err,
+              "all-to-all-v on rank %d: %s %zu for rank %d exceeds the MPI "
+              "count limit (%d floats; MPI_Ialltoallv takes int counts)",
+              c->rank, what, v[p], p, INT_MAX);
+      return LP_ERR_ARG;
+    }
+    out[p] = (int)v[p];
+  }
+  return LP_OK;
+}
+
+static lp_status mpi_ialltoallv(lp_comm *c, const float *send,
+                                const size_t *send_counts,
+                                const size_t *send_displs, float *recv,
+                                const size_t *recv_counts,
+                                const size_t *recv_displs, lp_comm_req *req) {
+  int n = c->size;
+  int *a = lp_malloc(4 * (size_t)n * sizeof(int));
+  if (!a) {
+    lp_errf(c->err, "out of memory");
+    return LP_ERR_NOMEM;
+  }
+  lp_status st = to_ints(c, send_counts, a, "send count");
+  if (st == LP_OK) st = to_ints(c, send_displs, a + n, "send displacement");
+  if (st == LP_OK) st = to_ints(c, recv_counts, a + 2 * n, "receive count");
+  if (st == LP_OK) st = to_ints(c, recv_displs, a + 3 * n, "receive displacement");
+  if (st != LP_OK) {
+    lp_free(a);
+    return st;
+  }
+  /* MPI wants valid pointers even when nothing moves */
+  static float none;
+  int rc = MPI_Ialltoallv(send ? send : &none, a, a + n, MPI_FLOAT,
+                          recv ? recv : &none, a + 2 * n, a + 3 * n, MPI_FLOAT,
+                          mcomm(c), mreq(req));
+  if (rc != MPI_SUCCESS) {
+    lp_free(a);
+    return mpi_fail(c, rc, "all-to-all-v on rank %d (%d ranks)", c->rank, n);
+  }
+  mr(req)->arrays = a;
+  pending_add(1);
+  return LP_OK;
+}
+
+static void mpi_destroy(lp_comm *c) {
+  mpi_ctx *m = c->impl;
+  if (!m) return;
+  int done = 0;
+  MPI_Finalized(&done);
+  if (!done && !g.finalized) MPI_Comm_free(&m->comm);
+  lp_free(m);
+}
+
+static const lp_comm_backend comm_mpi_backend;
+
+static lp_status mpi_split(lp_comm *c, int color, int key, lp_comm **out) {
+  mpi_ctx *m = lp_malloc(sizeof *m);
+  if (!m) {
+    lp_errf(c->err, "out of memory");
+    return LP_ERR_NOMEM;
+  }
+  int rc = MPI_Comm_split(mcomm(c), color, key, &m->comm);
+  if (rc != MPI_SUCCESS) {
+    lp_free(m);
+    return mpi_fail(c, rc, "split on rank %d (color %d, key %d)", c->rank,
+                    color, key);
+  }
+  MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(m->comm, &rank);
+  MPI_Comm_size(m->comm, &size);
+  lp_status st = lp_comm_new(&comm_mpi_backend, rank, size, c->tag_ub, m, out);
+  if (st != LP_OK) {
+    MPI_Comm_free(&m->comm);
+    lp_free(m);
+    lp_errf(c->err, "out of memory");
+  }
+  return st;
 }
 
 static lp_status mpi_test(lp_comm *c, lp_comm_req *r, int *done) {
   MPI_Status st;
   int flag = 0;
   int rc = MPI_Test(mreq(r), &flag, &st);
+  if (rc != MPI_SUCCESS || flag) {
+    pending_add(-1);
+    lp_free(mr(r)->arrays);
+    mr(r)->arrays = NULL;
+  }
   const char *ty = comm_dtype_name(r->dtype, r->count);
   if (rc != MPI_SUCCESS) {
     *done = 1;
@@ -130,6 +309,9 @@ static lp_status mpi_test(lp_comm *c, lp_comm_req *r, int *done) {
     case COMM_OP_RECV:
       return mpi_fail(c, rc, "receive of %zu %s from rank %d (tag %d) on rank %d",
                       r->count, ty, r->peer, r->tag, c->rank);
+    case COMM_OP_ALLTOALLV:
+      return mpi_fail(c, rc, "all-to-all-v on rank %d (%d ranks)", c->rank,
+                      c->size);
     default:
       return mpi_fail(c, rc, "collective operation on rank %d", c->rank);
     }
@@ -156,8 +338,9 @@ static void mpi_cancel(lp_comm *c, lp_comm_req *r) {
   (void)c;
   MPI_Request *q = mreq(r);
   if (*q == MPI_REQUEST_NULL) return;
+  pending_add(-1);
   if (r->op != COMM_OP_SEND && r->op != COMM_OP_RECV) {
-    g.broken = 1;
+    g.broken = 1; /* MPI may still read an all-to-all-v's arrays: kept */
     return;
   }
   MPI_Cancel(q);
@@ -183,10 +366,12 @@ static const lp_comm_backend comm_mpi_backend = {
     .iallreduce_sum = mpi_iallreduce,
     .ibarrier = mpi_ibarrier,
     .ibcast = mpi_ibcast,
+    .ialltoallv = mpi_ialltoallv,
+    .split = mpi_split,
     .test = mpi_test,
     .cancel = mpi_cancel,
     .abort = mpi_abort,
-    .destroy = NULL,
+    .destroy = mpi_destroy,
 };
 
 /* ---- bootstrap ---- */
@@ -201,6 +386,12 @@ static int launched_by_mpirun(void) {
 }
 
 lp_status lp_comm_mpi_init(int *argc, char ***argv) {
+  lp_link link;
+  char err[LP_ERRLEN];
+  if (lp_comm_link_from_env(&link, err) != LP_OK) {
+    fprintf(stderr, "luapipe: %s\n", err);
+    return LP_ERR_PARSE;
+  }
   if (g.started || !launched_by_mpirun()) return LP_OK;
   int already = 0;
   MPI_Initialized(&already);
@@ -210,13 +401,14 @@ lp_status lp_comm_mpi_init(int *argc, char ***argv) {
      * external PMIx) can deadlock in its own teardown. Ranks that are done
      * leave at once instead, unless the user chose otherwise. */
     setenv("OMPI_MCA_async_mpi_finalize", "1", 0);
-    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &g.provided);
+    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &g.provided);
     if (rc != MPI_SUCCESS) {
       fprintf(stderr, "luapipe: MPI_Init_thread failed (error %d)\n", rc);
       return LP_ERR_COMM;
     }
   }
   g.started = 1;
+  MPI_Query_thread(&g.provided); /* also right when MPI was started elsewhere */
   int rank = 0, size = 1, flag = 0, *ub = NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &g.comm);
   MPI_Comm_set_errhandler(g.comm, MPI_ERRORS_RETURN);
@@ -226,9 +418,10 @@ lp_status lp_comm_mpi_init(int *argc, char ***argv) {
   comm_init(&g.ctx, &comm_mpi_backend, rank, size, flag && ub ? *ub : 32767, NULL);
   g.ctx.is_world = 1;
   comm_set_world(&g.ctx);
+  progress_start();
   atexit(lp_comm_mpi_finalize);
-  lp_log(LP_LOG_DEBUG, "comm: rank %d of %d on MPI (thread level %d)", rank,
-         size, g.provided);
+  lp_log(LP_LOG_DEBUG, "comm: rank %d of %d on MPI (thread level %d, progress thread %s)",
+         rank, size, g.provided, g.thread_on ? "on" : "off");
   return LP_OK;
 }
 
@@ -236,6 +429,7 @@ void lp_comm_mpi_finalize(void) {
   if (!g.started || g.finalized || g.aborted) return;
   g.finalized = 1;
   comm_set_world(NULL); /* from here on the process is alone */
+  progress_stop();
   if (g.broken) return; /* MPI_Finalize could wait forever on the collective */
   int done = 0;
   MPI_Finalized(&done);

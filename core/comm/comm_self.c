@@ -1,9 +1,11 @@
 /* comm_self.c — the "self" backend: one process, rank 0 of 1, no MPI.
  * Collectives finish at once (all-reduce is the identity); point-to-point
  * never reaches it (comm.c refuses a send to oneself and peers out of
- * range, which is every peer here). */
+ * range, which is every peer here). All-to-all-v is the copy of the self
+ * piece; a split gives a new self context. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "comm_internal.h"
 
@@ -43,6 +45,25 @@ static lp_status self_ibcast(lp_comm *c, void *buf, size_t bytes, int root,
   return LP_OK; /* root is 0, the only rank: nothing to copy */
 }
 
+static lp_status self_ialltoallv(lp_comm *c, const float *send,
+                                 const size_t *send_counts,
+                                 const size_t *send_displs, float *recv,
+                                 const size_t *recv_counts,
+                                 const size_t *recv_displs, lp_comm_req *req) {
+  (void)c, (void)recv_counts, (void)req; /* comm.c checked the counts match */
+  if (send_counts[0] > 0)
+    memmove(recv + recv_displs[0], send + send_displs[0],
+            send_counts[0] * sizeof(float));
+  return LP_OK;
+}
+
+static lp_status self_split(lp_comm *c, int color, int key, lp_comm **out) {
+  (void)color, (void)key;
+  lp_status st = lp_comm_self_new(out);
+  if (st == LP_ERR_NOMEM) lp_errf(c->err, "out of memory");
+  return st;
+}
+
 static lp_status self_test(lp_comm *c, lp_comm_req *req, int *done) {
   (void)c, (void)req;
   *done = 1;
@@ -63,6 +84,8 @@ const lp_comm_backend comm_self_backend = {
     .iallreduce_sum = self_iallreduce,
     .ibarrier = self_ibarrier,
     .ibcast = self_ibcast,
+    .ialltoallv = self_ialltoallv,
+    .split = self_split,
     .test = self_test,
     .cancel = self_cancel,
     .abort = self_abort,

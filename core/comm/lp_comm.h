@@ -33,6 +33,20 @@ typedef struct lp_comm_backend {
   lp_status (*ibarrier)(lp_comm *c, lp_comm_req *req);
   lp_status (*ibcast)(lp_comm *c, void *buf, size_t bytes, int root,
                       lp_comm_req *req);
+  /* Starts an all-to-all-v of floats over c (arguments already checked by
+   * comm.c: lp_comm_size(c) entries each, the self piece's send and receive
+   * counts equal). The self piece is a local copy. May be NULL: then
+   * lp_comm_ialltoallv answers LP_ERR_UNSUPPORTED. */
+  lp_status (*ialltoallv)(lp_comm *c, const float *send,
+                          const size_t *send_counts, const size_t *send_displs,
+                          float *recv, const size_t *recv_counts,
+                          const size_t *recv_displs, lp_comm_req *req);
+  /* Collective over c: a new context of the ranks with the same color
+   * (>= 0), ordered by (key, rank in c), made with lp_comm_new (the generic
+   * layer then copies timeout and link into it). Called only after a
+   * barrier over c under the watchdog, so every rank has arrived. May be
+   * NULL (LP_ERR_UNSUPPORTED). */
+  lp_status (*split)(lp_comm *c, int color, int key, lp_comm **out);
   /* *done = 1 once req finished; LP_OK, or an error (text in the context)
    * when the operation failed (the request is then finished too). */
   lp_status (*test)(lp_comm *c, lp_comm_req *req, int *done);
@@ -76,6 +90,45 @@ const char *lp_comm_last_error(const lp_comm *c);
  * LUAPIPE_TIMEOUT (default 300); seconds <= 0 waits forever. */
 void lp_comm_set_timeout(lp_comm *c, double seconds);
 double lp_comm_timeout(const lp_comm *c);
+
+/* ---- emulated link --------------------------------------------------------
+ * A context can model a slower link than the one it runs on (to measure
+ * how much communication a schedule hides on a machine whose real link is
+ * shared memory). It starts as LUAPIPE_LINK (lp_link_parse syntax, e.g.
+ * "lat=50us,bw=2GB/s"; unset: none) and split contexts inherit it. The
+ * model, with T(B) = latency + B / bandwidth (lp_link_time):
+ *  - a send of n floats is not reported complete before start + T(4n);
+ *  - a receive of n floats not before it was posted + T(4n) (the receiver
+ *    cannot see the sender's clock: when the send starts d seconds after
+ *    the receive is posted, this side's bound is early by min(d, T); the
+ *    real transfer still has to finish);
+ *  - an all-to-all-v not before start + T(max(bytes out, bytes in)), where
+ *    out / in count only the pieces to / from other ranks (each rank's
+ *    link serialises its own traffic; the self piece is a local copy and
+ *    free; no traffic at all costs nothing);
+ *  - all-reduce, barrier and broadcast are not delayed.
+ * "Start" is the lp_now() of the isend / irecv / ialltoallv call, so a
+ * message started before the caller computes arrives while it computes.
+ * Completion is also never reported before the real transfer finished.
+ * Waiting for the modelled time sleeps (no core is spun). */
+void lp_comm_set_link(lp_comm *c, const lp_link *link); /* NULL: none */
+const lp_link *lp_comm_link(const lp_comm *c);
+/* Reads LUAPIPE_LINK into *out (zero link when unset); LP_ERR_PARSE with
+ * "LUAPIPE_LINK: link '...': ..." in err (LP_ERRLEN) when it is malformed. */
+lp_status lp_comm_link_from_env(lp_link *out, char *err);
+
+/* ---- sub-communicators ----------------------------------------------------
+ * Like MPI_Comm_split, collective over c: the ranks passing the same color
+ * (>= 0) form one new context, ordered by key then by rank in c. Used for
+ * the pipeline x expert grid (EP group = ranks of one pipeline stage, PP
+ * group = ranks with one EP index). The new context inherits c's timeout
+ * and link and works with every call of this header (point to point,
+ * collectives, all-to-all-v); free it with lp_comm_free before the MPI
+ * shutdown. Self backend: a new self context. Every rank first meets in a
+ * barrier under the watchdog, so a rank that never joins gives a timeout
+ * ("... in a barrier on rank R (N ranks): splitting the communicator ...")
+ * instead of a hang. LP_ERR_ARG for a negative color. */
+lp_status lp_comm_split(lp_comm *c, int color, int key, lp_comm **out);
 
 /* ---- point to point ------------------------------------------------------
  * Start sending / receiving n floats to / from rank `peer` with tag `tag`;
@@ -128,6 +181,35 @@ lp_status lp_comm_barrier(lp_comm *c, const char *what);
 lp_status lp_comm_bcast(lp_comm *c, void *buf, size_t bytes, int root,
                         const char *what);
 
+/* ---- all-to-all-v (expert-parallel dispatch / combine) ------------------
+ * Every rank of c sends send_counts[p] floats starting at
+ * send + send_displs[p] to rank p, and receives recv_counts[p] floats from
+ * rank p into recv + recv_displs[p]; arrays of lp_comm_size(c) entries
+ * (counts may be 0; the self entry is a local copy and its send and
+ * receive counts must be equal). recv_counts[p] must equal what rank p
+ * sends here (a mismatch is LP_ERR_COMM or undefined in MPI: exchange the
+ * counts first). The buffers and arrays stay untouched until the request
+ * is finished with lp_comm_wait / lp_comm_test / lp_comm_waitall, exactly
+ * like point to point and under the same watchdog; the timeout text reads
+ * "timed out after S s (LUAPIPE_TIMEOUT) in an all-to-all-v on rank R
+ * (N ranks) sending A floats to and receiving B floats from other ranks:
+ * <what>". Like every collective, an unfinished one cannot be cancelled
+ * (lp_comm_cancel abandons it; the context is unusable afterwards). The MPI
+ * backend uses MPI_Ialltoallv, whose counts and displacements are ints: a
+ * count or displacement above INT_MAX is LP_ERR_ARG naming the rank and
+ * entry. LP_ERR_UNSUPPORTED from a backend without it. */
+lp_status lp_comm_ialltoallv(lp_comm *c, const float *send,
+                             const size_t *send_counts,
+                             const size_t *send_displs, float *recv,
+                             const size_t *recv_counts,
+                             const size_t *recv_displs, lp_comm_req **req);
+/* Blocking form: ialltoallv + lp_comm_wait(what). */
+lp_status lp_comm_alltoallv(lp_comm *c, const float *send,
+                            const size_t *send_counts,
+                            const size_t *send_displs, float *recv,
+                            const size_t *recv_counts,
+                            const size_t *recv_displs, const char *what);
+
 /* ---- taking the job down -------------------------------------------------- */
 
 /* Ends every rank of the job with exit code `code` (MPI_Abort under MPI,
@@ -139,6 +221,18 @@ _Noreturn void lp_comm_fatal(lp_comm *c, const char *msg);
 
 /* ---- MPI bootstrap (the host calls these) --------------------------------- */
 
+/* Progress: under MPI the library asks for MPI_THREAD_MULTIPLE and, when
+ * MPI provides it (checked with MPI_Query_thread), runs one progress
+ * thread per process that drives MPI's progress engine (MPI_Iprobe on a
+ * private communicator every ~50 us) while any operation is pending, and
+ * sleeps on a condition variable otherwise. So a transfer or an
+ * all-to-all-v started before a long computation finishes during it,
+ * without the caller calling into MPI; lp_comm_test never blocks (one
+ * MPI_Test). LUAPIPE_COMM_THREAD=0 turns the thread off (progress then
+ * happens only inside lp_comm_test / lp_comm_wait). lp_comm_progress_thread
+ * tells whether it runs. */
+int lp_comm_progress_thread(void);
+
 /* When launched by mpirun (OMPI_COMM_WORLD_SIZE or PMIX_RANK in the
  * environment) starts MPI (MPI_Init_thread, which may edit argc/argv) and
  * makes lp_comm_world() the MPI world; otherwise does nothing and the
@@ -146,7 +240,9 @@ _Noreturn void lp_comm_fatal(lp_comm *c, const char *msg);
  * os.exit in a script still shuts MPI down. Sets OMPI_MCA_async_mpi_finalize=1
  * unless already set (a finished rank leaves without waiting for the others:
  * mpirun can hang when an abort meets ranks waiting in MPI_Finalize).
- * LP_ERR_COMM when MPI fails to start (message printed to stderr). */
+ * LP_ERR_COMM when MPI fails to start (message printed to stderr).
+ * LP_ERR_PARSE (message printed) when LUAPIPE_LINK is malformed, checked
+ * with or without mpirun. */
 lp_status lp_comm_mpi_init(int *argc, char ***argv);
 /* Shuts MPI down when it was started (idempotent; skipped after an abort). */
 void lp_comm_mpi_finalize(void);

@@ -1,7 +1,11 @@
 /* lb_comm.c — the process's communicator seen from Lua (core.comm_*): rank
  * and size, barrier, all-reduce, blocking send / receive of number lists,
- * abort. Misuse (a bad peer or tag, non-numbers) raises; runtime failures
- * (a timeout, a peer that sent the wrong length) return nil, message. */
+ * abort; luapipe.Comm objects (the world or a split of it) with split,
+ * all-to-all-v, all-reduce, barrier and the emulated link; the link parser.
+ * Misuse (a bad peer or tag, non-numbers) raises; runtime failures (a
+ * timeout, a peer that sent the wrong length) return nil, message. */
+#include <limits.h>
+
 #include "lb_internal.h"
 #include "lp_comm.h"
 
@@ -14,10 +18,13 @@ static int comm_fail(lua_State *L, lp_comm *c, lp_status st) {
   return lb_fail(L, lp_comm_last_error(c));
 }
 
-/* core.comm() -> {rank=, size=, backend=, timeout=, tag_ub=} */
+/* core.comm() -> {rank=, size=, backend=, timeout=, tag_ub=,
+ * progress_thread=} */
 static int lb_comm_info(lua_State *L) {
   lp_comm *c = lp_comm_world();
-  lua_createtable(L, 0, 5);
+  lua_createtable(L, 0, 6);
+  lua_pushboolean(L, lp_comm_progress_thread());
+  lua_setfield(L, -2, "progress_thread");
   lb_set_integer(L, "rank", lp_comm_rank(c));
   lb_set_integer(L, "size", lp_comm_size(c));
   lua_pushstring(L, lp_comm_backend_name(c));
@@ -135,7 +142,214 @@ static int lb_comm_abort(lua_State *L) {
   return 0;
 }
 
+/* ---- luapipe.Comm objects ---- */
+
+#define LB_COMM "luapipe.Comm"
+
+typedef struct comm_box {
+  lp_comm *c; /* first field: NULL once closed (the world is never freed) */
+} comm_box;
+
+static lp_comm *check_comm(lua_State *L, int idx) {
+  return ((comm_box *)lb_box_check(L, idx, LB_COMM))->c;
+}
+
+static void push_comm(lua_State *L, lp_comm *c) {
+  comm_box *b = lb_box_new(L, sizeof *b, LB_COMM);
+  b->c = c;
+}
+
+/* core.comm_world() -> the world as a luapipe.Comm */
+static int lb_comm_world(lua_State *L) {
+  push_comm(L, lp_comm_world());
+  return 1;
+}
+
+/* c:close() / __gc: frees a split context (the world stays). */
+static int lb_comm_close(lua_State *L) {
+  comm_box *b = luaL_checkudata(L, 1, LB_COMM);
+  if (b->c) lp_comm_free(b->c);
+  b->c = NULL;
+  return 0;
+}
+
+static int lb_comm_obj_rank(lua_State *L) {
+  lua_pushinteger(L, lp_comm_rank(check_comm(L, 1)));
+  return 1;
+}
+
+static int lb_comm_obj_size(lua_State *L) {
+  lua_pushinteger(L, lp_comm_size(check_comm(L, 1)));
+  return 1;
+}
+
+/* c:split(color, key) -> luapipe.Comm | nil, err (collective over c) */
+static int lb_comm_obj_split(lua_State *L) {
+  lp_comm *c = check_comm(L, 1);
+  lua_Integer color = luaL_checkinteger(L, 2);
+  lua_Integer key = luaL_optinteger(L, 3, lp_comm_rank(c));
+  luaL_argcheck(L, color >= 0 && color <= INT_MAX, 2, "color must be >= 0");
+  luaL_argcheck(L, key >= INT_MIN && key <= INT_MAX, 3, "key out of range");
+  comm_box *b = lb_box_new(L, sizeof *b, LB_COMM); /* owns it before split */
+  lp_status st = lp_comm_split(c, (int)color, (int)key, &b->c);
+  if (st != LP_OK) return comm_fail(L, c, st);
+  return 1;
+}
+
+/* c:barrier([what]) -> true | nil, err */
+static int lb_comm_obj_barrier(lua_State *L) {
+  lp_comm *c = check_comm(L, 1);
+  lp_status st = lp_comm_barrier(c, luaL_optstring(L, 2, "comm.barrier"));
+  if (st != LP_OK) return comm_fail(L, c, st);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* c:allreduce(list [, what]) -> sums (in doubles) | nil, err */
+static int lb_comm_obj_allreduce(lua_State *L) {
+  lp_comm *c = check_comm(L, 1);
+  const char *what = luaL_optstring(L, 3, "comm.allreduce");
+  size_t n;
+  double *buf = check_numbers(L, 2, 1, &n);
+  lp_status st = lp_comm_allreduce_sum_double(c, buf, n, what);
+  if (st != LP_OK) return comm_fail(L, c, st);
+  lua_createtable(L, (int)n, 0);
+  for (size_t i = 0; i < n; i++) {
+    lua_pushnumber(L, buf[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  return 1;
+}
+
+#define LB_A2A_MAX_COUNT (1 << 24) /* floats per piece: exact as a float count */
+
+/* c:alltoallv(lists [, what]) -> received lists | nil, err
+ * lists[p + 1] is the list of numbers for rank p (size(c) lists, any may
+ * be empty); returns size(c) lists, entry p + 1 from rank p (as floats).
+ * The counts travel first (an all-to-all-v of one float each). */
+static int lb_comm_obj_alltoallv(lua_State *L) {
+  lp_comm *c = check_comm(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  const char *what = luaL_optstring(L, 3, "comm.alltoallv");
+  int n = lp_comm_size(c), me = lp_comm_rank(c);
+  luaL_argcheck(L, luaL_len(L, 2) == n, 2,
+                lua_pushfstring(L, "expected %d lists (one per rank)", n));
+  size_t *a = lua_newuserdatauv(L, 4 * (size_t)n * sizeof(size_t), 0);
+  size_t *sc = a, *sd = a + n, *rc = a + 2 * n, *rd = a + 3 * n;
+  size_t total = 0;
+  for (int p = 0; p < n; p++) {
+    lua_geti(L, 2, p + 1);
+    luaL_argcheck(L, lua_istable(L, -1), 2, "every entry must be a list of numbers");
+    lua_Integer len = luaL_len(L, -1);
+    luaL_argcheck(L, len <= LB_A2A_MAX_COUNT, 2, "list too long");
+    lua_pop(L, 1);
+    sc[p] = (size_t)len;
+    sd[p] = total;
+    total += (size_t)len;
+  }
+  float *send = lua_newuserdatauv(L, total * sizeof(float) + 1, 0);
+  for (int p = 0; p < n; p++) {
+    lua_geti(L, 2, p + 1);
+    for (size_t i = 0; i < sc[p]; i++) {
+      int ok;
+      lua_geti(L, -1, (lua_Integer)i + 1);
+      lua_Number v = lua_tonumberx(L, -1, &ok);
+      if (!ok)
+        luaL_error(L, "entry %d of the list for rank %d is a %s, not a number",
+                   (int)i + 1, p, luaL_typename(L, -1));
+      send[sd[p] + i] = (float)v;
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  /* 1: the counts */
+  float *cnt = lua_newuserdatauv(L, 2 * (size_t)n * sizeof(float), 0);
+  size_t *one = lua_newuserdatauv(L, 2 * (size_t)n * sizeof(size_t), 0);
+  for (int p = 0; p < n; p++) {
+    cnt[p] = (float)sc[p];
+    one[p] = 1;
+    one[n + p] = (size_t)p;
+  }
+  lp_status st = lp_comm_alltoallv(c, cnt, one, one + n, cnt + n, one, one + n, what);
+  if (st != LP_OK) return comm_fail(L, c, st);
+  size_t rtotal = 0;
+  for (int p = 0; p < n; p++) {
+    rc[p] = (size_t)cnt[n + p];
+    rd[p] = rtotal;
+    rtotal += rc[p];
+  }
+  if (rc[me] != sc[me]) return luaL_error(L, "internal: self count mismatch");
+  /* 2: the numbers */
+  float *recv = lua_newuserdatauv(L, rtotal * sizeof(float) + 1, 0);
+  st = lp_comm_alltoallv(c, send, sc, sd, recv, rc, rd, what);
+  if (st != LP_OK) return comm_fail(L, c, st);
+  lua_createtable(L, n, 0);
+  for (int p = 0; p < n; p++) {
+    lua_createtable(L, (int)rc[p], 0);
+    for (size_t i = 0; i < rc[p]; i++) {
+      lua_pushnumber(L, (lua_Number)recv[rd[p] + i]);
+      lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+    lua_rawseti(L, -2, p + 1);
+  }
+  return 1;
+}
+
+/* c:set_link(text) sets the emulated link ("lat=50us,bw=2GB/s", "none");
+ * a malformed text raises the parser's message. */
+static int lb_comm_obj_set_link(lua_State *L) {
+  lp_comm *c = check_comm(L, 1);
+  lp_link l;
+  char err[LP_ERRLEN];
+  if (lp_link_parse(luaL_checkstring(L, 2), &l, err) != LP_OK)
+    return luaL_error(L, "%s", err);
+  lp_comm_set_link(c, &l);
+  return 0;
+}
+
+/* c:link() -> "lat=50us,bw=2GB/s" | "none" */
+static int lb_comm_obj_link(lua_State *L) {
+  char text[64];
+  lp_link_format(lp_comm_link(check_comm(L, 1)), text, sizeof text);
+  lua_pushstring(L, text);
+  return 1;
+}
+
+/* core.link_parse(text) -> {latency=seconds, bandwidth=bytes/s (0:
+ * unlimited), text=canonical} | nil, err */
+static int lb_link_parse(lua_State *L) {
+  lp_link l;
+  char err[LP_ERRLEN], text[64];
+  if (lp_link_parse(luaL_checkstring(L, 1), &l, err) != LP_OK)
+    return lb_fail(L, err);
+  lua_createtable(L, 0, 3);
+  lb_set_number(L, "latency", l.latency_s);
+  lb_set_number(L, "bandwidth", l.bytes_per_s);
+  lp_link_format(&l, text, sizeof text);
+  lua_pushstring(L, text);
+  lua_setfield(L, -2, "text");
+  return 1;
+}
+
 void lb_open_comm(lua_State *L) {
+  static const luaL_Reg methods[] = {{"rank", lb_comm_obj_rank},
+                                     {"size", lb_comm_obj_size},
+                                     {"split", lb_comm_obj_split},
+                                     {"barrier", lb_comm_obj_barrier},
+                                     {"allreduce", lb_comm_obj_allreduce},
+                                     {"alltoallv", lb_comm_obj_alltoallv},
+                                     {"set_link", lb_comm_obj_set_link},
+                                     {"link", lb_comm_obj_link},
+                                     {"close", lb_comm_close},
+                                     {NULL, NULL}};
+  static const luaL_Reg meta[] = {{"__gc", lb_comm_close},
+                                  {"__close", lb_comm_close},
+                                  {NULL, NULL}};
+  lb_new_class(L, LB_COMM, "Comm", methods, meta);
+  static const luaL_Reg more[] = {{"comm_world", lb_comm_world},
+                                  {"link_parse", lb_link_parse},
+                                  {NULL, NULL}};
+  luaL_setfuncs(L, more, 0);
   static const luaL_Reg funcs[] = {{"comm", lb_comm_info},
                                    {"comm_barrier", lb_comm_barrier},
                                    {"comm_allreduce_sum", lb_comm_allreduce_sum},

@@ -33,7 +33,8 @@ function M.size() return get().size end
 -- "mpi" or "self".
 function M.backend() return get().backend end
 
--- {rank=, size=, backend=, timeout=, tag_ub=} (a copy).
+-- {rank=, size=, backend=, timeout=, tag_ub=, progress_thread=} (a copy;
+-- progress_thread: MPI progresses in a thread while the rank computes).
 function M.info()
   local t = {}
   for k, v in pairs(get()) do t[k] = v end
@@ -59,6 +60,38 @@ M.send = core.comm_send
 -- `peer` with `tag` (default 0); `what` describes the wait for the watchdog
 -- message ("action 14 (5B3) waits for RECV_B from rank 3"). list | nil, err
 M.recv = core.comm_recv
+
+-- world(): the process's communicator as a luapipe.Comm object, with
+-- methods rank(), size(), split(color [, key]), barrier([what]),
+-- allreduce(list [, what]), alltoallv(lists [, what]), set_link(text),
+-- link() and close() (a no-op for the world).
+function M.world()
+  if not M._world then M._world = core.comm_world() end
+  return M._world
+end
+
+-- split(color [, key]): collective over the world (like MPI_Comm_split):
+-- the ranks passing the same color (>= 0) form a new luapipe.Comm ordered
+-- by key (default: world rank). Inherits the timeout and emulated link.
+-- Comm | nil, err. E.g. a pp x ep grid: world rank r = stage * ep + e,
+--   local ep_group = comm.split(r // ep)   -- the EP ranks of one stage
+--   local pp_group = comm.split(r % ep)    -- one EP index across stages
+function M.split(color, key) return M.world():split(color, key) end
+
+-- alltoallv(lists [, what]): lists[p + 1] goes to rank p (size() lists of
+-- numbers, any may be empty); returns the size() lists received, entry
+-- p + 1 from rank p (as floats). lists | nil, err
+function M.alltoallv(lists, what) return M.world():alltoallv(lists, what) end
+
+-- set_link(text): emulated link of the world ("lat=50us,bw=2GB/s", "none";
+-- LUAPIPE_LINK sets it at start-up). link() gives it back as text.
+function M.set_link(text) return M.world():set_link(text) end
+function M.link() return M.world():link() end
+
+-- parse_link(text): {latency=seconds, bandwidth=bytes/s (0: unlimited),
+-- text=canonical} | nil, err -- the one parser the comm layer and the
+-- simulator's --link share.
+M.parse_link = core.link_parse
 
 -- abort([msg]): prints "luapipe: rank R: <msg>" and ends every rank (exit
 -- code 1). Does not return.

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -174,6 +175,12 @@ static lp_status fake_ibcast(lp_comm *c, void *b, size_t n, int root,
   (void)b, (void)n, (void)root;
   return fake_start(c, r);
 }
+static lp_status fake_ialltoallv(lp_comm *c, const float *s, const size_t *sc,
+                                 const size_t *sd, float *r, const size_t *rc,
+                                 const size_t *rd, lp_comm_req *req) {
+  (void)s, (void)sc, (void)sd, (void)r, (void)rc, (void)rd;
+  return fake_start(c, req);
+}
 static lp_status fake_test(lp_comm *c, lp_comm_req *r, int *done) {
   fake *f = lp_comm_backend_state(c);
   if (f->fail) {
@@ -204,6 +211,7 @@ static const lp_comm_backend fake_backend = {
     .iallreduce_sum = fake_iallreduce,
     .ibarrier = fake_ibarrier,
     .ibcast = fake_ibcast,
+    .ialltoallv = fake_ialltoallv,
     .test = fake_test,
     .cancel = fake_cancel,
     .abort = fake_abort,
@@ -342,6 +350,221 @@ static void test_backend_failure(void **state) {
   lp_comm_free(c);
 }
 
+/* ---- the emulated link ---- */
+
+static void expect_link_error(const char *text, const char *msg) {
+  lp_link l = {1, 1};
+  char err[LP_ERRLEN];
+  assert_int_equal(lp_link_parse(text, &l, err), LP_ERR_PARSE);
+  assert_string_equal(err, msg);
+  assert_true(l.latency_s == 0 && l.bytes_per_s == 0);
+}
+
+static void test_link_parse(void **state) {
+  (void)state;
+  lp_link l;
+  char err[LP_ERRLEN], text[64];
+  assert_int_equal(lp_link_parse("lat=50us,bw=2GB/s", &l, err), LP_OK);
+  assert_true(fabs(l.latency_s - 50e-6) < 1e-18 && l.bytes_per_s == 2e9);
+  assert_true(fabs(lp_link_time(&l, 4e6) - (50e-6 + 2e-3)) < 1e-15);
+  lp_link_format(&l, text, sizeof text);
+  assert_string_equal(text, "lat=50us,bw=2GB/s");
+  assert_int_equal(lp_link_parse("bw=250MB/s,lat=1.5ms", &l, err), LP_OK);
+  assert_true(l.latency_s == 1.5e-3 && l.bytes_per_s == 250e6);
+  lp_link_format(&l, text, sizeof text);
+  assert_string_equal(text, "lat=1.5ms,bw=250MB/s");
+  assert_int_equal(lp_link_parse("lat=2s", &l, err), LP_OK);
+  assert_true(l.latency_s == 2 && l.bytes_per_s == 0);
+  assert_true(lp_link_time(&l, 1e12) == 2); /* unlimited bandwidth */
+  assert_int_equal(lp_link_parse("bw=8KB/s", &l, err), LP_OK);
+  assert_true(l.latency_s == 0 && l.bytes_per_s == 8e3);
+  assert_true(lp_link_time(&l, 16e3) == 2);
+  assert_int_equal(lp_link_active(&l), 1);
+  assert_int_equal(lp_link_parse("none", &l, err), LP_OK);
+  assert_int_equal(lp_link_active(&l), 0);
+  assert_int_equal(lp_link_parse("", &l, err), LP_OK);
+  assert_int_equal(lp_link_parse(NULL, &l, err), LP_OK);
+  lp_link_format(&l, text, sizeof text);
+  assert_string_equal(text, "none");
+  assert_true(lp_link_time(NULL, 5) == 0);
+  expect_link_error("lat=50,bw=2GB/s",
+                    "link 'lat=50,bw=2GB/s': lat=50 needs a unit (us, ms or s)");
+  expect_link_error("lat=50ns", "link 'lat=50ns': lat=50ns has an unknown unit "
+                                "'ns' (use us, ms or s)");
+  expect_link_error("bw=2Gb/s", "link 'bw=2Gb/s': bw=2Gb/s has an unknown unit "
+                                "'Gb/s' (use GB/s, MB/s, KB/s or B/s)");
+  expect_link_error("bw=0GB/s", "link 'bw=0GB/s': bw=0GB/s must be positive");
+  expect_link_error("lat=-1ms", "link 'lat=-1ms': lat=-1ms must be >= 0");
+  expect_link_error("lat=fast", "link 'lat=fast': lat=fast is not a number "
+                                "with a unit (us, ms or s)");
+  expect_link_error("lat=", "link 'lat=': lat= needs a value, e.g. lat=50us");
+  expect_link_error("lat=1us,lat=2us", "link 'lat=1us,lat=2us': lat= is given twice");
+  expect_link_error("latency=1us",
+                    "link 'latency=1us': unknown field 'latency=1us' (expected "
+                    "lat=<time> or bw=<rate>, e.g. lat=50us,bw=2GB/s)");
+  expect_link_error("lat=1us,", "link 'lat=1us,': unknown field '' (expected "
+                                "lat=<time> or bw=<rate>, e.g. lat=50us,bw=2GB/s)");
+}
+
+static void test_link_env(void **state) {
+  (void)state;
+  lp_comm *c, *d;
+  setenv("LUAPIPE_LINK", "lat=3ms,bw=1MB/s", 1);
+  assert_int_equal(lp_comm_self_new(&c), LP_OK);
+  assert_true(lp_comm_link(c)->latency_s == 3e-3);
+  assert_true(lp_comm_link(c)->bytes_per_s == 1e6);
+  /* a split inherits link and timeout */
+  lp_comm_set_timeout(c, 12);
+  assert_int_equal(lp_comm_split(c, 0, 0, &d), LP_OK);
+  assert_true(lp_comm_link(d)->latency_s == 3e-3 && lp_comm_timeout(d) == 12);
+  lp_comm_set_link(c, NULL);
+  assert_int_equal(lp_link_active(lp_comm_link(c)), 0);
+  lp_comm_free(d);
+  lp_comm_free(c);
+  char err[LP_ERRLEN];
+  lp_link l;
+  setenv("LUAPIPE_LINK", "lat=3", 1);
+  assert_int_equal(lp_comm_link_from_env(&l, err), LP_ERR_PARSE);
+  assert_string_equal(err, "LUAPIPE_LINK: link 'lat=3': lat=3 needs a unit (us, ms or s)");
+  /* the bootstrap refuses it even without mpirun */
+  int argc = 1;
+  char name[] = "test_comm";
+  char *args[] = {name, NULL};
+  char **argv = args;
+  assert_int_equal(lp_comm_mpi_init(&argc, &argv), LP_ERR_PARSE);
+  unsetenv("LUAPIPE_LINK");
+  assert_int_equal(lp_comm_link_from_env(&l, err), LP_OK);
+  assert_int_equal(lp_link_active(&l), 0);
+}
+
+/* A message on a 20 ms link is not reported before 20 ms (lower bound
+ * only), and the wait sleeps rather than polls: the fake backend finishes
+ * at its first test, so a polling wait would test it thousands of times. */
+static void test_link_delays_messages(void **state) {
+  (void)state;
+  fake f = {.polls_to_finish = 0};
+  lp_comm *c;
+  assert_int_equal(lp_comm_new(&fake_backend, 0, 2, 100, &f, &c), LP_OK);
+  lp_link l;
+  char err[LP_ERRLEN];
+  assert_int_equal(lp_link_parse("lat=20ms", &l, err), LP_OK);
+  lp_comm_set_link(c, &l);
+  float x[4] = {0};
+  lp_comm_req *r;
+  double t0 = lp_now();
+  assert_int_equal(lp_comm_isend(c, x, 4, 1, 0, &r), LP_OK);
+  int done;
+  assert_int_equal(lp_comm_test(c, &r, &done), LP_OK);
+  assert_int_equal(done, 0); /* the backend is done, the link is not */
+  assert_int_equal(lp_comm_wait(c, &r, "delayed"), LP_OK);
+  assert_true(lp_now() - t0 >= 0.020);
+  assert_null(r);
+  /* receive and all-to-all-v too; bandwidth: 8 KB/s, 40 bytes out = 5 ms */
+  assert_int_equal(lp_link_parse("lat=20ms,bw=8KB/s", &l, err), LP_OK);
+  lp_comm_set_link(c, &l);
+  t0 = lp_now();
+  assert_int_equal(lp_comm_recv(c, x, 4, 1, 0, NULL), LP_OK);
+  assert_true(lp_now() - t0 >= 0.022);
+  float s[12] = {0}, rv[12];
+  size_t sc[2] = {2, 10}, sd[2] = {0, 2}, rc[2] = {2, 3}, rd[2] = {0, 2};
+  t0 = lp_now();
+  assert_int_equal(lp_comm_alltoallv(c, s, sc, sd, rv, rc, rd, "a2a"), LP_OK);
+  assert_true(lp_now() - t0 >= 0.025); /* max(40, 12) bytes: 20 + 5 ms */
+  /* a message whose link time passed while the caller computed is done at
+   * its first test */
+  assert_int_equal(lp_comm_irecv(c, x, 4, 1, 0, &r), LP_OK);
+  lp_sleep_until(lp_now() + 0.03);
+  assert_int_equal(lp_comm_test(c, &r, &done), LP_OK);
+  assert_int_equal(done, 1);
+  /* a cancelled request the backend had finished is not cancelled there */
+  assert_int_equal(lp_comm_isend(c, x, 4, 1, 0, &r), LP_OK);
+  assert_int_equal(lp_comm_test(c, &r, &done), LP_OK);
+  assert_int_equal(done, 0);
+  lp_comm_cancel(c, &r);
+  assert_int_equal(f.cancelled, 0);
+  assert_true(f.started < 10);
+  lp_comm_free(c);
+}
+
+/* ---- all-to-all-v ---- */
+
+static void test_self_alltoallv(void **state) {
+  (void)state;
+  lp_comm *c;
+  assert_int_equal(lp_comm_self_new(&c), LP_OK);
+  float send[5] = {1, 2, 3, 4, 5}, recv[6] = {0};
+  size_t sc[1] = {3}, sd[1] = {1}, rc[1] = {3}, rd[1] = {2};
+  lp_comm_req *r;
+  assert_int_equal(lp_comm_ialltoallv(c, send, sc, sd, recv, rc, rd, &r), LP_OK);
+  assert_int_equal(lp_comm_wait(c, &r, "dispatch"), LP_OK);
+  assert_null(r);
+  float want[6] = {0, 0, 2, 3, 4, 0};
+  assert_memory_equal(recv, want, sizeof want);
+  /* zero counts and NULL buffers are fine together */
+  sc[0] = rc[0] = 0;
+  assert_int_equal(lp_comm_alltoallv(c, NULL, sc, sd, NULL, rc, rd, NULL), LP_OK);
+  /* misuse */
+  sc[0] = 2;
+  assert_int_equal(lp_comm_alltoallv(c, send, sc, sd, recv, rc, rd, NULL), LP_ERR_ARG);
+  assert_string_equal(lp_comm_last_error(c), "all-to-all-v on rank 0: sends 2 "
+                                             "floats to itself but expects 0 from itself");
+  rc[0] = 2;
+  assert_int_equal(lp_comm_alltoallv(c, NULL, sc, sd, recv, rc, rd, NULL), LP_ERR_ARG);
+  assert_string_equal(lp_comm_last_error(c),
+                      "all-to-all-v on rank 0: NULL send buffer for 3 floats");
+  assert_int_equal(lp_comm_alltoallv(c, send, NULL, sd, recv, rc, rd, NULL), LP_ERR_ARG);
+  assert_int_equal(lp_comm_ialltoallv(c, send, sc, sd, recv, rc, rd, NULL), LP_ERR_ARG);
+  /* a split of a self context is a self context that works the same */
+  lp_comm *d;
+  assert_int_equal(lp_comm_split(c, -1, 0, &d), LP_ERR_ARG);
+  assert_null(d);
+  assert_string_equal(lp_comm_last_error(c), "split on rank 0: color -1 must be >= 0");
+  assert_int_equal(lp_comm_split(c, 3, 7, &d), LP_OK);
+  assert_int_equal(lp_comm_size(d), 1);
+  assert_string_equal(lp_comm_backend_name(d), "self");
+  memset(recv, 0, sizeof recv);
+  assert_int_equal(lp_comm_alltoallv(d, send, sc, sd, recv, rc, rd, NULL), LP_OK);
+  assert_true(recv[1] == 0 && recv[2] == 2 && recv[3] == 3 && recv[4] == 0);
+  float g = 2.5f;
+  assert_int_equal(lp_comm_allreduce_sum_float(d, &g, 1, NULL), LP_OK);
+  assert_int_equal(lp_comm_barrier(d, NULL), LP_OK);
+  lp_comm_free(d);
+  lp_comm_free(c);
+}
+
+static void test_alltoallv_watchdog(void **state) {
+  (void)state;
+  fake f = {.polls_to_finish = -1};
+  lp_comm *c;
+  assert_int_equal(lp_comm_new(&fake_backend, 1, 3, 100, &f, &c), LP_OK);
+  lp_comm_set_timeout(c, 0.05);
+  float s[8] = {0}, r[8];
+  size_t sc[3] = {0, 2, 5}, sd[3] = {0, 0, 2}, rc[3] = {1, 2, 0}, rd[3] = {0, 1, 3};
+  lp_comm_req *q;
+  assert_int_equal(lp_comm_ialltoallv(c, s, sc, sd, r, rc, rd, &q), LP_OK);
+  assert_int_equal(lp_comm_wait(c, &q, "rank 1: dispatch of layer 3 (5F2) waits"),
+                   LP_ERR_TIMEOUT);
+  assert_string_equal(lp_comm_last_error(c),
+                      "timed out after 0.05 s (LUAPIPE_TIMEOUT) in an "
+                      "all-to-all-v on rank 1 (3 ranks) sending 5 floats to "
+                      "and receiving 1 float from other ranks: rank 1: "
+                      "dispatch of layer 3 (5F2) waits");
+  assert_non_null(q);
+  lp_comm_cancel(c, &q);
+  assert_int_equal(lp_comm_alltoallv(c, s, sc, sd, r, rc, rd, NULL), LP_ERR_TIMEOUT);
+  /* a backend without the operations says so */
+  lp_comm_backend nope = fake_backend;
+  nope.ialltoallv = NULL;
+  lp_comm *d;
+  assert_int_equal(lp_comm_new(&nope, 1, 3, 100, &f, &d), LP_OK);
+  assert_int_equal(lp_comm_ialltoallv(d, s, sc, sd, r, rc, rd, &q), LP_ERR_UNSUPPORTED);
+  assert_string_equal(lp_comm_last_error(d), "all-to-all-v: the fake backend has none");
+  assert_int_equal(lp_comm_split(d, 0, 0, &c), LP_ERR_UNSUPPORTED);
+  assert_string_equal(lp_comm_last_error(d),
+                      "split: the fake backend cannot split a communicator");
+  lp_comm_free(d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_world_is_self),
@@ -355,6 +578,11 @@ int main(void) {
       cmocka_unit_test(test_watchdog_recv),
       cmocka_unit_test(test_watchdog_messages),
       cmocka_unit_test(test_backend_failure),
+      cmocka_unit_test(test_link_parse),
+      cmocka_unit_test(test_link_env),
+      cmocka_unit_test(test_link_delays_messages),
+      cmocka_unit_test(test_self_alltoallv),
+      cmocka_unit_test(test_alltoallv_watchdog),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

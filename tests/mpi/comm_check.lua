@@ -4,6 +4,10 @@
 --                                                  sends; `exit` leaves early)
 --   luapipe tests/mpi/comm_check.lua abort        (the last rank aborts while
 --                                                  the others wait)
+--   luapipe tests/mpi/comm_check.lua a2a          (all-to-all-v with uneven
+--                                                  counts, emulated link)
+--   luapipe tests/mpi/comm_check.lua grid         (4 ranks split 2 x 2)
+--   luapipe tests/mpi/comm_check.lua a2a_silent   (rank 1 never joins)
 -- Prints "rank R: ok" per rank when the basic checks pass.
 local comm = require("luapipe.comm")
 local core = require("luapipe.core")
@@ -102,6 +106,102 @@ elseif mode == "abort" then
   if r == n - 1 then comm.abort("giving up on purpose") end
   local v, err = comm.recv(n - 1, 1, 3, "a message that never comes")
   print(string.format("rank %d: recv returned %s", r, tostring(v or err)))
+elseif mode == "a2a" then
+  -- rank s sends (3s + 2d) % 5 numbers to rank d (zeros included), valued
+  -- s*1000 + d*100 + i; done twice to check nothing is left over
+  check(comm.info().progress_thread, "no MPI progress thread")
+  local function len(s, d) return (3 * s + 2 * d) % 5 end
+  for round = 1, 2 do
+    local lists = {}
+    for d = 0, n - 1 do
+      local l = {}
+      for i = 1, len(r, d) do l[i] = r * 1000 + d * 100 + i + round end
+      lists[d + 1] = l
+    end
+    local got = ok_or_abort(comm.alltoallv(lists, "a2a round " .. round))
+    check(#got == n, "got %d lists", #got)
+    for s = 0, n - 1 do
+      local l = got[s + 1]
+      check(#l == len(s, r), "from rank %d: %d numbers, want %d", s, #l, len(s, r))
+      for i = 1, #l do
+        check(l[i] == s * 1000 + r * 100 + i + round, "from rank %d entry %d: %s", s, i, l[i])
+      end
+    end
+  end
+  -- all empty
+  local empty = {}
+  for d = 1, n do empty[d] = {} end
+  local got = ok_or_abort(comm.alltoallv(empty))
+  for s = 1, n do check(#got[s] == 0, "empty exchange: %d numbers", #got[s]) end
+  -- the emulated link: nothing completes before 20 ms after its start
+  check(comm.link() == "none", "link %s", comm.link())
+  comm.set_link("lat=20ms")
+  check(comm.link() == "lat=20ms", "link %s", comm.link())
+  ok_or_abort(comm.barrier())
+  local t0 = core.now()
+  ok_or_abort(comm.alltoallv(empty))
+  local dt = core.now() - t0
+  check(dt >= 0.02, "all-to-all-v on a 20 ms link took %.4f s", dt)
+  if r < 2 then
+    t0 = core.now()
+    if r == 0 then ok_or_abort(comm.send(1, { 1, 2 }, 4))
+    else ok_or_abort(comm.recv(0, 2, 4)) end
+    dt = core.now() - t0
+    check(dt >= 0.02, "rank %d: a message on a 20 ms link took %.4f s", r, dt)
+  end
+  comm.set_link("none")
+  local ok, err = pcall(comm.set_link, "lat=20")
+  check(not ok and err:find("lat=20 needs a unit %(us, ms or s%)"), "bad link: %s", tostring(err))
+  ok_or_abort(comm.barrier())
+  print(string.format("rank %d: ok", r))
+elseif mode == "grid" then
+  -- 4 ranks as pp = 2 stages x ep = 2: world rank = stage * 2 + e
+  check(n == 4, "grid needs 4 ranks, got %d", n)
+  local stage, e = r // 2, r % 2
+  local ep = ok_or_abort(comm.split(stage))
+  local pp = ok_or_abort(comm.split(e))
+  check(ep:size() == 2 and ep:rank() == e, "ep group: rank %d of %d", ep:rank(), ep:size())
+  check(pp:size() == 2 and pp:rank() == stage, "pp group: rank %d of %d", pp:rank(), pp:size())
+  local s = ok_or_abort(ep:allreduce({ r }))
+  check(s[1] == 4 * stage + 1, "ep all-reduce: %s", s[1])
+  s = ok_or_abort(pp:allreduce({ r }))
+  check(s[1] == 2 * e + 2, "pp all-reduce: %s", s[1])
+  ok_or_abort(ep:barrier())
+  ok_or_abort(pp:barrier())
+  -- all-to-all-v inside each EP group: uneven, one side empty
+  local to_other = {}
+  for i = 1, e + 2 do to_other[i] = r * 10 + i end
+  local lists = { {}, {} }
+  lists[1 - e + 1] = to_other
+  lists[e + 1] = { r }
+  local got = ok_or_abort(ep:alltoallv(lists, "dispatch"))
+  local peer_e = 1 - e
+  check(#got[peer_e + 1] == peer_e + 2, "ep a2a: %d numbers from the peer", #got[peer_e + 1])
+  for i = 1, peer_e + 2 do
+    check(got[peer_e + 1][i] == (stage * 2 + peer_e) * 10 + i, "ep a2a entry %d", i)
+  end
+  check(#got[e + 1] == 1 and got[e + 1][1] == r, "ep a2a self piece")
+  -- keys order the new ranks; split groups inherit the link
+  comm.set_link("lat=1ms")
+  local rev = ok_or_abort(comm.split(0, -r))
+  check(rev:rank() == n - 1 - r, "reversed split: rank %d", rev:rank())
+  check(rev:link() == "lat=1ms", "split link: %s", rev:link())
+  rev:close()
+  rev:close() -- idempotent
+  check(not pcall(rev.rank, rev), "closed comm usable")
+  ep:close()
+  pp:close()
+  ok_or_abort(comm.barrier())
+  print(string.format("rank %d: ok", r))
+elseif mode == "a2a_silent" then
+  if r == 1 then return end -- never joins
+  local lists = {}
+  for d = 1, n do lists[d] = { d } end
+  local t0 = core.now()
+  local v, err = comm.alltoallv(lists, "dispatch of layer 3 (5F2)")
+  io.stderr:write(string.format("rank %d: alltoallv returned after %.1f s\n", r, core.now() - t0))
+  if v == nil then comm.abort(err) end
+  print("rank 0: unexpected exchange")
 else
   error("unknown mode " .. mode)
 end
