@@ -103,12 +103,33 @@ lp_status lp_nn_ctx_new(lp_nn_ctx **out) {
   return LP_OK;
 }
 
+/* Waits for an exchange this ctx started and nobody finished (a failure
+ * or a clear in the middle of a pass): the buffers it writes are about to
+ * be freed. Its status no longer matters. */
+static void drain_exchange(lp_nn_ctx *ctx) {
+  if (!ctx->xchg) return;
+  (void)ctx->xchg_ep->wait(ctx->xchg_ep->ud, ctx->xchg,
+                           "an exchange of a cleared context");
+  ctx->xchg = NULL;
+  ctx->xchg_ep = NULL;
+}
+
 void lp_nn_ctx_clear(lp_nn_ctx *ctx) {
   if (!ctx) return;
+  drain_exchange(ctx);
   for (int i = 0; i < NN_SLOTS; i++)
     nn_drop(ctx, i);
   for (size_t i = 0; i < ctx->nchild; i++)
     lp_nn_ctx_clear(ctx->child[i]);
+  lp_tensor_free(ctx->in);
+  lp_tensor_free(ctx->cur);
+  ctx->in = ctx->cur = NULL;
+  if (ctx->ext_free) ctx->ext_free(ctx->ext);
+  ctx->ext = NULL;
+  ctx->ext_free = NULL;
+  ctx->pass = NN_PASS_NONE;
+  ctx->phase = 0;
+  ctx->pos = 0;
   ctx->layer = NULL;
   ctx->stage = LP_NN_CTX_EMPTY;
 }
@@ -156,13 +177,19 @@ static lp_status err_end(lp_nn_ctx *ctx, const lp_nn_layer *l, lp_status st,
   return st;
 }
 
-lp_status lp_nn_forward(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
-                        lp_tensor **y) {
-  if (y) *y = NULL;
-  if (!l || !y) return LP_ERR_ARG;
+/* ---- phased passes ---- */
+
+lp_status lp_nn_forward_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
+                              const lp_tensor *x) {
+  if (!l || !ctx) return LP_ERR_ARG;
   err_begin(ctx);
   if (!x) return nn_fail(ctx, l, LP_ERR_ARG, "forward: input is NULL");
-  if (ctx && ctx->stage != LP_NN_CTX_EMPTY)
+  if (ctx->pass != NN_PASS_NONE)
+    return nn_fail(ctx, l, LP_ERR_ARG,
+                   "forward: a pass of layer %s is still running on this "
+                   "context (advance it to the end first)",
+                   ctx->layer ? ctx->layer->name : "?");
+  if (ctx->stage != LP_NN_CTX_EMPTY)
     return nn_fail(ctx, l, LP_ERR_ARG,
                    "forward: the context still holds a micro-batch of layer "
                    "%s (run weight_grad or clear it first)",
@@ -171,53 +198,145 @@ lp_status lp_nn_forward(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
     return nn_fail(ctx, l, LP_ERR_UNSUPPORTED,
                    "forward: backend %s is not supported by nn yet",
                    lp_tensor_backend_of(x)->name);
-  lp_status st = l->ops->forward(l, ctx, x, y);
-  if (st != LP_OK) {
-    lp_tensor_free(*y);
-    *y = NULL;
-    lp_nn_ctx_clear(ctx);
-    return err_end(ctx, l, st, "forward");
-  }
-  if (ctx) {
-    ctx->layer = l;
-    ctx->stage = LP_NN_CTX_FORWARD;
-  }
+  lp_status st = lp_tensor_view(x, &ctx->in);
+  if (st != LP_OK) return err_end(ctx, l, st, "forward");
+  ctx->layer = l;
+  ctx->pass = NN_PASS_FORWARD;
+  ctx->phase = 0;
+  ctx->pos = 0;
   return LP_OK;
 }
 
-/* Checks that dy matches what the layer's forward produced: the caller
- * passes the shape through y's shape, which layers verify themselves. */
-lp_status lp_nn_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *dy,
-                           lp_tensor **dx) {
-  if (dx) *dx = NULL;
+lp_status nn_input_grad_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
+                              const lp_tensor *dy, int want_dx) {
   if (!l || !ctx) return LP_ERR_ARG;
   err_begin(ctx);
+  if (ctx->pass != NN_PASS_NONE)
+    return nn_fail(ctx, l, LP_ERR_ARG,
+                   "input_grad: a pass of layer %s is still running on this "
+                   "context (advance it to the end first)",
+                   ctx->layer ? ctx->layer->name : "?");
   if (ctx->stage != LP_NN_CTX_FORWARD || ctx->layer != l)
     return nn_fail(
         ctx, l, LP_ERR_ARG,
         "input_grad: the context holds no forward of this layer%s",
         ctx->stage == LP_NN_CTX_INPUT_GRAD ? " (input_grad already ran)" : "");
   if (!dy) return nn_fail(ctx, l, LP_ERR_ARG, "input_grad: dy is NULL");
-  lp_status st = l->ops->input_grad(l, ctx, dy, dx);
+  lp_status st = lp_tensor_view(dy, &ctx->in);
   if (st != LP_OK) {
-    if (dx) {
-      lp_tensor_free(*dx);
-      *dx = NULL;
-    }
     lp_nn_ctx_clear(ctx);
     return err_end(ctx, l, st, "input_grad");
   }
-  ctx->stage = LP_NN_CTX_INPUT_GRAD;
+  ctx->pass = NN_PASS_INPUT_GRAD;
+  ctx->want_dx = want_dx;
+  ctx->phase = 0;
+  ctx->pos = 0;
   return LP_OK;
+}
+
+lp_status lp_nn_input_grad_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
+                                 const lp_tensor *dy) {
+  return nn_input_grad_begin(l, ctx, dy, 1);
+}
+
+/* One call of a layer without phases. */
+static lp_status leaf_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
+                              lp_tensor **out) {
+  *done = 1;
+  if (ctx->pass == NN_PASS_FORWARD)
+    return l->ops->forward(l, ctx, ctx->in, out);
+  return l->ops->input_grad(l, ctx, ctx->in, ctx->want_dx ? out : NULL);
+}
+
+lp_status lp_nn_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
+                        lp_tensor **out) {
+  lp_tensor *res = NULL;
+  if (out) *out = NULL;
+  if (!l || !ctx || !done) return LP_ERR_ARG;
+  *done = 0;
+  if (ctx->pass == NN_PASS_NONE || ctx->layer != l)
+    return nn_fail(ctx, l, LP_ERR_ARG,
+                   "advance: no pass of this layer was begun on the context");
+  int fwd = ctx->pass == NN_PASS_FORWARD;
+  lp_status st = l->phased ? l->phased->advance(l, ctx, done, &res)
+                           : leaf_advance(l, ctx, done, &res);
+  if (st != LP_OK) {
+    lp_tensor_free(res);
+    *done = 0;
+    lp_nn_ctx_clear(ctx);
+    return err_end(ctx, l, st, fwd ? "forward" : "input_grad");
+  }
+  if (!*done) {
+    lp_tensor_free(res);
+    return LP_OK;
+  }
+  lp_tensor_free(ctx->in);
+  lp_tensor_free(ctx->cur);
+  ctx->in = ctx->cur = NULL;
+  ctx->pass = NN_PASS_NONE;
+  ctx->stage = fwd ? LP_NN_CTX_FORWARD : LP_NN_CTX_INPUT_GRAD;
+  if (out)
+    *out = res;
+  else
+    lp_tensor_free(res);
+  return LP_OK;
+}
+
+const char *lp_nn_phase_name(const lp_nn_ctx *ctx) {
+  if (!ctx || ctx->pass == NN_PASS_NONE || !ctx->layer) return "done";
+  const lp_nn_layer *l = ctx->layer;
+  return l->phased && l->phased->phase_name ? l->phased->phase_name(l, ctx)
+                                            : "attn/dense";
+}
+
+int lp_nn_ctx_exchange_pending(const lp_nn_ctx *ctx) {
+  if (!ctx) return 0;
+  if (ctx->xchg) return 1;
+  for (size_t i = 0; i < ctx->nchild; i++)
+    if (lp_nn_ctx_exchange_pending(ctx->child[i])) return 1;
+  return 0;
+}
+
+/* Begin, then advance until done (an EP exchange is waited for inside). */
+static lp_status run_pass(lp_nn_layer *l, lp_nn_ctx *ctx, lp_tensor **out) {
+  int done = 0;
+  while (!done)
+    LP_CHECK(lp_nn_advance(l, ctx, &done, out));
+  return LP_OK;
+}
+
+lp_status lp_nn_forward(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
+                        lp_tensor **y) {
+  if (y) *y = NULL;
+  if (!l || !y) return LP_ERR_ARG;
+  if (!ctx) { /* inference: a scratch context, dropped at the end */
+    lp_nn_ctx *tmp;
+    LP_CHECK(lp_nn_ctx_new(&tmp));
+    lp_status st = lp_nn_forward(l, tmp, x, y);
+    lp_nn_ctx_free(tmp);
+    return st;
+  }
+  LP_CHECK(lp_nn_forward_begin(l, ctx, x));
+  return run_pass(l, ctx, y);
+}
+
+lp_status lp_nn_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *dy,
+                           lp_tensor **dx) {
+  if (dx) *dx = NULL;
+  if (!l || !ctx) return LP_ERR_ARG;
+  LP_CHECK(nn_input_grad_begin(l, ctx, dy, dx != NULL));
+  return run_pass(l, ctx, dx);
 }
 
 lp_status lp_nn_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                             const lp_tensor *dy) {
   if (!l || !ctx) return LP_ERR_ARG;
   err_begin(ctx);
-  if (ctx->layer != l || ctx->stage == LP_NN_CTX_EMPTY)
+  if (ctx->layer != l || ctx->stage == LP_NN_CTX_EMPTY ||
+      ctx->pass != NN_PASS_NONE)
     return nn_fail(ctx, l, LP_ERR_ARG,
-                   "weight_grad: the context holds no forward of this layer");
+                   "weight_grad: the context holds no %s of this layer",
+                   ctx->pass != NN_PASS_NONE ? "finished pass" : "forward");
   if (ctx->stage == LP_NN_CTX_FORWARD) {
     if (!dy)
       return nn_fail(ctx, l, LP_ERR_ARG,
@@ -273,6 +392,7 @@ void lp_nn_layer_release(lp_nn_layer *l) {
     }
   }
   lp_free(l->params);
+  nn_moe_free(l->moe);
   for (size_t i = 0; i < l->nchild; i++)
     lp_nn_layer_release(l->child[i]);
   lp_free(l->child);
@@ -328,13 +448,37 @@ lp_status nn_add_param(lp_nn_layer *l, const char *suffix, int ndim,
   return init_param(p, seed);
 }
 
+/* Bumped whenever a layer's own parameter list changes (moe placement). */
+static unsigned param_gen;
+
+void nn_params_changed(void) { param_gen++; }
+
+/* A composite's list again when some list changed since it was collected.
+ * (On allocation failure the old list stays; lp_nn_params then gives it.) */
+static void refresh_params(lp_nn_layer *l) {
+  if (l->owns_params || !l->nchild || l->param_gen == param_gen) return;
+  lp_nn_param *old = l->params;
+  size_t nold = l->nparams;
+  l->params = NULL;
+  l->nparams = 0;
+  if (nn_composite_collect_params(l) != LP_OK) {
+    lp_free(l->params);
+    l->params = old;
+    l->nparams = nold;
+    return;
+  }
+  lp_free(old);
+}
+
 const lp_nn_param *lp_nn_params(const lp_nn_layer *l, size_t *n) {
+  if (l) refresh_params((lp_nn_layer *)l);
   if (n) *n = l ? l->nparams : 0;
   return l && l->nparams ? l->params : NULL;
 }
 
 int64_t lp_nn_param_numel(const lp_nn_layer *l) {
   int64_t n = 0;
+  if (l) refresh_params((lp_nn_layer *)l);
   for (size_t i = 0; l && i < l->nparams; i++)
     n += lp_tensor_numel(l->params[i].value);
   return n;
@@ -342,6 +486,7 @@ int64_t lp_nn_param_numel(const lp_nn_layer *l) {
 
 lp_status lp_nn_init(lp_nn_layer *l, uint64_t seed) {
   if (!l) return LP_ERR_ARG;
+  refresh_params(l);
   for (size_t i = 0; i < l->nparams; i++)
     LP_CHECK(init_param(&l->params[i], seed));
   return LP_OK;
@@ -349,6 +494,7 @@ lp_status lp_nn_init(lp_nn_layer *l, uint64_t seed) {
 
 lp_status lp_nn_zero_grad(lp_nn_layer *l) {
   if (!l) return LP_ERR_ARG;
+  refresh_params(l);
   for (size_t i = 0; i < l->nparams; i++)
     LP_CHECK(lp_tensor_fill(l->params[i].grad, 0.0f));
   return LP_OK;
@@ -356,9 +502,12 @@ lp_status lp_nn_zero_grad(lp_nn_layer *l) {
 
 lp_status nn_composite_collect_params(lp_nn_layer *l) {
   size_t total = 0;
-  for (size_t i = 0; i < l->nchild; i++)
+  for (size_t i = 0; i < l->nchild; i++) {
+    refresh_params(l->child[i]);
     total += l->child[i]->nparams;
+  }
   l->owns_params = 0;
+  l->param_gen = param_gen;
   if (!total) return LP_OK;
   l->params = lp_malloc(total * sizeof *l->params);
   if (!l->params) return LP_ERR_NOMEM;
@@ -375,7 +524,8 @@ lp_status nn_composite_collect_params(lp_nn_layer *l) {
 }
 
 /* Builds a composite over children (retained). */
-static lp_status composite_new(const nn_ops *ops, const char *name,
+static lp_status composite_new(const nn_ops *ops, const nn_phased *phased,
+                               const char *name,
                                lp_nn_layer *const *children, size_t n,
                                lp_nn_layer **out) {
   *out = NULL;
@@ -384,6 +534,7 @@ static lp_status composite_new(const nn_ops *ops, const char *name,
     if (!children[i]) return LP_ERR_ARG;
   lp_nn_layer *l;
   LP_CHECK(nn_layer_alloc(ops, name, &l));
+  l->phased = phased;
   l->child = lp_malloc(n * sizeof *l->child);
   if (!l->child) {
     lp_nn_layer_release(l);
@@ -403,46 +554,56 @@ static lp_status composite_new(const nn_ops *ops, const char *name,
 /* ---- chunk: sequential ----
  * ctx children: one sub-context per layer. */
 
-static lp_status chunk_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
-                               const lp_tensor *x, lp_tensor **y) {
-  const lp_tensor *cur = x;
-  lp_tensor *owned = NULL;
-  for (size_t i = 0; i < l->nchild; i++) {
-    lp_nn_ctx *c;
-    lp_tensor *next = NULL;
-    lp_status st = nn_child_ctx(ctx, i, &c);
-    if (st == LP_OK) st = lp_nn_forward(l->child[i], c, cur, &next);
-    lp_tensor_free(owned);
-    if (st != LP_OK) return st;
-    cur = owned = next;
-  }
-  *y = owned;
-  return LP_OK;
-}
-
-static lp_status chunk_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
-                                  const lp_tensor *dy, lp_tensor **dx) {
-  const lp_tensor *cur = dy;
-  lp_tensor *owned = NULL;
-  for (size_t k = l->nchild; k-- > 0;) {
+/* Forward: children 0..n-1 in order; input-grad: n-1..0. ctx->pos counts
+ * the children finished; ctx->cur holds the activation (gradient) between
+ * them. A child that stops at an exchange stops the chunk there. */
+static lp_status chunk_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
+                               lp_tensor **out) {
+  int fwd = ctx->pass == NN_PASS_FORWARD;
+  while (ctx->pos < l->nchild) {
+    size_t k = fwd ? ctx->pos : l->nchild - 1 - ctx->pos;
     lp_nn_layer *c = l->child[k];
+    lp_nn_ctx *cc;
+    LP_CHECK(nn_child_ctx(ctx, k, &cc));
+    if (cc->pass == NN_PASS_NONE) {
+      const lp_tensor *in = ctx->pos == 0 ? ctx->in : ctx->cur;
+      LP_CHECK(fwd ? lp_nn_forward_begin(c, cc, in)
+                   : nn_input_grad_begin(c, cc, in, k > 0 || ctx->want_dx));
+      lp_tensor_free(ctx->cur); /* the child holds its own view */
+      ctx->cur = NULL;
+    }
+    int d;
     lp_tensor *next = NULL;
-    int want = k > 0 || dx;
-    lp_status st = lp_nn_input_grad(c, ctx->child[k], cur, want ? &next : NULL);
-    lp_tensor_free(owned);
-    owned = NULL;
-    if (st != LP_OK) return st;
-    if (k > 0 && !next)
+    LP_CHECK(lp_nn_advance(c, cc, &d, &next));
+    if (!d) return LP_OK;
+    if (!fwd && k > 0 && !next)
       return nn_fail(ctx, l, LP_ERR_ARG,
                      "layer %s has no input gradient but is not first",
                      c->name);
-    cur = owned = next;
+    ctx->cur = next;
+    ctx->pos++;
   }
-  if (dx)
-    *dx = owned;
-  else
-    lp_tensor_free(owned);
+  *out = ctx->cur;
+  ctx->cur = NULL;
+  *done = 1;
   return LP_OK;
+}
+
+/* The running child's phase; "attn/dense" between children. */
+static const char *chunk_phase(const lp_nn_layer *l, const lp_nn_ctx *ctx) {
+  if (ctx->pos >= l->nchild) return "attn/dense";
+  size_t k =
+      ctx->pass == NN_PASS_FORWARD ? ctx->pos : l->nchild - 1 - ctx->pos;
+  if (k >= ctx->nchild || ctx->child[k]->pass == NN_PASS_NONE)
+    return "attn/dense";
+  return lp_nn_phase_name(ctx->child[k]);
+}
+
+/* Not used: chunk passes go through chunk_advance. */
+static lp_status no_call(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *in,
+                         lp_tensor **out) {
+  (void)in, (void)out;
+  return nn_fail(ctx, l, LP_ERR_ARG, "internal: a phased layer run directly");
 }
 
 static lp_status chunk_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
@@ -451,13 +612,14 @@ static lp_status chunk_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   return LP_OK;
 }
 
-static const nn_ops chunk_ops = {"chunk", chunk_forward, chunk_input_grad,
+static const nn_ops chunk_ops = {"chunk", no_call, no_call,
                                  chunk_weight_grad};
+static const nn_phased chunk_phased = {chunk_advance, chunk_phase};
 
 lp_status lp_nn_chunk_new(const char *name, lp_nn_layer *const *layers,
                           size_t n, lp_nn_layer **layer) {
   if (!layer) return LP_ERR_ARG;
-  return composite_new(&chunk_ops, name, layers, n, layer);
+  return composite_new(&chunk_ops, &chunk_phased, name, layers, n, layer);
 }
 
 /* ---- residual: y = x + inner(x) ---- */
@@ -482,45 +644,56 @@ static lp_status add_into(const lp_tensor *a, lp_tensor *b, lp_tensor **out) {
   return LP_OK;
 }
 
-static lp_status residual_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
-                                  const lp_tensor *x, lp_tensor **y) {
+/* y = x + inner(x); dx = dy + inner's dx. The inner layer's pass runs in
+ * sub-context 0 and may stop at exchanges. */
+static lp_status residual_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
+                                  lp_tensor **out) {
+  int fwd = ctx->pass == NN_PASS_FORWARD;
   lp_nn_ctx *c;
-  lp_tensor *f = NULL;
   LP_CHECK(nn_child_ctx(ctx, 0, &c));
-  LP_CHECK(lp_nn_forward(l->child[0], c, x, &f));
-  if (!lp_tensor_same_shape(f, x)) {
+  if (c->pass == NN_PASS_NONE)
+    LP_CHECK(fwd ? lp_nn_forward_begin(l->child[0], c, ctx->in)
+                 : nn_input_grad_begin(l->child[0], c, ctx->in, ctx->want_dx));
+  int d;
+  lp_tensor *f = NULL;
+  LP_CHECK(lp_nn_advance(l->child[0], c, &d, &f));
+  if (!d) return LP_OK;
+  *done = 1;
+  if (!fwd && !ctx->want_dx) {
+    lp_tensor_free(f);
+    return LP_OK;
+  }
+  if (!f)
+    return nn_fail(ctx, l, LP_ERR_ARG, "inner layer has no input gradient");
+  if (fwd && !lp_tensor_same_shape(f, ctx->in)) {
     char a[64], b[64];
     nn_shape_str(f, a, sizeof a);
     lp_tensor_free(f);
     return nn_fail(ctx, l, LP_ERR_ARG, "inner output %s differs from input %s",
-                   a, nn_shape_str(x, b, sizeof b));
+                   a, nn_shape_str(ctx->in, b, sizeof b));
   }
-  lp_status st = add_into(x, f, y);
+  lp_status st = add_into(ctx->in, f, out);
   if (st != LP_OK) lp_tensor_free(f);
   return st;
 }
 
-static lp_status residual_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
-                                     const lp_tensor *dy, lp_tensor **dx) {
-  lp_tensor *d = NULL;
-  LP_CHECK(lp_nn_input_grad(l->child[0], ctx->child[0], dy, dx ? &d : NULL));
-  if (!dx) return LP_OK;
-  if (!d)
-    return nn_fail(ctx, l, LP_ERR_ARG, "inner layer has no input gradient");
-  lp_status st = add_into(dy, d, dx);
-  if (st != LP_OK) lp_tensor_free(d);
-  return st;
+static const char *residual_phase(const lp_nn_layer *l, const lp_nn_ctx *ctx) {
+  (void)l;
+  if (!ctx->nchild || ctx->child[0]->pass == NN_PASS_NONE) return "attn/dense";
+  return lp_nn_phase_name(ctx->child[0]);
 }
 
 static lp_status residual_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   return lp_nn_weight_grad(l->child[0], ctx->child[0], NULL);
 }
 
-static const nn_ops residual_ops = {"residual", residual_forward,
-                                    residual_input_grad, residual_weight_grad};
+static const nn_ops residual_ops = {"residual", no_call, no_call,
+                                    residual_weight_grad};
+static const nn_phased residual_phased = {residual_advance, residual_phase};
 
 lp_status lp_nn_residual_new(const char *name, lp_nn_layer *inner,
                              lp_nn_layer **layer) {
   if (!layer) return LP_ERR_ARG;
-  return composite_new(&residual_ops, name, &inner, 1, layer);
+  return composite_new(&residual_ops, &residual_phased, name, &inner, 1,
+                       layer);
 }

@@ -142,7 +142,7 @@ lp_nn_layer *lp_nn_layer_retain(lp_nn_layer *l);
  * forward of this layer must be cleared or freed first. */
 void lp_nn_layer_release(lp_nn_layer *l);
 /* The name given at construction, and the kind: "linear", "embedding",
- * "gelu", "silu", "rmsnorm", "attention", "residual", "chunk". Static or
+ * "gelu", "silu", "rmsnorm", "attention", "residual", "chunk", "moe". Static or
  * layer-owned strings. */
 const char *lp_nn_layer_name(const lp_nn_layer *l);
 const char *lp_nn_layer_kind(const lp_nn_layer *l);
@@ -209,6 +209,167 @@ lp_status lp_nn_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
 /* Full backward: input_grad then weight_grad. dx may be NULL. */
 lp_status lp_nn_backward(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *dy,
                          lp_tensor **dx);
+
+/* ======================================================================
+ * Phased execution. A pass (forward or input-grad) of any layer or chunk
+ * can be run in pieces between expert-parallel exchanges, so that an
+ * executor can interleave two micro-batches and keep one's all-to-all in
+ * flight while the other computes:
+ *
+ *   lp_nn_forward_begin(l, c, x);                 c must be EMPTY
+ *   do lp_nn_advance(l, c, &done, &y); while (!done);   c: FORWARD
+ *   lp_nn_input_grad_begin(l, c, dy);             c must be FORWARD
+ *   do lp_nn_advance(l, c, &done, &dx); while (!done);  c: INPUT_GRAD
+ *
+ * Each advance runs compute until it has STARTED the next exchange (then
+ * *done = 0, *out = NULL) or to the end of the pass (*done = 1, *out = y or
+ * dx, owned by the caller; out may be NULL to drop it). The next advance
+ * first waits for the exchange that is in flight. A layer without MoE (or
+ * with EP off) finishes in one advance. lp_nn_forward / lp_nn_input_grad /
+ * lp_nn_backward are begin + advance until done: bitwise the same results.
+ * On failure the ctx is cleared (an exchange in flight is waited for first)
+ * and *out is NULL. x / dy are stashed by reference as for lp_nn_forward.
+ * ====================================================================== */
+
+lp_status lp_nn_forward_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
+                              const lp_tensor *x);
+lp_status lp_nn_input_grad_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
+                                 const lp_tensor *dy);
+lp_status lp_nn_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
+                        lp_tensor **out);
+/* What the next advance of ctx's pass runs: "attn/dense" (dense compute up
+ * to the next MoE dispatch or the end), "dispatch" (finish the count
+ * exchange, start the token exchange), "experts" (finish the tokens'
+ * exchange, run the local experts, start the next exchange), "combine"
+ * (finish the combine, go on with dense compute); in backward the order is
+ * "attn/dense", "experts", "dispatch". "done" when no pass is running.
+ * Static strings. */
+const char *lp_nn_phase_name(const lp_nn_ctx *ctx);
+/* 1 when an exchange started by this ctx (or a sub-context) is in flight. */
+int lp_nn_ctx_exchange_pending(const lp_nn_ctx *ctx);
+
+/* ======================================================================
+ * Mixture of experts (DeepSeek-V3 style) and expert parallelism (EP).
+ *
+ * y = shared(x) + sum over the token's top-k experts e of g_e * FFN_e(x),
+ * every FFN a SwiGLU: FFN(x) = (silu(x W1^T) * (x W3^T)) W2^T, W1, W3
+ * [hidden, dim], W2 [dim, hidden]. Router: logits = x Wr^T (Wr [experts,
+ * dim]); affinities s = sigmoid(logits) (or softmax over the experts).
+ * Selection uses s + bias (bias: per expert, not trained by gradients,
+ * nudged by lp_nn_moe_update_bias — auxiliary-loss-free balancing): with
+ * groups > 1 the experts form `groups` equal groups, each scored by the sum
+ * of its two best (s + bias), and only the topk_groups best groups are
+ * eligible; then the topk best eligible experts. Weights: g_e =
+ * route_scale * s_e / sum of the selected s. Shared experts: one SwiGLU of
+ * hidden size shared * hidden applied to every token.
+ *
+ * balance_alpha > 0 adds DeepSeek-V3's sequence-wise balance loss
+ * alpha * sum_i f_i P_i for every sequence (x [batch, seq, dim]: each
+ * batch row is a sequence; x [tokens, dim]: one sequence), f_i = E/(K T) *
+ * (tokens of the sequence that selected i), P_i = mean over the
+ * sequence's tokens of s_i / sum_j s_j; summed over sequences (so splitting
+ * a batch over EP ranks keeps the total). Its gradient is added in
+ * input_grad as if it were part of the loss (fold any 1/M into alpha);
+ * lp_nn_moe_aux_loss gives its value.
+ *
+ * Params (in this order): <name>.router.weight [experts, dim];
+ * <name>.shared.w1, .w3 [shared*hidden, dim], .w2 [dim, shared*hidden];
+ * then for every expert slot this rank holds, in slot order,
+ * <name>.experts.<e>.w1, .w3, .w2 named by LOGICAL expert e (replicas of
+ * one expert have the same names and initial values). w1, w3, router ~
+ * N(0, 1/sqrt(dim)), w2 ~ N(0, 1/sqrt(hidden)).
+ * ====================================================================== */
+
+typedef enum lp_nn_router_kind {
+  LP_NN_ROUTER_SIGMOID = 0,
+  LP_NN_ROUTER_SOFTMAX = 1
+} lp_nn_router_kind;
+
+typedef struct lp_nn_moe_opts {
+  int64_t dim;         /* d_model */
+  int64_t hidden;      /* hidden size of each routed expert */
+  int experts;         /* logical routed experts E >= 1 */
+  int topk;            /* experts per token, 1..E */
+  int groups;          /* expert groups (E % groups == 0); 0 or 1: none */
+  int topk_groups;     /* eligible groups per token (0: all) */
+  int shared;          /* shared experts (0: none) */
+  float route_scale;   /* scale of the normalised weights (0 means 1) */
+  float bias_speed;    /* lp_nn_moe_update_bias step (0: bias stays 0) */
+  lp_nn_router_kind router;
+  float balance_alpha; /* sequence-wise balance loss weight (0: off) */
+} lp_nn_moe_opts;
+
+/* An MoE layer with the default placement (one slot per expert, all on
+ * this rank). LP_ERR_ARG for bad sizes. kind "moe". */
+lp_status lp_nn_moe_new(const char *name, const lp_nn_moe_opts *o,
+                        uint64_t seed, lp_nn_layer **layer);
+
+/* Pre-norm MoE transformer block: x + attn(rmsnorm(x)), then
+ * x + moe(rmsnorm(x)). Children: <name>.attn_norm, <name>.attn,
+ * <name>.moe_norm, <name>.moe. x [batch, seq, d_model], o->dim = d_model. */
+lp_status lp_nn_moe_block_new(const char *name, int64_t n_heads,
+                              const lp_nn_moe_opts *o, uint64_t seed,
+                              lp_nn_layer **layer);
+
+/* Expert parallelism, given by the caller (nn does not depend on comm).
+ * start begins an all-to-all-v among the `size` EP ranks: send_counts[r]
+ * floats go to rank r (send displacements are their prefix sums),
+ * recv_counts[r] floats arrive from rank r (likewise); *handle is finished
+ * by wait (what: text for a timeout message). Every EP rank starts its
+ * exchanges in the same order. */
+typedef struct lp_nn_ep {
+  int size, rank; /* EP group size and this rank's index in it */
+  void *ud;
+  lp_status (*start)(void *ud, const float *send, const size_t *send_counts,
+                     float *recv, const size_t *recv_counts, void **handle);
+  lp_status (*wait)(void *ud, void *handle, const char *what);
+} lp_nn_ep;
+
+/* Gives every MoE layer inside l the EP group (copied; NULL or size 1: no
+ * exchange). Resets each one's placement to the default for that size:
+ * slots_per_rank = ceil(E / size), slot s holds expert s % E. The
+ * parameter lists of l and the layers inside it change (rebuild
+ * optimizers). Not while a context holds a micro-batch of l. */
+lp_status lp_nn_set_ep(lp_nn_layer *l, const lp_nn_ep *ep);
+
+/* Physical slots: EP rank r holds slots [r*slots_per_rank,
+ * (r+1)*slots_per_rank); phys_to_log[slot] = its logical expert
+ * (ep size * slots_per_rank entries; every expert at least once). The
+ * j-th (token, expert e) pair of this rank's micro-batch goes to replica
+ * (j + rank) % replicas of e (replicas in slot order). Slots that keep an
+ * expert this rank already held keep its values; new ones are initialised
+ * from (seed, name) — import the real values (lp_nn_moe_slot_params).
+ * Grads of the new list are zero. The parameter lists change. */
+lp_status lp_nn_moe_set_placement(lp_nn_layer *moe, int slots_per_rank,
+                                  const int *phys_to_log);
+/* The three params (w1, w3, w2) of global slot `slot` held by this rank:
+ * *out points into the layer's list (borrowed), *n = 3. LP_ERR_ARG when
+ * this rank does not hold the slot. */
+lp_status lp_nn_moe_slot_params(lp_nn_layer *moe, int slot,
+                                const lp_nn_param **out, int *n);
+/* Placement in force: slots per rank, and (optional) a copy of
+ * phys_to_log (size * slots_per_rank entries). */
+int lp_nn_moe_slots_per_rank(const lp_nn_layer *moe);
+lp_status lp_nn_moe_placement(const lp_nn_layer *moe, int *phys_to_log);
+/* The options the layer was built with (borrowed), NULL if not an MoE. */
+const lp_nn_moe_opts *lp_nn_moe_get_opts(const lp_nn_layer *moe);
+
+/* Tokens this rank routed to each logical expert (E entries: counts[e] +=
+ * (token, e) pairs) since the last lp_nn_moe_load_reset. */
+lp_status lp_nn_moe_expert_load(const lp_nn_layer *moe, int64_t *counts);
+void lp_nn_moe_load_reset(lp_nn_layer *moe);
+/* Aux-loss-free balancing, at step end with the EP-group-summed counts:
+ * bias_e += bias_speed * sign(mean - counts_e). */
+lp_status lp_nn_moe_update_bias(lp_nn_layer *moe, const int64_t *global_counts);
+/* The selection bias (E floats), read / write (checkpoints, tests). */
+lp_status lp_nn_moe_get_bias(const lp_nn_layer *moe, float *bias);
+lp_status lp_nn_moe_set_bias(lp_nn_layer *moe, const float *bias);
+/* The balance loss of the last forward through this layer (0 when off). */
+double lp_nn_moe_aux_loss(const lp_nn_layer *moe);
+
+/* MoE layers inside l (depth first, in execution order; l itself counts). */
+int lp_nn_moe_count(const lp_nn_layer *l);
+lp_nn_layer *lp_nn_moe_find(const lp_nn_layer *l, int i);
 
 /* ======================================================================
  * Losses (no params, no ctx: one call gives the loss and its gradient).

@@ -20,8 +20,23 @@ typedef struct nn_ops {
   lp_status (*weight_grad)(lp_nn_layer *l, lp_nn_ctx *ctx);
 } nn_ops;
 
+/* Phased layers (composites, MoE) also have this table (lp_nn_layer.phased;
+ * NULL: a pass is one call of forward / input_grad, whose ops are then not
+ * used for passes).
+ *   advance:    one step of the pass begun on ctx (ctx->pass, input
+ *               ctx->in, ctx->want_dx); see lp_nn_advance.
+ *   phase_name: what the next advance runs (NULL: "attn/dense"). */
+typedef struct nn_phased {
+  lp_status (*advance)(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
+                       lp_tensor **out);
+  const char *(*phase_name)(const lp_nn_layer *l, const lp_nn_ctx *ctx);
+} nn_phased;
+
+struct nn_moe; /* moe.c */
+
 struct lp_nn_layer {
   const nn_ops *ops;
+  const nn_phased *phased; /* NULL for one-call layers */
   char *name;
   int refs;
   /* params: leaves own names and tensors (owns_params = 1); composites
@@ -37,9 +52,12 @@ struct lp_nn_layer {
   int64_t heads;   /* attention */
   float eps;       /* rmsnorm */
   lp_tensor_act_kind act;
+  struct nn_moe *moe; /* moe: config, placement, bias, load (owned) */
+  /* composites: the param generation their list was collected at */
+  unsigned param_gen;
 };
 
-#define NN_SLOTS 10
+#define NN_SLOTS 24
 
 struct lp_nn_ctx {
   lp_nn_ctx *root;          /* where error text goes */
@@ -48,10 +66,35 @@ struct lp_nn_ctx {
   lp_tensor *saved[NN_SLOTS]; /* layer-specific meaning, owned */
   lp_nn_ctx **child;          /* sub-contexts of composites (kept on clear) */
   size_t nchild;
+  /* a pass in progress (lp_nn_*_begin .. the advance that finishes it) */
+  int pass;        /* NN_PASS_* */
+  int want_dx;     /* input-grad: the caller wants dx */
+  int phase;       /* layer-specific step of the pass */
+  size_t pos;      /* composites: the child being advanced */
+  lp_tensor *in;   /* x or dy of the pass (a view; owned) */
+  lp_tensor *cur;  /* composites: running activation / gradient (owned) */
+  /* an exchange in flight (moe) */
+  const lp_nn_ep *xchg_ep;
+  void *xchg;
+  /* layer-specific non-tensor state (moe routing), freed on clear */
+  void *ext;
+  void (*ext_free)(void *ext);
   char err[LP_ERRLEN];
 };
 
+enum { NN_PASS_NONE = 0, NN_PASS_FORWARD = 1, NN_PASS_INPUT_GRAD = 2 };
+
 /* ---- helpers (layer.c) ---- */
+
+/* Input-grad begin with an explicit "dx wanted" flag (chunks skip their
+ * first layer's dx when theirs is not wanted). */
+lp_status nn_input_grad_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
+                              const lp_tensor *dy, int want_dx);
+/* Parameter lists changed somewhere (moe placement): composites collect
+ * theirs again on next use. */
+void nn_params_changed(void);
+/* Frees a moe's private state (moe.c). */
+void nn_moe_free(struct nn_moe *m);
 
 /* Records "layer <name> (<kind>): <message>" in ctx's root (no-op when ctx
  * is NULL) and returns st. */
