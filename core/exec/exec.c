@@ -47,7 +47,8 @@ static lp_status run_f(lp_exec *e, int v, int mb) {
   lp_status st = LP_OK;
   if (k == 0) {
     LP_CHECK(get_data(e, mb, &x, k == last ? &tg : NULL));
-  } else if (e->vrank[e->route[mb][k - 1]] == e->rank) {
+    LP_CHECK_GOTO(ex_shard(e, &x, "input", mb), st, out);
+  } else if (e->vrank[e->route[mb][k - 1]] == e->prank) {
     x = sl->fin;
     sl->fin = NULL;
     if (!x) {
@@ -65,8 +66,9 @@ static lp_status run_f(lp_exec *e, int v, int mb) {
   if (st != LP_OK) { nnfail(e, sl, "forward", st); goto out; }
   if (k == last) {
     if (!tg) LP_CHECK_GOTO(get_data(e, mb, NULL, &tg), st, out);
+    LP_CHECK_GOTO(ex_shard(e, &tg, "target", mb), st, out);
     double l = 0;
-    float scale = 1.0f / (float)e->M;
+    float scale = 1.0f / (float)(e->M * e->ep); /* the mean over micro-batches and EP shares */
     st = lp_nn_loss(e->o.loss, y, tg, scale, &l, &dy);
     if (st != LP_OK) {
       char t[LP_ACTION_TEXT_MAX];
@@ -80,7 +82,7 @@ static lp_status run_f(lp_exec *e, int v, int mb) {
     dy = NULL;
   } else {
     int nv = e->route[mb][k + 1];
-    if (e->vrank[nv] == e->rank) {
+    if (e->vrank[nv] == e->prank) {
       e->vs[e->loc[nv]].slots[mb].fin = y;
     } else {
       sl->fout = y;
@@ -103,7 +105,7 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
   slot *sl = &vs->slots[mb];
   lp_tensor *dy = NULL, *dx = NULL;
   lp_status st = LP_OK;
-  if (k == last || e->vrank[e->route[mb][k + 1]] == e->rank) {
+  if (k == last || e->vrank[e->route[mb][k + 1]] == e->prank) {
     dy = sl->bin;
     sl->bin = NULL;
     if (!dy) {
@@ -133,7 +135,7 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
       goto out;
     }
     int pv = e->route[mb][k - 1];
-    if (e->vrank[pv] == e->rank) {
+    if (e->vrank[pv] == e->prank) {
       e->vs[e->loc[pv]].slots[mb].bin = dx;
     } else {
       sl->bout = dx;
@@ -208,8 +210,8 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   lp_exec *e = lp_calloc(1, sizeof *e);
   if (!e) return LP_ERR_NOMEM;
   e->o = *opts;
-  e->comm = opts->comm ? opts->comm : lp_comm_world();
-  e->rank = lp_comm_rank(e->comm);
+  e->world = opts->comm ? opts->comm : lp_comm_world();
+  e->ep = opts->ep;
   e->s = lp_schedule_clone(s);
   if (!e->s) { st = LP_ERR_NOMEM; goto fail; }
   e->P = lp_schedule_ranks(s);
@@ -217,6 +219,18 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   e->V = lp_schedule_vstages(s);
   e->M = lp_schedule_microbatches(s);
   const char *sname = *lp_schedule_name(s) ? lp_schedule_name(s) : "(unnamed)";
+  if (opts->ep < 0) {
+    lp_errf(e->err, "ep must be at least 1, got %d", opts->ep);
+    st = LP_ERR_ARG;
+    goto fail;
+  }
+  LP_CHECK_GOTO(ex_grid_new(e), st, fail);
+  if (e->ep > 1 && lp_comm_size(e->comm) != e->P) {
+    lp_errf(e->err, "schedule '%s' needs pp = %d ranks per EP index: %d x %d = %d ranks, but "
+            "this job has %d", sname, e->P, e->P, e->ep, e->P * e->ep, lp_comm_size(e->world));
+    st = LP_ERR_ARG;
+    goto fail;
+  }
   if (lp_comm_size(e->comm) != e->P) {
     lp_errf(e->err, "schedule '%s' needs %d ranks, but this job has %d (run it with "
             "mpirun -np %d)", sname, e->P, lp_comm_size(e->comm), e->P);
@@ -253,7 +267,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   for (int v = 0; v < e->V; v++) {
     e->vrank[v] = lp_schedule_vstage_rank(s, v);
     e->vstage[v] = lp_schedule_vstage_stage(s, v);
-    e->loc[v] = e->vrank[v] == e->rank ? e->nloc++ : -1;
+    e->loc[v] = e->vrank[v] == e->prank ? e->nloc++ : -1;
   }
   for (int mb = 0; mb < e->M; mb++) e->route[mb] = lp_schedule_route(e->s, mb, &e->rlen[mb]);
   for (int st_ = 1; st_ < e->S; st_++) {
@@ -288,6 +302,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
       if (st == LP_OK) st = LP_ERR_INTERNAL;
       goto fail;
     }
+    LP_CHECK_GOTO(ex_ep_attach(e, vs), st, fail);
     LP_CHECK_GOTO(setup_optim(e, vs), st, fail);
     vs->slots = lp_calloc((size_t)e->M, sizeof(slot));
     vs->wq = lp_calloc((size_t)e->M, sizeof(int));
@@ -306,13 +321,14 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
       if (!vs->pack || !vs->peer_pack || !vs->red_req) { st = LP_ERR_NOMEM; goto fail; }
       for (int u = 0; u < e->V; u++) {
         if (e->vstage[u] != vs->stage) continue;
-        if (u != v && e->vrank[u] == e->rank) continue; /* local copy: its own pack */
+        if (u != v && e->vrank[u] == e->prank) continue; /* local copy: its own pack */
         vs->peer_pack[u] = lp_malloc((n ? n : 1) * sizeof(float));
         if (!vs->peer_pack[u]) { st = LP_ERR_NOMEM; goto fail; }
       }
     }
   }
-  e->acts = lp_schedule_actions(e->s, e->rank, &e->nacts);
+  LP_CHECK_GOTO(ex_moe_loads_new(e), st, fail);
+  e->acts = lp_schedule_actions(e->s, e->prank, &e->nacts);
   e->compute_idx = lp_malloc((size_t)(e->nacts + 1) * sizeof(int));
   if (!e->compute_idx) { st = LP_ERR_NOMEM; goto fail; }
   for (int i = 0; i < e->nacts; i++) {
@@ -336,15 +352,15 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   memset(&clk, 0, sizeof clk);
   char host[64] = "";
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  if (lp_comm_barrier(e->comm, "lp_exec_new: aligning the trace clocks") != LP_OK) {
-    lp_errf(e->err, "%s", lp_comm_last_error(e->comm));
+  if (lp_comm_barrier(e->world, "lp_exec_new: aligning the trace clocks") != LP_OK) {
+    lp_errf(e->err, "%s", lp_comm_last_error(e->world));
     st = LP_ERR_COMM;
     goto fail;
   }
   clk.t0 = lp_now();
   memcpy(clk.host, host, sizeof clk.host);
-  if (lp_comm_bcast(e->comm, &clk, sizeof clk, 0, "lp_exec_new: the trace clock") != LP_OK) {
-    lp_errf(e->err, "%s", lp_comm_last_error(e->comm));
+  if (lp_comm_bcast(e->world, &clk, sizeof clk, 0, "lp_exec_new: the trace clock") != LP_OK) {
+    lp_errf(e->err, "%s", lp_comm_last_error(e->world));
     st = LP_ERR_COMM;
     goto fail;
   }
@@ -416,6 +432,7 @@ void lp_exec_free(lp_exec *e) {
   lp_free(e->act_s);
   lp_free(e->act_n);
   lp_trace_free(e->trace);
+  ex_grid_free(e);
   lp_schedule_free(e->s);
   lp_free(e);
 }
@@ -484,6 +501,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   e->busy = 0;
   e->posted = 0;
   e->t_wait = e->t_post = e->t_comp = e->t_optim = 0;
+  e->a2a_s = e->a2a_blocked = 0;
+  e->a2a_n = 0;
   memset(e->act_s, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_s);
   memset(e->act_n, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_n);
   double start = lp_now();
@@ -558,6 +577,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   double wait_before = e->t_wait;
   LP_CHECK_GOTO(ex_reduce_finish(e), st, fail);
   LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
+  LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
   double to = lp_now();
   e->t_comp += (to - tr) - (e->t_wait - wait_before); /* summing reduced grads */
   if (to - tr > 1e-6)
@@ -576,12 +596,13 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   e->busy += t_opt - to;
   e->t_optim += t_opt - to;
   ex_trace_add(e, LP_TRACE_COMPUTE, "optimizer", "optim", to, t_opt, -1, -1, -1, -1, -1);
+  LP_CHECK_GOTO(ex_moe_bias_update(e), st, fail);
   double sum = e->loss_sum;
-  if (lp_comm_allreduce_sum_double(e->comm, &sum, 1, "the loss all-reduce at the end of a step") != LP_OK) {
-    const char *m = lp_comm_last_error(e->comm);
-    lp_comm_fatal(e->comm, m);
+  if (lp_comm_allreduce_sum_double(e->world, &sum, 1, "the loss all-reduce at the end of a step") != LP_OK) {
+    const char *m = lp_comm_last_error(e->world);
+    lp_comm_fatal(e->world, m);
   }
-  if (loss) *loss = sum / e->M;
+  if (loss) *loss = sum / (e->M * e->ep);
   e->wall = t_opt - start;
   ex_timing_commit(e);
   return LP_OK;
@@ -603,4 +624,4 @@ lp_nn_optim *lp_exec_vstage_optim(const lp_exec *e, int i) {
   return i >= 0 && i < e->nloc ? e->vs[i].optim : NULL;
 }
 const lp_schedule *lp_exec_schedule(const lp_exec *e) { return e->s; }
-lp_comm *lp_exec_comm(const lp_exec *e) { return e->comm; }
+lp_comm *lp_exec_comm(const lp_exec *e) { return e->world; }

@@ -48,11 +48,32 @@ typedef struct pending_send {
   int peer, tag;
 } pending_send;
 
+/* One all-to-all-v of an MoE layer in flight (lp_nn_ep handle). */
+typedef struct a2a {
+  lp_comm_req *req;
+  size_t *displs; /* [2 * ep]: send then receive displacements */
+  double start, modelled; /* lp_now() at start; the link model's time */
+} a2a;
+
 struct lp_exec {
   lp_schedule *s;
-  lp_comm *comm;
+  lp_comm *comm;  /* the pipeline group: ranks of one EP index (the job's
+                   * comm when ep = 1) */
+  lp_comm *world; /* the job's comm: pp x ep ranks */
+  lp_comm *pp_own, *ep_comm; /* owned split contexts when ep > 1 */
   lp_exec_opts o;
-  int rank, P, S, V, M;
+  int rank;      /* in world: messages and traces name it */
+  int prank;     /* in the pipeline group: the schedule's rank */
+  int ep, ep_rank; /* EP group size (1: none) and this rank's index in it */
+  lp_nn_ep nnep;
+  double *moe_counts; /* [moe_total]: expert loads by stage, for the step-end sum */
+  size_t moe_total;
+  size_t *moe_off;    /* [S]: offset of each model stage's counts */
+  /* all-to-alls of the step: count, time (max of the
+   * blocked wait and the link model), blocked part */
+  double a2a_s, a2a_blocked;
+  int64_t a2a_n;
+  int P, S, V, M;
   int nloc;
   vst *vs;      /* [nloc] */
   int *loc;     /* [V] -> local index or -1 */
@@ -114,6 +135,24 @@ size_t ex_grad_numel(const lp_nn_layer *l);
 int ex_replicated(const lp_exec *e, int v);
 lp_status ex_reduce_start(lp_exec *e, int li);
 lp_status ex_reduce_finish(lp_exec *e);
+
+/* ---- ep.c ---- */
+/* Splits the job's comm into the pp x ep grid (rank = pipeline rank * ep +
+ * EP index): e->comm becomes the pipeline group, e->ep_comm the EP group. */
+lp_status ex_grid_new(lp_exec *e);
+void ex_grid_free(lp_exec *e);
+/* World rank of pipeline rank p in this rank's pipeline group. */
+int ex_world(const lp_exec *e, int p);
+/* Gives the chunk of vstage vs the EP group (MoE layers only). */
+lp_status ex_ep_attach(lp_exec *e, vst *vs);
+/* Sets up the step-end sum of expert loads (collective; after chunks). */
+lp_status ex_moe_loads_new(lp_exec *e);
+/* This rank's share of a micro-batch tensor (rows of dim 0); replaces *t. */
+lp_status ex_shard(lp_exec *e, lp_tensor **t, const char *what, int mb);
+/* Step end: dense grads summed over the EP group, replicated experts' grads
+ * summed over their holders; router biases from the loads of all ranks. */
+lp_status ex_ep_reduce(lp_exec *e);
+lp_status ex_moe_bias_update(lp_exec *e);
 
 /* ---- timing.c ---- */
 /* Records a slice [start, end] (lp_now() seconds) when tracing; peer and

@@ -55,11 +55,20 @@ typedef struct lp_exec_opts {
                                 * ahead (0: 4; < 0: all at step start) */
   int trace;                   /* 1: record measured trace events */
   lp_exec_fb_fn overlapped_fb; /* NULL: default F then B */
+  /* expert parallelism: the comm's ranks form a pp x ep grid, rank =
+   * pipeline rank * ep + EP index (0 or 1: no EP). The EP ranks of one
+   * pipeline rank run the same actions, each on its share of every
+   * micro-batch (rows of dim 0 of the data's input and target, split
+   * evenly; act_shape is that share's shape), their MoE layers exchange
+   * tokens by all-to-all-v over the EP group, and at step end dense grads
+   * are summed over the EP group and replicated experts' grads over their
+   * holders; the step's loss is the mean over micro-batches and shares. */
+  int ep;
 } lp_exec_opts;
 
 /* Creates the executor of this rank (lp_comm_rank of opts->comm) for
  * schedule s, which must be lowered (lp_schedule_lower) or have a single
- * rank. Checks that the comm has lp_schedule_ranks(s) ranks, that every
+ * rank. Checks that the comm has lp_schedule_ranks(s) x ep ranks, that every
  * (kind, vstage, mb) message tag fits lp_comm_tag_ub, builds the chunks of
  * this rank's virtual stages (each copy of a replicated stage its own) and
  * one optimizer per virtual stage. s is cloned. LP_OK and *out, or a status
@@ -101,6 +110,12 @@ typedef struct lp_exec_timing {
   double post;     /* posting sends/receives, polling sends (overhead) */
   double optim;    /* zero-grad and optimizer step (part of compute) */
   double overhead; /* wall - compute - wait */
+  /* MoE all-to-alls (EP > 1): count, their time (per exchange the longer
+   * of the wait it caused and the emulated link's time for its bytes) and
+   * the part of it the rank spent blocked waiting; the rest was hidden
+   * under compute (hidden share = 1 - a2a_blocked / a2a) */
+  int64_t a2a_count;
+  double a2a, a2a_blocked;
 } lp_exec_timing;
 
 /* Compute action kinds of lp_exec_action_time, in this order. */
@@ -128,7 +143,7 @@ lp_nn_layer *lp_exec_vstage_chunk(const lp_exec *e, int i);
  * and communicator. */
 lp_nn_optim *lp_exec_vstage_optim(const lp_exec *e, int i);
 const lp_schedule *lp_exec_schedule(const lp_exec *e);
-lp_comm *lp_exec_comm(const lp_exec *e);
+lp_comm *lp_exec_comm(const lp_exec *e); /* the job's comm (all pp x ep ranks) */
 
 /* Runs one half of an action (for an overlapped_fb hook): type LP_ACT_F,
  * LP_ACT_B, LP_ACT_I or LP_ACT_W on virtual stage v, micro-batch mb. */

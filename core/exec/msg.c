@@ -143,6 +143,7 @@ lp_status ex_post_upto(lp_exec *e, int limit) {
  * `stin`'s activation shape. */
 lp_status ex_finish_recv(lp_exec *e, int fwd, int v, int mb, int stin,
                              int peer, lp_tensor **out) {
+  peer = ex_world(e, peer); /* messages and traces name world ranks */
   slot *sl = &e->vs[e->loc[v]].slots[mb];
   float **buf = fwd ? &sl->rbuf_f : &sl->rbuf_b;
   lp_comm_req **req = fwd ? &sl->rreq_f : &sl->rreq_b;
@@ -191,7 +192,7 @@ lp_status ex_send(lp_exec *e, const lp_action *a) {
             ex_act_text(e, e->cur, tx, sizeof tx), lp_comm_last_error(e->comm));
     return st;
   }
-  pending_send ps = {req, *t, lp_now(), v, mb, fwd, e->cur, e->vrank[u],
+  pending_send ps = {req, *t, lp_now(), v, mb, fwd, e->cur, ex_world(e, e->vrank[u]),
                      ex_tag(e, fwd ? K_F : K_B, u, mb)};
   st = push_send(e, &ps);
   if (st != LP_OK) {

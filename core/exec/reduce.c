@@ -21,7 +21,7 @@ lp_status ex_reduce_start(lp_exec *e, int li) {
     off += c;
   }
   for (int u = 0; u < e->V; u++) {
-    if (u == vs->id || e->vstage[u] != vs->stage || e->vrank[u] == e->rank) continue;
+    if (u == vs->id || e->vstage[u] != vs->stage || e->vrank[u] == e->prank) continue;
     LP_CHECK(lp_comm_isend(e->comm, vs->pack, n, e->vrank[u], ex_tag(e, K_RED, vs->id, 0),
                            &vs->red_req[u]));
     LP_CHECK(lp_comm_irecv(e->comm, vs->peer_pack[u], n, e->vrank[u],
@@ -41,7 +41,7 @@ lp_status ex_reduce_finish(lp_exec *e) {
       char what[200];
       snprintf(what, sizeof what,
                "rank %d, REDUCE_GRAD of stage %d (model stage %d) waits for rank %d",
-               e->rank, vs->id, vs->stage, e->vrank[u % e->V]);
+               e->rank, vs->id, vs->stage, ex_world(e, e->vrank[u % e->V]));
       LP_CHECK(ex_wait(e, &vs->red_req[u], what));
     }
   }
@@ -55,7 +55,7 @@ lp_status ex_reduce_finish(lp_exec *e) {
       if (e->vstage[u] != vs->stage) continue;
       const float *src;
       if (u == vs->id) src = vs->pack;
-      else if (e->vrank[u] == e->rank) src = e->vs[e->loc[u]].pack;
+      else if (e->vrank[u] == e->prank) src = e->vs[e->loc[u]].pack;
       else src = vs->peer_pack[u];
       if (first) {
         sum = vs->peer_pack[vs->id]; /* scratch: never a peer's slot */

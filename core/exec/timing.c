@@ -74,6 +74,12 @@ void ex_timing_commit(lp_exec *e) {
   t->wait += l->wait;
   t->post += l->post;
   t->overhead += l->overhead;
+  l->a2a_count = e->a2a_n;
+  l->a2a = e->a2a_s;
+  l->a2a_blocked = e->a2a_blocked;
+  t->a2a_count += l->a2a_count;
+  t->a2a += l->a2a;
+  t->a2a_blocked += l->a2a_blocked;
   size_t nk = (size_t)LP_EXEC_NKINDS * e->S;
   for (size_t i = 0; i < nk; i++) {
     e->act_s[nk + i] += e->act_s[i];
@@ -129,7 +135,7 @@ lp_status lp_exec_trace_gather(lp_exec *e, lp_trace **out) {
     lp_errf(e->err, "rank %d: tracing is off (create the executor with trace = 1)", e->rank);
     return LP_ERR_ARG;
   }
-  int P = lp_comm_size(e->comm);
+  int P = lp_comm_size(e->world);
   void *mine = NULL;
   size_t bytes = 0;
   double *sizes = lp_calloc((size_t)P, sizeof *sizes);
@@ -138,9 +144,9 @@ lp_status lp_exec_trace_gather(lp_exec *e, lp_trace **out) {
   lp_status st = sizes ? lp_trace_pack(e->trace, &mine, &bytes) : LP_ERR_NOMEM;
   /* a rank that cannot pack still takes part (size 0) so no rank hangs */
   if (sizes) sizes[e->rank] = st == LP_OK ? (double)bytes : -1;
-  if (lp_comm_allreduce_sum_double(e->comm, sizes, sizes ? (size_t)P : 0,
+  if (lp_comm_allreduce_sum_double(e->world, sizes, sizes ? (size_t)P : 0,
                                    "gathering the measured trace (sizes)") != LP_OK) {
-    lp_errf(e->err, "%s", lp_comm_last_error(e->comm));
+    lp_errf(e->err, "%s", lp_comm_last_error(e->world));
     st = LP_ERR_COMM;
     goto done;
   }
@@ -157,9 +163,9 @@ lp_status lp_exec_trace_gather(lp_exec *e, lp_trace **out) {
     float *pad = lp_calloc(nf ? nf : 1, sizeof(float));
     if (!pad) { st = LP_ERR_NOMEM; goto done; }
     memcpy(pad, mine, bytes);
-    st = lp_comm_send(e->comm, pad, nf, 0, 0, what);
+    st = lp_comm_send(e->world, pad, nf, 0, 0, what);
     lp_free(pad);
-    if (st != LP_OK) lp_errf(e->err, "%s", lp_comm_last_error(e->comm));
+    if (st != LP_OK) lp_errf(e->err, "%s", lp_comm_last_error(e->world));
     goto done;
   }
   all = lp_trace_new();
@@ -170,9 +176,9 @@ lp_status lp_exec_trace_gather(lp_exec *e, lp_trace **out) {
     rbuf = lp_malloc((nf ? nf : 1) * sizeof(float));
     if (!rbuf) { st = LP_ERR_NOMEM; goto done; }
     snprintf(what, sizeof what, "rank 0 waits for the trace events of rank %d", r);
-    st = lp_comm_recv(e->comm, rbuf, nf, r, 0, what);
+    st = lp_comm_recv(e->world, rbuf, nf, r, 0, what);
     if (st != LP_OK) {
-      lp_errf(e->err, "%s", lp_comm_last_error(e->comm));
+      lp_errf(e->err, "%s", lp_comm_last_error(e->world));
       goto done;
     }
     st = lp_trace_unpack_append(all, rbuf, nb);
@@ -204,8 +210,8 @@ lp_status lp_exec_trace_write(lp_exec *e, const char *path) {
   lp_trace_free(all);
   /* every rank returns rank 0's outcome */
   int code = st;
-  if (lp_comm_bcast(e->comm, &code, sizeof code, 0, "the outcome of writing the trace") != LP_OK) {
-    lp_errf(e->err, "%s", lp_comm_last_error(e->comm));
+  if (lp_comm_bcast(e->world, &code, sizeof code, 0, "the outcome of writing the trace") != LP_OK) {
+    lp_errf(e->err, "%s", lp_comm_last_error(e->world));
     return LP_ERR_COMM;
   }
   if (code != LP_OK && st == LP_OK)

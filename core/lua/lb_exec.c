@@ -126,7 +126,7 @@ static int lb_exec_run_half(lua_State *L) {
 }
 
 /* core.exec_new(schedule, {build=, data=, loss=, act_shapes=, optimizer=,
- * trace=, lookahead=, overlapped_fb=}) -> Exec | nil, err */
+ * trace=, lookahead=, overlapped_fb=, ep=}) -> Exec | nil, err */
 static int lb_exec_new(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -172,6 +172,10 @@ static int lb_exec_new(lua_State *L) {
   lua_pop(L, 1);
   lua_getfield(L, 2, "trace");
   o.trace = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "ep");
+  o.ep = (int)luaL_optinteger(L, -1, 1);
+  luaL_argcheck(L, o.ep >= 1, 2, "'ep' must be a positive integer");
   lua_pop(L, 1);
   lua_getfield(L, 2, "lookahead");
   o.recv_lookahead = (int)luaL_optinteger(L, -1, 0);
@@ -227,6 +231,9 @@ static void push_timing(lua_State *L, const lp_exec_timing *t) {
   lb_set_number(L, "post", t->post);
   lb_set_number(L, "optim", t->optim);
   lb_set_number(L, "overhead", t->overhead);
+  lb_set_integer(L, "a2a_count", t->a2a_count);
+  lb_set_number(L, "a2a", t->a2a);
+  lb_set_number(L, "a2a_blocked", t->a2a_blocked);
 }
 
 /* exec:timing() -> wall_s, busy_s, {steps=1, wall=, compute=, wait=, post=,

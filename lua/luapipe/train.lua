@@ -101,7 +101,7 @@ end
 local function get_schedule(opts)
   local s = opts.schedule
   if type(s) == "string" then
-    local pp = opts.pp or comm.size()
+    local pp = opts.pp or comm.size() // (opts.ep or 1)
     local ok, res = pcall(schedule.build, s, { pp = pp,
       microbatches = opts.microbatches or 2 * pp, chunks = opts.chunks })
     if not ok then
@@ -155,10 +155,27 @@ function M.run(opts)
   local ckpt = checkpoint.options(opts) -- nil without checkpoint / resume
   local model, seed = opts.model, opts.seed or 0
   local rank, size = comm.rank(), comm.size()
+  local ep = opts.ep or 1
+  if math.type(ep) ~= "integer" or ep < 1 then
+    fail("luapipe.train: 'ep' must be a positive integer, got " .. tostring(opts.ep))
+  end
+  if opts.pp ~= nil and (math.type(opts.pp) ~= "integer" or opts.pp < 1) then
+    fail("luapipe.train: 'pp' must be a positive integer, got " .. tostring(opts.pp))
+  end
+  if ep > 1 then
+    local pp = opts.pp or size // ep
+    if pp * ep ~= size then
+      usage_fail(string.format("pp x ep = %d x %d needs %d ranks, but %s (run it with mpirun -np %d)",
+        pp, ep, pp * ep, size > 1 and "mpirun started " .. size or "this is one process", pp * ep))
+    end
+  end
   local s = get_schedule(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
-  if info.ranks ~= size then
+  if ep > 1 and info.ranks * ep ~= size then
+    usage_fail(string.format("schedule '%s' runs on %d pipeline ranks; with ep = %d that is %d ranks,"
+      .. " but mpirun started %d", sname, info.ranks, ep, info.ranks * ep, size))
+  elseif ep == 1 and info.ranks ~= size then
     usage_fail(string.format("schedule '%s' needs %d ranks, but %s (run it with mpirun -np %d)",
       sname, info.ranks, size > 1 and "mpirun started " .. size or "this is one process", info.ranks))
   end
@@ -169,6 +186,15 @@ function M.run(opts)
     if not lowered then fail("luapipe.train: lowering the schedule failed: " .. tostring(err)) end
   end
   local in_shape = input_shape_of(opts.data)
+  if ep > 1 then
+    -- every EP rank takes its share of each micro-batch's rows
+    if (in_shape[1] or 1) % ep ~= 0 then
+      usage_fail(string.format("a micro-batch of %d rows cannot be shared by ep = %d ranks: make the"
+        .. " micro-batch size a multiple of %d", in_shape[1] or 1, ep, ep))
+    end
+    in_shape = { table.unpack(in_shape) }
+    in_shape[1] = in_shape[1] // ep
+  end
   local ok, part = pcall(model.partition, model, { stages = info.stages, by = opts.partition or "layers",
     input_shape = in_shape, seed = seed })
   if not ok then fail("luapipe.train: " .. tostring(part):gsub("^[^:]*:%d+: ", "")) end
@@ -178,14 +204,14 @@ function M.run(opts)
     build = function(stage) return model:build_stage(part, stage, seed) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
     optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
-    overlapped_fb = opts.overlapped_fb,
+    overlapped_fb = opts.overlapped_fb, ep = ep,
   })
   if not exec then
     if size > 1 then comm.abort("luapipe.train: " .. err) end
     fail("luapipe.train: " .. err)
   end
   local M_ = info.microbatches
-  local samples = M_ * (in_shape[1] or 1)
+  local samples = M_ * (in_shape[1] or 1) * ep -- whole micro-batches (each EP rank has a share)
   local losses, timing = {}, {}
   local quiet = opts.quiet
   -- resume: every rank loads its file of the latest checkpoint, then the

@@ -49,6 +49,31 @@ for fam in 1f1b zbv dualpipe; do
   fi
 done
 
+# the pp x ep grid: every family at pp = 2, ep = 2 (4 ranks), and pp = 1,
+# ep = 2; each EP rank trains on its half of every micro-batch, dense grads
+# summed over the EP group: the reference's losses and parameters
+while read -r np fam M mode what; do
+  t0=$(date +%s.%N)
+  "${mpirun[@]}" -np "$np" "$luapipe" "$driver" "$fam" "$M" "$mode" >"$tmp/out" 2>"$tmp/err" </dev/null
+  rc=$?
+  t1=$(date +%s.%N)
+  echo "$fam $what M=$M ($mode): rc $rc in $(elapsed "$t0" "$t1") s"
+  if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok ' "$tmp/out")" -ne "$np" ]; then
+    fail "$fam $what ($mode)"
+    cat "$tmp/out" "$tmp/err"
+  fi
+done <<'LIST'
+4 gpipe 4 ep2 pp=2xep=2
+4 1f1b 4 ep2 pp=2xep=2
+4 interleaved1f1b 4 ep2 pp=2xep=2
+4 zb1p 4 ep2 pp=2xep=2
+4 zbv 4 ep2 pp=2xep=2
+4 dualpipe 4 ep2 pp=2xep=2
+4 dualpipev 4 ep2 pp=2xep=2
+4 dualpipe 4 lm_ep2 pp=2xep=2
+2 1f1b 2 ep2 pp=1xep=2
+LIST
+
 # variants on 4 ranks: M = 4P, receives posted one action ahead / all at
 # the start of the step, the model split by measured cost, DualPipe with
 # explicit REDUCE_GRAD actions, and with a Lua overlapped_fb hook

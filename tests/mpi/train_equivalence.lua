@@ -15,6 +15,9 @@
 -- the start of the step; default 4).
 -- mode "lm": a small causal transformer LM (embedding, attention blocks,
 -- cross-entropy) trained with AdamW instead.
+-- mode "ep<E>" (e.g. ep2): the pp x ep grid, pp = ranks / E, each EP rank
+-- training on its share of every micro-batch (MLP); "lm_ep<E>": the same
+-- with the transformer LM.
 -- mode "ranks": asks for pp = 4 on a smaller job (expects a clear error).
 -- mode "stages": a model with fewer layers than stages (expects an error).
 local nn = require("luapipe.nn")
@@ -29,8 +32,10 @@ local fx = dofile("tests/mpi/fixtures.lua")
 local model, data = fx.mlp(), fx.regression_data
 
 local optimizer = { kind = "sgd", lr = 0.05, momentum = 0.9 }
+local EP = tonumber((mode or ""):match("ep(%d+)$")) or 1
+local PP = P // EP
 
-if mode == "lm" then
+if mode == "lm" or (mode or ""):match("^lm_") then
   model, data = fx.lm(), fx.lm_data
   optimizer = { kind = "adamw", lr = 0.01, weight_decay = 0.01 }
 end
@@ -77,7 +82,7 @@ end
 
 local r = train { model = model, schedule = sched, overlapped_fb = hook, microbatches = M, data = data,
   steps = STEPS, seed = SEED, optimizer = optimizer, quiet = true, lookahead = lookahead,
-  partition = mode == "cost" and "cost" or "layers" }
+  partition = mode == "cost" and "cost" or "layers", ep = EP }
 local ref = train.reference { model = model, microbatches = M, data = data, steps = STEPS,
   seed = SEED, optimizer = optimizer }
 
@@ -148,8 +153,8 @@ end
 
 for _, f in ipairs(fails) do print(string.format("rank %d: FAIL %s %d ranks: %s", rank, family, P, f)) end
 if #fails == 0 then
-  print(string.format("rank %d: ok %s P=%d M=%d (%d params, %d replicated stages, losses %.6f %.6f %.6f)",
-    rank, family, P, M, nchecked, copies, r.losses[1], r.losses[2], r.losses[3]))
+  print(string.format("rank %d: ok %s pp=%d ep=%d M=%d (%d params, %d replicated stages, losses %.6f %.6f %.6f)",
+    rank, family, PP, EP, M, nchecked, copies, r.losses[1], r.losses[2], r.losses[3]))
 end
 local total = assert(comm.allreduce({ #fails }, "gathering failure counts"))[1]
 os.exit(total == 0 and 0 or 1)
