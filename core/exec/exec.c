@@ -38,16 +38,35 @@ static lp_status get_data(lp_exec *e, int mb, lp_tensor **in, lp_tensor **tg) {
   return st;
 }
 
-static lp_status run_f(lp_exec *e, int v, int mb) {
+/* ---- the halves in phases: begin (inputs), advances (lp_nn_advance: each
+ * runs compute up to the next expert-parallel exchange), finish (loss,
+ * handoff, weight-grad) ---- */
+
+static void half_clear(half *h) {
+  lp_tensor_free(h->in);
+  lp_tensor_free(h->tg);
+  memset(h, 0, sizeof *h);
+}
+
+void ex_halves_clear(lp_exec *e) {
+  half_clear(&e->hf[0]);
+  half_clear(&e->hf[1]);
+}
+
+static lp_status f_begin(lp_exec *e, int v, int mb) {
   int li = e->loc[v];
   vst *vs = &e->vs[li];
   int k = e->kpos[li][mb], last = e->rlen[mb] - 1;
   slot *sl = &vs->slots[mb];
-  lp_tensor *x = NULL, *y = NULL, *tg = NULL, *dy = NULL;
+  lp_tensor *x = NULL, *tg = NULL;
   lp_status st = LP_OK;
+  if (e->hf[0].active) {
+    lp_errf(e->err, "rank %d, action %d: a forward half is already running", e->rank, e->cur);
+    return LP_ERR_INTERNAL;
+  }
   if (k == 0) {
     LP_CHECK(get_data(e, mb, &x, k == last ? &tg : NULL));
-    LP_CHECK_GOTO(ex_shard(e, &x, "input", mb), st, out);
+    LP_CHECK_GOTO(ex_shard(e, &x, "input", mb), st, fail);
   } else if (e->vrank[e->route[mb][k - 1]] == e->prank) {
     x = sl->fin;
     sl->fin = NULL;
@@ -60,10 +79,25 @@ static lp_status run_f(lp_exec *e, int v, int mb) {
     int pv = e->route[mb][k - 1];
     LP_CHECK(ex_finish_recv(e, 1, v, mb, e->vstage[v], e->vrank[pv], &x));
   }
-  if (!sl->ctx) LP_CHECK_GOTO(lp_nn_ctx_new(&sl->ctx), st, out);
+  if (!sl->ctx) LP_CHECK_GOTO(lp_nn_ctx_new(&sl->ctx), st, fail);
   ex_trace_memory(e, lp_now(), 1, 0); /* the activation is held from the start */
-  st = lp_nn_forward(vs->chunk, sl->ctx, x, &y);
-  if (st != LP_OK) { nnfail(e, sl, "forward", st); goto out; }
+  st = lp_nn_forward_begin(vs->chunk, sl->ctx, x);
+  if (st != LP_OK) { nnfail(e, sl, "forward", st); goto fail; }
+  e->hf[0] = (half){1, LP_ACT_F, v, mb, x, tg};
+  return LP_OK;
+fail:
+  lp_tensor_free(x);
+  lp_tensor_free(tg);
+  return st;
+}
+
+static lp_status f_finish(lp_exec *e, half *h, lp_tensor *y) {
+  int v = h->v, mb = h->mb, li = e->loc[v];
+  int k = e->kpos[li][mb], last = e->rlen[mb] - 1;
+  slot *sl = &e->vs[li].slots[mb];
+  lp_tensor *tg = h->tg, *dy = NULL;
+  h->tg = NULL;
+  lp_status st = LP_OK;
   if (k == last) {
     if (!tg) LP_CHECK_GOTO(get_data(e, mb, NULL, &tg), st, out);
     LP_CHECK_GOTO(ex_shard(e, &tg, "target", mb), st, out);
@@ -79,7 +113,6 @@ static lp_status run_f(lp_exec *e, int v, int mb) {
     }
     e->loss_sum += l;
     sl->bin = dy;
-    dy = NULL;
   } else {
     int nv = e->route[mb][k + 1];
     if (e->vrank[nv] == e->prank) {
@@ -90,21 +123,22 @@ static lp_status run_f(lp_exec *e, int v, int mb) {
     y = NULL;
   }
 out:
-  lp_tensor_free(x);
   lp_tensor_free(y);
   lp_tensor_free(tg);
-  lp_tensor_free(dy);
   return st;
 }
 
 /* Full backward (full = 1) or input-grad only. */
-static lp_status run_b(lp_exec *e, int v, int mb, int full) {
+static lp_status b_begin(lp_exec *e, int v, int mb, int full) {
   int li = e->loc[v];
   vst *vs = &e->vs[li];
   int k = e->kpos[li][mb], last = e->rlen[mb] - 1;
   slot *sl = &vs->slots[mb];
-  lp_tensor *dy = NULL, *dx = NULL;
-  lp_status st = LP_OK;
+  lp_tensor *dy = NULL;
+  if (e->hf[1].active) {
+    lp_errf(e->err, "rank %d, action %d: a backward half is already running", e->rank, e->cur);
+    return LP_ERR_INTERNAL;
+  }
   if (k == last || e->vrank[e->route[mb][k + 1]] == e->prank) {
     dy = sl->bin;
     sl->bin = NULL;
@@ -117,16 +151,29 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
     int nv = e->route[mb][k + 1];
     LP_CHECK(ex_finish_recv(e, 0, v, mb, e->vstage[nv], e->vrank[nv], &dy));
   }
-  st = lp_nn_input_grad(vs->chunk, sl->ctx, dy, k > 0 ? &dx : NULL);
-  if (st != LP_OK) { nnfail(e, sl, "input-grad", st); goto out; }
-  if (full) {
+  lp_status st = lp_nn_input_grad_begin(vs->chunk, sl->ctx, dy);
+  if (st != LP_OK) {
+    lp_tensor_free(dy);
+    return nnfail(e, sl, "input-grad", st);
+  }
+  e->hf[1] = (half){1, full ? LP_ACT_B : LP_ACT_I, v, mb, dy, NULL};
+  return LP_OK;
+}
+
+static lp_status b_finish(lp_exec *e, half *h, lp_tensor *dx) {
+  int v = h->v, mb = h->mb, li = e->loc[v];
+  vst *vs = &e->vs[li];
+  int k = e->kpos[li][mb];
+  slot *sl = &vs->slots[mb];
+  lp_status st = LP_OK;
+  if (h->type == LP_ACT_B) {
     st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
     if (st != LP_OK) { nnfail(e, sl, "weight-grad", st); goto out; }
   } else {
     vs->wq[(vs->wq_head + vs->wq_len) % e->M] = mb;
     vs->wq_len++;
   }
-  ex_trace_memory(e, lp_now(), -1, full ? 0 : 1);
+  ex_trace_memory(e, lp_now(), -1, h->type == LP_ACT_B ? 0 : 1);
   if (k > 0) {
     if (!dx) {
       lp_errf(e->err, "rank %d: stage %d gives no input gradient (an embedding must be "
@@ -143,9 +190,91 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
     dx = NULL;
   }
 out:
-  lp_tensor_free(dy);
   lp_tensor_free(dx);
   return st;
+}
+
+/* One advance of the running forward (which = 0) or backward (1) half;
+ * *done = 1 once its pass ended and the half finished. */
+static lp_status half_advance(lp_exec *e, int which, int *done) {
+  half *h = &e->hf[which];
+  *done = 0;
+  if (!h->active) {
+    lp_errf(e->err, "rank %d, action %d: no %s half is running", e->rank, e->cur,
+            which ? "backward" : "forward");
+    return LP_ERR_ARG;
+  }
+  int li = e->loc[h->v];
+  slot *sl = &e->vs[li].slots[h->mb];
+  int want = which == 0 || e->kpos[li][h->mb] > 0;
+  lp_tensor *out = NULL;
+  lp_status st = lp_nn_advance(e->vs[li].chunk, sl->ctx, done, want ? &out : NULL);
+  if (st != LP_OK) {
+    nnfail(e, sl, which ? "input-grad" : "forward", st);
+    half_clear(h);
+    return st;
+  }
+  if (!*done) return LP_OK;
+  half fin = *h; /* the half ends here, whatever its finish says */
+  h->in = h->tg = NULL;
+  st = which ? b_finish(e, &fin, out) : f_finish(e, &fin, out);
+  half_clear(&fin);
+  memset(h, 0, sizeof *h);
+  return st;
+}
+
+static lp_status run_f(lp_exec *e, int v, int mb) {
+  LP_CHECK(f_begin(e, v, mb));
+  int done = 0;
+  while (!done) LP_CHECK(half_advance(e, 0, &done));
+  return LP_OK;
+}
+
+static lp_status run_b(lp_exec *e, int v, int mb, int full) {
+  LP_CHECK(b_begin(e, v, mb, full));
+  int done = 0;
+  while (!done) LP_CHECK(half_advance(e, 1, &done));
+  return LP_OK;
+}
+
+/* The default overlapped pair: both halves begun (inputs in hand), then
+ * their phases alternate, forward first: each advance starts the next
+ * all-to-all of its half and returns, so that exchange is in flight while
+ * the other half computes (DeepSeek-V3's overlapped chunk pair). Results
+ * equal running the halves one after the other: the two micro-batches
+ * touch disjoint state, and every rank of the EP group starts its
+ * exchanges in this same order. */
+static lp_status run_fb(lp_exec *e, const lp_action *a) {
+  LP_CHECK(f_begin(e, a->stage, a->mb));
+  LP_CHECK(b_begin(e, a->bstage, a->bmb, a->btype == LP_ACT_B));
+  int fd = 0, bd = 0;
+  while (!fd || !bd) {
+    if (!fd) LP_CHECK(half_advance(e, 0, &fd));
+    if (!bd) LP_CHECK(half_advance(e, 1, &bd));
+  }
+  return LP_OK;
+}
+
+lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb) {
+  if (v < 0 || v >= e->V || e->loc[v] < 0 || mb < 0 || mb >= e->M ||
+      e->kpos[e->loc[v]][mb] < 0)
+    return LP_ERR_ARG;
+  switch (type) {
+  case LP_ACT_F: return f_begin(e, v, mb);
+  case LP_ACT_B: return b_begin(e, v, mb, 1);
+  case LP_ACT_I: return b_begin(e, v, mb, 0);
+  default: return LP_ERR_ARG;
+  }
+}
+
+lp_status lp_exec_half_advance(lp_exec *e, int backward, int *done) {
+  return half_advance(e, backward ? 1 : 0, done);
+}
+
+const char *lp_exec_half_phase(const lp_exec *e, int backward) {
+  const half *h = &e->hf[backward ? 1 : 0];
+  if (!h->active) return "done";
+  return lp_nn_phase_name(e->vs[e->loc[h->v]].slots[h->mb].ctx);
 }
 
 static lp_status run_w(lp_exec *e, int v, int mb) {
@@ -389,6 +518,7 @@ static void clear_slot(lp_exec *e, slot *sl) {
 
 void lp_exec_free(lp_exec *e) {
   if (!e) return;
+  ex_halves_clear(e);
   for (int i = 0; i < e->nps; i++) {
     lp_comm_cancel(e->comm, &e->ps[i].req);
     lp_tensor_free(e->ps[i].t);
@@ -463,9 +593,16 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
   case LP_ACT_I: return run_b(e, a->stage, a->mb, 0);
   case LP_ACT_W: return run_w(e, a->stage, a->mb);
   case LP_ACT_FB:
-    if (e->o.overlapped_fb) return e->o.overlapped_fb(e->o.ud, e, a);
-    LP_CHECK(run_f(e, a->stage, a->mb));
-    return run_b(e, a->bstage, a->bmb, a->btype == LP_ACT_B);
+    if (e->o.overlapped_fb) {
+      LP_CHECK(e->o.overlapped_fb(e->o.ud, e, a));
+      if (e->hf[0].active || e->hf[1].active) {
+        lp_errf(e->err, "rank %d, action %d: the overlapped_fb hook left a half unfinished",
+                e->rank, e->cur);
+        return LP_ERR_ARG;
+      }
+      return LP_OK;
+    }
+    return run_fb(e, a);
   case LP_ACT_SEND_F:
   case LP_ACT_SEND_B: return ex_send(e, a);
   case LP_ACT_RECV_F:
@@ -478,6 +615,7 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
 }
 
 static void reset_step(lp_exec *e) {
+  ex_halves_clear(e);
   for (int i = 0; i < e->nps; i++) {
     lp_comm_cancel(e->comm, &e->ps[i].req);
     lp_tensor_free(e->ps[i].t);

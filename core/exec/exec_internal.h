@@ -48,6 +48,15 @@ typedef struct pending_send {
   int peer, tag;
 } pending_send;
 
+/* A forward or backward half in progress (begun, advanced in phases). */
+typedef struct half {
+  int active;
+  int type;      /* LP_ACT_F, LP_ACT_B (input- and weight-grad) or LP_ACT_I */
+  int v, mb;
+  lp_tensor *in; /* x or dy, held until the pass ends */
+  lp_tensor *tg; /* the target, when the data source gave it with x */
+} half;
+
 /* One all-to-all-v of an MoE layer in flight (lp_nn_ep handle). */
 typedef struct a2a {
   lp_comm_req *req;
@@ -100,6 +109,7 @@ struct lp_exec {
   double waited; /* seconds the running action spent waiting for receives */
   lp_trace *trace;
   int live, pending_w; /* trace counters of this rank */
+  half hf[2];          /* the running forward / backward half */
   /* always-on timing: this step's parts, the last step, the totals, and
    * per (kind, model stage) action times [2][LP_EXEC_NKINDS][S] (0: this
    * step, 1: since the reset) */
@@ -128,6 +138,10 @@ lp_status ex_finish_recv(lp_exec *e, int fwd, int v, int mb, int stin, int peer,
                          lp_tensor **out);
 /* SEND_F / SEND_B action a. */
 lp_status ex_send(lp_exec *e, const lp_action *a);
+
+/* ---- exec.c ---- */
+/* Drops the running halves (a failed step). */
+void ex_halves_clear(lp_exec *e);
 
 /* ---- reduce.c ---- */
 size_t ex_grad_numel(const lp_nn_layer *l);

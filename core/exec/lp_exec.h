@@ -32,9 +32,10 @@ typedef lp_status (*lp_exec_chunk_fn)(void *ud, int stage, lp_nn_layer **out,
                                       char *err);
 
 /* Optional replacement for an overlapped pair (FB action): called instead
- * of the default "F half, then backward half". It may interleave the two
- * halves as it likes but must leave the same effects; it composes them from
- * lp_exec_run_half. NULL: the default. */
+ * of the default (the two halves' phases alternating, forward first; see
+ * lp_exec_half_begin). It may interleave the two halves as it likes but
+ * must leave the same effects; it composes them from lp_exec_run_half or
+ * lp_exec_half_begin / _advance. NULL: the default. */
 typedef lp_status (*lp_exec_fb_fn)(void *ud, lp_exec *e, const lp_action *a);
 
 typedef struct lp_exec_opts {
@@ -149,6 +150,20 @@ lp_comm *lp_exec_comm(const lp_exec *e); /* the job's comm (all pp x ep ranks) *
  * LP_ACT_B, LP_ACT_I or LP_ACT_W on virtual stage v, micro-batch mb. */
 lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
 
+/* The same halves in phases, for an overlapped_fb hook that orders the
+ * two micro-batches' phases itself: lp_exec_half_begin takes the inputs
+ * (type LP_ACT_F, LP_ACT_B or LP_ACT_I on virtual stage v, micro-batch
+ * mb; at most one forward and one backward half at a time);
+ * lp_exec_half_advance runs the forward (backward = 0) or backward half
+ * up to its next expert-parallel exchange (lp_nn_advance), *done = 1 once
+ * the half finished (output handed on, loss taken, weight-grad run for
+ * B); lp_exec_half_phase names what its next advance runs ("attn/dense",
+ * "dispatch", "experts", "combine"; "done" when no half runs). The default
+ * pair alternates advances, forward first. A hook must finish both halves. */
+lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb);
+lp_status lp_exec_half_advance(lp_exec *e, int backward, int *done);
+const char *lp_exec_half_phase(const lp_exec *e, int backward);
+
 /* Sets the text lp_exec_last_error reports (for an overlapped_fb hook that
  * fails for its own reasons); msg is copied. */
 void lp_exec_set_error(lp_exec *e, const char *msg);
@@ -207,7 +222,8 @@ void lp_exec_checkpoint_path(const char *dir, int rank, char *buf, size_t n);
 /* One training step of `model` (all stages in one chunk, or any layer) on
  * one process, the way a pipeline step must behave: zero grads; for each
  * micro-batch 0..M-1 in order, forward, the loss scaled by 1/M, full
- * backward; then one optimizer step. *loss gets the mean micro-batch loss.
+ * backward; then one optimizer step and the MoE layers' router-bias update
+ * from the step's expert loads. *loss gets the mean micro-batch loss.
  * LP_OK, or a status with the reason in err (LP_ERRLEN). */
 lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
                                  lp_nn_loss_kind loss_kind, int M,

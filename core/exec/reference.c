@@ -56,6 +56,19 @@ lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
   lp_nn_ctx_free(ctx);
   st = lp_nn_optim_step(optim);
   if (st != LP_OK) return st;
+  /* MoE router biases from this step's expert loads (as the executor does
+   * with the loads summed over the ranks) */
+  for (int i = 0; i < lp_nn_moe_count(model); i++) {
+    lp_nn_layer *m = lp_nn_moe_find(model, i);
+    int E = lp_nn_moe_get_opts(m)->experts;
+    int64_t *c = lp_malloc((size_t)E * sizeof *c);
+    if (!c) return LP_ERR_NOMEM;
+    st = lp_nn_moe_expert_load(m, c);
+    if (st == LP_OK) st = lp_nn_moe_update_bias(m, c);
+    lp_free(c);
+    if (st != LP_OK) return st;
+    lp_nn_moe_load_reset(m);
+  }
   if (loss) *loss = sum / M;
   return LP_OK;
 }

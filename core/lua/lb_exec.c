@@ -125,6 +125,47 @@ static int lb_exec_run_half(lua_State *L) {
   return 1;
 }
 
+/* exec:begin_half(type, stage, mb) -> true | nil, err: takes the inputs of
+ * a half ("F", "B" or "I") for exec:advance; only inside an overlapped_fb
+ * hook. */
+static int lb_exec_begin_half(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  static const char *const types[] = {"F", "B", "I", NULL};
+  static const int codes[] = {LP_ACT_F, LP_ACT_B, LP_ACT_I};
+  int ty = codes[luaL_checkoption(L, 2, NULL, types)];
+  int v = (int)luaL_checkinteger(L, 3), mb = (int)luaL_checkinteger(L, 4);
+  if (!b->in_step) return luaL_error(L, "exec:begin_half is only allowed inside an overlapped_fb hook");
+  lp_status st = lp_exec_half_begin(b->e, ty, v, mb);
+  if (st == LP_ERR_ARG && !*lp_exec_last_error(b->e))
+    return luaL_error(L, "begin_half: virtual stage %d / micro-batch %d is not on this rank", v, mb);
+  if (st != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* exec:advance(which) -> done, next_phase | nil, err: one phase of the
+ * forward ("F") or backward ("B") half begun by begin_half. */
+static int lb_exec_advance(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  static const char *const which[] = {"F", "B", NULL};
+  int bw = luaL_checkoption(L, 2, NULL, which);
+  if (!b->in_step) return luaL_error(L, "exec:advance is only allowed inside an overlapped_fb hook");
+  int done = 0;
+  if (lp_exec_half_advance(b->e, bw, &done) != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushboolean(L, done);
+  lua_pushstring(L, lp_exec_half_phase(b->e, bw));
+  return 2;
+}
+
+/* exec:phase(which) -> name of what the next advance of the "F" / "B" half
+ * runs ("attn/dense", "dispatch", "experts", "combine"; "done"). */
+static int lb_exec_phase(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  static const char *const which[] = {"F", "B", NULL};
+  lua_pushstring(L, lp_exec_half_phase(b->e, luaL_checkoption(L, 2, NULL, which)));
+  return 1;
+}
+
 /* core.exec_new(schedule, {build=, data=, loss=, act_shapes=, optimizer=,
  * trace=, lookahead=, overlapped_fb=, ep=}) -> Exec | nil, err */
 static int lb_exec_new(lua_State *L) {
@@ -418,6 +459,9 @@ void lb_open_exec(lua_State *L) {
                                      {"trace_clear", lb_exec_trace_clear},
                                      {"vstages", lb_exec_vstages},
                                      {"run_half", lb_exec_run_half},
+                                     {"begin_half", lb_exec_begin_half},
+                                     {"advance", lb_exec_advance},
+                                     {"phase", lb_exec_phase},
                                      {"trace_events", lb_exec_trace_events},
                                      {"trace_write", lb_exec_trace_write},
                                      {"save_checkpoint", lb_exec_save_checkpoint},

@@ -43,7 +43,13 @@
 -- overlapped_forward_backward): pair = {f_stage =, f_mb =, b_type = "B" | "I",
 -- b_stage =, b_mb =, text =}; it must run both halves, in any order, with
 -- exec:run_half("F", pair.f_stage, pair.f_mb) and
--- exec:run_half(pair.b_type, pair.b_stage, pair.b_mb).
+-- exec:run_half(pair.b_type, pair.b_stage, pair.b_mb), or phase by phase:
+-- exec:begin_half("F", pair.f_stage, pair.f_mb) and exec:begin_half(pair.b_type,
+-- pair.b_stage, pair.b_mb), then exec:advance("F") / exec:advance("B") (each
+-- -> done, the next phase's name) in any order until both are done;
+-- exec:phase("F" | "B") names what the next advance runs ("attn/dense",
+-- "dispatch", "experts", "combine", "done"). The default alternates the
+-- two, forward first, so each one's all-to-all flies while the other computes.
 --
 -- The data function must give the same micro-batch on every rank that asks
 -- for it (input on the rank where the micro-batch enters, target where its

@@ -71,6 +71,7 @@ done <<'LIST'
 4 dualpipe 4 ep2 pp=2xep=2
 4 dualpipev 4 ep2 pp=2xep=2
 4 dualpipe 4 lm_ep2 pp=2xep=2
+4 dualpipe 4 phases_ep2 pp=2xep=2
 2 1f1b 2 ep2 pp=1xep=2
 LIST
 
