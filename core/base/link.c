@@ -110,6 +110,12 @@ double lp_link_time(const lp_link *l, double bytes) {
   return t;
 }
 
+double lp_link_alltoallv_time(const lp_link *l, double bytes_out,
+                              double bytes_in) {
+  if (bytes_out <= 0 && bytes_in <= 0) return 0;
+  return lp_link_time(l, bytes_out > bytes_in ? bytes_out : bytes_in);
+}
+
 int lp_link_active(const lp_link *l) {
   return l && (l->latency_s > 0 || l->bytes_per_s > 0);
 }

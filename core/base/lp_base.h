@@ -136,6 +136,11 @@ typedef struct lp_link {
 lp_status lp_link_parse(const char *text, lp_link *out, char *err);
 /* latency_s + bytes / bytes_per_s (0 for a NULL link). */
 double lp_link_time(const lp_link *l, double bytes);
+/* Time of an all-to-all-v on link l for one rank that sends bytes_out to
+ * and receives bytes_in from other ranks (the self piece excluded): each
+ * rank's link serialises its own traffic, both directions at once, so
+ * latency + max(bytes_out, bytes_in) / bandwidth; 0 when nothing moves. */
+double lp_link_alltoallv_time(const lp_link *l, double bytes_out, double bytes_in);
 /* 1 when l models any cost (latency or limited bandwidth). */
 int lp_link_active(const lp_link *l);
 /* Writes the canonical text of l ("lat=50us,bw=2GB/s", "none"). */

@@ -160,6 +160,7 @@ static lp_status start_p2p(lp_comm *c, comm_op op, float *buf, size_t n, int pee
   LP_CHECK(check_p2p(c, op, buf, n, peer, tag, req));
   lp_comm_req *r = new_req(c, op, LP_COMM_FLOAT, n, peer, tag);
   if (!r) return LP_ERR_NOMEM;
+  set_arrival(c, r, (double)n * sizeof(float)); /* the backend may use it */
   lp_status st = op == COMM_OP_SEND
                      ? c->be->isend(c, buf, n, LP_COMM_FLOAT, peer, tag, r)
                      : c->be->irecv(c, buf, n, LP_COMM_FLOAT, peer, tag, r);
@@ -167,7 +168,6 @@ static lp_status start_p2p(lp_comm *c, comm_op op, float *buf, size_t n, int pee
     lp_free(r);
     return st;
   }
-  set_arrival(c, r, (double)n * sizeof(float));
   *req = r;
   return LP_OK;
 }
@@ -481,8 +481,9 @@ lp_status lp_comm_ialltoallv(lp_comm *c, const float *send,
     lp_free(r);
     return st;
   }
-  if (out + in > 0)
-    set_arrival(c, r, (double)(out > in ? out : in) * sizeof(float));
+  if (lp_link_active(&c->link) && out + in > 0)
+    r->arrival = r->started + lp_link_alltoallv_time(&c->link, (double)out * sizeof(float),
+                                                     (double)in * sizeof(float));
   *req = r;
   return LP_OK;
 }

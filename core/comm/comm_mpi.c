@@ -33,6 +33,7 @@ static struct {
   pthread_cond_t cv;
   int pending; /* operations started and not yet finished */
   int stop;
+  struct deferred *deferred; /* sends waiting for their link time (FIFO) */
   MPI_Comm progress_comm; /* private: MPI_Iprobe on it only drives progress */
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
@@ -46,7 +47,20 @@ typedef struct mpi_ctx {
 typedef struct mpi_req {
   MPI_Request q;
   int *arrays;
+  int deferred; /* a send queued for the progress thread (under g.mu) */
+  int post_rc;  /* MPI error of the deferred MPI_Isend, or MPI_SUCCESS */
 } mpi_req;
+
+/* A send on an emulated link, posted by the progress thread at `due`. */
+typedef struct deferred {
+  struct deferred *next;
+  lp_comm_req *r;
+  const void *buf;
+  int count, peer, tag;
+  MPI_Datatype type;
+  MPI_Comm comm;
+  double due;
+} deferred;
 
 _Static_assert(sizeof(mpi_req) <= sizeof(((lp_comm_req *)0)->impl),
                "lp_comm_req.impl too small for an MPI_Request");
@@ -75,22 +89,112 @@ static void pending_add(int d) {
  * MPI's progress engine, which moves point-to-point fragments and the
  * schedules of non-blocking collectives), then sleep ~50 us. Otherwise
  * sleep on the condition variable: an idle rank costs nothing. */
+/* Posts the deferred sends whose time has come, in queue order (under
+ * g.mu); returns the earliest time still waited for (0: none). */
+static double post_due_sends(double now) {
+  double next = 0;
+  for (deferred **pp = &g.deferred; *pp;) {
+    deferred *d = *pp;
+    if (d->due > now) {
+      if (next == 0 || d->due < next) next = d->due;
+      pp = &d->next;
+      continue;
+    }
+    mpi_req *m = (mpi_req *)(void *)&d->r->impl;
+    m->post_rc = MPI_Isend(d->buf, d->count, d->type, d->peer, d->tag, d->comm, &m->q);
+    m->deferred = 0;
+    *pp = d->next;
+    lp_free(d);
+  }
+  return next;
+}
+
+/* While operations are pending: posts due deferred sends, lets MPI
+ * progress (MPI_Iprobe runs Open MPI's progress engine, which moves
+ * point-to-point fragments and the schedules of non-blocking collectives),
+ * then sleeps ~50 us (less when a deferred send is due sooner). Otherwise
+ * sleeps on the condition variable: an idle rank costs nothing. */
 static void *progress_main(void *arg) {
   (void)arg;
-  struct timespec nap = {0, 50000};
   pthread_mutex_lock(&g.mu);
   for (;;) {
     while (!g.stop && g.pending <= 0) pthread_cond_wait(&g.cv, &g.mu);
     if (g.stop) break;
+    double now = lp_now();
+    double next = g.deferred ? post_due_sends(now) : 0;
     pthread_mutex_unlock(&g.mu);
     int flag = 0;
     MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g.progress_comm, &flag,
                MPI_STATUS_IGNORE);
-    nanosleep(&nap, NULL);
+    double nap = 50e-6;
+    if (next > 0 && next - now < nap) nap = next - now > 0 ? next - now : 0;
+    lp_sleep_until(now + nap);
     pthread_mutex_lock(&g.mu);
+  }
+  while (g.deferred) { /* shutting down: never posted */
+    deferred *d = g.deferred;
+    g.deferred = d->next;
+    lp_free(d);
   }
   pthread_mutex_unlock(&g.mu);
   return NULL;
+}
+
+/* Queues a send for the progress thread at r->arrival, but not before a
+ * queued send to the same peer (MPI's order between them stays). */
+static lp_status defer_send(lp_comm *c, const void *buf, size_t count,
+                            lp_comm_dtype dt, int peer, int tag, lp_comm_req *r) {
+  deferred *d = lp_malloc(sizeof *d);
+  if (!d) {
+    lp_errf(c->err, "out of memory");
+    return LP_ERR_NOMEM;
+  }
+  *d = (deferred){NULL, r, buf, (int)count, peer, tag,
+                  dt == LP_COMM_DOUBLE ? MPI_DOUBLE : MPI_FLOAT, mcomm(c), r->arrival};
+  mr(r)->q = MPI_REQUEST_NULL;
+  mr(r)->post_rc = MPI_SUCCESS;
+  pthread_mutex_lock(&g.mu);
+  deferred **pp = &g.deferred;
+  for (; *pp; pp = &(*pp)->next)
+    if ((*pp)->peer == peer && (*pp)->comm == d->comm && (*pp)->due > d->due)
+      d->due = (*pp)->due;
+  *pp = d;
+  mr(r)->deferred = 1;
+  g.pending++;
+  pthread_cond_signal(&g.cv);
+  pthread_mutex_unlock(&g.mu);
+  return LP_OK;
+}
+
+/* For a send: 1 while still queued; *rc the deferred post's MPI result. */
+static int still_deferred(lp_comm_req *r, int *rc) {
+  *rc = MPI_SUCCESS;
+  if (!g.thread_on || r->op != COMM_OP_SEND) return 0;
+  pthread_mutex_lock(&g.mu);
+  int q = mr(r)->deferred;
+  *rc = mr(r)->post_rc;
+  pthread_mutex_unlock(&g.mu);
+  return q;
+}
+
+/* Takes a queued send back (cancel); 1 when it was still queued. */
+static int undefer(lp_comm_req *r) {
+  if (!g.thread_on || r->op != COMM_OP_SEND) return 0;
+  int found = 0;
+  pthread_mutex_lock(&g.mu);
+  for (deferred **pp = &g.deferred; *pp; pp = &(*pp)->next) {
+    if ((*pp)->r == r) {
+      deferred *d = *pp;
+      *pp = d->next;
+      lp_free(d);
+      mr(r)->deferred = 0;
+      g.pending--;
+      found = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g.mu);
+  return found;
 }
 
 static void progress_start(void) {
@@ -148,6 +252,8 @@ static lp_status mpi_isend(lp_comm *c, const void *buf, size_t count,
                            lp_comm_dtype dt, int peer, int tag,
                            lp_comm_req *req) {
   LP_CHECK(check_count(c, count, "send"));
+  if (g.thread_on && req->arrival > 0) /* the link: post it when it arrives */
+    return defer_send(c, buf, count, dt, peer, tag, req);
   int rc = MPI_Isend(buf, (int)count, mtype(dt), peer, tag, mcomm(c), mreq(req));
   if (rc != MPI_SUCCESS)
     return mpi_fail(c, rc, "send of %zu %s to rank %d (tag %d) from rank %d",
@@ -160,6 +266,7 @@ static lp_status mpi_irecv(lp_comm *c, void *buf, size_t count,
                            lp_comm_dtype dt, int peer, int tag,
                            lp_comm_req *req) {
   LP_CHECK(check_count(c, count, "receive"));
+  if (g.thread_on) req->arrival = 0; /* senders post at their arrival time */
   int rc = MPI_Irecv(buf, (int)count, mtype(dt), peer, tag, mcomm(c), mreq(req));
   if (rc != MPI_SUCCESS)
     return mpi_fail(c, rc, "receive of %zu %s from rank %d (tag %d) on rank %d",
@@ -284,8 +391,12 @@ static lp_status mpi_split(lp_comm *c, int color, int key, lp_comm **out) {
 
 static lp_status mpi_test(lp_comm *c, lp_comm_req *r, int *done) {
   MPI_Status st;
-  int flag = 0;
-  int rc = MPI_Test(mreq(r), &flag, &st);
+  int flag = 0, rc;
+  if (still_deferred(r, &rc)) {
+    *done = 0;
+    return LP_OK;
+  }
+  if (rc == MPI_SUCCESS) rc = MPI_Test(mreq(r), &flag, &st);
   if (rc != MPI_SUCCESS || flag) {
     pending_add(-1);
     lp_free(mr(r)->arrays);
@@ -336,8 +447,12 @@ static lp_status mpi_test(lp_comm *c, lp_comm_req *r, int *done) {
  * it could hang on them (the job must be aborted anyway). */
 static void mpi_cancel(lp_comm *c, lp_comm_req *r) {
   (void)c;
+  if (undefer(r)) return;
   MPI_Request *q = mreq(r);
-  if (*q == MPI_REQUEST_NULL) return;
+  if (*q == MPI_REQUEST_NULL) {
+    if (mr(r)->post_rc != MPI_SUCCESS) pending_add(-1); /* a failed post */
+    return;
+  }
   pending_add(-1);
   if (r->op != COMM_OP_SEND && r->op != COMM_OP_RECV) {
     g.broken = 1; /* MPI may still read an all-to-all-v's arrays: kept */

@@ -21,7 +21,11 @@ typedef enum lp_comm_dtype { LP_COMM_FLOAT, LP_COMM_DOUBLE } lp_comm_dtype;
  * the watchdog reports; a backend only starts and polls operations. Every
  * start function fills req (see comm_internal.h) and returns LP_OK, or
  * writes the context's error text and returns a status (then req is
- * released without calling cancel). */
+ * released without calling cancel). isend / irecv find req->arrival set to
+ * the emulated link's modelled arrival (0: no link): a backend may realise
+ * the link itself by posting a send only at that time (keeping the order
+ * of messages to one peer) and then clears a receive's req->arrival (the
+ * data already comes late); otherwise comm.c bounds both sides. */
 typedef struct lp_comm_backend {
   const char *name; /* "self", "mpi", "nccl" */
   lp_status (*isend)(lp_comm *c, const void *buf, size_t count, lp_comm_dtype dt,
@@ -97,15 +101,24 @@ double lp_comm_timeout(const lp_comm *c);
  * shared memory). It starts as LUAPIPE_LINK (lp_link_parse syntax, e.g.
  * "lat=50us,bw=2GB/s"; unset: none) and split contexts inherit it. The
  * model, with T(B) = latency + B / bandwidth (lp_link_time):
- *  - a send of n floats is not reported complete before start + T(4n);
- *  - a receive of n floats not before it was posted + T(4n) (the receiver
- *    cannot see the sender's clock: when the send starts d seconds after
- *    the receive is posted, this side's bound is early by min(d, T); the
- *    real transfer still has to finish);
+ *  - a send of n floats is not reported complete before start + T(4n),
+ *    and the receiver gets it no earlier than that: the MPI backend (with
+ *    its progress thread) posts the real send at start + T(4n) and keeps
+ *    the order of messages to one peer (a message never overtakes an
+ *    earlier one to the same rank: its time is at least the earlier one's).
+ *    Set the same link on both sides (LUAPIPE_LINK does);
+ *  - without that (no progress thread, other backends) a receive of n
+ *    floats is not reported complete before it was posted + T(4n): the
+ *    receiver cannot see the sender's clock, so when the send starts d s
+ *    after the receive is posted this bound is early by min(d, T);
  *  - an all-to-all-v not before start + T(max(bytes out, bytes in)), where
  *    out / in count only the pieces to / from other ranks (each rank's
- *    link serialises its own traffic; the self piece is a local copy and
- *    free; no traffic at all costs nothing);
+ *    link serialises its own traffic, both directions at once; the self
+ *    piece is a local copy and free; no traffic at all costs nothing:
+ *    lp_link_alltoallv_time). Its start is this rank's: a peer that joins
+ *    d s later delays the real completion by d, but the bound does not
+ *    add T to the peer's start (collectives are never deferred: that could
+ *    reorder them);
  *  - all-reduce, barrier and broadcast are not delayed.
  * "Start" is the lp_now() of the isend / irecv / ialltoallv call, so a
  * message started before the caller computes arrives while it computes.

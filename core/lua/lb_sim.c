@@ -128,18 +128,35 @@ static void read_times(lua_State *L, int idx, lp_sim_times *t,
     get_time(L, idx, time_keys[k], time_field(t, k), ctx);
 }
 
+/* The emulated link: cost.link = "lat=50us,bw=2GB/s" (lp_link_parse) and
+ * cost.bytes = bytes of one cross-rank message. */
+static void read_link(lua_State *L, int idx, lp_sim_cost *c) {
+  if (lua_getfield(L, idx, "link") != LUA_TNIL) {
+    char err[LP_ERRLEN];
+    if (lua_type(L, -1) != LUA_TSTRING)
+      luaL_error(L, "simulate: link must be a string such as 'lat=50us,bw=2GB/s'");
+    if (lp_link_parse(lua_tostring(L, -1), &c->link, err) != LP_OK)
+      luaL_error(L, "simulate: %s", err);
+  }
+  lua_pop(L, 1);
+  get_time(L, idx, "bytes", &c->message_bytes, "simulate");
+}
+
 /* Fills c from the cost table at idx (absent or nil: defaults). Stage
  * overrides live in a userdata left on the stack (collected with it). */
 static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
   static const char *const top_keys[] = {"F",  "B",       "I",      "W",
-                                         "FB", "latency", "stages", NULL};
+                                         "FB", "latency", "stages", "link",
+                                         "bytes", NULL};
   lp_sim_cost_init(c);
   if (lua_isnoneornil(L, idx)) return;
   luaL_checktype(L, idx, LUA_TTABLE);
   idx = lua_absindex(L, idx);
-  check_keys(L, idx, top_keys, "simulate", "F, B, I, W, FB, latency, stages");
+  check_keys(L, idx, top_keys, "simulate",
+             "F, B, I, W, FB, latency, stages, link, bytes");
   read_times(L, idx, &c->t, "simulate");
   get_time(L, idx, "latency", &c->latency, "simulate");
+  read_link(L, idx, c);
   if (lua_getfield(L, idx, "stages") == LUA_TNIL) {
     lua_pop(L, 1);
     return;

@@ -31,11 +31,29 @@ typedef struct lp_sim_times {
 typedef struct lp_sim_cost {
   lp_sim_times t; /* defaults for every model stage */
   double latency; /* per cross-rank message, >= 0 */
+  /* Emulated link (lp_link, the comm layer's model and LUAPIPE_LINK's
+   * syntax): a cross-rank message of message_bytes bytes takes
+   * latency + lp_link_time(&link, message_bytes) from its producer's end
+   * to its consumer (lp_sim_message_delay). Link times are in seconds, so
+   * give F, B, I, W in seconds when a link is set. Zero link: no change. */
+  lp_link link;
+  double message_bytes; /* bytes of one activation / gradient message, >= 0 */
   int nstages;    /* entries in `stages` (0: no overrides) */
   /* [model stage]: overrides, LP_SIM_UNSET = inherit; borrowed, only
    * read during lp_sim_run */
   const lp_sim_times *stages;
 } lp_sim_cost;
+
+/* The delay of one cross-rank message under c (NULL: 0) into *out:
+ * c->latency + lp_link_time(&c->link, c->message_bytes). LP_ERR_ARG with
+ * the reason in err for a negative or non-finite latency, message size or
+ * link field. */
+lp_status lp_sim_message_delay(const lp_sim_cost *c, double *out, char *err);
+/* Time of one rank's all-to-all-v phase (expert-parallel dispatch or
+ * combine) under c's link: lp_link_alltoallv_time(&c->link, bytes_out,
+ * bytes_in), the comm layer's model; 0 for a NULL c. */
+double lp_sim_alltoallv_time(const lp_sim_cost *c, double bytes_out,
+                             double bytes_in);
 
 /* Every time unset, latency 0, no overrides (the default cost model). */
 void lp_sim_cost_init(lp_sim_cost *c);
@@ -101,6 +119,7 @@ int lp_sim_microbatches(const lp_sim_result *r);
 const char *lp_sim_name(const lp_sim_result *r); /* the schedule's name */
 double lp_sim_makespan(const lp_sim_result *r);
 double lp_sim_max_bubble(const lp_sim_result *r);
+/* The delay of every cross-rank message: lp_sim_message_delay. */
 double lp_sim_latency(const lp_sim_result *r);
 /* Fills *out for rank; LP_ERR_ARG when rank is out of range. */
 lp_status lp_sim_rank_stats_of(const lp_sim_result *r, int rank,

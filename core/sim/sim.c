@@ -42,6 +42,8 @@ void lp_sim_times_init(lp_sim_times *t) {
 void lp_sim_cost_init(lp_sim_cost *c) {
   lp_sim_times_init(&c->t);
   c->latency = 0;
+  memset(&c->link, 0, sizeof c->link);
+  c->message_bytes = 0;
   c->nstages = 0;
   c->stages = NULL;
 }
@@ -684,7 +686,8 @@ lp_status lp_sim_run(lp_schedule *s, const lp_sim_cost *cost,
   LP_CHECK_GOTO(setup(&R, cost), st, fail);
   LP_CHECK_GOTO(map_producers(&R), st, fail);
   LP_CHECK_GOTO(build_nodes(&R), st, fail);
-  double latency = cost ? cost->latency : 0;
+  double latency = 0; /* per message: cost latency + link (sim_link.c) */
+  LP_CHECK_GOTO(lp_sim_message_delay(cost, &latency, err), st, fail);
   LP_CHECK_GOTO(simulate(&R, latency), st, fail);
   res = lp_calloc(1, sizeof *res);
   if (!res) {

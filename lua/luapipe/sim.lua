@@ -8,7 +8,10 @@
 --
 -- Costs: F, B, I, W, FB (an overlapped F&B pair; default F + the backward
 -- half), latency (per cross-rank message) and per-model-stage overrides,
--- stages = {[k] = {F = ...}}. B = I + W fills in what is not given (only B:
+-- stages = {[k] = {F = ...}}; bytes (of one cross-rank message) and link
+-- ("lat=50us,bw=2GB/s", the comm layer's emulated-link model: each message
+-- also takes lat + bytes/bw; times then in seconds; `--link` on the CLI).
+-- B = I + W fills in what is not given (only B:
 -- I = W = B/2; nothing: F=1, B=2, I=1, W=1). Times are abstract units; in
 -- traces one unit is shown as one millisecond.
 --
@@ -21,9 +24,9 @@ package.loaded["luapipe.sim"] = M -- luapipe.show requires us back
 
 local SimResult = core.SimResult -- the methods table shared with the C binding
 
-M.cost_keys = { "F", "B", "I", "W", "FB", "latency" }
+M.cost_keys = { "F", "B", "I", "W", "FB", "latency", "bytes" }
 local canonical = { f = "F", b = "B", i = "I", w = "W", fb = "FB", latency = "latency",
-  lat = "latency" }
+  lat = "latency", bytes = "bytes" }
 
 -- sim.parse_cost(text) -> cost table for s:simulate.
 -- text: comma-separated KEY=NUMBER items, e.g. "F=1,B=2,W=1,FB=2.5,latency=0.1";
@@ -39,12 +42,12 @@ function M.parse_cost(text)
     if it ~= "" then
       local key, value = it:match("^([%w_%[%]]+)%s*=%s*(.+)$")
       if not key then
-        error(string.format("cost item '%s': expected KEY=NUMBER (keys: F, B, I, W, FB, latency)", it), 2)
+        error(string.format("cost item '%s': expected KEY=NUMBER (keys: F, B, I, W, FB, latency, bytes)", it), 2)
       end
       local name, stage = key:match("^(%a+)%[(%d+)%]$")
       name = canonical[(name or key):lower()]
-      if not name or (stage and name == "latency") then
-        error(string.format("cost item '%s': unknown key '%s' (keys: F, B, I, W, FB, latency%s)",
+      if not name or (stage and (name == "latency" or name == "bytes")) then
+        error(string.format("cost item '%s': unknown key '%s' (keys: F, B, I, W, FB, latency, bytes%s)",
           it, key, stage and "; per stage: F[k], B[k], I[k], W[k], FB[k]" or ""), 2)
       end
       local v = tonumber(value)

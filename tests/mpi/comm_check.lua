@@ -142,12 +142,28 @@ elseif mode == "a2a" then
   ok_or_abort(comm.alltoallv(empty))
   local dt = core.now() - t0
   check(dt >= 0.02, "all-to-all-v on a 20 ms link took %.4f s", dt)
-  if r < 2 then
+  if r == 0 then -- (the receiver's bound runs from the send's start: below)
     t0 = core.now()
-    if r == 0 then ok_or_abort(comm.send(1, { 1, 2 }, 4))
-    else ok_or_abort(comm.recv(0, 2, 4)) end
+    ok_or_abort(comm.send(1, { 1, 2 }, 4))
     dt = core.now() - t0
-    check(dt >= 0.02, "rank %d: a message on a 20 ms link took %.4f s", r, dt)
+    check(dt >= 0.02, "a send on a 20 ms link took %.4f s", dt)
+  elseif r == 1 then
+    ok_or_abort(comm.recv(0, 2, 4))
+  end
+  -- the delay runs from the sender's start, not the receive's posting:
+  -- rank 1 posts its receive, rank 0 sends 0.2 s later on a 300 ms link,
+  -- so the data cannot be there before ~0.5 s (0.4: room for barrier skew)
+  comm.set_link("lat=300ms")
+  ok_or_abort(comm.barrier())
+  if r == 0 then
+    local t1 = core.now()
+    while core.now() - t1 < 0.2 do end
+    ok_or_abort(comm.send(1, { 5 }, 6))
+  elseif r == 1 then
+    t0 = core.now()
+    ok_or_abort(comm.recv(0, 1, 6))
+    dt = core.now() - t0
+    check(dt >= 0.4, "late sender on a 300 ms link: received after %.4f s", dt)
   end
   comm.set_link("none")
   local ok, err = pcall(comm.set_link, "lat=20")

@@ -16,6 +16,8 @@ function M.parser(p)
   p:option("--chunks", "chunks per rank for interleaved1f1b", "2"):convert(tonumber)
   p:option("--cost -c", "costs, e.g. F=1,B=2,W=1,FB=3 (FB is F&B)", "F=1,B=2,W=1,FB=3")
   p:option("--format -f", "text or json", "text"):choices { "text", "json" }
+  p:option("--link", "emulated link: every cross-rank message also takes lat + bytes/bw, "
+    .. "e.g. lat=50us,bw=2GB/s (us|ms|s; GB/s|MB/s|KB/s); message size: bytes= in --cost; costs in seconds")
   p:epilog("Example (DualPipe README setting):\n"
     .. "  luapipe bubbles --pp 8 --microbatches 20 --cost F=1,B=2,W=1,FB=3")
 end
@@ -46,7 +48,7 @@ end
 -- per rank costs 1/v of that.
 local function per_chunk(cost, v)
   local c = {}
-  for k, x in pairs(cost) do c[k] = (k == "latency") and x or x / v end
+  for k, x in pairs(cost) do c[k] = (k == "latency" or k == "link" or k == "bytes") and x or x / v end
   return c
 end
 
@@ -101,6 +103,11 @@ function M.run(args)
   local ok, cost = pcall(sim.parse_cost, args.cost)
   if not ok then return cli.fail("bubbles", (tostring(cost):gsub("^[^:]*:%d+: ", "")), 2) end
   local full = resolve_cost(cost)
+  if args.link then
+    local l, lerr = require("luapipe.comm").parse_link(args.link)
+    if not l then return cli.fail("bubbles", "--link: " .. lerr, 2) end
+    full.link, full.bytes = args.link, cost.bytes
+  end
   local P, Mb, v = math.tointeger(args.pp), math.tointeger(args.microbatches), math.tointeger(args.chunks)
   if not P or P < 1 or not Mb or Mb < 1 or not v or v < 1 then
     return cli.fail("bubbles", "--pp, --microbatches and --chunks must be positive integers", 2)

@@ -11,6 +11,8 @@ function M.parser(p)
   common.add_schedule_options(p)
   p:option("--cost -c", "costs, e.g. F=1,B=2,W=1,FB=2.5,latency=0 (B = I + W); per model stage: F[3]=2", "F=1,B=2,W=1")
   p:option("--format -f", "text or json", "text"):choices { "text", "json" }
+  p:option("--link", "emulated link: every cross-rank message also takes lat + bytes/bw, "
+    .. "e.g. lat=50us,bw=2GB/s (us|ms|s; GB/s|MB/s|KB/s); message size: bytes= in --cost; costs in seconds")
   p:option("--svg", "write the timeline as SVG to FILE")
   p:option("--trace", "write a Chrome/Perfetto trace (JSON) to FILE")
   p:flag("--no-gantt", "text format: leave out the Gantt chart")
@@ -43,6 +45,11 @@ function M.run(args)
   local sim = require("luapipe.sim")
   local ok, cost = pcall(sim.parse_cost, args.cost)
   if not ok then return cli.fail("simulate", (tostring(cost):gsub("^[^:]*:%d+: ", "")), 2) end
+  if args.link then
+    local l, lerr = require("luapipe.comm").parse_link(args.link)
+    if not l then return cli.fail("simulate", "--link: " .. lerr, 2) end
+    cost.link = args.link
+  end
   local s, err = common.load_schedule(args)
   if not s then return cli.fail("simulate", err) end
   local res, serr = s:simulate(cost)

@@ -1,0 +1,34 @@
+/* sim_link.c — the simulator's side of the emulated link: the delay of a
+ * cross-rank message and of an all-to-all-v phase, from the same lp_link
+ * model the comm layer applies to real messages (see lp_sim.h). */
+#include <math.h>
+
+#include "lp_sim.h"
+
+lp_status lp_sim_message_delay(const lp_sim_cost *c, double *out, char *err) {
+  *out = 0;
+  if (!c) return LP_OK;
+  if (!(isfinite(c->latency) && c->latency >= 0)) {
+    lp_errf(err, "cost model: latency = %g must be a number >= 0", c->latency);
+    return LP_ERR_ARG;
+  }
+  if (!(isfinite(c->message_bytes) && c->message_bytes >= 0)) {
+    lp_errf(err, "cost model: message bytes = %g must be a number >= 0",
+            c->message_bytes);
+    return LP_ERR_ARG;
+  }
+  const lp_link *l = &c->link;
+  if (!(isfinite(l->latency_s) && l->latency_s >= 0 && isfinite(l->bytes_per_s) &&
+        l->bytes_per_s >= 0)) {
+    lp_errf(err, "cost model: link latency %g s and bandwidth %g B/s must be "
+                 "numbers >= 0", l->latency_s, l->bytes_per_s);
+    return LP_ERR_ARG;
+  }
+  *out = c->latency + lp_link_time(l, c->message_bytes);
+  return LP_OK;
+}
+
+double lp_sim_alltoallv_time(const lp_sim_cost *c, double bytes_out,
+                             double bytes_in) {
+  return c ? lp_link_alltoallv_time(&c->link, bytes_out, bytes_in) : 0;
+}
