@@ -177,6 +177,50 @@ static lp_tensor_act_kind field_act(lua_State *L, int idx, const char *kind) {
   return k;
 }
 
+static float field_num(lua_State *L, int idx, const char *k, float deflt, const char *kind) {
+  lua_getfield(L, idx, k);
+  int ok;
+  lua_Number v = lua_tonumberx(L, -1, &ok);
+  int isnil = lua_isnil(L, -1);
+  lua_pop(L, 1);
+  if (isnil) return deflt;
+  if (!ok || v < 0) luaL_error(L, "layer '%s': field '%s' must be a non-negative number", kind, k);
+  return (float)v;
+}
+
+/* The MoE options of an nn.moe / nn.moe_block spec at idx. */
+static lp_nn_moe_opts moe_opts(lua_State *L, int idx, const char *kind) {
+  lp_nn_moe_opts o = {0};
+  o.dim = field_int(L, idx, "dim", 0, 1, kind);
+  o.hidden = field_int(L, idx, "hidden", 0, 1, kind);
+  o.experts = (int)field_int(L, idx, "experts", 0, 1, kind);
+  o.topk = (int)field_int(L, idx, "topk", 1, 0, kind);
+  o.groups = (int)field_int(L, idx, "groups", 1, 0, kind);
+  o.topk_groups = (int)field_int(L, idx, "topk_groups", o.groups, 0, kind);
+  lua_getfield(L, idx, "shared");
+  int has_shared = !lua_isnil(L, -1);
+  lua_pop(L, 1);
+  o.shared = has_shared ? (int)field_num(L, idx, "shared", 0, kind) : 0;
+  o.route_scale = field_num(L, idx, "route_scale", 1.0f, kind);
+  o.bias_speed = field_num(L, idx, "bias_speed", 0.0f, kind);
+  o.balance_alpha = field_num(L, idx, "balance_alpha", 0.0f, kind);
+  lua_getfield(L, idx, "router");
+  const char *r = lua_tostring(L, -1);
+  if (r && strcmp(r, "softmax") == 0) o.router = LP_NN_ROUTER_SOFTMAX;
+  else if (r && strcmp(r, "sigmoid") != 0)
+    luaL_error(L, "layer '%s': router must be \"sigmoid\" or \"softmax\", got \"%s\"", kind, r);
+  lua_pop(L, 1);
+  if (o.topk > o.experts)
+    luaL_error(L, "layer '%s': topk (%d) is more than experts (%d)", kind, o.topk, o.experts);
+  if (o.experts % o.groups)
+    luaL_error(L, "layer '%s': %d experts do not split into %d groups", kind, o.experts,
+               o.groups);
+  if (o.topk_groups > o.groups || (int64_t)o.topk_groups * (o.experts / o.groups) < o.topk)
+    luaL_error(L, "layer '%s': topk_groups = %d of %d groups (%d experts each) cannot give "
+               "topk = %d experts", kind, o.topk_groups, o.groups, o.experts / o.groups, o.topk);
+  return o;
+}
+
 /* Builds the layer described by the spec table at idx. */
 static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t seed,
                              lp_nn_layer **out) {
@@ -215,6 +259,14 @@ static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t s
     return lp_nn_transformer_block_new(
         name, field_int(L, idx, "d_model", 0, 1, kind), field_int(L, idx, "heads", 1, 0, kind),
         field_int(L, idx, "d_hidden", 0, 1, kind), field_act(L, idx, kind), seed, out);
+  if (strcmp(kind, "moe") == 0) {
+    lp_nn_moe_opts o = moe_opts(L, idx, kind);
+    return lp_nn_moe_new(name, &o, seed, out);
+  }
+  if (strcmp(kind, "moe_block") == 0) {
+    lp_nn_moe_opts o = moe_opts(L, idx, kind);
+    return lp_nn_moe_block_new(name, field_int(L, idx, "heads", 1, 0, kind), &o, seed, out);
+  }
   if (strcmp(kind, "residual") == 0) {
     lua_getfield(L, idx, "inner");
     char sub[256];
@@ -228,7 +280,7 @@ static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t s
     return st;
   }
   luaL_error(L, "unknown layer kind '%s' (linear, embedding, gelu, silu, rmsnorm, attention, "
-             "mlp_block, transformer_block, residual)", kind);
+             "mlp_block, transformer_block, moe, moe_block, residual)", kind);
   return LP_ERR_ARG;
 }
 
@@ -332,6 +384,69 @@ static int lb_layer_forward(lua_State *L) {
   tensor_box *b = new_tensor_box(L);
   lp_status st = lp_nn_forward(l, NULL, x, &b->t);
   if (st != LP_OK) return lb_fail(L, lp_strerror(st));
+  return 1;
+}
+
+/* The i-th (1-based) MoE layer inside the layer at 1 (raises when none). */
+static lp_nn_layer *check_moe(lua_State *L, lp_nn_layer *l, int idx) {
+  lua_Integer i = luaL_checkinteger(L, idx);
+  lp_nn_layer *m = lp_nn_moe_find(l, (int)i - 1);
+  if (!m)
+    luaL_error(L, "layer '%s' has no MoE layer %d (it has %d)", lp_nn_layer_name(l), (int)i,
+               lp_nn_moe_count(l));
+  return m;
+}
+
+/* layer:moe_count() -> number of MoE layers inside */
+static int lb_layer_moe_count(lua_State *L) {
+  lua_pushinteger(L, lp_nn_moe_count(lb_check_layer(L, 1)));
+  return 1;
+}
+
+/* layer:expert_load(i [, reset]) -> {tokens per logical expert} of the
+ * i-th MoE layer since the last reset; reset = true starts a new count. */
+static int lb_layer_expert_load(lua_State *L) {
+  lp_nn_layer *m = check_moe(L, lb_check_layer(L, 1), 2);
+  int E = lp_nn_moe_get_opts(m)->experts;
+  int64_t *c = lua_newuserdatauv(L, (size_t)E * sizeof *c, 0); /* scratch */
+  lp_nn_moe_expert_load(m, c);
+  if (lua_toboolean(L, 3)) lp_nn_moe_load_reset(m);
+  lua_createtable(L, E, 0);
+  for (int e = 0; e < E; e++) {
+    lua_pushinteger(L, c[e]);
+    lua_rawseti(L, -2, e + 1);
+  }
+  return 1;
+}
+
+/* layer:update_bias(i, counts) -> layer: the i-th MoE layer's balancing
+ * step with the (group-summed) loads; layer:moe_bias(i) -> {bias...} */
+static int lb_layer_update_bias(lua_State *L) {
+  lp_nn_layer *m = check_moe(L, lb_check_layer(L, 1), 2);
+  int E = lp_nn_moe_get_opts(m)->experts;
+  luaL_checktype(L, 3, LUA_TTABLE);
+  luaL_argcheck(L, luaL_len(L, 3) == E, 3, "one count per expert");
+  int64_t *c = lua_newuserdatauv(L, (size_t)E * sizeof *c, 0);
+  for (int e = 0; e < E; e++) {
+    lua_geti(L, 3, e + 1);
+    c[e] = (int64_t)luaL_checkinteger(L, -1);
+    lua_pop(L, 1);
+  }
+  lp_nn_moe_update_bias(m, c);
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int lb_layer_moe_bias(lua_State *L) {
+  lp_nn_layer *m = check_moe(L, lb_check_layer(L, 1), 2);
+  int E = lp_nn_moe_get_opts(m)->experts;
+  float *b = lua_newuserdatauv(L, (size_t)E * sizeof *b, 0);
+  lp_nn_moe_get_bias(m, b);
+  lua_createtable(L, E, 0);
+  for (int e = 0; e < E; e++) {
+    lua_pushnumber(L, b[e]);
+    lua_rawseti(L, -2, e + 1);
+  }
   return 1;
 }
 
@@ -586,6 +701,10 @@ void lb_open_nn(lua_State *L) {
                                            {"params", lb_layer_params},
                                            {"set_params", lb_layer_set_params},
                                            {"forward", lb_layer_forward},
+                                           {"moe_count", lb_layer_moe_count},
+                                           {"expert_load", lb_layer_expert_load},
+                                           {"update_bias", lb_layer_update_bias},
+                                           {"moe_bias", lb_layer_moe_bias},
                                            {"close", lb_layer_close},
                                            {NULL, NULL}};
   static const luaL_Reg layer_meta[] = {{"__gc", lb_layer_close}, {"__close", lb_layer_close},

@@ -179,6 +179,25 @@ static lp_status err_end(lp_nn_ctx *ctx, const lp_nn_layer *l, lp_status st,
 
 /* ---- phased passes ---- */
 
+/* Marks a checked pass as begun with input `in` (a view is kept). On
+ * failure the ctx is cleared (a failed input-grad loses its forward, like
+ * any failure of a pass). */
+static lp_status start_pass(lp_nn_layer *l, lp_nn_ctx *ctx,
+                            const lp_tensor *in, int pass, int want_dx) {
+  lp_status st = lp_tensor_view(in, &ctx->in);
+  if (st != LP_OK) {
+    lp_nn_ctx_clear(ctx);
+    return err_end(ctx, l, st,
+                   pass == NN_PASS_FORWARD ? "forward" : "input_grad");
+  }
+  ctx->layer = l;
+  ctx->pass = pass;
+  ctx->want_dx = want_dx;
+  ctx->phase = 0;
+  ctx->pos = 0;
+  return LP_OK;
+}
+
 lp_status lp_nn_forward_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
                               const lp_tensor *x) {
   if (!l || !ctx) return LP_ERR_ARG;
@@ -198,13 +217,7 @@ lp_status lp_nn_forward_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
     return nn_fail(ctx, l, LP_ERR_UNSUPPORTED,
                    "forward: backend %s is not supported by nn yet",
                    lp_tensor_backend_of(x)->name);
-  lp_status st = lp_tensor_view(x, &ctx->in);
-  if (st != LP_OK) return err_end(ctx, l, st, "forward");
-  ctx->layer = l;
-  ctx->pass = NN_PASS_FORWARD;
-  ctx->phase = 0;
-  ctx->pos = 0;
-  return LP_OK;
+  return start_pass(l, ctx, x, NN_PASS_FORWARD, 1);
 }
 
 lp_status nn_input_grad_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
@@ -222,16 +235,7 @@ lp_status nn_input_grad_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
         "input_grad: the context holds no forward of this layer%s",
         ctx->stage == LP_NN_CTX_INPUT_GRAD ? " (input_grad already ran)" : "");
   if (!dy) return nn_fail(ctx, l, LP_ERR_ARG, "input_grad: dy is NULL");
-  lp_status st = lp_tensor_view(dy, &ctx->in);
-  if (st != LP_OK) {
-    lp_nn_ctx_clear(ctx);
-    return err_end(ctx, l, st, "input_grad");
-  }
-  ctx->pass = NN_PASS_INPUT_GRAD;
-  ctx->want_dx = want_dx;
-  ctx->phase = 0;
-  ctx->pos = 0;
-  return LP_OK;
+  return start_pass(l, ctx, dy, NN_PASS_INPUT_GRAD, want_dx);
 }
 
 lp_status lp_nn_input_grad_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
@@ -384,13 +388,9 @@ lp_nn_layer *lp_nn_layer_retain(lp_nn_layer *l) {
 
 void lp_nn_layer_release(lp_nn_layer *l) {
   if (!l || --l->refs > 0) return;
-  if (l->owns_params) {
-    for (size_t i = 0; i < l->nparams; i++) {
-      lp_free((char *)l->params[i].name);
-      lp_tensor_free(l->params[i].value);
-      lp_tensor_free(l->params[i].grad);
-    }
-  }
+  if (l->owns_params)
+    for (size_t i = 0; i < l->nparams; i++)
+      nn_param_free(&l->params[i]);
   lp_free(l->params);
   nn_moe_free(l->moe);
   for (size_t i = 0; i < l->nchild; i++)
@@ -426,14 +426,9 @@ static lp_status init_param(const lp_nn_param *p, uint64_t seed) {
   return LP_ERR_ARG;
 }
 
-lp_status nn_add_param(lp_nn_layer *l, const char *suffix, int ndim,
-                       const int64_t *shape, lp_nn_init_kind init,
-                       float init_std, uint64_t seed) {
-  lp_nn_param *ps = lp_realloc(l->params, (l->nparams + 1) * sizeof *ps);
-  if (!ps) return LP_ERR_NOMEM;
-  l->params = ps;
-  l->owns_params = 1;
-  lp_nn_param *p = &ps[l->nparams];
+lp_status nn_param_make(const lp_nn_layer *l, const char *suffix, int ndim,
+                        const int64_t *shape, lp_nn_init_kind init,
+                        float init_std, uint64_t seed, lp_nn_param *p) {
   memset(p, 0, sizeof *p);
   size_t n = strlen(l->name) + strlen(suffix) + 2;
   char *name = lp_malloc(n);
@@ -442,10 +437,28 @@ lp_status nn_add_param(lp_nn_layer *l, const char *suffix, int ndim,
   p->name = name;
   p->init = init;
   p->init_std = init_std;
-  l->nparams++; /* from here on, release frees whatever is set */
   LP_CHECK(lp_tensor_empty(NULL, ndim, shape, &p->value));
   LP_CHECK(lp_tensor_zeros(NULL, ndim, shape, &p->grad));
   return init_param(p, seed);
+}
+
+void nn_param_free(lp_nn_param *p) {
+  lp_free((char *)p->name);
+  lp_tensor_free(p->value);
+  lp_tensor_free(p->grad);
+  memset(p, 0, sizeof *p);
+}
+
+lp_status nn_add_param(lp_nn_layer *l, const char *suffix, int ndim,
+                       const int64_t *shape, lp_nn_init_kind init,
+                       float init_std, uint64_t seed) {
+  lp_nn_param *ps = lp_realloc(l->params, (l->nparams + 1) * sizeof *ps);
+  if (!ps) return LP_ERR_NOMEM;
+  l->params = ps;
+  l->owns_params = 1;
+  /* counted first: from here on, release frees whatever is set */
+  return nn_param_make(l, suffix, ndim, shape, init, init_std, seed,
+                       &ps[l->nparams++]);
 }
 
 /* Bumped whenever a layer's own parameter list changes (moe placement). */

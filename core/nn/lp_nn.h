@@ -367,6 +367,18 @@ lp_status lp_nn_moe_set_bias(lp_nn_layer *moe, const float *bias);
 /* The balance loss of the last forward through this layer (0 when off). */
 double lp_nn_moe_aux_loss(const lp_nn_layer *moe);
 
+/* What each parameter of l is, for the EP group's gradient reduction and
+ * weight moves: roles[i] for lp_nn_params(l)[i] (n must be its count).
+ * moe: index of the MoE layer it belongs to (lp_nn_moe_find), -1 if none;
+ * slot, expert: the global slot and logical expert of a routed expert's
+ * w1 / w3 / w2, -1 for everything else (dense params, routers and shared
+ * experts are replicated over the EP group). */
+typedef struct lp_nn_param_role {
+  int moe, slot, expert;
+} lp_nn_param_role;
+lp_status lp_nn_param_roles(const lp_nn_layer *l, lp_nn_param_role *roles,
+                            size_t n);
+
 /* MoE layers inside l (depth first, in execution order; l itself counts). */
 int lp_nn_moe_count(const lp_nn_layer *l);
 lp_nn_layer *lp_nn_moe_find(const lp_nn_layer *l, int i);

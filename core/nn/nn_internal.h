@@ -57,7 +57,7 @@ struct lp_nn_layer {
   unsigned param_gen;
 };
 
-#define NN_SLOTS 24
+#define NN_SLOTS 28
 
 struct lp_nn_ctx {
   lp_nn_ctx *root;          /* where error text goes */
@@ -120,6 +120,13 @@ lp_status nn_layer_alloc(const nn_ops *ops, const char *name,
 lp_status nn_add_param(lp_nn_layer *l, const char *suffix, int ndim,
                        const int64_t *shape, lp_nn_init_kind init,
                        float init_std, uint64_t seed);
+/* Fills *p with a new owned parameter "<layer name>.<suffix>" as
+ * nn_add_param does; on failure *p holds what was made (nn_param_free). */
+lp_status nn_param_make(const lp_nn_layer *l, const char *suffix, int ndim,
+                        const int64_t *shape, lp_nn_init_kind init,
+                        float init_std, uint64_t seed, lp_nn_param *p);
+/* Frees an owned parameter's name and tensors; *p is zeroed. */
+void nn_param_free(lp_nn_param *p);
 /* Text "[a, b, c]" of t's shape into buf. */
 const char *nn_shape_str(const lp_tensor *t, char *buf, size_t n);
 /* Writes a copy of t's shape with the last dim replaced by last. */

@@ -192,6 +192,37 @@ static lp_status cpu_sum_rows(const lp_tensor_backend *be, int64_t rows,
   return LP_OK;
 }
 
+static lp_status cpu_gather_rows(const lp_tensor_backend *be, int64_t n,
+                                 int64_t cols, const float *x,
+                                 const int64_t *idx, const float *scale,
+                                 float *out) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) {
+    const float *src = x + idx[i] * cols;
+    float *dst = out + i * cols, a = scale ? scale[i] : 1.0f;
+    if (scale)
+      for (int64_t j = 0; j < cols; j++)
+        dst[j] = a * src[j];
+    else if (cols > 0)
+      memcpy(dst, src, (size_t)cols * sizeof(float));
+  }
+  return LP_OK;
+}
+
+static lp_status cpu_scatter_add_rows(const lp_tensor_backend *be, int64_t n,
+                                      int64_t cols, const float *x,
+                                      const int64_t *idx, const float *scale,
+                                      float *out) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) {
+    const float *src = x + i * cols;
+    float *dst = out + idx[i] * cols, a = scale ? scale[i] : 1.0f;
+    for (int64_t j = 0; j < cols; j++)
+      dst[j] += a * src[j];
+  }
+  return LP_OK;
+}
+
 static const lp_tensor_backend cpu_backend = {
     .name = "cpu",
     .host_accessible = 1,
@@ -211,6 +242,8 @@ static const lp_tensor_backend cpu_backend = {
     .act_backward = cpu_act_backward,
     .softmax_rows = cpu_softmax_rows,
     .sum_rows = cpu_sum_rows,
+    .gather_rows = cpu_gather_rows,
+    .scatter_add_rows = cpu_scatter_add_rows,
 };
 
 const lp_tensor_backend *lp_tensor_backend_cpu(void) { return &cpu_backend; }

@@ -79,6 +79,18 @@ struct lp_tensor_backend {
   /* out[c] = beta * out[c] + sum_r x[r*cols + c] (sums in row order). */
   lp_status (*sum_rows)(const lp_tensor_backend *be, int64_t rows, int64_t cols,
                         const float *x, float beta, float *out);
+  /* Row gather / scatter-add over rows of `cols` floats (MoE dispatch and
+   * combine). idx and scale are HOST arrays of n entries (scale NULL: 1);
+   * out and x do not alias.
+   *   gather_rows:      out[i] = scale[i] * x[idx[i]]        for i < n
+   *   scatter_add_rows: out[idx[i]] += scale[i] * x[i]       in order of i */
+  lp_status (*gather_rows)(const lp_tensor_backend *be, int64_t n,
+                           int64_t cols, const float *x, const int64_t *idx,
+                           const float *scale, float *out);
+  lp_status (*scatter_add_rows)(const lp_tensor_backend *be, int64_t n,
+                                int64_t cols, const float *x,
+                                const int64_t *idx, const float *scale,
+                                float *out);
 };
 
 /* The CPU backend: lp_malloc memory, OpenBLAS sgemm, plain loops. Static
@@ -214,6 +226,16 @@ lp_status lp_tensor_softmax_rows(lp_tensor *y, const lp_tensor *x);
 lp_status lp_tensor_gemm(lp_tensor *c, float alpha, const lp_tensor *a,
                          int trans_a, const lp_tensor *b, int trans_b,
                          float beta);
+
+/* Row gather / index-add (rows as in lp_tensor_rows_cols; out and x dense,
+ * same cols, no aliasing; idx, scale: host arrays, scale may be NULL).
+ * gather: out[i] = scale[i] * x[idx[i]] for every row i of out.
+ * index_add: out[idx[i]] += scale[i] * x[i] for every row i of x, in order.
+ * LP_ERR_ARG when an index is outside out's / x's rows. */
+lp_status lp_tensor_gather_rows(lp_tensor *out, const lp_tensor *x,
+                                const int64_t *idx, const float *scale);
+lp_status lp_tensor_index_add_rows(lp_tensor *out, const lp_tensor *x,
+                                   const int64_t *idx, const float *scale);
 
 /* ---- reductions and comparisons (host; double accumulation) ---- */
 lp_status lp_tensor_sum(const lp_tensor *t, double *out);

@@ -207,6 +207,38 @@ lp_status lp_tensor_softmax_rows(lp_tensor *y, const lp_tensor *x) {
   return BE(x)->softmax_rows(BE(x), rows, cols, x->data, y->data);
 }
 
+/* ---- row gather / index-add ---- */
+
+/* gather (scatter = 0): out[i] = scale[i] * x[idx[i]] over out's rows;
+ * scatter: out[idx[i]] += scale[i] * x[i] over x's rows. */
+static lp_status rows_op(int scatter, lp_tensor *out, const lp_tensor *x,
+                         const int64_t *idx, const float *scale) {
+  int64_t orows, oc, xrows, xc;
+  if (!out || !x || !one_backend(out, x)) return LP_ERR_ARG;
+  if (!lp_tensor_is_contiguous(out) || !lp_tensor_is_contiguous(x))
+    return LP_ERR_ARG;
+  lp_tensor_rows_cols(out, &orows, &oc);
+  lp_tensor_rows_cols(x, &xrows, &xc);
+  int64_t n = scatter ? xrows : orows, bound = scatter ? orows : xrows;
+  if (oc != xc || (n && !idx)) return LP_ERR_ARG;
+  for (int64_t i = 0; i < n; i++)
+    if (idx[i] < 0 || idx[i] >= bound) return LP_ERR_ARG;
+  const lp_tensor_backend *be = BE(out);
+  return scatter ? be->scatter_add_rows(be, n, oc, x->data, idx, scale,
+                                        out->data)
+                 : be->gather_rows(be, n, oc, x->data, idx, scale, out->data);
+}
+
+lp_status lp_tensor_gather_rows(lp_tensor *out, const lp_tensor *x,
+                                const int64_t *idx, const float *scale) {
+  return rows_op(0, out, x, idx, scale);
+}
+
+lp_status lp_tensor_index_add_rows(lp_tensor *out, const lp_tensor *x,
+                                   const int64_t *idx, const float *scale) {
+  return rows_op(1, out, x, idx, scale);
+}
+
 /* ---- GEMM ---- */
 
 typedef struct {

@@ -3,6 +3,8 @@
 --   local nn = require("luapipe.nn")
 --   local model = nn.sequential {
 --     nn.linear(16, 64), nn.gelu(), nn.mlp_block(64, 128), nn.linear(64, 4),
+--     -- or MoE: nn.moe{dim = 64, hidden = 32, experts = 8, topk = 2}, and for
+--     -- LMs nn.moe_block{dim =, heads =, hidden =, experts =, topk =, ...}
 --     loss = "mse",                       -- or "cross_entropy"
 --   }
 --   local part = model:partition { stages = 4, by = "layers", input_shape = {8, 16} }
@@ -40,8 +42,47 @@ end
 -- x + inner(x)
 function M.residual(inner) return { kind = "residual", inner = inner } end
 
+local moe_fields = { "dim", "hidden", "experts", "topk", "groups", "topk_groups", "shared",
+  "route_scale", "bias_speed", "router", "balance_alpha", "heads" }
+
+local function moe_spec(kind, t, level)
+  if type(t) ~= "table" then error("nn." .. kind .. " expects a table of options", level + 1) end
+  local spec = { kind = kind }
+  local known = {}
+  for _, k in ipairs(moe_fields) do known[k] = k ~= "heads" or kind == "moe_block"; spec[k] = t[k] end
+  for k in pairs(t) do
+    if not known[k] then error(string.format("nn.%s: unknown option '%s'", kind, tostring(k)), level + 1) end
+  end
+  for _, k in ipairs({ "dim", "hidden", "experts" }) do
+    if math.type(t[k]) ~= "integer" or t[k] < 1 then
+      error(string.format("nn.%s: '%s' must be a positive integer, got %s", kind, k, tostring(t[k])), level + 1)
+    end
+  end
+  spec.topk = spec.topk or 1
+  if spec.router and spec.router ~= "sigmoid" and spec.router ~= "softmax" then
+    error(string.format("nn.%s: router must be \"sigmoid\" or \"softmax\", got \"%s\"", kind,
+      tostring(spec.router)), level + 1)
+  end
+  if spec.topk > spec.experts then
+    error(string.format("nn.%s: topk (%d) is more than experts (%d)", kind, spec.topk, spec.experts), level + 1)
+  end
+  return spec
+end
+
+-- DeepSeek-V3-style mixture of experts, x [..., dim] -> same shape:
+-- nn.moe{dim =, hidden =, experts =, topk = 1, groups = 1, topk_groups = groups,
+--        shared = 0, route_scale = 1, bias_speed = 0, router = "sigmoid" | "softmax",
+--        balance_alpha = 0}
+-- (routed experts: SwiGLU FFNs of `hidden`; `shared` shared experts; see lp_nn.h)
+function M.moe(t) return moe_spec("moe", t, 2) end
+-- x + attn(rmsnorm(x)), then x + moe(rmsnorm(x)): nn.moe options plus heads
+function M.moe_block(t) return moe_spec("moe_block", t, 2) end
+
 local function describe(spec)
   if spec.kind == "linear" then return string.format("linear %d->%d", spec.din, spec.dout) end
+  if spec.kind == "moe" or spec.kind == "moe_block" then
+    return string.format("%s %d experts top-%d", spec.kind, spec.experts, spec.topk)
+  end
   return spec.kind
 end
 
@@ -63,6 +104,7 @@ local function out_shape(spec, s, i)
   elseif k == "embedding" then o[#o + 1] = spec.dim
   elseif k == "rmsnorm" then need(spec.dim)
   elseif k == "attention" or k == "mlp_block" or k == "transformer_block" then need(spec.d_model)
+  elseif k == "moe" or k == "moe_block" then need(spec.dim)
   elseif k == "residual" then
     local inner = out_shape(spec.inner, s, i)
     if fmt_shape(inner) ~= fmt_shape(s) then

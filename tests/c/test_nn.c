@@ -29,6 +29,10 @@
 #define ATOL 1e-3
 #define EPS 1e-2f
 
+/* The finite-difference step (MoE tests use a smaller one so that no
+ * perturbation changes which experts a token selects). */
+static float g_eps = EPS;
+
 static lp_tensor *randn(int ndim, const int64_t *shape, uint64_t seed) {
   lp_tensor *t = NULL;
   assert_int_equal(lp_tensor_empty(NULL, ndim, shape, &t), LP_OK);
@@ -89,12 +93,12 @@ static double *numgrad(objective f, void *ud, lp_tensor *t) {
   double *g = malloc(sizeof(double) * (size_t)(n ? n : 1));
   for (int64_t i = 0; i < n; i++) {
     float save = t->data[i];
-    t->data[i] = save + EPS;
+    t->data[i] = save + g_eps;
     double fp = f(ud);
-    t->data[i] = save - EPS;
+    t->data[i] = save - g_eps;
     double fm = f(ud);
     t->data[i] = save;
-    g[i] = (fp - fm) / (2.0 * (double)EPS);
+    g[i] = (fp - fm) / (2.0 * (double)g_eps);
   }
   return g;
 }
@@ -104,7 +108,8 @@ static double *numgrad(objective f, void *ud, lp_tensor *t) {
 typedef struct {
   lp_nn_layer *l;
   lp_tensor *x, *r, *targets;
-  int loss; /* 0: dot with r; 1: cross-entropy against targets */
+  int loss;            /* 0: dot with r; 1: cross-entropy against targets */
+  lp_nn_layer *aux;    /* an MoE whose balance loss is part of L, or NULL */
 } probe;
 
 static double probe_eval(void *ud) {
@@ -117,6 +122,7 @@ static double probe_eval(void *ud) {
                      LP_OK);
   else
     assert_int_equal(lp_tensor_dot(y, p->r, &v), LP_OK);
+  if (p->aux) v += lp_nn_moe_aux_loss(p->aux);
   lp_tensor_free(y);
   return v;
 }
@@ -827,6 +833,524 @@ static void test_errors(void **state) {
   lp_nn_ctx_free(c);
 }
 
+/* ---- mixture of experts ---- */
+
+static lp_nn_moe_opts moe_opts(int64_t d, int64_t h, int e, int k) {
+  lp_nn_moe_opts o = {0};
+  o.dim = d, o.hidden = h, o.experts = e, o.topk = k;
+  return o;
+}
+
+/* Gradient checks of the MoE layer: sigmoid router with group-limited
+ * top-k, bias, route scale and a shared expert; softmax router with the
+ * balance loss (part of L through probe.aux); top-1 without shared. */
+static void test_grad_moe(void **state) {
+  (void)state;
+  g_eps = 2e-3f;
+  for (int variant = 0; variant < 3; variant++) {
+    lp_nn_moe_opts o = moe_opts(6, 5, 8, 2);
+    if (variant == 0) {
+      o.groups = 4, o.topk_groups = 2, o.shared = 1, o.route_scale = 2.5f;
+    } else if (variant == 1) {
+      o.router = LP_NN_ROUTER_SOFTMAX, o.balance_alpha = 0.3f;
+    } else {
+      o.topk = 1, o.experts = 4;
+    }
+    probe p = {0};
+    assert_int_equal(lp_nn_moe_new("moe", &o, 11, &p.l), LP_OK);
+    float bias[8] = {0.05f, -0.1f, 0.0f, 0.2f, -0.05f, 0.1f, 0.0f, -0.2f};
+    assert_int_equal(lp_nn_moe_set_bias(p.l, bias), LP_OK);
+    p.x = randn(3, SH(2, 3, 6), 21 + (uint64_t)variant);
+    if (variant == 1) p.aux = p.l;
+    const char *labels[3] = {"moe sigmoid+groups+shared",
+                             "moe softmax+balance loss", "moe top-1"};
+    gradcheck(labels[variant], &p, 1);
+    if (variant == 1) assert_true(lp_nn_moe_aux_loss(p.l) > 0.0);
+    size_t np;
+    lp_nn_params(p.l, &np);
+    assert_int_equal(np, (size_t)(1 + (o.shared ? 3 : 0) + 3 * o.experts));
+    probe_done(&p);
+  }
+  g_eps = EPS;
+}
+
+/* The MoE transformer block (attention + MoE, pre-norm residuals). */
+static void test_grad_moe_block(void **state) {
+  (void)state;
+  g_eps = 2e-3f;
+  lp_nn_moe_opts o = moe_opts(8, 6, 4, 2);
+  o.shared = 1;
+  probe p = {0};
+  assert_int_equal(lp_nn_moe_block_new("blocks.0", 2, &o, 3, &p.l), LP_OK);
+  p.x = randn(3, SH(2, 3, 8), 31);
+  gradcheck("moe block", &p, 1);
+  size_t np;
+  const lp_nn_param *ps = lp_nn_params(p.l, &np);
+  assert_string_equal(ps[0].name, "blocks.0.attn_norm.weight");
+  assert_string_equal(ps[5].name, "blocks.0.moe_norm.weight");
+  assert_string_equal(ps[6].name, "blocks.0.moe.router.weight");
+  assert_string_equal(ps[10].name, "blocks.0.moe.experts.0.w1");
+  assert_int_equal(lp_nn_moe_count(p.l), 1);
+  assert_string_equal(lp_nn_layer_name(lp_nn_moe_find(p.l, 0)),
+                      "blocks.0.moe");
+  assert_null(lp_nn_moe_find(p.l, 1));
+  probe_done(&p);
+  g_eps = EPS;
+}
+
+/* ---- expert parallelism without MPI: k "ranks" in one process ----
+ * A collective completes when the last rank starts it: every rank's send
+ * blocks are copied into every rank's receive buffers. Waiting on one that
+ * not all ranks have started is a deadlock in real life: an error here. */
+
+#define FAKE_MAX 8
+#define FAKE_COLLS 64
+
+typedef struct fake_coll {
+  const float *send[FAKE_MAX];
+  const size_t *sc[FAKE_MAX], *rc[FAKE_MAX];
+  float *recv[FAKE_MAX];
+  int joined;
+} fake_coll;
+
+typedef struct fake_world {
+  int k;
+  int started[FAKE_MAX];
+  fake_coll coll[FAKE_COLLS];
+  long floats_moved;
+} fake_world;
+
+typedef struct fake_rank {
+  fake_world *w;
+  int rank;
+} fake_rank;
+
+static size_t displ(const size_t *counts, int upto) {
+  size_t d = 0;
+  for (int i = 0; i < upto; i++)
+    d += counts[i];
+  return d;
+}
+
+static lp_status fake_start(void *ud, const float *send, const size_t *sc,
+                            float *recv, const size_t *rc, void **handle) {
+  fake_rank *fr = ud;
+  fake_world *w = fr->w;
+  int n = w->started[fr->rank]++;
+  assert_true(n < FAKE_COLLS);
+  fake_coll *c = &w->coll[n];
+  c->send[fr->rank] = send, c->sc[fr->rank] = sc;
+  c->recv[fr->rank] = recv, c->rc[fr->rank] = rc;
+  if (++c->joined == w->k) {
+    for (int s = 0; s < w->k; s++)
+      for (int r = 0; r < w->k; r++) {
+        assert_int_equal(c->sc[s][r], c->rc[r][s]);
+        if (c->sc[s][r])
+          memcpy(c->recv[r] + displ(c->rc[r], s),
+                 c->send[s] + displ(c->sc[s], r), c->sc[s][r] * sizeof(float));
+        w->floats_moved += (long)c->sc[s][r];
+      }
+  }
+  *handle = (void *)(intptr_t)(n + 1);
+  return LP_OK;
+}
+
+static lp_status fake_wait(void *ud, void *handle, const char *what) {
+  fake_rank *fr = ud;
+  fake_coll *c = &fr->w->coll[(intptr_t)handle - 1];
+  assert_non_null(what);
+  return c->joined == fr->w->k ? LP_OK : LP_ERR_ARG;
+}
+
+/* Runs the begun passes of k ranks round-robin to the end; rank 0's phase
+ * names along the way into names (when given). */
+static void drive(lp_nn_layer **ls, lp_nn_ctx **cs, int k, lp_tensor **outs,
+                  char *names, size_t n) {
+  int done[FAKE_MAX] = {0}, left = k;
+  if (names) snprintf(names, n, "%s", lp_nn_phase_name(cs[0]));
+  while (left) {
+    for (int r = 0; r < k; r++) {
+      if (done[r]) continue;
+      int d = 0;
+      assert_int_equal(lp_nn_advance(ls[r], cs[r], &d, &outs[r]), LP_OK);
+      if (r == 0 && names) {
+        size_t len = strlen(names);
+        snprintf(names + len, n - len, " %s%s", lp_nn_phase_name(cs[0]),
+                 lp_nn_ctx_exchange_pending(cs[0]) ? "*" : "");
+      }
+      if (d) done[r] = 1, left--;
+    }
+  }
+}
+
+/* max |a - b| / max |b| over the rows [r0, r0 + a's rows) of b. */
+static double rel_rows(const lp_tensor *a, const lp_tensor *b, int64_t r0) {
+  int64_t rows, cols;
+  lp_tensor_rows_cols(a, &rows, &cols);
+  double mx = 0, d = 0;
+  for (int64_t i = 0; i < lp_tensor_numel(b); i++)
+    mx = fmax(mx, fabs(b->data[i]));
+  for (int64_t i = 0; i < rows * cols; i++)
+    d = fmax(d, fabs(a->data[i] - b->data[r0 * cols + i]));
+  return d / fmax(mx, 1e-30);
+}
+
+/* Compares the EP = k run of `build` (placement phys_to_log with spr
+ * slots per rank, or the default when NULL) against EP = 1: outputs, input
+ * grads, summed param grads by name, expert loads. Returns the fake
+ * world's moved floats. block: the layer is an MoE block (else an MoE). */
+static long ep_check(int k, int block, int spr, const int *p2l,
+                     const char *fwd_names, const char *bwd_names) {
+  lp_nn_moe_opts o = moe_opts(8, 6, 6, 2);
+  o.shared = 1, o.groups = 3, o.topk_groups = 2, o.route_scale = 1.5f;
+  int64_t B = 6, T = 4, D = 8, Bk = B / k;
+  lp_nn_layer *ref = NULL, *ls[FAKE_MAX] = {NULL};
+  if (block)
+    assert_int_equal(lp_nn_moe_block_new("b", 2, &o, 5, &ref), LP_OK);
+  else
+    assert_int_equal(lp_nn_moe_new("b.moe", &o, 5, &ref), LP_OK);
+  lp_tensor *x = randn(3, SH(B, T, D), 41), *dy = randn(3, SH(B, T, D), 42);
+  lp_nn_ctx *c0 = NULL, *cs[FAKE_MAX] = {NULL};
+  lp_tensor *y0 = NULL, *dx0 = NULL, *ys[FAKE_MAX] = {NULL},
+            *dxs[FAKE_MAX] = {NULL}, *xs[FAKE_MAX], *dys[FAKE_MAX];
+  assert_int_equal(lp_nn_ctx_new(&c0), LP_OK);
+  assert_int_equal(lp_nn_forward(ref, c0, x, &y0), LP_OK);
+  assert_int_equal(lp_nn_backward(ref, c0, dy, &dx0), LP_OK);
+
+  fake_world w = {0};
+  fake_rank fr[FAKE_MAX];
+  w.k = k;
+  for (int r = 0; r < k; r++) {
+    fr[r] = (fake_rank){&w, r};
+    lp_nn_ep ep = {k, r, &fr[r], fake_start, fake_wait};
+    if (block)
+      assert_int_equal(lp_nn_moe_block_new("b", 2, &o, 5, &ls[r]), LP_OK);
+    else
+      assert_int_equal(lp_nn_moe_new("b.moe", &o, 5, &ls[r]), LP_OK);
+    assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
+    if (p2l)
+      assert_int_equal(
+          lp_nn_moe_set_placement(lp_nn_moe_find(ls[r], 0), spr, p2l), LP_OK);
+    assert_int_equal(lp_nn_ctx_new(&cs[r]), LP_OK);
+    assert_int_equal(lp_tensor_rows(x, r * Bk, Bk, &xs[r]), LP_OK);
+    assert_int_equal(lp_tensor_rows(dy, r * Bk, Bk, &dys[r]), LP_OK);
+    assert_int_equal(lp_nn_forward_begin(ls[r], cs[r], xs[r]), LP_OK);
+  }
+  char names[256];
+  drive(ls, cs, k, ys, names, sizeof names);
+  printf("# ep=%d forward phases: %s\n", k, names);
+  if (fwd_names) assert_string_equal(names, fwd_names);
+  for (int r = 0; r < k; r++) {
+    double e = rel_rows(ys[r], y0, r * Bk * T);
+    printf("# ep=%d rank %d: y rel err %.2e\n", k, r, e);
+    assert_true(e <= 1e-5);
+    assert_int_equal(lp_nn_input_grad_begin(ls[r], cs[r], dys[r]), LP_OK);
+  }
+  drive(ls, cs, k, dxs, names, sizeof names);
+  printf("# ep=%d input-grad phases: %s\n", k, names);
+  if (bwd_names) assert_string_equal(names, bwd_names);
+  for (int r = 0; r < k; r++) {
+    double e = rel_rows(dxs[r], dx0, r * Bk * T);
+    assert_true(e <= 1e-5);
+    assert_int_equal(lp_nn_weight_grad(ls[r], cs[r], NULL), LP_OK);
+  }
+  /* every reference grad = the sum of the same-named grads on all ranks */
+  size_t n0;
+  const lp_nn_param *p0 = lp_nn_params(ref, &n0);
+  double worst = 0;
+  for (size_t i = 0; i < n0; i++) {
+    lp_tensor *sum = NULL;
+    assert_int_equal(lp_tensor_zeros_like(p0[i].grad, &sum), LP_OK);
+    int holders = 0;
+    for (int r = 0; r < k; r++) {
+      size_t n;
+      const lp_nn_param *ps = lp_nn_params(ls[r], &n);
+      for (size_t j = 0; j < n; j++)
+        if (strcmp(ps[j].name, p0[i].name) == 0) {
+          assert_int_equal(lp_tensor_axpy(sum, 1.0f, ps[j].grad), LP_OK);
+          holders++;
+        }
+    }
+    assert_true(holders >= 1);
+    double e = rel_rows(sum, p0[i].grad, 0);
+    if (e > 1e-5) printf("  grad %s: rel err %.2e\n", p0[i].name, e);
+    assert_true(e <= 1e-5);
+    worst = fmax(worst, e);
+    lp_tensor_free(sum);
+  }
+  printf("# ep=%d: %zu param grads, worst rel err %.2e\n", k, n0, worst);
+  /* roles name the routed experts' params and nothing else */
+  for (int r = 0; r < k; r++) {
+    size_t n;
+    const lp_nn_param *ps = lp_nn_params(ls[r], &n);
+    lp_nn_param_role *roles = calloc(n, sizeof *roles);
+    assert_int_equal(lp_nn_param_roles(ls[r], roles, n), LP_OK);
+    int experts = 0, holders = lp_nn_moe_slots_per_rank(lp_nn_moe_find(ls[r], 0));
+    for (size_t j = 0; j < n; j++) {
+      char want[64];
+      snprintf(want, sizeof want, ".experts.%d.", roles[j].expert);
+      assert_int_equal(roles[j].expert >= 0, strstr(ps[j].name, ".experts.") != NULL);
+      if (roles[j].expert >= 0) assert_non_null(strstr(ps[j].name, want)), experts++;
+      assert_int_equal(roles[j].moe >= 0, strstr(ps[j].name, ".moe.") != NULL);
+    }
+    assert_int_equal(experts, 3 * holders);
+    free(roles);
+  }
+  /* loads: the ranks' counts add up to the reference's */
+  int64_t l0[8], lr[8], tot[8] = {0};
+  assert_int_equal(lp_nn_moe_expert_load(lp_nn_moe_find(ref, 0), l0), LP_OK);
+  for (int r = 0; r < k; r++) {
+    assert_int_equal(lp_nn_moe_expert_load(lp_nn_moe_find(ls[r], 0), lr),
+                     LP_OK);
+    for (int e = 0; e < o.experts; e++)
+      tot[e] += lr[e];
+  }
+  for (int e = 0; e < o.experts; e++)
+    assert_int_equal(tot[e], l0[e]);
+  for (int r = 0; r < k; r++) {
+    lp_nn_ctx_free(cs[r]);
+    lp_nn_layer_release(ls[r]);
+    lp_tensor_free(ys[r]), lp_tensor_free(dxs[r]);
+    lp_tensor_free(xs[r]), lp_tensor_free(dys[r]);
+  }
+  lp_nn_ctx_free(c0);
+  lp_nn_layer_release(ref);
+  lp_tensor_free(x), lp_tensor_free(dy), lp_tensor_free(y0),
+      lp_tensor_free(dx0);
+  return w.floats_moved;
+}
+
+static void test_moe_ep_equivalence(void **state) {
+  (void)state;
+  /* k = 2, default placement (3 experts per rank) */
+  long moved = ep_check(2, 0, 0, NULL,
+                        "attn/dense dispatch* experts* combine* done",
+                        "attn/dense experts* dispatch* done");
+  assert_true(moved > 0);
+  /* k = 2 with redundant replicas of experts 0 and 4 */
+  const int r2[] = {0, 1, 2, 4, 3, 4, 5, 0};
+  ep_check(2, 0, 4, r2, NULL, NULL);
+  /* k = 3: default, then replicas (expert 1 on every rank) */
+  ep_check(3, 0, 0, NULL, NULL, NULL);
+  const int r3[] = {5, 1, 0, 1, 2, 3, 4, 1, 3};
+  ep_check(3, 0, 3, r3, NULL, NULL);
+  /* the MoE block (attention before the exchanges) on 2 and 3 ranks */
+  ep_check(2, 1, 4, r2,
+           "attn/dense dispatch* experts* combine* done",
+           "attn/dense experts* dispatch* done");
+  ep_check(3, 1, 3, r3, NULL, NULL);
+}
+
+/* Moving expert weights to a new placement: export every slot's values
+ * by logical expert, apply the new placement, import into the slots this
+ * rank did not hold before; the outputs are unchanged. */
+static void test_moe_placement_move(void **state) {
+  (void)state;
+  enum { K = 2 };
+  lp_nn_moe_opts o = moe_opts(8, 6, 4, 2);
+  fake_world w = {0};
+  fake_rank fr[K];
+  w.k = K;
+  lp_nn_layer *ls[K];
+  lp_nn_ctx *cs[K];
+  lp_tensor *xs[K], *y1[K] = {NULL}, *y2[K] = {NULL};
+  const int p1[] = {0, 1, 2, 3}, p2[] = {3, 0, 2, 1, 0, 3};
+  lp_tensor *saved[4][3] = {{NULL}};
+  for (int r = 0; r < K; r++) {
+    fr[r] = (fake_rank){&w, r};
+    lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
+    assert_int_equal(lp_nn_moe_new("moe", &o, 9, &ls[r]), LP_OK);
+    assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
+    assert_int_equal(lp_nn_moe_set_placement(ls[r], 2, p1), LP_OK);
+    /* "trained" weights: not what a fresh slot would get */
+    size_t n;
+    const lp_nn_param *ps = lp_nn_params(ls[r], &n);
+    for (size_t i = 1; i < n; i++) {
+      lp_tensor *d = randn(2, ps[i].value->shape, 100 + i);
+      assert_int_equal(lp_tensor_axpy(ps[i].value, 0.5f, d), LP_OK);
+      lp_tensor_free(d);
+    }
+    /* export by logical expert */
+    for (int s = r * 2; s < r * 2 + 2; s++) {
+      const lp_nn_param *sp;
+      int m;
+      assert_int_equal(lp_nn_moe_slot_params(ls[r], s, &sp, &m), LP_OK);
+      assert_int_equal(m, 3);
+      for (int i = 0; i < 3; i++)
+        saved[p1[s]][i] = like(sp[i].value);
+    }
+    const lp_nn_param *sp;
+    int m;
+    assert_int_equal(lp_nn_moe_slot_params(ls[r], (r + 1) % K * 2, &sp, &m),
+                     LP_ERR_ARG);
+    assert_int_equal(lp_nn_ctx_new(&cs[r]), LP_OK);
+    xs[r] = randn(2, SH(10, 8), 60 + (uint64_t)r);
+  }
+  /* the router is replicated: both ranks use rank 0's */
+  assert_int_equal(lp_tensor_copy(lp_nn_params(ls[1], NULL)[0].value,
+                                  lp_nn_params(ls[0], NULL)[0].value),
+                   LP_OK);
+  for (int r = 0; r < K; r++)
+    assert_int_equal(lp_nn_forward_begin(ls[r], cs[r], xs[r]), LP_OK);
+  drive(ls, cs, K, y1, NULL, 0);
+  for (int r = 0; r < K; r++) {
+    lp_nn_ctx_clear(cs[r]);
+    assert_int_equal(lp_nn_moe_set_placement(ls[r], 3, p2), LP_OK);
+    int got[6];
+    assert_int_equal(lp_nn_moe_slots_per_rank(ls[r]), 3);
+    assert_int_equal(lp_nn_moe_placement(ls[r], got), LP_OK);
+    assert_memory_equal(got, p2, sizeof got);
+    for (int s = r * 3; s < r * 3 + 3; s++) {
+      const lp_nn_param *sp;
+      int m;
+      assert_int_equal(lp_nn_moe_slot_params(ls[r], s, &sp, &m), LP_OK);
+      char want[64];
+      snprintf(want, sizeof want, "moe.experts.%d.w1", p2[s]);
+      assert_string_equal(sp[0].name, want);
+      /* an expert this rank held keeps its values without an import */
+      int held = p2[s] / 2 == r;
+      if (s == r * 3) { /* roles: router dense, slots by slot and expert */
+        lp_nn_param_role roles[1 + 9];
+        assert_int_equal(lp_nn_param_roles(ls[r], roles, 10), LP_OK);
+        assert_true(roles[0].moe == 0 && roles[0].slot == -1 &&
+                    roles[0].expert == -1);
+        for (int i = 1; i < 10; i++)
+          assert_true(roles[i].moe == 0 && roles[i].slot == r * 3 + (i - 1) / 3 &&
+                      roles[i].expert == p2[r * 3 + (i - 1) / 3]);
+        assert_int_equal(lp_nn_param_roles(ls[r], roles, 9), LP_ERR_ARG);
+      }
+      if (held) assert_true(lp_tensor_equal(sp[0].value, saved[p2[s]][0]));
+      for (int i = 0; i < 3; i++)
+        assert_int_equal(lp_tensor_copy(sp[i].value, saved[p2[s]][i]), LP_OK);
+    }
+    assert_int_equal(lp_nn_forward_begin(ls[r], cs[r], xs[r]), LP_OK);
+  }
+  drive(ls, cs, K, y2, NULL, 0);
+  for (int r = 0; r < K; r++) {
+    double e = rel_rows(y2[r], y1[r], 0);
+    printf("# placement move: rank %d y rel err %.2e\n", r, e);
+    assert_true(e <= 1e-6);
+  }
+  for (int r = 0; r < K; r++) {
+    lp_nn_ctx_free(cs[r]);
+    lp_nn_layer_release(ls[r]);
+    lp_tensor_free(xs[r]), lp_tensor_free(y1[r]), lp_tensor_free(y2[r]);
+  }
+  for (int e = 0; e < 4; e++)
+    for (int i = 0; i < 3; i++)
+      lp_tensor_free(saved[e][i]);
+}
+
+/* Loads, the balancing bias and bad input. */
+static void test_moe_bias_and_errors(void **state) {
+  (void)state;
+  lp_nn_moe_opts o = moe_opts(8, 4, 4, 2);
+  o.bias_speed = 0.01f;
+  lp_nn_layer *m = NULL;
+  lp_nn_ctx *c = NULL;
+  lp_tensor *y = NULL;
+  assert_int_equal(lp_nn_moe_new("blocks.1.moe", &o, 1, &m), LP_OK);
+  assert_string_equal(lp_nn_layer_kind(m), "moe");
+  lp_tensor *x = randn(2, SH(5, 8), 3);
+  assert_int_equal(lp_nn_forward(m, NULL, x, &y), LP_OK);
+  int64_t load[4], total = 0;
+  assert_int_equal(lp_nn_moe_expert_load(m, load), LP_OK);
+  for (int e = 0; e < 4; e++)
+    total += load[e];
+  assert_int_equal(total, 10); /* 5 tokens x top-2 */
+  lp_nn_moe_load_reset(m);
+  assert_int_equal(lp_nn_moe_expert_load(m, load), LP_OK);
+  assert_int_equal(load[0] + load[1] + load[2] + load[3], 0);
+  const int64_t counts[4] = {10, 2, 5, 5}; /* mean 5.5 */
+  assert_int_equal(lp_nn_moe_update_bias(m, counts), LP_OK);
+  float b[4];
+  assert_int_equal(lp_nn_moe_get_bias(m, b), LP_OK);
+  assert_true(b[0] == -0.01f && b[1] == 0.01f && b[2] == 0.01f &&
+              b[3] == 0.01f);
+  /* a big enough bias takes every token to experts 2 and 3 */
+  const float big[4] = {0, 0, 5, 5};
+  assert_int_equal(lp_nn_moe_set_bias(m, big), LP_OK);
+  lp_tensor_free(y);
+  assert_int_equal(lp_nn_forward(m, NULL, x, &y), LP_OK);
+  assert_int_equal(lp_nn_moe_expert_load(m, load), LP_OK);
+  assert_true(load[0] == 0 && load[1] == 0 && load[2] == 5 && load[3] == 5);
+
+  assert_int_equal(lp_nn_ctx_new(&c), LP_OK);
+  lp_tensor *bad = randn(2, SH(3, 5), 4);
+  lp_tensor_free(y);
+  assert_int_equal(lp_nn_forward(m, c, bad, &y), LP_ERR_ARG);
+  assert_null(y);
+  assert_string_equal(lp_nn_ctx_last_error(c),
+                      "layer blocks.1.moe (moe): input must be [tokens, 8] or "
+                      "[batch, seq, 8], got [3, 5]");
+  assert_int_equal(lp_nn_ctx_stage_of(c), LP_NN_CTX_EMPTY);
+  assert_string_equal(lp_nn_phase_name(c), "done");
+  /* begin twice, advance without begin */
+  assert_int_equal(lp_nn_forward_begin(m, c, x), LP_OK);
+  assert_string_equal(lp_nn_phase_name(c), "attn/dense");
+  assert_int_equal(lp_nn_forward_begin(m, c, x), LP_ERR_ARG);
+  assert_non_null(strstr(lp_nn_ctx_last_error(c), "is still running"));
+  lp_nn_ctx_clear(c);
+  int d;
+  assert_int_equal(lp_nn_advance(m, c, &d, &y), LP_ERR_ARG);
+  assert_non_null(strstr(lp_nn_ctx_last_error(c), "no pass of this layer"));
+
+  /* bad options and placements */
+  lp_nn_layer *l2 = NULL;
+  lp_nn_moe_opts bo = moe_opts(8, 4, 4, 5); /* topk > experts */
+  assert_int_equal(lp_nn_moe_new("x", &bo, 1, &l2), LP_ERR_ARG);
+  bo = moe_opts(8, 4, 6, 2);
+  bo.groups = 4; /* 6 experts in 4 groups */
+  assert_int_equal(lp_nn_moe_new("x", &bo, 1, &l2), LP_ERR_ARG);
+  bo.groups = 3, bo.topk_groups = 1, bo.topk = 3; /* 1 group of 2 < top-3 */
+  assert_int_equal(lp_nn_moe_new("x", &bo, 1, &l2), LP_ERR_ARG);
+  assert_null(l2);
+  const int missing[] = {0, 1, 1, 3}; /* expert 2 nowhere */
+  assert_int_equal(lp_nn_moe_set_placement(m, 4, missing), LP_ERR_ARG);
+  const int out_of_range[] = {0, 1, 2, 4};
+  assert_int_equal(lp_nn_moe_set_placement(m, 4, out_of_range), LP_ERR_ARG);
+  lp_nn_ep ep = {2, 2, NULL, fake_start, fake_wait}; /* rank >= size */
+  assert_int_equal(lp_nn_set_ep(m, &ep), LP_ERR_ARG);
+  assert_null(lp_nn_moe_get_opts(NULL));
+  assert_int_equal(lp_nn_moe_get_opts(m)->experts, 4);
+
+  lp_tensor_free(x), lp_tensor_free(bad);
+  lp_nn_ctx_free(c);
+  lp_nn_layer_release(m);
+}
+
+/* F, I, W of an MoE block with a shared expert, every allocation failing
+ * in turn: LP_ERR_NOMEM, nothing leaked, the ctx left EMPTY. */
+static lp_status moe_scenario(void) {
+  lp_nn_layer *l = NULL;
+  lp_nn_ctx *c = NULL;
+  lp_tensor *x = NULL, *y = NULL, *dx = NULL;
+  lp_nn_moe_opts o = moe_opts(4, 3, 4, 2);
+  o.shared = 1, o.groups = 2, o.topk_groups = 1;
+  lp_status st;
+  LP_CHECK_GOTO(lp_nn_moe_block_new("b", 2, &o, 1, &l), st, done);
+  LP_CHECK_GOTO(lp_nn_ctx_new(&c), st, done);
+  LP_CHECK_GOTO(lp_tensor_zeros(NULL, 3, SH(2, 3, 4), &x), st, done);
+  LP_CHECK_GOTO(lp_tensor_fill(x, 0.5f), st, done);
+  st = lp_nn_forward(l, c, x, &y);
+  if (st == LP_OK) st = lp_nn_input_grad(l, c, y, &dx);
+  if (st == LP_OK) st = lp_nn_weight_grad(l, c, NULL);
+  if (st != LP_OK) assert_int_equal(lp_nn_ctx_stage_of(c), LP_NN_CTX_EMPTY);
+done:
+  lp_nn_layer_release(l);
+  lp_nn_ctx_free(c);
+  lp_tensor_free(x), lp_tensor_free(y), lp_tensor_free(dx);
+  return st;
+}
+
+static void test_moe_oom(void **state) {
+  (void)state;
+  int failures = lp_test_oom_points(moe_scenario, 100000);
+  printf("# moe oom: %d failure points, all LP_ERR_NOMEM, no leaks\n",
+         failures);
+  assert_true(failures > 50);
+}
+
 /* ---- out of memory ---- */
 
 /* Build a 1-block LM, run F, loss, I, W for two micro-batches and one
@@ -909,6 +1433,12 @@ int main(void) {
       cmocka_unit_test(test_training_converges),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_oom),
+      cmocka_unit_test(test_grad_moe),
+      cmocka_unit_test(test_grad_moe_block),
+      cmocka_unit_test(test_moe_ep_equivalence),
+      cmocka_unit_test(test_moe_placement_move),
+      cmocka_unit_test(test_moe_bias_and_errors),
+      cmocka_unit_test(test_moe_oom),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -240,6 +240,38 @@ static void test_strided_ops(void **state) {
   lp_tensor_free(at), lp_tensor_free(bt), lp_tensor_free(ot);
 }
 
+/* Row gather (with and without per-row scale) and index-add (repeated
+ * indices accumulate in order); bad indices and widths are LP_ERR_ARG. */
+static void test_gather_index_add(void **state) {
+  (void)state;
+  lp_tensor *x = randn(2, SH(4, 3), 8), *g = NULL, *acc = NULL;
+  const int64_t idx[5] = {2, 0, 2, 3, 1};
+  const float sc[5] = {1.0f, -2.0f, 0.5f, 3.0f, 0.0f};
+  assert_int_equal(lp_tensor_empty(NULL, 2, SH(5, 3), &g), LP_OK);
+  assert_int_equal(lp_tensor_gather_rows(g, x, idx, NULL), LP_OK);
+  for (int i = 0; i < 5; i++)
+    assert_memory_equal(g->data + i * 3, x->data + idx[i] * 3, 3 * sizeof(float));
+  assert_int_equal(lp_tensor_gather_rows(g, x, idx, sc), LP_OK);
+  for (int i = 0; i < 15; i++)
+    assert_true(g->data[i] == sc[i / 3] * x->data[idx[i / 3] * 3 + i % 3]);
+  assert_int_equal(lp_tensor_zeros(NULL, 2, SH(4, 3), &acc), LP_OK);
+  assert_int_equal(lp_tensor_index_add_rows(acc, g, idx, sc), LP_OK);
+  for (int c = 0; c < 3; c++) {
+    float want = 0.0f; /* row 2 gets rows 0 and 2 of g, in that order */
+    want += sc[0] * g->data[0 * 3 + c];
+    want += sc[2] * g->data[2 * 3 + c];
+    assert_true(acc->data[2 * 3 + c] == want);
+    assert_true(acc->data[1 * 3 + c] == 0.0f); /* scale 0 */
+  }
+  const int64_t bad[5] = {0, 1, 4, 0, 0};
+  assert_int_equal(lp_tensor_gather_rows(g, x, bad, NULL), LP_ERR_ARG);
+  assert_int_equal(lp_tensor_index_add_rows(acc, g, bad, NULL), LP_ERR_ARG);
+  lp_tensor *w = NULL;
+  assert_int_equal(lp_tensor_empty(NULL, 2, SH(5, 2), &w), LP_OK);
+  assert_int_equal(lp_tensor_gather_rows(w, x, idx, NULL), LP_ERR_ARG);
+  lp_tensor_free(x), lp_tensor_free(g), lp_tensor_free(acc), lp_tensor_free(w);
+}
+
 static void test_rows_ops(void **state) {
   (void)state;
   lp_tensor *x = randn(3, SH(2, 3, 7), 6), *v = randn(1, SH(7), 7), *o = NULL;
@@ -476,6 +508,7 @@ int main(void) {
       cmocka_unit_test(test_elementwise),
       cmocka_unit_test(test_strided_ops),
       cmocka_unit_test(test_rows_ops),
+      cmocka_unit_test(test_gather_index_add),
       cmocka_unit_test(test_gemm),
       cmocka_unit_test(test_gemm_views_and_errors),
       cmocka_unit_test(test_backend_batched_gemm),

@@ -103,19 +103,24 @@ function test_partition_by_cost()
   for s = 2, 4 do lu.assertEquals(q.bounds[s].first, q.bounds[s - 1].last + 1) end
 end
 
-function test_split_does_not_change_init()
-  local m = mlp()
+-- Every stage of the partition starts with the full model's numbers.
+local function assert_split_init(m, popts)
   local full = {}
   for _, p in ipairs(m:build(3):params()) do full[p.name] = p.value end
-  local part = m:partition { stages = 4 }
+  local part = m:partition(popts)
   local n = 0
-  for s = 0, 3 do
+  for s = 0, part.stages - 1 do
     for _, p in ipairs(m:build_stage(part, s, 3):params()) do
       lu.assertEquals(p.value, full[p.name])
       n = n + 1
     end
   end
   lu.assertEquals(n, #m:build(3):params())
+  return part
+end
+
+function test_split_does_not_change_init()
+  assert_split_init(mlp(), { stages = 4 })
 end
 
 function test_train_one_rank_matches_reference()
@@ -186,6 +191,122 @@ function test_exec_new_error_releases_build()
   collectgarbage()
   collectgarbage()
   lu.assertTrue(collected, "the build function stayed referenced after the error")
+end
+
+-- ---- mixture of experts ----
+
+-- A small character-level MoE LM: two MoE transformer blocks (a sigmoid
+-- router with groups and a shared expert; a softmax router with the
+-- balance loss) between an embedding and the head.
+local text = "the quick brown fox jumps over the lazy dog; pack my box with five dozen jugs. "
+local chars, index = {}, {}
+for c in text:gmatch(".") do
+  if not index[c] then chars[#chars + 1] = c; index[c] = true end
+end
+table.sort(chars)
+for i, c in ipairs(chars) do index[c] = i - 1 end
+local V, T = #chars, 8
+
+local function moe_lm()
+  return nn.sequential {
+    nn.embedding(V, 16),
+    nn.moe_block { dim = 16, heads = 2, hidden = 16, experts = 4, topk = 2, groups = 2,
+      topk_groups = 1, shared = 1, route_scale = 1.5, bias_speed = 0.001 },
+    nn.moe_block { dim = 16, heads = 2, hidden = 16, experts = 4, topk = 2, router = "softmax",
+      balance_alpha = 0.01 },
+    nn.rmsnorm(16), nn.linear(16, V),
+    loss = "cross_entropy",
+  }
+end
+
+local function char_data(step, mb)
+  local x, y = {}, {}
+  for b = 0, 1 do
+    local start = (step * 7 + mb * 13 + b * 29) % (#text - T - 1)
+    for i = 1, T do
+      x[b * T + i] = index[text:sub(start + i, start + i)]
+      y[b * T + i] = index[text:sub(start + i + 1, start + i + 1)]
+    end
+  end
+  return nn.tensor({ 2, T }, x), nn.tensor({ 2, T }, y)
+end
+
+function test_moe_spec()
+  local s = nn.moe { dim = 8, hidden = 4, experts = 4, topk = 2, router = "softmax" }
+  lu.assertEquals(s.kind, "moe")
+  lu.assertEquals(s.topk, 2)
+  lu.assertEquals(nn.moe { dim = 8, hidden = 4, experts = 4 }.topk, 1)
+  lu.assertEquals(error_of(nn.moe, { dim = 8, hidden = 4, experts = 4, topk = 5 }),
+    "nn.moe: topk (5) is more than experts (4)")
+  lu.assertEquals(error_of(nn.moe, { dim = 8, hidden = 4, experts = 4, topk_group = 1 }),
+    "nn.moe: unknown option 'topk_group'")
+  lu.assertEquals(error_of(nn.moe, { dim = 8, hidden = 4, experts = 4, heads = 2 }),
+    "nn.moe: unknown option 'heads'")
+  lu.assertEquals(error_of(nn.moe_block, { dim = 8, hidden = 0, experts = 4 }),
+    "nn.moe_block: 'hidden' must be a positive integer, got 0")
+  lu.assertEquals(error_of(nn.moe, { dim = 8, hidden = 4, experts = 4, router = "relu" }),
+    "nn.moe: router must be \"sigmoid\" or \"softmax\", got \"relu\"")
+  -- the C side checks what needs the whole option set
+  lu.assertStrContains(error_of(core.nn_layer, nn.moe { dim = 8, hidden = 4, experts = 6, groups = 4 },
+    "m", 1), "layer 'moe': 6 experts do not split into 4 groups")
+  lu.assertStrContains(error_of(core.nn_layer, nn.moe { dim = 8, hidden = 4, experts = 6, topk = 3,
+    groups = 3, topk_groups = 1 }, "m", 1),
+    "topk_groups = 1 of 3 groups (2 experts each) cannot give topk = 3 experts")
+  -- shapes and the mismatch message
+  local m = moe_lm()
+  lu.assertEquals(m:shapes({ 2, T })[2], { 2, T, 16 })
+  local bad = nn.sequential { nn.embedding(V, 8), nn.moe { dim = 16, hidden = 4, experts = 2 } }
+  lu.assertEquals(error_of(bad.shapes, bad, { 2, T }),
+    "model layer 2 (moe 2 experts top-1) expects inputs [..., 16], got [2, 8, 8]")
+end
+
+function test_moe_layer_params_and_loads()
+  local l = core.nn_layer(nn.moe { dim = 4, hidden = 3, experts = 4, topk = 2, shared = 1 }, "layers.1", 5)
+  local names = {}
+  for _, p in ipairs(l:params()) do names[#names + 1] = p.name end
+  lu.assertEquals(names[1], "layers.1.router.weight")
+  lu.assertEquals(names[2], "layers.1.shared.w1")
+  lu.assertEquals(names[5], "layers.1.experts.0.w1")
+  lu.assertEquals(names[7], "layers.1.experts.0.w2")
+  lu.assertEquals(#names, 1 + 3 + 4 * 3)
+  lu.assertEquals(l:moe_count(), 1)
+  local y = l:forward(nn.tensor({ 5, 4 }, { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+    17, 18, 19, 20 }))
+  lu.assertEquals(y:shape(), { 5, 4 })
+  local load = l:expert_load(1, true)
+  lu.assertEquals(load[1] + load[2] + load[3] + load[4], 10)
+  lu.assertEquals(l:expert_load(1), { 0, 0, 0, 0 })
+  l:update_bias(1, { 9, 1, 0, 0 })
+  lu.assertEquals(l:moe_bias(1), { 0, 0, 0, 0 }) -- bias_speed = 0: never moves
+  lu.assertStrContains(error_of(l.expert_load, l, 2), "layer 'layers.1' has no MoE layer 2 (it has 1)")
+  local lm = moe_lm():build(1)
+  lu.assertEquals(lm:moe_count(), 2)
+  lm:update_bias(1, { 5, 1, 1, 1 })
+  local b = lm:moe_bias(1)
+  for e, want in ipairs({ -0.001, 0.001, 0.001, 0.001 }) do lu.assertAlmostEquals(b[e], want, 1e-9) end
+  lu.assertEquals(lm:moe_bias(2), { 0, 0, 0, 0 })
+end
+
+function test_moe_partition_and_split_init()
+  local m = moe_lm()
+  local p = m:partition { stages = 2 }
+  lu.assertEquals(p.bounds, { { first = 1, last = 3 }, { first = 4, last = 5 } })
+  local q = assert_split_init(m, { stages = 3, by = "cost", input_shape = { 2, T }, reps = 1 })
+  lu.assertEquals(#q.costs, 5)
+end
+
+function test_moe_lm_trains_on_one_rank()
+  local m = moe_lm()
+  local opt = { kind = "adamw", lr = 0.02 }
+  local r = train { model = m, schedule = "1f1b", pp = 1, microbatches = 2, data = char_data,
+    steps = 40, seed = 4, optimizer = opt, quiet = true }
+  local first, last = r.losses[1], r.losses[40]
+  print(string.format("# moe lm: loss %.4f -> %.4f over 40 steps", first, last))
+  lu.assertTrue(last < 0.6 * first)
+  -- the same steps without the executor (reference) agree
+  local ref = train.reference { model = m, microbatches = 2, data = char_data, steps = 3, seed = 4,
+    optimizer = opt }
+  for k = 1, 3 do lu.assertAlmostEquals(r.losses[k], ref.losses[k], 1e-6 * ref.losses[k]) end
 end
 
 os.exit(lu.LuaUnit.run())
