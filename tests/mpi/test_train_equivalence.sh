@@ -51,7 +51,10 @@ done
 
 # the pp x ep grid: every family at pp = 2, ep = 2 (4 ranks), and pp = 1,
 # ep = 2; each EP rank trains on its half of every micro-batch, dense grads
-# summed over the EP group: the reference's losses and parameters
+# summed over the EP group: the reference's losses and parameters. Then a
+# small MoE LM (3 MoE blocks, 4 experts, top-2, AdamW) for every family at
+# 2 x 2, 4 x 1 and 1 x 2 (DualPipe needs an even pp, so not at 1 x 2), its
+# experts spread over the EP group and tokens exchanged by all-to-all-v.
 while read -r np fam M mode what; do
   t0=$(date +%s.%N)
   "${mpirun[@]}" -np "$np" "$luapipe" "$driver" "$fam" "$M" "$mode" >"$tmp/out" 2>"$tmp/err" </dev/null
@@ -72,6 +75,26 @@ done <<'LIST'
 4 dualpipev 4 ep2 pp=2xep=2
 4 dualpipe 4 lm_ep2 pp=2xep=2
 4 dualpipe 4 phases_ep2 pp=2xep=2
+4 gpipe 4 moe_ep2 MoE-pp=2xep=2
+4 1f1b 4 moe_ep2 MoE-pp=2xep=2
+4 interleaved1f1b 4 moe_ep2 MoE-pp=2xep=2
+4 zb1p 4 moe_ep2 MoE-pp=2xep=2
+4 zbv 4 moe_ep2 MoE-pp=2xep=2
+4 dualpipe 4 moe_ep2 MoE-pp=2xep=2
+4 dualpipev 4 moe_ep2 MoE-pp=2xep=2
+4 gpipe 8 moe MoE-pp=4xep=1
+4 1f1b 8 moe MoE-pp=4xep=1
+4 interleaved1f1b 8 moe MoE-pp=4xep=1
+4 zb1p 8 moe MoE-pp=4xep=1
+4 zbv 8 moe MoE-pp=4xep=1
+4 dualpipe 8 moe MoE-pp=4xep=1
+4 dualpipev 8 moe MoE-pp=4xep=1
+2 gpipe 2 moe_ep2 MoE-pp=1xep=2
+2 1f1b 2 moe_ep2 MoE-pp=1xep=2
+2 interleaved1f1b 2 moe_ep2 MoE-pp=1xep=2
+2 zb1p 2 moe_ep2 MoE-pp=1xep=2
+2 zbv 2 moe_ep2 MoE-pp=1xep=2
+2 dualpipev 2 moe_ep2 MoE-pp=1xep=2
 2 1f1b 2 ep2 pp=1xep=2
 LIST
 

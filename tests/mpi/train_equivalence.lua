@@ -18,6 +18,8 @@
 -- mode "ep<E>" (e.g. ep2): the pp x ep grid, pp = ranks / E, each EP rank
 -- training on its share of every micro-batch (MLP); "lm_ep<E>": the same
 -- with the transformer LM.
+-- mode "moe", "moe_ep<E>": the small MoE LM (fixtures.moe_lm) with AdamW,
+-- its experts spread over the EP group.
 -- mode "ranks": asks for pp = 4 on a smaller job (expects a clear error).
 -- mode "stages": a model with fewer layers than stages (expects an error).
 local nn = require("luapipe.nn")
@@ -37,6 +39,9 @@ local PP = P // EP
 
 if mode == "lm" or (mode or ""):match("^lm_") then
   model, data = fx.lm(), fx.lm_data
+  optimizer = { kind = "adamw", lr = 0.01, weight_decay = 0.01 }
+elseif (mode or ""):match("^moe") then
+  model, data = fx.moe_lm(), fx.moe_lm_data
   optimizer = { kind = "adamw", lr = 0.01, weight_decay = 0.01 }
 end
 
