@@ -43,8 +43,10 @@ void ex_grid_free(lp_exec *e) {
   e->ep_comm = e->pp_own = NULL;
   lp_free(e->moe_counts);
   lp_free(e->moe_off);
+  lp_free(e->moe_experts);
   e->moe_counts = NULL;
   e->moe_off = NULL;
+  e->moe_experts = NULL;
 }
 
 int ex_world(const lp_exec *e, int p) { return p * e->ep + e->ep_rank; }
@@ -103,8 +105,8 @@ static lp_status ep_wait(void *ud, void *handle, const char *what) {
   double blocked = t1 - tw;
   double took = blocked > h->modelled ? blocked : h->modelled;
   if (took > t1 - h->start) took = t1 - h->start;
-  e->waited += blocked; /* not compute */
-  e->t_wait += blocked;
+  /* the blocked part stays in its action's time: what an action costs
+   * includes the all-to-all it could not hide (the simulator's costs) */
   e->a2a_s += took;
   e->a2a_blocked += blocked;
   e->a2a_n++;
@@ -267,34 +269,63 @@ static size_t stage_loads(const lp_exec *e, int s) {
   return 0;
 }
 
+/* Experts per MoE layer of stage s on this rank (all equal; 0: none). */
+static int stage_experts(const lp_exec *e, int s) {
+  for (int li = 0; li < e->nloc; li++)
+    if (e->vs[li].stage == s && lp_nn_moe_count(e->vs[li].chunk) > 0)
+      return lp_nn_moe_get_opts(lp_nn_moe_find(e->vs[li].chunk, 0))->experts;
+  return 0;
+}
+
 lp_status ex_moe_loads_new(lp_exec *e) {
-  /* every rank learns every stage's size: holders write theirs, the sum
-   * is divided by the holder count (copies x EP ranks) */
-  double *sz = lp_calloc((size_t)e->S, sizeof *sz);
+  /* every rank learns every stage's size and experts per layer: holders
+   * write theirs, the sum is divided by the holder count (copies x EP
+   * ranks) */
+  double *sz = lp_calloc(2 * (size_t)e->S, sizeof *sz);
   e->moe_off = lp_calloc((size_t)e->S + 1, sizeof *e->moe_off);
   if (!sz || !e->moe_off) {
     lp_free(sz);
     return LP_ERR_NOMEM;
   }
-  for (int s = 0; s < e->S; s++) sz[s] = (double)stage_loads(e, s);
-  if (lp_comm_allreduce_sum_double(e->world, sz, (size_t)e->S,
+  for (int s = 0; s < e->S; s++) {
+    sz[s] = (double)stage_loads(e, s);
+    sz[e->S + s] = stage_experts(e, s);
+  }
+  if (lp_comm_allreduce_sum_double(e->world, sz, 2 * (size_t)e->S,
                                    "lp_exec_new: sizing the expert-load sums") != LP_OK) {
     lp_free(sz);
     lp_errf(e->err, "%s", lp_comm_last_error(e->world));
     return LP_ERR_COMM;
   }
   size_t tot = 0;
+  e->moe_layers = 0;
   for (int s = 0; s < e->S; s++) {
     int copies = 0;
     for (int v = 0; v < e->V; v++) copies += e->vstage[v] == s;
     e->moe_off[s] = tot;
-    tot += (size_t)(sz[s] / (copies * e->ep) + 0.5);
+    size_t n = (size_t)(sz[s] / (copies * e->ep) + 0.5);
+    int ex = (int)(sz[e->S + s] / (copies * e->ep) + 0.5);
+    tot += n;
+    if (ex > 0) e->moe_layers += (int)(n / (size_t)ex);
   }
   e->moe_off[e->S] = tot;
+  e->moe_experts = lp_calloc((size_t)(e->moe_layers ? e->moe_layers : 1), sizeof(int));
+  if (!e->moe_experts) {
+    lp_free(sz);
+    return LP_ERR_NOMEM;
+  }
+  for (int s = 0, l = 0; s < e->S; s++) {
+    int copies = 0;
+    for (int v = 0; v < e->V; v++) copies += e->vstage[v] == s;
+    int ex = (int)(sz[e->S + s] / (copies * e->ep) + 0.5);
+    if (ex <= 0) continue;
+    for (size_t k = 0; k < (e->moe_off[s + 1] - e->moe_off[s]) / (size_t)ex; k++)
+      e->moe_experts[l++] = ex;
+  }
   lp_free(sz);
   e->moe_total = tot;
   if (tot) {
-    e->moe_counts = lp_malloc(tot * sizeof *e->moe_counts);
+    e->moe_counts = lp_calloc(tot, sizeof *e->moe_counts);
     if (!e->moe_counts) return LP_ERR_NOMEM;
   }
   return LP_OK;
@@ -343,4 +374,12 @@ lp_status ex_moe_bias_update(lp_exec *e) {
 done:
   lp_free(c);
   return st;
+}
+
+lp_status lp_exec_expert_loads(const lp_exec *e, int *layers, const int **experts,
+                               const double **counts) {
+  *layers = e->moe_layers;
+  *experts = e->moe_experts;
+  *counts = e->moe_total ? e->moe_counts : NULL;
+  return LP_OK;
 }

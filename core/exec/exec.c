@@ -751,6 +751,10 @@ fail:
 }
 
 int lp_exec_vstages(const lp_exec *e) { return e->nloc; }
+int lp_exec_ep(const lp_exec *e, int *ep_rank) {
+  if (ep_rank) *ep_rank = e->ep_rank;
+  return e->ep;
+}
 int lp_exec_vstage_id(const lp_exec *e, int i) { return i >= 0 && i < e->nloc ? e->vs[i].id : -1; }
 int lp_exec_vstage_stage(const lp_exec *e, int i) {
   return i >= 0 && i < e->nloc ? e->vs[i].stage : -1;

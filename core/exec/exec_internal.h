@@ -77,7 +77,9 @@ struct lp_exec {
   lp_nn_ep nnep;
   double *moe_counts; /* [moe_total]: expert loads by stage, for the step-end sum */
   size_t moe_total;
-  size_t *moe_off;    /* [S]: offset of each model stage's counts */
+  size_t *moe_off;    /* [S + 1]: offset of each model stage's counts */
+  int moe_layers;     /* MoE layers of the whole model */
+  int *moe_experts;   /* [moe_layers]: experts of each */
   /* all-to-alls of the step: count, time (max of the
    * blocked wait and the link model), blocked part */
   double a2a_s, a2a_blocked;

@@ -114,7 +114,9 @@ typedef struct lp_exec_timing {
   /* MoE all-to-alls (EP > 1): count, their time (per exchange the longer
    * of the wait it caused and the emulated link's time for its bytes) and
    * the part of it the rank spent blocked waiting; the rest was hidden
-   * under compute (hidden share = 1 - a2a_blocked / a2a) */
+   * under compute (hidden share = 1 - a2a_blocked / a2a). The blocked
+   * part counts in its action's compute time (it is what the action
+   * costs when its all-to-all is not hidden). */
   int64_t a2a_count;
   double a2a, a2a_blocked;
 } lp_exec_timing;
@@ -137,6 +139,26 @@ void lp_exec_timing_reset(lp_exec *e);
 /* This rank's virtual stages: count, and the id / model stage / chunk of
  * the i-th (borrowed). */
 int lp_exec_vstages(const lp_exec *e);
+/* The tokens routed to each logical expert in the last step, summed over
+ * every rank (the same on all): *layers MoE layers of the whole model in
+ * model order, (*experts)[l] experts of layer l, their counts back to back
+ * in *counts (NULL before the first step or without MoE). Borrowed. */
+lp_status lp_exec_expert_loads(const lp_exec *e, int *layers, const int **experts,
+                               const double **counts);
+/* Applies a new expert placement to MoE layer `layer` of the model (0-based
+ * in model order, as lp_exec_expert_loads): slots_per_rank slots per EP
+ * rank, phys_to_log[slot] its logical expert (ep x slots_per_rank
+ * entries, every expert at least once). Between steps; collective over
+ * every rank (ranks not holding the layer's stage do nothing). Expert
+ * weights and their optimizer state move point to point inside each EP
+ * group from the lowest old holder; the stage's optimizer is rebuilt over
+ * the new parameter list with the moved state, so training continues as
+ * it would have. *bytes_moved (optional) gets the bytes this rank sent.
+ * LP_ERR_ARG for a bad layer or map (text in lp_exec_last_error). */
+lp_status lp_exec_set_placement(lp_exec *e, int layer, int slots_per_rank,
+                                const int *phys_to_log, int64_t *bytes_moved);
+/* The EP group size (1: no EP) and this rank's index in it. */
+int lp_exec_ep(const lp_exec *e, int *ep_rank);
 int lp_exec_vstage_id(const lp_exec *e, int i);
 int lp_exec_vstage_stage(const lp_exec *e, int i);
 lp_nn_layer *lp_exec_vstage_chunk(const lp_exec *e, int i);

@@ -333,6 +333,62 @@ static int lb_exec_timing_reset(lua_State *L) {
   return 0;
 }
 
+/* exec:expert_loads() -> {{n_e0, n_e1, ...}, ...}: tokens per logical
+ * expert of every MoE layer of the model in the last step, summed over all
+ * ranks (empty without MoE or before a step). */
+static int lb_exec_expert_loads(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  int nl = 0;
+  const int *ex = NULL;
+  const double *c = NULL;
+  lp_exec_expert_loads(b->e, &nl, &ex, &c);
+  lua_createtable(L, c ? nl : 0, 0);
+  for (int l = 0; c && l < nl; l++) {
+    lua_createtable(L, ex[l], 0);
+    for (int x = 0; x < ex[l]; x++) {
+      lua_pushinteger(L, (lua_Integer)(c[x] + 0.5));
+      lua_rawseti(L, -2, x + 1);
+    }
+    c += ex[l];
+    lua_rawseti(L, -2, l + 1);
+  }
+  return 1;
+}
+
+/* exec:set_placement(layer, slots_per_rank, phys_to_log) -> bytes sent |
+ * nil, err: a new placement of MoE layer `layer` (0-based); phys_to_log a
+ * list of 0-based expert ids, ep x slots_per_rank of them. Collective. */
+static int lb_exec_set_placement(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  int layer = (int)luaL_checkinteger(L, 2), spr = (int)luaL_checkinteger(L, 3);
+  luaL_checktype(L, 4, LUA_TTABLE);
+  int ep = lp_exec_ep(b->e, NULL);
+  luaL_argcheck(L, spr >= 1, 3, "slots per rank must be at least 1");
+  lua_Integer n = luaL_len(L, 4);
+  if (n != (lua_Integer)spr * ep)
+    return luaL_error(L, "set_placement: phys_to_log has %d entries, %d x %d expected", (int)n, ep, spr);
+  int *p2l = lua_newuserdatauv(L, (size_t)n * sizeof(int) + 1, 0);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_geti(L, 4, i);
+    if (!lua_isinteger(L, -1)) return luaL_error(L, "set_placement: phys_to_log[%d] is not an integer", (int)i);
+    p2l[i - 1] = (int)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+  }
+  int64_t bytes = 0;
+  if (lp_exec_set_placement(b->e, layer, spr, p2l, &bytes) != LP_OK)
+    return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushinteger(L, bytes);
+  return 1;
+}
+
+/* exec:ep() -> EP group size, this rank's index in it */
+static int lb_exec_ep(lua_State *L) {
+  int r = 0;
+  lua_pushinteger(L, lp_exec_ep(check_exec(L, 1)->e, &r));
+  lua_pushinteger(L, r);
+  return 2;
+}
+
 /* exec:vstages() -> {{id=, stage=, layer=Layer}, ...} (layers shared) */
 static int lb_exec_vstages(lua_State *L) {
   exec_box *b = check_exec(L, 1);
@@ -458,6 +514,9 @@ void lb_open_exec(lua_State *L) {
                                      {"timing_reset", lb_exec_timing_reset},
                                      {"trace_clear", lb_exec_trace_clear},
                                      {"vstages", lb_exec_vstages},
+                                     {"ep", lb_exec_ep},
+                                     {"expert_loads", lb_exec_expert_loads},
+                                     {"set_placement", lb_exec_set_placement},
                                      {"run_half", lb_exec_run_half},
                                      {"begin_half", lb_exec_begin_half},
                                      {"advance", lb_exec_advance},

@@ -124,7 +124,8 @@ function M.summary(exec, sched, opts)
   local st = exec:timing_stats("total")
   local n = math.max(st.steps, 1)
   -- one vector: sums of the rank figures, per-rank slots, action times
-  local v = { st.wall, st.compute, st.wait, st.post, st.optim, st.overhead }
+  local v = { st.wall, st.compute, st.wait, st.post, st.optim, st.overhead, st.a2a, st.a2a_blocked,
+    st.a2a_count }
   local base = #v
   for r = 0, P - 1 do
     v[base + 3 * r + 1] = r == rank and st.wall / n or 0
@@ -143,6 +144,8 @@ function M.summary(exec, sched, opts)
   v[#v + 1] = st.steps
   v = allreduce(v, "luapipe.perf: gathering the measured timing")
   local steps = math.floor(v[#v] / P + 0.5)
+  local ep = exec:ep() -- world rank = pipeline rank * ep + EP index
+  local PS = info.ranks -- the schedule's (pipeline) ranks
   local ms = 1000
   local out = { steps = steps, ranks = P, schedule = info.name, microbatches = info.microbatches }
   local wall_sum = v[1]
@@ -150,6 +153,11 @@ function M.summary(exec, sched, opts)
   out.wait_pct = wall_sum > 0 and 100 * v[3] / wall_sum or 0
   out.post_pct = wall_sum > 0 and 100 * v[4] / wall_sum or 0
   out.compute_pct = wall_sum > 0 and 100 * v[2] / wall_sum or 0
+  -- all-to-all (MoE, EP > 1): the share of its time hidden under compute on
+  -- the same rank = 1 - (time blocked waiting for it) / (its time)
+  out.a2a_count = math.floor(v[9] + 0.5)
+  out.a2a_ms = v[7] / math.max(n * P, 1) * ms -- per rank and step
+  out.a2a_hidden_pct = v[7] > 0 and 100 * math.max(0, 1 - v[8] / v[7]) or nil
   local rw, rc, ro = {}, {}, {}
   local step_s = 0
   for r = 0, P - 1 do
@@ -207,7 +215,9 @@ function M.summary(exec, sched, opts)
   for _, rr in ipairs(res:ranks()) do finish[rr.rank] = rr.finish end
   local pred, sim_busy = 0, {}
   for _, rr in ipairs(res:ranks()) do
-    local opt = ro[rr.rank] * ms
+    local opt = 0 -- the slowest EP rank of this pipeline rank
+    for j = 0, ep - 1 do opt = math.max(opt, ro[rr.rank * ep + j] or 0) end
+    opt = opt * ms
     local ready = rr.finish
     for b in pairs(peers[rr.rank] or {}) do ready = math.max(ready, finish[b] or 0) end
     pred = math.max(pred, ready + opt)
@@ -215,8 +225,8 @@ function M.summary(exec, sched, opts)
   end
   out.predicted_ms = pred
   local sb = 0
-  for r = 0, P - 1 do sb = sb + (pred > 0 and math.max(0, 1 - (sim_busy[r] or 0) / pred) or 0) end
-  out.sim_bubble_pct = 100 * sb / P
+  for r = 0, PS - 1 do sb = sb + (pred > 0 and math.max(0, 1 - (sim_busy[r] or 0) / pred) or 0) end
+  out.sim_bubble_pct = 100 * sb / PS
   out.ratio = out.step_ms > 0 and pred / out.step_ms or 0
   out.sim = res
   return out
@@ -256,6 +266,10 @@ function M.format(s)
     f1(s.step_ms), f1(s.predicted_ms), f1(s.makespan_ms), f2(s.latency_ms), s.ratio)
   L[#L + 1] = string.format("  bubble: measured %s%%, simulated %s%%", f1(s.bubble_pct),
     f1(s.sim_bubble_pct))
+  if s.a2a_hidden_pct then
+    L[#L + 1] = string.format("  all-to-all: %d exchanges, %s ms per rank and step, %s%% hidden under compute",
+      s.a2a_count, f2(s.a2a_ms), f1(s.a2a_hidden_pct))
+  end
   L[#L + 1] = string.format("  overhead: %s%% of the step (neither compute nor waiting; "
     .. "posting/polling %s%%), waiting on messages %s%%, compute %s%%", f2(s.overhead_pct),
     f2(s.post_pct), f1(s.wait_pct), f1(s.compute_pct))

@@ -38,6 +38,20 @@
 -- another schedule, rank count, model or optimizer, fails on every rank
 -- with a message naming the file and what differs. All ranks must see dir.
 --
+-- Mixture of experts: pp = P, ep = E run on P x E ranks (mpirun -np P*E;
+-- rank = pipeline rank * E + EP index); each EP rank takes its share of
+-- every micro-batch (rows; the micro-batch size must divide by E) and holds
+-- its share of every MoE layer's experts. link = "lat=50us,bw=2GB/s" sets
+-- the emulated link (luapipe.comm.set_link) before the grid forms. eplb =
+-- {every = N, redundant = K, threshold =, predictor =, window =} records
+-- the expert loads of every step in a luapipe.eplb.Balancer and, from
+-- step N on every N steps (or while balancedness is under threshold),
+-- applies its plan with K extra slots per EP rank: weights and optimizer
+-- state move between EP ranks at the step boundary, the losses stay those
+-- of training without it. r.summary.eplb = {before =, after =, plans =,
+-- bytes =}: mean over MoE layers of the EP ranks' max/mean token load
+-- under the first and the last placement, and the bytes moved.
+--
 -- overlapped_fb = function(exec, pair) ... end replaces the default "F half,
 -- then backward half" of every overlapped pair (FB action, as DeepSeek's
 -- overlapped_forward_backward): pair = {f_stage =, f_mb =, b_type = "B" | "I",
@@ -62,6 +76,97 @@ local schedule = require("luapipe.schedule")
 local checkpoint = require("luapipe.checkpoint")
 
 local M = {}
+
+-- ---- expert placement in the loop (EPLB) ----
+
+-- Mean over MoE layers of (rank max / rank mean) of the tokens each EP rank's
+-- slots take under `placements` ({[layer] = phys_to_log, 0-based ids}):
+-- an expert's tokens split evenly among its replicas.
+local function load_ratio(loads, placements, ep)
+  local sum, n = 0, 0
+  for l, c in ipairs(loads) do
+    local pl = placements[l]
+    local spr = #pl // ep
+    local reps = {}
+    for _, x in ipairs(pl) do reps[x] = (reps[x] or 0) + 1 end
+    local mx, tot = 0, 0
+    for r = 0, ep - 1 do
+      local t = 0
+      for s = r * spr + 1, (r + 1) * spr do t = t + c[pl[s] + 1] / reps[pl[s]] end
+      mx, tot = math.max(mx, t), tot + t
+    end
+    if tot > 0 then sum, n = sum + mx / (tot / ep), n + 1 end
+  end
+  return n > 0 and sum / n or 1
+end
+M.load_ratio = load_ratio
+
+-- The placement lp_nn_set_ep starts with: ceil(E / ep) slots per rank,
+-- slot s holds expert s % E.
+local function default_placement(E, ep)
+  local spr, pl = (E + ep - 1) // ep, {}
+  for s = 0, spr * ep - 1 do pl[s + 1] = s % E end
+  return pl
+end
+
+-- An EPLB loop over exec: record every step's loads, plan with the
+-- Balancer (every N steps from step N, or below a balancedness threshold),
+-- move weights at the step boundary. opts: {every=, redundant=, threshold=,
+-- predictor=, window=}. Tracks the load ratio before and after.
+local function eplb_loop(exec, opts, ep)
+  local eplb = require("luapipe.eplb")
+  local L = { ep = ep, opts = opts or {}, placements = nil, plans = 0, bytes = 0,
+    before = { sum = 0, n = 0 }, after = { sum = 0, n = 0 }, last_loads = nil }
+  function L.after_step(k)
+    local loads = exec:expert_loads()
+    if #loads == 0 then return end
+    local E = #loads[1]
+    if not L.placements then
+      L.placements = {}
+      for l = 1, #loads do L.placements[l] = default_placement(E, ep) end
+    end
+    local r = load_ratio(loads, L.placements, ep)
+    local acc = L.plans == 0 and L.before or L.after
+    acc.sum, acc.n = acc.sum + r, acc.n + 1
+    L.last_loads = loads
+    if not L.opts.every then return end
+    if not L.bal then
+      local spr = (E + ep - 1) // ep + (L.opts.redundant or 0)
+      L.spr = spr
+      L.bal = eplb.balancer { replicas = ep * spr, gpus = ep, every = L.opts.every,
+        threshold = L.opts.threshold, predictor = L.opts.predictor,
+        window = L.opts.window or L.opts.every }
+    end
+    L.bal:record(k, loads)
+    if k < L.opts.every or not L.bal:due(k) then return end
+    local plan, err = L.bal:plan()
+    if not plan then error("luapipe.train: EPLB planning failed: " .. tostring(err), 0) end
+    local moved = 0
+    for l = 1, #loads do
+      local pl = plan.physical_to_logical[l]
+      local b, serr = exec:set_placement(l - 1, L.spr, pl)
+      if not b then error("luapipe.train: " .. tostring(serr), 0) end
+      moved = moved + b
+      L.placements[l] = pl
+    end
+    L.bytes = L.bytes + moved
+    L.plans = L.plans + 1
+    L.after = { sum = 0, n = 0 }
+  end
+  -- {before =, after =, plans =, bytes = (every rank's, summed)}: collective
+  function L.result()
+    local b = L.before.n > 0 and L.before.sum / L.before.n or 1
+    local a = b
+    if L.plans > 0 then
+      a = L.after.n > 0 and L.after.sum / L.after.n
+        or (L.last_loads and load_ratio(L.last_loads, L.placements, ep) or b)
+    end
+    local t = assert(comm.allreduce({ L.bytes }, "EPLB: bytes moved"))
+    return { before = b, after = a, plans = L.plans, bytes = math.floor(t[1] + 0.5),
+      placements = L.placements }
+  end
+  return L
+end
 
 local function fail(msg)
   error(msg, 0)
@@ -206,6 +311,10 @@ function M.run(opts)
   if not ok then fail("luapipe.train: " .. tostring(part):gsub("^[^:]*:%d+: ", "")) end
   local ok2, act_shapes = pcall(model.stage_input_shapes, model, part, in_shape)
   if not ok2 then fail("luapipe.train: " .. tostring(act_shapes)) end
+  if opts.link then
+    local lok, lerr = pcall(comm.set_link, opts.link)
+    if not lok then usage_fail("luapipe.train: link: " .. tostring(lerr):gsub("^[^:]*:%d+: ", "")) end
+  end
   local exec, err = core.exec_new(lowered, {
     build = function(stage) return model:build_stage(part, stage, seed) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
@@ -223,6 +332,7 @@ function M.run(opts)
   -- resume: every rank loads its file of the latest checkpoint, then the
   -- steps after it run with their true numbers
   local first_step = ckpt and ckpt.resume and checkpoint.resume(ckpt, exec) + 1 or 1
+  local balance = eplb_loop(exec, opts.eplb, ep)
   for k = first_step, steps do
     if opts.trace_steps and k == steps - opts.trace_steps + 1 and k > first_step then
       exec:trace_clear() -- keep the events of the last trace_steps steps only
@@ -246,6 +356,11 @@ function M.run(opts)
       io.write(string.format("step %d loss %.6f  (%.1f samples/s, bubble %.1f%%)\n", k, loss,
         timing[k].samples_per_s, bubble))
       io.flush()
+    end
+    local eok, eerr = pcall(balance.after_step, k)
+    if not eok then
+      if size > 1 then comm.abort(tostring(eerr)) end
+      fail(tostring(eerr))
     end
     if ckpt then checkpoint.after_step(ckpt, exec, k, info) end
   end
@@ -280,6 +395,7 @@ function M.run(opts)
     local perf = require("luapipe.perf")
     result.summary = perf.summary(exec, lowered)
     result.summary.skipped = steps > first_step
+    if #exec:expert_loads() > 0 then result.summary.eplb = balance.result() end
     if rank == 0 and not quiet then io.write(perf.format(result.summary), "\n") io.flush() end
     if opts.svg then
       local sok, serr = perf.write_measured_svg(exec, lowered, opts.svg)

@@ -55,6 +55,8 @@ done
 # small MoE LM (3 MoE blocks, 4 experts, top-2, AdamW) for every family at
 # 2 x 2, 4 x 1 and 1 x 2 (DualPipe needs an even pp, so not at 1 x 2), its
 # experts spread over the EP group and tokens exchanged by all-to-all-v.
+# EPLB: the MoE LM rebalanced after every step (one redundant slot per EP
+# rank; weights and optimizer state move) keeps the reference's losses.
 while read -r np fam M mode what; do
   t0=$(date +%s.%N)
   "${mpirun[@]}" -np "$np" "$luapipe" "$driver" "$fam" "$M" "$mode" >"$tmp/out" 2>"$tmp/err" </dev/null
@@ -75,6 +77,9 @@ done <<'LIST'
 4 dualpipev 4 ep2 pp=2xep=2
 4 dualpipe 4 lm_ep2 pp=2xep=2
 4 dualpipe 4 phases_ep2 pp=2xep=2
+4 dualpipe 4 moe_eplb_ep2 EPLB-pp=2xep=2
+4 zb1p 4 moe_eplb_ep2 EPLB-pp=2xep=2
+2 1f1b 2 moe_eplb_ep2 EPLB-pp=1xep=2
 4 gpipe 4 moe_ep2 MoE-pp=2xep=2
 4 1f1b 4 moe_ep2 MoE-pp=2xep=2
 4 interleaved1f1b 4 moe_ep2 MoE-pp=2xep=2

@@ -20,6 +20,10 @@
 -- with the transformer LM.
 -- mode "moe", "moe_ep<E>": the small MoE LM (fixtures.moe_lm) with AdamW,
 -- its experts spread over the EP group.
+-- mode "moe_eplb_ep<E>": the MoE LM with EPLB after every step (one
+-- redundant slot per EP rank): expert weights and optimizer state move,
+-- losses and parameters stay the reference's; the plans must even out the
+-- load they were made for.
 -- mode "ranks": asks for pp = 4 on a smaller job (expects a clear error).
 -- mode "stages": a model with fewer layers than stages (expects an error).
 local nn = require("luapipe.nn")
@@ -102,7 +106,8 @@ end
 
 local r = train { model = model, schedule = sched, overlapped_fb = hook, microbatches = M, data = data,
   steps = STEPS, seed = SEED, optimizer = optimizer, quiet = true, lookahead = lookahead,
-  partition = mode == "cost" and "cost" or "layers", ep = EP }
+  partition = mode == "cost" and "cost" or "layers", ep = EP,
+  eplb = (mode or ""):match("eplb") and { every = 1, redundant = 1 } or nil }
 local ref = train.reference { model = model, microbatches = M, data = data, steps = STEPS,
   seed = SEED, optimizer = optimizer }
 
@@ -155,6 +160,31 @@ if mode == "hook" or (mode or ""):match("phases") then
   if calls == 0 then fails[#fails + 1] = "the overlapped_fb hook was never called" end
 end
 if nchecked == 0 then fails[#fails + 1] = "no parameters checked on this rank" end
+if (mode or ""):match("eplb") then
+  local e = r.summary.eplb
+  if not e or e.plans ~= STEPS then
+    fails[#fails + 1] = "expected " .. STEPS .. " EPLB plans, got " .. tostring(e and e.plans)
+  elseif e.bytes <= 0 then
+    fails[#fails + 1] = "EPLB moved no weights"
+  else
+    -- the last plan against the last step's loads (what it was planned for)
+    local loads = r.exec:expert_loads()
+    local E = #loads[1]
+    local def = {}
+    for l = 1, #loads do
+      def[l] = {}
+      for s = 0, ((E + EP - 1) // EP) * EP - 1 do def[l][s + 1] = s % E end
+    end
+    local before, after = train.load_ratio(loads, def, EP), train.load_ratio(loads, e.placements, EP)
+    if after > before + 1e-9 then
+      fails[#fails + 1] = string.format("EPLB made the load worse: max/mean %.3f -> %.3f", before, after)
+    end
+    if rank == 0 then
+      print(string.format("eplb: %d plans, %d bytes moved, load max/mean %.3f -> %.3f (last step)",
+        e.plans, e.bytes, before, after))
+    end
+  end
+end
 
 -- copies of a replicated stage must be bitwise equal: compare checksums
 local all = assert(comm.allreduce(sums, "gathering parameter checksums"))
