@@ -37,6 +37,8 @@ parser:option("--batch", "Sequences per micro-batch (a multiple of ep).", "4")
 parser:option("--lr", "AdamW learning rate.", "0.005")
 parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
 parser:option("--trace", "Write the measured Chrome trace (all ranks, all-to-alls on the comm track) here.")
+parser:option("--report", "Write the summary figures (key=value lines) to this file.")
+parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
 parser:flag("--reference", "Train the same model in one process (no pipeline, no EP).")
 local args = parser:parse(arg)
 
@@ -131,7 +133,8 @@ if comm.rank() == 0 then
 end
 local r = train { model = model, schedule = args.schedule, pp = pp, ep = ep, microbatches = Mb,
   data = data, steps = steps, seed = seed, optimizer = optimizer, link = args.link,
-  trace = args.trace, eplb = every > 0 and { every = every, redundant = redundant } or nil }
+  trace = args.trace, eplb = every > 0 and { every = every, redundant = redundant } or nil,
+  partition = args.partition }
 if comm.rank() == 0 and r.summary then
   local s = r.summary
   print(string.format("all-to-all hidden: %.1f%%", s.a2a_hidden_pct or 0))
@@ -142,4 +145,14 @@ if comm.rank() == 0 and r.summary then
       e.plans == 1 and "" or "s"))
   end
   if args.trace then print("measured Chrome/Perfetto trace written to " .. args.trace) end
+  if args.report then
+    local out = assert(io.open(args.report, "w"))
+    for _, k in ipairs({ "steps", "step_ms", "predicted_ms", "ratio", "bubble_pct", "sim_bubble_pct",
+      "compute_pct", "wait_pct", "a2a_count", "a2a_ms", "a2a_hidden_pct" }) do
+      out:write(string.format("%s=%s\n", k, tostring(s[k])))
+    end
+    if e then out:write(string.format("load_before=%s\nload_after=%s\nbytes_moved=%d\n", e.before, e.after, e.bytes)) end
+    out:write(string.format("final_loss=%.6f\n", r.losses[#r.losses] or 0))
+    out:close()
+  end
 end
