@@ -74,6 +74,27 @@ else
   fail "train_mlp --trace wrote no trace"
 fi
 
+# train_moe: DualPipe at pp=2 x ep=2 with EPLB every step prints the
+# reference's losses (--reference, one process), its summary lines, and a
+# bad option is one line with exit 2
+"${mpirun[@]}" -np 4 "$luapipe" examples/train_moe.lua --schedule dualpipe --pp 2 --ep 2 \
+  --steps 4 --redundant 1 --eplb-every 1 --link lat=20us,bw=4GB/s >"$tmp/moe" 2>&1
+rc=$?
+"$luapipe" examples/train_moe.lua --reference --steps 4 --microbatches 4 >"$tmp/moe_ref" 2>&1
+echo "train_moe (dualpipe, pp=2 x ep=2, EPLB): rc $rc"
+[ "$rc" -eq 0 ] || { fail "train_moe exited $rc"; cat "$tmp/moe"; }
+same=$(awk 'FNR == NR && /^step [0-9]+ loss / { ref[$2] = $4; next }
+  /^step [0-9]+ loss / { n++; d = $4 - ref[$2]; if (d < 0) d = -d; if (ref[$2] != "" && d <= 1e-5 * ref[$2]) ok++ }
+  END { print ok + 0, n + 0 }' "$tmp/moe_ref" "$tmp/moe")
+echo "train_moe losses equal to --reference: $same"
+[ "$same" = "4 4" ] || { fail "train_moe losses differ from --reference"; cat "$tmp/moe" "$tmp/moe_ref"; }
+grep -qE '^all-to-all hidden: [0-9.]+%$' "$tmp/moe" || fail "train_moe: no 'all-to-all hidden' line"
+grep -qE '^expert load max/mean: [0-9.]+ -> [0-9.]+$' "$tmp/moe" || fail "train_moe: no expert load line"
+"$luapipe" examples/train_moe.lua --topk 9 >"$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "^train_moe.lua: --topk 9 is more than --experts 8$" "$tmp/out" ||
+  { fail "train_moe --topk 9: rc $rc"; cat "$tmp/out"; }
+
 # DualPipe on an odd number of ranks: one line, once, in the user's words
 "${mpirun[@]}" -np 3 "$luapipe" examples/train_mlp.lua --schedule dualpipe --steps 1 >"$tmp/out" 2>&1
 rc=$?
