@@ -340,7 +340,26 @@ static void test_errors(void **state) {
   /* and the executor recovers for the next step */
   assert_int_equal(lp_exec_step(e, 2, &loss), LP_OK);
   assert_true(loss > 0);
+  /* no MoE layer: no placement to set, no loads */
+  int one[1] = {0}, nl = -1;
+  const int *ex = NULL;
+  const double *cnt = NULL;
+  assert_int_equal(lp_exec_set_placement(e, 0, 1, one, NULL), LP_ERR_ARG);
+  assert_string_equal(lp_exec_last_error(e),
+                      "set_placement: no MoE layer 0 (the model has 0) or bad slots per rank 1");
+  assert_int_equal(lp_exec_expert_loads(e, &nl, &ex, &cnt), LP_OK);
+  assert_int_equal(nl, 0);
+  assert_null(cnt);
+  assert_int_equal(lp_exec_ep(e, NULL), 1);
   lp_exec_free(e);
+
+  /* an EP group that does not divide the job */
+  o = base_opts();
+  o.ep = 2;
+  assert_int_equal(lp_exec_new(s, &o, &e, err), LP_ERR_ARG);
+  assert_null(e);
+  assert_string_equal(err, "ep = 2 does not divide the 1 ranks mpirun started (pp x ep ranks are "
+                           "needed)");
   lp_schedule_free(s);
 }
 
