@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config
-  lua5.4 liblua5.4-dev lua-unit lua-argparse lua-dkjson
+  lua5.4 liblua5.4-dev lua-unit lua-argparse lua-cjson
   libcmocka-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev

@@ -171,7 +171,15 @@ lp_status lp_file_begin(const char *path, lp_file **out, char *err) {
   memcpy(f->tmp + n, ".tmp", 5);
   f->f = fopen(f->tmp, "wb");
   if (!f->f) {
-    lp_errf(err, "cannot create %s: %s", f->tmp, strerror(errno));
+    int e = errno;
+    const char *slash = strrchr(path, '/');
+    if (e == ENOENT && slash && slash > path)
+      lp_errf(err, "cannot create %s: there is no folder %.*s", path,
+              (int)(slash - path), path);
+    else if (e == EACCES || e == EROFS || e == ENOTDIR || e == ENOENT)
+      lp_errf(err, "cannot create %s: %s", path, strerror(e));
+    else /* the temporary's own name is in the way (a folder, say) */
+      lp_errf(err, "cannot create %s (through %s): %s", path, f->tmp, strerror(e));
     file_release(f);
     return LP_ERR_IO;
   }
@@ -216,13 +224,13 @@ lp_status lp_file_commit(lp_file *f, char *err) {
   if (fclose(f->f) != 0 && !f->bad) f->bad = errno ? errno : EIO;
   f->f = NULL;
   if (f->bad) {
-    lp_errf(err, "writing %s failed: %s (%s is unchanged)", f->tmp,
+    lp_errf(err, "writing %s failed: %s (%s is unchanged)", f->path,
             strerror(f->bad), f->path);
     lp_file_abort(f);
     return LP_ERR_IO;
   }
   if (rename(f->tmp, f->path) != 0) {
-    lp_errf(err, "cannot rename %s to %s: %s", f->tmp, f->path, strerror(errno));
+    lp_errf(err, "cannot replace %s: %s", f->path, strerror(errno));
     lp_file_abort(f);
     return LP_ERR_IO;
   }

@@ -56,8 +56,10 @@ char *lp_buf_take(lp_buf *b);
  * write is remembered and reported by commit); lp_file_commit flushes,
  * fsyncs, renames it over path and fsyncs the directory; lp_file_abort
  * removes it. Both free f. path is untouched unless commit succeeds.
- * Errors name the files: "cannot create P.tmp: reason", "writing P.tmp
- * failed: reason (P is unchanged)", "cannot rename P.tmp to P: reason". */
+ * Errors name the user's path P, never the temporary: "cannot create P:
+ * reason" ("there is no folder D" when P's folder is missing; the
+ * temporary is named only when its own name is in the way), "writing P
+ * failed: reason (P is unchanged)", "cannot replace P: reason". */
 typedef struct lp_file lp_file;
 lp_status lp_file_begin(const char *path, lp_file **out, char *err);
 void lp_file_put(lp_file *f, const void *data, size_t n);

@@ -429,8 +429,7 @@ static lp_status check_alltoallv(lp_comm *c, const float *send,
   }
   *req = NULL;
   if (!sc || !sd || !rc || !rd) {
-    lp_errf(c->err, "all-to-all-v on rank %d: NULL count or displacement array",
-            c->rank);
+    lp_errf(c->err, "all-to-all-v on rank %d: NULL count array", c->rank);
     return LP_ERR_ARG;
   }
   size_t out = 0, in = 0, send_end = 0, recv_end = 0;
@@ -465,18 +464,37 @@ lp_status lp_comm_ialltoallv(lp_comm *c, const float *send,
                              const size_t *send_displs, float *recv,
                              const size_t *recv_counts,
                              const size_t *recv_displs, lp_comm_req **req) {
-  size_t out, in;
-  LP_CHECK(check_alltoallv(c, send, send_counts, send_displs, recv,
-                           recv_counts, recv_displs, req, &out, &in));
-  if (!c->be->ialltoallv) {
-    lp_errf(c->err, "all-to-all-v: the %s backend has none", c->be->name);
-    return LP_ERR_UNSUPPORTED;
+  size_t out, in, *prefix = NULL;
+  if (req) *req = NULL;
+  if ((!send_displs || !recv_displs) && send_counts && recv_counts) {
+    /* NULL displacements: the prefix sums of the counts */
+    prefix = lp_malloc(2 * (size_t)c->size * sizeof *prefix);
+    if (!prefix) {
+      lp_errf(c->err, "out of memory");
+      return LP_ERR_NOMEM;
+    }
+    for (int p = 0; p < c->size; p++) {
+      prefix[p] = p ? prefix[p - 1] + send_counts[p - 1] : 0;
+      prefix[c->size + p] = p ? prefix[c->size + p - 1] + recv_counts[p - 1] : 0;
+    }
+    if (!send_displs) send_displs = prefix;
+    if (!recv_displs) recv_displs = prefix + c->size;
   }
-  lp_comm_req *r = new_req(c, COMM_OP_ALLTOALLV, LP_COMM_FLOAT, out, -1, -1);
-  if (!r) return LP_ERR_NOMEM;
-  r->count_in = in;
-  lp_status st = c->be->ialltoallv(c, send, send_counts, send_displs, recv,
-                                   recv_counts, recv_displs, r);
+  lp_status st = check_alltoallv(c, send, send_counts, send_displs, recv,
+                                 recv_counts, recv_displs, req, &out, &in);
+  if (st == LP_OK && !c->be->ialltoallv) {
+    lp_errf(c->err, "all-to-all-v: the %s backend has none", c->be->name);
+    st = LP_ERR_UNSUPPORTED;
+  }
+  lp_comm_req *r = NULL;
+  if (st == LP_OK && !(r = new_req(c, COMM_OP_ALLTOALLV, LP_COMM_FLOAT, out, -1, -1)))
+    st = LP_ERR_NOMEM;
+  if (st == LP_OK) {
+    r->count_in = in;
+    st = c->be->ialltoallv(c, send, send_counts, send_displs, recv,
+                           recv_counts, recv_displs, r);
+  }
+  lp_free(prefix); /* backends copy what they keep */
   if (st != LP_OK) {
     lp_free(r);
     return st;

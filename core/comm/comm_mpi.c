@@ -32,6 +32,7 @@ static struct {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int pending; /* operations started and not yet finished */
+  double last_start; /* lp_now() of the latest start (the thread's pace) */
   int stop;
   struct deferred *deferred; /* sends waiting for their link time (FIFO) */
   MPI_Comm progress_comm; /* private: MPI_Iprobe on it only drives progress */
@@ -81,6 +82,7 @@ static void pending_add(int d) {
   if (!g.thread_on) return;
   pthread_mutex_lock(&g.mu);
   g.pending += d;
+  if (d > 0) g.last_start = lp_now();
   if (d > 0 && g.pending == 1) pthread_cond_signal(&g.cv);
   pthread_mutex_unlock(&g.mu);
 }
@@ -112,8 +114,11 @@ static double post_due_sends(double now) {
 /* While operations are pending: posts due deferred sends, lets MPI
  * progress (MPI_Iprobe runs Open MPI's progress engine, which moves
  * point-to-point fragments and the schedules of non-blocking collectives),
- * then sleeps ~50 us (less when a deferred send is due sooner). Otherwise
- * sleeps on the condition variable: an idle rank costs nothing. */
+ * then naps: 50 us during the first 5 ms after an operation started (when
+ * transfers need driving), 200 us until 50 ms, then 1 ms (a receive posted
+ * long before its message costs next to nothing; ~5% of a core at a
+ * constant 50 us); never past a deferred send's time. Otherwise sleeps on
+ * the condition variable: an idle rank costs nothing. */
 static void *progress_main(void *arg) {
   (void)arg;
   pthread_mutex_lock(&g.mu);
@@ -122,11 +127,12 @@ static void *progress_main(void *arg) {
     if (g.stop) break;
     double now = lp_now();
     double next = g.deferred ? post_due_sends(now) : 0;
+    double since = now - g.last_start;
     pthread_mutex_unlock(&g.mu);
     int flag = 0;
     MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g.progress_comm, &flag,
                MPI_STATUS_IGNORE);
-    double nap = 50e-6;
+    double nap = since < 5e-3 ? 50e-6 : since < 50e-3 ? 200e-6 : 1e-3;
     if (next > 0 && next - now < nap) nap = next - now > 0 ? next - now : 0;
     lp_sleep_until(now + nap);
     pthread_mutex_lock(&g.mu);
@@ -161,6 +167,7 @@ static lp_status defer_send(lp_comm *c, const void *buf, size_t count,
   *pp = d;
   mr(r)->deferred = 1;
   g.pending++;
+  g.last_start = lp_now();
   pthread_cond_signal(&g.cv);
   pthread_mutex_unlock(&g.mu);
   return LP_OK;

@@ -38,8 +38,10 @@ typedef struct lp_comm_backend {
   lp_status (*ibcast)(lp_comm *c, void *buf, size_t bytes, int root,
                       lp_comm_req *req);
   /* Starts an all-to-all-v of floats over c (arguments already checked by
-   * comm.c: lp_comm_size(c) entries each, the self piece's send and receive
-   * counts equal). The self piece is a local copy. May be NULL: then
+   * comm.c: lp_comm_size(c) entries each, displacements filled in, the
+   * self piece's send and receive counts equal). The self piece is a local
+   * copy. The four arrays are only valid during the call: a backend copies
+   * what it needs until completion (MPI: int copies). May be NULL: then
    * lp_comm_ialltoallv answers LP_ERR_UNSUPPORTED. */
   lp_status (*ialltoallv)(lp_comm *c, const float *send,
                           const size_t *send_counts, const size_t *send_displs,
@@ -199,10 +201,13 @@ lp_status lp_comm_bcast(lp_comm *c, void *buf, size_t bytes, int root,
  * send + send_displs[p] to rank p, and receives recv_counts[p] floats from
  * rank p into recv + recv_displs[p]; arrays of lp_comm_size(c) entries
  * (counts may be 0; the self entry is a local copy and its send and
- * receive counts must be equal). recv_counts[p] must equal what rank p
- * sends here (a mismatch is LP_ERR_COMM or undefined in MPI: exchange the
- * counts first). The buffers and arrays stay untouched until the request
- * is finished with lp_comm_wait / lp_comm_test / lp_comm_waitall, exactly
+ * receive counts must be equal). A NULL send_displs / recv_displs means the
+ * prefix sums of the counts (pieces packed in rank order). recv_counts[p]
+ * must equal what rank p sends here (a mismatch is LP_ERR_COMM or
+ * undefined in MPI: exchange the counts first). The count and displacement
+ * arrays are read during the call only (they may be freed when it
+ * returns); the buffers stay untouched until the request is finished with
+ * lp_comm_wait / lp_comm_test / lp_comm_waitall, exactly
  * like point to point and under the same watchdog; the timeout text reads
  * "timed out after S s (LUAPIPE_TIMEOUT) in an all-to-all-v on rank R
  * (N ranks) sending A floats to and receiving B floats from other ranks:
@@ -237,8 +242,10 @@ _Noreturn void lp_comm_fatal(lp_comm *c, const char *msg);
 /* Progress: under MPI the library asks for MPI_THREAD_MULTIPLE and, when
  * MPI provides it (checked with MPI_Query_thread), runs one progress
  * thread per process that drives MPI's progress engine (MPI_Iprobe on a
- * private communicator every ~50 us) while any operation is pending, and
- * sleeps on a condition variable otherwise. So a transfer or an
+ * private communicator: every 50 us for 5 ms after an operation started,
+ * then every 200 us, after 50 ms every 1 ms) while any operation is
+ * pending, and sleeps on a condition variable otherwise; it also posts the
+ * sends of an emulated link at their time. So a transfer or an
  * all-to-all-v started before a long computation finishes during it,
  * without the caller calling into MPI; lp_comm_test never blocks (one
  * MPI_Test). LUAPIPE_COMM_THREAD=0 turns the thread off (progress then

@@ -610,6 +610,11 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
   case LP_ACT_REDUCE_GRAD:
     if (e->loc[a->stage] < 0 || !ex_replicated(e, a->stage)) return LP_OK;
     return ex_reduce_start(e, e->loc[a->stage]);
+  case LP_ACT_WAIT_REDUCE_GRAD:
+    if (e->loc[a->stage] < 0) return LP_OK;
+    return ex_reduce_wait(e, e->loc[a->stage]);
+  case LP_ACT_UNSHARD:
+  case LP_ACT_RESHARD: return LP_OK; /* stages are never sharded here */
   default: return LP_ERR_INTERNAL;
   }
 }

@@ -150,6 +150,7 @@ size_t ex_grad_numel(const lp_nn_layer *l);
 /* 1 when model stage of vstage v has another copy. */
 int ex_replicated(const lp_exec *e, int v);
 lp_status ex_reduce_start(lp_exec *e, int li);
+lp_status ex_reduce_wait(lp_exec *e, int li);
 lp_status ex_reduce_finish(lp_exec *e);
 
 /* ---- ep.c ---- */

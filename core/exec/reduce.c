@@ -30,21 +30,27 @@ lp_status ex_reduce_start(lp_exec *e, int li) {
   return LP_OK;
 }
 
+/* Waits for the messages of local vstage li's reduction (WAIT_REDUCE_GRAD;
+ * a no-op once they are done or when none was started). */
+lp_status ex_reduce_wait(lp_exec *e, int li) {
+  vst *vs = &e->vs[li];
+  if (!vs->red_req) return LP_OK;
+  for (int u = 0; u < 2 * e->V; u++) {
+    if (!vs->red_req[u]) continue;
+    char what[200];
+    snprintf(what, sizeof what,
+             "rank %d, REDUCE_GRAD of stage %d (model stage %d) waits for rank %d",
+             e->rank, vs->id, vs->stage, ex_world(e, e->vrank[u % e->V]));
+    LP_CHECK(ex_wait(e, &vs->red_req[u], what));
+  }
+  return LP_OK;
+}
+
 /* Waits for every reduction and writes sum-of-copies (in vstage id order,
  * so every copy gets bitwise the same numbers) into the grads. */
 lp_status ex_reduce_finish(lp_exec *e) {
-  for (int li = 0; li < e->nloc; li++) {
-    vst *vs = &e->vs[li];
-    if (!vs->reduced) continue;
-    for (int u = 0; u < 2 * e->V; u++) {
-      if (!vs->red_req[u]) continue;
-      char what[200];
-      snprintf(what, sizeof what,
-               "rank %d, REDUCE_GRAD of stage %d (model stage %d) waits for rank %d",
-               e->rank, vs->id, vs->stage, ex_world(e, e->vrank[u % e->V]));
-      LP_CHECK(ex_wait(e, &vs->red_req[u], what));
-    }
-  }
+  for (int li = 0; li < e->nloc; li++)
+    if (e->vs[li].reduced) LP_CHECK(ex_reduce_wait(e, li));
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     if (!vs->reduced) continue;

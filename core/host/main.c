@@ -19,19 +19,50 @@
 #include "lp_lua.h"
 
 static const char *progname = "luapipe";
-static lua_State *global_L;
 
-/* ---- SIGINT: set a hook that raises "interrupted!" at the next call ---- */
+/* ---- SIGINT ----
+ * One handler for the process's whole life (installed first thing in main,
+ * even over an inherited SIG_IGN, as lua.c does for its calls). Inside a
+ * call it sets a hook that raises "interrupted!" at the next Lua step; a
+ * second Ctrl-C before that hook ran kills the process. Outside a call it
+ * leaves the interrupt pending: the next call is interrupted at once, so an
+ * early Ctrl-C is never lost. The REPL takes a pending interrupt at its
+ * prompt as "drop this line" (host_interrupt_take). */
+
+static lua_State *volatile running_L; /* the state inside host_docall, or NULL */
+static volatile sig_atomic_t pending; /* Ctrl-C not yet turned into an error */
 
 static void stop_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);
+  pending = 0;
   luaL_error(L, "interrupted!");
 }
 
 static void on_sigint(int sig) {
-  signal(sig, SIG_DFL); /* a second Ctrl-C kills the process */
-  lua_sethook(global_L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+  lua_State *L = running_L;
+  if (L && pending) { /* the first one is still on its way: stop hard */
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
+  pending = 1;
+  if (L) lua_sethook(L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+}
+
+void host_sigint_install(int restart) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = restart ? SA_RESTART : 0;
+  sigaction(SIGINT, &sa, NULL);
+}
+
+int host_interrupt_take(void) {
+  int was = pending;
+  pending = 0;
+  return was;
 }
 
 void host_report(lua_State *L, int status) {
@@ -44,10 +75,12 @@ void host_report(lua_State *L, int status) {
 }
 
 int host_docall(lua_State *L, int nargs, int nres) {
-  global_L = L;
-  signal(SIGINT, on_sigint);
+  lua_State *outer = running_L;
+  running_L = L;
+  if (pending) /* arrived between calls: interrupt this one at once */
+    lua_sethook(L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
   int status = lp_lua_pcall(L, nargs, nres);
-  signal(SIGINT, SIG_DFL);
+  running_L = outer;
   return status;
 }
 
@@ -99,9 +132,12 @@ static int open_luapipe(lua_State *L) {
 }
 
 /* arg table as in lua.c: arg[0] = script, arg[1..] = its arguments,
- * negative indices for what came before. */
+ * negative indices for what came before. Without a script (script == 0,
+ * `luapipe`, `luapipe -e CODE`) arg[0] is the program and arg[1..] the
+ * options, as lua5.4 does. */
 static void create_arg_table(lua_State *L, char **argv, int argc, int script) {
-  lua_createtable(L, argc - script - 1, script + 1);
+  int narg = argc - (script + 1);
+  lua_createtable(L, narg > 0 ? narg : 0, script + 1);
   for (int i = 0; i < argc; i++) {
     lua_pushstring(L, argv[i]);
     lua_rawseti(L, -2, i - script);
@@ -208,8 +244,10 @@ static int pmain(lua_State *L) {
     host_report(L, LUA_ERRRUN);
     return 0;
   }
-  /* subcommand? */
-  if (argc >= 2 && argv[1][0] != '-' && is_command(L, argv[1])) {
+  /* subcommand? A word that is neither a command nor a file is a usage
+   * error (the message lists the commands). */
+  if (argc >= 2 && argv[1][0] != '-' &&
+      (is_command(L, argv[1]) || (!strchr(argv[1], '/') && access(argv[1], F_OK) != 0))) {
     int code = 1;
     if (run_command(L, argv, argc, &code) == LUA_OK) ha->exit_code = code;
     return 0;
@@ -253,7 +291,7 @@ static int pmain(lua_State *L) {
                    "=version") != LUA_OK)
       return 0;
   }
-  create_arg_table(L, argv, argc, script ? script : argc - 1 + (argc == 1));
+  create_arg_table(L, argv, argc, script);
   /* second pass: run -e chunks in order */
   for (int j = 1; j < (script ? script : argc); j++) {
     if (strcmp(argv[j], "-e") == 0) {
@@ -280,7 +318,7 @@ static int pmain(lua_State *L) {
 }
 
 int main(int argc, char **argv) {
-  if (argv[0] && argv[0][0]) progname = "luapipe";
+  host_sigint_install(1);
   /* MPI first when under mpirun (atexit also finalizes, for os.exit) */
   if (lp_comm_mpi_init(&argc, &argv) != LP_OK) return 1;
   lua_State *L = luaL_newstate();

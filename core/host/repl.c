@@ -64,11 +64,41 @@ static int try_expression(lua_State *L, const char *line) {
   return st;
 }
 
+/* ---- Ctrl-C at the prompt ----
+ * readline's own signal handling is off; while it waits for a key the
+ * SIGINT handler runs without SA_RESTART, so the read returns EINTR and
+ * readline calls on_signal_event: a pending Ctrl-C clears the line (and an
+ * unfinished statement) and shows a fresh prompt, as in a shell. */
+
+static int dropped; /* Ctrl-C dropped the statement being typed */
+
+static int on_signal_event(void) {
+  if (host_interrupt_take()) {
+    dropped = 1;
+    rl_replace_line("", 0);
+    rl_set_prompt(PROMPT);
+    rl_crlf();
+    rl_on_new_line();
+    rl_redisplay();
+  }
+  return 0;
+}
+
+static char *read_line(const char *prompt) {
+  host_interrupt_take(); /* a Ctrl-C between chunks is spent */
+  host_sigint_install(0);
+  char *line = readline(prompt);
+  host_sigint_install(1);
+  if (host_interrupt_take()) dropped = 1;
+  return line;
+}
+
 /* Reads one chunk, continuing lines until it is complete; leaves the
  * compiled function or an error message, returns the load status, or -1
  * at end of input. */
 static int read_chunk(lua_State *L) {
-  char *line = readline(PROMPT);
+  dropped = 0;
+  char *line = read_line(PROMPT);
   if (!line) return -1;
   if (try_expression(L, line) == LUA_OK) {
     history_add(line);
@@ -86,10 +116,22 @@ static int read_chunk(lua_State *L) {
       lua_remove(L, -2);
       return st;
     }
-    char *more = readline(PROMPT2);
+    dropped = 0;
+    char *more = read_line(PROMPT2);
     if (!more) { /* end of input inside a statement */
       lua_pop(L, 1);
       return -1;
+    }
+    if (dropped) { /* Ctrl-C: forget the statement, start over with this line */
+      lua_pop(L, 1);
+      if (try_expression(L, more) == LUA_OK) {
+        history_add(more);
+        free(more);
+        return LUA_OK;
+      }
+      lua_pushstring(L, more);
+      free(more);
+      continue;
     }
     lua_pushstring(L, "\n");
     lua_pushstring(L, more);
@@ -115,6 +157,8 @@ void host_repl(lua_State *L) {
   printf("luapipe %s, %s — the library is `luapipe`; try luapipe.help()\n",
          LP_VERSION, LUA_RELEASE);
   history_open();
+  rl_catch_signals = 0;
+  rl_signal_event_hook = on_signal_event;
   for (;;) {
     int base = lua_gettop(L);
     int st = read_chunk(L);

@@ -221,6 +221,26 @@ static int lb_comm_obj_allreduce(lua_State *L) {
   return 1;
 }
 
+/* c:bcast(list, root [, what]) -> root's list (as doubles) | nil, err;
+ * every rank passes a list of the same length (the others' values are
+ * ignored). */
+static int lb_comm_obj_bcast(lua_State *L) {
+  lp_comm *c = check_comm(L, 1);
+  lua_Integer root = luaL_checkinteger(L, 3);
+  luaL_argcheck(L, root >= 0 && root < lp_comm_size(c), 3, "no such rank");
+  const char *what = luaL_optstring(L, 4, "comm.bcast");
+  size_t n;
+  double *buf = check_numbers(L, 2, 1, &n);
+  lp_status st = lp_comm_bcast(c, buf, n * sizeof(double), (int)root, what);
+  if (st != LP_OK) return comm_fail(L, c, st);
+  lua_createtable(L, (int)n, 0);
+  for (size_t i = 0; i < n; i++) {
+    lua_pushnumber(L, buf[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  return 1;
+}
+
 #define LB_A2A_MAX_COUNT (1 << 24) /* floats per piece: exact as a float count */
 
 /* c:alltoallv(lists [, what]) -> received lists | nil, err
@@ -337,6 +357,7 @@ void lb_open_comm(lua_State *L) {
                                      {"split", lb_comm_obj_split},
                                      {"barrier", lb_comm_obj_barrier},
                                      {"allreduce", lb_comm_obj_allreduce},
+                                     {"bcast", lb_comm_obj_bcast},
                                      {"alltoallv", lb_comm_obj_alltoallv},
                                      {"set_link", lb_comm_obj_set_link},
                                      {"link", lb_comm_obj_link},

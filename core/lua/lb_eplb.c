@@ -27,7 +27,8 @@ static int opt_int(lua_State *L, const char *name, int deflt, int min) {
   }
   lua_Integer v = lua_tointegerx(L, -1, &isnum);
   if (!isnum) luaL_error(L, "eplb: option '%s' must be an integer, got %s", name, luaL_typename(L, -1));
-  if (v < min || v > INT32_MAX) luaL_error(L, "eplb: option '%s' must be at least %d (got %I)", name, min, v);
+  if (v < min || v > INT32_MAX)
+    luaL_error(L, "eplb: option '%s' must be from %d to %d (got %I)", name, min, INT32_MAX, v);
   lua_pop(L, 1);
   return (int)v;
 }
@@ -150,15 +151,93 @@ static void push_ints(lua_State *L, const int *a, int rows, int cols, int compac
   }
 }
 
-/* Pushes the result table of a plan (see luapipe.eplb for its fields). */
-static void push_plan(lua_State *L, const lp_eplb_plan *p, int compact) {
+/* Appends the decimal text of v to b. */
+static void add_int(luaL_Buffer *b, int v) {
+  char tmp[16];
+  int n = 0;
+  unsigned u = v < 0 ? 0u - (unsigned)v : (unsigned)v;
+  do {
+    tmp[n++] = (char)('0' + u % 10);
+    u /= 10;
+  } while (u);
+  if (v < 0) tmp[n++] = '-';
+  char *p = luaL_prepbuffsize(b, (size_t)n);
+  for (int i = 0; i < n; i++) p[i] = tmp[n - 1 - i];
+  luaL_addsize(b, (size_t)n);
+}
+
+/* Pushes a JSON array of n ints (stride apart) as text: "[1,2,3]". */
+static void add_json_ints(luaL_Buffer *b, const int *a, int n) {
+  luaL_addchar(b, '[');
+  for (int i = 0; i < n; i++) {
+    if (i) luaL_addchar(b, ',');
+    add_int(b, a[i]);
+  }
+  luaL_addchar(b, ']');
+}
+
+/* Pushes the three maps as tables of JSON text, one string per layer
+ * ({physical_to_logical = {...}, logical_to_physical = {...},
+ * logical_count = {...}}); logical_to_physical lists each expert's slots
+ * without padding. Size and time proportional to the plan. */
+static void push_json_rows(lua_State *L, const lp_eplb_plan *p) {
   int Ln = lp_eplb_plan_layers(p), E = lp_eplb_plan_experts(p);
-  int R = lp_eplb_plan_replicas(p), G = lp_eplb_plan_gpus(p), X = lp_eplb_plan_width(p);
-  lua_createtable(L, 0, 16);
+  int R = lp_eplb_plan_replicas(p), X = lp_eplb_plan_width(p);
+  const int *p2l = lp_eplb_plan_phy2log(p), *l2p = lp_eplb_plan_log2phy(p);
+  const int *cnt = lp_eplb_plan_logcnt(p);
+  lua_createtable(L, 0, 3);
+  for (int which = 0; which < 3; which++) {
+    lua_createtable(L, Ln, 0);
+    for (int l = 0; l < Ln; l++) {
+      luaL_Buffer b;
+      luaL_buffinit(L, &b);
+      if (which == 0) {
+        add_json_ints(&b, p2l + (size_t)l * R, R);
+      } else if (which == 1) {
+        luaL_addchar(&b, '[');
+        for (int e = 0; e < E; e++) {
+          if (e) luaL_addchar(&b, ',');
+          add_json_ints(&b, l2p + ((size_t)l * E + e) * X, cnt[(size_t)l * E + e]);
+        }
+        luaL_addchar(&b, ']');
+      } else {
+        add_json_ints(&b, cnt + (size_t)l * E, E);
+      }
+      luaL_pushresult(&b);
+      lua_rawseti(L, -2, l + 1);
+    }
+    lua_setfield(L, -2, which == 0 ? "physical_to_logical"
+                        : which == 1 ? "logical_to_physical" : "logical_count");
+  }
+}
+
+/* Sets the three maps on the table on top: tables (ragged: each expert's
+ * slots in logical_to_physical without -1 padding, size proportional to
+ * the plan) or native int32 strings (compact). */
+static void push_maps(lua_State *L, const lp_eplb_plan *p, int compact, int ragged) {
+  int Ln = lp_eplb_plan_layers(p), E = lp_eplb_plan_experts(p);
+  int R = lp_eplb_plan_replicas(p), X = lp_eplb_plan_width(p);
   push_ints(L, lp_eplb_plan_phy2log(p), Ln, R, compact);
   lua_setfield(L, -2, "physical_to_logical");
   const int *l2p = lp_eplb_plan_log2phy(p);
-  if (compact) {
+  const int *cnt = lp_eplb_plan_logcnt(p);
+  if (ragged && !compact) {
+    lua_createtable(L, Ln, 0);
+    for (int l = 0; l < Ln; l++) {
+      lua_createtable(L, E, 0);
+      for (int e = 0; e < E; e++) {
+        int n = cnt[(size_t)l * E + e];
+        const int *slots = l2p + ((size_t)l * E + e) * X;
+        lua_createtable(L, n, 0);
+        for (int x = 0; x < n; x++) {
+          lua_pushinteger(L, slots[x]);
+          lua_rawseti(L, -2, x + 1);
+        }
+        lua_rawseti(L, -2, e + 1);
+      }
+      lua_rawseti(L, -2, l + 1);
+    }
+  } else if (compact) {
     push_ints(L, l2p, Ln, E * X, 1);
   } else {
     lua_createtable(L, Ln, 0);
@@ -168,8 +247,22 @@ static void push_plan(lua_State *L, const lp_eplb_plan *p, int compact) {
     }
   }
   lua_setfield(L, -2, "logical_to_physical");
-  push_ints(L, lp_eplb_plan_logcnt(p), Ln, E, compact);
+  push_ints(L, cnt, Ln, E, compact);
   lua_setfield(L, -2, "logical_count");
+}
+
+/* Pushes the result table of a plan (see luapipe.eplb for its fields).
+ * json: the maps come as json_rows (push_json_rows) instead. */
+static void push_plan(lua_State *L, const lp_eplb_plan *p, int compact, int ragged, int json) {
+  int Ln = lp_eplb_plan_layers(p), E = lp_eplb_plan_experts(p);
+  int R = lp_eplb_plan_replicas(p), G = lp_eplb_plan_gpus(p), X = lp_eplb_plan_width(p);
+  lua_createtable(L, 0, 16);
+  if (json) {
+    push_json_rows(L, p);
+    lua_setfield(L, -2, "json_rows");
+  } else {
+    push_maps(L, p, compact, ragged);
+  }
   const double *gl = lp_eplb_plan_gpu_load(p);
   lua_createtable(L, Ln, 0);
   for (int l = 0; l < Ln; l++) {
@@ -226,6 +319,10 @@ static void push_plan(lua_State *L, const lp_eplb_plan *p, int compact) {
   lua_setfield(L, -2, "mode");
   lua_pushboolean(L, compact);
   lua_setfield(L, -2, "compact");
+  lua_pushboolean(L, ragged && !compact);
+  lua_setfield(L, -2, "ragged");
+  lua_pushboolean(L, json);
+  lua_setfield(L, -2, "json");
 }
 
 /* Runs the core call with the plan held by a closed-first box. */
@@ -251,17 +348,19 @@ static plan_box *new_plan_box(lua_State *L) {
   return b;
 }
 
-static int finish(lua_State *L, plan_box *b, lp_status st, const char *err, int compact) {
+static int finish(lua_State *L, plan_box *b, lp_status st, const char *err, int compact,
+                  int ragged, int json) {
   if (st == LP_ERR_NOMEM) return luaL_error(L, "out of memory");
   if (st != LP_OK) return lb_fail(L, err);
-  push_plan(L, b->p, compact);
+  push_plan(L, b->p, compact, ragged, json);
   lp_eplb_plan_free(b->p);
   b->p = NULL;
   return 1;
 }
 
 /* core.eplb_rebalance{load=, replicas=, groups=, nodes=, gpus=, mode=,
- * spill=, previous=, max_moves=, fixed_x=, compact=} -> result | nil, err */
+ * spill=, previous=, max_moves=, fixed_x=, compact=, ragged=,
+ * json=} -> result | nil, err */
 static int lb_eplb_rebalance(lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   int replicas = opt_int(L, "replicas", INT32_MIN, 1);
@@ -284,6 +383,10 @@ static int lb_eplb_rebalance(lua_State *L) {
   o.spill = lua_toboolean(L, -1);
   lua_getfield(L, 1, "compact");
   int compact = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "ragged");
+  int ragged = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "json");
+  int json = lua_toboolean(L, -1);
   lua_settop(L, 1);
   o.max_moves = max_moves;
   o.fixed_x = fixed_x;
@@ -309,7 +412,7 @@ static int lb_eplb_rebalance(lua_State *L) {
   plan_box *b = new_plan_box(L);
   lp_status st = lp_eplb_rebalance(load, layers, experts, replicas, groups, nodes, gpus, &o,
                                    &b->p, err);
-  return finish(L, b, st, err, compact);
+  return finish(L, b, st, err, compact, ragged, json);
 }
 
 /* core.eplb_evaluate{load=, physical_to_logical=, nodes=, gpus=, previous=}
@@ -320,6 +423,10 @@ static int lb_eplb_evaluate(lua_State *L) {
   int nodes = opt_int(L, "nodes", 1, 1);
   lua_getfield(L, 1, "compact");
   int compact = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "ragged");
+  int ragged = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "json");
+  int json = lua_toboolean(L, -1);
   lua_settop(L, 1);
   char err[LP_ERRLEN];
   int layers, experts, rows, replicas;
@@ -341,15 +448,21 @@ static int lb_eplb_evaluate(lua_State *L) {
   plan_box *b = new_plan_box(L);
   lp_status st = lp_eplb_evaluate(load, layers, experts, map, replicas, nodes, gpus, prev,
                                   &b->p, err);
-  return finish(L, b, st, err, compact);
+  return finish(L, b, st, err, compact, ragged, json);
 }
 
 /* core.eplb_check(experts, replicas, groups, nodes, gpus) -> true | nil, err */
 static int lb_eplb_check(lua_State *L) {
+  static const char *const names[5] = {"experts", "replicas", "groups", "nodes", "gpus"};
   int v[5];
   for (int i = 0; i < 5; i++) {
     lua_Integer x = luaL_checkinteger(L, i + 1);
-    v[i] = x < INT32_MIN ? INT32_MIN : x > INT32_MAX ? INT32_MAX : (int)x;
+    if (x < INT32_MIN || x > INT32_MAX) {
+      lua_pushnil(L);
+      lua_pushfstring(L, "%s (%I) is out of range (at most %d)", names[i], x, (int)INT32_MAX);
+      return 2;
+    }
+    v[i] = (int)x;
   }
   char err[LP_ERRLEN];
   if (lp_eplb_check_shape(1, v[0], v[1], v[2], v[3], v[4], err) != LP_OK) return lb_fail(L, err);

@@ -25,6 +25,10 @@ void lb_set_integer(lua_State *L, const char *k, lua_Integer v);
  * error or "attempt to use a closed <tname>". */
 void *lb_box_new(lua_State *L, size_t size, const char *tname);
 void *lb_box_check(lua_State *L, int idx, const char *tname);
+/* luaL_checkinteger that also fits an int: a value outside INT_MIN..INT_MAX
+ * raises "bad argument #arg to 'f' (<n> is out of range)" instead of being
+ * truncated (4294967298 silently becoming 2). */
+int lb_check_int(lua_State *L, int arg);
 /* Pushes nil, msg and returns 2 (runtime failures). */
 int lb_fail(lua_State *L, const char *msg);
 /* Registers metatable `tname` with __name, __index = methods (the methods

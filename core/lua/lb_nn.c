@@ -2,6 +2,7 @@
  * and chunks from Lua, read and write parameters as Lua tables (for tests),
  * the no-pipeline reference step and per-layer cost measurement. Misuse
  * raises; runtime failures return nil, message. */
+#include <stdio.h>
 #include <string.h>
 
 #include "lb_nn.h"
@@ -52,20 +53,27 @@ static int lb_tensor_new(lua_State *L) {
   lua_settop(L, 2); /* [shape, values]: the box goes to index 3 */
   int64_t shape[LP_TENSOR_MAXDIM];
   int nd = check_shape(L, 1, shape);
-  int64_t n = 1;
-  for (int i = 0; i < nd; i++) n *= shape[i];
+  double count = 1; /* for messages: exact up to 2^53, never overflows */
+  for (int i = 0; i < nd; i++) count *= (double)shape[i];
   tensor_box *b = new_tensor_box(L);
-  if (lp_tensor_zeros(NULL, nd, shape, &b->t) != LP_OK) return luaL_error(L, "out of memory");
+  lp_status st = lp_tensor_zeros(NULL, nd, shape, &b->t);
+  if (st != LP_OK) {
+    char msg[128];
+    if (st == LP_ERR_ARG) snprintf(msg, sizeof msg, "tensor of %.0f elements is too large", count);
+    else snprintf(msg, sizeof msg, "out of memory for a tensor of %.0f elements", count);
+    return luaL_error(L, "%s", msg);
+  }
+  int64_t n = lp_tensor_numel(b->t);
   if (!lua_isnoneornil(L, 2)) {
     luaL_checktype(L, 2, LUA_TTABLE);
     if ((int64_t)luaL_len(L, 2) != n)
-      return luaL_error(L, "tensor: %d values given for a shape of %d elements",
-                        (int)luaL_len(L, 2), (int)n);
+      return luaL_error(L, "tensor: %I values given for a shape of %I elements",
+                        (lua_Integer)luaL_len(L, 2), (lua_Integer)n);
     for (int64_t i = 0; i < n; i++) {
       lua_geti(L, 2, i + 1);
       int ok;
       lua_Number v = lua_tonumberx(L, -1, &ok);
-      if (!ok) return luaL_error(L, "tensor: value %d is not a number", (int)(i + 1));
+      if (!ok) return luaL_error(L, "tensor: value %I is not a number", (lua_Integer)(i + 1));
       b->t->data[i] = (float)v;
       lua_pop(L, 1);
     }
@@ -122,7 +130,7 @@ static int lb_tensor_tostring(lua_State *L) {
   luaL_buffinit(L, &buf);
   luaL_addstring(&buf, LB_TENSOR " [");
   for (int i = 0; i < b->t->ndim; i++) {
-    lua_pushfstring(L, i ? ", %d" : "%d", (int)b->t->shape[i]);
+    lua_pushfstring(L, i ? ", %I" : "%I", (lua_Integer)b->t->shape[i]);
     luaL_addvalue(&buf);
   }
   luaL_addstring(&buf, "]");
@@ -357,18 +365,30 @@ static int lb_layer_set_params(lua_State *L) {
   const lp_nn_param *p = lp_nn_params(l, &n);
   lua_pushnil(L);
   while (lua_next(L, 2)) {
-    const char *name = lua_tostring(L, -2);
+    /* never lua_tostring the key: it would turn a number key into a string
+     * under lua_next */
+    const char *name = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+    if (!name)
+      return luaL_error(L, "set_params: keys must be parameter names, got a %s key",
+                        luaL_typename(L, -2));
     size_t i = 0;
-    while (name && i < n && strcmp(p[i].name, name) != 0) i++;
-    if (!name || i == n) return luaL_error(L, "set_params: no parameter '%s'", name ? name : "?");
+    while (i < n && strcmp(p[i].name, name) != 0) i++;
+    if (i == n) return luaL_error(L, "set_params: no parameter '%s'", name);
     int64_t c = lp_tensor_numel(p[i].value);
-    luaL_checktype(L, -1, LUA_TTABLE);
+    if (!lua_istable(L, -1))
+      return luaL_error(L, "set_params: '%s' must be a list of %I numbers, got a %s", name,
+                        (lua_Integer)c, luaL_typename(L, -1));
     if ((int64_t)luaL_len(L, -1) != c)
-      return luaL_error(L, "set_params: '%s' has %d elements, got %d", name, (int)c,
-                        (int)luaL_len(L, -1));
+      return luaL_error(L, "set_params: '%s' has %I elements, got %I", name, (lua_Integer)c,
+                        (lua_Integer)luaL_len(L, -1));
     for (int64_t j = 0; j < c; j++) {
       lua_geti(L, -1, j + 1);
-      p[i].value->data[j] = (float)lua_tonumber(L, -1);
+      int ok;
+      lua_Number x = lua_tonumberx(L, -1, &ok);
+      if (!ok)
+        return luaL_error(L, "set_params: '%s' value %I is not a number", name,
+                          (lua_Integer)(j + 1));
+      p[i].value->data[j] = (float)x;
       lua_pop(L, 1);
     }
     lua_pop(L, 1);

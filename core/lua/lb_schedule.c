@@ -1,6 +1,7 @@
 /* lb_schedule.c — luapipe.Schedule: the schedule IR seen from Lua.
  * Misuse (bad ids, unparsable actions) raises; validation and lowering
  * failures return nil, message. */
+#include <limits.h>
 #include <string.h>
 
 #include "lb_internal.h"
@@ -27,13 +28,15 @@ static int lb_schedule_close(lua_State *L) {
   return 0;
 }
 
+/* core.schedule_new(ranks, stages, microbatches) -> Schedule; counts out
+ * of range raise "ranks must be 1..4096, got 4294967298". */
 static int lb_schedule_new(lua_State *L) {
-  int ranks = (int)luaL_checkinteger(L, 1);
-  int stages = (int)luaL_checkinteger(L, 2);
-  int mbs = (int)luaL_checkinteger(L, 3);
-  luaL_argcheck(L, ranks >= 1, 1, "ranks must be at least 1");
-  luaL_argcheck(L, stages >= 1, 2, "stages must be at least 1");
-  luaL_argcheck(L, mbs >= 1, 3, "microbatches must be at least 1");
+  lua_Integer ranks = luaL_checkinteger(L, 1);
+  lua_Integer stages = luaL_checkinteger(L, 2);
+  lua_Integer mbs = luaL_checkinteger(L, 3);
+  char err[LP_ERRLEN];
+  if (lp_schedule_check_counts(ranks, stages, mbs, err) != LP_OK)
+    return luaL_error(L, "%s", err);
   sched_box *b = new_box(L);
   if (lp_schedule_new(ranks, stages, mbs, &b->s) != LP_OK)
     return luaL_error(L, "out of memory");
@@ -70,15 +73,15 @@ static int lb_schedule_info(lua_State *L) {
 static int lb_schedule_add_vstage(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   int id;
-  check(L, s, lp_schedule_add_vstage(s, (int)luaL_checkinteger(L, 2),
-                                     (int)luaL_checkinteger(L, 3), &id));
+  check(L, s, lp_schedule_add_vstage(s, lb_check_int(L, 2),
+                                     lb_check_int(L, 3), &id));
   lua_pushinteger(L, id);
   return 1;
 }
 
 static int lb_schedule_vstage(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
-  int v = (int)luaL_checkinteger(L, 2);
+  int v = lb_check_int(L, 2);
   luaL_argcheck(L, v >= 0 && v < lp_schedule_vstages(s), 2, "no such virtual stage");
   lua_pushinteger(L, lp_schedule_vstage_stage(s, v));
   lua_pushinteger(L, lp_schedule_vstage_rank(s, v));
@@ -87,16 +90,22 @@ static int lb_schedule_vstage(lua_State *L) {
 
 static int lb_schedule_set_route(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
-  int mb = (int)luaL_checkinteger(L, 2);
+  int mb = lb_check_int(L, 2);
   luaL_checktype(L, 3, LUA_TTABLE);
-  int n = (int)luaL_len(L, 3);
-  int buf[256];
-  luaL_argcheck(L, n <= 256, 3, "route longer than 256 virtual stages");
+  lua_Integer len = luaL_len(L, 3);
+  int stages = lp_schedule_stages(s);
+  if (len != stages) /* the core reports it without reading an entry */
+    check(L, s, lp_schedule_set_route(s, mb, NULL, len > INT_MAX ? INT_MAX : (int)len));
+  int n = stages, small[64];
+  int *buf = n <= 64 ? small : lua_newuserdatauv(L, (size_t)n * sizeof(int), 0);
   for (int i = 0; i < n; i++) {
     lua_geti(L, 3, i + 1);
     int ok;
-    buf[i] = (int)lua_tointegerx(L, -1, &ok);
-    if (!ok) return luaL_error(L, "route of micro-batch %d: entry %d is not an integer", mb, i + 1);
+    lua_Integer v = lua_tointegerx(L, -1, &ok);
+    if (!ok || v < 0 || v > INT_MAX)
+      return luaL_error(L, "route of micro-batch %d: entry %d is not a virtual stage id", mb,
+                        i + 1);
+    buf[i] = (int)v;
     lua_pop(L, 1);
   }
   check(L, s, lp_schedule_set_route(s, mb, buf, n));
@@ -107,12 +116,31 @@ static int lb_schedule_set_route(lua_State *L) {
 static int lb_schedule_route(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   int n;
-  const int *r = lp_schedule_route(s, (int)luaL_checkinteger(L, 2), &n);
+  const int *r = lp_schedule_route(s, lb_check_int(L, 2), &n);
   if (!r) return 0;
   lua_createtable(L, n, 0);
   for (int i = 0; i < n; i++) {
     lua_pushinteger(L, r[i]);
     lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* s:microbatches_of(v) -> the micro-batches whose route passes virtual
+ * stage v, in increasing order (O(microbatches)). */
+static int lb_schedule_microbatches_of(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int v = lb_check_int(L, 2);
+  luaL_argcheck(L, v >= 0 && v < lp_schedule_vstages(s), 2, "no such virtual stage");
+  int k = lp_schedule_vstage_stage(s, v), M = lp_schedule_microbatches(s), n = 0;
+  lua_createtable(L, 0, 0);
+  for (int mb = 0; mb < M; mb++) {
+    int len;
+    const int *r = lp_schedule_route(s, mb, &len);
+    if (r && k < len && r[k] == v) {
+      lua_pushinteger(L, mb);
+      lua_rawseti(L, -2, ++n);
+    }
   }
   return 1;
 }
@@ -126,7 +154,7 @@ static void check_rank(lua_State *L, lp_schedule *s, int arg, int rank) {
 /* s:push(rank, "0F3" | {"0F3", "0I3", ...}) */
 static int lb_schedule_push(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
-  int rank = (int)luaL_checkinteger(L, 2);
+  int rank = lb_check_int(L, 2);
   check_rank(L, s, 2, rank);
   if (lua_type(L, 3) == LUA_TTABLE) {
     lua_Integer n = luaL_len(L, 3);
@@ -144,9 +172,39 @@ static int lb_schedule_push(lua_State *L) {
   return 1;
 }
 
+/* Action type named `name` ("F", ..., "FB" or "OVERLAP_F_B"); -1 if none. */
+static int type_of(const char *name) {
+  if (strcmp(name, "FB") == 0) return LP_ACT_FB;
+  for (int t = 0; t < LP_ACT__COUNT; t++)
+    if (strcmp(name, lp_action_type_name(t)) == 0) return t;
+  return -1;
+}
+
+/* s:push_op(rank, type, v[, mb[, btype, bv, bmb]]) -> s: one action from
+ * its fields, without text (what the builders use: no format, no parse).
+ * type "F", "B", ..., "REDUCE_GRAD"; "FB" takes the backward half too. */
+static int lb_schedule_push_op(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int rank = lb_check_int(L, 2);
+  check_rank(L, s, 2, rank);
+  lp_action a = {type_of(luaL_checkstring(L, 3)), 0, -1, -1, -1, -1};
+  luaL_argcheck(L, a.type >= 0, 3, "unknown action type");
+  a.stage = lb_check_int(L, 4);
+  if (lp_action_has_mb(a.type)) a.mb = lb_check_int(L, 5);
+  if (a.type == LP_ACT_FB) {
+    a.btype = type_of(luaL_checkstring(L, 6));
+    luaL_argcheck(L, a.btype == LP_ACT_B || a.btype == LP_ACT_I, 6, "expected \"B\" or \"I\"");
+    a.bstage = lb_check_int(L, 7);
+    a.bmb = lb_check_int(L, 8);
+  }
+  check(L, s, lp_schedule_push(s, rank, &a));
+  lua_settop(L, 1);
+  return 1;
+}
+
 static int lb_schedule_clear_rank(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
-  int rank = (int)luaL_checkinteger(L, 2);
+  int rank = lb_check_int(L, 2);
   check_rank(L, s, 2, rank);
   lp_schedule_clear_rank(s, rank);
   lua_settop(L, 1);
@@ -156,7 +214,7 @@ static int lb_schedule_clear_rank(lua_State *L) {
 /* s:actions(rank) -> {"0F0", "0F1", ...} */
 static int lb_schedule_actions(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
-  int rank = (int)luaL_checkinteger(L, 2);
+  int rank = lb_check_int(L, 2);
   check_rank(L, s, 2, rank);
   int n;
   const lp_action *a = lp_schedule_actions(s, rank, &n);
@@ -193,9 +251,9 @@ void lb_push_action(lua_State *L, const lp_action *a) {
 /* s:action(rank, i) -> decoded table (i is 1-based), or nil past the end */
 static int lb_schedule_action(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
-  int rank = (int)luaL_checkinteger(L, 2);
+  int rank = lb_check_int(L, 2);
   check_rank(L, s, 2, rank);
-  int n, i = (int)luaL_checkinteger(L, 3);
+  int n, i = lb_check_int(L, 3);
   const lp_action *a = lp_schedule_actions(s, rank, &n);
   if (i < 1 || i > n) return 0;
   lb_push_action(L, &a[i - 1]);
@@ -204,7 +262,7 @@ static int lb_schedule_action(lua_State *L) {
 
 static int lb_schedule_count(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
-  int rank = (int)luaL_checkinteger(L, 2);
+  int rank = lb_check_int(L, 2);
   check_rank(L, s, 2, rank);
   int n;
   lp_schedule_actions(s, rank, &n);
@@ -212,9 +270,25 @@ static int lb_schedule_count(lua_State *L) {
   return 1;
 }
 
+/* s:validate([{sends = "buffered" | "rendezvous"}]) -> true | nil, err */
 static int lb_schedule_validate(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
-  lp_status st = lp_schedule_validate(s);
+  static const char *const models[] = {"buffered", "rendezvous", NULL};
+  lp_send_model sends = LP_SENDS_BUFFERED;
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_argexpected(L, lua_istable(L, 2), 2, "table of options {sends = ...}");
+    if (lua_getfield(L, 2, "sends") != LUA_TNIL) {
+      const char *m = lua_tostring(L, -1);
+      int i = 0;
+      while (m && models[i] && strcmp(models[i], m) != 0) i++;
+      if (!m || !models[i])
+        return luaL_error(L, "validate: option 'sends' must be \"buffered\" or "
+                             "\"rendezvous\", got %s", m ? m : luaL_typename(L, -1));
+      sends = (lp_send_model)i;
+    }
+    lua_pop(L, 1);
+  }
+  lp_status st = lp_schedule_validate_sends(s, sends);
   if (st == LP_ERR_NOMEM) return luaL_error(L, "out of memory");
   if (st != LP_OK) return lb_fail(L, lp_schedule_last_error(s));
   lua_pushboolean(L, 1);
@@ -265,6 +339,19 @@ static int lb_schedule_from_csv(lua_State *L) {
   return 1;
 }
 
+/* core.schedule_limits() -> {ranks=, stages=, microbatches=, cells=,
+ * vstages=, actions=}: the limits of lp_schedule.h (the one home). */
+static int lb_schedule_limits(lua_State *L) {
+  lua_createtable(L, 0, 6);
+  lb_set_integer(L, "ranks", LP_SCHEDULE_MAX_RANKS);
+  lb_set_integer(L, "stages", LP_SCHEDULE_MAX_STAGES);
+  lb_set_integer(L, "microbatches", LP_SCHEDULE_MAX_MICROBATCHES);
+  lb_set_integer(L, "cells", LP_SCHEDULE_MAX_CELLS);
+  lb_set_integer(L, "vstages", LP_SCHEDULE_MAX_VSTAGES);
+  lb_set_integer(L, "actions", LP_SCHEDULE_MAX_ACTIONS);
+  return 1;
+}
+
 /* core.parse_action(text) -> decoded table | nil, err */
 static int lb_parse_action(lua_State *L) {
   lp_action a;
@@ -276,7 +363,7 @@ static int lb_parse_action(lua_State *L) {
 
 static int lb_schedule_memory(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
-  int rank = (int)luaL_checkinteger(L, 2);
+  int rank = lb_check_int(L, 2);
   check_rank(L, s, 2, rank);
   lp_schedule_memory m;
   check(L, s, lp_schedule_memory_of(s, rank, &m));
@@ -293,7 +380,9 @@ void lb_open_schedule(lua_State *L) {
       {"set_name", lb_schedule_set_name}, {"info", lb_schedule_info},
       {"add_vstage", lb_schedule_add_vstage}, {"vstage", lb_schedule_vstage},
       {"set_route", lb_schedule_set_route}, {"route", lb_schedule_route},
-      {"push", lb_schedule_push}, {"clear_rank", lb_schedule_clear_rank},
+      {"microbatches_of", lb_schedule_microbatches_of},
+      {"push", lb_schedule_push}, {"push_op", lb_schedule_push_op},
+      {"clear_rank", lb_schedule_clear_rank},
       {"actions", lb_schedule_actions}, {"action", lb_schedule_action},
       {"count", lb_schedule_count}, {"validate", lb_schedule_validate},
       {"lower", lb_schedule_lower}, {"clone", lb_schedule_clone},
@@ -306,6 +395,7 @@ void lb_open_schedule(lua_State *L) {
       {"schedule_new", lb_schedule_new},
       {"schedule_from_csv", lb_schedule_from_csv},
       {"parse_action", lb_parse_action},
+      {"schedule_limits", lb_schedule_limits},
       {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
   lb_new_class(L, LB_SCHEDULE, "Schedule", methods, meta);

@@ -114,9 +114,10 @@ static void get_time(lua_State *L, int idx, const char *key, double *dst,
   if (t != LUA_TNIL) {
     int isnum;
     lua_Number v = lua_tonumberx(L, -1, &isnum);
-    if (!isnum || !(v >= 0) || v != v || v > 1e300)
-      luaL_error(L, "%s: %s must be a number >= 0, got %s", ctx, key,
-                 isnum ? lua_tostring(L, -1) : luaL_typename(L, -1));
+    char err[LP_ERRLEN];
+    if (!isnum)
+      luaL_error(L, "%s: %s must be a number >= 0, got %s", ctx, key, luaL_typename(L, -1));
+    if (lp_sim_time_check(key, (double)v, err) != LP_OK) luaL_error(L, "%s: %s", ctx, err);
     *dst = (double)v;
   }
   lua_pop(L, 1);
@@ -258,7 +259,7 @@ static int lb_simres_events(lua_State *L) {
   if (lua_isnoneornil(L, 2)) {
     ev = lp_sim_events(r, &n);
   } else {
-    int rank = (int)luaL_checkinteger(L, 2);
+    int rank = lb_check_int(L, 2);
     luaL_argcheck(L, rank >= 0 && rank < lp_sim_ranks(r), 2, "no such rank");
     ev = lp_sim_rank_events(r, rank, &n);
   }
@@ -298,7 +299,7 @@ static int lb_simres_messages(lua_State *L) {
 /* r:memory(rank) -> {{time=, live=, pending_w=}, ...} (counter series) */
 static int lb_simres_memory(lua_State *L) {
   lp_sim_result *r = check_result(L, 1);
-  int rank = (int)luaL_checkinteger(L, 2);
+  int rank = lb_check_int(L, 2);
   luaL_argcheck(L, rank >= 0 && rank < lp_sim_ranks(r), 2, "no such rank");
   int n;
   const lp_sim_sample *s = lp_sim_memory(r, rank, &n);
@@ -340,65 +341,20 @@ static int lb_simres_write_trace(lua_State *L) {
   return 1;
 }
 
+/* core.sim_check_time(key, v) -> true | nil, "<key> = <v> must be ..."
+ * (lp_sim_time_check, for the Lua layers' own parsers) */
+static int lb_sim_check_time(lua_State *L) {
+  char err[LP_ERRLEN];
+  if (lp_sim_time_check(luaL_checkstring(L, 1), (double)luaL_checknumber(L, 2), err) != LP_OK)
+    return lb_fail(L, err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* core.isatty(fd) -> boolean */
 static int lb_isatty(lua_State *L) {
-  lua_pushboolean(L, isatty((int)luaL_checkinteger(L, 1)) == 1);
+  lua_pushboolean(L, isatty(lb_check_int(L, 1)) == 1);
   return 1;
-}
-
-/* __index of a methods table: on a miss for a key the Lua layer defines,
- * loads module upvalue(1) once (through require, protected) and looks
- * again. upvalue(2): table of keys to react to, or nil for any key;
- * upvalue(3): true while the module is loading (no recursion). */
-static int lazy_index(lua_State *L) {
-  if (lua_type(L, 2) != LUA_TSTRING || lua_toboolean(L, lua_upvalueindex(3)))
-    return 0;
-  if (lua_istable(L, lua_upvalueindex(2))) {
-    lua_pushvalue(L, 2);
-    int hit = lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL;
-    lua_pop(L, 1);
-    if (!hit) return 0;
-  }
-  if (lua_getglobal(L, "require") != LUA_TFUNCTION) return 0;
-  lua_pushboolean(L, 1);
-  lua_replace(L, lua_upvalueindex(3));
-  lua_pushvalue(L, lua_upvalueindex(1));
-  int st = lp_lua_pcall(L, 1, 0);
-  lua_pushboolean(L, 0);
-  lua_replace(L, lua_upvalueindex(3));
-  if (st != LUA_OK) {
-    lua_pop(L, 1);
-    return 0; /* the key stays missing; the caller reports it */
-  }
-  lua_pushvalue(L, 2);
-  lua_rawget(L, 1);
-  return 1;
-}
-
-/* Gives the methods table at idx a lazy __index (unless it has a
- * metatable already). keys: NULL-terminated list, or NULL for any key. */
-static void set_lazy(lua_State *L, int idx, const char *module,
-                     const char *const *keys) {
-  idx = lua_absindex(L, idx);
-  if (lua_getmetatable(L, idx)) {
-    lua_pop(L, 1);
-    return;
-  }
-  lua_createtable(L, 0, 1); /* [mt] */
-  lua_pushstring(L, module);
-  if (keys) {
-    lua_newtable(L);
-    for (int i = 0; keys[i]; i++) {
-      lua_pushboolean(L, 1);
-      lua_setfield(L, -2, keys[i]);
-    }
-  } else {
-    lua_pushnil(L);
-  }
-  lua_pushboolean(L, 0);
-  lua_pushcclosure(L, lazy_index, 3);
-  lua_setfield(L, -2, "__index");
-  lua_setmetatable(L, idx);
 }
 
 void lb_open_sim(lua_State *L) {
@@ -418,16 +374,13 @@ void lb_open_sim(lua_State *L) {
                                   {"__tostring", lb_simres_tostring},
                                   {NULL, NULL}};
   static const luaL_Reg funcs[] = {
-      {"isatty", lb_isatty}, {NULL, NULL}};
-  static const char *const schedule_keys[] = {"show", "gantt", NULL};
+      {"isatty", lb_isatty}, {"sim_check_time", lb_sim_check_time}, {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
+  /* The Lua layer (luapipe.sim, luapipe.show) adds its methods to these
+   * tables when it loads; the binding never requires it. */
   lb_new_class(L, LB_SIMRESULT, "SimResult", methods, meta);
-  lua_getfield(L, -1, "SimResult"); /* [mod, methods] */
-  set_lazy(L, -1, "luapipe.sim", NULL);
-  lua_pop(L, 1);
   lua_getfield(L, -1, "Schedule"); /* [mod, Schedule methods] */
   lua_pushcfunction(L, lb_schedule_simulate);
   lua_setfield(L, -2, "simulate");
-  set_lazy(L, -1, "luapipe.show", schedule_keys);
   lua_pop(L, 1);
 }

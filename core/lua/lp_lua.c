@@ -1,6 +1,7 @@
 /* lp_lua.c — luaopen_luapipe_core and the pcall choke point. */
 #include "lp_lua.h"
 
+#include <limits.h>
 #include <string.h>
 
 #include "lb_internal.h"
@@ -47,6 +48,13 @@ void lb_set_number(lua_State *L, const char *k, double v) {
 void lb_set_integer(lua_State *L, const char *k, lua_Integer v) {
   lua_pushinteger(L, v);
   lua_setfield(L, -2, k);
+}
+
+int lb_check_int(lua_State *L, int arg) {
+  lua_Integer v = luaL_checkinteger(L, arg);
+  if (v < INT_MIN || v > INT_MAX)
+    luaL_argerror(L, arg, lua_pushfstring(L, "%I is out of range", v));
+  return (int)v;
 }
 
 int lb_fail(lua_State *L, const char *msg) {

@@ -467,14 +467,20 @@ static unsigned param_gen;
 void nn_params_changed(void) { param_gen++; }
 
 /* A composite's list again when some list changed since it was collected.
- * (On allocation failure the old list stays; lp_nn_params then gives it.) */
+ * A list whose entries did not change keeps its array (pointers callers
+ * hold stay valid); on allocation failure the old list stays too. */
 static void refresh_params(lp_nn_layer *l) {
   if (l->owns_params || !l->nchild || l->param_gen == param_gen) return;
   lp_nn_param *old = l->params;
   size_t nold = l->nparams;
   l->params = NULL;
   l->nparams = 0;
-  if (nn_composite_collect_params(l) != LP_OK) {
+  lp_status st = nn_composite_collect_params(l);
+  int same = st == LP_OK && l->nparams == nold;
+  for (size_t i = 0; same && i < nold; i++)
+    same = old[i].value == l->params[i].value && old[i].name == l->params[i].name;
+  if (st != LP_OK) l->param_gen = param_gen - 1; /* try again next time */
+  if (same || st != LP_OK) { /* keep the old array */
     lp_free(l->params);
     l->params = old;
     l->nparams = nold;

@@ -15,6 +15,10 @@
  *
  * lp_nn_backward(l, c, dy, &dx) is I then W in one call. W without a prior I
  * is allowed (pass dy); it does the internal part of I that W needs.
+ * F and I can also run in phases between expert-parallel exchanges
+ * (lp_nn_forward_begin / lp_nn_advance, below), which is how an executor
+ * overlaps one micro-batch's all-to-all with another's compute; the MoE
+ * layer and its expert parallelism (lp_nn_ep, placements) are at the end.
  *
  * Stashing is by reference: forward keeps views of x and input_grad keeps
  * views of dy (storage refcounts keep them alive after the caller frees its

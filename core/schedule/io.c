@@ -156,12 +156,9 @@ static int cmp_i64(const void *x, const void *y) {
   return a < b ? -1 : a > b;
 }
 
-/* Older spelling: in a compute-only CSV, a B followed later (same row, same
- * stage and mb) by a W is an I. */
+/* Older spelling: a B followed later (same row, same stage and mb) by a W
+ * is an I, with or without SEND/RECV in the CSV. */
 static lp_status convert_old_bw(csv_in *in) {
-  for (size_t i = 0; i < in->n; i++)
-    if (!lp_action_is_compute(in->c[i].a.type) && in->c[i].a.type != LP_ACT_REDUCE_GRAD)
-      return LP_OK; /* has SEND/RECV */
   size_t nr = 0;
   bw_rec *r = lp_malloc((in->n ? in->n : 1) * sizeof *r);
   if (!r) return LP_ERR_NOMEM;

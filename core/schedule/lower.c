@@ -90,23 +90,48 @@ fail:
   return st;
 }
 
+/* 1 when a WAIT_REDUCE_GRAD of v may be emitted: every other copy of v's
+ * model stage has emitted its REDUCE_GRAD (or its whole list, without one).
+ * red_at: [nvst] position of each vstage's REDUCE_GRAD, -1 none. */
+static int reduce_emitted(const lp_schedule *s, const int *red_at, const int *cur, int v) {
+  for (int u = 0; u < s->nvst; u++) {
+    if (u == v || s->vst[u].stage != s->vst[v].stage) continue;
+    int r = s->vst[u].rank;
+    if (cur[r] <= (red_at[u] >= 0 ? red_at[u] : s->acts[r].n - 1)) return 0;
+  }
+  return 1;
+}
+
 static lp_status build(lctx *c) {
   const lp_schedule *s = c->s;
   int P = s->ranks;
   size_t left = 0;
   int *cur = lp_calloc((size_t)P, sizeof *cur);
-  if (!cur) return LP_ERR_NOMEM;
-  for (int r = 0; r < P; r++) left += (size_t)s->acts[r].n;
+  int *red_at = lp_malloc((size_t)(s->nvst ? s->nvst : 1) * sizeof *red_at);
+  if (!cur || !red_at) {
+    lp_free(cur);
+    lp_free(red_at);
+    return LP_ERR_NOMEM;
+  }
+  for (int v = 0; v < s->nvst; v++) red_at[v] = -1;
+  for (int r = 0; r < P; r++) {
+    left += (size_t)s->acts[r].n;
+    for (int i = 0; i < s->acts[r].n; i++)
+      if (s->acts[r].v[i].type == LP_ACT_REDUCE_GRAD) red_at[s->acts[r].v[i].stage] = i;
+  }
   lp_status st = LP_OK;
   while (left > 0) {
     int moved = 0;
     for (int r = 0; r < P; r++) {
       const action_list *l = &s->acts[r];
-      while (cur[r] < l->n && !lp_action_is_compute(l->v[cur[r]].type)) {
+      while (cur[r] < l->n && !lp_action_is_compute(l->v[cur[r]].type) &&
+             (l->v[cur[r]].type != LP_ACT_WAIT_REDUCE_GRAD ||
+              reduce_emitted(s, red_at, cur, l->v[cur[r]].stage))) {
         LP_CHECK_GOTO(lp_schedule_push(c->out, r, &l->v[cur[r]]), st, done);
         cur[r]++, left--, moved = 1;
       }
-      if (cur[r] < l->n && inputs_ready(c, r, &l->v[cur[r]])) {
+      if (cur[r] < l->n && lp_action_is_compute(l->v[cur[r]].type) &&
+          inputs_ready(c, r, &l->v[cur[r]])) {
         LP_CHECK_GOTO(emit(c, r, &l->v[cur[r]]), st, done);
         cur[r]++, left--, moved = 1;
       }
@@ -123,6 +148,7 @@ static lp_status build(lctx *c) {
   }
 done:
   lp_free(cur);
+  lp_free(red_at);
   return st;
 }
 
@@ -147,7 +173,7 @@ lp_status lp_schedule_lower(lp_schedule *s, lp_schedule **out) {
     goto done;
   }
   LP_CHECK_GOTO(build(&c), st, done);
-  LP_CHECK_GOTO(lp_schedule_validate(c.out), st, done);
+  LP_CHECK_GOTO(lp_schedule_validate_sends(c.out, LP_SENDS_RENDEZVOUS), st, done);
 done:
   if (st != LP_OK) {
     if (st == LP_ERR_NOMEM) lp_errf(s->err, "out of memory");

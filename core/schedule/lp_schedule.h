@@ -17,6 +17,9 @@ typedef enum lp_action_type {
   LP_ACT_SEND_B,      /* send input-grad to the previous virtual stage */
   LP_ACT_RECV_B,      /* receive output-grad from the next virtual stage */
   LP_ACT_REDUCE_GRAD, /* sum gradients of a replicated model stage (no mb) */
+  LP_ACT_WAIT_REDUCE_GRAD, /* wait for the reduction its REDUCE_GRAD started */
+  LP_ACT_UNSHARD,     /* FSDP: gather a stage's parameters (no mb) */
+  LP_ACT_RESHARD,     /* FSDP: free the gathered parameters (no mb) */
   LP_ACT__COUNT
 } lp_action_type;
 
@@ -26,7 +29,7 @@ typedef enum lp_action_type {
 typedef struct lp_action {
   int32_t type;   /* lp_action_type */
   int32_t stage;  /* virtual stage (the F half for FB) */
-  int32_t mb;     /* micro-batch; -1 for REDUCE_GRAD */
+  int32_t mb;     /* micro-batch; -1 for the stage actions (lp_action_has_mb) */
   int32_t btype;  /* FB only: LP_ACT_B or LP_ACT_I */
   int32_t bstage; /* FB only: virtual stage of the backward half */
   int32_t bmb;    /* FB only: micro-batch of the backward half */
@@ -44,12 +47,36 @@ void lp_action_format(const lp_action *a, char *buf, size_t len);
 const char *lp_action_type_name(int type);
 /* 1 for F, B, I, W, FB (work a rank computes), 0 for communication. */
 int lp_action_is_compute(int type);
+/* 1 for SEND_F, RECV_F, SEND_B, RECV_B. */
+int lp_action_is_p2p(int type);
+/* 0 for the per-stage actions that take no micro-batch (REDUCE_GRAD,
+ * WAIT_REDUCE_GRAD, UNSHARD, RESHARD), 1 for every other type. */
+int lp_action_has_mb(int type);
 
 typedef struct lp_schedule lp_schedule;
 
+/* Limits on a schedule's counts, checked before anything is allocated (so
+ * "ranks": 4294967298 or 1e8 micro-batches is one clear error, not a
+ * truncated count or minutes of work). Actions: about 24 bytes each, so
+ * the limit keeps a schedule under ~1.6 GB (validation adds as much). */
+#define LP_SCHEDULE_MAX_RANKS 4096
+#define LP_SCHEDULE_MAX_STAGES 65536        /* model stages */
+#define LP_SCHEDULE_MAX_MICROBATCHES 65536
+#define LP_SCHEDULE_MAX_CELLS (1LL << 26)   /* stages x micro-batches */
+#define LP_SCHEDULE_MAX_VSTAGES (1 << 20)
+#define LP_SCHEDULE_MAX_ACTIONS (1LL << 26) /* all ranks together */
+
+/* LP_OK when 1 <= ranks, stages, microbatches <= their limits and stages x
+ * microbatches <= LP_SCHEDULE_MAX_CELLS; else LP_ERR_ARG and err
+ * (LP_ERRLEN) names the count and its limit: "ranks must be 1..4096, got
+ * 4294967298". */
+lp_status lp_schedule_check_counts(long long ranks, long long stages, long long microbatches,
+                                   char *err);
+
 /* Creates an empty schedule: no virtual stages, no routes, no actions.
- * Returns LP_ERR_ARG when a count is < 1, LP_ERR_NOMEM on allocation
- * failure; *out is then NULL. The caller owns *out (lp_schedule_free). */
+ * Returns LP_ERR_ARG when a count is out of range (lp_schedule_check_counts),
+ * LP_ERR_NOMEM on allocation failure; *out is then NULL. The caller owns
+ * *out (lp_schedule_free). */
 lp_status lp_schedule_new(int ranks, int stages, int microbatches,
                           lp_schedule **out);
 void lp_schedule_free(lp_schedule *s);
@@ -103,7 +130,7 @@ char *lp_schedule_to_csv(const lp_schedule *s);
  * on the rank whose row holds its actions; micro-batch m's route is the
  * virtual stages that compute m, in increasing id order; a virtual stage's
  * model stage is its position in the routes. Older spellings accepted ("BW";
- * in a compute-only CSV a B followed by a W of the same stage and mb is an I).
+ * a B followed by a W of the same stage and mb is an I, also among SEND/RECV).
  * `origin` names the source in errors ("file.csv:3: ..."). On failure *out
  * is NULL and err (LP_ERRLEN) says why. */
 lp_status lp_schedule_from_csv(const char *text, const char *origin,
@@ -120,9 +147,20 @@ char *lp_schedule_to_json(const lp_schedule *s);
  * micro-batch 3 on stage 5 comes before its forward". */
 lp_status lp_schedule_validate(lp_schedule *s);
 
+/* How a lowered schedule's SEND waits (the executor's MPI and self backends
+ * are buffered: isend never waits for its receive). */
+typedef enum lp_send_model {
+  LP_SENDS_BUFFERED = 0,  /* a SEND never waits; a RECV waits for its SEND */
+  LP_SENDS_RENDEZVOUS = 1 /* a SEND and its RECV happen together */
+} lp_send_model;
+/* lp_schedule_validate under the given send model; a deadlock message
+ * names the model ("deadlock under rendezvous sends ..."). */
+lp_status lp_schedule_validate_sends(lp_schedule *s, lp_send_model sends);
+
 /* Validates s (compute-only), then returns a new schedule with SEND/RECV
- * inserted so that it cannot deadlock under blocking rendezvous
- * point-to-point; the result is validated again. Errors go to s. */
+ * inserted so that it cannot deadlock under either send model; the result
+ * is validated again under rendezvous sends (the stricter model). Errors go
+ * to s. */
 lp_status lp_schedule_lower(lp_schedule *s, lp_schedule **out);
 
 /* ---- memory accounting (walks each rank's list in order) ---- */

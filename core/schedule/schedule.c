@@ -8,7 +8,7 @@
 
 static const char *type_names[LP_ACT__COUNT] = {
     "F", "B", "I", "W", "OVERLAP_F_B", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
-    "REDUCE_GRAD"};
+    "REDUCE_GRAD", "WAIT_REDUCE_GRAD", "UNSHARD", "RESHARD"};
 
 const char *lp_action_type_name(int type) {
   return (type >= 0 && type < LP_ACT__COUNT) ? type_names[type] : "?";
@@ -16,11 +16,17 @@ const char *lp_action_type_name(int type) {
 
 int lp_action_is_compute(int type) { return type >= LP_ACT_F && type <= LP_ACT_FB; }
 
+int lp_action_is_p2p(int type) { return type >= LP_ACT_SEND_F && type <= LP_ACT_RECV_B; }
+
+int lp_action_has_mb(int type) {
+  return type < LP_ACT_REDUCE_GRAD || type >= LP_ACT__COUNT;
+}
+
 void lp_action_format(const lp_action *a, char *buf, size_t len) {
   if (a->type == LP_ACT_FB) {
     snprintf(buf, len, "(%dF%d;%d%s%d)OVERLAP_F_B", a->stage, a->mb, a->bstage,
              a->btype == LP_ACT_I ? "I" : "B", a->bmb);
-  } else if (a->type == LP_ACT_REDUCE_GRAD || a->mb < 0) {
+  } else if (!lp_action_has_mb(a->type) || a->mb < 0) {
     snprintf(buf, len, "%d%s", a->stage, lp_action_type_name(a->type));
   } else {
     snprintf(buf, len, "%d%s%d", a->stage, lp_action_type_name(a->type), a->mb);
@@ -63,16 +69,17 @@ static lp_status parse_simple(const char *p, const char *end, lp_action *out,
   if (out->type < 0) {
     if (err)
       lp_errf(err, "action '%s': unknown action type '%s' (expected F, B, I, "
-                   "W, SEND_F, RECV_F, SEND_B, RECV_B, REDUCE_GRAD or an "
-                   "OVERLAP_F_B pair)", whole, type);
+                   "W, SEND_F, RECV_F, SEND_B, RECV_B, REDUCE_GRAD, "
+                   "WAIT_REDUCE_GRAD, UNSHARD, RESHARD or an OVERLAP_F_B pair)",
+              whole, type);
     return LP_ERR_PARSE;
   }
   out->stage = (int32_t)stage;
   out->mb = (int32_t)mb;
   out->btype = out->bstage = out->bmb = -1;
-  if (out->type == LP_ACT_REDUCE_GRAD) {
+  if (!lp_action_has_mb(out->type)) {
     if (mb >= 0) {
-      if (err) lp_errf(err, "action '%s': REDUCE_GRAD takes no micro-batch", whole);
+      if (err) lp_errf(err, "action '%s': %s takes no micro-batch", whole, type);
       return LP_ERR_PARSE;
     }
   } else if (mb < 0) {
@@ -134,10 +141,31 @@ lp_status lp_action_parse(const char *text, lp_action *out, char *err) {
 
 /* ---- the schedule object ---- */
 
+static int count_ok(long long v, long long max, const char *what, char *err) {
+  if (v >= 1 && v <= max) return 1;
+  if (err) lp_errf(err, "%s must be 1..%lld, got %lld", what, max, v);
+  return 0;
+}
+
+lp_status lp_schedule_check_counts(long long ranks, long long stages, long long microbatches,
+                                   char *err) {
+  if (!count_ok(ranks, LP_SCHEDULE_MAX_RANKS, "ranks", err) ||
+      !count_ok(stages, LP_SCHEDULE_MAX_STAGES, "stages", err) ||
+      !count_ok(microbatches, LP_SCHEDULE_MAX_MICROBATCHES, "microbatches", err))
+    return LP_ERR_ARG;
+  if (stages * microbatches > LP_SCHEDULE_MAX_CELLS) {
+    if (err)
+      lp_errf(err, "stages x microbatches = %lld x %lld is over the limit of %lld", stages,
+              microbatches, (long long)LP_SCHEDULE_MAX_CELLS);
+    return LP_ERR_ARG;
+  }
+  return LP_OK;
+}
+
 lp_status lp_schedule_new(int ranks, int stages, int microbatches,
                           lp_schedule **out) {
   *out = NULL;
-  if (ranks < 1 || stages < 1 || microbatches < 1) return LP_ERR_ARG;
+  if (lp_schedule_check_counts(ranks, stages, microbatches, NULL) != LP_OK) return LP_ERR_ARG;
   lp_schedule *s = lp_calloc(1, sizeof *s);
   if (!s) return LP_ERR_NOMEM;
   s->ranks = ranks;
@@ -222,6 +250,11 @@ lp_status lp_schedule_add_vstage(lp_schedule *s, int stage, int rank, int *id) {
             rank, s->ranks - 1);
     return LP_ERR_ARG;
   }
+  if (s->nvst >= LP_SCHEDULE_MAX_VSTAGES) {
+    lp_errf(s->err, "virtual stage %d: a schedule holds at most %d virtual stages", s->nvst,
+            LP_SCHEDULE_MAX_VSTAGES);
+    return LP_ERR_ARG;
+  }
   if (s->nvst == s->capvst) {
     int cap = s->capvst ? 2 * s->capvst : 8;
     vstage_info *v = lp_realloc(s->vst, (size_t)cap * sizeof *v);
@@ -298,7 +331,7 @@ static int check_ref(lp_schedule *s, int rank, const lp_action *a, int v, int mb
             v, s->vst[v].rank, rank);
     return 0;
   }
-  if (a->type != LP_ACT_REDUCE_GRAD && (mb < 0 || mb >= s->microbatches)) {
+  if (lp_action_has_mb(a->type) && (mb < 0 || mb >= s->microbatches)) {
     lp_errf(s->err, "rank %d, action %d (%s): micro-batch %d is out of range "
                     "0..%d", rank, s->acts[rank].n, ACT_TEXT(a, t), mb,
             s->microbatches - 1);
@@ -324,6 +357,11 @@ lp_status lp_schedule_push(lp_schedule *s, int rank, const lp_action *a) {
       return LP_ERR_ARG;
   }
   action_list *l = &s->acts[rank];
+  if (s->nacts >= LP_SCHEDULE_MAX_ACTIONS) {
+    lp_errf(s->err, "rank %d, action %d: a schedule holds at most %lld actions (all ranks "
+                    "together)", rank, l->n, (long long)LP_SCHEDULE_MAX_ACTIONS);
+    return LP_ERR_ARG;
+  }
   if (l->n == l->cap) {
     int cap = l->cap ? 2 * l->cap : 16;
     lp_action *v = lp_realloc(l->v, (size_t)cap * sizeof *v);
@@ -333,8 +371,9 @@ lp_status lp_schedule_push(lp_schedule *s, int rank, const lp_action *a) {
   }
   lp_action c = *a;
   if (c.type != LP_ACT_FB) c.btype = c.bstage = c.bmb = -1;
-  if (c.type == LP_ACT_REDUCE_GRAD) c.mb = -1;
+  if (!lp_action_has_mb(c.type)) c.mb = -1;
   l->v[l->n++] = c;
+  s->nacts++;
   return LP_OK;
 }
 
@@ -359,13 +398,15 @@ const lp_action *lp_schedule_actions(const lp_schedule *s, int rank, int *n) {
 }
 
 void lp_schedule_clear_rank(lp_schedule *s, int rank) {
-  if (rank >= 0 && rank < s->ranks) s->acts[rank].n = 0;
+  if (rank >= 0 && rank < s->ranks) {
+    s->nacts -= s->acts[rank].n;
+    s->acts[rank].n = 0;
+  }
 }
 
 int lp_schedule_has_comm(const lp_schedule *s) {
   for (int r = 0; r < s->ranks; r++)
     for (int i = 0; i < s->acts[r].n; i++)
-      if (s->acts[r].v[i].type >= LP_ACT_SEND_F && s->acts[r].v[i].type <= LP_ACT_RECV_B)
-        return 1;
+      if (lp_action_is_p2p(s->acts[r].v[i].type)) return 1;
   return 0;
 }

@@ -21,6 +21,7 @@ struct lp_schedule {
   int **routes;   /* [microbatches], NULL when unset */
   int *route_len; /* [microbatches] */
   action_list *acts; /* [ranks] */
+  long long nacts;   /* all ranks together (LP_SCHEDULE_MAX_ACTIONS) */
   char err[LP_ERRLEN];
 };
 

@@ -1,8 +1,12 @@
 /* validate.c — lp_schedule_validate: structure (routes, each micro-batch
  * forwarded and backwarded once per stage), per-rank order, deadlock of the
  * per-rank orders against the data dependencies, and for lowered schedules
- * SEND/RECV placement, per-pair message order and deadlock under blocking
- * rendezvous send/receive. Index arrays keep it linear in the number of
+ * SEND/RECV placement, per-pair message order and deadlock under the chosen
+ * send model: buffered (the default, what the executor does: a send never
+ * waits for its receive) or rendezvous (a send waits for its receive). The
+ * stage actions: WAIT_REDUCE_GRAD after its REDUCE_GRAD, waiting for every
+ * other copy of the stage to start its reduction; no compute on a stage
+ * between its RESHARD and the next UNSHARD. Index arrays keep it linear in the number of
  * actions (the progress loops add rounds × ranks). */
 #include "schedule_internal.h"
 
@@ -27,6 +31,9 @@ typedef struct vctx {
   int *f_at, *b_at, *w_at;     /* [M*S] position on the vstage's rank, -1 none */
   signed char *b_kind;         /* [M*S] LP_ACT_B or LP_ACT_I */
   int *last_work;              /* [nvst] position of the last B or W, -1 none */
+  int *red_at;                 /* [nvst] position of its REDUCE_GRAD, -1 none */
+  int *first_copy, *next_copy; /* [stages], [nvst]: copies of a model stage */
+  lp_send_model sends;
   int *cur;                    /* [P] progress of each rank */
   /* lowered schedules only */
   int *sendF, *recvF, *sendB, *recvB; /* [M*(S-1)] position, -1 none */
@@ -47,7 +54,8 @@ static int vrank(const vctx *c, int v) { return c->s->vst[v].rank; }
 
 static int route_at(const vctx *c, int m, int k) { return c->s->routes[m][k]; }
 
-static int is_comm(int type) { return type >= LP_ACT_SEND_F && type <= LP_ACT_RECV_B; }
+static int is_comm(int type) { return lp_action_is_p2p(type); }
+static int is_send(int type) { return type == LP_ACT_SEND_F || type == LP_ACT_SEND_B; }
 
 /* Writes the error (a whole message) and returns LP_ERR_INVALID. */
 static lp_status fail(vctx *c, const char *fmt, ...)
@@ -100,6 +108,9 @@ static void ctx_free(vctx *c) {
   lp_free(c->w_at);
   lp_free(c->b_kind);
   lp_free(c->last_work);
+  lp_free(c->red_at);
+  lp_free(c->first_copy);
+  lp_free(c->next_copy);
   lp_free(c->cur);
   lp_free(c->sendF);
   lp_free(c->recvF);
@@ -242,28 +253,63 @@ static lp_status order_error(vctx *c, int r, int i, const lp__half *h, int which
   }
 }
 
+/* The stage actions (REDUCE_GRAD, WAIT_REDUCE_GRAD, UNSHARD, RESHARD) of
+ * action i on rank r; `resharded` is the RESHARD position per vstage, -1
+ * while its parameters are gathered. */
+static lp_status check_stage_action(vctx *c, int r, int i, const lp_action *a,
+                                    int *resharded) {
+  int v = a->stage;
+  switch (a->type) {
+  case LP_ACT_REDUCE_GRAD:
+    if (c->last_work[v] > i)
+      return fail_at(c, r, i, "gradients of stage %d are reduced before its last "
+                     "weight-grad (action %d)", v, c->last_work[v]);
+    if (c->red_at[v] >= 0)
+      return fail_at(c, r, i, "gradients of stage %d are reduced twice (first at "
+                     "action %d)", v, c->red_at[v]);
+    c->red_at[v] = i;
+    break;
+  case LP_ACT_WAIT_REDUCE_GRAD:
+    if (c->red_at[v] < 0)
+      return fail_at(c, r, i, "waits for the gradient reduction of stage %d, which "
+                     "no earlier REDUCE_GRAD on rank %d starts", v, r);
+    break;
+  case LP_ACT_RESHARD: resharded[v] = i; break;
+  case LP_ACT_UNSHARD: resharded[v] = -1; break;
+  default: break;
+  }
+  return LP_OK;
+}
+
 static lp_status check_order(vctx *c) {
   lp_schedule *s = c->s;
-  for (int r = 0; r < c->P; r++) {
-    for (int i = 0; i < s->acts[r].n; i++) {
+  int *resharded = alloc_fill((size_t)s->nvst, sizeof(int), 0xff);
+  if (!resharded) return LP_ERR_NOMEM;
+  lp_status st = LP_OK;
+  for (int r = 0; r < c->P && st == LP_OK; r++) {
+    for (int i = 0; i < s->acts[r].n && st == LP_OK; i++) {
       const lp_action *a = act_at(c, r, i);
-      if (a->type == LP_ACT_REDUCE_GRAD) {
-        if (c->last_work[a->stage] > i)
-          return fail_at(c, r, i, "gradients of stage %d are reduced before its last "
-                         "weight-grad (action %d)", a->stage, c->last_work[a->stage]);
+      if (!lp_action_has_mb(a->type)) {
+        st = check_stage_action(c, r, i, a, resharded);
         continue;
       }
       lp__half h[2];
       int nh = lp__halves(a, h);
-      for (int j = 0; j < nh; j++) {
+      for (int j = 0; j < nh && st == LP_OK; j++) {
+        if (resharded[h[j].v] >= 0) {
+          st = fail_at(c, r, i, "stage %d computes after its RESHARD (action %d) "
+                       "without an UNSHARD in between", h[j].v, resharded[h[j].v]);
+          break;
+        }
         dep d[2];
         int nd = deps_of(c, &h[j], lp__kpos(s, h[j].v, h[j].mb), d);
-        for (int x = 0; x < nd; x++)
-          if (d[x].rank == r && d[x].pos >= i) return order_error(c, r, i, &h[j], x, &d[x]);
+        for (int x = 0; x < nd && st == LP_OK; x++)
+          if (d[x].rank == r && d[x].pos >= i) st = order_error(c, r, i, &h[j], x, &d[x]);
       }
     }
   }
-  return LP_OK;
+  lp_free(resharded);
+  return st;
 }
 
 /* ---- d) and e): progress of all ranks together ---- */
@@ -287,29 +333,60 @@ static int deps_ready(const vctx *c, int r, dep *blocker) {
   return 1;
 }
 
-/* Advances rank r by one action if it can. In rendezvous mode a SEND/RECV
- * advances together with its matched peer; otherwise it is free. */
-static int step(vctx *c, int r, int rendezvous) {
+/* How SEND/RECV move in check_progress: FREE before the messages are
+ * matched (only data dependencies count), then the send model. */
+enum { MODE_FREE = -1 };
+
+/* For a WAIT_REDUCE_GRAD of v: the first other copy of v's model stage
+ * that has not yet started its reduction (passed its REDUCE_GRAD, or its
+ * rank's end when it has none) in *copy; 1 when there is none. */
+static int reduce_ready(const vctx *c, int v, int *copy) {
+  for (int u = c->first_copy[c->s->vst[v].stage]; u >= 0; u = c->next_copy[u]) {
+    if (u == v) continue;
+    int ur = vrank(c, u);
+    int at = c->red_at[u] >= 0 ? c->red_at[u] : c->s->acts[ur].n - 1;
+    if (c->cur[ur] <= at) {
+      *copy = u;
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* Advances rank r by one action if it can. Rendezvous: a SEND/RECV advances
+ * together with its matched peer. Buffered: a SEND is free, a RECV waits
+ * until its SEND has been issued. FREE: both are free. */
+static int step(vctx *c, int r, int mode) {
   const lp_action *a = act_at(c, r, c->cur[r]);
-  if (is_comm(a->type) && rendezvous) {
+  if (is_comm(a->type) && mode != MODE_FREE) {
     size_t g = c->off[r] + (size_t)c->cur[r];
     int b = c->peer_rank[g];
-    if (c->cur[b] != c->peer_pos[g]) return 0;
-    c->cur[b]++;
+    if (mode == LP_SENDS_RENDEZVOUS) {
+      if (c->cur[b] != c->peer_pos[g]) return 0;
+      c->cur[b]++;
+    } else if (!is_send(a->type) && c->cur[b] <= c->peer_pos[g]) {
+      return 0;
+    }
     c->cur[r]++;
     return 1;
   }
   dep d;
+  int copy;
   if (lp_action_is_compute(a->type) && !deps_ready(c, r, &d)) return 0;
+  if (a->type == LP_ACT_WAIT_REDUCE_GRAD && !reduce_ready(c, a->stage, &copy)) return 0;
   c->cur[r]++;
   return 1;
 }
 
-static lp_status report_deadlock(vctx *c, int rendezvous) {
+static lp_status report_deadlock(vctx *c, int mode) {
   char msg[LP_ERRLEN], t[LP_ACTION_TEXT_MAX], t2[LP_ACTION_TEXT_MAX];
   int shown = 0, more = 0;
-  snprintf(msg, sizeof msg, "%s", rendezvous ? "deadlock under blocking send/receive: "
-                                             : "deadlock: ");
+  snprintf(msg, sizeof msg, "%s",
+           mode == LP_SENDS_RENDEZVOUS
+               ? "deadlock under rendezvous sends (a send waits for its receive): "
+           : mode == LP_SENDS_BUFFERED
+               ? "deadlock under buffered sends (a send does not wait for its receive): "
+               : "deadlock: ");
   for (int r = 0; r < c->P; r++) {
     int i = c->cur[r];
     if (i >= c->s->acts[r].n) continue;
@@ -320,11 +397,15 @@ static lp_status report_deadlock(vctx *c, int rendezvous) {
     const lp_action *a = act_at(c, r, i);
     msg_add(msg, sizeof msg, "%srank %d waits at action %d (%s) for ", shown ? "; " : "",
             r, i, ACT_TEXT(a, t));
-    if (is_comm(a->type) && rendezvous) {
+    int copy;
+    if (is_comm(a->type) && mode != MODE_FREE) {
       size_t g = c->off[r] + (size_t)i;
       int b = c->peer_rank[g], q = c->peer_pos[g];
       msg_add(msg, sizeof msg, "rank %d to reach action %d (%s)", b, q,
               ACT_TEXT(act_at(c, b, q), t2));
+    } else if (a->type == LP_ACT_WAIT_REDUCE_GRAD && !reduce_ready(c, a->stage, &copy)) {
+      msg_add(msg, sizeof msg, "stage %d (rank %d) to start reducing the same model "
+              "stage's gradients", copy, vrank(c, copy));
     } else {
       dep d;
       if (deps_ready(c, r, &d))
@@ -339,17 +420,17 @@ static lp_status report_deadlock(vctx *c, int rendezvous) {
   return fail(c, "%s", msg);
 }
 
-static lp_status check_progress(vctx *c, int rendezvous) {
+static lp_status check_progress(vctx *c, int mode) {
   lp_schedule *s = c->s;
   memset(c->cur, 0, (size_t)c->P * sizeof *c->cur);
   for (;;) {
     int moved = 0, left = 0;
     for (int r = 0; r < c->P; r++) {
-      while (c->cur[r] < s->acts[r].n && step(c, r, rendezvous)) moved = 1;
+      while (c->cur[r] < s->acts[r].n && step(c, r, mode)) moved = 1;
       if (c->cur[r] < s->acts[r].n) left = 1;
     }
     if (!left) return LP_OK;
-    if (!moved) return report_deadlock(c, rendezvous);
+    if (!moved) return report_deadlock(c, mode);
   }
 }
 
@@ -395,8 +476,6 @@ static size_t msg_id(const vctx *c, const lp_action *a) {
   return EDGE(c, a->mb, lower ? k : k - 1) * 2 +
          (a->type == LP_ACT_SEND_B || a->type == LP_ACT_RECV_B);
 }
-
-static int is_send(int type) { return type == LP_ACT_SEND_F || type == LP_ACT_SEND_B; }
 
 /* Every cross-rank dependency of each compute half has its RECV before the
  * consumer and its SEND after the producer. */
@@ -530,13 +609,18 @@ static lp_status check_comm(vctx *c) {
       }
     }
   }
-  return check_progress(c, 1);
+  return check_progress(c, (int)c->sends);
 }
 
 lp_status lp_schedule_validate(lp_schedule *s) {
+  return lp_schedule_validate_sends(s, LP_SENDS_BUFFERED);
+}
+
+lp_status lp_schedule_validate_sends(lp_schedule *s, lp_send_model sends) {
   vctx c;
   memset(&c, 0, sizeof c);
   c.s = s;
+  c.sends = sends;
   c.P = s->ranks;
   c.S = s->stages;
   c.M = s->microbatches;
@@ -550,15 +634,23 @@ lp_status lp_schedule_validate(lp_schedule *s) {
   c.b_kind = alloc_fill(MS, 1, 0);
   c.last_work = alloc_fill((size_t)s->nvst, sizeof(int), 0xff);
   c.cur = alloc_fill((size_t)c.P, sizeof(int), 0);
-  if (!c.off || !c.f_at || !c.b_at || !c.w_at || !c.b_kind || !c.last_work || !c.cur)
+  c.red_at = alloc_fill((size_t)s->nvst, sizeof(int), 0xff);
+  c.first_copy = alloc_fill((size_t)c.S, sizeof(int), 0xff);
+  c.next_copy = alloc_fill((size_t)s->nvst, sizeof(int), 0xff);
+  if (!c.off || !c.f_at || !c.b_at || !c.w_at || !c.b_kind || !c.last_work || !c.cur ||
+      !c.red_at || !c.first_copy || !c.next_copy)
     goto done;
+  for (int v = s->nvst - 1; v >= 0; v--) {
+    c.next_copy[v] = c.first_copy[s->vst[v].stage];
+    c.first_copy[s->vst[v].stage] = v;
+  }
   for (int r = 0; r < c.P; r++) {
     c.off[r] = c.N;
     c.N += (size_t)s->acts[r].n;
   }
   LP_CHECK_GOTO(check_structure(&c), st, done);
   LP_CHECK_GOTO(check_order(&c), st, done);
-  LP_CHECK_GOTO(check_progress(&c, 0), st, done);
+  LP_CHECK_GOTO(check_progress(&c, MODE_FREE), st, done);
   if (lp_schedule_has_comm(s)) LP_CHECK_GOTO(check_comm(&c), st, done);
   st = LP_OK;
 done:

@@ -46,14 +46,20 @@ typedef struct lp_sim_cost {
 
 /* The delay of one cross-rank message under c (NULL: 0) into *out:
  * c->latency + lp_link_time(&c->link, c->message_bytes). LP_ERR_ARG with
- * the reason in err for a negative or non-finite latency, message size or
- * link field. */
+ * the reason in err for a latency or message size lp_sim_time_check
+ * refuses, or a negative or non-finite link field. */
 lp_status lp_sim_message_delay(const lp_sim_cost *c, double *out, char *err);
 /* Time of one rank's all-to-all-v phase (expert-parallel dispatch or
  * combine) under c's link: lp_link_alltoallv_time(&c->link, bytes_out,
  * bytes_in), the comm layer's model; 0 for a NULL c. */
 double lp_sim_alltoallv_time(const lp_sim_cost *c, double bytes_out,
                              double bytes_in);
+/* The one check of a time or latency value (the Lua layers ask it too):
+ * LP_OK when 0 <= v <= LP_SIM_MAX_TIME (so sums stay finite), else
+ * LP_ERR_ARG and err (LP_ERRLEN) says "<key> = <v> must be a number in
+ * 0..1e+15". */
+#define LP_SIM_MAX_TIME 1e15
+lp_status lp_sim_time_check(const char *key, double v, char *err);
 
 /* Every time unset, latency 0, no overrides (the default cost model). */
 void lp_sim_cost_init(lp_sim_cost *c);

@@ -50,17 +50,20 @@ void lp_sim_cost_init(lp_sim_cost *c) {
 
 static int is_set(double x) { return x != LP_SIM_UNSET; }
 
-/* 1 when x is unset or a finite number >= 0. */
-static int time_ok(double x) { return !is_set(x) || (isfinite(x) && x >= 0); }
+lp_status lp_sim_time_check(const char *key, double v, char *err) {
+  if (v >= 0 && v <= LP_SIM_MAX_TIME) return LP_OK; /* false for NaN */
+  if (err) lp_errf(err, "%s = %g must be a number in 0..%g", key, v, LP_SIM_MAX_TIME);
+  return LP_ERR_ARG;
+}
 
 static lp_status check_times(const lp_sim_times *t, const char *where,
                              char *err) {
   static const char *names[5] = {"F", "B", "I", "W", "FB"};
   const double v[5] = {t->f, t->b, t->i, t->w, t->fb};
   for (int k = 0; k < 5; k++) {
-    if (!time_ok(v[k])) {
-      lp_errf(err, "cost %s%s: %s = %g must be a number >= 0", where,
-              *where ? "" : "model", names[k], v[k]);
+    char why[LP_ERRLEN];
+    if (is_set(v[k]) && lp_sim_time_check(names[k], v[k], why) != LP_OK) {
+      lp_errf(err, "cost %s%s: %s", where, *where ? "" : "model", why);
       return LP_ERR_ARG;
     }
   }
@@ -618,9 +621,9 @@ static lp_status setup(run *R, const lp_sim_cost *cost) {
             cost->nstages);
     return LP_ERR_ARG;
   }
-  if (cost && !(isfinite(cost->latency) && cost->latency >= 0)) {
-    lp_errf(R->err, "cost model: latency = %g must be a number >= 0",
-            cost->latency);
+  char why[LP_ERRLEN];
+  if (cost && lp_sim_time_check("latency", cost->latency, why) != LP_OK) {
+    lp_errf(R->err, "cost model: %s", why);
     return LP_ERR_ARG;
   }
   for (int k = S; cost && k < cost->nstages; k++) {

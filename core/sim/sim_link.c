@@ -8,13 +8,10 @@
 lp_status lp_sim_message_delay(const lp_sim_cost *c, double *out, char *err) {
   *out = 0;
   if (!c) return LP_OK;
-  if (!(isfinite(c->latency) && c->latency >= 0)) {
-    lp_errf(err, "cost model: latency = %g must be a number >= 0", c->latency);
-    return LP_ERR_ARG;
-  }
-  if (!(isfinite(c->message_bytes) && c->message_bytes >= 0)) {
-    lp_errf(err, "cost model: message bytes = %g must be a number >= 0",
-            c->message_bytes);
+  char why[LP_ERRLEN];
+  if (lp_sim_time_check("latency", c->latency, why) != LP_OK ||
+      lp_sim_time_check("bytes", c->message_bytes, why) != LP_OK) {
+    lp_errf(err, "cost model: %s", why);
     return LP_ERR_ARG;
   }
   const lp_link *l = &c->link;

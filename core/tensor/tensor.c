@@ -7,7 +7,8 @@ static const lp_tensor_backend *be_or_cpu(const lp_tensor_backend *be) {
   return be ? be : lp_tensor_backend_cpu();
 }
 
-/* numel of a shape; -1 when ndim or a dim is out of range or it overflows. */
+/* numel of a shape; -1 when ndim or a dim is out of range or numel * 4
+ * (its bytes) would overflow int64 (checked before each multiply). */
 static int64_t shape_numel(int ndim, const int64_t *shape) {
   if (ndim < 1 || ndim > LP_TENSOR_MAXDIM || !shape) return -1;
   int64_t n = 1;

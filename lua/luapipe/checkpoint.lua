@@ -6,17 +6,24 @@
 --                                N (C format, see core/exec/lp_exec.h)
 --   <dir>/latest                 {"step": N, "dir": "step<N>", ...}: the
 --                                newest complete checkpoint
+--   <dir>/pending                {"step": N, "ranks": P}: a save in progress
 --
--- Saving after step N: rank 0 creates <dir>/step<N>; every rank writes its
--- file (rank<R>.ckpt.tmp, fsync, rename); once every rank has finished,
--- rank 0 replaces <dir>/latest (also write-then-rename), and only then the
--- files of the previous checkpoint are removed. A job that dies at any
--- point leaves `latest` naming a complete checkpoint. Every step between is
+-- Saving after step N: rank 0 writes <dir>/pending and creates
+-- <dir>/step<N>; every rank writes its file (rank<R>.ckpt.tmp, fsync,
+-- rename); once every rank has finished, rank 0 replaces <dir>/latest (also
+-- write-then-rename), removes pending, and only then the files of the
+-- previous checkpoint are removed. A job that dies at any point leaves
+-- `latest` naming a complete checkpoint; what a killed save left behind
+-- (pending's step directory unless latest names it, *.tmp files) is removed
+-- at the next resume or save. A `latest` that does not parse, or whose
+-- step and directory disagree, is an error naming the file and the fault,
+-- never read as some other step. Every step between is
 -- collective (all ranks call it after the same step), so a failure on one
 -- rank is reported on every rank. All ranks must see the same file system
 -- (one host, or a shared directory), as for traces.
 local core = require("luapipe.core")
 local comm = require("luapipe.comm")
+local json = require("luapipe.json")
 
 local M = {}
 
@@ -76,23 +83,72 @@ function M.options(opts)
   return cfg
 end
 
+-- Reads a marker file (latest or pending): its table, or nil, why (nil,
+-- nil when the file does not exist). Every field is checked: a marker
+-- written in part or damaged is never taken for another step.
+local function read_marker(path)
+  local f = io.open(path, "rb")
+  if not f then return nil, nil end
+  local text = f:read("a") or ""
+  f:close()
+  if text == "" then return nil, "it is empty" end
+  local t, _, jerr = json.decode(text)
+  if t == nil then return nil, "it is not complete JSON (" .. jerr .. ")" end
+  if type(t) ~= "table" then return nil, "it is not a JSON object" end
+  if math.type(t.step) ~= "integer" or t.step < 0 then
+    return nil, string.format("\"step\" is %s, not a step number",
+      t.step == nil and "missing" or json.encode(t.step))
+  end
+  if t.dir ~= nil and t.dir ~= "step" .. t.step then
+    return nil, string.format("\"dir\" is %s, but \"step\" is %d (expected \"step%d\")",
+      json.encode(t.dir), t.step, t.step)
+  end
+  if t.ranks ~= nil and (math.type(t.ranks) ~= "integer" or t.ranks < 1) then
+    return nil, string.format("\"ranks\" is %s, not a rank count", json.encode(t.ranks))
+  end
+  return t
+end
+
+local function damaged(path, why)
+  return string.format("luapipe.train: checkpoint marker %s is damaged: %s; it should read "
+    .. "{\"step\": N, \"dir\": \"stepN\", ...}. Restore it, or remove it to start afresh", path, why)
+end
+
+-- Removes what a killed save left in dir (rank 0, while no rank saves):
+-- latest.tmp, pending.tmp, rank files being written (*.ckpt.tmp) in the
+-- committed step and in pending's, and pending's whole step unless latest
+-- names it. Failures to remove are harmless (nothing there).
+local function clean_stale(dir, committed, ranks)
+  os.remove(dir .. "/latest.tmp")
+  os.remove(dir .. "/pending.tmp")
+  local p = read_marker(dir .. "/pending")
+  local n = math.max(ranks or 1, comm.size(), p and p.ranks or 1)
+  for _, step in ipairs({ committed or false, p and p.step or false }) do
+    if step then
+      local sdir = step_dir(dir, step)
+      for r = 0, n - 1 do
+        os.remove(string.format("%s/rank%d.ckpt.tmp", sdir, r))
+        if step ~= committed then os.remove(string.format("%s/rank%d.ckpt", sdir, r)) end
+      end
+      if step ~= committed then os.remove(sdir) end -- only when empty
+    end
+  end
+  os.remove(dir .. "/pending")
+end
+
 -- Loads the latest checkpoint into exec on every rank (collective); returns
 -- the step it holds. Fails with a clear message on every rank when there is
--- none, or when a rank's file is missing, corrupt or does not match.
+-- none, when the marker is damaged, or when a rank's file is missing,
+-- corrupt or does not match.
 function M.resume(cfg, exec)
   local rank, size = comm.rank(), comm.size()
   local dir = cfg.resume_dir
   local marker = dir .. "/latest"
   local step = 0
   if rank == 0 then
-    local f = io.open(marker, "r")
-    if not f then
-      step = -1
-    else
-      local text = f:read("a") or ""
-      f:close()
-      step = tonumber(text:match('"step"%s*:%s*(%d+)')) or -2
-    end
+    local t, why = read_marker(marker)
+    step = t and t.step or (why and -2 or -1)
+    if t and cfg.resume_dir == cfg.dir then clean_stale(dir, t.step, t.ranks) end
   end
   if size > 1 then
     local all, err = comm.allreduce({ step }, "resume: reading " .. marker)
@@ -103,7 +159,8 @@ function M.resume(cfg, exec)
     fail(string.format("luapipe.train: resume = true, but there is no checkpoint in '%s' (%s "
       .. "does not exist)", dir, marker))
   elseif step == -2 then
-    fail(string.format("luapipe.train: %s is not a luapipe checkpoint marker (no \"step\")", marker))
+    local _, why = read_marker(marker)
+    fail(damaged(marker, why or "it changed while being read"))
   end
   local sdir = step_dir(dir, step)
   local got, err = exec:load_checkpoint(sdir)
@@ -123,7 +180,20 @@ function M.after_step(cfg, exec, k, info)
   local rank = comm.rank()
   local dir, sdir = cfg.dir, step_dir(cfg.dir, k)
   local ok, err = true, nil
-  if rank == 0 then ok, err = core.mkdir_p(sdir) end
+  if rank == 0 then
+    if not cfg.cleaned then
+      -- a save killed in an earlier job: drop its leftovers first
+      local t = read_marker(dir .. "/latest")
+      clean_stale(dir, t and t.step or cfg.saved, t and t.ranks)
+    end
+    ok, err = core.mkdir_p(dir)
+    if ok then
+      ok, err = core.write_file(dir .. "/pending", string.format('{"step": %d, "ranks": %d}\n', k,
+        comm.size()))
+    end
+    if ok then ok, err = core.mkdir_p(sdir) end
+  end
+  cfg.cleaned = true
   local msg = agree(ok, err, "creating checkpoint directory " .. sdir)
   if msg then fail("luapipe.train: " .. msg) end
   ok, err = exec:save_checkpoint(sdir, k)
@@ -131,8 +201,9 @@ function M.after_step(cfg, exec, k, info)
   if msg then fail("luapipe.train: " .. msg) end
   if rank == 0 then
     ok, err = core.write_file(dir .. "/latest", string.format(
-      '{"step": %d, "dir": "step%d", "ranks": %d, "schedule": %q, "time": %d}\n',
-      k, k, comm.size(), info and info.name or "", os.time()))
+      '{"step": %d, "dir": "step%d", "ranks": %d, "schedule": %s, "time": %d}\n',
+      k, k, comm.size(), json.quote(info and info.name or ""), os.time()))
+    if ok then os.remove(dir .. "/pending") end
   end
   msg = agree(ok, err, "writing " .. dir .. "/latest")
   if msg then fail("luapipe.train: " .. msg) end

@@ -63,7 +63,9 @@ M.recv = core.comm_recv
 
 -- world(): the process's communicator as a luapipe.Comm object, with
 -- methods rank(), size(), split(color [, key]), barrier([what]),
--- allreduce(list [, what]), alltoallv(lists [, what]), set_link(text),
+-- allreduce(list [, what]), bcast(list, root [, what]) (root's list to
+-- every rank; all pass lists of one length), alltoallv(lists [, what]),
+-- set_link(text),
 -- link() and close() (a no-op for the world).
 function M.world()
   if not M._world then M._world = core.comm_world() end
@@ -85,7 +87,11 @@ function M.alltoallv(lists, what) return M.world():alltoallv(lists, what) end
 
 -- set_link(text): emulated link of the world ("lat=50us,bw=2GB/s", "none";
 -- LUAPIPE_LINK sets it at start-up). link() gives it back as text.
-function M.set_link(text) return M.world():set_link(text) end
+function M.set_link(text)
+  local l, err = core.link_parse(text)
+  if not l then error(err, 2) end -- raised at the caller's line
+  return M.world():set_link(text)
+end
 function M.link() return M.world():link() end
 
 -- parse_link(text): {latency=seconds, bandwidth=bytes/s (0: unlimited),

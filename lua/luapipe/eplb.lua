@@ -19,6 +19,7 @@ M.modes = { "balanced", "reference" }
 local known = {
   load = true, replicas = true, groups = true, nodes = true, gpus = true, mode = true,
   spill = true, previous = true, max_moves = true, fixed_x = true, compact = true,
+  ragged = true, json = true,
 }
 
 local function check_options(fname, opts)
@@ -35,7 +36,8 @@ local function check_options(fname, opts)
 end
 
 -- eplb.rebalance{load=, replicas=, groups=1, nodes=1, gpus=, mode="balanced",
---   spill=false, previous=nil, max_moves=nil, fixed_x=nil, compact=false}
+--   spill=false, previous=nil, max_moves=nil, fixed_x=nil, compact=false, ragged=false,
+--   json=false}
 -- load: {{l0e0, l0e1, ...}, ...} (layers x experts, non-negative).
 -- previous: the plan in force, as a result of rebalance or its
 --   physical_to_logical (tables or compact string).
@@ -45,6 +47,12 @@ end
 --   layers, experts, replicas, gpus, nodes, width, policy, mode, compact}
 -- or nil, message. compact = true gives the three maps as strings of
 -- native int32 (read them with string.unpack("i4", s, 4 * i + 1)).
+-- ragged = true lists each expert's slots in logical_to_physical without
+-- the -1 padding (logical_to_physical[l][e] has logical_count[l][e]
+-- entries), so the result grows with the plan, not with experts x width.
+-- json = true gives, instead of the three maps, json_rows =
+-- {physical_to_logical = {...}, logical_to_physical = {...}, logical_count =
+-- {...}}: one JSON text per layer (logical_to_physical unpadded), made in C.
 function M.rebalance(opts)
   check_options("eplb.rebalance", opts)
   local args = {}
@@ -68,7 +76,7 @@ function M.evaluate(opts)
     previous = previous.physical_to_logical
   end
   return core.eplb_evaluate{ load = opts.load, physical_to_logical = map, gpus = opts.gpus,
-    nodes = opts.nodes or 1, previous = previous, compact = opts.compact }
+    nodes = opts.nodes or 1, previous = previous, compact = opts.compact, ragged = opts.ragged }
 end
 
 -- Checks a configuration: true, or nil, message.

@@ -31,10 +31,13 @@ setmetatable(M, {
   end,
 })
 
--- luapipe.help([topic]) prints help text in the REPL.
+-- luapipe.help([topic]) prints help text in the REPL: the commands and
+-- API topics, or one topic (schedule, sim, eplb, nn, train, comm, ...).
+-- Returns nothing, so the REPL echoes nothing.
 function M.help(topic)
   local cli = require("luapipe.cli")
-  io.write(cli.help_text(topic))
+  local text, err = cli.help_text(topic)
+  io.write(text or (err .. "\n"))
 end
 
 return M

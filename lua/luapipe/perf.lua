@@ -356,16 +356,18 @@ function M.measured(exec, sched)
 end
 
 -- perf.write_measured_svg(exec, sched, path) -> true | nil, err on rank 0
--- (true elsewhere): the measured last step drawn like a simulated one, one
--- unit = 1 ms; grey slices are the optimizer step. Collective.
+-- (true elsewhere): the measured last step drawn like a simulated one, time
+-- in ms; grey slices are the optimizer step (in the legend). Collective.
 function M.write_measured_svg(exec, sched, path)
   local m = M.measured(exec, sched)
   if not m then return true end
   local info = sched:info()
-  local title = string.format("%s: measured last step on %d ranks, %d micro-batches: %.1f ms "
-    .. "(time axis in ms; grey: optimizer)", info.name ~= "" and info.name or "schedule",
-    m.meta.ranks, m.meta.microbatches, m.T)
-  return core.write_file(path, require("luapipe.show").svg(m, { title = title }))
+  local title = string.format("%s: measured last step on %d ranks, %d micro-batches: %.1f ms",
+    info.name ~= "" and info.name or "schedule", m.meta.ranks, m.meta.microbatches, m.T)
+  -- measured slices can be far shorter than the step's typical action:
+  -- a fixed width (1200 px) keeps the picture about 3:1 (tooltips name them)
+  return core.write_file(path, require("luapipe.show").svg(m, { title = title, unit = "ms",
+    scale = m.T > 0 and 1200 / m.T or nil }))
 end
 
 return M

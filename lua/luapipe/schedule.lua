@@ -13,10 +13,9 @@ local core = require("luapipe.core")
 local M = {}
 local Schedule = core.Schedule -- the methods table shared with the C binding
 
--- Families by name (see luapipe.schedules); aliases users type.
-M.families = { "gpipe", "1f1b", "interleaved1f1b", "zb1p", "zbv", "dualpipe", "dualpipev" }
-local aliases = { interleaved = "interleaved1f1b", ["zb-h1"] = "zb1p", zbh1 = "zb1p",
-  ["zb-v"] = "zbv", ["dualpipe-v"] = "dualpipev" }
+-- Families by name: the list lives in luapipe.schedules (one home).
+local schedules = require("luapipe.schedules")
+M.families = schedules.list()
 
 local function check_int(t, k, min, ctx)
   local v = t[k]
@@ -98,45 +97,115 @@ function M.from_csv_text(text, origin)
   return core.schedule_from_csv(text, origin or "csv")
 end
 
--- schedule.from_json(text) -> Schedule | nil, err (the to_json format)
-function M.from_json(text, origin)
-  local json = require("dkjson")
-  local t, _, err = json.decode(text)
-  origin = origin or "json"
-  if not t then return nil, origin .. ": " .. tostring(err) end
-  local ok, s = pcall(function()
-    local placement = {}
-    for i, v in ipairs(t.virtual_stages or {}) do
-      if v.id ~= i - 1 then error(string.format("virtual_stages[%d] has id %s, expected %d", i, tostring(v.id), i - 1)) end
-      placement[i] = { stage = v.stage, rank = v.rank }
+-- Checks of the JSON form: each raises {json = "<field> must be ..."} (a
+-- table, so a message of ours is told apart from an internal error).
+local function json_fail(fmt, ...) error({ json = string.format(fmt, ...) }, 0) end
+
+local function json_int(v, field)
+  if math.type(v) == "float" and v == math.floor(v) and math.abs(v) < 2 ^ 53 then
+    v = math.tointeger(v)
+  end
+  if math.type(v) ~= "integer" then
+    json_fail("%s must be an integer, got %s", field, type(v) == "string" and ("\"" .. v .. "\"") or tostring(v))
+  end
+  return v
+end
+
+local function json_list(v, field, what)
+  if type(v) ~= "table" then json_fail("%s must be a list of %s, got %s", field, what, type(v)) end
+  local n = #v
+  for k in pairs(v) do
+    if math.type(k) ~= "integer" or k < 1 or k > n then
+      json_fail("%s must be a list of %s, got an object", field, what)
     end
-    local actions = {}
-    for r, list in ipairs(t.actions or {}) do actions[r - 1] = list end
-    return M.new { name = t.name, ranks = t.ranks, stages = t.stages,
-      microbatches = t.microbatches, placement = placement, routes = t.routes,
-      actions = actions }
-  end)
-  if not ok then return nil, origin .. ": " .. tostring(s):gsub("^.-:%d+: ", "") end
+  end
+  return v
+end
+
+-- The fields of the to_json form, checked, as schedule.new options.
+local function json_options(t)
+  if type(t) ~= "table" or t[1] ~= nil then
+    json_fail("the top level must be an object, got %s", type(t) == "table" and "a list" or type(t))
+  end
+  local o = {}
+  if t.name ~= nil then
+    if type(t.name) ~= "string" then json_fail("name must be a string, got %s", type(t.name)) end
+    o.name = t.name
+  end
+  for _, k in ipairs { "ranks", "stages", "microbatches" } do
+    if t[k] == nil then json_fail("%s is missing", k) end
+    o[k] = json_int(t[k], k)
+  end
+  local err = select(2, pcall(core.schedule_new, o.ranks, o.stages, o.microbatches))
+  if type(err) == "string" then json_fail("%s", err) end
+  o.placement = {}
+  for i, v in ipairs(json_list(t.virtual_stages or {}, "virtual_stages", "objects")) do
+    local f = string.format("virtual_stages[%d]", i - 1)
+    if type(v) ~= "table" then json_fail("%s must be an object, got %s", f, type(v)) end
+    local id = json_int(v.id, f .. ".id")
+    if id ~= i - 1 then json_fail("%s has id %d, expected %d", f, id, i - 1) end
+    o.placement[i] = { stage = json_int(v.stage, f .. ".stage"), rank = json_int(v.rank, f .. ".rank") }
+  end
+  o.routes = {}
+  local routes = json_list(t.routes or {}, "routes", "lists")
+  if #routes ~= o.microbatches then
+    json_fail("routes has %d entries, expected one per micro-batch (%d)", #routes, o.microbatches)
+  end
+  for m, r in ipairs(routes) do
+    local f = string.format("routes[%d]", m - 1)
+    json_list(r, f, "virtual stage ids")
+    local route = {}
+    for k, v in ipairs(r) do route[k] = json_int(v, string.format("%s[%d]", f, k - 1)) end
+    o.routes[m] = route
+  end
+  o.actions = {}
+  local actions = json_list(t.actions or {}, "actions", "lists")
+  if #actions > o.ranks then json_fail("actions has %d lists for %d ranks", #actions, o.ranks) end
+  for r, list in ipairs(actions) do
+    local f = string.format("actions[%d]", r - 1)
+    json_list(list, f, "action strings")
+    for i, a in ipairs(list) do
+      if type(a) ~= "string" then
+        json_fail("%s[%d] must be an action string such as \"0F3\", got %s", f, i - 1, type(a))
+      end
+    end
+    o.actions[r - 1] = list
+  end
+  return o
+end
+
+-- schedule.from_json(text[, origin]) -> Schedule | nil, err (the to_json
+-- format). Errors name the field: "s.json: virtual_stages[1] must be an object".
+function M.from_json(text, origin)
+  local json = require("luapipe.json")
+  origin = origin or "json"
+  if type(text) ~= "string" then return nil, origin .. ": expected JSON text, got " .. type(text) end
+  local t, _, err = json.decode(text)
+  if err then return nil, origin .. ": " .. tostring(err) end
+  local ok, o = pcall(json_options, t)
+  if not ok then
+    if type(o) == "table" and o.json then return nil, origin .. ": " .. o.json end
+    error(o, 0)
+  end
+  local built, s = pcall(M.new, o)
+  if not built then
+    return nil, origin .. ": " .. (tostring(s):gsub("^.-:%d+: ", ""):gsub("^schedule.new: ", ""))
+  end
   return s
 end
 
--- schedule.build(name, opts) -> Schedule: a built-in family by name.
+-- schedule.build(name, opts) -> Schedule: a built-in family by name (any
+-- case, or an alias such as "zb-h1").
 function M.build(name, opts)
-  local fam = aliases[name] or name
-  local ok, builder = false, nil
-  if M.is_family(fam) then ok, builder = pcall(require, "luapipe.schedules." .. fam) end
-  if not ok or type(builder) ~= "function" then
-    error(string.format("unknown schedule '%s' (families: %s)", name,
+  local fam = schedules.canonical(name)
+  if not fam then
+    error(string.format("unknown schedule '%s' (families: %s)", tostring(name),
       table.concat(M.families, ", ")), 2)
   end
-  return builder(opts)
+  return schedules[fam](opts)
 end
 
-function M.is_family(name)
-  name = aliases[name] or name
-  for _, f in ipairs(M.families) do if f == name then return true end end
-  return false
-end
+function M.is_family(name) return schedules.canonical(name) ~= nil end
 
 -- schedule.load(spec, opts) -> Schedule | nil, err
 -- spec is a family name (opts: pp, microbatches, chunks), a .csv file, a
@@ -191,5 +260,10 @@ mt.__tostring = function(s)
   local ok, text = pcall(Schedule.summary, s)
   return ok and text or "luapipe.Schedule (closed)"
 end
+
+-- The simulator's and the pictures' methods (res:summary, res:show,
+-- s:show, s:gantt) come with every schedule: those modules install them on
+-- the C classes (the binding never loads Lua modules itself).
+require("luapipe.sim")
 
 return M

@@ -6,13 +6,18 @@
 --   s:show()                      -- a schedule's Gantt under the default cost
 --   res:write_svg("t.svg")        -- atomically
 --
--- The Gantt chart draws time left to right, one column per time unit (or
--- more, or less, so that the chart fits `width` columns). Cells carry the
--- micro-batch number (a-z for 10-35 where a cell is one column wide): F as digits ("3"), B, I and W with their letter
--- ("B3", "I3", "W3"), an overlapped F&B pair as "3&5" (forward of mb 3
--- with backward of mb 5); "." is idle. On a colour terminal cells are also
--- coloured by type, pairs split in the F and B colours (NO_COLOR, TERM=dumb
--- or a non-terminal stdout turn colour off).
+-- The Gantt chart draws time left to right, a whole number of columns per
+-- time unit (or a fraction of one for long actions), chosen so that every
+-- action's full label fits its cell followed by a space: F as its
+-- micro-batch number ("3"), B, I and W with their letter ("B3", "I3",
+-- "W3"), an overlapped F&B pair as "3&5" (forward of mb 3 with backward of
+-- mb 5; "3&I5" when the backward half is an I); "." is idle. Labels are
+-- never abbreviated, whatever the cost ratio: a chart wider than `width`
+-- is cut into bands, one under the other, at times where few actions are
+-- cut ("~" marks the part of a cut action that has no room for its label).
+-- On a colour terminal cells are also coloured by type, pairs split in the
+-- F and B colours (NO_COLOR, TERM=dumb or a non-terminal stdout turn colour
+-- off).
 local core = require("luapipe.core")
 
 local M = {}
@@ -46,36 +51,14 @@ end
 
 -- ---- the Gantt chart ----
 
--- A micro-batch number in at most w columns: the number when it fits,
--- otherwise one symbol: 0-9, then a-z for 10-35 (lower case, so it never
--- reads as the B/I/W letters), "+" beyond.
-local function mb_text(n, w)
-  local s = tostring(n)
-  if #s <= w then return s end
-  if n < 10 then return s end
-  if n < 36 then return string.char(87 + n) end -- 10 -> "a"
-  return "+"
+-- The full label of an event's cell (see the header).
+local function cell_label(e)
+  if e.type == "F" then return tostring(e.mb) end
+  if e.type == "FB" then return e.mb .. "&" .. (e.btype == "I" and "I" or "") .. e.bmb end
+  if e.type == "B" or e.type == "I" or e.type == "W" then return e.type .. e.mb end
+  return tostring(e.text or e.type)
 end
-M.mb_text = mb_text
-
--- The text of an event's cell, fitted into w columns.
-local function cell_label(e, w)
-  if w <= 0 then return "" end
-  local label
-  if e.type == "F" then
-    label = mb_text(e.mb, w)
-  elseif e.type == "FB" then
-    local bmark = e.btype == "I" and "I" or ""
-    label = e.mb .. "&" .. bmark .. e.bmb
-    if #label > w then label = mb_text(e.mb, 1) .. "&" .. bmark .. mb_text(e.bmb, 1) end
-    if #label > w then label = mb_text(e.mb, 1) .. "&" .. mb_text(e.bmb, 1) end
-    if #label > w then label = ("&" .. mb_text(e.bmb, 1)):sub(1, w) end
-  else
-    label = e.type .. e.mb
-    if #label > w then label = w >= 2 and (e.type .. mb_text(e.mb, 1)) or e.type end
-  end
-  return label .. string.rep(" ", w - #label)
-end
+M.cell_label = cell_label
 
 local function tick_step(scale, min_cols)
   for _, step in ipairs { 1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000 } do
@@ -106,7 +89,7 @@ local function render(chars, styles, color)
   return table.concat(out)
 end
 
-local function legend_lines(color, width, scale)
+local function legend_lines(color, width, scale, cut)
   local function sample(text, st)
     if not color then return text end
     return (ansi[st] or "") .. text .. RESET
@@ -114,24 +97,23 @@ local function legend_lines(color, width, scale)
   local unit = scale >= 1 and string.format("1 unit = %s col%s", fmt_num(scale), scale == 1 and "" or "s")
     or string.format("1 col = %s units", fmt_num(1 / scale))
   local items = {
-    sample("3", "F") .. "=F of mb 3",
-    sample("B3", "B") .. "/" .. sample("I3", "I") .. "/" .. sample("W3", "W") .. "=B/I/W",
-    sample("3", "FBf") .. sample("&5", "FBb") .. "=F3 overlapped with B5",
-    sample(".", "idle") .. "=idle",
-    "a-z=mb 10-35 in narrow cells",
-    unit,
+    { sample("3", "F") .. "=F of mb 3", "3=F of mb 3" },
+    { sample("B3", "B") .. "/" .. sample("I3", "I") .. "/" .. sample("W3", "W") .. "=B/I/W",
+      "B3/I3/W3=B/I/W" },
+    { sample("3", "FBf") .. sample("&5", "FBb") .. "=F3 overlapped with B5", "3&5=F3 overlapped with B5" },
+    { sample(".", "idle") .. "=idle", ".=idle" },
   }
-  -- plain lengths decide the wrapping
-  local plain = { "3=F of mb 3", "B3/I3/W3=B/I/W", "3&5=F3 overlapped with B5", ".=idle",
-    "a-z=mb 10-35 in narrow cells", unit }
+  if cut then items[#items + 1] = { "~=action cut by the band edge", "~=action cut by the band edge" } end
+  items[#items + 1] = { unit, unit }
   local lines, cur, curlen = {}, "legend: ", 8
-  for i, it in ipairs(items) do
-    local add = (curlen > 8 and 2 or 0) + #plain[i]
+  for _, it in ipairs(items) do
+    local text, plain = it[1], it[2] -- plain lengths decide the wrapping
+    local add = (curlen > 8 and 2 or 0) + #plain
     if curlen + add > width and curlen > 8 then
       lines[#lines + 1] = cur
-      cur, curlen = "        " .. it, 8 + #plain[i]
+      cur, curlen = "        " .. text, 8 + #plain
     else
-      cur = cur .. (curlen > 8 and "  " or "") .. it
+      cur = cur .. (curlen > 8 and "  " or "") .. text
       curlen = curlen + add
     end
   end
@@ -139,10 +121,103 @@ local function legend_lines(color, width, scale)
   return lines
 end
 
+-- The columns per time unit: the fitting scale (a whole number up to 4
+-- when there is room, else a fraction), raised so that every event of
+-- positive length holds its label and a space even after rounding.
+local function gantt_scale(res, P, T, avail, want)
+  local scale = want
+  if not scale then
+    scale = T > 0 and avail / T or 1
+    if scale >= 1 then scale = math.min(4, math.floor(scale)) end
+  end
+  local need = 0
+  for r = 0, P - 1 do
+    for _, e in ipairs(res:events(r)) do
+      local d = e.finish - e.start
+      if d > 0 then need = math.max(need, (#cell_label(e) + 1) / d) end
+    end
+  end
+  if need > scale then
+    scale = need > 1 and math.ceil(need - 1e-9) or need * (1 + 1e-9)
+  end
+  return scale
+end
+
+-- Lays out one rank's cells: {c0, c1, label, e} in columns (0-based
+-- start, exclusive end), and marks in inside[c] the column boundaries c
+-- that fall strictly inside a cell.
+local function gantt_cells(events, col, ncols, inside)
+  local cells = {}
+  for _, e in ipairs(events) do
+    local c0, c1 = col(e.start), math.min(col(e.finish), ncols)
+    if e.finish > e.start and c1 > c0 then
+      cells[#cells + 1] = { c0 = c0, c1 = c1, label = cell_label(e), e = e }
+      for c = c0 + 1, c1 - 1 do inside[c] = true end
+    end
+  end
+  return cells
+end
+
+-- Band edges: column boundaries 0 = b0 < b1 < ... = ncols, bands of
+-- about equal width, none wider than avail, each edge near its ideal place
+-- where the fewest ranks have a cell cut.
+local function band_edges(ncols, avail, inside, P)
+  local edges, pos = { 0 }, 0
+  while ncols - pos > avail do
+    local left = ncols - pos
+    local ideal = math.ceil(left / math.ceil(left / avail))
+    local slack = math.max(1, ideal // 6)
+    local best, bestkey = pos + ideal, math.huge
+    for c = pos + math.max(1, ideal - slack), pos + math.min(avail, ideal + slack) do
+      local cut = 0
+      for r = 0, P - 1 do if inside[r][c] then cut = cut + 1 end end
+      local key = cut * 1e6 + math.abs(c - pos - ideal)
+      if key < bestkey then best, bestkey = c, key end
+    end
+    edges[#edges + 1] = best
+    pos = best
+  end
+  edges[#edges + 1] = ncols
+  return edges
+end
+
+-- One band [a, b) of a rank's row: chars and styles. Returns whether a
+-- cell was cut at either edge.
+local function band_row(cells, a, b)
+  local chars, styles, cut = {}, {}, false
+  for i = 1, b - a do chars[i] = "." end
+  for _, c in ipairs(cells) do
+    local v0, v1 = math.max(c.c0, a), math.min(c.c1, b)
+    if v1 > v0 then
+      local w, text = v1 - v0, c.label
+      if v0 > c.c0 or c.c1 > b then
+        cut = true
+        if v0 > c.c0 or #text > w then -- no room for the label: a continuation mark
+          text = string.rep("~", c.c1 > b and w or w - 1)
+        end
+      end
+      text = text .. string.rep(" ", w - #text)
+      local e = c.e
+      local amp = e.type == "FB" and (text:find("&", 1, true) or (v0 > c.c0 and 0 or w + 1)) or 0
+      local bstyle = e.btype == "I" and "FBi" or "FBb"
+      for k = 1, w do
+        chars[v0 - a + k] = text:sub(k, k)
+        if e.type == "FB" then
+          styles[v0 - a + k] = k < amp and "FBf" or bstyle
+        else
+          styles[v0 - a + k] = ansi[e.type] and e.type or "idle"
+        end
+      end
+    end
+  end
+  return chars, styles, cut
+end
+
 -- show.gantt(res[, opts]) -> text. opts: width (columns, default 80),
 -- color (true/false; default: show.use_color()), scale (columns per time
--- unit; default: the largest whole number that fits, or a fraction),
--- legend (default true), axis (default true).
+-- unit; default: the largest whole number up to 4 that fits, or a
+-- fraction; raised when a label would not fit), legend (default true),
+-- axis (default true).
 function M.gantt(res, opts)
   opts = opts or {}
   local info = res:info()
@@ -153,72 +228,62 @@ function M.gantt(res, opts)
   local T = res:makespan()
   local lw = #("r" .. (P - 1))
   local avail = math.max(10, width - (lw + 2) - 1)
-  local scale = opts.scale
-  if not scale then
-    if T <= 0 then
-      scale = 1
-    else
-      scale = avail / T
-      if scale >= 1 then scale = math.min(4, math.floor(scale)) end
-    end
-  end
+  local scale = gantt_scale(res, P, T, avail, opts.scale)
   local ncols = math.max(1, math.ceil(T * scale - 1e-9))
   local function col(t) return math.floor(t * scale + 0.5) end
 
-  local lines = {}
+  local cells, inside = {}, {}
   for r = 0, P - 1 do
-    local chars, styles = {}, {}
-    for i = 1, ncols do chars[i] = "." end
-    for _, e in ipairs(res:events(r)) do
-      local c0, c1 = col(e.start), col(e.finish)
-      if c1 <= c0 and e.finish > e.start then c1 = c0 + 1 end
-      if c1 > ncols then c1 = ncols end
-      local w = c1 - c0
-      if w > 0 then
-        local text = cell_label(e, w)
-        -- a pair is coloured F up to its "&", B from there on
-        local amp = e.type == "FB" and (text:find("&", 1, true) or (w // 2 + 1)) or 0
-        local bstyle = e.btype == "I" and "FBi" or "FBb"
-        for k = 1, w do
-          chars[c0 + k] = text:sub(k, k)
-          if e.type == "FB" then
-            styles[c0 + k] = k < amp and "FBf" or bstyle
-          else
-            styles[c0 + k] = e.type
-          end
-        end
-      end
-    end
-    lines[#lines + 1] = string.format("%-" .. lw .. "s |%s|", "r" .. r, render(chars, styles, color))
+    inside[r] = {}
+    cells[r] = gantt_cells(res:events(r), col, ncols, inside[r])
   end
-  if opts.axis ~= false then
-    local step = tick_step(scale, 6)
-    local axis = {}
-    for i = 1, ncols + 8 do axis[i] = " " end
-    local last = 0
-    local t = 0
-    while t <= T + 1e-9 do
-      local c = col(t) + 1
-      local s = fmt_num(t)
-      if c > last and c + #s - 1 <= ncols + 1 then
-        for k = 1, #s do axis[c + k - 1] = s:sub(k, k) end
-        last = c + #s
-      end
-      t = t + step
+  local edges = band_edges(ncols, avail, inside, P)
+  local lines, anycut = {}, false
+  for bi = 1, #edges - 1 do
+    local a, b = edges[bi], edges[bi + 1]
+    if bi > 1 then lines[#lines + 1] = "" end
+    for r = 0, P - 1 do
+      local chars, styles, cut = band_row(cells[r], a, b)
+      anycut = anycut or cut
+      lines[#lines + 1] = string.format("%-" .. lw .. "s |%s|", "r" .. r, render(chars, styles, color))
     end
-    lines[#lines + 1] = (string.rep(" ", lw + 2) .. table.concat(axis)):gsub("%s+$", "")
+    if opts.axis ~= false then
+      local step = tick_step(scale, 6)
+      local axis = {}
+      for i = 1, b - a + 8 do axis[i] = " " end
+      local last = 0
+      local t = math.ceil(a / scale / step - 1e-9) * step
+      while col(t) <= b do
+        local c = col(t) - a + 1
+        local s = fmt_num(t)
+        if c > last and c + #s - 1 <= b - a + 1 then
+          for k = 1, #s do axis[c + k - 1] = s:sub(k, k) end
+          last = c + #s
+        end
+        t = t + step
+      end
+      lines[#lines + 1] = (string.rep(" ", lw + 2) .. table.concat(axis)):gsub("%s+$", "")
+    end
   end
   if opts.legend ~= false then
-    for _, l in ipairs(legend_lines(color, width, scale)) do lines[#lines + 1] = l end
+    for _, l in ipairs(legend_lines(color, width, scale, anycut)) do lines[#lines + 1] = l end
   end
   return table.concat(lines, "\n")
 end
 
 -- ---- SVG ----
 
+-- Two hue families, as in DeepSeek's DualPipe figure: actions of a virtual
+-- stage on a route running down the ranks (rank 0 towards P-1) in warm
+-- colours, up the ranks in cool ones; within a family F is light, I
+-- medium, B dark and W darkest. ink: the text colour on that fill.
 local svg_fill = {
-  F = "#f4a259", B = "#4f86c6", I = "#8fc1e3", W = "#7fb069", idle = "#eeeeee",
+  down = { F = "#fdae61", I = "#f46d43", B = "#d73027", W = "#8c510a" },
+  up = { F = "#abd9e9", I = "#74add1", B = "#4575b4", W = "#5e3c99" },
+  optim = "#9e9e9e", other = "#bdbdbd",
 }
+local svg_ink = { F = "#222", I = "#222", B = "white", W = "white" }
+local type_names = { F = "forward", I = "input-grad", B = "backward", W = "weight-grad" }
 
 local function xml(s)
   return (tostring(s):gsub("[&<>\"]", { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;",
@@ -227,24 +292,171 @@ end
 
 local function f2(x) return (string.format("%.2f", x):gsub("%.?0+$", "")) end
 
+-- The direction of every virtual stage seen in res: "down" or "up". The
+-- virtual stages are taken in number order and cut into runs that step one
+-- rank at a time the same way (0,1,2,3 | 3,2,1,0 for DualPipe and ZB-V;
+-- 0,1 | 0,1 for interleaved 1F1B); a run going to lower ranks is "up".
+local function directions(res, P)
+  local rank_of, maxv = {}, -1
+  for r = 0, P - 1 do
+    for _, e in ipairs(res:events(r)) do
+      for _, v in ipairs { e.stage, e.bstage } do
+        if type(v) == "number" and v >= 0 then
+          rank_of[v] = r
+          if v > maxv then maxv = v end
+        end
+      end
+    end
+  end
+  local dir, v = {}, 0
+  while v <= maxv do
+    local d, w = 1, v
+    if rank_of[v] and rank_of[v + 1] and rank_of[v + 1] == rank_of[v] - 1 then d = -1 end
+    while rank_of[w] and rank_of[w + 1] and rank_of[w + 1] == rank_of[w] + d do w = w + 1 end
+    for k = v, w do dir[k] = d < 0 and "up" or "down" end
+    v = w + 1
+  end
+  return dir
+end
+
+-- The fill of an action of type t (F, B, I, W) on virtual stage v.
+local function fill_of(dir, t, v)
+  local fam = svg_fill[dir[v] or "down"]
+  return fam[t] or (t == "optim" and svg_fill.optim) or svg_fill.other
+end
+
+-- Text of about fs px per character fits w px?
+local function fits(text, fs, w) return #text * fs * 0.6 + 4 <= w end
+
+-- The label of a cell at most w px wide, and its font size; nil when even
+-- 8 px does not fit (the tooltip still names the action).
+local function svg_label(text, fs, w)
+  while fs >= 8 do
+    if fits(text, fs, w) then return text, fs end
+    fs = fs - 1
+  end
+  return nil
+end
+
 -- show.svg(res[, opts]) -> SVG text. opts: scale (pixels per time unit;
--- default fits about 1000 px, between 4 and 60), lane (lane height, 28),
--- title (default: schedule name and figures).
+-- default: about 1000 px wide, more when a two-digit micro-batch number
+-- would not fit its cell, within 2400 px), lane (lane height; default
+-- grows with the width so that the picture is about 3:1), unit (the time
+-- unit named on the axis, "units"), title (default: schedule name and
+-- figures).
 function M.svg(res, opts)
   opts = opts or {}
   local info = res:info()
   local P = info.ranks
   local T = res:makespan()
-  local scale = opts.scale or math.max(4, math.min(60, T > 0 and 1000 / T or 60))
-  local lane, gap = opts.lane or 28, 8
-  local left, top, right = 70, 46, 20
+  local unit = opts.unit or "units"
+  local dir = directions(res, P)
+  local present, fams, optim = {}, {}, false
+  local scale = opts.scale
+  if not scale then
+    scale = T > 0 and 1000 / T or 60
+    local need = 0 -- px per unit for the shortest action to hold "88" at 11 px
+    for r = 0, P - 1 do
+      for _, e in ipairs(res:events(r)) do
+        local d = e.finish - e.start
+        if d > 0 and e.type ~= "optim" then need = math.max(need, (2 * 11 * 0.6 + 4) / d) end
+      end
+    end
+    scale = math.max(scale, math.min(need, T > 0 and 2400 / T or need))
+    scale = math.max(4 / math.max(1, T / 250), math.min(60, scale))
+  end
   local plot_w = math.max(1, T * scale)
+  local lane = opts.lane or math.floor(math.max(28, math.min(90, plot_w / (3.2 * P))))
+  local gap = math.max(6, lane // 5)
+  local left, top, right = 70, 46, 20
   local W = left + plot_w + right
   local lanes_h = P * (lane + gap)
-  local legend_y = top + lanes_h + 36
-  local H = legend_y + 34
   local o = {}
   local function put(...) o[#o + 1] = table.concat({ ... }) end
+  -- the lanes first (the legend shows only what they use)
+  local body = {}
+  local function bput(...) body[#body + 1] = table.concat({ ... }) end
+  local fs0 = math.min(14, math.floor(lane / 2 - 2))
+  for r = 0, P - 1 do
+    local y = top + r * (lane + gap)
+    bput('<g class="rank" id="rank', r, '">')
+    bput('<text x="', left - 8, '" y="', f2(y + lane / 2 + 4), '" text-anchor="end" font-size="12">rank ',
+      r, '</text>')
+    bput('<rect class="lane" x="', left, '" y="', y, '" width="', f2(plot_w), '" height="', lane,
+      '" fill="url(#idle)" stroke="#bbb" stroke-width="0.5"><title>rank ', r, ': idle where hatched</title></rect>')
+    for _, e in ipairs(res:events(r)) do
+      local x, w = left + e.start * scale, (e.finish - e.start) * scale
+      local tip = string.format("rank %d, action %d: %s [%s, %s] %s", r, e.index, e.text,
+        fmt_num(e.start), fmt_num(e.finish), unit)
+      if e.type == "FB" then
+        local ff, bf = fill_of(dir, "F", e.stage), fill_of(dir, e.btype or "B", e.bstage)
+        present[e.btype or "B"], present.F, present.FB = true, true, true
+        fams[dir[e.stage] or "down"], fams[dir[e.bstage] or "down"] = true, true
+        bput('<g class="FB"><title>', xml(tip), '</title>')
+        bput('<rect class="FB-F" x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', f2(lane / 2),
+          '" fill="', ff, '"/>')
+        bput('<rect class="FB-B" x="', f2(x), '" y="', f2(y + lane / 2), '" width="', f2(w),
+          '" height="', f2(lane / 2), '" fill="', bf, '"/>')
+        bput('<rect x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', lane,
+          '" fill="none" stroke="#222" stroke-width="1.5"/>')
+        local ft, ffs = svg_label(tostring(e.mb), math.min(fs0, lane // 2 - 2), w)
+        local bt, bfs = svg_label((e.btype == "I" and "I" or "") .. e.bmb, math.min(fs0, lane // 2 - 2), w)
+        if ft then
+          bput('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 4 + ffs / 3), '" font-size="', ffs,
+            '" text-anchor="middle" fill="', svg_ink.F, '">', ft, '</text>')
+        end
+        if bt then
+          bput('<text x="', f2(x + w / 2), '" y="', f2(y + 3 * lane / 4 + bfs / 3), '" font-size="', bfs,
+            '" text-anchor="middle" fill="', svg_ink[e.btype or "B"], '">', bt, '</text>')
+        end
+        bput('</g>')
+      else
+        local fill = fill_of(dir, e.type, e.stage)
+        if e.type == "optim" then optim = true
+        elseif type_names[e.type] then
+          present[e.type] = true
+          fams[dir[e.stage] or "down"] = true
+        end
+        bput('<g class="', xml(e.type), '"><title>', xml(tip), '</title>')
+        bput('<rect x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', lane, '" fill="',
+          fill, '" stroke="white" stroke-width="0.5"/>')
+        local text = e.type == "optim" and "optimizer" or tostring(e.mb)
+        local t, tfs = svg_label(text, fs0, w)
+        if t then
+          bput('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 2 + tfs / 3), '" font-size="', tfs,
+            '" text-anchor="middle" fill="', svg_ink[e.type] or "#222", '">', xml(t), '</text>')
+        end
+        bput('</g>')
+      end
+    end
+    bput('</g>')
+  end
+
+  -- legend rows: one per hue family in use, then pairs, idle, optimizer
+  local legend = {}
+  local both = fams.down and fams.up
+  for _, fam in ipairs { "down", "up" } do
+    if fams[fam] then
+      local row = {}
+      if both then
+        row.title = fam == "down" and string.format("down the ranks (0 to %d):", P - 1)
+          or string.format("up the ranks (%d to 0):", P - 1)
+      end
+      for _, t in ipairs { "F", "B", "I", "W" } do
+        if present[t] then row[#row + 1] = { fill = svg_fill[fam][t], label = t .. " " .. type_names[t] } end
+      end
+      legend[#legend + 1] = row
+    end
+  end
+  local misc = {}
+  if present.FB then misc[#misc + 1] = { pair = true, label = "F&B overlapped: F top, B bottom" } end
+  misc[#misc + 1] = { fill = "url(#idle)", label = "idle" }
+  if optim then misc[#misc + 1] = { fill = svg_fill.optim, label = "optimizer step" } end
+  misc[#misc + 1] = { label = "numbers: micro-batch" }
+  legend[#legend + 1] = misc
+  local legend_y = top + lanes_h + 36
+  local H = legend_y + #legend * 22 + 8
+
   put('<?xml version="1.0" encoding="UTF-8"?>')
   put('<svg xmlns="http://www.w3.org/2000/svg" width="', f2(W), '" height="', f2(H),
     '" viewBox="0 0 ', f2(W), " ", f2(H), '" font-family="Helvetica, Arial, sans-serif">')
@@ -268,70 +480,31 @@ function M.svg(res, opts)
     t = t + step
   end
   put('<text x="', f2(left + plot_w), '" y="', top + lanes_h + 22,
-    '" text-anchor="end">time (units)</text>')
+    '" text-anchor="end">time (', xml(unit), ')</text>')
   put('</g>')
-  -- lanes
-  for r = 0, P - 1 do
-    local y = top + r * (lane + gap)
-    put('<g class="rank" id="rank', r, '">')
-    put('<text x="', left - 8, '" y="', f2(y + lane / 2 + 4), '" text-anchor="end" font-size="12">rank ',
-      r, '</text>')
-    put('<rect class="lane" x="', left, '" y="', y, '" width="', f2(plot_w), '" height="', lane,
-      '" fill="url(#idle)" stroke="#bbb" stroke-width="0.5"><title>rank ', r, ': idle where hatched</title></rect>')
-    for _, e in ipairs(res:events(r)) do
-      local x, w = left + e.start * scale, (e.finish - e.start) * scale
-      local tip = string.format("rank %d, action %d: %s [%s, %s]", r, e.index, e.text,
-        fmt_num(e.start), fmt_num(e.finish))
-      local fs = math.min(12, lane / 2 - 2)
-      if e.type == "FB" then
-        local bfill = svg_fill[e.btype] or svg_fill.B
-        put('<g class="FB"><title>', xml(tip), '</title>')
-        put('<rect class="FB-F" x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', f2(lane / 2),
-          '" fill="', svg_fill.F, '"/>')
-        put('<rect class="FB-B" x="', f2(x), '" y="', f2(y + lane / 2), '" width="', f2(w),
-          '" height="', f2(lane / 2), '" fill="', bfill, '"/>')
-        put('<rect x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', lane,
-          '" fill="none" stroke="#222" stroke-width="1.5"/>')
-        if w >= 10 then
-          put('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 4 + fs / 3), '" font-size="', f2(fs * 0.9),
-            '" text-anchor="middle">', e.mb, '</text>')
-          put('<text x="', f2(x + w / 2), '" y="', f2(y + 3 * lane / 4 + fs / 3), '" font-size="', f2(fs * 0.9),
-            '" text-anchor="middle"', e.btype == "I" and "" or ' fill="white"', '>', (e.btype == "I" and "I" or ""),
-            e.bmb, '</text>')
-        end
-        put('</g>')
-      else
-        put('<g class="', e.type, '"><title>', xml(tip), '</title>')
-        put('<rect x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', lane, '" fill="',
-          svg_fill[e.type] or "#999", '" stroke="white" stroke-width="0.5"/>')
-        if w >= 10 then
-          put('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 2 + fs / 3), '" font-size="', f2(fs),
-            '" text-anchor="middle"', e.type == "B" and ' fill="white"' or "", '>', e.mb, '</text>')
-        end
-        put('</g>')
-      end
-    end
-    put('</g>')
-  end
+  for _, l in ipairs(body) do o[#o + 1] = l end
   -- legend
   put('<g class="legend" font-size="12">')
-  local lx = left
-  local entries = {
-    { "F", "forward" }, { "B", "backward (full)" }, { "I", "backward, input-grad (I)" },
-    { "W", "weight-grad (W)" }, { "FB", "F&B pair: F half top, B half bottom" }, { "idle", "idle" },
-  }
-  for _, en in ipairs(entries) do
-    local k, label = en[1], en[2]
-    if k == "FB" then
-      put('<rect x="', lx, '" y="', legend_y, '" width="16" height="7" fill="', svg_fill.F, '"/>')
-      put('<rect x="', lx, '" y="', legend_y + 7, '" width="16" height="7" fill="', svg_fill.B, '"/>')
-      put('<rect x="', lx, '" y="', legend_y, '" width="16" height="14" fill="none" stroke="#222" stroke-width="1.5"/>')
-    else
-      put('<rect x="', lx, '" y="', legend_y, '" width="16" height="14" fill="',
-        k == "idle" and "url(#idle)" or svg_fill[k], '" stroke="#999" stroke-width="0.5"/>')
+  for i, row in ipairs(legend) do
+    local y, lx = legend_y + (i - 1) * 22, left
+    if row.title then
+      put('<text x="', lx, '" y="', y + 11, '">', xml(row.title), '</text>')
+      lx = lx + #row.title * 6.5 + 10
     end
-    put('<text x="', lx + 21, '" y="', legend_y + 11, '">', xml(label), '</text>')
-    lx = lx + 30 + #label * 6.5
+    for _, en in ipairs(row) do
+      if en.pair then
+        put('<rect x="', lx, '" y="', y, '" width="16" height="7" fill="', svg_fill.down.F, '"/>')
+        put('<rect x="', lx, '" y="', y + 7, '" width="16" height="7" fill="', svg_fill.up.B, '"/>')
+        put('<rect x="', lx, '" y="', y, '" width="16" height="14" fill="none" stroke="#222" stroke-width="1.5"/>')
+        lx = lx + 21
+      elseif en.fill then
+        put('<rect x="', lx, '" y="', y, '" width="16" height="14" fill="', en.fill,
+          '" stroke="#999" stroke-width="0.5"/>')
+        lx = lx + 21
+      end
+      put('<text x="', lx, '" y="', y + 11, '">', xml(en.label), '</text>')
+      lx = lx + 14 + #en.label * 6.5
+    end
   end
   put('</g>')
   put('</svg>')
@@ -365,12 +538,12 @@ function Schedule.gantt(s, cost, opts)
 end
 
 -- s:show([cost[, opts]]) prints the Gantt chart of s simulated under cost.
--- Returns true, or nil, message when s is invalid.
+-- Returns nothing (so the REPL echoes nothing), or nil, message when s is
+-- invalid.
 function Schedule.show(s, cost, opts)
   local text, err = Schedule.gantt(s, cost, opts)
   if not text then return nil, err end
   io.write(text, "\n")
-  return true
 end
 
 require("luapipe.sim") -- installs summary, __tostring, show, gantt of results

@@ -51,9 +51,11 @@ function M.parse_cost(text)
           it, key, stage and "; per stage: F[k], B[k], I[k], W[k], FB[k]" or ""), 2)
       end
       local v = tonumber(value)
-      if not v or v ~= v or v < 0 or v == math.huge then
-        error(string.format("cost item '%s': '%s' is not a number >= 0", it, value), 2)
+      if not v then
+        error(string.format("cost item '%s': '%s' is not a number", it, value), 2)
       end
+      local ok, why = core.sim_check_time(name, v) -- the core's one rule
+      if not ok then error(string.format("cost item '%s': %s", it, why), 2) end
       if stage then
         cost.stages = cost.stages or {}
         local k = math.tointeger(tonumber(stage))

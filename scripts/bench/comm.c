@@ -6,11 +6,15 @@
  * ("overlapped"). With progress (the comm thread) the overlapped wait is
  * close to 0; without it the transfer only moves inside the wait. Prints
  * medians over --reps runs (rank 0) and checks the data (exit 1 if wrong).
+ * Also prints the CPU the process uses while a receive is pending and the
+ * rank sleeps for 1 s (the progress thread's cost; 0 without it).
  * --link SPEC sets an emulated link (lp_link_parse syntax).
  * Usage: bench_comm [--mb N] [--compute-ms N] [--reps N] [--link SPEC] */
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "lp_comm.h"
 
@@ -106,6 +110,19 @@ int main(int argc, char **argv) {
         if (recv[i] != (float)(other * 7 + rep + mode + (int)(i % 1000))) bad = 1;
     }
   }
+  /* the progress thread's CPU while one receive is pending for 1 s */
+  CHECK(lp_comm_barrier(c, "bench"));
+  lp_comm_req *idle;
+  CHECK(lp_comm_irecv(c, recv, 1, other, 99, &idle));
+  struct timespec c0, c1;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+  double w0 = lp_now();
+  lp_sleep_until(w0 + 1.0);
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+  double idle_cpu = ((double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec)) /
+                    (lp_now() - w0);
+  CHECK(lp_comm_send(c, send, 1, other, 99, "bench"));
+  CHECK(lp_comm_wait(c, &idle, "bench"));
   double a = median(alone, reps), w = median(wait, reps);
   if (me == 0) {
     char text[64];
@@ -116,6 +133,7 @@ int main(int argc, char **argv) {
     printf("  wait after %.0f ms of compute:   %8.2f ms\n", compute_ms, w * 1e3);
     printf("  hidden under compute:           %8.1f %%\n",
            a > 0 ? 100.0 * (1.0 - (w < a ? w : a) / a) : 0.0);
+    printf("  CPU while a receive is pending: %8.1f %% of a core\n", 100.0 * idle_cpu);
   }
   free(send);
   free(recv);

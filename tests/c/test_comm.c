@@ -15,6 +15,7 @@
 
 #include "comm_internal.h"
 #include "lp_comm.h"
+#include "lp_sim.h"
 #include "lp_test_oom.h"
 
 /* ---- the self backend ---- */
@@ -131,8 +132,21 @@ static void test_out_of_memory(void **state) {
   assert_int_equal(lp_comm_allreduce_sum_float(c, x, 2, NULL), LP_ERR_NOMEM);
   assert_string_equal(lp_comm_last_error(c), "out of memory");
   assert_int_equal(lp_comm_barrier(c, NULL), LP_ERR_NOMEM);
+  size_t n1[1] = {2}, d0[1] = {0};
+  float y[2];
+  assert_int_equal(lp_comm_alltoallv(c, x, n1, d0, y, n1, d0, NULL), LP_ERR_NOMEM);
+  assert_int_equal(lp_comm_alltoallv(c, x, n1, NULL, y, n1, NULL, NULL), LP_ERR_NOMEM);
+  assert_int_equal(lp_comm_split(c, 0, 0, &s), LP_ERR_NOMEM);
+  assert_null(s);
   lp_test_oom_arm(1, 1); /* one allocation succeeds */
   assert_int_equal(lp_comm_barrier(c, NULL), LP_OK);
+  lp_test_oom_arm(2, 1); /* prefix sums and request, not the split's context */
+  assert_int_equal(lp_comm_alltoallv(c, x, n1, NULL, y, n1, NULL, NULL), LP_OK);
+  assert_true(y[0] == 1 && y[1] == 2);
+  lp_test_oom_arm(1, 1);
+  assert_int_equal(lp_comm_split(c, 0, 0, &s), LP_ERR_NOMEM);
+  assert_null(s);
+  assert_string_equal(lp_comm_last_error(c), "out of memory");
   lp_set_allocator(NULL, NULL);
 }
 
@@ -387,6 +401,26 @@ static void test_link_parse(void **state) {
   lp_link_format(&l, text, sizeof text);
   assert_string_equal(text, "none");
   assert_true(lp_link_time(NULL, 5) == 0);
+  /* all-to-all-v: latency + the larger direction; nothing moving is free;
+   * the simulator's phase cost is the same formula */
+  assert_int_equal(lp_link_parse("lat=1ms,bw=1MB/s", &l, err), LP_OK);
+  assert_true(fabs(lp_link_alltoallv_time(&l, 3000, 5000) - 0.006) < 1e-15);
+  assert_true(fabs(lp_link_alltoallv_time(&l, 5000, 0) - 0.006) < 1e-15);
+  assert_true(lp_link_alltoallv_time(&l, 0, 0) == 0);
+  lp_sim_cost sc;
+  lp_sim_cost_init(&sc);
+  assert_true(lp_sim_alltoallv_time(&sc, 4000, 4000) == 0); /* no link */
+  sc.link = l;
+  assert_true(lp_sim_alltoallv_time(&sc, 4000, 1000) == lp_link_alltoallv_time(&l, 4000, 1000));
+  assert_true(lp_sim_alltoallv_time(NULL, 1, 1) == 0);
+  double delay;
+  sc.message_bytes = 2000;
+  sc.latency = 0.5;
+  assert_int_equal(lp_sim_message_delay(&sc, &delay, err), LP_OK);
+  assert_true(fabs(delay - (0.5 + 0.001 + 0.002)) < 1e-15);
+  sc.message_bytes = -1;
+  assert_int_equal(lp_sim_message_delay(&sc, &delay, err), LP_ERR_ARG);
+  assert_string_equal(err, "cost model: bytes = -1 must be a number in 0..1e+15");
   expect_link_error("lat=50,bw=2GB/s",
                     "link 'lat=50,bw=2GB/s': lat=50 needs a unit (us, ms or s)");
   expect_link_error("lat=50ns", "link 'lat=50ns': lat=50ns has an unknown unit "
@@ -500,6 +534,11 @@ static void test_self_alltoallv(void **state) {
   assert_null(r);
   float want[6] = {0, 0, 2, 3, 4, 0};
   assert_memory_equal(recv, want, sizeof want);
+  /* NULL displacements: packed in rank order (here: from 0) */
+  memset(recv, 0, sizeof recv);
+  assert_int_equal(lp_comm_alltoallv(c, send, sc, NULL, recv, rc, NULL, NULL), LP_OK);
+  float packed[6] = {1, 2, 3, 0, 0, 0};
+  assert_memory_equal(recv, packed, sizeof packed);
   /* zero counts and NULL buffers are fine together */
   sc[0] = rc[0] = 0;
   assert_int_equal(lp_comm_alltoallv(c, NULL, sc, sd, NULL, rc, rd, NULL), LP_OK);
@@ -513,6 +552,8 @@ static void test_self_alltoallv(void **state) {
   assert_string_equal(lp_comm_last_error(c),
                       "all-to-all-v on rank 0: NULL send buffer for 3 floats");
   assert_int_equal(lp_comm_alltoallv(c, send, NULL, sd, recv, rc, rd, NULL), LP_ERR_ARG);
+  assert_string_equal(lp_comm_last_error(c), "all-to-all-v on rank 0: NULL count array");
+  assert_int_equal(lp_comm_alltoallv(c, send, sc, NULL, recv, NULL, NULL, NULL), LP_ERR_ARG);
   assert_int_equal(lp_comm_ialltoallv(c, send, sc, sd, recv, rc, rd, NULL), LP_ERR_ARG);
   /* a split of a self context is a self context that works the same */
   lp_comm *d;
@@ -552,6 +593,7 @@ static void test_alltoallv_watchdog(void **state) {
   assert_non_null(q);
   lp_comm_cancel(c, &q);
   assert_int_equal(lp_comm_alltoallv(c, s, sc, sd, r, rc, rd, NULL), LP_ERR_TIMEOUT);
+  lp_comm_free(c);
   /* a backend without the operations says so */
   lp_comm_backend nope = fake_backend;
   nope.ialltoallv = NULL;

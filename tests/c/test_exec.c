@@ -246,8 +246,17 @@ static void run_local_copies(int explicit_reduce) {
   const char *acts[] = {"0F0", "1F0", "1B0", "0B0", "0F1", "1F1", "1B1", "0B1", "2F2",
                         "3F2", "3B2", "2B2", "2F3", "3F3", "3B3", "2B3", "0REDUCE_GRAD",
                         "1REDUCE_GRAD", "2REDUCE_GRAD", "3REDUCE_GRAD"};
+  /* explicit_reduce 2: PyTorch's FSDP-style actions around it (no-ops
+   * here: stages are not sharded) and WAIT_REDUCE_GRAD after each */
+  if (explicit_reduce == 2) assert_int_equal(lp_schedule_push_text(s, 0, "0UNSHARD"), LP_OK);
   for (int i = 0; i < (explicit_reduce ? 20 : 16); i++)
     assert_int_equal(lp_schedule_push_text(s, 0, acts[i]), LP_OK);
+  if (explicit_reduce == 2)
+    for (int v = 0; v < 4; v++) {
+      lp_action w = {LP_ACT_WAIT_REDUCE_GRAD, v, -1, -1, -1, -1};
+      assert_int_equal(lp_schedule_push(s, 0, &w), LP_OK);
+    }
+  if (explicit_reduce == 2) assert_int_equal(lp_schedule_push_text(s, 0, "0RESHARD"), LP_OK);
   if (lp_schedule_validate(s) != LP_OK) fail_msg("invalid: %s", lp_schedule_last_error(s));
 
   lp_exec_opts o = base_opts();
@@ -298,6 +307,7 @@ static void test_local_copies(void **state) {
   (void)state;
   run_local_copies(0);
   run_local_copies(1);
+  run_local_copies(2);
 }
 
 static void test_errors(void **state) {

@@ -1141,6 +1141,151 @@ static void test_moe_ep_equivalence(void **state) {
   ep_check(3, 1, 3, r3, NULL, NULL);
 }
 
+/* A rank whose experts get no tokens (the bias sends every token to
+ * experts 0 and 1, both on rank 0) receives and returns empty blocks; the
+ * results still match EP = 1. */
+static void test_moe_ep_idle_rank(void **state) {
+  (void)state;
+  enum { K = 2 };
+  lp_nn_moe_opts o = moe_opts(8, 6, 4, 2);
+  const float bias[4] = {5, 5, 0, 0};
+  lp_tensor *x = randn(2, SH(6, 8), 81), *dy = randn(2, SH(6, 8), 82);
+  lp_nn_layer *ref = NULL, *ls[K];
+  lp_nn_ctx *c0 = NULL, *cs[K];
+  lp_tensor *y0 = NULL, *dx0 = NULL, *ys[K] = {NULL}, *dxs[K] = {NULL},
+            *xs[K], *dys[K];
+  assert_int_equal(lp_nn_moe_new("m", &o, 2, &ref), LP_OK);
+  assert_int_equal(lp_nn_moe_set_bias(ref, bias), LP_OK);
+  assert_int_equal(lp_nn_ctx_new(&c0), LP_OK);
+  assert_int_equal(lp_nn_forward(ref, c0, x, &y0), LP_OK);
+  assert_int_equal(lp_nn_backward(ref, c0, dy, &dx0), LP_OK);
+  fake_world w = {0};
+  fake_rank fr[K];
+  w.k = K;
+  for (int r = 0; r < K; r++) {
+    fr[r] = (fake_rank){&w, r};
+    lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
+    assert_int_equal(lp_nn_moe_new("m", &o, 2, &ls[r]), LP_OK);
+    assert_int_equal(lp_nn_moe_set_bias(ls[r], bias), LP_OK);
+    assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
+    assert_int_equal(lp_nn_ctx_new(&cs[r]), LP_OK);
+    assert_int_equal(lp_tensor_rows(x, r * 3, 3, &xs[r]), LP_OK);
+    assert_int_equal(lp_tensor_rows(dy, r * 3, 3, &dys[r]), LP_OK);
+    assert_int_equal(lp_nn_forward_begin(ls[r], cs[r], xs[r]), LP_OK);
+  }
+  drive(ls, cs, K, ys, NULL, 0);
+  for (int r = 0; r < K; r++)
+    assert_int_equal(lp_nn_input_grad_begin(ls[r], cs[r], dys[r]), LP_OK);
+  drive(ls, cs, K, dxs, NULL, 0);
+  for (int r = 0; r < K; r++) {
+    assert_true(rel_rows(ys[r], y0, r * 3) <= 1e-5);
+    assert_true(rel_rows(dxs[r], dx0, r * 3) <= 1e-5);
+    assert_int_equal(lp_nn_weight_grad(ls[r], cs[r], NULL), LP_OK);
+  }
+  /* rank 1's experts (2, 3) saw nothing: zero grads; rank 0's match */
+  const lp_nn_param *p0 = lp_nn_params(ref, NULL);
+  const lp_nn_param *p1 = lp_nn_params(ls[1], NULL);
+  double g;
+  for (int i = 1; i < 7; i++) {
+    assert_int_equal(lp_tensor_dot(p1[i].grad, p1[i].grad, &g), LP_OK);
+    assert_true(g == 0.0);
+    assert_true(rel_rows(lp_nn_params(ls[0], NULL)[i].grad, p0[i].grad, 0) <=
+                1e-5);
+  }
+  for (int r = 0; r < K; r++) {
+    lp_nn_ctx_free(cs[r]);
+    lp_nn_layer_release(ls[r]);
+    lp_tensor_free(ys[r]), lp_tensor_free(dxs[r]);
+    lp_tensor_free(xs[r]), lp_tensor_free(dys[r]);
+  }
+  lp_nn_ctx_free(c0);
+  lp_nn_layer_release(ref);
+  lp_tensor_free(x), lp_tensor_free(dy), lp_tensor_free(y0),
+      lp_tensor_free(dx0);
+}
+
+/* An overlapped F&B pair on 2 EP ranks: the forward of micro-batch 1 and
+ * the input-grad of micro-batch 0 advanced alternately (each one's
+ * exchange in flight while the other computes) give the same bits as
+ * running them one after the other. */
+static void test_moe_overlapped_pair(void **state) {
+  (void)state;
+  enum { K = 2 };
+  lp_nn_moe_opts o = moe_opts(8, 6, 4, 2);
+  o.shared = 1;
+  lp_tensor *x0 = randn(3, SH(2, 3, 8), 71), *x1 = randn(3, SH(2, 3, 8), 72),
+            *dy = randn(3, SH(2, 3, 8), 73);
+  lp_tensor *y[2][K] = {{NULL}}, *dx[2][K] = {{NULL}}, *y0[K] = {NULL};
+  lp_tensor *g[2][64] = {{NULL}};
+  size_t ng = 0;
+  for (int mode = 0; mode < 2; mode++) { /* 0: sequential, 1: interleaved */
+    fake_world w = {0};
+    fake_rank fr[K];
+    lp_nn_layer *ls[K];
+    lp_nn_ctx *c0[K], *c1[K];
+    w.k = K;
+    for (int r = 0; r < K; r++) {
+      fr[r] = (fake_rank){&w, r};
+      lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
+      assert_int_equal(lp_nn_moe_block_new("b", 2, &o, 5, &ls[r]), LP_OK);
+      assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
+      assert_int_equal(lp_nn_ctx_new(&c0[r]), LP_OK);
+      assert_int_equal(lp_nn_ctx_new(&c1[r]), LP_OK);
+      assert_int_equal(lp_nn_forward_begin(ls[r], c0[r], x0), LP_OK);
+    }
+    drive(ls, c0, K, y0, NULL, 0);
+    for (int r = 0; r < K; r++) {
+      lp_tensor_free(y0[r]);
+      assert_int_equal(lp_nn_forward_begin(ls[r], c1[r], x1), LP_OK);
+      assert_int_equal(lp_nn_input_grad_begin(ls[r], c0[r], dy), LP_OK);
+    }
+    if (mode == 0) {
+      drive(ls, c1, K, y[mode], NULL, 0);
+      drive(ls, c0, K, dx[mode], NULL, 0);
+    } else {
+      int fd = 0, bd = 0, overlapped = 0;
+      while (!fd || !bd) {
+        for (int half = 0; half < 2; half++) {
+          int *d = half ? &bd : &fd;
+          if (*d) continue;
+          for (int r = 0; r < K; r++) {
+            int dd = 0;
+            lp_nn_ctx *c = half ? c0[r] : c1[r];
+            lp_tensor **out = half ? &dx[mode][r] : &y[mode][r];
+            assert_int_equal(lp_nn_advance(ls[r], c, &dd, out), LP_OK);
+            if (lp_nn_ctx_exchange_pending(c0[r]) &&
+                lp_nn_ctx_exchange_pending(c1[r]))
+              overlapped++;
+            if (r == K - 1) *d = dd;
+          }
+        }
+      }
+      assert_true(overlapped > 0); /* both exchanges in flight at once */
+    }
+    for (int r = 0; r < K; r++) {
+      assert_int_equal(lp_nn_weight_grad(ls[r], c0[r], NULL), LP_OK);
+      size_t n;
+      const lp_nn_param *ps = lp_nn_params(ls[r], &n);
+      for (size_t i = 0; i < n; i++)
+        g[mode][r * 32 + i] = like(ps[i].grad);
+      ng = n;
+      lp_nn_ctx_free(c0[r]), lp_nn_ctx_free(c1[r]);
+      lp_nn_layer_release(ls[r]);
+    }
+  }
+  for (int r = 0; r < K; r++) {
+    assert_true(lp_tensor_equal(y[0][r], y[1][r]));
+    assert_true(lp_tensor_equal(dx[0][r], dx[1][r]));
+    for (size_t i = 0; i < ng; i++) {
+      assert_true(lp_tensor_equal(g[0][r * 32 + i], g[1][r * 32 + i]));
+      lp_tensor_free(g[0][r * 32 + i]), lp_tensor_free(g[1][r * 32 + i]);
+    }
+    for (int m = 0; m < 2; m++)
+      lp_tensor_free(y[m][r]), lp_tensor_free(dx[m][r]);
+  }
+  lp_tensor_free(x0), lp_tensor_free(x1), lp_tensor_free(dy);
+}
+
 /* Moving expert weights to a new placement: export every slot's values
  * by logical expert, apply the new placement, import into the slots this
  * rank did not hold before; the outputs are unchanged. */
@@ -1305,6 +1450,25 @@ static void test_moe_bias_and_errors(void **state) {
   bo.groups = 3, bo.topk_groups = 1, bo.topk = 3; /* 1 group of 2 < top-3 */
   assert_int_equal(lp_nn_moe_new("x", &bo, 1, &l2), LP_ERR_ARG);
   assert_null(l2);
+  /* a placement change re-lists the chunks holding the MoE, not others */
+  lp_nn_layer *lin = NULL, *other = NULL, *holder = NULL;
+  assert_int_equal(lp_nn_linear_new("lin", 8, 8, 1, 1, &lin), LP_OK);
+  assert_int_equal(lp_nn_chunk_new("other", &lin, 1, &other), LP_OK);
+  lp_nn_layer *pair[2] = {lin, m};
+  assert_int_equal(lp_nn_chunk_new("holder", pair, 2, &holder), LP_OK);
+  size_t n_other, n_holder;
+  const lp_nn_param *po = lp_nn_params(other, &n_other);
+  lp_nn_params(holder, &n_holder);
+  assert_int_equal(n_holder, 2 + 1 + 3 * 4);
+  const int two_each[] = {0, 1, 2, 3, 0, 1}; /* one rank, 6 slots */
+  assert_int_equal(lp_nn_moe_set_placement(m, 6, two_each), LP_OK);
+  assert_ptr_equal(lp_nn_params(other, NULL), po);
+  lp_nn_params(holder, &n_holder);
+  assert_int_equal(n_holder, 2 + 1 + 3 * 6);
+  assert_int_equal(lp_nn_param_numel(holder),
+                   8 * 8 + 8 + 4 * 8 + 6 * 3 * 4 * 8);
+  lp_nn_layer_release(lin), lp_nn_layer_release(other);
+  lp_nn_layer_release(holder);
   const int missing[] = {0, 1, 1, 3}; /* expert 2 nowhere */
   assert_int_equal(lp_nn_moe_set_placement(m, 4, missing), LP_ERR_ARG);
   const int out_of_range[] = {0, 1, 2, 4};
@@ -1436,6 +1600,8 @@ int main(void) {
       cmocka_unit_test(test_grad_moe),
       cmocka_unit_test(test_grad_moe_block),
       cmocka_unit_test(test_moe_ep_equivalence),
+      cmocka_unit_test(test_moe_ep_idle_rank),
+      cmocka_unit_test(test_moe_overlapped_pair),
       cmocka_unit_test(test_moe_placement_move),
       cmocka_unit_test(test_moe_bias_and_errors),
       cmocka_unit_test(test_moe_oom),

@@ -106,7 +106,8 @@ static void roundtrip(lp_schedule *s, const char *origin, const char *name) {
 static void test_action_text(void **state) {
   (void)state;
   const char *same[] = {"0F3", "7I2", "7W2", "12B0", "2SEND_F1", "3RECV_F1", "3SEND_B1",
-                        "2RECV_B1", "3REDUCE_GRAD", "(0F7;7B3)OVERLAP_F_B",
+                        "2RECV_B1", "3REDUCE_GRAD", "3WAIT_REDUCE_GRAD", "0UNSHARD",
+                        "0RESHARD", "(0F7;7B3)OVERLAP_F_B",
                         "(6F6;1I0)OVERLAP_F_B"};
   for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
     lp_action a;
@@ -216,11 +217,12 @@ static void test_csv_old_spelling(void **state) {
   lp_free(csv);
   lp_schedule_free(s);
 
-  /* not in a lowered CSV */
+  /* also in a lowered CSV (PyTorch's *_comms.csv files) */
   s = csv_ok("0F0,0SEND_F0,0RECV_B0,0B0,0W0\n1RECV_F0,1F0,1B0,1SEND_B0\n", "l.csv");
   csv = lp_schedule_to_csv(s);
-  assert_string_equal(csv, "0F0,0SEND_F0,0RECV_B0,0B0,0W0\n1RECV_F0,1F0,1B0,1SEND_B0\n");
+  assert_string_equal(csv, "0F0,0SEND_F0,0RECV_B0,0I0,0W0\n1RECV_F0,1F0,1B0,1SEND_B0\n");
   lp_free(csv);
+  assert_int_equal(lp_schedule_validate(s), LP_OK);
   lp_schedule_free(s);
 }
 

@@ -47,13 +47,16 @@ return schedule.new{ ranks = 2, stages = 2, microbatches = 1,
 LUA
 expect_rc "invalid schedule exits 1" 1 "$LP" simulate "$tmp/bad.lua"
 expect_in "validation message" "$tmp/err" "rank 0, action 0 (0B0): backward of micro-batch 0 on stage 0 comes before its forward"
-expect_rc "dualpipe odd pp exits 1" 1 "$LP" schedule dualpipe --pp 3 --microbatches 8
+expect_rc "dualpipe odd pp is a usage error (exit 2)" 2 "$LP" schedule dualpipe --pp 3 --microbatches 8
 expect_in "dualpipe pp message" "$tmp/err" "pp must be even"
 expect_rc "missing csv exits 1" 1 "$LP" simulate "$tmp/none.csv"
 expect_in "missing file named" "$tmp/err" "none.csv"
-expect_rc "unknown family exits 1" 1 "$LP" schedule nosuch
-expect_in "unknown family message" "$tmp/err" "is not a schedule family"
+expect_rc "unknown family exits 2" 2 "$LP" schedule nosuch
+expect_in "unknown family message" "$tmp/err" "unknown schedule family 'nosuch'"
 expect_rc "unwritable svg exits 1" 1 "$LP" simulate 1f1b --svg /nonexistent/dir/x.svg
 [ ! -e /nonexistent/dir/x.svg ] && ok "nothing half-written" || bad "file appeared"
+expect_in "unwritable svg: the user's path and the reason" "$tmp/err" \
+  "cannot create /nonexistent/dir/x.svg: there is no folder /nonexistent/dir"
+grep -q "x.svg.tmp" "$tmp/err" && bad "svg error names the temporary file" || ok "no temporary named"
 
 finish

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `luapipe eplb`: JSON and text load files, the README vector in the JSON
-# output, text output with its heat map, --previous / --max-moves, read
-# errors naming file and line (exit 1), bad options (exit 2).
+# output (logical_to_physical unpadded: each expert's slots), text output
+# with its heat map, --previous / --max-moves, read errors naming file, line
+# and entry as written (exit 1), bad options in one line (exit 2).
 . "$(dirname "$0")/lib.sh"
 
 V0="90,132,40,61,104,165,39,4,73,56,183,86"
@@ -12,7 +13,7 @@ ARGS=(--replicas 16 --groups 4 --nodes 2 --gpus 8)
 
 # Checks a JSON plan file against DeepSeek's README vector.
 cat >"$tmp/check.lua" <<'LUA'
-local json = require("dkjson")
+local json = require("luapipe.json")
 local f = assert(io.open(arg[1]))
 local doc = assert(json.decode(f:read("a")))
 f:close()
@@ -22,11 +23,11 @@ local function s(t)
   return table.concat(o, ",")
 end
 assert(s(doc.physical_to_logical) == "[5,6,5,7,8,4,3,4,10,9,10,2,0,1,11,1],[7,10,6,8,6,11,8,9,2,4,5,1,5,0,3,1]", s(doc.physical_to_logical))
-assert(s(doc.logical_to_physical[1]) == "[12,-1],[15,13],[11,-1],[6,-1],[7,5],[0,2],[1,-1],[3,-1],[4,-1],[9,-1],[8,10],[14,-1]", s(doc.logical_to_physical[1]))
+assert(s(doc.logical_to_physical[1]) == "[12],[15,13],[11],[6],[7,5],[0,2],[1],[3],[4],[9],[8,10],[14]", s(doc.logical_to_physical[1]))
 assert(s(doc.logical_count[1]) == "1,2,1,1,2,2,1,1,1,1,2,1")
 assert(math.abs(doc.stats.balancedness - 0.8163691432754) < 1e-9, doc.stats.balancedness)
 assert(doc.stats.gpu_max_over_mean > 1 and #doc.stats.per_layer == 2 and doc.stats.solve_ms >= 0)
-assert(doc.stats.copies == nil) -- JSON null without --previous
+assert(doc.stats.copies == json.null) -- JSON null without --previous
 LUA
 check_vector() { "$LP" "$tmp/check.lua" "$1"; }
 
@@ -34,7 +35,8 @@ expect_rc "json loads, reference" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}
 check_vector "$tmp/out" && ok "README vector from JSON" || bad "README vector from JSON"
 expect_rc "text loads, reference" 0 "$LP" eplb --loads "$tmp/v.txt" "${ARGS[@]}" --mode reference --format json
 check_vector "$tmp/out" && ok "README vector from text" || bad "README vector from text"
-expect_in "json keys" "$tmp/out" '"physical_to_logical":[[5,6,5,7,8,4,3,4,10,9,10,2,0,1,11,1],[7,10,6,8,6,11,8,9,2,4,5,1,5,0,3,1]]'
+expect_in "json keys" "$tmp/out" '"physical_to_logical":['
+expect_in "json map row" "$tmp/out" '    [5,6,5,7,8,4,3,4,10,9,10,2,0,1,11,1],'
 
 expect_rc "output file" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode reference -o "$tmp/plan.json"
 expect_in "output file named" "$tmp/out" "wrote json plan to $tmp/plan.json"
@@ -45,11 +47,13 @@ expect_in "text header" "$tmp/out" "EPLB plan: 2 layers, 12 experts -> 16 slots 
 expect_in "text per layer" "$tmp/out" "layer balancedness"
 expect_in "text heat map" "$tmp/out" "GPU load heat map"
 grep -qE '^ +1 [▁▂▃▄▅▆▇█]{4} [▁▂▃▄▅▆▇█]{4}$' "$tmp/out" && ok "heat map row per layer" || bad "heat map row per layer"
+expect_rc "text output, one node" 0 "$LP" eplb --loads "$tmp/v.json" --replicas 16 --gpus 8 --format text
+expect_in "one node in the singular" "$tmp/out" "on 8 GPUs over 1 node (hierarchical policy"
 
 # the plan in force: its own JSON output as --previous keeps everything
 expect_rc "previous" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode reference --previous "$tmp/plan.json"
 expect_in "no copies against itself" "$tmp/out" '"copies":0,'
-expect_in "copies per GPU" "$tmp/out" '"gpu_copies":[0,0,0,0,0,0,0,0],'
+expect_in "copies per GPU" "$tmp/out" '"gpu_copies":[0,0,0,0,0,0,0,0]'
 printf '%s\n%s\n' "0 1 2 3 4 5 6 7 8 9 10 11 0 1 2 3" "0,1,2,3,4,5,6,7,8,9,10,11,4,5,6,7" >"$tmp/prev.txt"
 expect_rc "previous text, budget" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --previous "$tmp/prev.txt" --max-moves 2 --format text
 grep -qE '^ +0 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[012] ' "$tmp/out" && ok "budget respected" || bad "budget respected"
@@ -63,19 +67,48 @@ expect_rc "bad number" 1 "$LP" eplb --loads "$tmp/bad.txt" --replicas 4 --gpus 2
 expect_in "bad number named" "$tmp/err" "$tmp/bad.txt:3: layer 1, entry 2 ('x') is not a number"
 printf '[[1,2,3,4],\n [1,2,\n   -3,4]]\n' >"$tmp/neg.json"
 expect_rc "negative load" 1 "$LP" eplb --loads "$tmp/neg.json" --replicas 4 --gpus 2
-expect_in "negative load named" "$tmp/err" "$tmp/neg.json:3: layer 1, entry 2: load -3 is not a non-negative finite number"
+expect_in "negative load named" "$tmp/err" "$tmp/neg.json:3: layer 1, entry 2 ('-3'): the load is negative"
+printf '[[1,2,3,4],\n [1,2,\n   3, 1e999]]\n' >"$tmp/inf.json"
+expect_rc "infinite load" 1 "$LP" eplb --loads "$tmp/inf.json" --replicas 4 --gpus 2
+expect_in "infinite load named as written" "$tmp/err" "$tmp/inf.json:3: layer 1, entry 3 ('1e999'): the load is not a finite number"
+printf '[[1,2,3,4],\n [1e300,2,3,4]]\n' >"$tmp/huge.json"
+expect_rc "load beyond float32" 1 "$LP" eplb --loads "$tmp/huge.json" --replicas 4 --gpus 2
+expect_in "load beyond float32 named" "$tmp/err" "$tmp/huge.json:2: layer 1, entry 0 ('1e300'): the load is larger than a float32 holds"
+printf '[[1,2,3,4],\n [1,2,NaN,4]]\n' >"$tmp/nan.json"
+expect_rc "NaN load" 1 "$LP" eplb --loads "$tmp/nan.json" --replicas 4 --gpus 2
+expect_in "NaN load named" "$tmp/err" "$tmp/nan.json:2: invalid JSON"
+printf '1 2 3 4\n1 2 3 inf\n' >"$tmp/inf.txt"
+expect_rc "infinite load, text" 1 "$LP" eplb --loads "$tmp/inf.txt" --replicas 4 --gpus 2
+expect_in "infinite load, text, named" "$tmp/err" "$tmp/inf.txt:2: layer 1, entry 3 ('inf') is not a number"
+printf '1 2 3 4\n1 2 3 1e400\n' >"$tmp/inf2.txt"
+expect_rc "overflowing load, text" 1 "$LP" eplb --loads "$tmp/inf2.txt" --replicas 4 --gpus 2
+expect_in "overflowing load, text, named" "$tmp/err" "$tmp/inf2.txt:2: layer 1, entry 3 ('1e400'): the load is not a finite number"
+printf '[[1,2,3,4],\n [1,"2",3,4]]\n' >"$tmp/str.json"
+expect_rc "string load" 1 "$LP" eplb --loads "$tmp/str.json" --replicas 4 --gpus 2
+expect_in "string load named" "$tmp/err" "$tmp/str.json:2: layer 1, entry 1 ('\"2\"') is not a number"
 printf '[[1,2,3,4],\n [1,2' >"$tmp/cut.json"
 expect_rc "truncated json" 1 "$LP" eplb --loads "$tmp/cut.json" --replicas 4 --gpus 2
 expect_in "truncated json named" "$tmp/err" "$tmp/cut.json:2: invalid JSON"
 expect_rc "missing file" 1 "$LP" eplb --loads "$tmp/nope.json" --replicas 4 --gpus 2
-expect_in "missing file named" "$tmp/err" "cannot read $tmp/nope.json"
+expect_in "missing file named" "$tmp/err" "cannot read $tmp/nope.json: No such file or directory"
+[ "$(grep -o "nope.json" "$tmp/err" | wc -l)" -eq 1 ] && ok "missing file named once" || bad "missing file named once"
 printf '0 1 2\n' >"$tmp/shortprev.txt"
 expect_rc "short previous" 1 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --previous "$tmp/shortprev.txt"
-expect_in "short previous named" "$tmp/err" "$tmp/shortprev.txt: 1 layers, but $tmp/v.json has 2"
+expect_in "short previous named" "$tmp/err" "$tmp/shortprev.txt: 1 layer, but $tmp/v.json has 2"
 
 # bad options: exit 2
 expect_rc "replicas not a number" 2 "$LP" eplb --loads "$tmp/v.json" --replicas x --gpus 8
-expect_in "replicas named" "$tmp/err" "--replicas must be a positive integer, got 'x'"
+expect_in "replicas named" "$tmp/err" "luapipe eplb: --replicas must be an integer from 1 to 1048576, got 'x'"
+# every count: one line naming the option, its range and the text as typed
+for bad in "--groups 99999999999" "--groups 1e9" "--replicas 1.5" "--gpus=-3" "--nodes 0" \
+    "--nodes 1048577" "--max-moves=-1" "--groups 0x10"; do
+  opt=${bad%%[ =]*} val=${bad#*[ =]}
+  expect_rc "bad $bad" 2 "$LP" eplb --loads "$tmp/v.json" --replicas 16 --gpus 8 --previous "$tmp/plan.json" $bad
+  expect_in "bad $bad named" "$tmp/err" "luapipe eplb: $opt must be an integer from"
+  expect_in "bad $bad as typed" "$tmp/err" "got '$val'"
+  [ "$(wc -l <"$tmp/err")" -eq 1 ] && ok "bad $bad: one line" || bad "bad $bad: one line"
+  grep -q traceback "$tmp/err" && bad "bad $bad: traceback" || ok "bad $bad: no traceback"
+done
 expect_rc "unknown mode" 2 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode fast
 expect_rc "missing --loads" 2 "$LP" eplb "${ARGS[@]}"
 expect_rc "R not a multiple of G" 2 "$LP" eplb --loads "$tmp/v.json" --replicas 15 --groups 4 --nodes 2 --gpus 8

@@ -95,6 +95,74 @@ function test_other_optimizer()
     "does not match this run: optimizer sgd in the checkpoint, adamw in this run")
 end
 
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+-- A damaged or truncated marker is an error naming the file and the
+-- fault; it is never read as another step.
+function test_damaged_marker()
+  local dir = tmp .. "/damaged"
+  local o = { kind = "sgd", lr = 0.05 }
+  train(opts { steps = 2, optimizer = o, checkpoint = { dir = dir, every = 2 } })
+  local marker = dir .. "/latest"
+  local f = assert(io.open(marker))
+  local good = f:read("a")
+  f:close()
+  lu.assertStrContains(good, '"step": 2, "dir": "step2"')
+  local cases = {
+    { good:sub(1, 9), "it is not complete JSON" },  -- '{"step": ' cut before the number
+    { good:sub(1, 10), "it is not complete JSON" }, -- '{"step": 2' : not read as step 2
+    { "", "it is empty" },
+    { "[2]", "\"step\" is missing" },
+    { '{"step": "2"}', '"step" is "2", not a step number' },
+    { '{"step": -1}', '"step" is -1, not a step number' },
+    { '{"step": 2.5}', '"step" is 2.5, not a step number' },
+    { '{"step": 2, "dir": "step3"}', '"dir" is "step3", but "step" is 2 (expected "step2")' },
+    { '{"step": 2, "dir": "step2", "ranks": 0}', '"ranks" is 0, not a rank count' },
+    { "\0\1garbage", "it is not complete JSON" },
+  }
+  for _, c in ipairs(cases) do
+    write(marker, c[1])
+    local err = error_of(train, opts { steps = 3, optimizer = o, resume = true,
+      checkpoint = { dir = dir, every = 2 } })
+    lu.assertStrContains(err, "checkpoint marker " .. marker .. " is damaged: " .. c[2])
+  end
+  write(marker, good)
+  local r = train(opts { steps = 3, optimizer = o, resume = true, checkpoint = { dir = dir, every = 2 } })
+  lu.assertEquals(r.first_step, 3)
+end
+
+-- What a killed save leaves (pending, its step's files, *.tmp) is removed
+-- at the next resume, and at the next save of a job that does not resume.
+function test_stale_temporaries()
+  local o = { kind = "sgd", lr = 0.05 }
+  for _, resume in ipairs({ true, false }) do
+    local dir = tmp .. "/stale" .. tostring(resume)
+    train(opts { steps = 2, optimizer = o, checkpoint = { dir = dir, every = 2 } })
+    -- a save of step 3 killed after rank 0 wrote its file, one killed mid-write
+    assert(core.mkdir_p(dir .. "/step3"))
+    write(dir .. "/pending", '{"step": 3, "ranks": 2}\n')
+    write(dir .. "/step3/rank0.ckpt", "x")
+    write(dir .. "/step3/rank1.ckpt.tmp", "x")
+    write(dir .. "/step2/rank0.ckpt.tmp", "x")
+    write(dir .. "/latest.tmp", '{"st')
+    local r = train(opts { steps = 4, optimizer = o, resume = resume or nil,
+      checkpoint = { dir = dir, every = 2 } })
+    lu.assertEquals(r.first_step, resume and 3 or 1)
+    for _, left in ipairs({ "/pending", "/latest.tmp", "/step3/rank0.ckpt", "/step3/rank1.ckpt.tmp",
+        "/step3", "/step2/rank0.ckpt.tmp", "/step2/rank0.ckpt" }) do
+      lu.assertFalse(exists(dir .. left), dir .. left .. " was left behind")
+    end
+    lu.assertTrue(exists(dir .. "/step4/rank0.ckpt"))
+    local f = assert(io.open(dir .. "/latest"))
+    lu.assertStrContains(f:read("a"), '"step": 4, "dir": "step4"')
+    f:close()
+  end
+end
+
 local rc = lu.LuaUnit.run()
 os.execute("rm -rf '" .. tmp .. "'")
 os.exit(rc)

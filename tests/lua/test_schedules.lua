@@ -541,7 +541,8 @@ function test_errors_interleaved()
   lu.assertEquals(error_of(schedules.interleaved1f1b, { pp = 4, microbatches = 8, chunks = "2" }),
     "interleaved1f1b: chunks must be an integer >= 2 (use 1f1b for one chunk), got 2")
   lu.assertEquals(error_of(schedules.interleaved1f1b, { pp = 4, microbatches = 9 }),
-    "interleaved1f1b: microbatches must be a multiple of max(1, microbatches // pp) = 2 (e.g. a multiple of pp = 4), got 9")
+    "interleaved1f1b: 9 micro-batches do not split into groups of equal size >= pp = 4 "
+    .. "(9 // 4 = 2 groups); use a multiple of 2 such as 8 or 10, or any multiple of pp")
   -- fewer micro-batches than ranks, or a multiple of the groups, is fine
   lu.assertEquals(schedules.interleaved1f1b { pp = 4, microbatches = 3 }:count(0), 12)
   lu.assertEquals(schedules.interleaved1f1b { pp = 8, microbatches = 20 }:count(0), 80)

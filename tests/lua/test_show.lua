@@ -52,6 +52,11 @@ local function count(text, pat)
   return n
 end
 
+-- The chart is cut into bands of P rows each; every line fits the width.
+local function bands(text)
+  return count("\n" .. text, "\nr0 +|")
+end
+
 -- ---- Gantt ----
 
 TestGantt = {}
@@ -75,12 +80,78 @@ function TestGantt:test_p8_fits_80_columns()
   for _, s in ipairs { onef1b(8, 16), ref.dualpipe(8, 20), ref.dualpipev(8, 16) } do
     local res = assert(s:simulate { F = 1, B = 2, W = 1, FB = 3 })
     local text = res:gantt { color = false }
-    lu.assertEquals(rows(text), 8)
-    if res:makespan() <= 75 then lu.assertTrue(max_width(text) <= 80, text) end
+    lu.assertEquals(rows(text), 8 * bands(text))
+    lu.assertTrue(max_width(text) <= 80, text)
   end
   local text = assert(ref.dualpipe(8, 20):simulate { FB = 3 }):gantt { color = false }
   lu.assertTrue(max_width(text) <= 80)
   lu.assertStrContains(text, "&") -- overlapped pairs
+  -- 1F1B P=4 M=8 fits one band of 80 columns at 2 columns per unit
+  text = assert(onef1b(4, 8):simulate { F = 1, B = 2 }):gantt { color = false }
+  lu.assertEquals(bands(text), 1)
+  lu.assertStrContains(text, "1 unit = 2 cols")
+end
+
+-- The cells of each rank, in order: the words between idle dots and the
+-- spaces that end every cell, over all bands.
+local function cells_of(text, P)
+  local out = {}
+  for r = 0, P - 1 do out[r] = {} end
+  for line in (text .. "\n"):gmatch("(.-)\n") do
+    local r, body = line:match("^r(%d+) +|(.*)|$")
+    if r then
+      for word in body:gsub("%.", " "):gmatch("%S+") do
+        table.insert(out[tonumber(r)], word)
+      end
+    end
+  end
+  return out
+end
+
+-- Every action's full label appears, in order, whatever the cost ratio
+-- (the README's F=1,B=2,W=1,FB=2.5 used to print "&0" for "e&0").
+function TestGantt:test_every_label_whole_at_any_cost_ratio()
+  local cases = {
+    { ref.dualpipe(4, 10), { F = 1, B = 2, W = 1, FB = 2.5 } },
+    { ref.dualpipe(8, 20), { F = 1, B = 2, W = 1, FB = 2.5 } },
+    { ref.dualpipe(8, 20), { F = 1.3, B = 2.6, W = 1.3, FB = 3.1 } },
+    { ref.dualpipev(4, 12), { F = 0.7, B = 1.9, W = 0.4, FB = 2.2 } },
+    { onef1b(4, 16), { F = 10, B = 20 } },
+    { zb2(), { F = 1, B = 5, W = 0.3 } },
+  }
+  for _, c in ipairs(cases) do
+    local s, cost = c[1], c[2]
+    local res = assert(s:simulate(cost))
+    local P = res:info().ranks
+    -- one band: the words are exactly the labels, in order
+    local text = res:gantt { color = false, width = 100000 }
+    lu.assertEquals(bands(text), 1)
+    local got = cells_of(text, P)
+    for r = 0, P - 1 do
+      local want = {}
+      for _, e in ipairs(res:events(r)) do
+        if e.finish > e.start then want[#want + 1] = show.cell_label(e) end
+      end
+      lu.assertEquals(got[r], want, "rank " .. r)
+    end
+    -- 80 columns: bands; a cut action shows "~" where its label has no room
+    text = res:gantt { color = false }
+    lu.assertTrue(max_width(text) <= 80)
+    got = cells_of(text, P)
+    for r = 0, P - 1 do
+      local n = 0
+      for _, e in ipairs(res:events(r)) do if e.finish > e.start then n = n + 1 end end
+      local whole = 0
+      for _, w in ipairs(got[r]) do if not w:find("~", 1, true) then whole = whole + 1 end end
+      lu.assertTrue(whole >= n - (bands(text) - 1), "rank " .. r)
+    end
+    lu.assertNotStrContains(text, "a-z")
+  end
+  -- full labels: no narrow-cell codes like "I4W45"
+  lu.assertEquals(show.cell_label { type = "FB", mb = 14, bmb = 0, btype = "B" }, "14&0")
+  lu.assertEquals(show.cell_label { type = "FB", mb = 3, bmb = 5, btype = "I" }, "3&I5")
+  lu.assertEquals(show.cell_label { type = "W", mb = 12 }, "W12")
+  lu.assertEquals(show.cell_label { type = "F", mb = 12 }, "12")
 end
 
 function TestGantt:test_pairs_and_split_backward()
@@ -97,7 +168,9 @@ function TestGantt:test_colour()
   lu.assertStrContains(text, "\27[30;46m") -- F
   lu.assertStrContains(text, "\27[1;4;30;106m") -- F half of a pair
   lu.assertStrContains(text, "\27[1;4;30;102m") -- B half of a pair
-  lu.assertEquals(rows((text:gsub("\27%[[%d;]*m", ""))), 4)
+  local plain = text:gsub("\27%[[%d;]*m", "")
+  lu.assertEquals(rows(plain), 4 * bands(plain))
+  lu.assertEquals(plain, res:gantt { color = false })
   if not core.isatty(1) then lu.assertFalse(show.use_color()) end
   lu.assertIsBoolean(core.isatty(0))
 end
@@ -112,14 +185,14 @@ function TestGantt:test_schedule_methods()
   local path = os.tmpname()
   local old = io.output()
   io.output(path)
-  local ok = s:show({ F = 2 }, { color = false })
+  local n = select("#", s:show({ F = 2 }, { color = false }))
   io.output():close()
   io.output(old)
   local f = io.open(path)
   local printed = f:read("a")
   f:close()
   os.remove(path)
-  lu.assertTrue(ok)
+  lu.assertEquals(n, 0) -- nothing for the REPL to echo
   lu.assertEquals(rows(printed), 2)
 end
 
@@ -159,6 +232,110 @@ function TestSvg:test_lanes_legend_split_cells()
   lu.assertStrContains(svg, "rank 3")
   lu.assertTrue(well_formed(svg) > 50)
   lu.assertStrMatches(svg, ".*</svg>\n$")
+end
+
+-- The cell groups of an SVG: {class, tip, width, labels = {{text, size}}}.
+local function svg_cells(svg)
+  local out = {}
+  for class, tip, inner in svg:gmatch('<g class="([%w_-]+)"><title>(.-)</title>\n(.-)</g>') do
+    local c = { class = class, tip = tip, width = tonumber(inner:match('width="([%d.]+)"')), labels = {} }
+    for size, text in inner:gmatch('<text [^>]-font%-size="([%d.]+)"[^>]->(.-)</text>') do
+      c.labels[#c.labels + 1] = { text, tonumber(size) }
+    end
+    out[#out + 1] = c
+  end
+  return out
+end
+
+local function svg_size(svg)
+  local w, h = svg:match('<svg [^>]-width="([%d.]+)" height="([%d.]+)"')
+  return tonumber(w), tonumber(h)
+end
+
+-- Each label is one micro-batch number (never "101112..."), fits its cell,
+-- and is readable (>= 8 px); two-digit numbers fit at P=8, M=20.
+function TestSvg:test_labels_fit_their_cells()
+  local res = assert(ref.dualpipe(8, 20):simulate { F = 1, B = 2, W = 1, FB = 3 })
+  local svg = res:svg()
+  local cells, labelled, two = svg_cells(svg), 0, 0
+  lu.assertTrue(#cells > 200)
+  for _, c in ipairs(cells) do
+    lu.assertTrue(#c.labels <= (c.class == "FB" and 2 or 1))
+    for _, l in ipairs(c.labels) do
+      local text, size = l[1], l[2]
+      lu.assertNotNil(text:match("^I?%d+$"), c.tip)
+      lu.assertTrue(size >= 8, c.tip)
+      lu.assertTrue(#text * size * 0.6 + 4 <= c.width + 1e-6, c.tip)
+      labelled = labelled + 1
+      if #text == 2 then two = two + 1 end
+    end
+  end
+  -- every action is labelled, two-digit micro-batches included
+  lu.assertEquals(labelled, #res:events() + count(svg, 'class="FB%-B"'))
+  lu.assertTrue(two > 50)
+  lu.assertNotStrContains(svg, "1011")
+  local w, h = svg_size(svg)
+  lu.assertTrue(w / h >= 1.5 and w / h <= 4, w .. "x" .. h)
+end
+
+-- DualPipe's two directions use two hue families; 1F1B only the first.
+function TestSvg:test_directions_two_hue_families()
+  local down_f, up_f, up_b = "#fdae61", "#abd9e9", "#4575b4"
+  local svg = assert(ref.dualpipe(4, 8):simulate { FB = 3 }):svg()
+  lu.assertStrContains(svg, "down the ranks (0 to 3):")
+  lu.assertStrContains(svg, "up the ranks (3 to 0):")
+  -- rank 0 runs F of mb 0 (down route, vstage 0) and F of mb 4 (up, vstage 7)
+  local cells = svg_cells(svg)
+  local function fill_of(tipword)
+    for _, c in ipairs(cells) do
+      if c.tip:find(tipword, 1, true) then
+        return svg:match('<title>' .. c.tip:gsub("%p", "%%%0") .. '</title>\n<rect [^>]-fill="(#%x+)"')
+      end
+    end
+  end
+  lu.assertEquals(fill_of("rank 0, action 0: 0F0 "), down_f)
+  lu.assertEquals(fill_of("rank 0, action 3: 7F4 "), up_f)
+  lu.assertStrContains(svg, up_b)
+  local one = assert(onef1b(4, 8):simulate()):svg()
+  lu.assertNotStrContains(one, "up the ranks")
+  lu.assertNotStrContains(one, up_f)
+  lu.assertStrContains(one, "F forward")
+  lu.assertStrContains(one, "B backward")
+  lu.assertNotStrContains(one, "W weight-grad") -- only what the picture uses
+  -- ZB-V: the V's second leg runs up the ranks
+  local zbv = assert(require("luapipe.schedules").zbv({ pp = 4, microbatches = 8 })
+    :simulate()):svg()
+  lu.assertStrContains(zbv, "up the ranks (3 to 0):")
+end
+
+-- A measured step (times in ms, optimizer slices) as perf.write_measured_svg
+-- draws it: the unit on the axis, the optimizer in the legend, about 3:1.
+function TestSvg:test_measured_units_optimizer_aspect()
+  local Fake = {}
+  Fake.__index = Fake
+  function Fake:info() return { name = "1f1b (measured)", ranks = 2, stages = 2, microbatches = 2 } end
+  function Fake:makespan() return 12.5 end
+  function Fake:max_bubble() return 3 end
+  local ev = {
+    [0] = { { type = "F", stage = 0, mb = 0, start = 0, finish = 2, index = 0, text = "0F0" },
+      { type = "B", stage = 0, mb = 0, start = 7, finish = 10.5, index = 1, text = "0B0" },
+      { type = "optim", stage = -1, mb = "opt", start = 10.5, finish = 12.5, index = -1, text = "optimizer" } },
+    [1] = { { type = "F", stage = 1, mb = 0, start = 2.5, finish = 4.5, index = 0, text = "1F0" },
+      { type = "B", stage = 1, mb = 0, start = 4.5, finish = 6.9, index = 1, text = "1B0" },
+      { type = "optim", stage = -1, mb = "opt", start = 7, finish = 9, index = -1, text = "optimizer" } },
+  }
+  function Fake:events(r) return ev[r] end
+  local m = setmetatable({}, Fake)
+  local svg = show.svg(m, { title = "measured", unit = "ms", scale = 1200 / 12.5 })
+  lu.assertStrContains(svg, "time (ms)")
+  lu.assertNotStrContains(svg, "units")
+  lu.assertStrContains(svg, "optimizer step")
+  lu.assertStrContains(svg, "[10.5, 12.5] ms")
+  local w, h = svg_size(svg)
+  lu.assertTrue(w / h >= 2 and w / h <= 4, w .. "x" .. h)
+  well_formed(svg)
+  -- the simulated picture says "units"
+  lu.assertStrContains(assert(onef1b(2, 2):simulate()):svg(), "time (units)")
 end
 
 function TestSvg:test_write_svg_atomic()
@@ -304,7 +481,7 @@ function TestSimulate:test_close()
 end
 
 function TestSimulate:test_trace()
-  local json = require("dkjson")
+  local json = require("luapipe.json")
   local res = assert(onef1b(2, 2):simulate { latency = 0.5 })
   local t = json.decode(res:trace_json())
   lu.assertEquals(t.displayTimeUnit, "ms")

@@ -8,6 +8,7 @@
 --                                                  counts, emulated link)
 --   luapipe tests/mpi/comm_check.lua grid         (4 ranks split 2 x 2)
 --   luapipe tests/mpi/comm_check.lua a2a_silent   (rank 1 never joins)
+--   luapipe tests/mpi/comm_check.lua split_silent (rank 1 never joins)
 -- Prints "rank R: ok" per rank when the basic checks pass.
 local comm = require("luapipe.comm")
 local core = require("luapipe.core")
@@ -138,8 +139,10 @@ elseif mode == "a2a" then
   comm.set_link("lat=20ms")
   check(comm.link() == "lat=20ms", "link %s", comm.link())
   ok_or_abort(comm.barrier())
+  local ones = {}
+  for d = 1, n do ones[d] = { r } end
   local t0 = core.now()
-  ok_or_abort(comm.alltoallv(empty))
+  ok_or_abort(comm.alltoallv(ones)) -- (two exchanges: counts, then data)
   local dt = core.now() - t0
   check(dt >= 0.02, "all-to-all-v on a 20 ms link took %.4f s", dt)
   if r == 0 then -- (the receiver's bound runs from the send's start: below)
@@ -184,6 +187,10 @@ elseif mode == "grid" then
   check(s[1] == 2 * e + 2, "pp all-reduce: %s", s[1])
   ok_or_abort(ep:barrier())
   ok_or_abort(pp:barrier())
+  local b = ok_or_abort(ep:bcast({ r, r + 0.5 }, 1))
+  check(b[1] == stage * 2 + 1 and b[2] == stage * 2 + 1.5, "ep bcast: %s %s", b[1], b[2])
+  b = ok_or_abort(pp:bcast({ r }, 0))
+  check(b[1] == e, "pp bcast: %s", b[1])
   -- all-to-all-v inside each EP group: uneven, one side empty
   local to_other = {}
   for i = 1, e + 2 do to_other[i] = r * 10 + i end
@@ -209,6 +216,11 @@ elseif mode == "grid" then
   pp:close()
   ok_or_abort(comm.barrier())
   print(string.format("rank %d: ok", r))
+elseif mode == "split_silent" then
+  if r == 1 then return end -- never joins
+  local v, err = comm.split(0)
+  if v == nil then comm.abort(err) end
+  print("rank 0: unexpected split")
 elseif mode == "a2a_silent" then
   if r == 1 then return end -- never joins
   local lists = {}

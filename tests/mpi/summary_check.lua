@@ -99,6 +99,8 @@ if rank == 0 and svg ~= "-" then
   if f then f:close() end
   check(text:find("<svg", 1, true) and text:find("measured last step", 1, true),
     "SVG of the measured step missing or wrong")
+  check(text:find("time (ms)", 1, true) and not text:find("units", 1, true)
+    and text:find("optimizer step", 1, true), "measured SVG: ms on the axis, optimizer in the legend")
 end
 
 if #fails == 0 then

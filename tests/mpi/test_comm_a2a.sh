@@ -2,11 +2,12 @@
 # test_comm_a2a.sh LUAPIPE — all-to-all-v, split communicators and the
 # emulated link on real ranks (run from the repo root): uneven counts with
 # zeros on 2, 3 and 4 ranks, a message on a lat=20ms link completes no
-# earlier than 20 ms after its start (comm_check.lua a2a); 4 ranks split
-# into a 2 x 2 grid with all-reduce, barrier and all-to-all-v in the groups
-# (grid); the watchdog when a rank never joins an all-to-all-v
-# (a2a_silent); a malformed LUAPIPE_LINK stops the job with the parser's
-# message. Exits 77 (skipped) without mpirun.
+# earlier than 20 ms after its start, a late sender's message no earlier
+# than its own start + latency (comm_check.lua a2a); 4 ranks split into a
+# 2 x 2 grid with all-reduce, barrier, broadcast and all-to-all-v in the
+# groups (grid); the watchdog when a rank never joins an all-to-all-v
+# (a2a_silent) or a split (split_silent); a malformed LUAPIPE_LINK stops
+# the job with the parser's message. Exits 77 (skipped) without mpirun.
 set -u
 luapipe=${1:?usage: test_comm_a2a.sh path/to/luapipe}
 command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
@@ -49,6 +50,14 @@ want="luapipe: rank 0: timed out after 2 s (LUAPIPE_TIMEOUT) in an all-to-all-v 
 grep -qF "$want" "$tmp/err" || { fail "a2a_silent: message missing"; cat "$tmp/err"; }
 grep -qE '^rank 0: alltoallv returned after (1\.9|2\.[0-9]) s' "$tmp/err" ||
   { fail "a2a_silent: did not return after ~2 s"; cat "$tmp/err"; }
+
+LUAPIPE_TIMEOUT=2 "${mpirun[@]}" -x LUAPIPE_TIMEOUT -np 2 "$luapipe" \
+  tests/mpi/comm_check.lua split_silent >"$tmp/out" 2>"$tmp/err"
+rc=$?
+echo "split_silent: rc $rc"
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "split_silent: mpirun exited $rc"
+want="luapipe: rank 0: timed out after 2 s (LUAPIPE_TIMEOUT) in a barrier on rank 0 (2 ranks): splitting the communicator (color 0, key 0)"
+grep -qF "$want" "$tmp/err" || { fail "split_silent: message missing"; cat "$tmp/err"; }
 
 LUAPIPE_LINK=lat=5 "${mpirun[@]}" -x LUAPIPE_LINK -np 2 "$luapipe" -e 'print("ran")' >"$tmp/out" 2>"$tmp/err"
 rc=$?

@@ -39,7 +39,7 @@ if [ -s "$tmp/trace.json" ]; then
   # every rank's compute slices (15 steps x its F/B/optimizer actions), and
   # send->receive flows that never go back in time
   cat >"$tmp/check.lua" <<'LUA'
-    local json = require("dkjson")
+    local json = require("luapipe.json")
     local f = assert(io.open(arg[1])); local t = json.decode(f:read("a")); f:close()
     local compute, s, fl, bad = {}, {}, {}, 0
     local t0, markers, live, sends, peerless = math.huge, {}, {}, 0, 0

@@ -2,6 +2,7 @@
 -- the simulated largest per-rank bubble next to the published formula, the
 -- parameter copies and the peak activations per rank.
 local cli = require("luapipe.cli")
+local common = require("luapipe.cli.common")
 local schedule = require("luapipe.schedule")
 
 local M = {}
@@ -11,9 +12,7 @@ function M.parser(p)
     .. "largest per-rank bubble (makespan - busy), the published formula's value, parameter "
     .. "copies per rank (in model stages) and peak activations per rank (in micro-batch-stage "
     .. "activations).")
-  p:option("--pp -p", "pipeline ranks (P)", "8"):convert(tonumber)
-  p:option("--microbatches -m", "micro-batches per step (M)", "20"):convert(tonumber)
-  p:option("--chunks", "chunks per rank for interleaved1f1b", "2"):convert(tonumber)
+  common.add_count_options(p, "8", "20", "2", "chunks per rank for interleaved1f1b")
   p:option("--cost -c", "costs, e.g. F=1,B=2,W=1,FB=3 (FB is F&B)", "F=1,B=2,W=1,FB=3")
   p:option("--format -f", "text or json", "text"):choices { "text", "json" }
   p:option("--link", "emulated link: every cross-rank message also takes lat + bytes/bw, "
@@ -34,9 +33,9 @@ local formulas = {
   dualpipev = { "(PP/2-1)(F&B+B-3W), PP=2P", function(c, P) return (P - 1) * (c.FB + c.B - 3 * c.W) end },
 }
 
-local order = { "gpipe", "1f1b", "interleaved1f1b", "zb1p", "zbv", "dualpipe", "dualpipev" }
-local labels = { gpipe = "GPipe", ["1f1b"] = "1F1B", interleaved1f1b = "Interleaved 1F1B",
-  zb1p = "ZB1P", zbv = "ZB-V", dualpipe = "DualPipe", dualpipev = "DualPipeV" }
+local schedules = require("luapipe.schedules")
+local order = schedules.list() -- the one family list
+local labels = setmetatable({}, { __index = function(_, name) return schedules.label(name) end })
 
 local function fmt(x)
   if x == nil then return "-" end
@@ -61,9 +60,9 @@ function M.measure(family, P, Mb, v, cost)
     row.error = tostring(s):gsub("^[^:]*:%d+: ", "")
     return row
   end
-  local res, err = s:simulate(family == "interleaved1f1b" and per_chunk(cost, v) or cost)
+  local res, err, code = common.simulate(s, family == "interleaved1f1b" and per_chunk(cost, v) or cost)
   if not res then
-    row.error = err
+    row.error, row.usage = err, code == 2
     return row
   end
   row.bubble = res:max_bubble()
@@ -99,23 +98,34 @@ local function resolve_cost(c)
 end
 
 function M.run(args)
-  local sim = require("luapipe.sim")
-  local ok, cost = pcall(sim.parse_cost, args.cost)
-  if not ok then return cli.fail("bubbles", (tostring(cost):gsub("^[^:]*:%d+: ", "")), 2) end
+  local cost, cerr = common.parse_cost(args.cost)
+  if not cost then return cli.fail("bubbles", cerr, 2) end
+  if cost.stages then
+    return cli.fail("bubbles", "--cost: per-stage costs (such as B[3]=...) do not apply here: the "
+      .. "table compares one cost per kind with the published formulas", 2)
+  end
   local full = resolve_cost(cost)
+  if full.I < 0 or full.W < 0 then
+    local k = cost.W and "W" or "I"
+    return cli.fail("bubbles", string.format("--cost: B = %s is less than %s = %s (B = I + W)",
+      fmt(full.B), k, fmt(full[k])), 2)
+  end
   if args.link then
     local l, lerr = require("luapipe.comm").parse_link(args.link)
     if not l then return cli.fail("bubbles", "--link: " .. lerr, 2) end
     full.link, full.bytes = args.link, cost.bytes
   end
-  local P, Mb, v = math.tointeger(args.pp), math.tointeger(args.microbatches), math.tointeger(args.chunks)
-  if not P or P < 1 or not Mb or Mb < 1 or not v or v < 1 then
-    return cli.fail("bubbles", "--pp, --microbatches and --chunks must be positive integers", 2)
-  end
+  local P, Mb, v = args.pp, args.microbatches, args.chunks
+  local serr = common.check_size(P, Mb, v)
+  if serr then return cli.fail("bubbles", serr, 2) end
   local rows = {}
-  for _, fam in ipairs(order) do rows[#rows + 1] = M.measure(fam, P, Mb, v, full) end
+  for _, fam in ipairs(order) do
+    local row = M.measure(fam, P, Mb, v, full)
+    if row.usage then return cli.fail("bubbles", row.error, 2) end
+    rows[#rows + 1] = row
+  end
   if args.format == "json" then
-    local json = require("dkjson")
+    local json = require("luapipe.json")
     io.write(json.encode({ pp = P, microbatches = Mb, chunks = v, cost = full, rows = rows },
       { indent = true }), "\n")
     return 0

@@ -1,40 +1,99 @@
 -- luapipe.cli.common: options and steps shared by the schedule commands.
 local schedule = require("luapipe.schedule")
 local util = require("luapipe.util")
+local cli = require("luapipe.cli")
 
 local M = {}
+
+-- Limits of the counting options (usage errors, exit 2, beyond them).
+M.limits = { pp = 4096, microbatches = 65536, chunks = 64, passes = 4194304, cost = 1e9 }
+
+-- Adds --pp/--microbatches/--chunks (integers checked by cli.int_option)
+-- with the given defaults.
+function M.add_count_options(p, pp, microbatches, chunks, chunks_help)
+  local L = M.limits
+  p:option("--pp -p", string.format("pipeline ranks (P), 1..%d", L.pp), pp)
+    :convert(cli.int_option("--pp", 1, L.pp))
+  p:option("--microbatches -m", string.format("micro-batches per step (M), 1..%d", L.microbatches),
+    microbatches):convert(cli.int_option("--microbatches", 1, L.microbatches))
+  p:option("--chunks", string.format("%s, 1..%d", chunks_help, L.chunks), chunks)
+    :convert(cli.int_option("--chunks", 1, L.chunks))
+end
 
 -- Adds the options that pick a schedule: NAME plus --pp/--microbatches/--chunks.
 function M.add_schedule_options(p)
   p:argument("schedule", "a family (" .. table.concat(schedule.families, ", ") ..
-    "), a .csv or .json schedule file, or a .lua file returning a schedule")
-  p:option("--pp -p", "pipeline ranks (P)", "4"):convert(tonumber)
-  p:option("--microbatches -m", "micro-batches per step (M)", "8"):convert(tonumber)
-  p:option("--chunks", "model chunks per rank (interleaved1f1b)", "2"):convert(tonumber)
+    "; any case), a .csv or .json schedule file, or a .lua file returning a schedule")
+  M.add_count_options(p, "4", "8", "2", "model chunks per rank (interleaved1f1b)")
+  p:option("--sends", "send model the validation assumes: buffered (a send never waits "
+    .. "for its receive; the executor's) or rendezvous", "buffered")
+    :choices { "buffered", "rendezvous" }
 end
 
-local function positive_int(name, v)
-  if math.type(v) ~= "integer" and not (type(v) == "number" and v == math.floor(v)) then
-    return nil, string.format("--%s must be an integer, got %s", name, tostring(v))
+-- Checks the size of what the counts ask for; nil or a message.
+function M.check_size(pp, microbatches, chunks)
+  local n = pp * microbatches * (chunks or 1)
+  if n > M.limits.passes then
+    return string.format("--pp %d x --microbatches %d%s = %d micro-batch passes per stage is "
+      .. "more than the limit of %d", pp, microbatches, chunks and (" x --chunks " .. chunks) or "",
+      n, M.limits.passes)
   end
-  if v < 1 then return nil, string.format("--%s must be at least 1, got %d", name, v) end
-  return math.tointeger(v)
 end
 
--- Loads the schedule the options name and validates it.
--- Returns the schedule or nil, message.
+-- Resolves a family name typed in any case; returns the family, or nil,
+-- message (with a suggestion). Names that look like files pass through.
+function M.family(name)
+  if name:find("[./]") then return name end
+  local lower = name:lower()
+  if schedule.is_family(lower) then return lower end
+  local near = cli.suggest(lower, schedule.families)
+  return nil, string.format("unknown schedule family '%s'%s (families: %s; or a .csv, .json or "
+    .. ".lua file)", name, near and string.format("; did you mean '%s'?", near) or "",
+    table.concat(schedule.families, ", "))
+end
+
+-- Loads the schedule the options name and validates it. Returns the
+-- schedule, or nil, message, exit code (2 for a usage error: an unknown
+-- family or options the family cannot be built with; 1 otherwise).
 function M.load_schedule(args)
-  local opts = {}
-  for _, k in ipairs { "pp", "microbatches", "chunks" } do
-    local v, err = positive_int(k, args[k])
-    if not v then return nil, err end
-    opts[k] = v
-  end
-  local s, err = schedule.load(args.schedule, opts)
-  if not s then return nil, err end
-  local ok, verr = s:validate()
-  if not ok then return nil, "invalid schedule: " .. verr end
+  local name, ferr = M.family(args.schedule)
+  if not name then return nil, ferr, 2 end
+  local fam = schedule.is_family(name)
+  local serr = fam and M.check_size(args.pp, args.microbatches,
+    name:find("interleaved") and args.chunks or nil)
+  if serr then return nil, serr, 2 end
+  local s, err = schedule.load(name, { pp = args.pp, microbatches = args.microbatches,
+    chunks = args.chunks })
+  if not s then return nil, err, fam and 2 or 1 end
+  local ok, verr = s:validate { sends = args.sends }
+  if not ok then return nil, "invalid schedule: " .. verr, 1 end
   return s
+end
+
+-- Parses --cost text (sim.parse_cost) and bounds every value. Returns the
+-- cost table, or nil, message naming the item as the user typed it.
+function M.parse_cost(text)
+  local sim = require("luapipe.sim")
+  local ok, cost = pcall(sim.parse_cost, text)
+  if not ok then return nil, "--cost: " .. (tostring(cost):gsub("^[^:]*:%d+: ", "")) end
+  for item in (text .. ","):gmatch("([^,]*),") do
+    local v = item:match("=%s*(.-)%s*$")
+    if v and tonumber(v) and tonumber(v) > M.limits.cost then
+      return nil, string.format("--cost: '%s': costs must be at most %s time units",
+        item:match("^%s*(.-)%s*$"), string.format("%.0e", M.limits.cost):gsub("e%+0*", "e"))
+    end
+  end
+  return cost
+end
+
+-- s:simulate(cost) with cost errors (a stage out of range, B < W, ...) as
+-- nil, message, 2 instead of a raised error; other failures exit 1.
+function M.simulate(s, cost)
+  local ok, res, err = pcall(s.simulate, s, cost)
+  if not ok then return nil, "--cost: " .. (tostring(res):gsub("^[^:]*:%d+: ", "")
+    :gsub("^simulate: ", "")), 2 end
+  if not res then return nil, err, 1 end
+  return res
 end
 
 -- Writes text to path (atomically) or stdout when path is nil or "-".

@@ -13,35 +13,40 @@ local eplb = require("luapipe.eplb")
 
 local M = {}
 
-local function positive(name, allow_zero)
-  return function(s)
-    local n = math.tointeger(tonumber(s))
-    if not n or n < (allow_zero and 0 or 1) then
-      return nil, string.format("%s must be a %s integer, got '%s'", name,
-        allow_zero and "non-negative" or "positive", s)
-    end
-    return n
+-- Counts are read as text and checked in run(), so that a bad one is one
+-- line naming the option and the range, exit 2.
+local MAX_COUNT = 1 << 20
+
+local function count(args, key, min)
+  local s = args[key]
+  if s == nil then return nil end
+  local name = "--" .. key:gsub("_", "-")
+  local v = s:match("^%s*[+]?%d+%s*$") and math.tointeger(tonumber(s))
+  if not v or v < min or v > MAX_COUNT then
+    return nil, string.format("%s must be an integer from %d to %d, got '%s'", name, min,
+      MAX_COUNT, s)
   end
+  return v
 end
 
 function M.parser(p)
   p:option("--loads", "Load file: JSON array of layers or text, one layer per line.")
     :argname("FILE"):count(1)
   p:option("--replicas", "Physical expert slots per layer (R).")
-    :argname("R"):convert(positive("--replicas")):count(1)
+    :argname("R"):count(1)
   p:option("--groups", "Expert groups (hierarchical policy when groups % nodes == 0).")
-    :argname("G"):convert(positive("--groups")):default("1")
+    :argname("G"):default("1")
   p:option("--nodes", "Server nodes.")
-    :argname("N"):convert(positive("--nodes")):default("1")
+    :argname("N"):default("1")
   p:option("--gpus", "GPUs, a multiple of nodes; R must be a multiple of it.")
-    :argname("M"):convert(positive("--gpus")):count(1)
+    :argname("M"):count(1)
   p:option("--mode", "reference: DeepSeek's algorithm exactly; balanced: better packing.")
     :choices({ "balanced", "reference" }):default("balanced")
   p:flag("--spill", "Let redundant replicas use free slots on other nodes (balanced, hierarchical).")
   p:option("--previous", "Plan in force (physical_to_logical) to stay close to.")
     :argname("FILE")
   p:option("--max-moves", "Copy budget per layer against --previous.")
-    :argname("K"):convert(positive("--max-moves", true))
+    :argname("K")
   p:option("--format", "Output format."):choices({ "json", "text" }):default("json")
   p:option("-o --output", "Write to FILE instead of standard output."):argname("FILE")
   return p
@@ -51,27 +56,22 @@ end
 -- reading files
 ---------------------------------------------------------------------------
 
--- Line of layer `layer` (0-based), or of its entry `entry`, in JSON text.
-local function json_line(text, layer, entry)
-  local depth, li, ei, line, i, n = 0, -1, 0, 1, 1, #text
+-- Byte position of layer `layer` (0-based), or of its entry `entry`, in
+-- JSON text: one scan, made only to report an error.
+local function json_pos(text, layer, entry)
+  local depth, li, ei, i, n = 0, -1, 0, 1, #text
   while i <= n do
     local c = text:sub(i, i)
-    if c == "\n" then
-      line = line + 1
-    elseif depth == 2 and li == layer and entry and ei == entry and not c:match("[%s,%]]") then
-      return line
+    if depth == 2 and li == layer and entry and ei == entry and not c:match("[%s,%]]") then
+      return i
     elseif c == '"' then
-      i = i + 1
-      while i <= n do
-        local d = text:sub(i, i)
-        if d == "\\" then i = i + 1 elseif d == '"' then break elseif d == "\n" then line = line + 1 end
-        i = i + 1
-      end
+      i = text:find('[\\"]', i + 1) or n
+      while text:sub(i, i) == "\\" do i = text:find('[\\"]', i + 2) or n end
     elseif c == "[" or c == "{" then
       depth = depth + 1
       if depth == 2 then
         li, ei = li + 1, 0
-        if li == layer and not entry then return line end
+        if li == layer and not entry then return i end
       end
     elseif c == "]" or c == "}" then
       depth = depth - 1
@@ -80,58 +80,83 @@ local function json_line(text, layer, entry)
     end
     i = i + 1
   end
-  return line
+  return n
 end
 
 local read_file = require("luapipe.util").read_file
+local FLT_MAX = 3.4028234663852886e38 -- loads are planned in float32 (DeepSeek's algorithm)
+local json = require("luapipe.json")
 
 -- Parses a matrix file. want = "number" (loads) or "integer" (expert ids).
--- Returns rows, nil or nil, "FILE:LINE: message". JSON objects are read
--- through their "physical_to_logical" (this command's own output).
+-- Returns rows, line_of or nil, "FILE:LINE: message", where line_of(l)
+-- gives the line of layer l (1-based) for later messages. JSON objects are
+-- read through their "physical_to_logical" (this command's own output).
+-- Line numbers of JSON entries are looked up only when reporting an error.
 local function read_matrix(path, want)
   local text, err = read_file(path)
-  if not text then return nil, "cannot read " .. path .. ": " .. err end
+  if not text then return nil, "cannot read " .. err end
   local rows, lines = {}, {}
   local what = want == "integer" and "expert id" or "load"
-  local function check(v, where)
+  -- nil when v is a fine entry, else the problem after "layer L, entry E"
+  local function problem(v)
     if want == "integer" then
       if math.type(v) ~= "integer" and not (type(v) == "number" and v == math.floor(v)) then
-        return nil, string.format("%s is not an integer expert id", where)
+        return " is not an integer expert id"
       end
     elseif type(v) ~= "number" then
-      return nil, string.format("%s is not a number", where)
-    elseif v ~= v or v < 0 or v == math.huge then
-      return nil, string.format("%s: load %s is not a non-negative finite number", where, tostring(v))
+      return " is not a number"
+    elseif v ~= v or v == math.huge or v == -math.huge then
+      return ": the load is not a finite number"
+    elseif v < 0 then
+      return ": the load is negative"
+    elseif v > FLT_MAX then
+      return string.format(": the load is larger than a float32 holds (%.8g)", FLT_MAX)
     end
-    return true
   end
+  local line_of
   local first = text:match("^%s*(%S)")
   if first == "[" or first == "{" then
-    local json = require("dkjson")
-    local obj, pos, jerr = json.decode(text, 1, nil)
-    if jerr then
-      local line = jerr:match("at line (%d+)") or json_line(text:sub(1, pos or #text), 1e9)
-      return nil, string.format("%s:%s: invalid JSON: %s", path, line, jerr)
+    local obj, pos, jerr = json.decode(text, true)
+    if obj == nil then
+      return nil, string.format("%s:%d: invalid JSON: %s", path, json.line_of(text, pos),
+        (jerr:gsub(" at line %d+$", "")))
     end
     local object = type(obj) == "table" and obj.physical_to_logical ~= nil
     if object then obj = obj.physical_to_logical end
+    line_of = function(l, e)
+      return object and 1 or json.line_of(text, json_pos(text, l - 1, e and e - 1))
+    end
     if type(obj) ~= "table" or #obj == 0 then
       return nil, string.format("%s:1: expected an array of layers (arrays of %ss)", path, what)
     end
+    local huge = FLT_MAX
     for l = 1, #obj do
       local row = obj[l]
-      local line = object and "1" or tostring(json_line(text, l - 1))
       if type(row) ~= "table" then
-        return nil, string.format("%s:%s: layer %d is not an array of %ss", path, line, l - 1, what)
+        return nil, string.format("%s:%d: layer %d is not an array of %ss", path, line_of(l), l - 1,
+          what)
       end
-      for e = 1, #row do
-        local ok, cerr = check(row[e], string.format("layer %d, entry %d", l - 1, e - 1))
-        if not ok then
-          return nil, string.format("%s:%d: %s", path, object and 1 or json_line(text, l - 1, e - 1), cerr)
+      -- one comparison per value; a non-number makes it raise, and the
+      -- slow check below then names the entry
+      local fine = pcall(function()
+        for e = 1, #row do
+          local v = row[e]
+          if not (v >= 0 and v <= huge) then return error("bad") end
         end
-        row[e] = want == "integer" and math.tointeger(row[e]) or row[e]
+      end)
+      if not fine or want == "integer" then
+        for e = 1, #row do
+          local bad = problem(row[e])
+          if bad then
+            local pos = json_pos(text, l - 1, e - 1)
+            local tok = object and "" or " ('" .. (text:match("^[^,%]%s]+", pos) or "") .. "')"
+            return nil, string.format("%s:%d: layer %d, entry %d%s%s", path, line_of(l, e), l - 1,
+              e - 1, tok, bad)
+          end
+          if want == "integer" then row[e] = math.tointeger(row[e]) end
+        end
       end
-      rows[l], lines[l] = row, line
+      rows[l] = row
     end
   else
     local n = 0
@@ -142,63 +167,85 @@ local function read_matrix(path, want)
         local row = {}
         for tok in s:gmatch("[^%s,]+") do
           local v = tonumber(tok)
-          local ok, cerr = check(v, string.format("layer %d, entry %d ('%s')", #rows, #row, tok))
-          if not ok then return nil, string.format("%s:%d: %s", path, n, cerr) end
+          local bad = problem(v)
+          if bad then
+            return nil, string.format("%s:%d: layer %d, entry %d ('%s')%s", path, n, #rows, #row,
+              tok, bad)
+          end
           row[#row + 1] = want == "integer" and math.tointeger(v) or v
         end
-        rows[#rows + 1], lines[#rows + 1] = row, tostring(n)
+        rows[#rows + 1], lines[#rows + 1] = row, n
       end
     end
     if #rows == 0 then return nil, path .. ":1: no layers (the file is empty)" end
+    line_of = function(l) return lines[l] end
   end
   for l = 2, #rows do
     if #rows[l] ~= #rows[1] then
-      return nil, string.format("%s:%s: layer %d has %d entries, layer 0 has %d", path, lines[l],
+      return nil, string.format("%s:%d: layer %d has %d entries, layer 0 has %d", path, line_of(l),
         l - 1, #rows[l], #rows[1])
     end
   end
-  if #rows[1] == 0 then return nil, string.format("%s:%s: layer 0 is empty", path, lines[1]) end
-  return rows, lines
+  if #rows[1] == 0 then return nil, string.format("%s:%d: layer 0 is empty", path, line_of(1)) end
+  return rows, line_of
 end
 
 ---------------------------------------------------------------------------
 -- output
 ---------------------------------------------------------------------------
 
+-- The plan as JSON: maps on one line per layer (logical_to_physical lists
+-- each expert's slots, without padding), stats one per line. Time and size
+-- are proportional to the plan.
 local function to_json(r)
-  local json = require("dkjson")
+  local out = {}
+  local function add(s) out[#out + 1] = s end
+  local function rows(name)
+    local m = r.json_rows[name]
+    add('  "' .. name .. '":[\n    ')
+    add(table.concat(m, ",\n    "))
+    add("\n  ],\n")
+  end
+  add("{\n")
+  rows("physical_to_logical")
+  rows("logical_to_physical")
+  rows("logical_count")
   local per_layer = {}
   for l, s in ipairs(r.stats.per_layer) do
-    per_layer[l] = setmetatable({
+    per_layer[l] = {
       balancedness = s.balancedness, gpu_max_over_mean = s.gpu_max_over_mean,
       node_max_over_mean = s.node_max_over_mean, max_load = s.max_load, mean_load = s.mean_load,
       copies = s.copies or json.null, off_node_load = s.off_node_load, duplicates = s.duplicates,
       gpu_copies = r.gpu_copies and r.gpu_copies[l] or nil,
-    }, { __jsonorder = { "balancedness", "gpu_max_over_mean", "node_max_over_mean", "max_load",
-      "mean_load", "copies", "gpu_copies", "off_node_load", "duplicates" } })
+    }
   end
-  local stats = setmetatable({
+  local stats = {
     balancedness = r.stats.balancedness, gpu_max_over_mean = r.stats.gpu_max_over_mean,
     node_max_over_mean = r.stats.node_max_over_mean, per_layer = per_layer,
     copies = r.stats.copies or json.null, off_node_load = r.stats.off_node_load,
     duplicates = r.stats.duplicates, solve_ms = r.stats.solve_ms, policy = r.policy, mode = r.mode,
-  }, { __jsonorder = { "balancedness", "gpu_max_over_mean", "node_max_over_mean", "copies",
-    "off_node_load", "duplicates", "solve_ms", "policy", "mode", "per_layer" } })
-  local doc = setmetatable({
-    physical_to_logical = r.physical_to_logical, logical_to_physical = r.logical_to_physical,
-    logical_count = r.logical_count, stats = stats,
-  }, { __jsonorder = { "physical_to_logical", "logical_to_physical", "logical_count", "stats" } })
-  return json.encode(doc, { indent = true }) .. "\n"
+  }
+  add('  "stats":')
+  add(json.encode(stats, { indent = true, keyorder = { "balancedness", "gpu_max_over_mean",
+    "node_max_over_mean", "copies", "off_node_load", "duplicates", "solve_ms", "policy", "mode",
+    "per_layer", "max_load", "mean_load", "gpu_copies" } }):gsub("\n", "\n  "))
+  add("\n}\n")
+  return table.concat(out)
 end
 
 local shades = { "▁", "▂", "▃", "▄", "▅", "▆", "▇", "█" }
+
+local function plural(n, word)
+  return string.format("%d %s%s", n, word, n == 1 and "" or "s")
+end
 
 local function to_text(r)
   local out = {}
   local function add(fmt, ...) out[#out + 1] = string.format(fmt, ...) end
   local s = r.stats
-  add("EPLB plan: %d layers, %d experts -> %d slots on %d GPUs over %d nodes (%s policy, %s mode)",
-    r.layers, r.experts, r.replicas, r.gpus, r.nodes, r.policy, r.mode)
+  add("EPLB plan: %s, %s -> %s on %s over %s (%s policy, %s mode)", plural(r.layers, "layer"),
+    plural(r.experts, "expert"), plural(r.replicas, "slot"), plural(r.gpus, "GPU"),
+    plural(r.nodes, "node"), r.policy, r.mode)
   add("balancedness %.4f  gpu max/mean %.4f  node max/mean %.4f  copies %s  off-node load %.6g  solve %.3f ms",
     s.balancedness, s.gpu_max_over_mean, s.node_max_over_mean, s.copies and tostring(s.copies) or "-",
     s.off_node_load, s.solve_ms)
@@ -241,6 +288,11 @@ local function fail(msg, code)
 end
 
 function M.run(args)
+  for _, k in ipairs({ "replicas", "groups", "nodes", "gpus", "max_moves" }) do
+    local v, cerr = count(args, k, k == "max_moves" and 0 or 1)
+    if cerr then return fail(cerr, 2) end
+    args[k] = v
+  end
   local load, err = read_matrix(args.loads, "number")
   if not load then return fail(err) end
   local ok
@@ -256,20 +308,20 @@ function M.run(args)
     previous, lines = read_matrix(args.previous, "integer")
     if not previous then return fail(lines) end
     if #previous ~= #load then
-      return fail(string.format("%s: %d layers, but %s has %d", args.previous, #previous, args.loads,
-        #load))
+      return fail(string.format("%s: %s, but %s has %d", args.previous, plural(#previous, "layer"),
+        args.loads, #load))
     end
     for l, row in ipairs(previous) do
       if #row ~= args.replicas then
         return fail(string.format("%s:%s: layer %d has %d slots, expected --replicas %d",
-          args.previous, lines[l], l - 1, #row, args.replicas))
+          args.previous, lines(l), l - 1, #row, args.replicas))
       end
     end
   end
   local r
   r, err = eplb.rebalance{ load = load, replicas = args.replicas, groups = args.groups,
     nodes = args.nodes, gpus = args.gpus, mode = args.mode, spill = args.spill or nil,
-    previous = previous, max_moves = args.max_moves }
+    previous = previous, max_moves = args.max_moves, json = true }
   if not r then return fail(err) end
   local text = args.format == "text" and to_text(r) or to_json(r)
   if args.output then

@@ -32,7 +32,48 @@ local function make_parser(name)
   return p, cmd
 end
 
+-- Levenshtein distance, for "did you mean".
+local function distance(a, b)
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    for j = 1, #b do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+-- The candidate closest to word (case-insensitive) when it is a plausible
+-- typo (at most 2 edits, and fewer than half the word); else nil.
+function M.suggest(word, candidates)
+  local best, bd
+  word = tostring(word):lower()
+  for _, c in ipairs(candidates) do
+    local d = distance(word, c:lower())
+    if (not bd or d < bd) and d <= 2 and d <= #word / 2 then best, bd = c, d end
+  end
+  return best
+end
+
+local function command_names()
+  local names = {}
+  for _, c in ipairs(M.commands) do names[#names + 1] = c.name end
+  return names
+end
+
+local function help_topics()
+  local names = command_names()
+  names[#names + 1] = "env"
+  for _, n in ipairs(require("luapipe.cli.help").names()) do names[#names + 1] = n end
+  return names
+end
+
 function M.help_text(topic)
+  local api = require("luapipe.cli.help")
   if topic == nil or topic == "" then
     local lines = {
       "usage: luapipe [options] [script.lua [args]]",
@@ -44,6 +85,8 @@ function M.help_text(topic)
       lines[#lines + 1] = string.format("  %-10s %s", c.name, c.summary)
     end
     lines[#lines + 1] = ""
+    lines[#lines + 1] = "Lua API topics (luapipe.help(\"topic\") in the REPL, `luapipe help <topic>` here):"
+    lines[#lines + 1] = api.list()
     lines[#lines + 1] = "Run `luapipe help <command>` for a command's options,"
     lines[#lines + 1] = "`luapipe help env` for the LUAPIPE_* environment variables."
     lines[#lines + 1] = "With no arguments luapipe starts a REPL; `luapipe --help` lists its options."
@@ -55,13 +98,38 @@ function M.help_text(topic)
       lines[#lines + 1] = string.format("  %-18s %s (default: %s)", k.name, k.summary,
         k.default == "" and "unset" or k.default)
     end
+    lines[#lines + 1] = string.format("  %-18s %s", "NO_COLOR",
+      "set and not empty: no ANSI colour (else colour only on a terminal; --color=always|never)")
     return table.concat(lines, "\n") .. "\n"
-  elseif by_name[topic] and topic ~= "help" then
+  elseif type(topic) == "string" and by_name[topic] and topic ~= "help" then
     return (make_parser(topic):get_help()) .. "\n"
   elseif topic == "help" then
-    return "usage: luapipe help [command | env]\n"
+    return "usage: luapipe help [command | env | topic]\n"
+  elseif type(topic) == "string" and api.by_name[topic] then
+    return api.text(topic)
   end
-  return nil, "unknown help topic '" .. tostring(topic) .. "'"
+  local near = M.suggest(tostring(topic), help_topics())
+  return nil, string.format("unknown help topic '%s'%s; topics: %s", tostring(topic),
+    near and string.format(" (did you mean '%s'?)", near) or "", table.concat(help_topics(), ", "))
+end
+
+-- Integer option converter for argparse's :convert: accepts an integer
+-- written in decimal (or 1e3 style when it is a whole number) in
+-- [min, max]; the message names the option and the range.
+function M.int_option(option, min, max)
+  return function(text)
+    local v = tonumber(text)
+    local n = v and math.tointeger(v)
+    if not n then
+      return nil, string.format("%s must be an integer from %d to %d, got '%s'", option, min, max,
+        tostring(text))
+    end
+    if n < min or n > max then
+      return nil, string.format("%s must be from %d to %d, got '%s'", option, min, max,
+        tostring(text))
+    end
+    return n
+  end
 end
 
 -- Runs `luapipe <argv[1]> argv[2..]`; returns the exit code.
@@ -71,11 +139,19 @@ function M.main(argv)
   if name == "help" then
     local text, err = M.help_text(rest[1])
     if not text then
-      io.stderr:write("luapipe help: ", err, "\n", M.help_text())
+      io.stderr:write("luapipe help: ", err, "\n")
       return 2
     end
     io.write(text)
     return 0
+  end
+  if not by_name[name] then
+    local near = M.suggest(name, command_names())
+    io.stderr:write(string.format("luapipe: '%s' is neither a command nor a file%s\n", name,
+      near and string.format(" (did you mean '%s'?)", near) or ""))
+    io.stderr:write("Commands: ", table.concat(command_names(), ", "),
+      " (`luapipe help` for more; `luapipe FILE.lua` runs a script)\n")
+    return 2
   end
   local parser, cmd = make_parser(name)
   local ok, args = parser:pparse(rest)

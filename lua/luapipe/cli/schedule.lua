@@ -28,8 +28,8 @@ local function text_listing(s)
 end
 
 function M.run(args)
-  local s, err = common.load_schedule(args)
-  if not s then return cli.fail("schedule", err) end
+  local s, err, code = common.load_schedule(args)
+  if not s then return cli.fail("schedule", err, code) end
   if args.lower then
     local lowered, lerr = s:lower()
     if not lowered then return cli.fail("schedule", lerr) end

@@ -21,7 +21,7 @@ function M.parser(p)
 end
 
 local function result_json(s, res, cost)
-  local json = require("dkjson")
+  local json = require("luapipe.json")
   local info = s:info()
   local ranks = {}
   for i, r in ipairs(res:ranks()) do
@@ -42,18 +42,17 @@ local function result_json(s, res, cost)
 end
 
 function M.run(args)
-  local sim = require("luapipe.sim")
-  local ok, cost = pcall(sim.parse_cost, args.cost)
-  if not ok then return cli.fail("simulate", (tostring(cost):gsub("^[^:]*:%d+: ", "")), 2) end
+  local cost, cerr = common.parse_cost(args.cost)
+  if not cost then return cli.fail("simulate", cerr, 2) end
   if args.link then
     local l, lerr = require("luapipe.comm").parse_link(args.link)
     if not l then return cli.fail("simulate", "--link: " .. lerr, 2) end
     cost.link = args.link
   end
-  local s, err = common.load_schedule(args)
-  if not s then return cli.fail("simulate", err) end
-  local res, serr = s:simulate(cost)
-  if not res then return cli.fail("simulate", serr) end
+  local s, err, code = common.load_schedule(args)
+  if not s then return cli.fail("simulate", err, code) end
+  local res, serr, scode = common.simulate(s, cost)
+  if not res then return cli.fail("simulate", serr, scode) end
   if args.format == "json" then
     io.write(result_json(s, res, cost), "\n")
   else

@@ -16,7 +16,7 @@ local program = require("luapipe.schedules.program")
 local steps = require("luapipe.schedules.dualpipe_steps")
 
 return function(opts)
-  local P, M = program.args("dualpipe", opts)
+  local P, M = program.args("dualpipe", opts, 3)
   if P % 2 ~= 0 then error(string.format("dualpipe: pp must be even, got %d", P), 2) end
   if M % 2 ~= 0 then error(string.format("dualpipe: microbatches must be even, got %d", M), 2) end
   if M < 2 * P then

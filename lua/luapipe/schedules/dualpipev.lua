@@ -13,7 +13,7 @@ local program = require("luapipe.schedules.program")
 local steps = require("luapipe.schedules.dualpipe_steps")
 
 return function(opts)
-  local P, M = program.args("dualpipev", opts)
+  local P, M = program.args("dualpipev", opts, 6)
   if M < 2 * P then
     error(string.format("dualpipev: microbatches must be at least 2*pp = %d, got %d", 2 * P, M), 2)
   end

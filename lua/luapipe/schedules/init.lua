@@ -1,4 +1,5 @@
--- luapipe.schedules: the built-in schedule families by name. Each entry is a
+-- luapipe.schedules: the built-in schedule families by name — the one list
+-- of them (luapipe.schedule, the CLI and the help ask it). Each entry is a
 -- builder function(opts) -> Schedule, loaded on first use:
 --
 --   local schedules = require("luapipe.schedules")
@@ -10,21 +11,51 @@
 -- name (optional). Read the family files to see how a schedule is written.
 local M = {}
 
-local names = { "gpipe", "1f1b", "interleaved1f1b", "zb1p", "zbv", "dualpipe", "dualpipev" }
+-- name (the module luapipe.schedules.<name>), label (as papers write it),
+-- aliases users type (any case is accepted for every spelling)
+local families = {
+  { name = "gpipe", label = "GPipe" },
+  { name = "1f1b", label = "1F1B" },
+  { name = "interleaved1f1b", label = "Interleaved 1F1B", aliases = { "interleaved" } },
+  { name = "zb1p", label = "ZB1P", aliases = { "zb-h1", "zbh1" } },
+  { name = "zbv", label = "ZB-V", aliases = { "zb-v" } },
+  { name = "dualpipe", label = "DualPipe" },
+  { name = "dualpipev", label = "DualPipeV", aliases = { "dualpipe-v" } },
+}
+
+local by_spelling, by_name = {}, {}
+for _, f in ipairs(families) do
+  by_name[f.name] = f
+  by_spelling[f.name] = f.name
+  by_spelling[f.label:lower()] = f.name
+  for _, a in ipairs(f.aliases or {}) do by_spelling[a] = f.name end
+end
 
 -- schedules.list() -> the family names, in the order above (a new table)
 function M.list()
-  return table.move(names, 1, #names, 1, {})
+  local t = {}
+  for i, f in ipairs(families) do t[i] = f.name end
+  return t
+end
+
+-- schedules.canonical(spelling) -> the family name ("ZB-H1" -> "zb1p"), or
+-- nil when it names no family
+function M.canonical(spelling)
+  return type(spelling) == "string" and by_spelling[spelling:lower()] or nil
+end
+
+-- schedules.label(name) -> "DualPipe" (the name itself when unknown)
+function M.label(name)
+  local f = by_name[M.canonical(name) or ""]
+  return f and f.label or name
 end
 
 return setmetatable(M, {
   __index = function(t, k)
-    for _, name in ipairs(names) do
-      if name == k then
-        local builder = require("luapipe.schedules." .. k)
-        rawset(t, k, builder)
-        return builder
-      end
+    if by_name[k] then
+      local builder = require("luapipe.schedules." .. k)
+      rawset(t, k, builder)
+      return builder
     end
   end,
 })

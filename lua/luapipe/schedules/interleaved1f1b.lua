@@ -10,24 +10,33 @@
 -- Warm-up: min((P-r-1)*2 + (v-1)*G, M*v) forwards, then one forward and one
 -- backward at a time, then the cool-down backwards.
 --
--- Constraints: chunks >= 2 (one chunk is plain 1f1b); microbatches a multiple
--- of its number of groups max(1, microbatches // pp) (any multiple of pp is).
+-- Constraints: chunks >= 2 (one chunk is plain 1f1b); when microbatches > pp,
+-- microbatches must split into groups of equal size >= pp, i.e. be a
+-- multiple of microbatches // pp (any multiple of pp is, and any count
+-- below 2*pp); with microbatches <= pp any count works.
 --
 --   local s = require("luapipe.schedules.interleaved1f1b"){ pp = 4, microbatches = 8, chunks = 2 }
 local schedule = require("luapipe.schedule")
 local program = require("luapipe.schedules.program")
 
 return function(opts)
-  local P, M = program.args("interleaved1f1b", opts)
+  if type(opts) ~= "table" then program.args("interleaved1f1b", opts) end -- raises
   local v = opts.chunks or 2
   if math.type(v) ~= "integer" or v < 2 then
     error(string.format("interleaved1f1b: chunks must be an integer >= 2 (use 1f1b for one chunk), got %s",
       tostring(v)), 2)
   end
+  if type(opts.pp) == "number" and opts.pp * v > program.limits.stages then
+    error(string.format("interleaved1f1b: pp x chunks must be at most %d model stages, got %d x %d",
+      program.limits.stages, opts.pp, v), 2)
+  end
+  local P, M = program.args("interleaved1f1b", opts, 2 * v)
   local groups = math.max(1, M // P)
   if M % groups ~= 0 then
-    error(string.format("interleaved1f1b: microbatches must be a multiple of max(1, microbatches // pp) = %d"
-      .. " (e.g. a multiple of pp = %d), got %d", groups, P, M), 2)
+    local lo, hi = groups * (M // groups), groups * (M // groups + 1)
+    error(string.format("interleaved1f1b: %d micro-batches do not split into groups of equal "
+      .. "size >= pp = %d (%d // %d = %d groups); use a multiple of %d such as %d or %d, or any "
+      .. "multiple of pp", M, P, M, P, groups, groups, lo, hi), 2)
   end
   local G = M // groups
   local placement = {}

@@ -14,21 +14,23 @@
 -- Micro-batches go through each virtual stage in increasing order (FIFO),
 -- separately for forwards and for backwards; the micro-batches of v are the
 -- ones whose route (s:route(mb)) contains v. Actions are pushed to s at once.
+-- Every call costs O(1) (amortized): a builder is linear in its actions.
 local M = {}
 local Program = {}
 Program.__index = Program
 
 -- program.new(s, rank) -> a writer for rank's list on schedule s (routes set).
 function M.new(s, rank)
-  local info = s:info()
-  local mbs = {} -- mbs[v] = micro-batches through v, in order
-  for mb = 0, info.microbatches - 1 do
-    for _, v in ipairs(s:route(mb) or {}) do
-      mbs[v] = mbs[v] or {}
-      table.insert(mbs[v], mb)
-    end
-  end
-  return setmetatable({ s = s, rank = rank, mbs = mbs, nf = {}, nb = {}, wq = {} }, Program)
+  -- mbs[v]: the micro-batches through v, looked up on first use
+  local nv = s:info().vstages
+  local mbs = setmetatable({}, { __index = function(t, v)
+    if math.type(v) ~= "integer" or v < 0 or v >= nv then return nil end
+    local list = s:microbatches_of(v)
+    rawset(t, v, list)
+    return list
+  end })
+  return setmetatable({ s = s, rank = rank, mbs = mbs, nf = {}, nb = {}, wq = {}, nw = 0,
+    seq = 0 }, Program)
 end
 
 -- next micro-batch of kind "F" or "B" on v, advancing the counter
@@ -51,58 +53,88 @@ function Program:left(v, kind)
 end
 
 function Program:F(v)
-  self.s:push(self.rank, string.format("%dF%d", v, take(self, v, "F")))
+  self.s:push_op(self.rank, "F", v, take(self, v, "F"))
 end
 
 function Program:B(v)
-  self.s:push(self.rank, string.format("%dB%d", v, take(self, v, "B")))
+  self.s:push_op(self.rank, "B", v, take(self, v, "B"))
 end
 
+-- Pending weight-grads: one FIFO per virtual stage, {head, tail, [i] =
+-- {seq, mb}}; seq orders them across stages (the oldest overall).
 function Program:I(v)
   local mb = take(self, v, "B")
-  table.insert(self.wq, { v, mb })
-  self.s:push(self.rank, string.format("%dI%d", v, mb))
+  local q = self.wq[v]
+  if not q then q = { head = 1, tail = 0 }; self.wq[v] = q end
+  self.seq = self.seq + 1
+  q.tail = q.tail + 1
+  q[q.tail] = { self.seq, mb }
+  self.nw = self.nw + 1
+  self.s:push_op(self.rank, "I", v, mb)
 end
 
 function Program:W(v)
-  for i, w in ipairs(self.wq) do
-    if v == nil or w[1] == v then
-      table.remove(self.wq, i)
-      self.s:push(self.rank, string.format("%dW%d", w[1], w[2]))
-      return
+  if v == nil then -- the oldest pending one of any stage
+    local oldest
+    for u, q in pairs(self.wq) do
+      if q.head <= q.tail and (oldest == nil or q[q.head][1] < oldest) then
+        v, oldest = u, q[q.head][1]
+      end
     end
   end
-  error(string.format("rank %d: no pending weight-grad%s", self.rank,
-    v and (" on virtual stage " .. v) or ""), 2)
+  local q = v ~= nil and self.wq[v]
+  if not q or q.head > q.tail then
+    error(string.format("rank %d: no pending weight-grad%s", self.rank,
+      v and (" on virtual stage " .. v) or ""), 2)
+  end
+  local w = q[q.head]
+  q[q.head] = nil
+  q.head = q.head + 1
+  self.nw = self.nw - 1
+  self.s:push_op(self.rank, "W", v, w[2])
 end
 
 function Program:FB(vf, vb)
   local fmb = take(self, vf, "F")
   local bmb = take(self, vb, "B")
-  self.s:push(self.rank, string.format("(%dF%d;%dB%d)OVERLAP_F_B", vf, fmb, vb, bmb))
+  self.s:push_op(self.rank, "FB", vf, fmb, "B", vb, bmb)
 end
 
 -- number of queued weight-grads (of v, when given)
 function Program:pending_w(v)
-  if v == nil then return #self.wq end
-  local n = 0
-  for _, w in ipairs(self.wq) do if w[1] == v then n = n + 1 end end
-  return n
+  if v == nil then return self.nw end
+  local q = self.wq[v]
+  return q and q.tail - q.head + 1 or 0
 end
 
--- program.args(family, opts) -> pp, microbatches: the options every family
--- takes, checked; misuse raises an error naming the family and the option.
-function M.args(family, opts)
+local limits = require("luapipe.core").schedule_limits()
+
+-- program.args(family, opts[, ops]) -> pp, microbatches: the options every
+-- family takes, checked against the limits of luapipe.core.schedule_limits()
+-- before anything is built; `ops` (default 2) is about how many actions
+-- the family writes per rank and micro-batch. Misuse raises an error naming
+-- the family, the option and the limit.
+function M.args(family, opts, ops)
   if type(opts) ~= "table" then
     error(string.format("%s: expects a table of options {pp = <ranks>, microbatches = <count>}", family), 3)
   end
+  local max = { pp = limits.ranks, microbatches = limits.microbatches }
   for _, k in ipairs { "pp", "microbatches" } do
     local v = opts[k]
     if math.type(v) ~= "integer" or v < 1 then
       error(string.format("%s: %s must be a positive integer, got %s", family, k, tostring(v)), 3)
     end
+    if v > max[k] then
+      error(string.format("%s: %s must be at most %d, got %d", family, k, max[k], v), 3)
+    end
+  end
+  local need = opts.pp * opts.microbatches * (ops or 2)
+  if need > limits.actions then
+    error(string.format("%s: pp = %d with %d micro-batches needs about %d actions, over the "
+      .. "limit of %d", family, opts.pp, opts.microbatches, need, limits.actions), 3)
   end
   return opts.pp, opts.microbatches
 end
+M.limits = limits
 
 return M

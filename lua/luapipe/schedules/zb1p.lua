@@ -14,7 +14,7 @@ local schedule = require("luapipe.schedule")
 local program = require("luapipe.schedules.program")
 
 return function(opts)
-  local P, M = program.args("zb1p", opts)
+  local P, M = program.args("zb1p", opts, 3)
   local s = schedule.new { name = opts.name or "zb1p", ranks = P, stages = P, microbatches = M }
   for r = 0, P - 1 do
     local p = program.new(s, r)

@@ -23,7 +23,7 @@ local schedule = require("luapipe.schedule")
 local program = require("luapipe.schedules.program")
 
 return function(opts)
-  local P, M = program.args("zbv", opts)
+  local P, M = program.args("zbv", opts, 6)
   local placement = {}
   for k = 0, 2 * P - 1 do placement[k + 1] = { stage = k, rank = k < P and k or 2 * P - 1 - k } end
   local s = schedule.new { name = opts.name or "zbv", ranks = P, stages = 2 * P,

@@ -1,0 +1,227 @@
+-- Schedules from other tools and from users: PyTorch's CSV spellings and
+-- actions (tests/lua/data holds our own fixtures in PyTorch's format), the
+-- send models of validation, and the errors for malformed JSON, out-of-range
+-- counts and misused arguments.
+local lu = require("luaunit")
+local core = require("luapipe.core")
+local schedule = require("luapipe.schedule")
+
+local DATA = (arg and arg[0] and arg[0]:match("^(.*)/[^/]*$") or ".") .. "/data/"
+
+local function error_of(f, ...)
+  local ok, err = pcall(f, ...)
+  lu.assertFalse(ok, "expected an error")
+  return (tostring(err):gsub("^[^:]*:%d+: ", ""))
+end
+
+local function load_csv(name)
+  return assert(schedule.from_csv(DATA .. name))
+end
+
+-- ---- PyTorch interoperability ----
+
+function test_eager_sends_validate_under_buffered_only()
+  local s = load_csv("eager_sends_2rank.csv")
+  lu.assertEquals({ s:validate() }, { true })
+  lu.assertEquals({ s:validate { sends = "buffered" } }, { true })
+  local ok, err = s:validate { sends = "rendezvous" }
+  lu.assertNil(ok)
+  lu.assertEquals(err, "deadlock under rendezvous sends (a send waits for its receive): "
+    .. "rank 0 waits at action 3 (0SEND_F1) for rank 1 to reach action 4 (1RECV_F1); "
+    .. "rank 1 waits at action 3 (1SEND_B0) for rank 0 to reach action 4 (0RECV_B0)")
+  lu.assertEquals(error_of(s.validate, s, { sends = "eager" }),
+    "validate: option 'sends' must be \"buffered\" or \"rendezvous\", got eager")
+  -- the simulator runs it too
+  lu.assertNotNil(s:simulate { F = 1, B = 2 })
+end
+
+function test_old_spelling_with_comms()
+  -- BW = full backward; B then a later W of the same stage and mb = I,
+  -- also among SEND/RECV (PyTorch's *_comms.csv)
+  local s = load_csv("interleaved_2rank_2stagep_comms.csv")
+  lu.assertEquals({ s:validate() }, { true })
+  lu.assertEquals({ s:validate { sends = "rendezvous" } }, { true })
+  local r0, r1 = s:actions(0), s:actions(1)
+  lu.assertEquals(r0[14], "2B0")
+  lu.assertEquals(r1[10], "3I0")
+  lu.assertEquals(r1[15], "3W0")
+  lu.assertEquals(s:info().stages, 4)
+  -- written back in today's spelling, it reads back the same
+  local t = assert(schedule.from_csv_text(s:to_csv(), "again.csv"))
+  lu.assertEquals(t:to_csv(), s:to_csv())
+end
+
+function test_stage_actions_round_trip()
+  local text = "0UNSHARD,0F0,0F1,0B0,0B1,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0RESHARD\n"
+    .. "1UNSHARD,1F0,1F1,1B0,1B1,1REDUCE_GRAD,1WAIT_REDUCE_GRAD,1RESHARD\n"
+  local s = assert(schedule.from_csv_text(text, "gpipe_fsdp.csv"))
+  lu.assertEquals({ s:validate() }, { true })
+  lu.assertEquals(s:to_csv(), text)
+  local low = assert(s:lower())
+  lu.assertEquals({ low:validate { sends = "rendezvous" } }, { true })
+  local j = assert(schedule.from_json(low:to_json()))
+  lu.assertEquals(j:to_csv(), low:to_csv())
+  -- no time in the simulator: same makespan as without them
+  local plain = assert(schedule.from_csv_text("0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1\n", "g.csv"))
+  local cost = { F = 1, B = 2 }
+  lu.assertEquals(s:simulate(cost):makespan(), plain:simulate(cost):makespan())
+  lu.assertEquals(core.parse_action("3WAIT_REDUCE_GRAD").type, "WAIT_REDUCE_GRAD")
+end
+
+function test_lowered_families_valid_under_both_models()
+  local schedules = require("luapipe.schedules")
+  for _, name in ipairs(schedules.list()) do
+    local s = schedules[name] { pp = 4, microbatches = 8 }
+    local low = assert(s:lower())
+    lu.assertEquals({ low:validate { sends = "buffered" } }, { true }, name)
+    lu.assertEquals({ low:validate { sends = "rendezvous" } }, { true }, name)
+  end
+end
+
+-- ---- bad input: one clear error naming the field, the count or the limit ----
+
+local VS = '"virtual_stages":[{"id":0,"stage":0,"rank":0},{"id":1,"stage":1,"rank":1}]'
+
+function test_json_fields_named()
+  local cases = {
+    { '{"ranks":2,"stages":2,"microbatches":2,"virtual_stages":[5]}',
+      "virtual_stages[0] must be an object, got number" },
+    { '{"ranks":2,"stages":2,"microbatches":2,"virtual_stages":{"a":1}}',
+      "virtual_stages must be a list of objects, got an object" },
+    { '{"ranks":2,"stages":2,"microbatches":2,"virtual_stages":[{"id":0,"stage":"0","rank":0}]}',
+      'virtual_stages[0].stage must be an integer, got "0"' },
+    { '{"ranks":2,"stages":2,"microbatches":2,"virtual_stages":[{"id":1,"stage":0,"rank":0}]}',
+      "virtual_stages[0] has id 1, expected 0" },
+    { '{"ranks":"2","stages":2,"microbatches":2}', 'ranks must be an integer, got "2"' },
+    { '{"ranks":2.5,"stages":2,"microbatches":2}', "ranks must be an integer, got 2.5" },
+    { '{"stages":2,"microbatches":2}', "ranks is missing" },
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1],7]}',
+      "routes[1] must be a list of virtual stage ids, got number" },
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1],[0,"x"]]}',
+      'routes[1][1] must be an integer, got "x"' },
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1]]}',
+      "routes has 1 entries, expected one per micro-batch (2)" },
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1],[0,1]],"actions":[[1]]}',
+      'actions[0][0] must be an action string such as "0F3", got number' },
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1],[0,1]],"actions":[["0X0"]]}',
+      "rank 0, action 0: action '0X0': unknown action type 'X' (expected F, B, I, W, SEND_F, "
+      .. "RECV_F, SEND_B, RECV_B, REDUCE_GRAD, WAIT_REDUCE_GRAD, UNSHARD, RESHARD or an "
+      .. "OVERLAP_F_B pair)" },
+    { '[1, 2]', "the top level must be an object, got a list" },
+    { '{"ranks":4294967298,"stages":2,"microbatches":2}', "ranks must be 1..4096, got 4294967298" },
+    { '{"ranks":1e8,"stages":2,"microbatches":2}', "ranks must be 1..4096, got 100000000" },
+    { '{"ranks":4,"stages":4096,"microbatches":65536}',
+      "stages x microbatches = 4096 x 65536 is over the limit of 67108864" },
+  }
+  for _, c in ipairs(cases) do
+    local s, err = schedule.from_json(c[1], "s.json")
+    lu.assertNil(s, c[1])
+    lu.assertEquals(err, "s.json: " .. c[2])
+  end
+  -- and what to_json writes reads back
+  local s = schedule.build("dualpipe", { pp = 4, microbatches = 8 })
+  lu.assertEquals(assert(schedule.from_json(s:to_json())):to_csv(), s:to_csv())
+end
+
+function test_counts_bounded_before_building()
+  local limits = core.schedule_limits()
+  lu.assertEquals(limits.ranks, 4096)
+  lu.assertEquals(limits.microbatches, 65536)
+  lu.assertEquals(error_of(core.schedule_new, 4294967298, 2, 2),
+    "ranks must be 1..4096, got 4294967298")
+  lu.assertEquals(error_of(schedule.new, { ranks = 2, stages = 2, microbatches = 100000000 }),
+    "microbatches must be 1..65536, got 100000000")
+  lu.assertEquals(error_of(schedule.build, "1f1b", { pp = 4, microbatches = 1000000000 }),
+    "1f1b: microbatches must be at most 65536, got 1000000000")
+  lu.assertEquals(error_of(schedule.build, "gpipe", { pp = 9223372036854775807, microbatches = 2 }),
+    "gpipe: pp must be at most 4096, got 9223372036854775807")
+  lu.assertEquals(error_of(schedule.build, "zbv", { pp = 4096, microbatches = 65536 }),
+    "zbv: pp = 4096 with 65536 micro-batches needs about 1610612736 actions, over the limit "
+    .. "of 67108864")
+  lu.assertEquals(error_of(schedule.build, "interleaved1f1b",
+      { pp = 4, microbatches = 8, chunks = 1000000000 }),
+    "interleaved1f1b: pp x chunks must be at most 65536 model stages, got 4 x 1000000000")
+  -- ids are never truncated to int
+  local s = core.schedule_new(1, 1, 1)
+  lu.assertStrContains(error_of(s.set_route, s, 4294967296, { 0 }), "4294967296 is out of range")
+  lu.assertStrContains(error_of(s.push_op, s, 0, "F", 4294967296, 0), "4294967296 is out of range")
+end
+
+function test_long_routes()
+  -- more than 256 virtual stages on a route (the old binding's limit)
+  local s = schedule.build("interleaved1f1b", { pp = 160, microbatches = 160, chunks = 2 })
+  lu.assertEquals(#s:route(0), 320)
+  lu.assertEquals({ s:validate() }, { true })
+end
+
+function test_tensor_sizes()
+  lu.assertEquals(error_of(core.tensor, { 2 ^ 32, 2 ^ 32 }),
+    "tensor of 18446744073709551616 elements is too large")
+  lu.assertEquals(error_of(core.tensor, { 2 ^ 62 }),
+    "tensor of 4611686018427387904 elements is too large")
+  lu.assertEquals(tostring(core.tensor({ 3, 4 })), "luapipe.Tensor [3, 4]")
+  lu.assertEquals(error_of(core.tensor, { 2, 2 }, { 1, 2, 3 }),
+    "tensor: 3 values given for a shape of 4 elements")
+end
+
+function test_set_params_names_the_argument()
+  local l = core.nn_layer(require("luapipe.nn").linear(2, 1), "l", 1)
+  lu.assertEquals(error_of(l.set_params, l, { [1] = { 1, 2 } }),
+    "set_params: keys must be parameter names, got a number key")
+  lu.assertEquals(error_of(l.set_params, l, { ["l.weight"] = 5 }),
+    "set_params: 'l.weight' must be a list of 2 numbers, got a number")
+  lu.assertEquals(error_of(l.set_params, l, { ["l.weight"] = { 1, "x" } }),
+    "set_params: 'l.weight' value 2 is not a number")
+end
+
+function test_cost_checked_in_one_place()
+  local sim = require("luapipe.sim")
+  lu.assertEquals(error_of(sim.parse_cost, "F=1e308"),
+    "cost item 'F=1e308': F = 1e+308 must be a number in 0..1e+15")
+  lu.assertEquals(error_of(sim.parse_cost, "B[3]=-1"),
+    "cost item 'B[3]=-1': B = -1 must be a number in 0..1e+15")
+  local s = schedule.build("1f1b", { pp = 2, microbatches = 2 })
+  lu.assertEquals(error_of(s.simulate, s, { F = 1e308 }),
+    "simulate: F = 1e+308 must be a number in 0..1e+15")
+  lu.assertEquals(error_of(s.simulate, s, { latency = -1 }),
+    "simulate: latency = -1 must be a number in 0..1e+15")
+  lu.assertEquals({ core.sim_check_time("W", 1e15) }, { true })
+  local ok, err = core.sim_check_time("W", 0 / 0)
+  lu.assertNil(ok)
+  lu.assertStrContains(err, "must be a number in 0..1e+15")
+end
+
+function test_binding_never_loads_lua_modules()
+  -- luapipe.core alone: C methods only; loading luapipe.schedule brings the
+  -- Lua layer's methods (it installs them on the C classes)
+  local code = [[
+    local c = require("luapipe.core")
+    local s = c.schedule_new(1, 1, 1)
+    s:add_vstage(0, 0); s:set_route(0, { 0 }); s:push(0, { "0F0", "0B0" })
+    local r = s:simulate()
+    local before = tostring(r.show) .. " " .. tostring(s.show) .. " "
+      .. tostring(package.loaded["luapipe.sim"])
+    require("luapipe.schedule")
+    io.write(before, " | ", type(r.show), " ", type(s.show), " ", type(r.summary))
+  ]]
+  local exe = arg[-1] or "luapipe"
+  local f = assert(io.popen(string.format("%q -e %q", exe, code)))
+  local out = f:read("a")
+  f:close()
+  lu.assertEquals(out, "nil nil nil | function function function")
+end
+
+function test_family_list_in_one_place()
+  local schedules = require("luapipe.schedules")
+  lu.assertEquals(schedule.families, schedules.list())
+  lu.assertEquals(schedules.canonical("ZB-H1"), "zb1p")
+  lu.assertEquals(schedules.canonical("DualPipe"), "dualpipe")
+  lu.assertEquals(schedules.canonical("Interleaved 1F1B"), "interleaved1f1b")
+  lu.assertNil(schedules.canonical("frobnicate"))
+  lu.assertEquals(schedules.label("dualpipev"), "DualPipeV")
+  lu.assertEquals(schedule.build("DualPipeV", { pp = 2, microbatches = 4 }):info().name, "dualpipev")
+  lu.assertEquals(error_of(schedule.build, "nope", { pp = 2, microbatches = 4 }),
+    "unknown schedule 'nope' (families: " .. table.concat(schedules.list(), ", ") .. ")")
+end
+
+os.exit(lu.LuaUnit.run())
