@@ -194,8 +194,8 @@ static lp_status reduce_replicas(lp_exec *e, lp_nn_layer *moe) {
       row += c;
     }
   }
-  if (lp_comm_allreduce_sum_float(e->ep_comm, rows, (size_t)E * q,
-                                  "summing replicated experts' gradients") != LP_OK)
+  if (e->ep > 1 && lp_comm_allreduce_sum_float(e->ep_comm, rows, (size_t)E * q,
+                                               "summing replicated experts' gradients") != LP_OK)
     lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
   for (int s = e->ep_rank * spr; s < (e->ep_rank + 1) * spr; s++) {
     LP_CHECK_GOTO(lp_nn_moe_slot_params(moe, s, &sp, &np), st, done);
@@ -213,7 +213,8 @@ done:
   return st;
 }
 
-lp_status ex_ep_reduce(lp_exec *e) {
+/* Dense grads summed over the EP group (none without EP). */
+static lp_status reduce_dense(lp_exec *e) {
   if (e->ep <= 1) return LP_OK;
   size_t n = 0;
   for (int li = 0; li < e->nloc; li++) {
@@ -252,6 +253,12 @@ lp_status ex_ep_reduce(lp_exec *e) {
     }
   }
   lp_free(buf);
+  return LP_OK;
+}
+
+lp_status ex_ep_reduce(lp_exec *e) {
+  LP_CHECK(reduce_dense(e));
+  /* replicas (also two slots of one expert on this rank, even without EP) */
   for (int li = 0; li < e->nloc; li++) {
     int nm = lp_nn_moe_count(e->vs[li].chunk);
     for (int i = 0; i < nm; i++) LP_CHECK(reduce_replicas(e, lp_nn_moe_find(e->vs[li].chunk, i)));

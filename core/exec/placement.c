@@ -128,7 +128,7 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
     }
     if (st != LP_OK) break;
   }
-  if (st == LP_OK) {
+  if (st == LP_OK && nreq > 0) {
     char what[128];
     snprintf(what, sizeof what, "rank %d moves expert weights for a new placement", e->rank);
     st = lp_comm_waitall(e->ep_comm, reqs, nreq, what);

@@ -274,10 +274,28 @@ function M.run(opts)
     fail("luapipe.train: 'pp' must be a positive integer, got " .. tostring(opts.pp))
   end
   if ep > 1 then
+    local started = size > 1 and "mpirun started " .. size or "this is one process"
+    if opts.pp == nil and size % ep ~= 0 then
+      usage_fail(string.format("ep = %d needs a multiple of %d ranks (pp x ep), but %s", ep, ep, started))
+    end
     local pp = opts.pp or size // ep
     if pp * ep ~= size then
       usage_fail(string.format("pp x ep = %d x %d needs %d ranks, but %s (run it with mpirun -np %d)",
         pp, ep, pp * ep, size > 1 and "mpirun started " .. size or "this is one process", pp * ep))
+    end
+  end
+  if opts.eplb ~= nil then
+    local e = opts.eplb
+    if type(e) ~= "table" then fail("luapipe.train: 'eplb' must be a table {every =, redundant =}") end
+    if e.every ~= nil and (math.type(e.every) ~= "integer" or e.every < 1) then
+      fail("luapipe.train: eplb.every must be a positive integer, got " .. tostring(e.every))
+    end
+    if e.redundant ~= nil and (math.type(e.redundant) ~= "integer" or e.redundant < 0) then
+      fail("luapipe.train: eplb.redundant must be a non-negative integer, got " .. tostring(e.redundant))
+    end
+    if ckpt and e.every then
+      fail("luapipe.train: checkpoints do not record expert placements yet: use eplb or checkpoint,"
+        .. " not both")
     end
   end
   local s = get_schedule(opts)

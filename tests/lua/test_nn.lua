@@ -309,4 +309,25 @@ function test_moe_lm_trains_on_one_rank()
   for k = 1, 3 do lu.assertAlmostEquals(r.losses[k], ref.losses[k], 1e-6 * ref.losses[k]) end
 end
 
+-- EPLB in the loop on one rank (ep = 1, two redundant slots): plans every
+-- 2 steps, replicas of hot experts; the losses stay the reference's
+function test_moe_eplb_one_rank()
+  local m = moe_lm()
+  local opt = { kind = "adamw", lr = 0.02 }
+  local r = train { model = m, schedule = "1f1b", pp = 1, microbatches = 2, data = char_data,
+    steps = 6, seed = 4, optimizer = opt, quiet = true, eplb = { every = 2, redundant = 2 } }
+  local ref = train.reference { model = m, microbatches = 2, data = char_data, steps = 6, seed = 4,
+    optimizer = opt }
+  for k = 1, 6 do lu.assertAlmostEquals(r.losses[k], ref.losses[k], 1e-5 * ref.losses[k]) end
+  lu.assertEquals(r.summary.eplb.plans, 3)
+  lu.assertEquals(#r.summary.eplb.placements[1], 4 + 2) -- 4 experts + 2 redundant slots
+  lu.assertEquals(r.summary.eplb.before, 1) -- one EP rank: always balanced
+  lu.assertStrContains(error_of(train, { model = m, schedule = "1f1b", data = char_data,
+    eplb = { every = 0 } }), "eplb.every must be a positive integer, got 0")
+  lu.assertStrContains(error_of(train, { model = m, schedule = "1f1b", data = char_data, ep = 2 }),
+    "ep = 2 needs a multiple of 2 ranks (pp x ep), but this is one process")
+  lu.assertStrContains(error_of(train, { model = m, schedule = "1f1b", data = char_data, pp = 1,
+    ep = 2 }), "pp x ep = 1 x 2 needs 2 ranks, but this is one process (run it with mpirun -np 2)")
+end
+
 os.exit(lu.LuaUnit.run())
