@@ -3,7 +3,11 @@
  * posted ahead of need, asynchronous sends, the loss at the end of each
  * route, gradient reduction of replicated stages (DualPipe), the optimizer
  * step, the watchdog (every wait under the comm timeout; a timeout takes the
- * job down naming rank, action and peer) and measured trace events.
+ * job down naming rank, action and peer) and measured trace events
+ * (gathered on rank 0 over the comm). With expert parallelism (opts.ep) the
+ * job is a pp x ep grid: MoE layers exchange tokens over the EP group by
+ * all-to-all-v, overlapped pairs interleave the two micro-batches' phases,
+ * and expert placements can change between steps (EPLB).
  * Uses lp_schedule, lp_comm, lp_nn, lp_tensor, lp_trace. */
 #pragma once
 
