@@ -150,16 +150,15 @@ lp_status ex_shard(lp_exec *e, lp_tensor **t, const char *what, int mb) {
 
 /* ---- step end ---- */
 
-/* 1 when p (by value tensor) is an expert slot's parameter of chunk. */
-static int is_expert(lp_nn_layer *chunk, const lp_nn_param *p) {
-  int nm = lp_nn_moe_count(chunk);
-  for (int i = 0; i < nm; i++) {
-    lp_nn_layer *m = lp_nn_moe_find(chunk, i);
-    const char *mn = lp_nn_layer_name(m);
-    size_t ln = strlen(mn);
-    if (strncmp(p->name, mn, ln) == 0 && strncmp(p->name + ln, ".experts.", 9) == 0) return 1;
+/* roles[i] of chunk's params (lp_nn_param_roles) into *r (grown to n). */
+static lp_status roles_of(lp_nn_layer *chunk, size_t n, lp_nn_param_role **r, size_t *cap) {
+  if (n > *cap) {
+    lp_nn_param_role *nr = lp_realloc(*r, n * sizeof *nr);
+    if (!nr) return LP_ERR_NOMEM;
+    *r = nr;
+    *cap = n;
   }
-  return 0;
+  return n ? lp_nn_param_roles(chunk, *r, n) : LP_OK;
 }
 
 /* Sums the replicas of every logical expert of moe over the EP group: each
@@ -213,47 +212,44 @@ done:
   return st;
 }
 
-/* Dense grads summed over the EP group (none without EP). */
+/* Dense grads (everything but routed experts' slots) summed over the EP
+ * group (none without EP). */
 static lp_status reduce_dense(lp_exec *e) {
   if (e->ep <= 1) return LP_OK;
-  size_t n = 0;
-  for (int li = 0; li < e->nloc; li++) {
-    size_t np;
-    const lp_nn_param *p = lp_nn_params(e->vs[li].chunk, &np);
-    for (size_t i = 0; i < np; i++)
-      if (!is_expert(e->vs[li].chunk, &p[i])) n += (size_t)lp_tensor_numel(p[i].grad);
-  }
-  float *buf = lp_malloc((n ? n : 1) * sizeof *buf);
-  if (!buf) return LP_ERR_NOMEM;
-  size_t off = 0;
-  for (int li = 0; li < e->nloc; li++) {
-    size_t np;
-    const lp_nn_param *p = lp_nn_params(e->vs[li].chunk, &np);
-    for (size_t i = 0; i < np; i++) {
-      if (is_expert(e->vs[li].chunk, &p[i])) continue;
-      size_t c = (size_t)lp_tensor_numel(p[i].grad);
-      memcpy(buf + off, p[i].grad->data, c * sizeof(float));
-      off += c;
+  lp_nn_param_role *roles = NULL;
+  size_t cap = 0, n = 0;
+  float *buf = NULL;
+  lp_status st = LP_OK;
+  for (int pass = 0; pass < 3 && st == LP_OK; pass++) { /* 0: size, 1: pack, 2: unpack */
+    if (pass == 1) {
+      buf = lp_malloc((n ? n : 1) * sizeof *buf);
+      if (!buf) { st = LP_ERR_NOMEM; break; }
     }
-  }
-  double tw = lp_now();
-  if (lp_comm_allreduce_sum_float(e->ep_comm, buf, n,
-                                  "summing dense gradients over the EP group") != LP_OK)
-    lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
-  e->t_wait += lp_now() - tw;
-  off = 0;
-  for (int li = 0; li < e->nloc; li++) {
-    size_t np;
-    const lp_nn_param *p = lp_nn_params(e->vs[li].chunk, &np);
-    for (size_t i = 0; i < np; i++) {
-      if (is_expert(e->vs[li].chunk, &p[i])) continue;
-      size_t c = (size_t)lp_tensor_numel(p[i].grad);
-      memcpy(p[i].grad->data, buf + off, c * sizeof(float));
-      off += c;
+    if (pass == 2) {
+      double tw = lp_now();
+      if (lp_comm_allreduce_sum_float(e->ep_comm, buf, n,
+                                      "summing dense gradients over the EP group") != LP_OK)
+        lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
+      e->t_wait += lp_now() - tw;
     }
+    size_t off = 0;
+    for (int li = 0; li < e->nloc && st == LP_OK; li++) {
+      size_t np;
+      const lp_nn_param *p = lp_nn_params(e->vs[li].chunk, &np);
+      if ((st = roles_of(e->vs[li].chunk, np, &roles, &cap)) != LP_OK) break;
+      for (size_t i = 0; i < np; i++) {
+        if (roles[i].slot >= 0) continue;
+        size_t c = (size_t)lp_tensor_numel(p[i].grad);
+        if (pass == 1) memcpy(buf + off, p[i].grad->data, c * sizeof(float));
+        if (pass == 2) memcpy(p[i].grad->data, buf + off, c * sizeof(float));
+        off += c;
+      }
+    }
+    if (pass == 0) n = off;
   }
   lp_free(buf);
-  return LP_OK;
+  lp_free(roles);
+  return st;
 }
 
 lp_status ex_ep_reduce(lp_exec *e) {
