@@ -78,7 +78,8 @@ fi
 # reference's losses (--reference, one process), its summary lines, and a
 # bad option is one line with exit 2
 "${mpirun[@]}" -np 4 "$luapipe" examples/train_moe.lua --schedule dualpipe --pp 2 --ep 2 \
-  --steps 4 --redundant 1 --eplb-every 1 --link lat=20us,bw=4GB/s >"$tmp/moe" 2>&1
+  --steps 4 --redundant 1 --eplb-every 1 --link lat=20us,bw=4GB/s --trace "$tmp/moe.json" \
+  >"$tmp/moe" 2>&1
 rc=$?
 "$luapipe" examples/train_moe.lua --reference --steps 4 --microbatches 4 >"$tmp/moe_ref" 2>&1
 echo "train_moe (dualpipe, pp=2 x ep=2, EPLB): rc $rc"
@@ -90,6 +91,24 @@ echo "train_moe losses equal to --reference: $same"
 [ "$same" = "4 4" ] || { fail "train_moe losses differ from --reference"; cat "$tmp/moe" "$tmp/moe_ref"; }
 grep -qE '^all-to-all hidden: [0-9.]+%$' "$tmp/moe" || fail "train_moe: no 'all-to-all hidden' line"
 grep -qE '^expert load max/mean: [0-9.]+ -> [0-9.]+$' "$tmp/moe" || fail "train_moe: no expert load line"
+# the measured trace: all-to-alls on every rank's comm track (odd tids)
+cat >"$tmp/a2a.lua" <<'LUA'
+  local json = require("dkjson")
+  local f = assert(io.open(arg[1])); local t = json.decode(f:read("a")); f:close()
+  local per, bad = {}, 0
+  for _, e in ipairs(t.traceEvents) do
+    if e.ph == "X" and e.name == "all-to-all" then
+      per[e.pid] = (per[e.pid] or 0) + 1
+      if e.tid % 2 ~= 1 then bad = bad + 1 end
+    end
+  end
+  print(string.format("a2a %d %d %d %d off-track %d", per[0] or 0, per[1] or 0, per[2] or 0,
+    per[3] or 0, bad))
+LUA
+a2a=$("$luapipe" "$tmp/a2a.lua" "$tmp/moe.json" 2>&1)
+echo "train_moe trace: $a2a"
+[[ "$a2a" =~ ^a2a\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ off-track\ 0$ ]] ||
+  fail "train_moe trace: expected all-to-alls on the comm track of every rank"
 "$luapipe" examples/train_moe.lua --topk 9 >"$tmp/out" 2>&1
 rc=$?
 [ "$rc" -eq 2 ] && grep -q "^train_moe.lua: --topk 9 is more than --experts 8$" "$tmp/out" ||
