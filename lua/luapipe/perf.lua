@@ -270,6 +270,11 @@ function M.format(s)
     L[#L + 1] = string.format("  all-to-all: %d exchanges, %s ms per rank and step, %s%% hidden under compute",
       s.a2a_count, f2(s.a2a_ms), f1(s.a2a_hidden_pct))
   end
+  if s.eplb then
+    L[#L + 1] = string.format("  expert load (EP ranks' max/mean tokens, mean over MoE layers): %.3f -> %.3f;"
+      .. " %d rebalance%s moved %d bytes of expert weights and optimizer state", s.eplb.before,
+      s.eplb.after, s.eplb.plans, s.eplb.plans == 1 and "" or "s", s.eplb.bytes)
+  end
   L[#L + 1] = string.format("  overhead: %s%% of the step (neither compute nor waiting; "
     .. "posting/polling %s%%), waiting on messages %s%%, compute %s%%", f2(s.overhead_pct),
     f2(s.post_pct), f1(s.wait_pct), f1(s.compute_pct))
