@@ -158,7 +158,9 @@ lp_status lp_exec_expert_loads(const lp_exec *e, int *layers, const int **expert
  * group from the lowest old holder; the stage's optimizer is rebuilt over
  * the new parameter list with the moved state, so training continues as
  * it would have. *bytes_moved (optional) gets the bytes this rank sent.
- * LP_ERR_ARG for a bad layer or map (text in lp_exec_last_error). */
+ * LP_ERR_ARG for a bad layer or map (text in lp_exec_last_error), nothing
+ * changed; a failure after the layer took the new slots (out of memory
+ * rebuilding the optimizer) leaves the executor unusable: end the job. */
 lp_status lp_exec_set_placement(lp_exec *e, int layer, int slots_per_rank,
                                 const int *phys_to_log, int64_t *bytes_moved);
 /* The EP group size (1: no EP) and this rank's index in it. */

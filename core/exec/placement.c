@@ -249,7 +249,7 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
                                         : lp_nn_optim_sgd_new(p, np, &e->o.sgd, &no);
   if (st == LP_OK) st = lp_nn_optim_state_import(no, nstate, (size_t)k * tot, steps);
   if (st != LP_OK) {
-    vs->optim = old; /* stale list: the step fails cleanly */
+    vs->optim = old; /* over the old list: the executor is unusable now (documented) */
     lp_nn_optim_free(no);
     no = NULL;
     goto cleanup;
