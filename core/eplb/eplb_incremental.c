@@ -1,6 +1,8 @@
 /* eplb_incremental.c — re-planning against the placement in force:
  * relabelling GPUs (and nodes) by maximum-overlap assignment (Hungarian
- * method), slot alignment inside GPUs, and the greedy copy budget. */
+ * method), slot alignment inside GPUs, and the copy budget (a local search
+ * from the placement in force that spends the budget where it lowers the
+ * heaviest GPU most). */
 #include <limits.h>
 #include <string.h>
 
@@ -363,86 +365,136 @@ static void budget_eval(budget *b, const int *s, const int *to, int nch,
   *nsq = sq;
 }
 
-static int improves(double m, double q, double bm, double bq) {
-  if (m < bm * (1 - 1e-12)) return 1;
-  return m <= bm * (1 + 1e-12) && q < bq * (1 - 1e-12);
+/* Slots of cur that differ from prev. */
+static int changed_slots(const int *prev, const int *cur, int R) {
+  int n = 0;
+  for (int s = 0; s < R; s++) n += cur[s] != prev[s];
+  return n;
 }
 
-/* Greedy walk from b->cur towards goal over the slots diff[0..nd): each
- * step applies the valid change that improves (max GPU load, sum of
- * squares) most — one slot, or two when the first would remove an
- * expert's last replica (paired with a change that brings it back) — at
- * most `limit` slots in all; stops when nothing improves. */
-static void walk(budget *b, const int *goal, const int *diff, int nd, int limit,
-                 eplb_ws *ws) {
-  const int E = b->d->E;
-  int *done = ws->b_done, *tstart = ws->b_tstart, *tlist = ws->b_tlist, *fill = ws->ic;
-  int *cur = b->cur;
-  for (int x = 0; x < nd; x++) done[x] = 0;
-  /* the changes that bring each expert somewhere: expert -> diff indices */
-  memset(tstart, 0, (size_t)(E + 1) * sizeof *tstart);
-  for (int x = 0; x < nd; x++) tstart[goal[diff[x]] + 1]++;
-  for (int e = 0; e < E; e++) tstart[e + 1] += tstart[e];
-  memcpy(fill, tstart, (size_t)E * sizeof *fill);
-  for (int x = 0; x < nd; x++) tlist[fill[goal[diff[x]]]++] = x;
+/* A candidate change of one or two slots and what it costs and gives. */
+typedef struct cand {
+  int n, s[2], to[2];
+  double m, q, gain; /* new max, new sum of squares, gain per copy */
+  int cost;
+} cand;
 
-  int moves = 0;
-  while (moves < limit) {
+/* Scores change c against the best so far (max first, then sum of
+ * squares, each per slot of the budget it uses). */
+static void consider(budget *b, const int *prev, int used, int limit, int known, cand *c,
+                     cand *best) {
+  int cost = 0;
+  for (int i = 0; i < c->n; i++)
+    cost += (c->to[i] != prev[c->s[i]]) - (b->cur[c->s[i]] != prev[c->s[i]]);
+  if (used + cost > limit) return;
+  if (!known) budget_eval(b, c->s, c->to, c->n, &c->m, &c->q);
+  double per = cost > 0 ? cost : 1;
+  if (c->m < b->max * (1 - 1e-12)) {
+    c->gain = (b->max - c->m) / per + 1e-300;
+  } else if (c->m <= b->max * (1 + 1e-12) && c->q < b->sq * (1 - 1e-12)) {
+    c->gain = -1.0 / ((b->sq - c->q) / per); /* < 0: below every max gain */
+  } else {
+    return;
+  }
+  c->cost = cost;
+  if (best->n == 0 || c->gain > best->gain) *best = *c;
+}
+
+/* Local search from b->cur under the copy budget (slots differing from
+ * prev <= limit): each step takes, among the changes that unload the
+ * heaviest GPU, the one that lowers the max GPU load most per slot it
+ * uses (else the sum of squares): give one of its slots to another
+ * expert, give one of its experts another slot elsewhere, or swap one of
+ * its slots with a slot of another GPU. Every expert keeps a replica. */
+static void polish(budget *b, const int *prev, int limit, eplb_ws *ws) {
+  const eplb_dims *d = b->d;
+  const int E = d->E, R = d->R, G = d->G, k = d->k;
+  enum { NCOLD = 16, NLIGHT = 32 };
+  int *cur = b->cur, cold[NCOLD];
+  int *ong = ws->p_next, *hasa = ws->p_head; /* flags: expert on g; GPU holds a */
+  double *xslot = ws->p_sum;                  /* load of each slot */
+  memset(ong, 0, (size_t)E * sizeof *ong);
+  memset(hasa, 0, (size_t)G * sizeof *hasa);
+  double unit[NCOLD];
+  for (int step = 0; step < 2 * limit + 16; step++) {
     budget_refresh(b, ws);
-    double bm = b->max, bq = b->sq;
-    int bx = -1, by = -1;
-    for (int x = 0; x < nd; x++) {
-      if (done[x]) continue;
-      int s = diff[x], a = cur[s], to = goal[s];
-      double m, q;
-      if (b->cnt[a] >= 2) {
-        budget_eval(b, &s, &to, 1, &m, &q);
-        if (improves(m, q, bm, bq)) {
-          bm = m;
-          bq = q;
-          bx = x;
-          by = -1;
+    int used = changed_slots(prev, cur, R), g = b->order[0];
+    /* the NCOLD experts one more replica would load least, lightest first */
+    int ncold = 0;
+    for (int e = 0; e < E; e++) {
+      double u = b->w[e] / (b->cnt[e] + 1);
+      if (ncold == NCOLD && u >= unit[NCOLD - 1]) continue;
+      int i = ncold < NCOLD ? ncold++ : NCOLD - 1;
+      while (i > 0 && unit[i - 1] > u) {
+        unit[i] = unit[i - 1];
+        cold[i] = cold[i - 1];
+        i--;
+      }
+      unit[i] = u;
+      cold[i] = e;
+    }
+    cand best = {0}, c = {0};
+    const double top = b->max;
+    /* the heaviest GPU other than h, for swaps */
+    const int g2 = G > 1 ? b->order[1] : g, g3 = G > 2 ? b->order[2] : g2;
+    for (int j = 0; j < k; j++) ong[cur[g * k + j]] = 1;
+    for (int t = 0; t < R; t++) xslot[t] = b->w[cur[t]] / b->cnt[cur[t]];
+    for (int j = 0; j < k; j++) {
+      int s = g * k + j, a = cur[s];
+      if (j > 0 && a == cur[s - 1]) continue;
+      for (int q = b->start[a]; q < b->start[a + 1]; q++) hasa[b->list[q] / k] = 1;
+      double xs = b->w[a] / b->cnt[a], xa = b->w[a] / (b->cnt[a] + 1);
+      /* s holds another expert: the few lightest ones not on g */
+      if (b->cnt[a] >= 2)
+        for (int i = 0, tried = 0; i < ncold && tried < 4; i++) {
+          int e = cold[i];
+          if (e == a || ong[e]) continue;
+          if (top - xs + unit[i] >= top) break;
+          tried++;
+          c.n = 1, c.s[0] = s, c.to[0] = e;
+          consider(b, prev, used, limit, 0, &c, &best);
         }
-      } else if (moves + 2 <= limit) {
-        /* a's last replica leaves s: pair it with a change bringing a in */
-        for (int t = tstart[a]; t < tstart[a + 1]; t++) {
-          int y = tlist[t];
-          if (done[y] || y == x) continue;
-          int s2[2] = {s, diff[y]}, to2[2] = {to, a}, c = cur[diff[y]];
-          if (c != to && b->cnt[c] < 2) continue;
-          budget_eval(b, s2, to2, 2, &m, &q);
-          if (improves(m, q, bm, bq)) {
-            bm = m;
-            bq = q;
-            bx = x;
-            by = y;
+      /* on the NLIGHT lightest GPUs h without a: a gets slot t of an expert
+       * x that keeps a replica elsewhere, or s and t swap (then only g and
+       * h change) */
+      for (int r = G - 1, seen = 0; r > 0 && seen < NLIGHT; r--) {
+        int h = b->order[r];
+        if (h == g || hasa[h]) continue;
+        seen++;
+        double lh = b->load[h];
+        for (int t = h * k; t < (h + 1) * k; t++) {
+          int x = cur[t];
+          if (x == a) continue;
+          double xt = xslot[t];
+          if (b->cnt[x] >= 2 && lh - xt + xa < top) {
+            c.n = 1, c.s[0] = t, c.to[0] = a;
+            consider(b, prev, used, limit, 0, &c, &best);
           }
+          double ng = top - xs + xt, nh = lh + xs - xt;
+          if (!(xt < xs) || nh >= top || ong[x]) continue;
+          double rest = G > 1 ? b->load[h != g2 ? g2 : g3] : 0;
+          c.m = ng > nh ? ng : nh;
+          if (rest > c.m) c.m = rest;
+          c.q = b->sq - top * top - lh * lh + ng * ng + nh * nh;
+          c.n = 2, c.s[0] = s, c.to[0] = x, c.s[1] = t, c.to[1] = a;
+          consider(b, prev, used, limit, 1, &c, &best);
         }
       }
+      for (int q = b->start[a]; q < b->start[a + 1]; q++) hasa[b->list[q] / k] = 0;
     }
-    if (bx < 0) return;
-    cur[diff[bx]] = goal[diff[bx]];
-    done[bx] = 1;
-    moves++;
-    if (by >= 0) {
-      cur[diff[by]] = goal[diff[by]];
-      done[by] = 1;
-      moves++;
-    }
+    for (int j = 0; j < k; j++) ong[cur[g * k + j]] = 0;
+    if (best.n == 0) return;
+    for (int i = 0; i < best.n; i++) cur[best.s[i]] = best.to[i];
   }
 }
 
-void eplb_budget_layer(const eplb_dims *d, const double *load,
-                       const int *prev, const int *target, int max_moves,
-                       eplb_ws *ws, int *out) {
+void eplb_budget_layer(const eplb_dims *d, const double *load, const int *prev,
+                       int max_moves, eplb_ws *ws, int *out) {
   const int R = d->R;
-  int *diff = ws->b_diff, nd = 0;
-  for (int s = 0; s < R; s++)
-    if (target[s] != prev[s]) diff[nd++] = s;
   budget b = {d, load, out, ws->b_cur, ws->b_start, ws->b_list, ws->b_load,
               ws->b_delta, ws->b_order, ws->b_stamp, ws->ia, 0, 0, 0};
   memset(b.stamp, 0, (size_t)d->G * sizeof *b.stamp);
-  /* from prev, the changes towards target that help most */
+  /* from prev, the changes that unload the heaviest GPU most per copy */
   memcpy(out, prev, (size_t)R * sizeof *out);
-  walk(&b, target, diff, nd, max_moves, ws);
+  polish(&b, prev, max_moves, ws);
 }

@@ -36,6 +36,8 @@ typedef struct eplb_dims {
 typedef struct eplb_ws eplb_ws;
 struct eplb_ws {
   int n;           /* max(E, R, G, groups) + 1: size of the "n" arrays */
+  int *slot_gpu, *slot_node; /* [n]: GPU and node of each slot (no division
+                                in the per-slot loops) */
   /* generic */
   double *dkey2;              /* [n] */
   uint64_t *s_k1, *s_k2; /* radix sort keys [n] */
@@ -154,10 +156,13 @@ int eplb_copies(const eplb_dims *d, const int *prev, const int *cur,
  * inside each GPU. */
 void eplb_relabel_layer(const eplb_dims *d, const int *prev, eplb_ws *ws,
                         int *phy2log, int *phyrank, int *home);
-/* Budgeted plan: starts from prev (which must hold every expert) and
- * applies at most max_moves slot changes towards target (already
- * relabelled), greedily by the best resulting (max GPU load, sum of squared
- * GPU loads). Writes the result into out[R]. */
-void eplb_budget_layer(const eplb_dims *d, const double *load,
-                       const int *prev, const int *target, int max_moves,
-                       eplb_ws *ws, int *out);
+/* Budgeted plan: a local search from prev (which must hold every expert)
+ * changing at most max_moves slots of it. Each step unloads the heaviest
+ * GPU by the change that lowers the max GPU load most per slot of budget
+ * it uses (then the sum of squared GPU loads): one of its slots given to
+ * an expert that loads it less, one of its experts given a slot of an
+ * expert with replicas to spare elsewhere, or one of its slots swapped with
+ * a lighter one of another GPU. Every expert keeps a replica. Writes the
+ * result into out[R]. */
+void eplb_budget_layer(const eplb_dims *d, const double *load, const int *prev,
+                       int max_moves, eplb_ws *ws, int *out);

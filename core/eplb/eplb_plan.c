@@ -123,13 +123,19 @@ void eplb_layer_eval(const eplb_dims *d, const double *load,
   for (int s = 0; s < R; s++) bye[start[phy2log[s]]++] = s;
   for (int g = 0; g < d->G; g++) gpu_load[g] = 0;
   out->dups = 0;
+  const int *sg = ws->slot_gpu;
+  (void)k;
   int t = 0;
   for (int e = 0; e < E; e++) {
+    if (cnt[e] == 1) { /* most experts: one slot, no division */
+      gpu_load[sg[bye[t++]]] += load[e];
+      continue;
+    }
     double share = load[e] / cnt[e];
     for (int c = 0; c < cnt[e]; c++, t++) {
-      int g = bye[t] / k;
+      int g = sg[bye[t]];
       gpu_load[g] += share;
-      if (c > 0 && bye[t - 1] / k == g) out->dups++;
+      if (c > 0 && sg[bye[t - 1]] == g) out->dups++;
     }
   }
   out->max = out->node_max = out->total = 0;
@@ -261,7 +267,6 @@ static lp_status plan_finish(lp_eplb_plan *p, const eplb_dims *d,
   memset(&p->total, 0, sizeof p->total);
   p->total.copies = previous ? 0 : -1;
   p->has_previous = previous != NULL;
-  const int per_node = R / d->N;
   for (int l = 0; l < L; l++) {
     const int *map = p->phy2log + (size_t)l * R, *rank = p->phyrank + (size_t)l * R;
     const int *cnt = p->logcnt + (size_t)l * E, *home = p->home + (size_t)l * E;
@@ -287,7 +292,7 @@ static lp_status plan_finish(lp_eplb_plan *p, const eplb_dims *d,
     st->off_node_load = 0;
     for (int s = 0; s < R; s++) {
       int e = map[s];
-      if (home[e] >= 0 && s / per_node != home[e]) st->off_node_load += row[e] / cnt[e];
+      if (home[e] >= 0 && ws->slot_node[s] != home[e]) st->off_node_load += row[e] / cnt[e];
     }
     st->copies = previous ? eplb_copies(d, previous + (size_t)l * R, map, ws,
                                         p->gpu_copies + (size_t)l * G)
@@ -355,7 +360,7 @@ lp_status lp_eplb_rebalance(const double *load, int layers, int experts,
       eplb_relabel_layer(&d, prev, &ws, map, rank, home);
       if (opt->max_moves >= 0 && eplb_copies(&d, prev, map, &ws, NULL) > opt->max_moves) {
         int *tmp = ws.c_phy2log;
-        eplb_budget_layer(&d, row, prev, map, opt->max_moves, &ws, tmp);
+        eplb_budget_layer(&d, row, prev, opt->max_moves, &ws, tmp);
         memcpy(map, tmp, (size_t)replicas * sizeof *map);
         eplb_rank_slots(&d, map, home, ws.ia, rank);
       }

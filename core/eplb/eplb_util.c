@@ -216,6 +216,7 @@ lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d, int relabel) {
   ws->s_k1 = take(ws, nn, sizeof(uint64_t));
   ws->s_k2 = take(ws, nn, sizeof(uint64_t));
   I(idx); I(tmp); I(ia); I(ib); I(ic); I(id); I(ie); I(if_);
+  I(slot_gpu); I(slot_node);
   D(hkey); I(hid);
   F(fw); F(fa); F(fb);
   D(da); D(db); D(dc);
@@ -265,6 +266,10 @@ lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d, int relabel) {
   if (ws->nblk < 0) {
     eplb_ws_free(ws);
     return LP_ERR_NOMEM;
+  }
+  for (int s = 0, per_node = d->R / d->N; s < d->R; s++) {
+    ws->slot_gpu[s] = s / d->k;
+    ws->slot_node[s] = s / per_node;
   }
   return LP_OK;
 }

@@ -26,9 +26,11 @@ typedef struct lp_eplb_options {
                           possible, and copies are reported. */
   int max_moves;       /* < 0: no budget. Otherwise (needs previous, which
                           must then hold every expert): each layer changes at
-                          most max_moves slots of previous, greedily taking
-                          the changes towards the new plan that lower the
-                          max GPU load most. */
+                          most max_moves slots of previous. The new plan is
+                          taken when it is within the budget (after
+                          relabelling); otherwise a local search from
+                          previous spends the budget on the slot changes and
+                          swaps that lower the max GPU load most per copy. */
   int fixed_x;         /* width X of logical_to_physical; 0 = the largest
                           replica count of the plan */
 } lp_eplb_options;

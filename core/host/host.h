@@ -6,9 +6,8 @@
 /* Calls the function below nargs arguments through the pcall choke point
  * with Ctrl-C turned into a Lua error. */
 int host_docall(lua_State *L, int nargs, int nres);
-/* Installs the SIGINT handler (the process keeps it for its whole life);
- * restart = 0 lets a Ctrl-C interrupt a blocking read (the REPL prompt). */
-void host_sigint_install(int restart);
+/* Installs the SIGINT handler (the process keeps it for its whole life). */
+void host_sigint_install(void);
 /* Returns 1 and clears it when a Ctrl-C is pending outside a call. */
 int host_interrupt_take(void);
 /* Prints the error message on top of the stack (if status is not OK) to

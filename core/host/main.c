@@ -3,6 +3,7 @@
  * interactive REPL. Everything runs inside one protected pmain; every chunk
  * goes through docall (traceback handler, SIGINT hook). */
 #define _POSIX_C_SOURCE 200809L
+#include <fcntl.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
@@ -50,12 +51,12 @@ static void on_sigint(int sig) {
   if (L) lua_sethook(L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
 
-void host_sigint_install(int restart) {
+void host_sigint_install(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = restart ? SA_RESTART : 0;
+  sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, NULL);
 }
 
@@ -84,6 +85,43 @@ int host_docall(lua_State *L, int nargs, int nres) {
   return status;
 }
 
+/* ---- colour: does output on fd end at a terminal? ----
+ * Under mpirun a rank's stdout is a pseudo-terminal that mpirun copies to
+ * its own stdout, so isatty() in the rank says yes even for `mpirun ... >
+ * log`. There the answer is mpirun's own fd (the rank's parent). */
+
+static int launched_by_mpirun(void) {
+  return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+}
+
+static int output_is_terminal(int fd) {
+  if (!isatty(fd)) return 0;
+  if (!launched_by_mpirun()) return 1;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%ld/fd/%d", (long)getppid(), fd);
+  int f = open(path, O_RDONLY | O_NOCTTY | O_NONBLOCK);
+  if (f < 0) return 0; /* cannot tell: no colour */
+  int tty = isatty(f);
+  close(f);
+  return tty;
+}
+
+/* core.output_is_terminal(fd) -> boolean; luapipe.show.use_color asks it. */
+static int l_output_is_terminal(lua_State *L) {
+  lua_pushboolean(L, output_is_terminal((int)luaL_checkinteger(L, 1)));
+  return 1;
+}
+
+/* Preloaded as luapipe.core: the bindings plus what only the program
+ * knows (how it was launched). */
+static int open_core(lua_State *L) {
+  lua_pushcfunction(L, luaopen_luapipe_core);
+  lua_call(L, 0, 1);
+  lua_pushcfunction(L, l_output_is_terminal);
+  lua_setfield(L, -2, "output_is_terminal");
+  return 1;
+}
+
 /* ---- start-up ---- */
 
 static int dir_exists(const char *p) {
@@ -91,21 +129,41 @@ static int dir_exists(const char *p) {
   return p && *p && stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* package.path = <lua dirs>/?.lua;<lua dirs>/?/init.lua;<default> */
+/* Where an installed copy keeps its modules: <bin>/../share/luapipe/lua,
+ * found from the running binary (so `cmake --install --prefix P` works for
+ * any P, and the tree can be moved). Empty when not found. */
+static void exe_lua_dir(char *out, size_t n) {
+  char exe[4096];
+  out[0] = '\0';
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0) return;
+  exe[len] = '\0';
+  char *slash = strrchr(exe, '/');
+  if (!slash) return;
+  *slash = '\0'; /* the bin directory */
+  snprintf(out, n, "%s/../share/luapipe/lua", exe);
+}
+
+/* package.path = <lua dir>/?.lua;<lua dir>/?/init.lua;<default>, where the
+ * lua dir is the first that exists of: the binary's own install tree, the
+ * source tree it was built from, the configured install prefix; with
+ * LUAPIPE_LUA_PATH in front of it. */
 static void set_lua_path(lua_State *L) {
-  const char *dirs[3] = {getenv("LUAPIPE_LUA_PATH"), LUAPIPE_SOURCE_LUA_DIR,
+  char here[4200];
+  exe_lua_dir(here, sizeof here);
+  const char *dirs[4] = {getenv("LUAPIPE_LUA_PATH"), here, LUAPIPE_SOURCE_LUA_DIR,
                          LUAPIPE_INSTALL_LUA_DIR};
   luaL_Buffer b;
   lua_getglobal(L, "package");
   luaL_buffinit(L, &b);
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     if (!dir_exists(dirs[i])) continue;
     luaL_addstring(&b, dirs[i]);
     luaL_addstring(&b, "/?.lua;");
     luaL_addstring(&b, dirs[i]);
     luaL_addstring(&b, "/?/init.lua;");
     if (i == 0) continue; /* the env dir is added in front of the others */
-    break;                /* source tree wins over the install dir */
+    break;                /* the first of the others wins */
   }
   lua_getfield(L, -2, "path");
   luaL_addvalue(&b);
@@ -120,7 +178,7 @@ static int open_luapipe(lua_State *L) {
   luaL_openlibs(L);
   set_lua_path(L);
   luaL_getsubtable(L, LUA_REGISTRYINDEX, LUA_PRELOAD_TABLE);
-  lua_pushcfunction(L, luaopen_luapipe_core);
+  lua_pushcfunction(L, open_core);
   lua_setfield(L, -2, "luapipe.core");
   lua_pop(L, 1);
   lua_getglobal(L, "require");
@@ -196,18 +254,26 @@ static int run_command(lua_State *L, char **argv, int argc, int *exit_code) {
   return LUA_OK;
 }
 
-/* Is argv[1] a subcommand? Asks luapipe.cli.is_command(name). */
+/* Is argv[1] a subcommand? Asks luapipe.cli.is_command(name): 1 or 0, or
+ * -1 after reporting an error (such as an early Ctrl-C). */
 static int is_command(lua_State *L, const char *name) {
   if (strchr(name, '.') || strchr(name, '/')) return 0;
   lua_getglobal(L, "require");
   lua_pushstring(L, "luapipe.cli");
-  if (host_docall(L, 1, 1) != LUA_OK) {
-    lua_pop(L, 1);
-    return 0;
+  int st = host_docall(L, 1, 1);
+  if (st != LUA_OK) {
+    host_report(L, st);
+    return -1;
   }
   lua_getfield(L, -1, "is_command");
   lua_pushstring(L, name);
-  int yes = host_docall(L, 1, 1) == LUA_OK && lua_toboolean(L, -1);
+  st = host_docall(L, 1, 1);
+  if (st != LUA_OK) {
+    host_report(L, st);
+    lua_pop(L, 1);
+    return -1;
+  }
+  int yes = lua_toboolean(L, -1);
   lua_pop(L, 2);
   return yes;
 }
@@ -220,12 +286,28 @@ static void print_usage(FILE *f) {
           "  -e CODE   run CODE\n"
           "  -i        enter the interactive REPL after running the script\n"
           "  -v        print the version\n"
+          "  --color=WHEN  ANSI colour: auto (on a terminal, unless NO_COLOR), always, never\n"
           "  -h, --help  show this help\n"
           "  --        stop handling options\n"
-          "  -         run standard input as a script\n"
+          "  -         run standard input as a script (also without arguments when\n"
+          "            standard input is not a terminal)\n"
           "Commands: schedule, simulate, bubbles, eplb, help (run `%s help`).\n"
           "With no arguments, starts the REPL (the library is the global `luapipe`).\n",
           progname, progname, progname, progname);
+}
+
+/* --color=auto|always|never sets LUAPIPE_COLOR, which luapipe.show.use_color
+ * reads (so ranks started by this process inherit it too). Returns 0 after
+ * reporting a bad value. */
+static int set_color(const char *opt) {
+  const char *when = strncmp(opt, "--color=", 8) == 0 ? opt + 8 : NULL;
+  if (!when || (strcmp(when, "auto") && strcmp(when, "always") && strcmp(when, "never"))) {
+    fprintf(stderr, "%s: '%s': use --color=auto, --color=always or --color=never\n", progname,
+            opt);
+    return 0;
+  }
+  setenv("LUAPIPE_COLOR", when, 1);
+  return 1;
 }
 
 typedef struct host_args {
@@ -244,10 +326,22 @@ static int pmain(lua_State *L) {
     host_report(L, LUA_ERRRUN);
     return 0;
   }
+  /* --color=WHEN first: for scripts and commands alike */
+  if (argc >= 2 && strncmp(argv[1], "--color", 7) == 0) {
+    if (!set_color(argv[1])) {
+      ha->exit_code = 2;
+      return 0;
+    }
+    argv[1] = argv[0];
+    argv++;
+    argc--;
+  }
   /* subcommand? A word that is neither a command nor a file is a usage
    * error (the message lists the commands). */
+  int command = argc >= 2 && argv[1][0] != '-' ? is_command(L, argv[1]) : 0;
+  if (command < 0) return 0;
   if (argc >= 2 && argv[1][0] != '-' &&
-      (is_command(L, argv[1]) || (!strchr(argv[1], '/') && access(argv[1], F_OK) != 0))) {
+      (command || (!strchr(argv[1], '/') && access(argv[1], F_OK) != 0))) {
     int code = 1;
     if (run_command(L, argv, argc, &code) == LUA_OK) ha->exit_code = code;
     return 0;
@@ -268,6 +362,11 @@ static int pmain(lua_State *L) {
       print_usage(stdout);
       ha->exit_code = 0;
       return 0;
+    } else if (strncmp(a, "--color", 7) == 0) {
+      if (!set_color(a)) {
+        ha->exit_code = 2;
+        return 0;
+      }
     } else if (strcmp(a, "-e") == 0) {
       if (++i >= argc) {
         fprintf(stderr, "%s: '-e' needs an argument\n", progname);
@@ -318,7 +417,7 @@ static int pmain(lua_State *L) {
 }
 
 int main(int argc, char **argv) {
-  host_sigint_install(1);
+  host_sigint_install();
   /* MPI first when under mpirun (atexit also finalizes, for os.exit) */
   if (lp_comm_mpi_init(&argc, &argv) != LP_OK) return 1;
   lua_State *L = luaL_newstate();

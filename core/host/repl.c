@@ -1,11 +1,14 @@
 /* repl.c — the interactive REPL: readline editing and history, expressions
  * printed (`1+1` prints 2, `=x` too), statements continued while the parser
  * reports an unfinished chunk, errors printed with a traceback. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* ppoll */
+#include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>
+#include <poll.h>
 #include <readline/history.h>
 #include <readline/readline.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,30 +68,40 @@ static int try_expression(lua_State *L, const char *line) {
 }
 
 /* ---- Ctrl-C at the prompt ----
- * readline's own signal handling is off; while it waits for a key the
- * SIGINT handler runs without SA_RESTART, so the read returns EINTR and
- * readline calls on_signal_event: a pending Ctrl-C clears the line (and an
- * unfinished statement) and shows a fresh prompt, as in a shell. */
+ * readline's own signal handling is off, and it reads keys through
+ * wait_key: a Ctrl-C that came while waiting (or just before: SIGINT is
+ * blocked from the check until ppoll waits) clears the line, and an
+ * unfinished statement, and shows a fresh prompt, as in a shell. */
 
 static int dropped; /* Ctrl-C dropped the statement being typed */
 
-static int on_signal_event(void) {
-  if (host_interrupt_take()) {
-    dropped = 1;
-    rl_replace_line("", 0);
-    rl_set_prompt(PROMPT);
-    rl_crlf();
-    rl_on_new_line();
-    rl_redisplay();
+static int wait_key(FILE *in) {
+  sigset_t sigint, outside;
+  sigemptyset(&sigint);
+  sigaddset(&sigint, SIGINT);
+  for (;;) {
+    sigprocmask(SIG_BLOCK, &sigint, &outside);
+    if (host_interrupt_take()) {
+      sigprocmask(SIG_SETMASK, &outside, NULL);
+      dropped = 1;
+      rl_replace_line("", 0);
+      rl_set_prompt(PROMPT);
+      rl_crlf();
+      rl_on_new_line();
+      rl_redisplay();
+      continue;
+    }
+    struct pollfd p = {fileno(in), POLLIN, 0};
+    int r = ppoll(&p, 1, NULL, &outside); /* SIGINT deliverable only while waiting */
+    sigprocmask(SIG_SETMASK, &outside, NULL);
+    if (r < 0 && errno == EINTR) continue;
+    return rl_getc(in);
   }
-  return 0;
 }
 
 static char *read_line(const char *prompt) {
   host_interrupt_take(); /* a Ctrl-C between chunks is spent */
-  host_sigint_install(0);
   char *line = readline(prompt);
-  host_sigint_install(1);
   if (host_interrupt_take()) dropped = 1;
   return line;
 }
@@ -158,7 +171,7 @@ void host_repl(lua_State *L) {
          LP_VERSION, LUA_RELEASE);
   history_open();
   rl_catch_signals = 0;
-  rl_signal_event_hook = on_signal_event;
+  rl_getc_function = wait_key;
   for (;;) {
     int base = lua_gettop(L);
     int st = read_chunk(L);

@@ -31,20 +31,46 @@ static int lb_tensor_close(lua_State *L) {
   return 0;
 }
 
-/* Reads a shape table at idx into shape; returns ndim. */
-static int check_shape(lua_State *L, int idx, int64_t *shape) {
-  luaL_checktype(L, idx, LUA_TTABLE);
-  int n = (int)luaL_len(L, idx);
-  luaL_argcheck(L, n >= 1 && n <= LP_TENSOR_MAXDIM, idx, "shape must have 1 to 4 dims");
-  for (int i = 0; i < n; i++) {
+/* The one shape rule (core.tensor and, through core.check_shape, the Lua
+ * model code): reads the shape table at idx into shape and *nd; returns
+ * NULL, or what is wrong with it. */
+static const char *read_shape(lua_State *L, int idx, int64_t *shape, int *nd) {
+  if (!lua_istable(L, idx)) return "shape must be a list of 1 to 4 non-negative integers";
+  lua_Integer n = luaL_len(L, idx);
+  if (n < 1 || n > LP_TENSOR_MAXDIM) return "shape must have 1 to 4 dims";
+  for (int i = 0; i < (int)n; i++) {
     lua_geti(L, idx, i + 1);
     int ok;
     lua_Integer d = lua_tointegerx(L, -1, &ok);
-    if (!ok || d < 0) luaL_argerror(L, idx, "shape entries must be non-negative integers");
-    shape[i] = d;
     lua_pop(L, 1);
+    if (!ok || d < 0) return "shape entries must be non-negative integers";
+    shape[i] = d;
   }
-  return n;
+  *nd = (int)n;
+  return NULL;
+}
+
+/* Reads a shape argument at idx into shape (raising naming the argument);
+ * returns ndim. */
+static int check_shape(lua_State *L, int idx, int64_t *shape) {
+  int nd = 0;
+  const char *why = read_shape(L, idx, shape, &nd);
+  if (why) luaL_argerror(L, idx, why);
+  return nd;
+}
+
+/* core.check_shape(shape) -> true | nil, reason (the rule of read_shape,
+ * for the Lua layer to raise in its caller's words) */
+static int lb_check_shape_fn(lua_State *L) {
+  int64_t shape[LP_TENSOR_MAXDIM];
+  int nd;
+  const char *why = read_shape(L, 1, shape, &nd);
+  if (!why) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (lua_istable(L, 1)) return lb_fail(L, why);
+  return lb_fail(L, lua_pushfstring(L, "%s, got %s", why, luaL_typename(L, 1)));
 }
 
 /* core.tensor(shape [, values]) -> Tensor (values: flat list, row-major;
@@ -490,9 +516,14 @@ static int lb_optim_close(lua_State *L) {
   return 0;
 }
 
+/* Field k of the optimizer options at idx, deflt when nil; a non-number
+ * raises naming the option (never "bad argument #-1"). */
 static float opt_num(lua_State *L, int idx, const char *k, float deflt) {
   lua_getfield(L, idx, k);
-  float v = lua_isnil(L, -1) ? deflt : (float)luaL_checknumber(L, -1);
+  int isnum = 1;
+  float v = lua_isnil(L, -1) ? deflt : (float)lua_tonumberx(L, -1, &isnum);
+  if (!isnum)
+    luaL_error(L, "optimizer: option '%s' must be a number, got %s", k, luaL_typename(L, -1));
   lua_pop(L, 1);
   return v;
 }
@@ -736,6 +767,7 @@ void lb_open_nn(lua_State *L) {
   static const luaL_Reg optim_meta[] = {{"__gc", lb_optim_close}, {"__close", lb_optim_close},
                                         {NULL, NULL}};
   static const luaL_Reg funcs[] = {{"tensor", lb_tensor_new},
+                                   {"check_shape", lb_check_shape_fn},
                                    {"nn_layer", lb_nn_layer},
                                    {"nn_chunk", lb_nn_chunk},
                                    {"nn_optim", lb_nn_optim},

@@ -202,6 +202,39 @@ static int lb_schedule_push_op(lua_State *L) {
   return 1;
 }
 
+/* s:push_ops(rank, ops[, n]) -> s: appends the actions of the flat integer
+ * list ops[1..n] (default #ops): (type, v, mb) triples, six entries
+ * (FB, v, mb, btype, bv, bmb) for a pair; types are core.action_codes.
+ * One call per rank's list: what luapipe.schedules.program flushes. */
+static int lb_schedule_push_ops(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int rank = lb_check_int(L, 2);
+  check_rank(L, s, 2, rank);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  lua_Integer n = luaL_opt(L, luaL_checkinteger, 4, luaL_len(L, 3));
+  lua_Integer i = 1;
+  while (i <= n) {
+    int f[6] = {-1, -1, -1, -1, -1, -1};
+    int need = 3;
+    for (int k = 0; k < need; k++) {
+      if (i + k > n) return luaL_error(L, "push_ops: entry %I: the list ends inside an action", i);
+      lua_rawgeti(L, 3, i + k);
+      int ok;
+      lua_Integer x = lua_tointegerx(L, -1, &ok);
+      lua_pop(L, 1);
+      if (!ok || x < INT_MIN || x > INT_MAX)
+        return luaL_error(L, "push_ops: entry %I is not an integer", i + k);
+      f[k] = (int)x;
+      if (k == 0 && f[0] == LP_ACT_FB) need = 6;
+    }
+    lp_action a = {f[0], f[1], f[2], f[3], f[4], f[5]};
+    check(L, s, lp_schedule_push(s, rank, &a));
+    i += need;
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
 static int lb_schedule_clear_rank(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   int rank = lb_check_int(L, 2);
@@ -382,6 +415,7 @@ void lb_open_schedule(lua_State *L) {
       {"set_route", lb_schedule_set_route}, {"route", lb_schedule_route},
       {"microbatches_of", lb_schedule_microbatches_of},
       {"push", lb_schedule_push}, {"push_op", lb_schedule_push_op},
+      {"push_ops", lb_schedule_push_ops},
       {"clear_rank", lb_schedule_clear_rank},
       {"actions", lb_schedule_actions}, {"action", lb_schedule_action},
       {"count", lb_schedule_count}, {"validate", lb_schedule_validate},
@@ -398,5 +432,11 @@ void lb_open_schedule(lua_State *L) {
       {"schedule_limits", lb_schedule_limits},
       {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
+  lua_createtable(L, 0, LP_ACT__COUNT); /* core.action_codes = {F = 0, ...} */
+  for (int t = 0; t < LP_ACT__COUNT; t++) {
+    lua_pushinteger(L, t);
+    lua_setfield(L, -2, t == LP_ACT_FB ? "FB" : lp_action_type_name(t));
+  }
+  lua_setfield(L, -2, "action_codes");
   lb_new_class(L, LB_SCHEDULE, "Schedule", methods, meta);
 }

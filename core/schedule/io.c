@@ -346,6 +346,11 @@ static lp_status infer_routes(csv_in *in, infer *f) {
 
 static lp_status build_schedule(csv_in *in, infer *f, lp_schedule **out) {
   lp_schedule *s;
+  char why[LP_ERRLEN];
+  if (lp_schedule_check_counts(in->ranks, f->S, f->M, why) != LP_OK) {
+    lp_errf(in->err, "%s: %s (rows are ranks)", in->origin, why);
+    return LP_ERR_PARSE;
+  }
   LP_CHECK(lp_schedule_new(in->ranks, f->S, f->M, &s));
   lp_status st;
   int *route = lp_malloc((size_t)f->S * sizeof *route);

@@ -1,6 +1,6 @@
 /* memory.c — lp_schedule_memory_of: activation accounting along one rank's
  * action list (F holds an activation until its B or I; an I's activation is
- * held for its W). Communication and REDUCE_GRAD do not count. */
+ * held for its W). Communication and the stage actions do not count. */
 #include "schedule_internal.h"
 
 #include <string.h>

@@ -79,7 +79,8 @@ typedef struct lp_sim_result lp_sim_result;
  * the validator's text, LP_ERR_ARG for a bad cost model, LP_ERR_NOMEM, or
  * LP_ERR_INTERNAL when a rank waits for an input that never comes (which
  * validation should have caught). SEND/RECV actions take no rank time:
- * messages are derived from the routes. REDUCE_GRAD takes no time either.
+ * messages are derived from the routes. REDUCE_GRAD, WAIT_REDUCE_GRAD,
+ * UNSHARD and RESHARD take no time either (stages are not sharded).
  * cost may be NULL (the default model). Deterministic. */
 lp_status lp_sim_run(lp_schedule *s, const lp_sim_cost *cost,
                      lp_sim_result **out, char *err);

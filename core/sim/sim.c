@@ -376,7 +376,7 @@ static lp_status build_nodes(run *R) {
         break;
       }
       default:
-        n->dur = 0; /* SEND/RECV/REDUCE_GRAD: no rank time */
+        n->dur = 0; /* SEND/RECV and the stage actions: no rank time */
         break;
       }
     }

@@ -36,7 +36,7 @@ setmetatable(M, {
 -- Returns nothing, so the REPL echoes nothing.
 function M.help(topic)
   local cli = require("luapipe.cli")
-  local text, err = cli.help_text(topic)
+  local text, err = cli.help_text(topic, true)
   io.write(text or (err .. "\n"))
 end
 

@@ -7,8 +7,9 @@
 --   json.encode(v, { indent = true, keyorder = { "a", "b" } })
 --
 -- decode: strict JSON (no NaN, Infinity or hex numbers); integral numbers
--- within +-2^53 come back as Lua integers, others as floats; null is
--- json.null. The error message names the line ("... at line 3").
+-- within +-2^53 come back as Lua integers, others as floats; null leaves
+-- the key out, as an absent field (json.null with `floats`, which skips
+-- that pass). The error message names the line ("... at line 3").
 -- encode: objects keep the keys of `keyorder` (or a metatable's
 -- __jsonorder) first, the others sorted; arrays (tables with 1..n and no
 -- other keys, or empty tables marked with json.array) stay on one line;
@@ -44,7 +45,9 @@ local LIMIT = 2 ^ 53
 local function integers(t)
   for k, v in pairs(t) do
     local tv = type(v)
-    if tv == "number" then
+    if v == M.null then
+      t[k] = nil -- clearing a field while traversing is allowed
+    elseif tv == "number" then
       if mtype(v) == "float" and v > -LIMIT and v < LIMIT then
         local i = tointeger(v)
         if i then t[k] = i end
@@ -69,6 +72,7 @@ function M.decode(text, floats)
     return nil, pos, string.format("%s at line %d", msg, M.line_of(text, pos))
   end
   if floats then return v end
+  if v == M.null then return nil, 1, "the text is just null, not a value" end
   if type(v) == "table" then
     integers(v)
   elseif mtype(v) == "float" and v > -LIMIT and v < LIMIT then

@@ -146,6 +146,8 @@ function Model:nlayers() return #self.layers end
 -- model:shapes(input_shape) -> list: shapes[i] = output shape of layer i
 -- (shapes[0] = the input shape). Raises on a size mismatch.
 function Model:shapes(input_shape)
+  local ok, why = core.check_shape(input_shape) -- the core's one shape rule
+  if not ok then error("model:shapes: " .. why, 2) end
   local shapes = { [0] = input_shape }
   local s = input_shape
   for i, spec in ipairs(self.layers) do

@@ -28,6 +28,13 @@ local function check_int(t, k, min, ctx)
   return v
 end
 
+-- Calls method `name` of s; its error is raised at the caller of
+-- schedule.new (level 3), as "schedule.new: <message>" without a position.
+local function call(s, name, ...)
+  local ok, err = pcall(s[name], s, ...)
+  if not ok then error("schedule.new: " .. tostring(err):gsub("^[^:]*:%d+: ", ""), 3) end
+end
+
 -- schedule.new{ranks=, stages=, microbatches=, name=, placement=, routes=, actions=}
 --   placement: list of {stage=, rank=} giving virtual stages 0, 1, 2, ... in
 --              order; default: stage i on rank i (needs stages == ranks).
@@ -40,21 +47,27 @@ function M.new(opts)
   local ranks = check_int(opts, "ranks", 1, "schedule.new")
   local stages = check_int(opts, "stages", 1, "schedule.new")
   local mbs = check_int(opts, "microbatches", 1, "schedule.new")
-  local s = core.schedule_new(ranks, stages, mbs)
-  if opts.name then s:set_name(opts.name) end
+  local ok, s = pcall(core.schedule_new, ranks, stages, mbs)
+  if not ok then error("schedule.new: " .. tostring(s), 2) end
+  if opts.name ~= nil then
+    if type(opts.name) ~= "string" then
+      error("schedule.new: 'name' must be a string, got " .. type(opts.name), 2)
+    end
+    call(s, "set_name", opts.name)
+  end
   local placement = opts.placement
   if placement == nil then
     if stages ~= ranks then
       error(string.format("schedule.new: %d stages on %d ranks needs an explicit placement",
         stages, ranks), 2)
     end
-    for i = 0, stages - 1 do s:add_vstage(i, i) end
+    for i = 0, stages - 1 do call(s, "add_vstage", i, i) end
   else
     for i, p in ipairs(placement) do
       if type(p) ~= "table" or math.type(p.stage) ~= "integer" or math.type(p.rank) ~= "integer" then
         error(string.format("schedule.new: placement[%d] must be {stage = <int>, rank = <int>}", i), 2)
       end
-      s:add_vstage(p.stage, p.rank)
+      call(s, "add_vstage", p.stage, p.rank)
     end
   end
   local nv = s:info().vstages
@@ -72,11 +85,24 @@ function M.new(opts)
       for v = 0, nv - 1 do r[#r + 1] = v end
     end
     if r == nil then error(string.format("schedule.new: no route for micro-batch %d", mb), 2) end
-    s:set_route(mb, r)
+    if type(r) ~= "table" then
+      error(string.format("schedule.new: the route of micro-batch %d must be a list of virtual "
+        .. "stage ids, got %s", mb, type(r)), 2)
+    end
+    call(s, "set_route", mb, r)
   end
-  if opts.actions then
+  if opts.actions ~= nil then
+    if type(opts.actions) ~= "table" then
+      error("schedule.new: 'actions' must be a table {[rank] = {\"0F0\", ...}}, got "
+        .. type(opts.actions), 2)
+    end
     for rank = 0, ranks - 1 do
-      if opts.actions[rank] then s:push(rank, opts.actions[rank]) end
+      local list = opts.actions[rank]
+      if list ~= nil and type(list) ~= "table" and type(list) ~= "string" then
+        error(string.format("schedule.new: actions[%d] must be a list of action strings, got %s",
+          rank, type(list)), 2)
+      end
+      if list then call(s, "push", rank, list) end
     end
   end
   return s

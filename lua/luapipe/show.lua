@@ -16,8 +16,8 @@
 -- is cut into bands, one under the other, at times where few actions are
 -- cut ("~" marks the part of a cut action that has no room for its label).
 -- On a colour terminal cells are also coloured by type, pairs split in the
--- F and B colours (NO_COLOR, TERM=dumb or a non-terminal stdout turn colour
--- off).
+-- F and B colours (show.use_color decides: the output must end at a terminal; NO_COLOR,
+-- TERM=dumb and --color=never turn colour off).
 local core = require("luapipe.core")
 
 local M = {}
@@ -39,14 +39,19 @@ local ansi = {
   idle = "\27[2m",            -- dim
 }
 
--- show.use_color([stream_fd]) -> boolean: colour is on when stdout is a
--- terminal, TERM is set and not "dumb", and NO_COLOR is unset or empty.
+-- show.use_color([fd]) -> boolean: the one colour decision of luapipe.
+-- LUAPIPE_COLOR (set by `luapipe --color=WHEN`) "always" or "never" decides;
+-- otherwise colour is on when NO_COLOR is unset or empty, TERM is set and
+-- not "dumb", and output on fd (default 1) ends at a terminal: under
+-- mpirun, mpirun's own output (core.output_is_terminal, from the program).
 function M.use_color(fd)
+  local when = os.getenv("LUAPIPE_COLOR")
+  if when == "always" then return true elseif when == "never" then return false end
   local nc = os.getenv("NO_COLOR")
   if nc and nc ~= "" then return false end
   local term = os.getenv("TERM")
   if not term or term == "" or term == "dumb" then return false end
-  return core.isatty(fd or 1)
+  return (core.output_is_terminal or core.isatty)(fd or 1)
 end
 
 -- ---- the Gantt chart ----

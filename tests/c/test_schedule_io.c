@@ -199,6 +199,23 @@ static void test_csv_tolerant(void **state) {
   lp_schedule_free(t);
 }
 
+static void test_count_limits(void **state) {
+  (void)state;
+  char err[LP_ERRLEN];
+  lp_schedule *s = (lp_schedule *)1;
+  assert_int_equal(lp_schedule_check_counts(4294967298LL, 2, 2, err), LP_ERR_ARG);
+  assert_string_equal(err, "ranks must be 1..4096, got 4294967298");
+  assert_int_equal(lp_schedule_check_counts(2, 0, 2, err), LP_ERR_ARG);
+  assert_string_equal(err, "stages must be 1..65536, got 0");
+  assert_int_equal(lp_schedule_check_counts(2, 2, 100000000, err), LP_ERR_ARG);
+  assert_string_equal(err, "microbatches must be 1..65536, got 100000000");
+  assert_int_equal(lp_schedule_check_counts(2, 2048, 65536, err), LP_ERR_ARG);
+  assert_string_equal(err, "stages x microbatches = 2048 x 65536 is over the limit of 67108864");
+  assert_int_equal(lp_schedule_check_counts(4096, 1024, 65536, err), LP_OK);
+  assert_int_equal(lp_schedule_new(4097, 2, 2, &s), LP_ERR_ARG);
+  assert_null(s);
+}
+
 static void test_csv_old_spelling(void **state) {
   (void)state;
   /* BW = full backward; B then W of the same stage and mb = I */
@@ -377,7 +394,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_action_text),      cmocka_unit_test(test_csv_export_exact),
       cmocka_unit_test(test_csv_roundtrip),    cmocka_unit_test(test_csv_tolerant),
-      cmocka_unit_test(test_csv_old_spelling), cmocka_unit_test(test_csv_inference),
+      cmocka_unit_test(test_csv_old_spelling),
+      cmocka_unit_test(test_count_limits), cmocka_unit_test(test_csv_inference),
       cmocka_unit_test(test_csv_errors),       cmocka_unit_test(test_json),
       cmocka_unit_test(test_io_out_of_memory),
   };

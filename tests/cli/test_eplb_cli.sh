@@ -27,7 +27,7 @@ assert(s(doc.logical_to_physical[1]) == "[12],[15,13],[11],[6],[7,5],[0,2],[1],[
 assert(s(doc.logical_count[1]) == "1,2,1,1,2,2,1,1,1,1,2,1")
 assert(math.abs(doc.stats.balancedness - 0.8163691432754) < 1e-9, doc.stats.balancedness)
 assert(doc.stats.gpu_max_over_mean > 1 and #doc.stats.per_layer == 2 and doc.stats.solve_ms >= 0)
-assert(doc.stats.copies == json.null) -- JSON null without --previous
+assert(doc.stats.copies == nil) -- JSON null without --previous
 LUA
 check_vector() { "$LP" "$tmp/check.lua" "$1"; }
 
@@ -37,6 +37,7 @@ expect_rc "text loads, reference" 0 "$LP" eplb --loads "$tmp/v.txt" "${ARGS[@]}"
 check_vector "$tmp/out" && ok "README vector from text" || bad "README vector from text"
 expect_in "json keys" "$tmp/out" '"physical_to_logical":['
 expect_in "json map row" "$tmp/out" '    [5,6,5,7,8,4,3,4,10,9,10,2,0,1,11,1],'
+expect_in "no copies without --previous: null" "$tmp/out" '"copies":null,'
 
 expect_rc "output file" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode reference -o "$tmp/plan.json"
 expect_in "output file named" "$tmp/out" "wrote json plan to $tmp/plan.json"
@@ -58,37 +59,32 @@ printf '%s\n%s\n' "0 1 2 3 4 5 6 7 8 9 10 11 0 1 2 3" "0,1,2,3,4,5,6,7,8,9,10,11
 expect_rc "previous text, budget" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --previous "$tmp/prev.txt" --max-moves 2 --format text
 grep -qE '^ +0 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[012] ' "$tmp/out" && ok "budget respected" || bad "budget respected"
 
-# read errors: file and line, exit 1
-printf '[[1,2,3,4],\n [1,2,3,4],\n [1,2,3]]\n' >"$tmp/ragged.json"
-expect_rc "ragged json" 1 "$LP" eplb --loads "$tmp/ragged.json" --replicas 4 --gpus 2
-expect_in "ragged json named" "$tmp/err" "$tmp/ragged.json:3: layer 2 has 3 entries, layer 0 has 4"
-printf '1 2 3 4\n# comment\n1 2 x 4\n' >"$tmp/bad.txt"
-expect_rc "bad number" 1 "$LP" eplb --loads "$tmp/bad.txt" --replicas 4 --gpus 2
-expect_in "bad number named" "$tmp/err" "$tmp/bad.txt:3: layer 1, entry 2 ('x') is not a number"
-printf '[[1,2,3,4],\n [1,2,\n   -3,4]]\n' >"$tmp/neg.json"
-expect_rc "negative load" 1 "$LP" eplb --loads "$tmp/neg.json" --replicas 4 --gpus 2
-expect_in "negative load named" "$tmp/err" "$tmp/neg.json:3: layer 1, entry 2 ('-3'): the load is negative"
-printf '[[1,2,3,4],\n [1,2,\n   3, 1e999]]\n' >"$tmp/inf.json"
-expect_rc "infinite load" 1 "$LP" eplb --loads "$tmp/inf.json" --replicas 4 --gpus 2
-expect_in "infinite load named as written" "$tmp/err" "$tmp/inf.json:3: layer 1, entry 3 ('1e999'): the load is not a finite number"
-printf '[[1,2,3,4],\n [1e300,2,3,4]]\n' >"$tmp/huge.json"
-expect_rc "load beyond float32" 1 "$LP" eplb --loads "$tmp/huge.json" --replicas 4 --gpus 2
-expect_in "load beyond float32 named" "$tmp/err" "$tmp/huge.json:2: layer 1, entry 0 ('1e300'): the load is larger than a float32 holds"
-printf '[[1,2,3,4],\n [1,2,NaN,4]]\n' >"$tmp/nan.json"
-expect_rc "NaN load" 1 "$LP" eplb --loads "$tmp/nan.json" --replicas 4 --gpus 2
-expect_in "NaN load named" "$tmp/err" "$tmp/nan.json:2: invalid JSON"
-printf '1 2 3 4\n1 2 3 inf\n' >"$tmp/inf.txt"
-expect_rc "infinite load, text" 1 "$LP" eplb --loads "$tmp/inf.txt" --replicas 4 --gpus 2
-expect_in "infinite load, text, named" "$tmp/err" "$tmp/inf.txt:2: layer 1, entry 3 ('inf') is not a number"
-printf '1 2 3 4\n1 2 3 1e400\n' >"$tmp/inf2.txt"
-expect_rc "overflowing load, text" 1 "$LP" eplb --loads "$tmp/inf2.txt" --replicas 4 --gpus 2
-expect_in "overflowing load, text, named" "$tmp/err" "$tmp/inf2.txt:2: layer 1, entry 3 ('1e400'): the load is not a finite number"
-printf '[[1,2,3,4],\n [1,"2",3,4]]\n' >"$tmp/str.json"
-expect_rc "string load" 1 "$LP" eplb --loads "$tmp/str.json" --replicas 4 --gpus 2
-expect_in "string load named" "$tmp/err" "$tmp/str.json:2: layer 1, entry 1 ('\"2\"') is not a number"
-printf '[[1,2,3,4],\n [1,2' >"$tmp/cut.json"
-expect_rc "truncated json" 1 "$LP" eplb --loads "$tmp/cut.json" --replicas 4 --gpus 2
-expect_in "truncated json named" "$tmp/err" "$tmp/cut.json:2: invalid JSON"
+# read errors: file, line and the entry as written, exit 1
+# read_error NAME FILE CONTENT MESSAGE: CONTENT (printf format) in $tmp/FILE
+read_error() {
+  printf "$3" >"$tmp/$2"
+  expect_rc "$1" 1 "$LP" eplb --loads "$tmp/$2" --replicas 4 --gpus 2
+  expect_in "$1 named" "$tmp/err" "$tmp/$2:$4"
+}
+read_error "ragged json" ragged.json '[[1,2,3,4],\n [1,2,3,4],\n [1,2,3]]\n' \
+  "3: layer 2 has 3 entries, layer 0 has 4"
+read_error "bad number" bad.txt '1 2 3 4\n# comment\n1 2 x 4\n' \
+  "3: layer 1, entry 2 ('x') is not a number"
+read_error "negative load" neg.json '[[1,2,3,4],\n [1,2,\n   -3,4]]\n' \
+  "3: layer 1, entry 2 ('-3'): the load is negative"
+read_error "infinite load" inf.json '[[1,2,3,4],\n [1,2,\n   3, 1e999]]\n' \
+  "3: layer 1, entry 3 ('1e999'): the load is not a finite number"
+read_error "load beyond float32" huge.json '[[1,2,3,4],\n [1e300,2,3,4]]\n' \
+  "2: layer 1, entry 0 ('1e300'): the load is larger than a float32 holds"
+read_error "NaN load" nan.json '[[1,2,3,4],\n [1,2,NaN,4]]\n' \
+  "2: invalid JSON"
+read_error "infinite load, text" inf.txt '1 2 3 4\n1 2 3 inf\n' \
+  "2: layer 1, entry 3 ('inf') is not a number"
+read_error "overflowing load, text" inf2.txt '1 2 3 4\n1 2 3 1e400\n' \
+  "2: layer 1, entry 3 ('1e400'): the load is not a finite number"
+read_error "string load" str.json '[[1,2,3,4],\n [1,"2",3,4]]\n' \
+  "2: layer 1, entry 1 ('\"2\"') is not a number"
+read_error "truncated json" cut.json '[[1,2,3,4],\n [1,2' "2: invalid JSON"
 expect_rc "missing file" 1 "$LP" eplb --loads "$tmp/nope.json" --replicas 4 --gpus 2
 expect_in "missing file named" "$tmp/err" "cannot read $tmp/nope.json: No such file or directory"
 [ "$(grep -o "nope.json" "$tmp/err" | wc -l)" -eq 1 ] && ok "missing file named once" || bad "missing file named once"

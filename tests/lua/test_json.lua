@@ -34,8 +34,11 @@ function TestJson:test_decode_errors_name_the_line()
 end
 
 function TestJson:test_null()
-  local v = assert(json.decode('{"a": null, "b": [null]}'))
-  lu.assertEquals(v.a, json.null)
+  local v = assert(json.decode('{"a": null, "c": 1}'))
+  lu.assertNil(v.a) -- an absent field
+  lu.assertEquals(v.c, 1)
+  lu.assertEquals(assert(json.decode('{"a": null}', true)).a, json.null)
+  lu.assertNil(json.decode("null"))
   lu.assertEquals(json.encode({ a = json.null }), '{"a":null}')
 end
 

@@ -130,7 +130,7 @@ function test_counts_bounded_before_building()
   lu.assertEquals(error_of(core.schedule_new, 4294967298, 2, 2),
     "ranks must be 1..4096, got 4294967298")
   lu.assertEquals(error_of(schedule.new, { ranks = 2, stages = 2, microbatches = 100000000 }),
-    "microbatches must be 1..65536, got 100000000")
+    "schedule.new: microbatches must be 1..65536, got 100000000")
   lu.assertEquals(error_of(schedule.build, "1f1b", { pp = 4, microbatches = 1000000000 }),
     "1f1b: microbatches must be at most 65536, got 1000000000")
   lu.assertEquals(error_of(schedule.build, "gpipe", { pp = 9223372036854775807, microbatches = 2 }),
@@ -141,10 +141,26 @@ function test_counts_bounded_before_building()
   lu.assertEquals(error_of(schedule.build, "interleaved1f1b",
       { pp = 4, microbatches = 8, chunks = 1000000000 }),
     "interleaved1f1b: pp x chunks must be at most 65536 model stages, got 4 x 1000000000")
+  local rows = {}
+  for r = 0, 4096 do rows[#rows + 1] = string.format("%dF0,%dB0", r, r) end
+  lu.assertEquals({ schedule.from_csv_text(table.concat(rows, "\n"), "wide.csv") },
+    { nil, "wide.csv: ranks must be 1..4096, got 4097 (rows are ranks)" })
   -- ids are never truncated to int
   local s = core.schedule_new(1, 1, 1)
   lu.assertStrContains(error_of(s.set_route, s, 4294967296, { 0 }), "4294967296 is out of range")
   lu.assertStrContains(error_of(s.push_op, s, 0, "F", 4294967296, 0), "4294967296 is out of range")
+end
+
+function test_push_ops()
+  local s = schedule.new { ranks = 1, stages = 1, microbatches = 2 }
+  local C = core.action_codes
+  s:push_ops(0, { C.F, 0, 0, C.F, 0, 1, C.FB, 0, 1, C.B, 0, 0 })
+  s:push_ops(0, { C.B, 0, 1, C.REDUCE_GRAD, 0, -1 })
+  lu.assertEquals(s:actions(0), { "0F0", "0F1", "(0F1;0B0)OVERLAP_F_B", "0B1", "0REDUCE_GRAD" })
+  lu.assertEquals(error_of(s.push_ops, s, 0, { C.W, 0 }),
+    "push_ops: entry 1: the list ends inside an action")
+  lu.assertEquals(error_of(s.push_ops, s, 0, { C.W, 0, 5 }),
+    "rank 0, action 5 (0W5): micro-batch 5 is out of range 0..1")
 end
 
 function test_long_routes()
@@ -152,63 +168,6 @@ function test_long_routes()
   local s = schedule.build("interleaved1f1b", { pp = 160, microbatches = 160, chunks = 2 })
   lu.assertEquals(#s:route(0), 320)
   lu.assertEquals({ s:validate() }, { true })
-end
-
-function test_tensor_sizes()
-  lu.assertEquals(error_of(core.tensor, { 2 ^ 32, 2 ^ 32 }),
-    "tensor of 18446744073709551616 elements is too large")
-  lu.assertEquals(error_of(core.tensor, { 2 ^ 62 }),
-    "tensor of 4611686018427387904 elements is too large")
-  lu.assertEquals(tostring(core.tensor({ 3, 4 })), "luapipe.Tensor [3, 4]")
-  lu.assertEquals(error_of(core.tensor, { 2, 2 }, { 1, 2, 3 }),
-    "tensor: 3 values given for a shape of 4 elements")
-end
-
-function test_set_params_names_the_argument()
-  local l = core.nn_layer(require("luapipe.nn").linear(2, 1), "l", 1)
-  lu.assertEquals(error_of(l.set_params, l, { [1] = { 1, 2 } }),
-    "set_params: keys must be parameter names, got a number key")
-  lu.assertEquals(error_of(l.set_params, l, { ["l.weight"] = 5 }),
-    "set_params: 'l.weight' must be a list of 2 numbers, got a number")
-  lu.assertEquals(error_of(l.set_params, l, { ["l.weight"] = { 1, "x" } }),
-    "set_params: 'l.weight' value 2 is not a number")
-end
-
-function test_cost_checked_in_one_place()
-  local sim = require("luapipe.sim")
-  lu.assertEquals(error_of(sim.parse_cost, "F=1e308"),
-    "cost item 'F=1e308': F = 1e+308 must be a number in 0..1e+15")
-  lu.assertEquals(error_of(sim.parse_cost, "B[3]=-1"),
-    "cost item 'B[3]=-1': B = -1 must be a number in 0..1e+15")
-  local s = schedule.build("1f1b", { pp = 2, microbatches = 2 })
-  lu.assertEquals(error_of(s.simulate, s, { F = 1e308 }),
-    "simulate: F = 1e+308 must be a number in 0..1e+15")
-  lu.assertEquals(error_of(s.simulate, s, { latency = -1 }),
-    "simulate: latency = -1 must be a number in 0..1e+15")
-  lu.assertEquals({ core.sim_check_time("W", 1e15) }, { true })
-  local ok, err = core.sim_check_time("W", 0 / 0)
-  lu.assertNil(ok)
-  lu.assertStrContains(err, "must be a number in 0..1e+15")
-end
-
-function test_binding_never_loads_lua_modules()
-  -- luapipe.core alone: C methods only; loading luapipe.schedule brings the
-  -- Lua layer's methods (it installs them on the C classes)
-  local code = [[
-    local c = require("luapipe.core")
-    local s = c.schedule_new(1, 1, 1)
-    s:add_vstage(0, 0); s:set_route(0, { 0 }); s:push(0, { "0F0", "0B0" })
-    local r = s:simulate()
-    local before = tostring(r.show) .. " " .. tostring(s.show) .. " "
-      .. tostring(package.loaded["luapipe.sim"])
-    require("luapipe.schedule")
-    io.write(before, " | ", type(r.show), " ", type(s.show), " ", type(r.summary))
-  ]]
-  local exe = arg[-1] or "luapipe"
-  local f = assert(io.popen(string.format("%q -e %q", exe, code)))
-  local out = f:read("a")
-  f:close()
-  lu.assertEquals(out, "nil nil nil | function function function")
 end
 
 function test_family_list_in_one_place()

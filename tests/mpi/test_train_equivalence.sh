@@ -125,6 +125,7 @@ dualpipev 8 mlp -1 all receives posted at step start
 dualpipe 8 mlp 1 lookahead 1
 zb1p 8 cost 4 partition by cost
 dualpipe 8 reduce 4 explicit REDUCE_GRAD actions
+dualpipe 8 wait 4 REDUCE_GRAD, WAIT_REDUCE_GRAD, UNSHARD, RESHARD
 dualpipe 8 hook 4 overlapped_fb hook
 LIST
 

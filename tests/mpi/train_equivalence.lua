@@ -8,6 +8,8 @@
 -- the job's failure count (0: all passed).
 -- mode "reduce": the schedule gets explicit REDUCE_GRAD actions, each right
 -- after the last compute action of its virtual stage (DualPipe).
+-- mode "wait": the same, plus PyTorch's stage actions: UNSHARD of each
+-- stage first, WAIT_REDUCE_GRAD and RESHARD of each at the end.
 -- mode "hook": an overlapped_fb hook runs each FB pair backward half first
 -- (DualPipe); it must be called and change nothing.
 -- mode "cost": the model split by measured layer cost instead of by count.
@@ -59,19 +61,28 @@ elseif mode == "stages" then
 end
 
 local sched = family
-if mode == "reduce" then
+if mode == "reduce" or mode == "wait" then
   sched = require("luapipe.schedule").build(family, { pp = P, microbatches = M })
   for rk = 0, P - 1 do
     local acts, lastpos = sched:actions(rk), {}
     for i, t in ipairs(acts) do
       for v in t:gmatch("(%d+)[FBIW]%d+") do lastpos[tonumber(v)] = i end
     end
-    local out = {}
+    local out, mine = {}, {}
+    for v in pairs(lastpos) do mine[#mine + 1] = v end
+    table.sort(mine)
+    if mode == "wait" then
+      for _, v in ipairs(mine) do out[#out + 1] = v .. "UNSHARD" end
+    end
     for i, t in ipairs(acts) do
       out[#out + 1] = t
       for v, p in pairs(lastpos) do
         if p == i then out[#out + 1] = v .. "REDUCE_GRAD" end
       end
+    end
+    if mode == "wait" then
+      for _, v in ipairs(mine) do out[#out + 1] = v .. "WAIT_REDUCE_GRAD" end
+      for _, v in ipairs(mine) do out[#out + 1] = v .. "RESHARD" end
     end
     sched:clear_rank(rk)
     sched:push(rk, out)

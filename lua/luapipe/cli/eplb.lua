@@ -7,8 +7,13 @@
 -- FILE is JSON (an array of layers, each an array of loads) or text (one
 -- layer per line, numbers separated by spaces or commas; blank lines and
 -- `#` comments are skipped). --previous takes the same formats with expert
--- ids, or the JSON this command wrote. Read errors name the file and line
--- and exit 1; bad options exit 2.
+-- ids, or the JSON this command wrote. Read errors name the file, line and
+-- entry as written and exit 1; bad options are one line and exit 2 (counts
+-- are integers from 1 to 2^20, --max-moves from 0).
+--
+-- The JSON output has one line per layer for each map; logical_to_physical
+-- lists each expert's slots without DeepSeek's -1 padding (logical_count
+-- gives their number), so output size and time follow the plan.
 local eplb = require("luapipe.eplb")
 
 local M = {}

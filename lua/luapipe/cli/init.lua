@@ -66,14 +66,26 @@ local function command_names()
 end
 
 local function help_topics()
-  local names = command_names()
+  local names, seen = command_names(), {}
   names[#names + 1] = "env"
-  for _, n in ipairs(require("luapipe.cli.help").names()) do names[#names + 1] = n end
+  for _, n in ipairs(names) do seen[n] = true end
+  for _, n in ipairs(require("luapipe.cli.help").names()) do
+    names[#names + 1] = seen[n] and ("luapipe." .. n) or n
+  end
   return names
 end
 
-function M.help_text(topic)
+-- Help text of topic: nil for the overview; a command (its options), "env",
+-- or a Lua API topic ("sim", or "luapipe.sim"). A name that is both a
+-- command and an API topic (schedule, eplb) gives the command, unless
+-- prefer_api (luapipe.help in the REPL). Returns text or nil, message.
+function M.help_text(topic, prefer_api)
   local api = require("luapipe.cli.help")
+  if type(topic) == "string" then
+    local bare = topic:match("^luapipe%.(.+)$")
+    if bare and api.by_name[bare] then return api.text(bare) end
+    if prefer_api and api.by_name[topic] then return api.text(topic) end
+  end
   if topic == nil or topic == "" then
     local lines = {
       "usage: luapipe [options] [script.lua [args]]",
@@ -87,6 +99,7 @@ function M.help_text(topic)
     lines[#lines + 1] = ""
     lines[#lines + 1] = "Lua API topics (luapipe.help(\"topic\") in the REPL, `luapipe help <topic>` here):"
     lines[#lines + 1] = api.list()
+      .. "  (schedule and eplb are commands too: `luapipe help luapipe.schedule` for the Lua API)\n"
     lines[#lines + 1] = "Run `luapipe help <command>` for a command's options,"
     lines[#lines + 1] = "`luapipe help env` for the LUAPIPE_* environment variables."
     lines[#lines + 1] = "With no arguments luapipe starts a REPL; `luapipe --help` lists its options."
@@ -98,11 +111,18 @@ function M.help_text(topic)
       lines[#lines + 1] = string.format("  %-18s %s (default: %s)", k.name, k.summary,
         k.default == "" and "unset" or k.default)
     end
+    lines[#lines + 1] = string.format("  %-18s %s", "LUAPIPE_COLOR",
+      "auto, always or never: ANSI colour (luapipe --color=WHEN sets it) (default: auto)")
     lines[#lines + 1] = string.format("  %-18s %s", "NO_COLOR",
-      "set and not empty: no ANSI colour (else colour only on a terminal; --color=always|never)")
+      "set and not empty: no colour under auto (colour only when output ends at a terminal)")
     return table.concat(lines, "\n") .. "\n"
   elseif type(topic) == "string" and by_name[topic] and topic ~= "help" then
-    return (make_parser(topic):get_help()) .. "\n"
+    local text = make_parser(topic):get_help() .. "\n"
+    if api.by_name[topic] then
+      text = text .. string.format("\nLua API: `luapipe help luapipe.%s` (luapipe.help(\"%s\") in the REPL)\n",
+        topic, topic)
+    end
+    return text
   elseif topic == "help" then
     return "usage: luapipe help [command | env | topic]\n"
   elseif type(topic) == "string" and api.by_name[topic] then

@@ -16,6 +16,7 @@ return function(opts)
     for _ = 1, warmup do p:F(r) end               -- warm-up
     for _ = 1, M - warmup do p:F(r); p:B(r) end   -- steady state: 1F1B
     for _ = 1, warmup do p:B(r) end               -- cool-down
+    p:finish()
   end
   return s
 end

@@ -34,7 +34,9 @@ return function(opts)
     -- stage on ranks 0..H-1, the up stage on ranks H..P-1); far: the other
     local near, far = r, 2 * P - 1 - r
     if r >= H then near, far = far, near end
-    steps(program.new(s, r), near, far, H, math.min(r, P - 1 - r), M // 2)
+    local p = program.new(s, r)
+    steps(p, near, far, H, math.min(r, P - 1 - r), M // 2)
+    p:finish()
   end
   return s
 end

@@ -23,7 +23,9 @@ return function(opts)
     microbatches = M, placement = placement }
 
   for r = 0, P - 1 do
-    steps(program.new(s, r), r, 2 * P - 1 - r, P, r, M)
+    local p = program.new(s, r)
+    steps(p, r, 2 * P - 1 - r, P, r, M)
+    p:finish()
   end
   return s
 end

@@ -13,6 +13,7 @@ return function(opts)
     local p = program.new(s, r)
     for _ = 1, M do p:F(r) end -- all forwards
     for _ = 1, M do p:B(r) end -- then all backwards
+    p:finish()
   end
   return s
 end

@@ -58,6 +58,7 @@ return function(opts)
       p:B(bwd(k))
     end
     for k = total - warmup, total - 1 do p:B(bwd(k)) end -- cool-down
+    p:finish()
   end
   return s
 end

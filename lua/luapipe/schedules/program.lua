@@ -10,14 +10,26 @@
 --   p:FB(vf, vb)  one overlapped pair: F on vf with a full B on vb
 --   p:left(v, kind) how many "F" or "B" (B or I) remain on v
 --   p:pending_w([v]) how many weight-grads are queued (of v, when given)
+--   p:finish()    appends the actions written so far to s (one C call)
 --
 -- Micro-batches go through each virtual stage in increasing order (FIFO),
 -- separately for forwards and for backwards; the micro-batches of v are the
--- ones whose route (s:route(mb)) contains v. Actions are pushed to s at once.
--- Every call costs O(1) (amortized): a builder is linear in its actions.
+-- ones whose route (s:route(mb)) contains v. Actions are buffered and go to
+-- s at p:finish(). Every call costs O(1) (amortized): a builder is linear
+-- in its actions.
+local core = require("luapipe.core")
+local CODE = core.action_codes
+
 local M = {}
 local Program = {}
 Program.__index = Program
+
+-- buffers one action: (type, v, mb)
+local function emit(p, code, v, mb)
+  local ops, n = p.ops, p.nops
+  ops[n + 1], ops[n + 2], ops[n + 3] = code, v, mb
+  p.nops = n + 3
+end
 
 -- program.new(s, rank) -> a writer for rank's list on schedule s (routes set).
 function M.new(s, rank)
@@ -30,7 +42,12 @@ function M.new(s, rank)
     return list
   end })
   return setmetatable({ s = s, rank = rank, mbs = mbs, nf = {}, nb = {}, wq = {}, nw = 0,
-    seq = 0 }, Program)
+    seq = 0, ops = {}, nops = 0 }, Program)
+end
+
+function Program:finish()
+  if self.nops > 0 then self.s:push_ops(self.rank, self.ops, self.nops) end
+  self.ops, self.nops = {}, 0
 end
 
 -- next micro-batch of kind "F" or "B" on v, advancing the counter
@@ -53,11 +70,11 @@ function Program:left(v, kind)
 end
 
 function Program:F(v)
-  self.s:push_op(self.rank, "F", v, take(self, v, "F"))
+  emit(self, CODE.F, v, take(self, v, "F"))
 end
 
 function Program:B(v)
-  self.s:push_op(self.rank, "B", v, take(self, v, "B"))
+  emit(self, CODE.B, v, take(self, v, "B"))
 end
 
 -- Pending weight-grads: one FIFO per virtual stage, {head, tail, [i] =
@@ -70,7 +87,7 @@ function Program:I(v)
   q.tail = q.tail + 1
   q[q.tail] = { self.seq, mb }
   self.nw = self.nw + 1
-  self.s:push_op(self.rank, "I", v, mb)
+  emit(self, CODE.I, v, mb)
 end
 
 function Program:W(v)
@@ -91,13 +108,16 @@ function Program:W(v)
   q[q.head] = nil
   q.head = q.head + 1
   self.nw = self.nw - 1
-  self.s:push_op(self.rank, "W", v, w[2])
+  emit(self, CODE.W, v, w[2])
 end
 
 function Program:FB(vf, vb)
   local fmb = take(self, vf, "F")
   local bmb = take(self, vb, "B")
-  self.s:push_op(self.rank, "FB", vf, fmb, "B", vb, bmb)
+  local ops, n = self.ops, self.nops
+  ops[n + 1], ops[n + 2], ops[n + 3] = CODE.FB, vf, fmb
+  ops[n + 4], ops[n + 5], ops[n + 6] = CODE.B, vb, bmb
+  self.nops = n + 6
 end
 
 -- number of queued weight-grads (of v, when given)

@@ -30,6 +30,7 @@ return function(opts)
       if i >= r then p:W() end
     end
     while p:pending_w() > 0 do p:W() end -- the deferred W's
+    p:finish()
   end
   return s
 end

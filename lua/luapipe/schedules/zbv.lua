@@ -51,6 +51,7 @@ return function(opts)
     for _ = 1, P - r do I(c0); W(c0) end                               -- 6
     while p:pending_w(c1) > 0 do p:W(c1) end                          -- 7
     while p:pending_w(c0) > 0 do p:W(c0) end
+    p:finish()
   end
   return s
 end

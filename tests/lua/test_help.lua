@@ -1,0 +1,137 @@
+-- test_help.lua — the Lua API help topics (luapipe.help / `luapipe help
+-- <topic>`): every call a topic's signatures write exists in the library,
+-- every module of the library has a topic, unknown topics answer in one
+-- line and never raise, and help prints nothing for the REPL to echo.
+local lu = require("luaunit")
+local core = require("luapipe.core")
+local help = require("luapipe.cli.help")
+local cli = require("luapipe.cli")
+local nn = require("luapipe.nn")
+local eplb = require("luapipe.eplb")
+
+-- What a signature's receiver names stand for.
+local model = nn.sequential { nn.linear(2, 2), loss = "mse" }
+local balancer = eplb.balancer { replicas = 4, gpus = 2, on_warning = function() end }
+local receivers = {
+  s = core.Schedule, res = core.SimResult, t = core.Tensor, layer = core.Layer,
+  model = model, b = balancer,
+}
+
+local function lookup(path, name)
+  local v
+  if receivers[path] then
+    v = receivers[path]
+  else
+    local mod, rest = path:match("^([%w_]+)%.?(.*)$")
+    local ok, m = pcall(require, "luapipe." .. mod)
+    if not ok then return nil end
+    v = m
+    for k in rest:gmatch("[^.]+") do v = type(v) == "table" and v[k] or nil end
+  end
+  if name == nil then return v end
+  return (type(v) == "table" or type(v) == "userdata") and v[name] or nil
+end
+
+-- The calls written in a signature: {"schedule.build", ...}, with "/ name("
+-- continuing the previous receiver.
+local function calls(sig)
+  local out, prefix = {}, nil
+  local pos = 1
+  while true do
+    local s, e, path, sep, name = sig:find("([%a_][%w_%.]*)([.:])([%w_]+)%s*[%({]", pos)
+    local cs, ce, cname = sig:find("/%s+([%a_][%w_]*)%s*%(", pos)
+    if cs and (not s or cs < s) and prefix and cname ~= "print" then
+      out[#out + 1] = { prefix[1], prefix[2], cname }
+      pos = ce + 1
+    elseif s then
+      out[#out + 1] = { path, sep, name }
+      prefix = { path, sep }
+      pos = e + 1
+    else
+      break
+    end
+  end
+  local bare = sig:match("^([%a_][%w_]*)%s*{")
+  if bare then out[#out + 1] = { bare } end
+  return out
+end
+
+TestHelp = {}
+
+function TestHelp.test_every_written_call_exists()
+  local checked = 0
+  for _, t in ipairs(help.topics) do
+    for _, e in ipairs(t) do
+      for _, c in ipairs(calls(e[1])) do
+        local v = lookup(c[1], c[3])
+        local what = c[3] and (c[1] .. c[2] .. c[3]) or c[1]
+        local callable = type(v) == "function" or (getmetatable(v) or {}).__call ~= nil
+        lu.assertTrue(callable, string.format("help topic '%s' names %s, which does not exist",
+          t.name, what))
+        checked = checked + 1
+      end
+    end
+  end
+  lu.assertTrue(checked >= 60, "only " .. checked .. " calls found in the help signatures")
+end
+
+function TestHelp.test_every_module_has_a_topic()
+  for _, mod in ipairs { "schedule", "schedules", "sim", "show", "eplb", "nn", "train", "comm",
+    "checkpoint", "perf" } do
+    lu.assertNotNil(help.by_name[mod], "no help topic for luapipe." .. mod)
+    lu.assertStrContains(help.text(mod), "luapipe." .. mod .. ":")
+  end
+end
+
+function TestHelp.test_topic_text()
+  local text = cli.help_text("train", true)
+  lu.assertStrContains(text, "train{model=, schedule=, microbatches=, data=, steps=")
+  lu.assertStrContains(text, "mpirun")
+  lu.assertStrContains(cli.help_text("sim", true), "sim.parse_cost(")
+  -- the command wins from the command line, the API topic in the REPL
+  lu.assertStrContains(cli.help_text("schedule"), "Usage: luapipe schedule")
+  lu.assertStrContains(cli.help_text("schedule"), "luapipe help luapipe.schedule")
+  lu.assertStrContains(cli.help_text("schedule", true), "schedule.build(")
+  lu.assertStrContains(cli.help_text("luapipe.schedule"), "schedule.build(")
+  lu.assertStrContains(cli.help_text(), "checkpoint ")
+end
+
+function TestHelp.test_unknown_topics()
+  local text, err = cli.help_text("schedulez", true)
+  lu.assertNil(text)
+  lu.assertStrContains(err, "unknown help topic 'schedulez' (did you mean 'schedule")
+  lu.assertStrContains(err, "topics: schedule, simulate")
+  lu.assertNil(err:find("\n"))
+  text, err = cli.help_text(42, true)
+  lu.assertNil(text)
+  lu.assertStrContains(err, "unknown help topic '42'")
+end
+
+-- luapipe.help writes the text (through io.write) and returns nothing,
+-- whatever the topic.
+function TestHelp.test_luapipe_help_prints()
+  local written, real = {}, io.write
+  io.write = function(...)
+    for _, v in ipairs { ... } do written[#written + 1] = tostring(v) end
+  end
+  local ok, counts = pcall(function()
+    return { select("#", luapipe.help("schedules")), select("#", luapipe.help("no such thing")),
+      select("#", luapipe.help()) }
+  end)
+  io.write = real
+  lu.assertTrue(ok, tostring(counts))
+  lu.assertEquals(counts, { 0, 0, 0 })
+  local printed = table.concat(written)
+  lu.assertStrContains(printed, "schedules.list()")
+  lu.assertStrContains(printed, "unknown help topic 'no such thing'")
+  lu.assertStrContains(printed, "Lua API topics")
+end
+
+function TestHelp.test_suggest()
+  lu.assertEquals(cli.suggest("simulte", { "schedule", "simulate" }), "simulate")
+  lu.assertEquals(cli.suggest("DualPip", { "dualpipe", "dualpipev" }), "dualpipe")
+  lu.assertNil(cli.suggest("frobnicate", { "schedule", "simulate", "bubbles" }))
+  lu.assertNil(cli.suggest("x", { "zbv" }))
+end
+
+os.exit(lu.LuaUnit.run())
