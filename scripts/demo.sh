@@ -5,7 +5,8 @@
 # Chrome/Perfetto trace written to out/; then it trains the char-LM example
 # with DualPipe on 4 ranks (mpirun): the schedule, the progress lines with
 # the falling loss, the measured-vs-simulated summary, and the measured
-# trace and SVG (out/char_lm_trace.json, out/char_lm.svg). The training
+# trace and SVG (out/char_lm_trace.json, out/char_lm.svg); then a short
+# MoE run (DualPipe at pp=2 x ep=2 with EPLB, out/moe_trace.json). The training
 # takes about a minute on a 2-core machine (150 steps: 59 s measured with
 # other jobs keeping the load average at 10) and prints the time it took.
 #
@@ -61,3 +62,14 @@ train "a character-level transformer LM with DualPipe on 4 ranks (150 steps)" 4 
   --log-every 25 --show --trace "$out/char_lm_trace.json" --trace-steps 20 --svg "$out/char_lm.svg"
 echo "The measured timeline of training: $out/char_lm_trace.json (the last 20 steps,"
 echo "every rank; open it in https://ui.perfetto.dev) and $out/char_lm.svg (the last step)."
+
+echo
+echo "The MoE run below: a char-level mixture-of-experts LM, DualPipe at pp=2 x ep=2"
+echo "(4 ranks): experts spread over 2 EP ranks per pipeline rank, tokens exchanged by"
+echo "all-to-all-v over an emulated link; every 5 steps EPLB re-plans with 1 redundant"
+echo "slot per EP rank and moves expert weights between ranks. The summary ends with the"
+echo "share of all-to-all time hidden under compute and the expert load before -> after."
+train "a mixture-of-experts LM, DualPipe at pp=2 x ep=2 with EPLB (20 steps)" 4 \
+  examples/train_moe.lua --schedule dualpipe --pp 2 --ep 2 --microbatches 8 --steps 20 \
+  --seed 1 --redundant 1 --eplb-every 5 --link lat=50us,bw=2GB/s --trace "$out/moe_trace.json"
+echo "The measured MoE trace (all-to-alls on each rank's comm track): $out/moe_trace.json"

@@ -592,9 +592,9 @@ static float opt_num(lua_State *L, int idx, const char *k, float deflt) {
   return v;
 }
 
-void lb_optim_opts(lua_State *L, int idx, lp_exec_optim_kind *kind, lp_nn_sgd_opts *sgd,
+void lb_optim_opts(lua_State *L, int idx, lp_nn_optim_type *kind, lp_nn_sgd_opts *sgd,
                    lp_nn_adamw_opts *adamw) {
-  *kind = LP_EXEC_OPTIM_SGD;
+  *kind = LP_NN_OPTIM_SGD;
   *sgd = (lp_nn_sgd_opts){0.01f, 0.0f, 0.0f};
   *adamw = (lp_nn_adamw_opts){1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
   if (lua_isnoneornil(L, idx)) return;
@@ -602,11 +602,11 @@ void lb_optim_opts(lua_State *L, int idx, lp_exec_optim_kind *kind, lp_nn_sgd_op
   luaL_checktype(L, idx, LUA_TTABLE);
   lua_getfield(L, idx, "kind");
   const char *k = lua_tostring(L, -1);
-  if (k && strcmp(k, "adamw") == 0) *kind = LP_EXEC_OPTIM_ADAMW;
+  if (k && strcmp(k, "adamw") == 0) *kind = LP_NN_OPTIM_ADAMW;
   else if (k && strcmp(k, "sgd") != 0)
     luaL_error(L, "optimizer kind must be \"sgd\" or \"adamw\", got \"%s\"", k);
   lua_pop(L, 1);
-  if (*kind == LP_EXEC_OPTIM_SGD) {
+  if (*kind == LP_NN_OPTIM_SGD) {
     sgd->lr = opt_num(L, idx, "lr", sgd->lr);
     sgd->momentum = opt_num(L, idx, "momentum", 0);
     sgd->weight_decay = opt_num(L, idx, "weight_decay", 0);
@@ -622,14 +622,14 @@ void lb_optim_opts(lua_State *L, int idx, lp_exec_optim_kind *kind, lp_nn_sgd_op
 /* core.nn_optim(layer, opts) -> Optim */
 static int lb_nn_optim(lua_State *L) {
   lp_nn_layer *l = lb_check_layer(L, 1);
-  lp_exec_optim_kind kind;
+  lp_nn_optim_type kind;
   lp_nn_sgd_opts sgd;
   lp_nn_adamw_opts adamw;
   lb_optim_opts(L, 2, &kind, &sgd, &adamw);
   optim_box *b = lb_box_new(L, sizeof *b, LB_OPTIM);
   size_t n;
   const lp_nn_param *p = lp_nn_params(l, &n);
-  lp_status st = kind == LP_EXEC_OPTIM_ADAMW ? lp_nn_optim_adamw_new(p, n, &adamw, &b->o)
+  lp_status st = kind == LP_NN_OPTIM_ADAMW ? lp_nn_optim_adamw_new(p, n, &adamw, &b->o)
                                              : lp_nn_optim_sgd_new(p, n, &sgd, &b->o);
   if (st != LP_OK) return luaL_error(L, "optimizer: %s", lp_strerror(st));
   b->l = lp_nn_layer_retain(l);
@@ -695,16 +695,37 @@ done:
   return st;
 }
 
-static lp_exec_loss_kind check_loss(lua_State *L, int idx) {
-  static const char *const names[] = {"mse", "cross_entropy", NULL};
-  return (lp_exec_loss_kind)luaL_checkoption(L, idx, "mse", names);
+lp_nn_loss_kind lb_loss_kind(lua_State *L, int idx, const char *what) {
+  const char *name = luaL_optstring(L, idx, lp_nn_loss_names[LP_NN_LOSS_MSE]);
+  for (int k = 0; k < LP_NN_LOSS__N; k++)
+    if (strcmp(name, lp_nn_loss_names[k]) == 0) return (lp_nn_loss_kind)k;
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (int k = 0; k < LP_NN_LOSS__N; k++) {
+    lua_pushfstring(L, "%s\"%s\"", k == 0 ? "" : k == LP_NN_LOSS__N - 1 ? " or " : ", ",
+                    lp_nn_loss_names[k]);
+    luaL_addvalue(&b);
+  }
+  luaL_pushresult(&b);
+  return (lp_nn_loss_kind)luaL_error(L, "%s must be %s, got \"%s\"", what, lua_tostring(L, -1),
+                                     name);
+}
+
+/* core.nn_loss_names() -> {"mse", "cross_entropy"} (the loss kinds) */
+static int lb_nn_loss_names(lua_State *L) {
+  lua_createtable(L, LP_NN_LOSS__N, 0);
+  for (int k = 0; k < LP_NN_LOSS__N; k++) {
+    lua_pushstring(L, lp_nn_loss_names[k]);
+    lua_rawseti(L, -2, k + 1);
+  }
+  return 1;
 }
 
 /* core.nn_reference_step(layer, optim, loss, M, data, step) -> loss | nil, err */
 static int lb_nn_reference_step(lua_State *L) {
   lp_nn_layer *l = lb_check_layer(L, 1);
   lp_nn_optim *o = check_optim(L, 2);
-  lp_exec_loss_kind lk = check_loss(L, 3);
+  lp_nn_loss_kind lk = lb_loss_kind(L, 3, "loss");
   int M = (int)luaL_checkinteger(L, 4);
   luaL_argcheck(L, M >= 1, 4, "at least one micro-batch");
   luaL_checktype(L, 5, LUA_TFUNCTION);
@@ -817,6 +838,7 @@ void lb_open_nn(lua_State *L) {
                                    {"nn_chunk", lb_nn_chunk},
                                    {"nn_optim", lb_nn_optim},
                                    {"nn_reference_step", lb_nn_reference_step},
+                                   {"nn_loss_names", lb_nn_loss_names},
                                    {"nn_time_layers", lb_nn_time_layers},
                                    {NULL, NULL}};
   lb_new_class(L, LB_TENSOR, "Tensor", tensor_methods, tensor_meta);

@@ -117,3 +117,15 @@ fail:
   lp_tensor_free(td);
   return st;
 }
+
+const char *const lp_nn_loss_names[LP_NN_LOSS__N + 1] = {"mse", "cross_entropy", NULL};
+
+lp_status lp_nn_loss(lp_nn_loss_kind kind, const lp_tensor *y, const lp_tensor *target,
+                     float grad_scale, double *loss, lp_tensor **dy) {
+  switch (kind) {
+  case LP_NN_LOSS_MSE: return lp_nn_loss_mse(y, target, grad_scale, loss, dy);
+  case LP_NN_LOSS_CROSS_ENTROPY:
+    return lp_nn_loss_cross_entropy(y, target, grad_scale, loss, dy);
+  default: return LP_ERR_ARG;
+  }
+}

@@ -410,6 +410,20 @@ lp_status lp_nn_loss_cross_entropy(const lp_tensor *logits,
 lp_status lp_nn_loss_mse(const lp_tensor *pred, const lp_tensor *target,
                          float grad_scale, double *loss, lp_tensor **dpred);
 
+/* The loss kinds, and their names as users write them ("mse",
+ * "cross_entropy"; lp_nn_loss_names is NULL-terminated and indexed by
+ * kind): the one list of loss names. */
+typedef enum lp_nn_loss_kind {
+  LP_NN_LOSS_MSE = 0,           /* mean squared error against the target */
+  LP_NN_LOSS_CROSS_ENTROPY = 1, /* logits [..., V] against class ids */
+  LP_NN_LOSS__N
+} lp_nn_loss_kind;
+extern const char *const lp_nn_loss_names[LP_NN_LOSS__N + 1];
+/* The loss of `kind` (lp_nn_loss_mse or lp_nn_loss_cross_entropy);
+ * LP_ERR_ARG for an unknown kind. */
+lp_status lp_nn_loss(lp_nn_loss_kind kind, const lp_tensor *y, const lp_tensor *target,
+                     float grad_scale, double *loss, lp_tensor **dy);
+
 /* ======================================================================
  * Optimizers over a list of (param, grad). The optimizer copies the list
  * (names and tensor pointers are borrowed: the layers must outlive it) and
@@ -417,6 +431,12 @@ lp_status lp_nn_loss_mse(const lp_tensor *pred, const lp_tensor *target,
  * ====================================================================== */
 
 typedef struct lp_nn_optim lp_nn_optim;
+
+/* The optimizer algorithms (names "sgd", "adamw": lp_nn_optim_kind). */
+typedef enum lp_nn_optim_type {
+  LP_NN_OPTIM_SGD = 0,
+  LP_NN_OPTIM_ADAMW = 1
+} lp_nn_optim_type;
 
 /* PyTorch SGD (dampening 0): g = grad + weight_decay * p;
  * buf = momentum * buf + g (buf starts at 0); p -= lr * buf. */
