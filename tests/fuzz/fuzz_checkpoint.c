@@ -59,10 +59,10 @@ static lp_exec *make_exec(void) {
   memset(&o, 0, sizeof o);
   o.chunk = chunk_fn;
   o.data = data_fn;
-  o.loss = LP_EXEC_LOSS_MSE;
+  o.loss = LP_NN_LOSS_MSE;
   o.act_ndim = act_ndim;
   o.act_shape = act_shape;
-  o.optim = LP_EXEC_OPTIM_ADAMW;
+  o.optim = LP_NN_OPTIM_ADAMW;
   o.adamw = (lp_nn_adamw_opts){0.01f, 0.9f, 0.999f, 1e-8f, 0.01f};
   lp_exec *e = NULL;
   if (lp_exec_new(s, &o, &e, err) != LP_OK) FUZZ_FAIL("lp_exec_new: %s", err);
