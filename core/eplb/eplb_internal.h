@@ -49,6 +49,7 @@ struct eplb_ws {
   /* reference mode */
   int *r_mlog2log, *r_phy2mlog, *r_prank, *r_mcnt, *r_pack,
       *r_rank, *r_inv;        /* [n] */
+  uint64_t *r_tree;           /* [4n]: tournament trees, sort scratch */
   /* packers (items <= n, packs <= n) */
   int *p_items, *p_items2, *p_cnt, *p_next, *p_head, *p_tail, *p_part,
       *p_sort;                /* [n] */

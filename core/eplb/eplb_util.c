@@ -222,6 +222,7 @@ lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d, int relabel) {
   D(da); D(db); D(dc);
   I(r_mlog2log); I(r_phy2mlog); I(r_prank); I(r_mcnt);
   I(r_pack); I(r_rank); I(r_inv);
+  ws->r_tree = take(ws, 4 * nn, sizeof(uint64_t));
   I(p_items); I(p_items2); I(p_cnt); I(p_next); I(p_head); I(p_tail);
   I(p_part); I(p_sort);
   D(p_load); D(p_load2); D(p_sum);
@@ -266,6 +267,10 @@ lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d, int relabel) {
   if (ws->nblk < 0) {
     eplb_ws_free(ws);
     return LP_ERR_NOMEM;
+  }
+  for (int i = 0; i < n; i++) { /* the reference's first epn slots */
+    ws->r_phy2mlog[i] = i;
+    ws->r_prank[i] = 0;
   }
   for (int s = 0, per_node = d->R / d->N; s < d->R; s++) {
     ws->slot_gpu[s] = s / d->k;
