@@ -62,15 +62,27 @@ static void merge_sort(uint64_t *a, int n, uint64_t *tmp) {
       int mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
       const uint64_t *x = src + lo, *xe = src + mid, *y = src + mid, *ye = src + hi;
       uint64_t *o = dst + lo;
-      if (x < xe && y < ye)
-        for (;;) {
-          uint64_t u = *x, v = *y;
-          int take_y = v < u;
-          *o++ = take_y ? v : u;
-          x += !take_y;
-          y += take_y;
-          if (x == xe || y == ye) break;
+      if (y < ye) {
+        /* the run whose last key is smaller ends first; the other one
+         * cannot run out before it */
+        if (xe[-1] < ye[-1]) {
+          while (x < xe) {
+            uint64_t u = *x, v = *y;
+            int take_y = v < u;
+            *o++ = take_y ? v : u;
+            x += !take_y;
+            y += take_y;
+          }
+        } else {
+          while (y < ye) {
+            uint64_t u = *x, v = *y;
+            int take_y = v < u;
+            *o++ = take_y ? v : u;
+            x += !take_y;
+            y += take_y;
+          }
         }
+      }
       while (x < xe) *o++ = *x++;
       while (y < ye) *o++ = *y++;
     }
@@ -105,15 +117,10 @@ static inline __attribute__((always_inline)) void radix_pass(uint64_t **src, uin
   *src = o;
 }
 
-/* Sorts keys ascending; a[] must list equal high halves in ascending low
- * halves (indices filled in order), which the LSD radix sort on the bytes
- * of the high half that vary keeps (it is stable). Short arrays: merge
- * sort. */
-static void sort_keys(uint64_t *a, int n, uint64_t *tmp) {
-  if (n <= 128) {
-    merge_sort(a, n, tmp);
-    return;
-  }
+/* LSD radix sort of keys on the bytes of their high halves that vary;
+ * a[] must list equal high halves in ascending low halves (indices filled
+ * in order), which it keeps (it is stable). */
+static void radix_sort(uint64_t *a, int n, uint64_t *tmp) {
   uint32_t cnt[4][256], all_or = 0, all_and = ~0u;
   memset(cnt, 0, sizeof cnt);
   for (int i = 0; i < n; i++) {
@@ -134,6 +141,59 @@ static void sort_keys(uint64_t *a, int n, uint64_t *tmp) {
   if (src != a) memcpy(a, src, (size_t)n * sizeof *a);
 }
 
+/* Sorts distinct keys ascending. Short arrays: merge sort. Longer ones:
+ * one counting pass that spreads the high halves' range evenly over about
+ * n buckets, then insertion sort, in which elements move only inside their
+ * bucket; when a bucket is crowded (insertion could cost up to the square
+ * of its size), an LSD radix sort (a[] must then list equal high halves in
+ * ascending low halves). */
+static void sort_keys(uint64_t *a, int n, uint64_t *tmp) {
+  if (n <= 32) {
+    merge_sort(a, n, tmp);
+    return;
+  }
+  uint32_t lo = UINT32_MAX, hi = 0;
+  for (int i = 0; i < n; i++) {
+    uint32_t h = (uint32_t)(a[i] >> 32);
+    lo = h < lo ? h : lo;
+    hi = h > hi ? h : hi;
+  }
+  int bits = 5;
+  while ((1 << bits) < n && bits < 10) bits++;
+  const uint32_t span = hi - lo;
+  int sh = 0;
+  while ((span >> sh) >> bits) sh++;
+  uint32_t cnt[1 << 10];
+  const int B = (int)(span >> sh) + 1;
+  memset(cnt, 0, (size_t)B * sizeof *cnt);
+  for (int i = 0; i < n; i++) cnt[((uint32_t)(a[i] >> 32) - lo) >> sh]++;
+  uint32_t sum = 0, most = 0;
+  for (int c = 0; c < B; c++) {
+    uint32_t x = cnt[c];
+    most = x > most ? x : most;
+    cnt[c] = sum;
+    sum += x;
+  }
+  if (most > 24) {
+    radix_sort(a, n, tmp);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    uint64_t v = a[i];
+    tmp[cnt[((uint32_t)(v >> 32) - lo) >> sh]++] = v;
+  }
+  for (int i = 1; i < n; i++) {
+    uint64_t v = tmp[i];
+    int j = i - 1;
+    while (j >= 0 && tmp[j] > v) {
+      tmp[j + 1] = tmp[j];
+      j--;
+    }
+    tmp[j + 1] = v;
+  }
+  memcpy(a, tmp, (size_t)n * sizeof *a);
+}
+
 /* ---- tournament tree: the least of `leaves` keys at t[1] ----
  * Leaves at t[P .. P + leaves), P a power of two; padding holds the
  * largest key. */
@@ -147,12 +207,30 @@ static void tree_build(uint64_t *t, int P) {
   for (int i = P - 1; i >= 1; i--) t[i] = t[2 * i] < t[2 * i + 1] ? t[2 * i] : t[2 * i + 1];
 }
 
-static inline __attribute__((always_inline)) void tree_set(uint64_t *t, int P, int leaf, uint64_t key) {
+static inline __attribute__((always_inline)) void tree_set(uint64_t *t, int P, int leaf,
+                                                           uint64_t key) {
   int i = P + leaf;
   t[i] = key;
-  for (i >>= 1; i >= 1; i >>= 1) {
-    uint64_t x = t[2 * i], y = t[2 * i + 1];
-    t[i] = x < y ? x : y;
+#pragma GCC unroll 16
+  for (; i > 1; i >>= 1) { /* the least key on the way up */
+    uint64_t s = t[i ^ 1];
+    key = s < key ? s : key;
+    t[i >> 1] = key;
+  }
+}
+
+/* Items order[t..n) each to the lightest non-full pack: the least key at
+ * the top of the tree tr of P leaves. */
+static inline __attribute__((always_inline)) void pack_rest(const float *w, const int *order,
+                                                            int t, int n, int per, int *inv,
+                                                            float *pw, int *cnt, uint64_t *tr,
+                                                            const int P) {
+  for (; t < n; t++) {
+    int i = order[t], p = (int)(tr[1] & LOW32);
+    inv[p * per + cnt[p]] = i;
+    cnt[p]++;
+    pw[p] = pw[p] + w[i]; /* float32 accumulation, as the reference */
+    tree_set(tr, P, p, cnt[p] < per ? (uint64_t)fbits(pw[p]) << 32 | (uint64_t)p : UINT64_MAX);
   }
 }
 
@@ -196,12 +274,12 @@ static void pack_sorted(const float *w, const int *order, int n, int m, int *inv
   for (int p = 0; p < P; p++)
     tr[P + p] = p < m ? (uint64_t)fbits(pw[p]) << 32 | (uint64_t)p : UINT64_MAX;
   tree_build(tr, P);
-  for (; t < n; t++) {
-    int i = order[t], p = (int)(tr[1] & LOW32);
-    inv[p * per + cnt[p]] = i;
-    cnt[p]++;
-    pw[p] = pw[p] + w[i]; /* float32 accumulation, as the reference */
-    tree_set(tr, P, p, cnt[p] < per ? (uint64_t)fbits(pw[p]) << 32 | (uint64_t)p : UINT64_MAX);
+  switch (P) { /* a constant tree depth unrolls the walk up */
+  case 2: pack_rest(w, order, t, n, per, inv, pw, cnt, tr, 2); break;
+  case 4: pack_rest(w, order, t, n, per, inv, pw, cnt, tr, 4); break;
+  case 8: pack_rest(w, order, t, n, per, inv, pw, cnt, tr, 8); break;
+  case 16: pack_rest(w, order, t, n, per, inv, pw, cnt, tr, 16); break;
+  default: pack_rest(w, order, t, n, per, inv, pw, cnt, tr, P); break;
   }
 }
 
@@ -268,28 +346,37 @@ static void node_layer(float *tokens, int epn, int ppn, int packs, const int *ml
     }
     merge_sort(kb, nb, tmp);
   }
-  const int *src = inv;
   if (per == 1) { /* one slot per GPU: slot order */
-    src = phy2mlog;
-  } else {
-    /* the slots by (token desc, slot asc): the unreplicated experts in
-     * their sorted order merged with the replicated slots */
-    int ia = 0, ib = 0, o = 0;
-    for (; ia < epn; ia++) {
-      uint64_t x = ka[ia];
-      int m = (int)(x & LOW32);
-      if (mcnt[m] > 1) continue;
-      while (ib < nb && kb[ib] < x) order[o++] = (int)(kb[ib++] & LOW32);
-      order[o++] = m;
+    for (int q = 0; q < ppn; q++) {
+      phy2log[q] = ml ? ml[phy2mlog[q]] : phy2mlog[q];
+      phyrank[q] = prank[q];
     }
-    while (ib < nb) order[o++] = (int)(kb[ib++] & LOW32);
-    pack_sorted(tokens, order, ppn, packs, inv, ws);
+    return;
   }
-  for (int q = 0; q < ppn; q++) {
-    int p = per == 1 ? q : src[q], m = phy2mlog[p];
-    phy2log[q] = ml ? ml[m] : m;
-    phyrank[q] = prank[p];
+  /* the slots by (token desc, slot asc): the unreplicated experts in
+   * their sorted order merged with the replicated slots */
+  int ib = 0, o = 0;
+  for (int ia = 0; ia < epn; ia++) {
+    uint64_t x = ka[ia];
+    int m = (int)(x & LOW32);
+    if (mcnt[m] > 1) continue;
+    while (ib < nb && kb[ib] < x) order[o++] = (int)(kb[ib++] & LOW32);
+    order[o++] = m;
   }
+  while (ib < nb) order[o++] = (int)(kb[ib++] & LOW32);
+  pack_sorted(tokens, order, ppn, packs, inv, ws);
+  if (ml)
+    for (int q = 0; q < ppn; q++) {
+      int p = inv[q];
+      phy2log[q] = ml[phy2mlog[p]];
+      phyrank[q] = prank[p];
+    }
+  else
+    for (int q = 0; q < ppn; q++) {
+      int p = inv[q];
+      phy2log[q] = phy2mlog[p];
+      phyrank[q] = prank[p];
+    }
 }
 
 void eplb_reference_layer(const eplb_dims *d, const double *load,
