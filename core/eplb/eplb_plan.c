@@ -113,6 +113,21 @@ static void init_dims(eplb_dims *d, int experts, int replicas, int groups,
 
 /* ---- metrics ---- */
 
+/* Max GPU load, total (summed in GPU order) and max node load. */
+static void gpu_totals(const double *gpu_load, int nodes, int gpn, eplb_eval *out) {
+  out->max = out->node_max = out->total = 0;
+  for (int n = 0, g = 0; n < nodes; n++) {
+    double node = 0;
+    for (int j = 0; j < gpn; j++, g++) {
+      double s = gpu_load[g];
+      if (s > out->max) out->max = s;
+      out->total += s;
+      node += s;
+    }
+    if (node > out->node_max) out->node_max = node;
+  }
+}
+
 void eplb_layer_eval(const eplb_dims *d, const double *load,
                      const int *phy2log, eplb_ws *ws, double *gpu_load,
                      eplb_eval *out) {
@@ -143,18 +158,7 @@ void eplb_layer_eval(const eplb_dims *d, const double *load,
       if (c > 0 && sg[bye[t - 1]] == g) out->dups++;
     }
   }
-  out->max = out->node_max = out->total = 0;
-  double node = 0;
-  for (int g = 0; g < d->G; g++) {
-    double s = gpu_load[g];
-    if (s > out->max) out->max = s;
-    out->total += s;
-    node += s;
-    if ((g + 1) % gpn == 0) {
-      if (node > out->node_max) out->node_max = node;
-      node = 0;
-    }
-  }
+  gpu_totals(gpu_load, d->N, gpn, out);
 }
 
 int eplb_better(const eplb_eval *a, const eplb_eval *b) {
@@ -276,18 +280,7 @@ static void finish_eval(const eplb_dims *d, const double *load, const int *cnt,
   }
   out->dups = dups;
   *off = away;
-  out->max = out->node_max = out->total = 0;
-  double node = 0;
-  for (int g = 0; g < G; g++) {
-    double s = gpu_load[g];
-    if (s > out->max) out->max = s;
-    out->total += s;
-    node += s;
-    if ((g + 1) % gpn == 0) {
-      if (node > out->node_max) out->node_max = node;
-      node = 0;
-    }
-  }
+  gpu_totals(gpu_load, d->N, gpn, out);
 }
 
 /* Counts, width, logical_to_physical and every metric, from phy2log,

@@ -159,11 +159,11 @@ static void sort_keys(uint64_t *a, int n, uint64_t *tmp) {
     hi = h > hi ? h : hi;
   }
   int bits = 5;
-  while ((1 << bits) < n && bits < 10) bits++;
+  while ((1 << bits) < 2 * n && bits < 11) bits++; /* about 2n buckets */
   const uint32_t span = hi - lo;
   int sh = 0;
   while ((span >> sh) >> bits) sh++;
-  uint32_t cnt[1 << 10];
+  uint32_t cnt[1 << 11];
   const int B = (int)(span >> sh) + 1;
   memset(cnt, 0, (size_t)B * sizeof *cnt);
   for (int i = 0; i < n; i++) cnt[((uint32_t)(a[i] >> 32) - lo) >> sh]++;
@@ -194,6 +194,34 @@ static void sort_keys(uint64_t *a, int n, uint64_t *tmp) {
   memcpy(a, tmp, (size_t)n * sizeof *a);
 }
 
+/* Merges two ascending key arrays (keys distinct), writing the low
+ * halves (ids) to out[na + nb] without data-dependent branches: the array
+ * whose last key is smaller runs out first, so only it needs a bound. */
+static void merge_ids(const uint64_t *a, int na, const uint64_t *b, int nb, int *out) {
+  const uint64_t *ae = a + na, *be = b + nb;
+  if (na > 0 && nb > 0) {
+    if (ae[-1] < be[-1]) {
+      while (a < ae) {
+        uint64_t u = *a, v = *b;
+        int take_b = v < u;
+        *out++ = (int)((take_b ? v : u) & LOW32);
+        a += !take_b;
+        b += take_b;
+      }
+    } else {
+      while (b < be) {
+        uint64_t u = *a, v = *b;
+        int take_b = v < u;
+        *out++ = (int)((take_b ? v : u) & LOW32);
+        a += !take_b;
+        b += take_b;
+      }
+    }
+  }
+  while (a < ae) *out++ = (int)(*a++ & LOW32);
+  while (b < be) *out++ = (int)(*b++ & LOW32);
+}
+
 /* ---- tournament tree: the least of `leaves` keys at t[1] ----
  * Leaves at t[P .. P + leaves), P a power of two; padding holds the
  * largest key. */
@@ -220,17 +248,34 @@ static inline __attribute__((always_inline)) void tree_set(uint64_t *t, int P, i
 }
 
 /* Items order[t..n) each to the lightest non-full pack: the least key at
- * the top of the tree tr of P leaves. */
+ * the top of the tree tr of P leaves. The top key stays in a register and
+ * carries the pack's weight in its high half, so the next pick waits only
+ * for one float addition and the walk up (the loads depend on the pack
+ * alone). next[p]: where pack p's next item goes in inv. */
 static inline __attribute__((always_inline)) void pack_rest(const float *w, const int *order,
                                                             int t, int n, int per, int *inv,
-                                                            float *pw, int *cnt, uint64_t *tr,
+                                                            int *next, uint64_t *tr,
                                                             const int P) {
+  uint64_t top = tr[1];
   for (; t < n; t++) {
-    int i = order[t], p = (int)(tr[1] & LOW32);
-    inv[p * per + cnt[p]] = i;
-    cnt[p]++;
-    pw[p] = pw[p] + w[i]; /* float32 accumulation, as the reference */
-    tree_set(tr, P, p, cnt[p] < per ? (uint64_t)fbits(pw[p]) << 32 | (uint64_t)p : UINT64_MAX);
+    const int i = order[t], p = (int)(top & LOW32);
+    const int at = next[p]++;
+    inv[at] = i;
+    uint32_t b = (uint32_t)(top >> 32);
+    float f;
+    memcpy(&f, &b, sizeof f);
+    f = f + w[i]; /* float32 accumulation, as the reference; never -0.0 */
+    memcpy(&b, &f, sizeof b);
+    uint64_t key = at + 1 < (p + 1) * per ? (uint64_t)b << 32 | (uint64_t)p : UINT64_MAX;
+    int j = P + p;
+    tr[j] = key;
+#pragma GCC unroll 16
+    for (; j > 1; j >>= 1) { /* the least key on the way up */
+      uint64_t sib = tr[j ^ 1];
+      key = sib < key ? sib : key;
+      tr[j >> 1] = key;
+    }
+    top = key;
   }
 }
 
@@ -274,12 +319,13 @@ static void pack_sorted(const float *w, const int *order, int n, int m, int *inv
   for (int p = 0; p < P; p++)
     tr[P + p] = p < m ? (uint64_t)fbits(pw[p]) << 32 | (uint64_t)p : UINT64_MAX;
   tree_build(tr, P);
+  for (int p = 0; p < m; p++) cnt[p] += p * per; /* now: the next place in inv */
   switch (P) { /* a constant tree depth unrolls the walk up */
-  case 2: pack_rest(w, order, t, n, per, inv, pw, cnt, tr, 2); break;
-  case 4: pack_rest(w, order, t, n, per, inv, pw, cnt, tr, 4); break;
-  case 8: pack_rest(w, order, t, n, per, inv, pw, cnt, tr, 8); break;
-  case 16: pack_rest(w, order, t, n, per, inv, pw, cnt, tr, 16); break;
-  default: pack_rest(w, order, t, n, per, inv, pw, cnt, tr, P); break;
+  case 2: pack_rest(w, order, t, n, per, inv, cnt, tr, 2); break;
+  case 4: pack_rest(w, order, t, n, per, inv, cnt, tr, 4); break;
+  case 8: pack_rest(w, order, t, n, per, inv, cnt, tr, 8); break;
+  case 16: pack_rest(w, order, t, n, per, inv, cnt, tr, 16); break;
+  default: pack_rest(w, order, t, n, per, inv, cnt, tr, P); break;
   }
 }
 
@@ -355,15 +401,13 @@ static void node_layer(float *tokens, int epn, int ppn, int packs, const int *ml
   }
   /* the slots by (token desc, slot asc): the unreplicated experts in
    * their sorted order merged with the replicated slots */
-  int ib = 0, o = 0;
-  for (int ia = 0; ia < epn; ia++) {
+  int na = 0;
+  for (int ia = 0; ia < epn; ia++) { /* branch-free compaction */
     uint64_t x = ka[ia];
-    int m = (int)(x & LOW32);
-    if (mcnt[m] > 1) continue;
-    while (ib < nb && kb[ib] < x) order[o++] = (int)(kb[ib++] & LOW32);
-    order[o++] = m;
+    ka[na] = x;
+    na += mcnt[x & LOW32] == 1;
   }
-  while (ib < nb) order[o++] = (int)(kb[ib++] & LOW32);
+  merge_ids(ka, na, kb, nb, order);
   pack_sorted(tokens, order, ppn, packs, inv, ws);
   if (ml)
     for (int q = 0; q < ppn; q++) {
