@@ -161,8 +161,8 @@ static void sort_keys(uint64_t *a, int n, uint64_t *tmp) {
   int bits = 5;
   while ((1 << bits) < 2 * n && bits < 11) bits++; /* about 2n buckets */
   const uint32_t span = hi - lo;
-  int sh = 0;
-  while ((span >> sh) >> bits) sh++;
+  const int width = span ? 32 - __builtin_clz(span) : 0; /* bits in span */
+  const int sh = width > bits ? width - bits : 0;
   uint32_t cnt[1 << 11];
   const int B = (int)(span >> sh) + 1;
   memset(cnt, 0, (size_t)B * sizeof *cnt);
@@ -235,16 +235,17 @@ static void tree_build(uint64_t *t, int P) {
   for (int i = P - 1; i >= 1; i--) t[i] = t[2 * i] < t[2 * i + 1] ? t[2 * i] : t[2 * i + 1];
 }
 
-static inline __attribute__((always_inline)) void tree_set(uint64_t *t, int P, int leaf,
-                                                           uint64_t key) {
+static inline __attribute__((always_inline)) uint64_t tree_set(uint64_t *t, int P, int leaf,
+                                                               uint64_t key) {
   int i = P + leaf;
   t[i] = key;
 #pragma GCC unroll 16
-  for (; i > 1; i >>= 1) { /* the least key on the way up */
+  for (int level = P; level > 1; level >>= 1, i >>= 1) { /* the least key on the way up */
     uint64_t s = t[i ^ 1];
     key = s < key ? s : key;
     t[i >> 1] = key;
   }
+  return key; /* the new top */
 }
 
 /* Items order[t..n) each to the lightest non-full pack: the least key at
@@ -267,15 +268,7 @@ static inline __attribute__((always_inline)) void pack_rest(const float *w, cons
     f = f + w[i]; /* float32 accumulation, as the reference; never -0.0 */
     memcpy(&b, &f, sizeof b);
     uint64_t key = at + 1 < (p + 1) * per ? (uint64_t)b << 32 | (uint64_t)p : UINT64_MAX;
-    int j = P + p;
-    tr[j] = key;
-#pragma GCC unroll 16
-    for (; j > 1; j >>= 1) { /* the least key on the way up */
-      uint64_t sib = tr[j ^ 1];
-      key = sib < key ? sib : key;
-      tr[j >> 1] = key;
-    }
-    top = key;
+    top = tree_set(tr, P, p, key);
   }
 }
 
@@ -372,11 +365,12 @@ static void node_layer(float *tokens, int epn, int ppn, int packs, const int *ml
     for (int j = 0; j < P; j++) tr[P + j] = j < k ? ka[j] : UINT64_MAX;
     for (int j = 0; j < k; j++) pos[(int)(ka[j] & LOW32)] = j;
     tree_build(tr, P);
+    uint64_t top = tr[1];
     for (int i = epn; i < ppn; i++) {
-      int m = (int)(tr[1] & LOW32);
+      int m = (int)(top & LOW32);
       phy2mlog[i] = m;
       prank[i] = mcnt[m]++;
-      tree_set(tr, P, pos[m], desc_key(tokens[m] / (float)mcnt[m], m));
+      top = tree_set(tr, P, pos[m], desc_key(tokens[m] / (float)mcnt[m], m));
     }
     /* tokens of the replicated experts' slots, in key order */
     for (int j = 0; j < k; j++) {
