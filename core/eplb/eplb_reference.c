@@ -248,49 +248,41 @@ static inline __attribute__((always_inline)) uint64_t tree_set(uint64_t *t, int 
   return key; /* the new top */
 }
 
-/* Items order[t..n) each to the lightest non-full pack: the least key at
- * the top of the tree tr of P leaves. The top key stays in a register and
- * carries the pack's weight in its high half, so the next pick waits only
- * for one float addition and the walk up (the loads depend on the pack
- * alone). next[p]: where pack p's next item goes in inv. */
-static inline __attribute__((always_inline)) void pack_rest(const float *w, const int *order,
-                                                            int t, int n, int per, int *inv,
-                                                            int *next, uint64_t *tr,
-                                                            const int P) {
-  uint64_t top = tr[1];
-  for (; t < n; t++) {
-    const int i = order[t], p = (int)(top & LOW32);
-    const int at = next[p]++;
-    inv[at] = i;
-    uint32_t b = (uint32_t)(top >> 32);
-    float f;
-    memcpy(&f, &b, sizeof f);
-    f = f + w[i]; /* float32 accumulation, as the reference; never -0.0 */
-    memcpy(&b, &f, sizeof b);
-    uint64_t key = at + 1 < (p + 1) * per ? (uint64_t)b << 32 | (uint64_t)p : UINT64_MAX;
-    top = tree_set(tr, P, p, key);
-  }
-}
+/* ---- balanced_packing ----
+ * n items (weights w, taken in `order`: w descending, index ascending)
+ * into m packs of per = n/m items: item inv[p * per + r] is the r-th item
+ * pack p received. A job is one such packing; the jobs of a layer's nodes
+ * are independent, and running them in step lets their (latency-bound)
+ * picks overlap. */
+typedef struct pack_job {
+  const float *w;
+  const int *order;
+  int *inv;
+  int *next;    /* [m] where pack p's next item goes in inv */
+  uint64_t *tr; /* the tree: 2P keys */
+  uint64_t top; /* its least key */
+  int t;        /* the next item in order */
+} pack_job;
 
-/* balanced_packing of n items (weights w, taken in `order`: w descending,
- * index ascending) into m packs of per = n/m items, per >= 2: item
- * inv[p * per + r] is the r-th item pack p received. */
-static void pack_sorted(const float *w, const int *order, int n, int m, int *inv,
-                        eplb_ws *ws) {
+/* The first m positive items go to packs 0, 1, ...: each finds the empty
+ * packs lightest and takes the lowest-indexed one. With two items per pack
+ * the rest follows directly; otherwise builds the tree of (weight bits,
+ * pack) keys (full packs hold the largest key) for pack_steps. pw: [m]
+ * scratch. */
+static void pack_begin(pack_job *j, int n, int m, int P, float *pw) {
   const int per = n / m;
-  float *pw = ws->fb;
-  int *cnt = ws->ic;
-  /* The first m positive items go to packs 0, 1, ...: each finds the
-   * empty packs lightest and takes the lowest-indexed one. */
+  const float *w = j->w;
+  const int *order = j->order;
+  int *inv = j->inv, *next = j->next;
   int t = 0;
   for (; t < m && w[order[t]] > 0; t++) {
     inv[t * per] = order[t];
     pw[t] = w[order[t]];
-    cnt[t] = 1;
+    next[t] = t * per + 1;
   }
   for (int p = t; p < m; p++) {
     pw[p] = 0.0f;
-    cnt[p] = 0;
+    next[p] = p * per;
   }
   if (per == 2 && t == m) {
     /* Every pack holds one item and the next one fills it, so the packs
@@ -303,28 +295,67 @@ static void pack_sorted(const float *w, const int *order, int n, int m, int *inv
       for (int p = lo; p < hi; p++, t++) inv[p * 2 + 1] = order[t];
       hi = lo;
     }
+  } else {
+    uint64_t *tr = j->tr;
+    for (int p = 0; p < P; p++)
+      tr[P + p] = p < m ? (uint64_t)fbits(pw[p]) << 32 | (uint64_t)p : UINT64_MAX;
+    tree_build(tr, P);
+    j->top = tr[1];
+  }
+  j->t = t;
+}
+
+/* Items t..n of the jobs (all at the same t), each to its lightest
+ * non-full pack: the top key, which carries the pack's weight in its high
+ * half, so a pick waits only for one float addition and the walk up (the
+ * loads depend on the pack alone). */
+static inline __attribute__((always_inline)) void pack_steps(pack_job *jobs, int nj, int n,
+                                                             int per, const int P) {
+  for (int t = jobs[0].t; t < n; t++)
+    for (int v = 0; v < nj; v++) {
+      pack_job *j = &jobs[v];
+      const int i = j->order[t], p = (int)(j->top & LOW32);
+      const int at = j->next[p]++;
+      j->inv[at] = i;
+      uint32_t b = (uint32_t)(j->top >> 32);
+      float f;
+      memcpy(&f, &b, sizeof f);
+      f = f + j->w[i]; /* float32 accumulation, as the reference; never -0.0 */
+      memcpy(&b, &f, sizeof b);
+      uint64_t key = at + 1 < (p + 1) * per ? (uint64_t)b << 32 | (uint64_t)p : UINT64_MAX;
+      j->top = tree_set(j->tr, P, p, key);
+    }
+}
+
+/* Runs nj jobs of n items into m packs. */
+static void pack_jobs(pack_job *jobs, int nj, int n, int m, float *pw) {
+  const int P = tree_size(m), per = n / m;
+  int same = 1;
+  for (int v = 0; v < nj; v++) {
+    pack_begin(&jobs[v], n, m, P, pw);
+    same &= jobs[v].t == jobs[0].t;
+  }
+  if (!same) { /* zero weights left some first rounds short: one by one */
+    for (int v = 0; v < nj; v++) pack_jobs(&jobs[v], 1, n, m, pw); /* same == 1 there */
     return;
   }
-  /* the lightest non-full pack, lowest index on ties: the least
-   * (weight bits, pack) key; full packs hold the largest key */
-  uint64_t *tr = ws->r_tree;
-  const int P = tree_size(m);
-  for (int p = 0; p < P; p++)
-    tr[P + p] = p < m ? (uint64_t)fbits(pw[p]) << 32 | (uint64_t)p : UINT64_MAX;
-  tree_build(tr, P);
-  for (int p = 0; p < m; p++) cnt[p] += p * per; /* now: the next place in inv */
-  switch (P) { /* a constant tree depth unrolls the walk up */
-  case 2: pack_rest(w, order, t, n, per, inv, cnt, tr, 2); break;
-  case 4: pack_rest(w, order, t, n, per, inv, cnt, tr, 4); break;
-  case 8: pack_rest(w, order, t, n, per, inv, cnt, tr, 8); break;
-  case 16: pack_rest(w, order, t, n, per, inv, cnt, tr, 16); break;
-  default: pack_rest(w, order, t, n, per, inv, cnt, tr, P); break;
+  if (jobs[0].t >= n) return;
+  for (int v0 = 0; v0 < nj; v0 += 4) {
+    const int c = nj - v0 < 4 ? nj - v0 : 4;
+    switch (P) { /* a constant tree depth unrolls the walk up */
+    case 2: pack_steps(jobs + v0, c, n, per, 2); break;
+    case 4: pack_steps(jobs + v0, c, n, per, 4); break;
+    case 8: pack_steps(jobs + v0, c, n, per, 8); break;
+    case 16: pack_steps(jobs + v0, c, n, per, 16); break;
+    default: pack_steps(jobs + v0, c, n, per, P); break;
+    }
   }
 }
 
-/* balanced_packing of arbitrary items: sorts them, then packs. */
+/* balanced_packing of arbitrary items (n = m * per): sorts them, then
+ * packs; with one item per pack, item i goes to pack i. */
 static void pack_items(const float *w, int n, int m, int *inv, eplb_ws *ws) {
-  if (n == m) { /* one item per pack: item i goes to pack i */
+  if (n == m) {
     for (int i = 0; i < n; i++) inv[i] = i;
     return;
   }
@@ -333,32 +364,33 @@ static void pack_items(const float *w, int n, int m, int *inv, eplb_ws *ws) {
   for (int i = 0; i < n; i++) a[i] = desc_key(w[i], i);
   sort_keys(a, n, ws->s_k2);
   for (int i = 0; i < n; i++) order[i] = (int)(a[i] & LOW32);
-  pack_sorted(w, order, n, m, inv, ws);
+  pack_job j = {w, order, inv, ws->ic, ws->r_tree, 0, 0};
+  pack_jobs(&j, 1, n, m, ws->fb);
 }
 
 /* One node: its experts' weights tokens[0..epn) (ids in the node's "mlog"
- * order) into ppn slots over `packs` GPUs. replicate_experts: slot i < epn
- * holds expert i, each further slot goes to the expert with the largest
- * w / count (lowest index on ties). Only the extra = ppn - epn best
- * experts by (w desc, index asc) can be chosen: an expert outside them is
- * behind each of them until that one has been chosen, which takes all
- * `extra` choices. Then the slots' tokens (w / count, written over
- * tokens[0..ppn)) are packed. Writes, per slot of the node in slot order
- * q = pack * per + rank, its expert ml[mlog] (mlog itself when ml is NULL)
- * and replica rank. r_phy2mlog and r_prank hold i and 0 below epn (set by
- * eplb_ws_alloc; only entries from epn on are written here). */
-static void node_layer(float *tokens, int epn, int ppn, int packs, const int *ml,
-                       eplb_ws *ws, int *phy2log, int *phyrank) {
-  int *phy2mlog = ws->r_phy2mlog, *prank = ws->r_prank, *mcnt = ws->r_mcnt;
-  int *pos = ws->ib, *order = ws->idx, *inv = ws->r_inv;
+ * order) into ppn slots. replicate_experts: slot i < epn holds expert i,
+ * each further slot goes to the expert with the largest w / count (lowest
+ * index on ties). Only the extra = ppn - epn best experts by (w desc,
+ * index asc) can be chosen: an expert outside them is behind each of them
+ * until that one has been chosen, which takes all `extra` choices. Writes
+ * each slot's expert phy2mlog[ppn], replica rank prank[ppn] and token
+ * (w / count, over tokens[0..ppn)); with `sorted`, order[ppn]: the slots
+ * by (token desc, slot asc), for the packing. */
+static void node_replicate(float *tokens, int epn, int ppn, int sorted, eplb_ws *ws,
+                           int *phy2mlog, int *prank, int *order) {
+  int *mcnt = ws->r_mcnt, *pos = ws->ib;
   uint64_t *ka = ws->s_k1, *kb = ws->s_k2, *tmp = ws->r_tree;
-  const int extra = ppn - epn, per = ppn / packs;
+  const int extra = ppn - epn;
   for (int m = 0; m < epn; m++) {
+    phy2mlog[m] = m;
+    prank[m] = 0;
     mcnt[m] = 1;
     ka[m] = desc_key(tokens[m], m);
   }
+  if (extra == 0 && !sorted) return;
+  sort_keys(ka, epn, tmp);
   int nb = 0; /* replicated slots: keys in kb */
-  if (extra > 0 || per > 1) sort_keys(ka, epn, tmp);
   if (extra > 0) {
     const int k = extra < epn ? extra : epn, P = tree_size(k);
     uint64_t *tr = ws->r_tree;
@@ -386,15 +418,9 @@ static void node_layer(float *tokens, int epn, int ppn, int packs, const int *ml
     }
     merge_sort(kb, nb, tmp);
   }
-  if (per == 1) { /* one slot per GPU: slot order */
-    for (int q = 0; q < ppn; q++) {
-      phy2log[q] = ml ? ml[phy2mlog[q]] : phy2mlog[q];
-      phyrank[q] = prank[q];
-    }
-    return;
-  }
-  /* the slots by (token desc, slot asc): the unreplicated experts in
-   * their sorted order merged with the replicated slots */
+  if (!sorted) return;
+  /* the unreplicated experts in their sorted order merged with the
+   * replicated slots */
   int na = 0;
   for (int ia = 0; ia < epn; ia++) { /* branch-free compaction */
     uint64_t x = ka[ia];
@@ -402,19 +428,6 @@ static void node_layer(float *tokens, int epn, int ppn, int packs, const int *ml
     na += mcnt[x & LOW32] == 1;
   }
   merge_ids(ka, na, kb, nb, order);
-  pack_sorted(tokens, order, ppn, packs, inv, ws);
-  if (ml)
-    for (int q = 0; q < ppn; q++) {
-      int p = inv[q];
-      phy2log[q] = ml[phy2mlog[p]];
-      phyrank[q] = prank[p];
-    }
-  else
-    for (int q = 0; q < ppn; q++) {
-      int p = inv[q];
-      phy2log[q] = phy2mlog[p];
-      phyrank[q] = prank[p];
-    }
 }
 
 void eplb_reference_layer(const eplb_dims *d, const double *load,
@@ -422,39 +435,78 @@ void eplb_reference_layer(const eplb_dims *d, const double *load,
                           int *home) {
   const int E = d->E, ng = d->ng, nn = d->nn;
   const int gs = E / ng, gpn = ng / nn, epn = E / nn, ppn = d->R / nn;
-  const int packs = d->G / nn;
-  float *tokens = ws->fa;
+  const int packs = d->G / nn, per = ppn / packs;
+  float *tokens = ws->fa; /* [R]: node n's at n * ppn */
+  int *mlog2log = ws->r_mlog2log;
   if (ng == 1) { /* one group, one node: mlog ids are the experts' */
     const int h = d->hier ? 0 : -1;
     for (int e = 0; e < E; e++) {
       tokens[e] = (float)load[e];
       home[e] = h;
     }
-    node_layer(tokens, epn, ppn, packs, NULL, ws, phy2log, phyrank);
-    return;
-  }
-  /* step 1: groups onto nodes; node n's block of "mlog" ids lists its
-   * groups in packing order */
-  float *w = ws->fw, *gw = (float *)ws->dkey2; /* ng floats fit in n doubles */
-  for (int e = 0; e < E; e++) w[e] = (float)load[e];
-  for (int g = 0; g < ng; g++) {
-    double s = 0; /* exact for counts; rounded once to float32 */
-    for (int j = 0; j < gs; j++) s += (double)w[g * gs + j];
-    gw[g] = (float)s;
-  }
-  int *mlog2log = ws->r_mlog2log, *ginv = ws->r_pack;
-  pack_items(gw, ng, nn, ginv, ws);
-  for (int q = 0; q < ng; q++) { /* node q / gpn, place q % gpn */
-    const int g = ginv[q], h = d->hier ? q / gpn : -1;
-    for (int j = 0; j < gs; j++) {
-      mlog2log[q * gs + j] = g * gs + j;
-      home[g * gs + j] = h;
+  } else {
+    /* step 1: groups onto nodes; node n's block of "mlog" ids lists its
+     * groups in packing order */
+    /* each group's float32 loads summed in order in double (exact for
+     * counts), rounded once to float32; the groups' sums advance together
+     * (independent additions overlap) */
+    float *gw = (float *)ws->dkey2; /* ng floats fit in n doubles */
+    double *acc = ws->da;
+    for (int g = 0; g < ng; g++) acc[g] = 0;
+    for (int j = 0; j < gs; j++)
+      for (int g = 0; g < ng; g++) acc[g] += (double)(float)load[g * gs + j];
+    for (int g = 0; g < ng; g++) gw[g] = (float)acc[g];
+    int *ginv = ws->r_pack;
+    pack_items(gw, ng, nn, ginv, ws);
+    for (int q = 0; q < ng; q++) { /* node q / gpn, place q % gpn */
+      const int g = ginv[q], h = d->hier ? q / gpn : -1;
+      for (int j = 0; j < gs; j++) {
+        mlog2log[q * gs + j] = g * gs + j;
+        home[g * gs + j] = h;
+      }
     }
   }
-  /* steps 2 and 3, node by node */
+  /* step 2 node by node, step 3 for all nodes in step */
+  int *phy2mlog = ws->r_phy2mlog, *prank = ws->r_prank, *order = ws->idx, *inv = ws->r_inv;
   for (int node = 0; node < nn; node++) {
-    const int *ml = mlog2log + node * epn;
-    for (int m = 0; m < epn; m++) tokens[m] = w[ml[m]];
-    node_layer(tokens, epn, ppn, packs, ml, ws, phy2log + node * ppn, phyrank + node * ppn);
+    float *tk = tokens + node * ppn;
+    if (ng > 1)
+      for (int m = 0; m < epn; m++) tk[m] = (float)load[mlog2log[node * epn + m]];
+    node_replicate(tk, epn, ppn, per > 1, ws, phy2mlog + node * ppn, prank + node * ppn,
+                   order + node * ppn);
+  }
+  if (per > 1) {
+    pack_job jobs[64];
+    const int P = tree_size(packs);
+    for (int n0 = 0; n0 < nn; n0 += 64) {
+      const int c = nn - n0 < 64 ? nn - n0 : 64;
+      for (int v = 0; v < c; v++) {
+        const int o = (n0 + v) * ppn;
+        pack_job j = {tokens + o, order + o, inv + o, ws->ic + (n0 + v) * packs,
+                      ws->r_tree + (size_t)(n0 + v) * 2 * P, 0, 0};
+        jobs[v] = j;
+      }
+      pack_jobs(jobs, c, ppn, packs, ws->fb);
+    }
+  }
+  for (int node = 0; node < nn; node++) { /* slot order within the node */
+    const int o = node * ppn, *ml = ng > 1 ? mlog2log + node * epn : NULL;
+    const int *pm = phy2mlog + o, *pr = prank + o, *at = inv + o;
+    int *outm = phy2log + o, *outr = phyrank + o;
+    if (per == 1)
+      for (int q = 0; q < ppn; q++) {
+        outm[q] = ml ? ml[pm[q]] : pm[q];
+        outr[q] = pr[q];
+      }
+    else if (ml)
+      for (int q = 0; q < ppn; q++) {
+        outm[q] = ml[pm[at[q]]];
+        outr[q] = pr[at[q]];
+      }
+    else
+      for (int q = 0; q < ppn; q++) {
+        outm[q] = pm[at[q]];
+        outr[q] = pr[at[q]];
+      }
   }
 }

@@ -268,10 +268,6 @@ lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d, int relabel) {
     eplb_ws_free(ws);
     return LP_ERR_NOMEM;
   }
-  for (int i = 0; i < n; i++) { /* the reference's first epn slots */
-    ws->r_phy2mlog[i] = i;
-    ws->r_prank[i] = 0;
-  }
   for (int s = 0, per_node = d->R / d->N; s < d->R; s++) {
     ws->slot_gpu[s] = s / d->k;
     ws->slot_node[s] = s / per_node;
