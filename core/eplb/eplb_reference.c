@@ -143,10 +143,10 @@ static void radix_sort(uint64_t *a, int n, uint64_t *tmp) {
 
 /* Sorts distinct keys ascending. Short arrays: merge sort. Longer ones:
  * one counting pass that spreads the high halves' range evenly over about
- * n buckets, then insertion sort, in which elements move only inside their
- * bucket; when a bucket is crowded (insertion could cost up to the square
- * of its size), an LSD radix sort (a[] must then list equal high halves in
- * ascending low halves). */
+ * 2n buckets (at most 2048), then insertion sort, in which elements move
+ * only inside their bucket; when a bucket is crowded (insertion could cost
+ * up to the square of its size), an LSD radix sort (a[] must then list
+ * equal high halves in ascending low halves). */
 static void sort_keys(uint64_t *a, int n, uint64_t *tmp) {
   if (n <= 32) {
     merge_sort(a, n, tmp);
