@@ -23,6 +23,11 @@ static uint32_t fbits(float v) {
   return u;
 }
 
+/* a when pick is 0, b when it is 1, without a branch. */
+static inline uint64_t pick64(int pick, uint64_t a, uint64_t b) {
+  return a ^ ((a ^ b) & ((uint64_t)0 - (uint64_t)pick));
+}
+
 /* (value descending, index ascending) as one ascending key. */
 static uint64_t desc_key(float v, int i) {
   return (uint64_t)(uint32_t)~fbits(v) << 32 | (uint64_t)(uint32_t)i;
@@ -69,7 +74,7 @@ static void merge_sort(uint64_t *a, int n, uint64_t *tmp) {
           while (x < xe) {
             uint64_t u = *x, v = *y;
             int take_y = v < u;
-            *o++ = take_y ? v : u;
+            *o++ = pick64(take_y, u, v);
             x += !take_y;
             y += take_y;
           }
@@ -77,7 +82,7 @@ static void merge_sort(uint64_t *a, int n, uint64_t *tmp) {
           while (y < ye) {
             uint64_t u = *x, v = *y;
             int take_y = v < u;
-            *o++ = take_y ? v : u;
+            *o++ = pick64(take_y, u, v);
             x += !take_y;
             y += take_y;
           }
@@ -204,7 +209,7 @@ static void merge_ids(const uint64_t *a, int na, const uint64_t *b, int nb, int 
       while (a < ae) {
         uint64_t u = *a, v = *b;
         int take_b = v < u;
-        *out++ = (int)((take_b ? v : u) & LOW32);
+        *out++ = (int)(pick64(take_b, u, v) & LOW32);
         a += !take_b;
         b += take_b;
       }
@@ -212,7 +217,7 @@ static void merge_ids(const uint64_t *a, int na, const uint64_t *b, int nb, int 
       while (b < be) {
         uint64_t u = *a, v = *b;
         int take_b = v < u;
-        *out++ = (int)((take_b ? v : u) & LOW32);
+        *out++ = (int)(pick64(take_b, u, v) & LOW32);
         a += !take_b;
         b += take_b;
       }
@@ -312,6 +317,7 @@ static void pack_begin(pack_job *j, int n, int m, int P, float *pw) {
 static inline __attribute__((always_inline)) void pack_steps(pack_job *jobs, int nj, int n,
                                                              int per, const int P) {
   for (int t = jobs[0].t; t < n; t++)
+#pragma GCC unroll 4
     for (int v = 0; v < nj; v++) {
       pack_job *j = &jobs[v];
       const int i = j->order[t], p = (int)(j->top & LOW32);
@@ -340,16 +346,22 @@ static void pack_jobs(pack_job *jobs, int nj, int n, int m, float *pw) {
     return;
   }
   if (jobs[0].t >= n) return;
-  for (int v0 = 0; v0 < nj; v0 += 4) {
-    const int c = nj - v0 < 4 ? nj - v0 : 4;
-    switch (P) { /* a constant tree depth unrolls the walk up */
-    case 2: pack_steps(jobs + v0, c, n, per, 2); break;
-    case 4: pack_steps(jobs + v0, c, n, per, 4); break;
-    case 8: pack_steps(jobs + v0, c, n, per, 8); break;
-    case 16: pack_steps(jobs + v0, c, n, per, 16); break;
-    default: pack_steps(jobs + v0, c, n, per, P); break;
+  int v0 = 0;
+  for (; v0 + 4 <= nj; v0 += 4) /* four at a time: constant counts unroll */
+    switch (P) {
+    case 4: pack_steps(jobs + v0, 4, n, per, 4); break;
+    case 8: pack_steps(jobs + v0, 4, n, per, 8); break;
+    case 16: pack_steps(jobs + v0, 4, n, per, 16); break;
+    default: pack_steps(jobs + v0, 4, n, per, P); break;
     }
-  }
+  for (; v0 < nj; v0++)
+    switch (P) {
+    case 2: pack_steps(jobs + v0, 1, n, per, 2); break;
+    case 4: pack_steps(jobs + v0, 1, n, per, 4); break;
+    case 8: pack_steps(jobs + v0, 1, n, per, 8); break;
+    case 16: pack_steps(jobs + v0, 1, n, per, 16); break;
+    default: pack_steps(jobs + v0, 1, n, per, P); break;
+    }
 }
 
 /* balanced_packing of arbitrary items (n = m * per): sorts them, then
