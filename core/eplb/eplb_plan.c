@@ -63,9 +63,19 @@ static lp_status check_load(const double *load, int layers, int experts, char *e
   if (!load) FAIL(LP_ERR_ARG, "no load matrix");
   /* one branch-free pass; the slow one below names the first bad value */
   const size_t n = (size_t)layers * experts;
-  int ok = 1;
-  for (size_t i = 0; i < n; i++) ok &= (load[i] >= 0) & (load[i] <= FLT_MAX); /* NaN fails */
-  if (ok) return LP_OK;
+  /* the bits of 0 <= v <= FLT_MAX order like the values and lie at or
+   * below those of FLT_MAX; -0.0 counts as 0; NaN, infinities and
+   * negative values lie above */
+  const double fmax = FLT_MAX;
+  uint64_t lim, worst = 0;
+  memcpy(&lim, &fmax, sizeof lim);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t u;
+    memcpy(&u, &load[i], sizeof u);
+    u = u == (uint64_t)1 << 63 ? 0 : u;
+    worst = u > worst ? u : worst;
+  }
+  if (worst <= lim) return LP_OK;
   for (int l = 0; l < layers; l++)
     for (int e = 0; e < experts; e++) {
       double v = load[(size_t)l * experts + e];
