@@ -416,19 +416,42 @@ static void node_replicate(float *tokens, int epn, int ppn, int sorted, eplb_ws 
       prank[i] = mcnt[m]++;
       top = tree_set(tr, P, pos[m], desc_key(tokens[m] / (float)mcnt[m], m));
     }
-    /* tokens of the replicated experts' slots, in key order */
+    /* the replicated experts' slots in key order: the experts by (token
+     * desc, index asc), each followed by its further slots (their indices
+     * are larger and ascending in the order they were chosen), unless two
+     * of these experts have equal tokens (their slots interleave): then
+     * a sort */
+    uint64_t *kr = tmp, *tmp2 = tmp + ppn;
+    int nr = 0, ties = 0;
     for (int j = 0; j < k; j++) {
       int m = (int)(ka[j] & LOW32);
       if (mcnt[m] > 1) {
         tokens[m] = tokens[m] / (float)mcnt[m];
-        kb[nb++] = desc_key(tokens[m], m);
+        kr[nr++] = desc_key(tokens[m], m);
       }
     }
-    for (int i = epn; i < ppn; i++) {
-      tokens[i] = tokens[phy2mlog[i]];
-      kb[nb++] = desc_key(tokens[i], i);
+    merge_sort(kr, nr, tmp2);
+    for (int j = 1; j < nr; j++) ties |= kr[j] >> 32 == kr[j - 1] >> 32;
+    if (!ties) {
+      for (int j = 0; j < nr; j++) { /* pos[m]: where m's next slot goes */
+        int m = (int)(kr[j] & LOW32);
+        kb[nb] = kr[j];
+        pos[m] = nb + 1;
+        nb += mcnt[m];
+      }
+      for (int i = epn; i < ppn; i++) {
+        int m = phy2mlog[i];
+        tokens[i] = tokens[m];
+        kb[pos[m]++] = desc_key(tokens[i], i);
+      }
+    } else {
+      for (int j = 0; j < nr; j++) kb[nb++] = kr[j];
+      for (int i = epn; i < ppn; i++) {
+        tokens[i] = tokens[phy2mlog[i]];
+        kb[nb++] = desc_key(tokens[i], i);
+      }
+      merge_sort(kb, nb, tmp);
     }
-    merge_sort(kb, nb, tmp);
   }
   if (!sorted) return;
   /* the unreplicated experts in their sorted order merged with the
