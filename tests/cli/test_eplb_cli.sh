@@ -100,7 +100,9 @@ for bad in "--groups 99999999999" "--groups 1e9" "--replicas 1.5" "--gpus=-3" "-
     "--nodes 1048577" "--max-moves=-1" "--groups 0x10"; do
   opt=${bad%%[ =]*} val=${bad#*[ =]}
   expect_rc "bad $bad" 2 "$LP" eplb --loads "$tmp/v.json" --replicas 16 --gpus 8 --previous "$tmp/plan.json" $bad
-  expect_in "bad $bad named" "$tmp/err" "luapipe eplb: $opt must be an integer from"
+  expect_in "bad $bad named" "$tmp/err" "luapipe eplb: $opt must be "
+  if [ "$opt" = --max-moves ]; then range="0 to 1048576"; else range="1 to 1048576"; fi
+  expect_in "bad $bad: the range" "$tmp/err" "from $range, got"
   expect_in "bad $bad as typed" "$tmp/err" "got '$val'"
   [ "$(wc -l <"$tmp/err")" -eq 1 ] && ok "bad $bad: one line" || bad "bad $bad: one line"
   grep -q traceback "$tmp/err" && bad "bad $bad: traceback" || ok "bad $bad: no traceback"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Option values everywhere go through the CLI's one converter
+# (luapipe.cli int_option / number_option): the commands, `luapipe eplb`
+# and the example scripts all give one line naming the option, the range
+# and the text as typed, and exit 2.
+. "$(dirname "$0")/lib.sh"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+
+one_line() { # NAME: $tmp/err is exactly one line, no traceback
+  [ "$(wc -l <"$tmp/err")" -eq 1 ] && ok "$1: one line" || { bad "$1: one line"; head -5 "$tmp/err"; }
+  grep -q traceback "$tmp/err" && bad "$1: traceback" || ok "$1: no traceback"
+}
+
+# the commands: a bad value is one line "luapipe CMD: ..."
+expect_rc "bubbles --pp 0" 2 "$LP" bubbles --pp 0
+expect_in "bubbles --pp 0 message" "$tmp/err" "luapipe bubbles: --pp must be from 1 to 4096, got '0'"
+one_line "bubbles --pp 0"
+expect_rc "hex count refused" 2 "$LP" schedule 1f1b --microbatches 0x10
+expect_in "hex count as typed" "$tmp/err" "--microbatches must be an integer from 1 to 65536, got '0x10'"
+expect_rc "1e1 is a whole number" 0 "$LP" schedule 1f1b --microbatches 1e1
+expect_in "1e1 read as 10" "$tmp/out" "10 micro-batches"
+# other usage errors keep the usage text
+expect_rc "unknown option" 2 "$LP" eplb --bogus
+expect_in "unknown option: usage" "$tmp/err" "Usage: luapipe eplb"
+
+# luapipe eplb: the same converter (hex is not read as 16)
+printf '[[1,2,3,4],[4,3,2,1]]\n' >"$tmp/v.json"
+expect_rc "eplb --groups 0x10" 2 "$LP" eplb --loads "$tmp/v.json" --replicas 8 --gpus 2 --groups 0x10
+expect_in "eplb --groups 0x10 as typed" "$tmp/err" \
+  "luapipe eplb: --groups must be an integer from 1 to 1048576, got '0x10'"
+one_line "eplb --groups 0x10"
+expect_rc "eplb --groups 2 fine" 0 "$LP" eplb --loads "$tmp/v.json" --replicas 8 --gpus 2 --groups 2
+
+# the example scripts (they fail before any training starts)
+for ex in train_mlp train_char_lm; do
+  for c in "--microbatches 1.5|--microbatches must be an integer from 1 to 65536, got '1.5'" \
+    "--microbatches 0|--microbatches must be from 1 to 65536, got '0'" \
+    "--microbatches 1e9|--microbatches must be from 1 to 65536, got '1e9'" \
+    "--steps abc|--steps must be an integer from 1 to 2147483647, got 'abc'" \
+    "--seed 9223372036854775807|--seed must be from 0 to 2147483647, got '9223372036854775807'" \
+    "--chunks=-1|--chunks must be from 1 to 64, got '-1'" \
+    "--batch 0x10|--batch must be an integer from 1 to 65536, got '0x10'" \
+    "--lr abc|--lr must be a number 0 or more, got 'abc'" \
+    "--lr=-1|--lr must be 0 or more, got '-1'" \
+    "--lr inf|--lr must be a number 0 or more, got 'inf'"; do
+    # shellcheck disable=SC2086
+    expect_rc "$ex ${c%%|*}" 2 "$LP" "$root/examples/$ex.lua" ${c%%|*}
+    expect_in "$ex ${c%%|*} message" "$tmp/err" "$ex.lua: ${c#*|}"
+    one_line "$ex ${c%%|*}"
+  done
+  expect_rc "$ex --partition foo" 2 "$LP" "$root/examples/$ex.lua" --partition foo
+  expect_in "$ex --partition choices" "$tmp/err" "'--partition' must be one of 'layers', 'cost'"
+  expect_rc "$ex --help" 0 "$LP" "$root/examples/$ex.lua" --help
+  expect_in "$ex --help lists --microbatches" "$tmp/out" "--microbatches"
+done
+finish
