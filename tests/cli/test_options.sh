@@ -23,6 +23,14 @@ expect_in "1e1 read as 10" "$tmp/out" "10 micro-batches"
 expect_rc "unknown option" 2 "$LP" eplb --bogus
 expect_in "unknown option: usage" "$tmp/err" "Usage: luapipe eplb"
 
+# costs far apart: the Gantt chart stays bounded (it once needed 1e15 columns)
+expect_rc "--cost F=1e15 draws" 0 timeout 60 "$LP" simulate 1f1b -p 2 -m 2 --cost F=1e15
+expect_in "--cost F=1e15 legend" "$tmp/out" "short ones cut"
+expect_rc "per-stage cost out of range" 2 "$LP" simulate 1f1b -p 2 -m 2 --cost "B[3]=0"
+expect_in "per-stage cost as typed" "$tmp/err" \
+  "luapipe simulate: --cost: per-stage cost [3] (as in F[3]=...): this schedule's model stages are 0..1"
+one_line "per-stage cost out of range"
+
 # luapipe eplb: the same converter (hex is not read as 16)
 printf '[[1,2,3,4],[4,3,2,1]]\n' >"$tmp/v.json"
 expect_rc "eplb --groups 0x10" 2 "$LP" eplb --loads "$tmp/v.json" --replicas 8 --gpus 2 --groups 0x10
