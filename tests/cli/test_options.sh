@@ -31,6 +31,15 @@ expect_in "per-stage cost as typed" "$tmp/err" \
   "luapipe simulate: --cost: per-stage cost [3] (as in F[3]=...): this schedule's model stages are 0..1"
 one_line "per-stage cost out of range"
 
+# the link's latency and a message's whole delay obey the same cost rule
+expect_rc "--link lat=1e300s" 2 "$LP" simulate 1f1b --link lat=1e300s,bw=1GB/s
+expect_in "--link latency named" "$tmp/err" \
+  "luapipe simulate: --link: cost model: link latency = 1e+300 must be a number in 0..1e+15"
+one_line "--link lat=1e300s"
+expect_rc "message delay too long" 2 "$LP" bubbles --link lat=1s,bw=1B/s --cost F=1,bytes=1e15
+expect_in "message delay named" "$tmp/err" "luapipe bubbles: --cost/--link: cost model: a message takes \
+1000000000000001 (latency + link latency + bytes / bandwidth), more than the limit of 1e+15"
+
 # luapipe eplb: the same converter (hex is not read as 16)
 printf '[[1,2,3,4],[4,3,2,1]]\n' >"$tmp/v.json"
 expect_rc "eplb --groups 0x10" 2 "$LP" eplb --loads "$tmp/v.json" --replicas 8 --gpus 2 --groups 0x10

@@ -92,7 +92,9 @@ function M.simulate(s, cost)
       msg = string.format("per-stage cost [%s] (as in F[%s]=...): this schedule's model stages "
         .. "are %s", k, k, range)
     end
-    return nil, "--cost: " .. msg, 2
+    local opt = msg:find("a message takes", 1, true) and "--cost/--link"
+      or msg:find("link latency", 1, true) and "--link" or "--cost"
+    return nil, opt .. ": " .. msg, 2
   end
   if not res then return nil, err, 1 end
   return res
