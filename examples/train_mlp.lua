@@ -16,7 +16,8 @@ local int, INT32 = cli.int_option, 0x7fffffff
 local limits = require("luapipe.cli.common").limits
 
 local parser = argparse("train_mlp.lua", "Train a residual MLP with a pipeline schedule.")
-parser:option("--schedule", "Schedule family (gpipe, 1f1b, interleaved1f1b, zb1p, zbv, dualpipe, dualpipev).", "1f1b")
+parser:option("--schedule", "Schedule family (" .. table.concat(require("luapipe.schedules").list(), ", ")
+  .. ").", "1f1b")
 parser:option("--microbatches", "Micro-batches per step.", "8"):convert(int("--microbatches", 1, limits.microbatches))
 parser:option("--steps", "Training steps.", "20"):convert(int("--steps", 1, INT32))
 parser:option("--seed", "Seed for initialisation and data.", "1"):convert(int("--seed", 0, INT32))
