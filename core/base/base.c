@@ -312,6 +312,42 @@ double lp_env_double(const char *name, double deflt) {
   return *end ? deflt : x;
 }
 
+/* Checks the LUAPIPE_* knobs whose value has a fixed form, so a typo is
+ * an error instead of the default taken in silence (LUAPIPE_LINK is
+ * checked where it is parsed, lp_comm_mpi_init). */
+lp_status lp_env_check(char *err) {
+  const char *v = getenv("LUAPIPE_LOG");
+  if (v && *v) {
+    int ok = 0;
+    for (int i = 0; i < 4; i++) ok |= strcmp(v, level_names[i]) == 0;
+    if (!ok) {
+      lp_errf(err, "LUAPIPE_LOG='%s': use error, warn, info or debug", v);
+      return LP_ERR_ARG;
+    }
+  }
+  v = getenv("LUAPIPE_TIMEOUT");
+  if (v && *v) {
+    char *end;
+    double x = strtod(v, &end);
+    if (*end || !(x >= 0 && x <= 1e9)) { /* false for NaN */
+      lp_errf(err, "LUAPIPE_TIMEOUT='%s': must be a number of seconds from 0 to 1e9 "
+                   "(0: no watchdog)", v);
+      return LP_ERR_ARG;
+    }
+  }
+  v = getenv("LUAPIPE_COMM_THREAD");
+  if (v && *v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
+    lp_errf(err, "LUAPIPE_COMM_THREAD='%s': use 0 (off) or 1 (on)", v);
+    return LP_ERR_ARG;
+  }
+  v = getenv("LUAPIPE_COLOR");
+  if (v && *v && strcmp(v, "auto") != 0 && strcmp(v, "always") != 0 && strcmp(v, "never") != 0) {
+    lp_errf(err, "LUAPIPE_COLOR='%s': use auto, always or never", v);
+    return LP_ERR_ARG;
+  }
+  return LP_OK;
+}
+
 double lp_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -40,6 +40,21 @@ expect_rc "message delay too long" 2 "$LP" bubbles --link lat=1s,bw=1B/s --cost 
 expect_in "message delay named" "$tmp/err" "luapipe bubbles: --cost/--link: cost model: a message takes \
 1000000000000001 (latency + link latency + bytes / bandwidth), more than the limit of 1e+15"
 
+# environment knobs with a fixed form: a typo is an error, not the default
+for c in "LUAPIPE_TIMEOUT=abc|LUAPIPE_TIMEOUT='abc': must be a number of seconds from 0 to 1e9" \
+  "LUAPIPE_TIMEOUT=-1|LUAPIPE_TIMEOUT='-1': must be a number of seconds from 0 to 1e9" \
+  "LUAPIPE_COMM_THREAD=2|LUAPIPE_COMM_THREAD='2': use 0 (off) or 1 (on)" \
+  "LUAPIPE_LOG=loud|LUAPIPE_LOG='loud': use error, warn, info or debug" \
+  "LUAPIPE_COLOR=yes|LUAPIPE_COLOR='yes': use auto, always or never"; do
+  expect_rc "${c%%|*}" 2 env "${c%%|*}" "$LP" -e 'print("ran")'
+  expect_in "${c%%|*} named" "$tmp/err" "luapipe: ${c#*|}"
+  one_line "${c%%|*}"
+  grep -q ran "$tmp/out" && bad "${c%%|*}: ran anyway" || ok "${c%%|*}: nothing ran"
+done
+expect_rc "good knobs run" 0 env LUAPIPE_TIMEOUT=0.5 LUAPIPE_COMM_THREAD=0 LUAPIPE_LOG=debug \
+  LUAPIPE_COLOR=never "$LP" -e 'print("ran")'
+expect_in "good knobs ran" "$tmp/out" "ran"
+
 # luapipe eplb: the same converter (hex is not read as 16)
 printf '[[1,2,3,4],[4,3,2,1]]\n' >"$tmp/v.json"
 expect_rc "eplb --groups 0x10" 2 "$LP" eplb --loads "$tmp/v.json" --replicas 8 --gpus 2 --groups 0x10
