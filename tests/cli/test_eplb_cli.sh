@@ -89,6 +89,11 @@ expect_rc "missing file" 1 "$LP" eplb --loads "$tmp/nope.json" --replicas 4 --gp
 expect_in "missing file named" "$tmp/err" "cannot read $tmp/nope.json: No such file or directory"
 [ "$(grep -o "nope.json" "$tmp/err" | wc -l)" -eq 1 ] && ok "missing file named once" || bad "missing file named once"
 printf '0 1 2\n' >"$tmp/shortprev.txt"
+# an expert id out of range in --previous: the file and its line named
+printf '%s\n%s\n' "0 1 2 3 4 5 6 7 8 9 10 11 0 1 2 3" "0 1 2 3 4 5 6 7 8 9 10 11 4 5 99 7" >"$tmp/badprev.txt"
+expect_rc "previous id out of range" 1 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --previous "$tmp/badprev.txt"
+expect_in "previous id: file and line" "$tmp/err" \
+  "luapipe eplb: $tmp/badprev.txt:2: previous plan, layer 1, slot 14: expert 99 is out of range 0..11"
 expect_rc "short previous" 1 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --previous "$tmp/shortprev.txt"
 expect_in "short previous named" "$tmp/err" "$tmp/shortprev.txt: 1 layer, but $tmp/v.json has 2"
 

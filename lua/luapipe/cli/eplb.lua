@@ -292,9 +292,8 @@ function M.run(args)
   if args.spill and args.mode == "reference" then
     return fail("--spill needs --mode balanced (reference is DeepSeek's algorithm exactly)", 2)
   end
-  local previous
+  local previous, lines
   if args.previous then
-    local lines
     previous, lines = read_matrix(args.previous, "integer")
     if not previous then return fail(lines) end
     if #previous ~= #load then
@@ -312,7 +311,12 @@ function M.run(args)
   r, err = eplb.rebalance{ load = load, replicas = args.replicas, groups = args.groups,
     nodes = args.nodes, gpus = args.gpus, mode = args.mode, spill = args.spill or nil,
     previous = previous, max_moves = args.max_moves, json = true }
-  if not r then return fail(err) end
+  if not r then
+    -- the planner's "previous plan, layer L, ..." names the file and line too
+    local l = lines and tostring(err):match("^previous plan, layer (%d+)")
+    if l then err = string.format("%s:%s: %s", args.previous, lines(tonumber(l) + 1), err) end
+    return fail(err)
+  end
   local text = args.format == "text" and to_text(r) or to_json(r)
   if args.output then
     local ok, oerr = require("luapipe.util").write_file(args.output, text)
