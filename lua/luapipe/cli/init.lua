@@ -135,7 +135,7 @@ end
 
 -- Messages of the option converters below: main prints such a message as
 -- one line ("luapipe CMD: --pp must be ..."), without the usage text.
-local value_errors = setmetatable({}, { __mode = "k" })
+local value_errors = {}
 
 local function value_error(msg)
   value_errors[msg] = true
@@ -187,10 +187,9 @@ end
 function M.parse(parser, argv, prog, quiet)
   local ok, args = parser:pparse(argv)
   if ok then return args end
-  if quiet then
-  elseif value_errors[args] then
+  if not quiet and value_errors[args] then
     io.stderr:write(prog or parser._name, ": ", args, "\n")
-  else
+  elseif not quiet then
     io.stderr:write(parser:get_usage(), "\n\nError: ", args, "\n")
   end
   return nil, 2
@@ -218,8 +217,8 @@ function M.main(argv)
     return 2
   end
   local parser, cmd = make_parser(name)
-  local args, code = M.parse(parser, rest, "luapipe " .. name)
-  if not args then return code end
+  local args, usage_code = M.parse(parser, rest, "luapipe " .. name)
+  if not args then return usage_code end
   local code = cmd.run(args)
   return code or 0
 end
