@@ -1,14 +1,11 @@
-// elementwise.cu — small element-wise CUDA kernels behind lp_kernels.h.
-#include "lp_kernels.h"
+// elementwise.cu — self-contained smoke kernels (host arrays in and out)
+// behind lp_kernels.h; the tensor backend is backend_cuda.cu.
+#include "cuda_internal.cuh"
 
-#include <cuda_runtime.h>
 #include <math.h>
-#include <stdio.h>
-
-static char last_error[256] = "";
 
 static int fail(const char *what, cudaError_t e) {
-  snprintf(last_error, sizeof last_error, "%s: %s", what, cudaGetErrorString(e));
+  (void)lpk_cuda_fail("smoke", what, e);
   return LP_KERNELS_FAILED;
 }
 
@@ -21,14 +18,6 @@ static int fail(const char *what, cudaError_t e) {
     }                                                                          \
   } while (0)
 
-extern "C" int lp_kernels_device_count(void) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
-}
-
-extern "C" int lp_kernels_built_with_cuda(void) { return 1; }
-extern "C" const char *lp_kernels_last_error(void) { return last_error; }
 
 __global__ static void saxpy_kernel(size_t n, float a, const float *x, float *y) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;

@@ -1,9 +1,25 @@
 #!/usr/bin/env bash
 # Configures and builds luapipe into build/ (used by demo.sh and test.sh).
+# On a terminal the compile progress is one line that updates in place
+# ("[ 45%] Building C object ..."); otherwise (logs, CI) every line shows.
+# A failed build exits non-zero.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${LUAPIPE_BUILD_DIR:-$root/build}
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" -j "$jobs" 2>&1 | grep -vE '^\[ *[0-9]+%\]' || true
+echo "build: configuring and compiling luapipe into $build ($jobs jobs)"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+if [ -t 1 ]; then
+  cols=$(tput cols 2>/dev/null || echo 80)
+  cmake --build "$build" -j "$jobs" 2>&1 | while IFS= read -r line; do
+    case $line in
+      "["*"%]"*) printf '\r\033[K%s' "${line:0:$((cols - 1))}" ;;
+      *) printf '\r\033[K%s\n' "$line" ;;
+    esac
+  done
+  printf '\r\033[K'
+else
+  cmake --build "$build" -j "$jobs" 2>&1
+fi
 test -x "$build/luapipe"
+echo "build: done ($build/luapipe)"

@@ -11,6 +11,8 @@ PACKAGES=(
   libopenblas-dev
   libreadline-dev
 )
+# scripts/fuzz.sh also needs clang and libFuzzer (the build and tests do not)
+if [ "${LUAPIPE_DEPS_FUZZ:-0}" = 1 ]; then PACKAGES+=(clang libclang-rt-dev); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -289,6 +289,9 @@ static const lp_env_knob knobs[] = {
     {"LUAPIPE_HISTORY", "~/.luapipe_history", "REPL history file (empty disables history)"},
     {"LUAPIPE_LINK", "none", "emulated link for every message, e.g. lat=50us,bw=2GB/s (see lp_comm.h)"},
     {"LUAPIPE_COMM_THREAD", "1", "0 turns off the MPI progress thread (communication then progresses only while a rank waits)"},
+    {"LUAPIPE_COMM", "", "device buffers: nccl or mpi (staged through pinned host memory); unset: NCCL when every rank has its own GPU"},
+    {"LUAPIPE_TF32", "0", "1 lets CUDA float32 GEMMs use TF32 tensor cores (faster, ~1e-3 relative error)"},
+    {"LUAPIPE_CUDA_SYNC", "0", "1 waits after every CUDA op, so an error names the op that raised it (debugging)"},
 };
 
 const lp_env_knob *lp_env_knobs(int *count) {

@@ -32,7 +32,8 @@ typedef struct eplb_dims {
 } eplb_dims;
 
 /* ---- scratch space ------------------------------------------------------
- * Every array a call needs, allocated once per call through lp_malloc. */
+ * Every array a call needs, in one arena allocated once per call through
+ * lp_malloc. */
 typedef struct eplb_ws eplb_ws;
 struct eplb_ws {
   int n;           /* max(E, R, G, groups) + 1: size of the "n" arrays */
@@ -49,6 +50,7 @@ struct eplb_ws {
   /* reference mode */
   int *r_mlog2log, *r_phy2mlog, *r_prank, *r_mcnt, *r_pack,
       *r_rank, *r_inv;        /* [n] */
+  uint64_t *r_tree;           /* [4n]: tournament trees, sort scratch */
   /* packers (items <= n, packs <= n) */
   int *p_items, *p_items2, *p_cnt, *p_next, *p_head, *p_tail, *p_part,
       *p_sort;                /* [n] */
@@ -75,8 +77,8 @@ struct eplb_ws {
   int *b_cur, *b_start, *b_list, *b_tstart, *b_tlist, *b_diff, *b_done,
       *b_stamp, *b_order;     /* [n] */
   double *b_load, *b_delta;   /* [n] */
-  void *blk[112];             /* every allocation, for eplb_ws_free */
-  int nblk;
+  void *arena;                /* every array, one allocation */
+  size_t used;                /* bytes of it laid out */
 };
 
 /* Allocates every array for dims d (the G x G relabelling arrays only

@@ -61,6 +61,21 @@ lp_status lp_eplb_check_shape(int layers, int experts, int replicas,
 
 static lp_status check_load(const double *load, int layers, int experts, char *err) {
   if (!load) FAIL(LP_ERR_ARG, "no load matrix");
+  /* one branch-free pass; the slow one below names the first bad value */
+  const size_t n = (size_t)layers * experts;
+  /* the bits of 0 <= v <= FLT_MAX order like the values and lie at or
+   * below those of FLT_MAX; -0.0 counts as 0; NaN, infinities and
+   * negative values lie above */
+  const double fmax = FLT_MAX;
+  uint64_t lim, worst = 0;
+  memcpy(&lim, &fmax, sizeof lim);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t u;
+    memcpy(&u, &load[i], sizeof u);
+    u = u == (uint64_t)1 << 63 ? 0 : u;
+    worst = u > worst ? u : worst;
+  }
+  if (worst <= lim) return LP_OK;
   for (int l = 0; l < layers; l++)
     for (int e = 0; e < experts; e++) {
       double v = load[(size_t)l * experts + e];
@@ -108,6 +123,21 @@ static void init_dims(eplb_dims *d, int experts, int replicas, int groups,
 
 /* ---- metrics ---- */
 
+/* Max GPU load, total (summed in GPU order) and max node load. */
+static void gpu_totals(const double *gpu_load, int nodes, int gpn, eplb_eval *out) {
+  out->max = out->node_max = out->total = 0;
+  for (int n = 0, g = 0; n < nodes; n++) {
+    double node = 0;
+    for (int j = 0; j < gpn; j++, g++) {
+      double s = gpu_load[g];
+      if (s > out->max) out->max = s;
+      out->total += s;
+      node += s;
+    }
+    if (node > out->node_max) out->node_max = node;
+  }
+}
+
 void eplb_layer_eval(const eplb_dims *d, const double *load,
                      const int *phy2log, eplb_ws *ws, double *gpu_load,
                      eplb_eval *out) {
@@ -138,18 +168,7 @@ void eplb_layer_eval(const eplb_dims *d, const double *load,
       if (c > 0 && sg[bye[t - 1]] == g) out->dups++;
     }
   }
-  out->max = out->node_max = out->total = 0;
-  double node = 0;
-  for (int g = 0; g < d->G; g++) {
-    double s = gpu_load[g];
-    if (s > out->max) out->max = s;
-    out->total += s;
-    node += s;
-    if ((g + 1) % gpn == 0) {
-      if (node > out->node_max) out->node_max = node;
-      node = 0;
-    }
-  }
+  gpu_totals(gpu_load, d->N, gpn, out);
 }
 
 int eplb_better(const eplb_eval *a, const eplb_eval *b) {
@@ -236,6 +255,44 @@ static lp_eplb_plan *plan_new(int layers, const eplb_dims *d) {
   return p;
 }
 
+/* GPU loads and duplicates of one layer from its logical_to_physical, as
+ * eplb_layer_eval computes them from phy2log: each GPU still adds its
+ * shares in expert order (an expert's shares on one GPU are equal, so the
+ * order of its slots does not matter), and an expert's duplicates are its
+ * slots minus the GPUs they are on. *off is set when some expert with a
+ * home node has a slot elsewhere. */
+static void finish_eval(const eplb_dims *d, const double *load, const int *cnt,
+                        const int *l2p, int width, const int *home, eplb_ws *ws,
+                        double *gpu_load, eplb_eval *out, int *off) {
+  const int E = d->E, G = d->G, gpn = d->G / d->N;
+  const int *sg = ws->slot_gpu, *sn = ws->slot_node;
+  int *stamp = ws->m_list, dups = 0, away = 0;
+  for (int g = 0; g < G; g++) {
+    gpu_load[g] = 0;
+    stamp[g] = -1;
+  }
+  for (int e = 0; e < E; e++) {
+    const int *sl = l2p + (size_t)e * width;
+    const int c = cnt[e], h = home[e];
+    if (c == 1) { /* most experts: one slot, no division */
+      gpu_load[sg[sl[0]]] += load[e];
+      away |= h >= 0 && sn[sl[0]] != h;
+      continue;
+    }
+    double share = load[e] / c;
+    for (int r = 0; r < c; r++) {
+      int g = sg[sl[r]];
+      gpu_load[g] += share;
+      dups += stamp[g] == e;
+      stamp[g] = e;
+      away |= h >= 0 && sn[sl[r]] != h;
+    }
+  }
+  out->dups = dups;
+  *off = away;
+  gpu_totals(gpu_load, d->N, gpn, out);
+}
+
 /* Counts, width, logical_to_physical and every metric, from phy2log,
  * phyrank and home. */
 static lp_status plan_finish(lp_eplb_plan *p, const eplb_dims *d,
@@ -245,15 +302,20 @@ static lp_status plan_finish(lp_eplb_plan *p, const eplb_dims *d,
   int width = 0;
   for (int l = 0; l < L; l++) {
     int *cnt = p->logcnt + (size_t)l * E;
+    const int *map = p->phy2log + (size_t)l * R;
     memset(cnt, 0, (size_t)E * sizeof *cnt);
-    for (int s = 0; s < R; s++) cnt[p->phy2log[(size_t)l * R + s]]++;
-    for (int e = 0; e < E; e++) {
-      if (cnt[e] > width) width = cnt[e];
-      if (fixed_x > 0 && cnt[e] > fixed_x)
-        FAIL(LP_ERR_ARG,
-             "fixed_x=%d is too small: layer %d, expert %d has %d replicas", fixed_x,
-             l, e, cnt[e]);
+    int most = 0;
+    for (int s = 0; s < R; s++) {
+      int c = ++cnt[map[s]];
+      most = c > most ? c : most;
     }
+    if (most > width) width = most;
+    if (fixed_x > 0 && most > fixed_x)
+      for (int e = 0; e < E; e++)
+        if (cnt[e] > fixed_x)
+          FAIL(LP_ERR_ARG,
+               "fixed_x=%d is too small: layer %d, expert %d has %d replicas", fixed_x,
+               l, e, cnt[e]);
   }
   if (fixed_x > 0) width = fixed_x;
   p->width = width;
@@ -263,7 +325,6 @@ static lp_status plan_finish(lp_eplb_plan *p, const eplb_dims *d,
     p->gpu_copies = lp_malloc((size_t)L * G * sizeof(int));
     if (!p->gpu_copies) FAIL(LP_ERR_NOMEM, "out of memory");
   }
-  for (size_t i = 0; i < (size_t)L * E * width; i++) p->log2phy[i] = -1;
   memset(&p->total, 0, sizeof p->total);
   p->total.copies = previous ? 0 : -1;
   p->has_previous = previous != NULL;
@@ -272,15 +333,17 @@ static lp_status plan_finish(lp_eplb_plan *p, const eplb_dims *d,
     const int *cnt = p->logcnt + (size_t)l * E, *home = p->home + (size_t)l * E;
     const double *row = load + (size_t)l * E;
     int *l2p = p->log2phy + (size_t)l * E * width;
+    memset(l2p, 0xff, (size_t)E * width * sizeof *l2p); /* -1 */
     for (int s = 0; s < R; s++) {
       int e = map[s], r = rank[s];
-      if (r < 0 || r >= cnt[e] || l2p[(size_t)e * width + r] != -1)
+      if ((unsigned)r >= (unsigned)cnt[e] || l2p[(size_t)e * width + r] != -1)
         FAIL(LP_ERR_INTERNAL, "layer %d, slot %d: bad replica rank %d of expert %d",
              l, s, r, e);
       l2p[(size_t)e * width + r] = s;
     }
     eplb_eval ev;
-    eplb_layer_eval(d, row, map, ws, p->gpu_load + (size_t)l * G, &ev);
+    int off;
+    finish_eval(d, row, cnt, l2p, width, home, ws, p->gpu_load + (size_t)l * G, &ev, &off);
     lp_eplb_layer_stats *st = &p->layer[l];
     st->max_load = ev.max;
     st->mean_load = ev.total / G;
@@ -290,10 +353,11 @@ static lp_status plan_finish(lp_eplb_plan *p, const eplb_dims *d,
     st->balancedness = ev.max > 0 ? st->mean_load / ev.max : 1.0;
     st->duplicates = ev.dups;
     st->off_node_load = 0;
-    for (int s = 0; s < R; s++) {
-      int e = map[s];
-      if (home[e] >= 0 && ws->slot_node[s] != home[e]) st->off_node_load += row[e] / cnt[e];
-    }
+    if (off) /* summed in slot order */
+      for (int s = 0; s < R; s++) {
+        int e = map[s];
+        if (home[e] >= 0 && ws->slot_node[s] != home[e]) st->off_node_load += row[e] / cnt[e];
+      }
     st->copies = previous ? eplb_copies(d, previous + (size_t)l * R, map, ws,
                                         p->gpu_copies + (size_t)l * G)
                           : -1;

@@ -178,29 +178,21 @@ void eplb_heap_build(eplb_heap *h, int n) {
 
 /* ---- scratch space ---- */
 
+/* Every array lives in one arena: a first pass over the layout measures
+ * it (ws->arena NULL), a second one hands out the places. Each array gets
+ * 16 bytes of slack and starts on a 64-byte line. */
 static void *take(eplb_ws *ws, size_t n, size_t size) {
-  if (ws->nblk < 0) return NULL; /* an earlier allocation failed */
-  if (ws->nblk >= (int)(sizeof ws->blk / sizeof ws->blk[0])) {
-    ws->nblk = -ws->nblk - 1;
-    return NULL;
-  }
-  void *p = lp_malloc(n * size + 16);
-  if (!p) {
-    ws->nblk = -ws->nblk - 1; /* remember the count for freeing */
-    return NULL;
-  }
-  ws->blk[ws->nblk++] = p;
-  return p;
+  const size_t at = ws->used;
+  ws->used += (n * size + 16 + 63) & ~(size_t)63;
+  return ws->arena ? (char *)ws->arena + at : NULL;
 }
 
 void eplb_ws_free(eplb_ws *ws) {
-  int n = ws->nblk < 0 ? -ws->nblk - 1 : ws->nblk;
-  for (int i = 0; i < n; i++) lp_free(ws->blk[i]);
-  ws->nblk = 0;
+  lp_free(ws->arena);
+  ws->arena = NULL;
 }
 
-lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d, int relabel) {
-  memset(ws, 0, sizeof *ws);
+static void ws_layout(eplb_ws *ws, const eplb_dims *d, int relabel) {
   int n = d->E;
   if (d->R > n) n = d->R;
   if (d->G > n) n = d->G;
@@ -222,6 +214,7 @@ lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d, int relabel) {
   D(da); D(db); D(dc);
   I(r_mlog2log); I(r_phy2mlog); I(r_prank); I(r_mcnt);
   I(r_pack); I(r_rank); I(r_inv);
+  ws->r_tree = take(ws, 4 * nn, sizeof(uint64_t));
   I(p_items); I(p_items2); I(p_cnt); I(p_next); I(p_head); I(p_tail);
   I(p_part); I(p_sort);
   D(p_load); D(p_load2); D(p_sum);
@@ -263,13 +256,22 @@ lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d, int relabel) {
     ws->s_hkey = take(ws, gg + c, sizeof(double));
     ws->s_hid = take(ws, gg + c, sizeof(int));
   }
-  if (ws->nblk < 0) {
-    eplb_ws_free(ws);
-    return LP_ERR_NOMEM;
-  }
-  for (int s = 0, per_node = d->R / d->N; s < d->R; s++) {
-    ws->slot_gpu[s] = s / d->k;
-    ws->slot_node[s] = s / per_node;
+}
+
+lp_status eplb_ws_alloc(eplb_ws *ws, const eplb_dims *d, int relabel) {
+  memset(ws, 0, sizeof *ws);
+  ws_layout(ws, d, relabel); /* measures */
+  void *arena = lp_malloc(ws->used);
+  if (!arena) return LP_ERR_NOMEM;
+  memset(ws, 0, sizeof *ws);
+  ws->arena = arena;
+  ws_layout(ws, d, relabel); /* places */
+  const int per_node = d->R / d->N;
+  for (int s = 0, g = 0, at_g = 0, node = 0, at_node = 0; s < d->R; s++) { /* no divisions */
+    ws->slot_gpu[s] = g;
+    ws->slot_node[s] = node;
+    if (++at_g == d->k) at_g = 0, g++;
+    if (++at_node == per_node) at_node = 0, node++;
   }
   return LP_OK;
 }

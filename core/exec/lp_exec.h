@@ -3,7 +3,11 @@
  * posted ahead of need, asynchronous sends, the loss at the end of each
  * route, gradient reduction of replicated stages (DualPipe), the optimizer
  * step, the watchdog (every wait under the comm timeout; a timeout takes the
- * job down naming rank, action and peer) and measured trace events.
+ * job down naming rank, action and peer) and measured trace events
+ * (gathered on rank 0 over the comm). With expert parallelism (opts.ep) the
+ * job is a pp x ep grid: MoE layers exchange tokens over the EP group by
+ * all-to-all-v, overlapped pairs interleave the two micro-batches' phases,
+ * and expert placements can change between steps (EPLB).
  * Uses lp_schedule, lp_comm, lp_nn, lp_tensor, lp_trace. */
 #pragma once
 
@@ -15,16 +19,6 @@
 #include "lp_trace.h"
 
 typedef struct lp_exec lp_exec;
-
-typedef enum lp_exec_loss_kind {
-  LP_EXEC_LOSS_MSE = 0,          /* mean squared error against the target */
-  LP_EXEC_LOSS_CROSS_ENTROPY = 1 /* logits [..., V] against class ids */
-} lp_exec_loss_kind;
-
-typedef enum lp_exec_optim_kind {
-  LP_EXEC_OPTIM_SGD = 0,
-  LP_EXEC_OPTIM_ADAMW = 1
-} lp_exec_optim_kind;
 
 /* The data source: the input of micro-batch mb of step `step` (needed on the
  * rank holding position 0 of mb's route) and its target (on the rank holding
@@ -42,9 +36,10 @@ typedef lp_status (*lp_exec_chunk_fn)(void *ud, int stage, lp_nn_layer **out,
                                       char *err);
 
 /* Optional replacement for an overlapped pair (FB action): called instead
- * of the default "F half, then backward half". It may interleave the two
- * halves as it likes but must leave the same effects; it composes them from
- * lp_exec_run_half. NULL: the default. */
+ * of the default (the two halves' phases alternating, forward first; see
+ * lp_exec_half_begin). It may interleave the two halves as it likes but
+ * must leave the same effects; it composes them from lp_exec_run_half or
+ * lp_exec_half_begin / _advance. NULL: the default. */
 typedef lp_status (*lp_exec_fb_fn)(void *ud, lp_exec *e, const lp_action *a);
 
 typedef struct lp_exec_opts {
@@ -52,24 +47,33 @@ typedef struct lp_exec_opts {
   lp_exec_chunk_fn chunk;      /* required */
   lp_exec_data_fn data;        /* required */
   void *ud;                    /* passed to chunk, data and overlapped_fb */
-  lp_exec_loss_kind loss;
+  lp_nn_loss_kind loss;
   /* shape of the activation entering model stage s (s = 1..S-1; index 0 is
    * unused), the same for every micro-batch; act_ndim[s] dims in
    * act_shape[s][0..]. Gradients travelling back have the same shape. */
   const int *act_ndim;
   const int64_t (*act_shape)[LP_TENSOR_MAXDIM];
-  lp_exec_optim_kind optim;
+  lp_nn_optim_type optim;
   lp_nn_sgd_opts sgd;
   lp_nn_adamw_opts adamw;
   int recv_lookahead;          /* post receives this many compute actions
                                 * ahead (0: 4; < 0: all at step start) */
   int trace;                   /* 1: record measured trace events */
   lp_exec_fb_fn overlapped_fb; /* NULL: default F then B */
+  /* expert parallelism: the comm's ranks form a pp x ep grid, rank =
+   * pipeline rank * ep + EP index (0 or 1: no EP). The EP ranks of one
+   * pipeline rank run the same actions, each on its share of every
+   * micro-batch (rows of dim 0 of the data's input and target, split
+   * evenly; act_shape is that share's shape), their MoE layers exchange
+   * tokens by all-to-all-v over the EP group, and at step end dense grads
+   * are summed over the EP group and replicated experts' grads over their
+   * holders; the step's loss is the mean over micro-batches and shares. */
+  int ep;
 } lp_exec_opts;
 
 /* Creates the executor of this rank (lp_comm_rank of opts->comm) for
  * schedule s, which must be lowered (lp_schedule_lower) or have a single
- * rank. Checks that the comm has lp_schedule_ranks(s) ranks, that every
+ * rank. Checks that the comm has lp_schedule_ranks(s) x ep ranks, that every
  * (kind, vstage, mb) message tag fits lp_comm_tag_ub, builds the chunks of
  * this rank's virtual stages (each copy of a replicated stage its own) and
  * one optimizer per virtual stage. s is cloned. LP_OK and *out, or a status
@@ -111,6 +115,14 @@ typedef struct lp_exec_timing {
   double post;     /* posting sends/receives, polling sends (overhead) */
   double optim;    /* zero-grad and optimizer step (part of compute) */
   double overhead; /* wall - compute - wait */
+  /* MoE all-to-alls (EP > 1): count, their time (per exchange the longer
+   * of the wait it caused and the emulated link's time for its bytes) and
+   * the part of it the rank spent blocked waiting; the rest was hidden
+   * under compute (hidden share = 1 - a2a_blocked / a2a). The blocked
+   * part counts in its action's compute time (it is what the action
+   * costs when its all-to-all is not hidden). */
+  int64_t a2a_count;
+  double a2a, a2a_blocked;
 } lp_exec_timing;
 
 /* Compute action kinds of lp_exec_action_time, in this order. */
@@ -131,6 +143,28 @@ void lp_exec_timing_reset(lp_exec *e);
 /* This rank's virtual stages: count, and the id / model stage / chunk of
  * the i-th (borrowed). */
 int lp_exec_vstages(const lp_exec *e);
+/* The tokens routed to each logical expert in the last step, summed over
+ * every rank (the same on all): *layers MoE layers of the whole model in
+ * model order, (*experts)[l] experts of layer l, their counts back to back
+ * in *counts (NULL before the first step or without MoE). Borrowed. */
+lp_status lp_exec_expert_loads(const lp_exec *e, int *layers, const int **experts,
+                               const double **counts);
+/* Applies a new expert placement to MoE layer `layer` of the model (0-based
+ * in model order, as lp_exec_expert_loads): slots_per_rank slots per EP
+ * rank, phys_to_log[slot] its logical expert (ep x slots_per_rank
+ * entries, every expert at least once). Between steps; collective over
+ * every rank (ranks not holding the layer's stage do nothing). Expert
+ * weights and their optimizer state move point to point inside each EP
+ * group from the lowest old holder; the stage's optimizer is rebuilt over
+ * the new parameter list with the moved state, so training continues as
+ * it would have. *bytes_moved (optional) gets the bytes this rank sent.
+ * LP_ERR_ARG for a bad layer or map (text in lp_exec_last_error), nothing
+ * changed; a failure after the layer took the new slots (out of memory
+ * rebuilding the optimizer) leaves the executor unusable: end the job. */
+lp_status lp_exec_set_placement(lp_exec *e, int layer, int slots_per_rank,
+                                const int *phys_to_log, int64_t *bytes_moved);
+/* The EP group size (1: no EP) and this rank's index in it. */
+int lp_exec_ep(const lp_exec *e, int *ep_rank);
 int lp_exec_vstage_id(const lp_exec *e, int i);
 int lp_exec_vstage_stage(const lp_exec *e, int i);
 lp_nn_layer *lp_exec_vstage_chunk(const lp_exec *e, int i);
@@ -138,11 +172,25 @@ lp_nn_layer *lp_exec_vstage_chunk(const lp_exec *e, int i);
  * and communicator. */
 lp_nn_optim *lp_exec_vstage_optim(const lp_exec *e, int i);
 const lp_schedule *lp_exec_schedule(const lp_exec *e);
-lp_comm *lp_exec_comm(const lp_exec *e);
+lp_comm *lp_exec_comm(const lp_exec *e); /* the job's comm (all pp x ep ranks) */
 
 /* Runs one half of an action (for an overlapped_fb hook): type LP_ACT_F,
  * LP_ACT_B, LP_ACT_I or LP_ACT_W on virtual stage v, micro-batch mb. */
 lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
+
+/* The same halves in phases, for an overlapped_fb hook that orders the
+ * two micro-batches' phases itself: lp_exec_half_begin takes the inputs
+ * (type LP_ACT_F, LP_ACT_B or LP_ACT_I on virtual stage v, micro-batch
+ * mb; at most one forward and one backward half at a time);
+ * lp_exec_half_advance runs the forward (backward = 0) or backward half
+ * up to its next expert-parallel exchange (lp_nn_advance), *done = 1 once
+ * the half finished (output handed on, loss taken, weight-grad run for
+ * B); lp_exec_half_phase names what its next advance runs ("attn/dense",
+ * "dispatch", "experts", "combine"; "done" when no half runs). The default
+ * pair alternates advances, forward first. A hook must finish both halves. */
+lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb);
+lp_status lp_exec_half_advance(lp_exec *e, int backward, int *done);
+const char *lp_exec_half_phase(const lp_exec *e, int backward);
 
 /* Sets the text lp_exec_last_error reports (for an overlapped_fb hook that
  * fails for its own reasons); msg is copied. */
@@ -152,6 +200,19 @@ void lp_exec_set_error(lp_exec *e, const char *msg);
  * since the common start (a barrier in lp_exec_new). Borrowed; NULL when
  * tracing is off. */
 lp_trace *lp_exec_trace(lp_exec *e);
+
+/* Gathers the measured events of every rank on rank 0 over the comm (no
+ * shared file system needed): collective, between steps. On rank 0 *out
+ * gets one trace (to lp_trace_free) with every send paired with its
+ * receive (lp_trace_link_messages) and times starting at 0; on other ranks
+ * *out is NULL. The events carry a step marker per step and the counters
+ * "live activations" and "pending W" (as simulated traces do). LP_OK, or a
+ * status with the text in lp_exec_last_error (LP_ERR_ARG when tracing is
+ * off). */
+lp_status lp_exec_trace_gather(lp_exec *e, lp_trace **out);
+/* Gathers (lp_exec_trace_gather) and writes the Chrome JSON at path on
+ * rank 0 (atomically). Collective; every rank returns rank 0's status. */
+lp_status lp_exec_trace_write(lp_exec *e, const char *path);
 
 /* Drops the measured events recorded so far (to keep only the last steps
  * of a long run). LP_OK (nothing to do when tracing is off) or
@@ -189,9 +250,10 @@ void lp_exec_checkpoint_path(const char *dir, int rank, char *buf, size_t n);
 /* One training step of `model` (all stages in one chunk, or any layer) on
  * one process, the way a pipeline step must behave: zero grads; for each
  * micro-batch 0..M-1 in order, forward, the loss scaled by 1/M, full
- * backward; then one optimizer step. *loss gets the mean micro-batch loss.
+ * backward; then one optimizer step and the MoE layers' router-bias update
+ * from the step's expert loads. *loss gets the mean micro-batch loss.
  * LP_OK, or a status with the reason in err (LP_ERRLEN). */
 lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
-                                 lp_exec_loss_kind loss_kind, int M,
+                                 lp_nn_loss_kind loss_kind, int M,
                                  lp_exec_data_fn data, void *ud, int64_t step,
                                  double *loss, char *err);

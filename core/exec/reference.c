@@ -3,7 +3,7 @@
 #include "lp_exec.h"
 
 lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
-                                 lp_exec_loss_kind loss_kind, int M,
+                                 lp_nn_loss_kind loss_kind, int M,
                                  lp_exec_data_fn data, void *ud, int64_t step,
                                  double *loss, char *err) {
   if (!model || !optim || !data || M < 1) {
@@ -32,9 +32,7 @@ lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
       goto next;
     }
     double l = 0;
-    st = loss_kind == LP_EXEC_LOSS_CROSS_ENTROPY
-             ? lp_nn_loss_cross_entropy(y, tg, 1.0f / (float)M, &l, &dy)
-             : lp_nn_loss_mse(y, tg, 1.0f / (float)M, &l, &dy);
+    st = lp_nn_loss(loss_kind, y, tg, 1.0f / (float)M, &l, &dy);
     if (st != LP_OK) {
       lp_errf(err, "reference step: loss of micro-batch %d failed (%s)", mb, lp_strerror(st));
       goto next;
@@ -58,6 +56,19 @@ lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
   lp_nn_ctx_free(ctx);
   st = lp_nn_optim_step(optim);
   if (st != LP_OK) return st;
+  /* MoE router biases from this step's expert loads (as the executor does
+   * with the loads summed over the ranks) */
+  for (int i = 0; i < lp_nn_moe_count(model); i++) {
+    lp_nn_layer *m = lp_nn_moe_find(model, i);
+    int E = lp_nn_moe_get_opts(m)->experts;
+    int64_t *c = lp_malloc((size_t)E * sizeof *c);
+    if (!c) return LP_ERR_NOMEM;
+    st = lp_nn_moe_expert_load(m, c);
+    if (st == LP_OK) st = lp_nn_moe_update_bias(m, c);
+    lp_free(c);
+    if (st != LP_OK) return st;
+    lp_nn_moe_load_reset(m);
+  }
   if (loss) *loss = sum / M;
   return LP_OK;
 }

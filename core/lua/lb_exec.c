@@ -34,6 +34,8 @@ static void box_close(lua_State *L, exec_box *b) {
   b->data.ref = LUA_NOREF;
   if (b->fb_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, b->fb_ref);
   b->fb_ref = LUA_NOREF;
+  if (b->build_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, b->build_ref);
+  b->build_ref = LUA_NOREF;
   lp_free(b->ndim);
   lp_free(b->shape);
   b->ndim = NULL;
@@ -123,8 +125,49 @@ static int lb_exec_run_half(lua_State *L) {
   return 1;
 }
 
+/* exec:begin_half(type, stage, mb) -> true | nil, err: takes the inputs of
+ * a half ("F", "B" or "I") for exec:advance; only inside an overlapped_fb
+ * hook. */
+static int lb_exec_begin_half(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  static const char *const types[] = {"F", "B", "I", NULL};
+  static const int codes[] = {LP_ACT_F, LP_ACT_B, LP_ACT_I};
+  int ty = codes[luaL_checkoption(L, 2, NULL, types)];
+  int v = (int)luaL_checkinteger(L, 3), mb = (int)luaL_checkinteger(L, 4);
+  if (!b->in_step) return luaL_error(L, "exec:begin_half is only allowed inside an overlapped_fb hook");
+  lp_status st = lp_exec_half_begin(b->e, ty, v, mb);
+  if (st == LP_ERR_ARG && !*lp_exec_last_error(b->e))
+    return luaL_error(L, "begin_half: virtual stage %d / micro-batch %d is not on this rank", v, mb);
+  if (st != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* exec:advance(which) -> done, next_phase | nil, err: one phase of the
+ * forward ("F") or backward ("B") half begun by begin_half. */
+static int lb_exec_advance(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  static const char *const which[] = {"F", "B", NULL};
+  int bw = luaL_checkoption(L, 2, NULL, which);
+  if (!b->in_step) return luaL_error(L, "exec:advance is only allowed inside an overlapped_fb hook");
+  int done = 0;
+  if (lp_exec_half_advance(b->e, bw, &done) != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushboolean(L, done);
+  lua_pushstring(L, lp_exec_half_phase(b->e, bw));
+  return 2;
+}
+
+/* exec:phase(which) -> name of what the next advance of the "F" / "B" half
+ * runs ("attn/dense", "dispatch", "experts", "combine"; "done"). */
+static int lb_exec_phase(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  static const char *const which[] = {"F", "B", NULL};
+  lua_pushstring(L, lp_exec_half_phase(b->e, luaL_checkoption(L, 2, NULL, which)));
+  return 1;
+}
+
 /* core.exec_new(schedule, {build=, data=, loss=, act_shapes=, optimizer=,
- * trace=, lookahead=, overlapped_fb=}) -> Exec | nil, err */
+ * trace=, lookahead=, overlapped_fb=, ep=}) -> Exec | nil, err */
 static int lb_exec_new(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -147,12 +190,7 @@ static int lb_exec_new(lua_State *L) {
   luaL_argcheck(L, lua_isfunction(L, -1), 2, "'data' must be a function(step, mb) -> input, target");
   b->data.ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_getfield(L, 2, "loss");
-  {
-    const char *lk = lua_tostring(L, -1);
-    if (!lk || strcmp(lk, "mse") == 0) o.loss = LP_EXEC_LOSS_MSE;
-    else if (strcmp(lk, "cross_entropy") == 0) o.loss = LP_EXEC_LOSS_CROSS_ENTROPY;
-    else return luaL_error(L, "loss must be \"mse\" or \"cross_entropy\", got \"%s\"", lk);
-  }
+  o.loss = lb_loss_kind(L, -1, "loss");
   lua_pop(L, 1);
   lua_getfield(L, 2, "act_shapes");
   if (S > 1) luaL_argcheck(L, lua_istable(L, -1), 2, "'act_shapes' {[stage] = shape} needed");
@@ -176,6 +214,10 @@ static int lb_exec_new(lua_State *L) {
   lua_getfield(L, 2, "trace");
   o.trace = lua_toboolean(L, -1);
   lua_pop(L, 1);
+  lua_getfield(L, 2, "ep");
+  o.ep = (int)luaL_optinteger(L, -1, 1);
+  luaL_argcheck(L, o.ep >= 1, 2, "'ep' must be a positive integer");
+  lua_pop(L, 1);
   lua_getfield(L, 2, "lookahead");
   o.recv_lookahead = (int)luaL_optinteger(L, -1, 0);
   lua_pop(L, 1);
@@ -196,7 +238,7 @@ static int lb_exec_new(lua_State *L) {
   b->data.L = L;
   char err[LP_ERRLEN] = "";
   lp_status st = lp_exec_new(s, &o, &b->e, err);
-  luaL_unref(L, LUA_REGISTRYINDEX, b->build_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, b->build_ref); /* needed only while building */
   b->build_ref = LUA_NOREF;
   if (st != LP_OK) {
     box_close(L, b);
@@ -230,6 +272,9 @@ static void push_timing(lua_State *L, const lp_exec_timing *t) {
   lb_set_number(L, "post", t->post);
   lb_set_number(L, "optim", t->optim);
   lb_set_number(L, "overhead", t->overhead);
+  lb_set_integer(L, "a2a_count", t->a2a_count);
+  lb_set_number(L, "a2a", t->a2a);
+  lb_set_number(L, "a2a_blocked", t->a2a_blocked);
 }
 
 /* exec:timing() -> wall_s, busy_s, {steps=1, wall=, compute=, wait=, post=,
@@ -286,6 +331,62 @@ static int lb_exec_trace_clear(lua_State *L) {
 static int lb_exec_timing_reset(lua_State *L) {
   lp_exec_timing_reset(check_exec(L, 1)->e);
   return 0;
+}
+
+/* exec:expert_loads() -> {{n_e0, n_e1, ...}, ...}: tokens per logical
+ * expert of every MoE layer of the model in the last step, summed over all
+ * ranks (empty without MoE or before a step). */
+static int lb_exec_expert_loads(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  int nl = 0;
+  const int *ex = NULL;
+  const double *c = NULL;
+  lp_exec_expert_loads(b->e, &nl, &ex, &c);
+  lua_createtable(L, c ? nl : 0, 0);
+  for (int l = 0; c && l < nl; l++) {
+    lua_createtable(L, ex[l], 0);
+    for (int x = 0; x < ex[l]; x++) {
+      lua_pushinteger(L, (lua_Integer)(c[x] + 0.5));
+      lua_rawseti(L, -2, x + 1);
+    }
+    c += ex[l];
+    lua_rawseti(L, -2, l + 1);
+  }
+  return 1;
+}
+
+/* exec:set_placement(layer, slots_per_rank, phys_to_log) -> bytes sent |
+ * nil, err: a new placement of MoE layer `layer` (0-based); phys_to_log a
+ * list of 0-based expert ids, ep x slots_per_rank of them. Collective. */
+static int lb_exec_set_placement(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  int layer = (int)luaL_checkinteger(L, 2), spr = (int)luaL_checkinteger(L, 3);
+  luaL_checktype(L, 4, LUA_TTABLE);
+  int ep = lp_exec_ep(b->e, NULL);
+  luaL_argcheck(L, spr >= 1, 3, "slots per rank must be at least 1");
+  lua_Integer n = luaL_len(L, 4);
+  if (n != (lua_Integer)spr * ep)
+    return luaL_error(L, "set_placement: phys_to_log has %d entries, %d x %d expected", (int)n, ep, spr);
+  int *p2l = lua_newuserdatauv(L, (size_t)n * sizeof(int) + 1, 0);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_geti(L, 4, i);
+    if (!lua_isinteger(L, -1)) return luaL_error(L, "set_placement: phys_to_log[%d] is not an integer", (int)i);
+    p2l[i - 1] = (int)lua_tointeger(L, -1);
+    lua_pop(L, 1);
+  }
+  int64_t bytes = 0;
+  if (lp_exec_set_placement(b->e, layer, spr, p2l, &bytes) != LP_OK)
+    return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushinteger(L, bytes);
+  return 1;
+}
+
+/* exec:ep() -> EP group size, this rank's index in it */
+static int lb_exec_ep(lua_State *L) {
+  int r = 0;
+  lua_pushinteger(L, lp_exec_ep(check_exec(L, 1)->e, &r));
+  lua_pushinteger(L, r);
+  return 2;
 }
 
 /* exec:vstages() -> {{id=, stage=, layer=Layer}, ...} (layers shared) */
@@ -376,6 +477,20 @@ static void push_event(lua_State *L, const lp_trace_event *ev) {
   lb_set_integer(L, "index", ev->index);
   lua_pushstring(L, ev->action);
   lua_setfield(L, -2, "action");
+  lb_set_integer(L, "peer", ev->peer);
+  lb_set_integer(L, "tag", ev->tag);
+  lb_set_integer(L, "step", ev->step);
+}
+
+/* exec:trace_write(path) -> true | nil, err: gathers the measured events
+ * of every rank on rank 0 over the comm and writes one Chrome trace there
+ * (times from 0, a marker per step, counters, message flows). Collective. */
+static int lb_exec_trace_write(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  const char *path = luaL_checkstring(L, 2);
+  if (lp_exec_trace_write(b->e, path) != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* exec:trace_events() -> list of event tables (empty without trace=true) */
@@ -392,71 +507,6 @@ static int lb_exec_trace_events(lua_State *L) {
   return 1;
 }
 
-static void str_field(lua_State *L, int idx, const char *k, char *dst, size_t n) {
-  lua_getfield(L, idx, k);
-  const char *s = lua_tostring(L, -1);
-  snprintf(dst, n, "%s", s ? s : "");
-  lua_pop(L, 1);
-}
-
-static double num_field(lua_State *L, int idx, const char *k, double deflt) {
-  lua_getfield(L, idx, k);
-  double v = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : deflt;
-  lua_pop(L, 1);
-  return v;
-}
-
-/* core.trace_write(events, path [, flows]) -> true | nil, err: writes the
- * Chrome JSON of a list of event tables (as exec:trace_events gives) and
- * optional flows {{from_rank=, to_rank=, from_us=, to_us=}, ...}. */
-static int lb_trace_write(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
-  const char *path = luaL_checkstring(L, 2);
-  lp_trace *t = lp_trace_new();
-  if (!t) return luaL_error(L, "out of memory");
-  lp_status st = LP_OK;
-  int n = (int)luaL_len(L, 1);
-  for (int i = 1; i <= n && st == LP_OK; i++) {
-    lua_geti(L, 1, i);
-    int idx = lua_gettop(L);
-    lp_trace_event ev;
-    lp_trace_event_init(&ev);
-    ev.rank = (int)num_field(L, idx, "rank", 0);
-    char kind[16];
-    str_field(L, idx, "kind", kind, sizeof kind);
-    ev.kind = strcmp(kind, "send") == 0 ? LP_TRACE_SEND
-              : strcmp(kind, "recv") == 0 ? LP_TRACE_RECV : LP_TRACE_COMPUTE;
-    str_field(L, idx, "name", ev.name, sizeof ev.name);
-    str_field(L, idx, "cat", ev.cat, sizeof ev.cat);
-    str_field(L, idx, "action", ev.action, sizeof ev.action);
-    ev.start_us = num_field(L, idx, "start_us", 0);
-    ev.dur_us = num_field(L, idx, "dur_us", 0);
-    ev.stage = (int)num_field(L, idx, "stage", -1);
-    ev.mb = (int)num_field(L, idx, "mb", -1);
-    ev.index = (int)num_field(L, idx, "index", -1);
-    st = lp_trace_add_event(t, &ev, NULL);
-    lua_pop(L, 1);
-  }
-  if (lua_istable(L, 3)) {
-    int nf = (int)luaL_len(L, 3);
-    for (int i = 1; i <= nf && st == LP_OK; i++) {
-      lua_geti(L, 3, i);
-      int idx = lua_gettop(L);
-      lp_trace_flow f = {i, (int)num_field(L, idx, "from_rank", 0),
-                         (int)num_field(L, idx, "to_rank", 0), num_field(L, idx, "from_us", 0),
-                         num_field(L, idx, "to_us", 0), -1, -1};
-      st = lp_trace_add_flow(t, &f);
-      lua_pop(L, 1);
-    }
-  }
-  char err[LP_ERRLEN] = "";
-  if (st == LP_OK) st = lp_trace_write_json(t, path, err);
-  lp_trace_free(t);
-  if (st != LP_OK) return lb_fail(L, *err ? err : lp_strerror(st));
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
 void lb_open_exec(lua_State *L) {
   static const luaL_Reg methods[] = {{"step", lb_exec_step},
                                      {"timing", lb_exec_timing},
@@ -464,8 +514,15 @@ void lb_open_exec(lua_State *L) {
                                      {"timing_reset", lb_exec_timing_reset},
                                      {"trace_clear", lb_exec_trace_clear},
                                      {"vstages", lb_exec_vstages},
+                                     {"ep", lb_exec_ep},
+                                     {"expert_loads", lb_exec_expert_loads},
+                                     {"set_placement", lb_exec_set_placement},
                                      {"run_half", lb_exec_run_half},
+                                     {"begin_half", lb_exec_begin_half},
+                                     {"advance", lb_exec_advance},
+                                     {"phase", lb_exec_phase},
                                      {"trace_events", lb_exec_trace_events},
+                                     {"trace_write", lb_exec_trace_write},
                                      {"save_checkpoint", lb_exec_save_checkpoint},
                                      {"load_checkpoint", lb_exec_load_checkpoint},
                                      {"close", lb_exec_close},
@@ -473,8 +530,6 @@ void lb_open_exec(lua_State *L) {
   static const luaL_Reg meta[] = {{"__gc", lb_exec_close}, {"__close", lb_exec_close},
                                   {NULL, NULL}};
   static const luaL_Reg funcs[] = {{"exec_new", lb_exec_new},
-                                   {"trace_write", lb_trace_write},
-                                   
                                    {"mkdir_p", lb_mkdir_p},
                                    {NULL, NULL}};
   lb_new_class(L, LB_EXEC, "Exec", methods, meta);

@@ -3,9 +3,11 @@
  * the no-pipeline reference step and per-layer cost measurement. Misuse
  * raises; runtime failures return nil, message. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lb_nn.h"
+#include "lp_kernels.h"
 #include "lp_lua.h"
 
 /* ---- luapipe.Tensor ---- */
@@ -122,8 +124,11 @@ static void push_shape(lua_State *L, const lp_tensor *t) {
 static void push_values(lua_State *L, const lp_tensor *t) {
   lp_tensor *c = NULL;
   const lp_tensor *src = t;
-  if (!lp_tensor_is_contiguous(t)) {
-    if (lp_tensor_clone(t, &c) != LP_OK) luaL_error(L, "out of memory");
+  if (!lp_tensor_is_contiguous(t) || !lp_tensor_backend_of(t)->host_accessible) {
+    /* a dense host copy (device tensors are read back) */
+    if (lp_tensor_to_host(t, &c) != LP_OK)
+      luaL_error(L, "reading a tensor from %s failed: %s", lp_tensor_backend_of(t)->name,
+                 lp_kernels_last_error());
     src = c;
   }
   int64_t n = lp_tensor_numel(src);
@@ -411,28 +416,51 @@ static int lb_layer_set_params(lua_State *L) {
     if ((int64_t)luaL_len(L, -1) != c)
       return luaL_error(L, "set_params: '%s' has %I elements, got %I", name, (lua_Integer)c,
                         (lua_Integer)luaL_len(L, -1));
+    lp_tensor *h = NULL; /* values go through a host copy (the param may be on a device) */
+    if (lp_tensor_empty(NULL, p[i].value->ndim, p[i].value->shape, &h) != LP_OK)
+      return luaL_error(L, "out of memory");
     for (int64_t j = 0; j < c; j++) {
       lua_geti(L, -1, j + 1);
       int ok;
       lua_Number x = lua_tonumberx(L, -1, &ok);
-      if (!ok)
+      if (!ok) {
+        lp_tensor_free(h);
         return luaL_error(L, "set_params: '%s' value %I is not a number", name,
                           (lua_Integer)(j + 1));
-      p[i].value->data[j] = (float)x;
+      }
+      h->data[j] = (float)x;
       lua_pop(L, 1);
     }
+    lp_status st = lp_tensor_copy(p[i].value, h);
+    lp_tensor_free(h);
+    if (st != LP_OK) return luaL_error(L, "set_params: '%s': %s", name, lp_strerror(st));
     lua_pop(L, 1);
   }
   lua_settop(L, 1);
   return 1;
 }
 
-/* layer:forward(x) -> Tensor (inference, nothing stashed) */
+/* The backend holding l's parameters (the CPU for a layer without any). */
+static const lp_tensor_backend *layer_backend(const lp_nn_layer *l) {
+  size_t n;
+  const lp_nn_param *p = lp_nn_params(l, &n);
+  return n ? lp_tensor_backend_of(p[0].value) : lp_tensor_backend_cpu();
+}
+
+/* layer:forward(x) -> Tensor (inference, nothing stashed). A host x is
+ * copied to the layer's device first. */
 static int lb_layer_forward(lua_State *L) {
   lp_nn_layer *l = lb_check_layer(L, 1);
-  lp_tensor *x = lb_check_tensor(L, 2);
+  lp_tensor *x = lb_check_tensor(L, 2), *xd = NULL;
+  const lp_tensor_backend *be = layer_backend(l);
   tensor_box *b = new_tensor_box(L);
-  lp_status st = lp_nn_forward(l, NULL, x, &b->t);
+  lp_status st = LP_OK;
+  if (lp_tensor_backend_of(x) != be && lp_tensor_backend_of(x)->host_accessible) {
+    st = lp_tensor_empty(be, x->ndim, x->shape, &xd);
+    if (st == LP_OK) st = lp_tensor_copy(xd, x);
+  }
+  if (st == LP_OK) st = lp_nn_forward(l, NULL, xd ? xd : x, &b->t);
+  lp_tensor_free(xd);
   if (st != LP_OK) return lb_fail(L, lp_strerror(st));
   return 1;
 }
@@ -487,6 +515,36 @@ static int lb_layer_update_bias(lua_State *L) {
   return 1;
 }
 
+/* layer:to(device) -> layer | nil, message. device: "cpu", "cuda" (device
+ * 0) or "cuda:N". Moves every parameter and grad (build optimizers after). */
+static int lb_layer_to(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
+  const char *dev = luaL_checkstring(L, 2);
+  const lp_tensor_backend *be = NULL;
+  if (!strcmp(dev, "cpu")) {
+    be = lp_tensor_backend_cpu();
+  } else if (!strncmp(dev, "cuda", 4) && (dev[4] == 0 || dev[4] == ':')) {
+    char *end = NULL;
+    long n = dev[4] ? strtol(dev + 5, &end, 10) : 0;
+    if (dev[4] && (end == dev + 5 || *end || n < 0 || n > 1023))
+      return luaL_error(L, "to: device '%s' is not cpu, cuda or cuda:N", dev);
+    be = lp_tensor_backend_cuda((int)n);
+    if (!be) return lb_fail(L, lp_kernels_last_error());
+  } else {
+    return luaL_error(L, "to: device '%s' is not cpu, cuda or cuda:N", dev);
+  }
+  lp_status st = lp_nn_layer_to(l, be);
+  if (st != LP_OK) {
+    char msg[LP_ERRLEN];
+    snprintf(msg, sizeof msg, "moving layer %s to %s: %s%s%s", lp_nn_layer_name(l), dev,
+             lp_strerror(st), be->host_accessible ? "" : ": ",
+             be->host_accessible ? "" : lp_kernels_last_error());
+    return lb_fail(L, msg);
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
 static int lb_layer_moe_bias(lua_State *L) {
   lp_nn_layer *m = check_moe(L, lb_check_layer(L, 1), 2);
   int E = lp_nn_moe_get_opts(m)->experts;
@@ -497,6 +555,12 @@ static int lb_layer_moe_bias(lua_State *L) {
     lua_pushnumber(L, b[e]);
     lua_rawseti(L, -2, e + 1);
   }
+  return 1;
+}
+
+/* layer:device() -> "cpu" | "cuda:N" (where the parameters are) */
+static int lb_layer_device(lua_State *L) {
+  lua_pushstring(L, layer_backend(lb_check_layer(L, 1))->name);
   return 1;
 }
 
@@ -532,9 +596,9 @@ static float opt_num(lua_State *L, int idx, const char *k, float deflt) {
   return v;
 }
 
-void lb_optim_opts(lua_State *L, int idx, lp_exec_optim_kind *kind, lp_nn_sgd_opts *sgd,
+void lb_optim_opts(lua_State *L, int idx, lp_nn_optim_type *kind, lp_nn_sgd_opts *sgd,
                    lp_nn_adamw_opts *adamw) {
-  *kind = LP_EXEC_OPTIM_SGD;
+  *kind = LP_NN_OPTIM_SGD;
   *sgd = (lp_nn_sgd_opts){0.01f, 0.0f, 0.0f};
   *adamw = (lp_nn_adamw_opts){1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f};
   if (lua_isnoneornil(L, idx)) return;
@@ -542,11 +606,11 @@ void lb_optim_opts(lua_State *L, int idx, lp_exec_optim_kind *kind, lp_nn_sgd_op
   luaL_checktype(L, idx, LUA_TTABLE);
   lua_getfield(L, idx, "kind");
   const char *k = lua_tostring(L, -1);
-  if (k && strcmp(k, "adamw") == 0) *kind = LP_EXEC_OPTIM_ADAMW;
+  if (k && strcmp(k, "adamw") == 0) *kind = LP_NN_OPTIM_ADAMW;
   else if (k && strcmp(k, "sgd") != 0)
     luaL_error(L, "optimizer kind must be \"sgd\" or \"adamw\", got \"%s\"", k);
   lua_pop(L, 1);
-  if (*kind == LP_EXEC_OPTIM_SGD) {
+  if (*kind == LP_NN_OPTIM_SGD) {
     sgd->lr = opt_num(L, idx, "lr", sgd->lr);
     sgd->momentum = opt_num(L, idx, "momentum", 0);
     sgd->weight_decay = opt_num(L, idx, "weight_decay", 0);
@@ -562,14 +626,14 @@ void lb_optim_opts(lua_State *L, int idx, lp_exec_optim_kind *kind, lp_nn_sgd_op
 /* core.nn_optim(layer, opts) -> Optim */
 static int lb_nn_optim(lua_State *L) {
   lp_nn_layer *l = lb_check_layer(L, 1);
-  lp_exec_optim_kind kind;
+  lp_nn_optim_type kind;
   lp_nn_sgd_opts sgd;
   lp_nn_adamw_opts adamw;
   lb_optim_opts(L, 2, &kind, &sgd, &adamw);
   optim_box *b = lb_box_new(L, sizeof *b, LB_OPTIM);
   size_t n;
   const lp_nn_param *p = lp_nn_params(l, &n);
-  lp_status st = kind == LP_EXEC_OPTIM_ADAMW ? lp_nn_optim_adamw_new(p, n, &adamw, &b->o)
+  lp_status st = kind == LP_NN_OPTIM_ADAMW ? lp_nn_optim_adamw_new(p, n, &adamw, &b->o)
                                              : lp_nn_optim_sgd_new(p, n, &sgd, &b->o);
   if (st != LP_OK) return luaL_error(L, "optimizer: %s", lp_strerror(st));
   b->l = lp_nn_layer_retain(l);
@@ -635,16 +699,37 @@ done:
   return st;
 }
 
-static lp_exec_loss_kind check_loss(lua_State *L, int idx) {
-  static const char *const names[] = {"mse", "cross_entropy", NULL};
-  return (lp_exec_loss_kind)luaL_checkoption(L, idx, "mse", names);
+lp_nn_loss_kind lb_loss_kind(lua_State *L, int idx, const char *what) {
+  const char *name = luaL_optstring(L, idx, lp_nn_loss_names[LP_NN_LOSS_MSE]);
+  for (int k = 0; k < LP_NN_LOSS__N; k++)
+    if (strcmp(name, lp_nn_loss_names[k]) == 0) return (lp_nn_loss_kind)k;
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (int k = 0; k < LP_NN_LOSS__N; k++) {
+    lua_pushfstring(L, "%s\"%s\"", k == 0 ? "" : k == LP_NN_LOSS__N - 1 ? " or " : ", ",
+                    lp_nn_loss_names[k]);
+    luaL_addvalue(&b);
+  }
+  luaL_pushresult(&b);
+  return (lp_nn_loss_kind)luaL_error(L, "%s must be %s, got \"%s\"", what, lua_tostring(L, -1),
+                                     name);
+}
+
+/* core.nn_loss_names() -> {"mse", "cross_entropy"} (the loss kinds) */
+static int lb_nn_loss_names(lua_State *L) {
+  lua_createtable(L, LP_NN_LOSS__N, 0);
+  for (int k = 0; k < LP_NN_LOSS__N; k++) {
+    lua_pushstring(L, lp_nn_loss_names[k]);
+    lua_rawseti(L, -2, k + 1);
+  }
+  return 1;
 }
 
 /* core.nn_reference_step(layer, optim, loss, M, data, step) -> loss | nil, err */
 static int lb_nn_reference_step(lua_State *L) {
   lp_nn_layer *l = lb_check_layer(L, 1);
   lp_nn_optim *o = check_optim(L, 2);
-  lp_exec_loss_kind lk = check_loss(L, 3);
+  lp_nn_loss_kind lk = lb_loss_kind(L, 3, "loss");
   int M = (int)luaL_checkinteger(L, 4);
   luaL_argcheck(L, M >= 1, 4, "at least one micro-batch");
   luaL_checktype(L, 5, LUA_TFUNCTION);
@@ -739,6 +824,8 @@ void lb_open_nn(lua_State *L) {
                                            {"expert_load", lb_layer_expert_load},
                                            {"update_bias", lb_layer_update_bias},
                                            {"moe_bias", lb_layer_moe_bias},
+                                           {"to", lb_layer_to},
+                                           {"device", lb_layer_device},
                                            {"close", lb_layer_close},
                                            {NULL, NULL}};
   static const luaL_Reg layer_meta[] = {{"__gc", lb_layer_close}, {"__close", lb_layer_close},
@@ -755,6 +842,7 @@ void lb_open_nn(lua_State *L) {
                                    {"nn_chunk", lb_nn_chunk},
                                    {"nn_optim", lb_nn_optim},
                                    {"nn_reference_step", lb_nn_reference_step},
+                                   {"nn_loss_names", lb_nn_loss_names},
                                    {"nn_time_layers", lb_nn_time_layers},
                                    {NULL, NULL}};
   lb_new_class(L, LB_TENSOR, "Tensor", tensor_methods, tensor_meta);

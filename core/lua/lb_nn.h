@@ -30,5 +30,9 @@ lp_status lb_data_call(void *ud, int64_t step, int mb, lp_tensor **input,
 
 /* Reads optimizer options {kind = "sgd"|"adamw", lr =, momentum =,
  * weight_decay =, beta1 =, beta2 =, eps =} at idx (nil: SGD lr 0.01). */
-void lb_optim_opts(lua_State *L, int idx, lp_exec_optim_kind *kind,
+void lb_optim_opts(lua_State *L, int idx, lp_nn_optim_type *kind,
                    lp_nn_sgd_opts *sgd, lp_nn_adamw_opts *adamw);
+
+/* The loss kind named by the string at idx (nil: "mse"); raises "<what>
+ * must be "mse" or "cross_entropy", got ..." for another name. */
+lp_nn_loss_kind lb_loss_kind(lua_State *L, int idx, const char *what);

@@ -2,7 +2,6 @@
  * ctx slots: act: 0 = x.  rmsnorm: 0 = x, 1 = rstd [rows], 2 = dy. */
 #include "nn_internal.h"
 
-#include <math.h>
 
 static lp_status check_same(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
                             const lp_tensor *dy) {
@@ -74,6 +73,7 @@ static lp_status rmsnorm_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
     return nn_fail(ctx, l, LP_ERR_ARG, "input %s must have %lld features",
                    nn_shape_str(x, a, sizeof a), (long long)l->dim);
   }
+  LP_CHECK(nn_check_device(ctx, l, "input", x));
   lp_tensor *xd = NULL, *rstd = NULL;
   int64_t rows, d = l->dim;
   lp_status st;
@@ -83,18 +83,10 @@ static lp_status rmsnorm_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
       lp_tensor_empty(lp_tensor_backend_of(x), 1, (int64_t[]){rows}, &rstd), st,
       fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, y), st, fail);
-  const float *w = l->params[0].value->data;
-  for (int64_t r = 0; r < rows; r++) {
-    const float *xr = xd->data + r * d;
-    float *yr = (*y)->data + r * d;
-    double ss = 0.0;
-    for (int64_t c = 0; c < d; c++)
-      ss += (double)xr[c] * xr[c];
-    float rs = (float)(1.0 / sqrt(ss / (double)d + (double)l->eps));
-    rstd->data[r] = rs;
-    for (int64_t c = 0; c < d; c++)
-      yr[c] = xr[c] * rs * w[c];
-  }
+  const lp_tensor_backend *be = lp_tensor_backend_of(xd);
+  LP_CHECK_GOTO(be->rmsnorm(be, rows, d, l->eps, xd->data,
+                            l->params[0].value->data, (*y)->data, rstd->data),
+                st, fail);
   nn_keep(ctx, R_X, xd);
   nn_keep(ctx, R_RSTD, rstd);
   return LP_OK;
@@ -108,41 +100,29 @@ static lp_status rmsnorm_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                                     const lp_tensor *dy, lp_tensor **dx) {
   const lp_tensor *x = ctx->saved[R_X], *rstd = ctx->saved[R_RSTD];
   LP_CHECK(check_same(l, ctx, x, dy));
+  LP_CHECK(nn_check_device(ctx, l, "dy", dy));
   lp_tensor *dyd;
   LP_CHECK(nn_dense(dy, &dyd));
   nn_keep(ctx, R_DY, dyd);
   if (!dx) return LP_OK;
   LP_CHECK(lp_tensor_empty_like(x, dx));
-  int64_t rows, d = l->dim;
+  int64_t rows;
   lp_tensor_rows_cols(x, &rows, NULL);
-  const float *w = l->params[0].value->data;
-  for (int64_t r = 0; r < rows; r++) {
-    const float *xr = x->data + r * d, *gr = dyd->data + r * d;
-    float *dr = (*dx)->data + r * d;
-    float rs = rstd->data[r];
-    double m = 0.0; /* mean of (dy * w) * xhat */
-    for (int64_t c = 0; c < d; c++)
-      m += (double)(gr[c] * w[c]) * (xr[c] * rs);
-    float mf = (float)(m / (double)d);
-    for (int64_t c = 0; c < d; c++)
-      dr[c] = rs * (gr[c] * w[c] - xr[c] * rs * mf);
-  }
-  return LP_OK;
+  const lp_tensor_backend *be = lp_tensor_backend_of(x);
+  return be->rmsnorm_backward(be, rows, l->dim, x->data,
+                              l->params[0].value->data, rstd->data, dyd->data,
+                              (*dx)->data, NULL);
 }
 
 static lp_status rmsnorm_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   const lp_tensor *x = ctx->saved[R_X], *rstd = ctx->saved[R_RSTD],
                   *dy = ctx->saved[R_DY];
-  float *gw = l->params[0].grad->data;
-  int64_t rows, d = l->dim;
+  int64_t rows;
   lp_tensor_rows_cols(x, &rows, NULL);
-  for (int64_t r = 0; r < rows; r++) {
-    const float *xr = x->data + r * d, *gr = dy->data + r * d;
-    float rs = rstd->data[r];
-    for (int64_t c = 0; c < d; c++)
-      gw[c] += gr[c] * (xr[c] * rs);
-  }
-  return LP_OK;
+  const lp_tensor_backend *be = lp_tensor_backend_of(x);
+  return be->rmsnorm_backward(be, rows, l->dim, x->data,
+                              l->params[0].value->data, rstd->data, dy->data,
+                              NULL, l->params[0].grad->data);
 }
 
 static const nn_ops rmsnorm_ops = {"rmsnorm", rmsnorm_forward,

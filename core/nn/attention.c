@@ -47,6 +47,7 @@ static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
                    "input must be [batch, seq, %lld], got %s", (long long)D,
                    nn_shape_str(x, a, sizeof a));
   }
+  LP_CHECK(nn_check_device(ctx, l, "input", x));
   int64_t B = x->shape[0], T = x->shape[1], dh = D / H;
   const lp_tensor_backend *be = lp_tensor_backend_of(x);
   lp_tensor *xd = NULL, *q = NULL, *k = NULL, *v = NULL, *p = NULL, *o = NULL;
@@ -65,11 +66,7 @@ static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 0, 1, T, T, dh, scale, q->data, 0,
                           k->data, 0, p->data, 1),
                 st, fail);
-  for (int64_t r = 0; r < B * H * T; r++) {
-    float *row = p->data + r * T;
-    for (int64_t j = r % T + 1; j < T; j++)
-      row[j] = -INFINITY;
-  }
+  LP_CHECK_GOTO(be->causal_mask(be, B * H * T, T, p->data), st, fail);
   LP_CHECK_GOTO(lp_tensor_softmax_rows(p, p), st, fail);
   /* O = P V */
   LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 0, 0, T, dh, T, 1.0f, p->data, 1,
@@ -102,6 +99,7 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
     return nn_fail(ctx, l, LP_ERR_ARG, "dy has shape %s, forward output had %s",
                    nn_shape_str(dy, a, sizeof a), nn_shape_str(x, b, sizeof b));
   }
+  LP_CHECK(nn_check_device(ctx, l, "dy", dy));
   int64_t B = x->shape[0], T = x->shape[1], D = l->dim, H = l->heads;
   int64_t dh = D / H;
   const lp_tensor_backend *be = lp_tensor_backend_of(x);
@@ -125,16 +123,8 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                           dout->data, 0, dv->data, 0),
                 st, fail);
   /* dS = P * (dP - rowsum(dP * P)), in place; masked entries have P = 0 */
-  for (int64_t r = 0; r < B * H * T; r++) {
-    const float *pr = p->data + r * T;
-    float *dr = ds->data + r * T;
-    double s = 0.0;
-    for (int64_t j = 0; j < T; j++)
-      s += (double)dr[j] * pr[j];
-    float sf = (float)s;
-    for (int64_t j = 0; j < T; j++)
-      dr[j] = pr[j] * (dr[j] - sf);
-  }
+  LP_CHECK_GOTO(be->softmax_backward_rows(be, B * H * T, T, p->data, ds->data),
+                st, fail);
   /* dQ = dS K / sqrt(dh);  dK = dS^T Q / sqrt(dh) */
   float scale = (float)(1.0 / sqrt((double)dh));
   LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 0, 0, T, dh, T, scale, ds->data, 1,

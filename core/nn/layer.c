@@ -73,6 +73,37 @@ lp_status nn_dense(const lp_tensor *x, lp_tensor **out) {
   return lp_tensor_clone(x, out);
 }
 
+lp_status nn_host(const lp_tensor *x, lp_tensor **out) {
+  if (lp_tensor_backend_of(x)->host_accessible) return nn_dense(x, out);
+  return lp_tensor_to_host(x, out);
+}
+
+lp_status nn_check_device(lp_nn_ctx *ctx, const lp_nn_layer *l,
+                          const char *what, const lp_tensor *t) {
+  const lp_tensor_backend *a = lp_tensor_backend_of(t),
+                          *b = lp_tensor_backend_of(l->params[0].value);
+  if (a == b) return LP_OK;
+  return nn_fail(ctx, l, LP_ERR_ARG,
+                 "%s is on %s but the parameters are on %s (move one of "
+                 "them: lp_nn_layer_to / model:to)",
+                 what, a->name, b->name);
+}
+
+lp_status nn_on(const lp_tensor *x, const lp_tensor_backend *be,
+                lp_tensor **out) {
+  if (lp_tensor_backend_of(x) == be) return nn_dense(x, out);
+  lp_tensor *d = NULL;
+  LP_CHECK(nn_dense(x, &d));
+  lp_status st = lp_tensor_empty(be, d->ndim, d->shape, out);
+  if (st == LP_OK) st = lp_tensor_copy(*out, d);
+  if (st != LP_OK) {
+    lp_tensor_free(*out);
+    *out = NULL;
+  }
+  lp_tensor_free(d);
+  return st;
+}
+
 lp_status nn_child_ctx(lp_nn_ctx *ctx, size_t i, lp_nn_ctx **out) {
   *out = NULL;
   if (!ctx) return LP_OK;
@@ -213,10 +244,6 @@ lp_status lp_nn_forward_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
                    "forward: the context still holds a micro-batch of layer "
                    "%s (run weight_grad or clear it first)",
                    ctx->layer ? ctx->layer->name : "?");
-  if (!lp_tensor_backend_of(x)->host_accessible)
-    return nn_fail(ctx, l, LP_ERR_UNSUPPORTED,
-                   "forward: backend %s is not supported by nn yet",
-                   lp_tensor_backend_of(x)->name);
   return start_pass(l, ctx, x, NN_PASS_FORWARD, 1);
 }
 
@@ -517,6 +544,25 @@ lp_status lp_nn_zero_grad(lp_nn_layer *l) {
   for (size_t i = 0; i < l->nparams; i++)
     LP_CHECK(lp_tensor_fill(l->params[i].grad, 0.0f));
   return LP_OK;
+}
+
+lp_status lp_nn_layer_to(lp_nn_layer *l, const lp_tensor_backend *be) {
+  if (!l) return LP_ERR_ARG;
+  if (!be) be = lp_tensor_backend_cpu();
+  const lp_tensor_backend *from =
+      l->nparams ? lp_tensor_backend_of(l->params[0].value) : be;
+  lp_status st = LP_OK;
+  size_t i = 0;
+  for (; i < l->nparams && st == LP_OK; i++) {
+    st = lp_tensor_move(l->params[i].value, be);
+    if (st == LP_OK) st = lp_tensor_move(l->params[i].grad, be);
+  }
+  if (st != LP_OK) /* back to where they were */
+    for (size_t j = 0; j < i; j++) {
+      (void)lp_tensor_move(l->params[j].value, from);
+      (void)lp_tensor_move(l->params[j].grad, from);
+    }
+  return st;
 }
 
 lp_status nn_composite_collect_params(lp_nn_layer *l) {

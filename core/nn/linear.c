@@ -31,6 +31,7 @@ static lp_status linear_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
     return nn_fail(ctx, l, LP_ERR_ARG, "input %s must have %lld features",
                    nn_shape_str(x, a, sizeof a), (long long)l->in);
   }
+  LP_CHECK(nn_check_device(ctx, l, "input", x));
   lp_tensor *xd = NULL;
   int64_t sh[LP_TENSOR_MAXDIM];
   lp_status st;
@@ -53,6 +54,7 @@ static lp_status linear_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                                    const lp_tensor *dy, lp_tensor **dx) {
   const lp_tensor *x = ctx->saved[S_X];
   LP_CHECK(check_dy(l, ctx, x, dy, l->out, 0));
+  LP_CHECK(nn_check_device(ctx, l, "dy", dy));
   lp_tensor *dyd;
   LP_CHECK(nn_dense(dy, &dyd));
   nn_keep(ctx, S_DY, dyd);
@@ -102,13 +104,18 @@ static lp_status embedding_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
     return nn_fail(ctx, l, LP_ERR_ARG, "ids %s may have at most %d dims",
                    nn_shape_str(ids, a, sizeof a), LP_TENSOR_MAXDIM - 1);
   }
-  lp_tensor *idd = NULL;
+  /* ids may live on the host while the table is on a device: they are
+   * checked on the host and copied to the table's backend */
+  const lp_tensor_backend *be = lp_tensor_backend_of(l->params[0].value);
+  lp_tensor *idd = NULL, *idh = NULL;
   lp_status st;
-  LP_CHECK(nn_dense(ids, &idd));
+  LP_CHECK(nn_on(ids, be, &idd));
   int64_t n = lp_tensor_numel(idd), sh[LP_TENSOR_MAXDIM];
+  LP_CHECK_GOTO(nn_host(ids, &idh), st, fail);
   for (int64_t r = 0; r < n; r++) {
-    float v = idd->data[r];
+    float v = idh->data[r];
     if (!(v >= 0.0f && v < (float)l->in) || v != floorf(v)) {
+      lp_tensor_free(idh);
       lp_tensor_free(idd);
       return nn_fail(
           ctx, l, LP_ERR_ARG,
@@ -116,18 +123,15 @@ static lp_status embedding_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
           (double)v, (long long)r, (long long)l->in);
     }
   }
+  lp_tensor_free(idh);
+  idh = NULL;
   for (int i = 0; i < ids->ndim; i++)
     sh[i] = ids->shape[i];
   sh[ids->ndim] = l->out;
-  LP_CHECK_GOTO(
-      lp_tensor_empty(lp_tensor_backend_of(ids), ids->ndim + 1, sh, y), st,
-      fail);
-  const lp_tensor_backend *be = lp_tensor_backend_of(*y);
-  const float *w = l->params[0].value->data;
-  for (int64_t r = 0; r < n; r++)
-    LP_CHECK_GOTO(be->copy(be, l->out, w + (int64_t)idd->data[r] * l->out,
-                           (*y)->data + r * l->out),
-                  st, fail);
+  LP_CHECK_GOTO(lp_tensor_empty(be, ids->ndim + 1, sh, y), st, fail);
+  LP_CHECK_GOTO(be->embedding(be, n, l->out, idd->data,
+                              l->params[0].value->data, (*y)->data),
+                st, fail);
   nn_keep(ctx, S_X, idd);
   return LP_OK;
 fail:
@@ -138,6 +142,7 @@ fail:
 static lp_status embedding_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                                       const lp_tensor *dy, lp_tensor **dx) {
   LP_CHECK(check_dy(l, ctx, ctx->saved[S_X], dy, l->out, 1));
+  LP_CHECK(nn_check_device(ctx, l, "dy", dy));
   lp_tensor *dyd;
   LP_CHECK(nn_dense(dy, &dyd));
   nn_keep(ctx, S_DY, dyd);
@@ -149,11 +154,8 @@ static lp_status embedding_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   const lp_tensor *ids = ctx->saved[S_X], *dy = ctx->saved[S_DY];
   lp_tensor *g = l->params[0].grad;
   const lp_tensor_backend *be = lp_tensor_backend_of(g);
-  int64_t n = lp_tensor_numel(ids);
-  for (int64_t r = 0; r < n; r++)
-    LP_CHECK(be->axpy(be, l->out, 1.0f, dy->data + r * l->out,
-                      g->data + (int64_t)ids->data[r] * l->out));
-  return LP_OK;
+  return be->embedding_backward(be, lp_tensor_numel(ids), l->out, l->in,
+                                ids->data, dy->data, g->data);
 }
 
 static const nn_ops embedding_ops = {"embedding", embedding_forward,

@@ -2,7 +2,8 @@
  * forward, an input-grad (I) and a weight-grad (W) call so zero-bubble
  * schedules can split backward; per-micro-batch contexts hold what backward
  * needs; a chunk (sequential container) is what one model stage holds;
- * losses; SGD and AdamW. Built on lp_tensor (CPU backend); no Lua.
+ * losses; SGD and AdamW. Built on lp_tensor: runs on whichever backend
+ * holds the parameters (CPU, or CUDA after lp_nn_layer_to); no Lua.
  *
  * The life of one micro-batch on one layer (or chunk) `l`:
  *
@@ -165,6 +166,12 @@ int64_t lp_nn_param_numel(const lp_nn_layer *l);
 lp_status lp_nn_init(lp_nn_layer *l, uint64_t seed);
 /* Sets every parameter grad to zero. */
 lp_status lp_nn_zero_grad(lp_nn_layer *l);
+/* Moves every parameter (value and grad) of l to backend `be` (NULL: the
+ * CPU), e.g. lp_tensor_backend_cuda(0) from lp_kernels.h. Build optimizers
+ * after the move (their state is made on the parameters' backend). Inputs
+ * must then be on the same backend (token ids and loss targets may stay
+ * on the host). On failure the parameters are back where they were. */
+lp_status lp_nn_layer_to(lp_nn_layer *l, const lp_tensor_backend *be);
 
 /* ======================================================================
  * Per-micro-batch contexts
@@ -403,6 +410,20 @@ lp_status lp_nn_loss_cross_entropy(const lp_tensor *logits,
 lp_status lp_nn_loss_mse(const lp_tensor *pred, const lp_tensor *target,
                          float grad_scale, double *loss, lp_tensor **dpred);
 
+/* The loss kinds, and their names as users write them ("mse",
+ * "cross_entropy"; lp_nn_loss_names is NULL-terminated and indexed by
+ * kind): the one list of loss names. */
+typedef enum lp_nn_loss_kind {
+  LP_NN_LOSS_MSE = 0,           /* mean squared error against the target */
+  LP_NN_LOSS_CROSS_ENTROPY = 1, /* logits [..., V] against class ids */
+  LP_NN_LOSS__N
+} lp_nn_loss_kind;
+extern const char *const lp_nn_loss_names[LP_NN_LOSS__N + 1];
+/* The loss of `kind` (lp_nn_loss_mse or lp_nn_loss_cross_entropy);
+ * LP_ERR_ARG for an unknown kind. */
+lp_status lp_nn_loss(lp_nn_loss_kind kind, const lp_tensor *y, const lp_tensor *target,
+                     float grad_scale, double *loss, lp_tensor **dy);
+
 /* ======================================================================
  * Optimizers over a list of (param, grad). The optimizer copies the list
  * (names and tensor pointers are borrowed: the layers must outlive it) and
@@ -410,6 +431,12 @@ lp_status lp_nn_loss_mse(const lp_tensor *pred, const lp_tensor *target,
  * ====================================================================== */
 
 typedef struct lp_nn_optim lp_nn_optim;
+
+/* The optimizer algorithms (names "sgd", "adamw": lp_nn_optim_kind). */
+typedef enum lp_nn_optim_type {
+  LP_NN_OPTIM_SGD = 0,
+  LP_NN_OPTIM_ADAMW = 1
+} lp_nn_optim_type;
 
 /* PyTorch SGD (dampening 0): g = grad + weight_decay * p;
  * buf = momentum * buf + g (buf starts at 0); p -= lr * buf. */

@@ -717,6 +717,13 @@ static lp_status bwd_dispatch(lp_nn_layer *l, lp_nn_ctx *ctx, lp_tensor **dx) {
 static lp_status moe_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
                              lp_tensor **out) {
   int wait = 0;
+  /* the router and the token bookkeeping read tensors on the host */
+  if (!lp_tensor_backend_of(ctx->in)->host_accessible)
+    return nn_fail(ctx, l, LP_ERR_UNSUPPORTED,
+                   "%s: the MoE layer runs on the CPU only so far (input is "
+                   "on %s)",
+                   ctx->pass == NN_PASS_FORWARD ? "forward" : "input_grad",
+                   lp_tensor_backend_of(ctx->in)->name);
   if (ctx->pass == NN_PASS_FORWARD) {
     switch (ctx->phase) {
     case PH_ROUTER:

@@ -110,6 +110,19 @@ void nn_drop(lp_nn_ctx *ctx, int i);
 /* A dense, owned tensor with x's values: a view when x is dense, else a
  * clone. */
 lp_status nn_dense(const lp_tensor *x, lp_tensor **out);
+/* A dense host tensor with x's values: a view when x is dense host
+ * memory, else a copy (device ids and targets are checked on the host). */
+lp_status nn_host(const lp_tensor *x, lp_tensor **out);
+/* LP_OK when t is on the backend of l's parameters, else LP_ERR_ARG with
+ * text naming both devices ("input is on cuda:0 but the parameters are
+ * on cpu"). */
+lp_status nn_check_device(lp_nn_ctx *ctx, const lp_nn_layer *l,
+                          const char *what, const lp_tensor *t);
+/* A dense tensor on backend `be` with x's values: nn_dense when x is
+ * there already, else a copy (token ids and targets given on the host to a
+ * model on a device). */
+lp_status nn_on(const lp_tensor *x, const lp_tensor_backend *be,
+                lp_tensor **out);
 /* Sub-context i of ctx, created on first use. NULL ctx gives NULL. */
 lp_status nn_child_ctx(lp_nn_ctx *ctx, size_t i, lp_nn_ctx **out);
 /* Allocates a layer with one reference, a copy of name and the given ops. */

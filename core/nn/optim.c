@@ -39,9 +39,8 @@ static lp_status optim_new(int kind, const lp_nn_param *params, size_t n,
     if (!p->value || !p->grad || !lp_tensor_same_shape(p->value, p->grad) ||
         !lp_tensor_is_contiguous(p->value) || !lp_tensor_is_contiguous(p->grad))
       return LP_ERR_ARG;
-    if (!lp_tensor_backend_of(p->value)->host_accessible ||
-        !lp_tensor_backend_of(p->grad)->host_accessible)
-      return LP_ERR_UNSUPPORTED;
+    if (lp_tensor_backend_of(p->value) != lp_tensor_backend_of(p->grad))
+      return LP_ERR_ARG;
   }
   lp_nn_optim *o = lp_calloc(1, sizeof *o);
   if (!o) return LP_ERR_NOMEM;
@@ -96,33 +95,31 @@ lp_status lp_nn_optim_step(lp_nn_optim *o) {
   if (!o) return LP_ERR_ARG;
   o->t++;
   for (size_t i = 0; i < o->n; i++) {
-    float *p = o->params[i].value->data;
+    lp_tensor *pt = o->params[i].value;
+    const lp_tensor_backend *be = lp_tensor_backend_of(pt);
+    /* parameters moved (lp_nn_layer_to) after the optimizer was made */
+    if (lp_tensor_backend_of(o->m[i]) != be ||
+        lp_tensor_backend_of(o->params[i].grad) != be) {
+      lp_log(LP_LOG_WARN, "optimizer step: %s is on %s but its optimizer state on %s "
+             "(build the optimizer after moving the model)", o->params[i].name,
+             be->name, lp_tensor_backend_of(o->m[i])->name);
+      if (i == 0) o->t--; /* nothing was updated */
+      return LP_ERR_ARG;
+    }
+    float *p = pt->data, *m = o->m[i]->data;
     const float *g = o->params[i].grad->data;
-    float *m = o->m[i]->data;
-    int64_t n = lp_tensor_numel(o->params[i].value);
+    int64_t n = lp_tensor_numel(pt);
     if (o->kind == OPT_SGD) {
-      double lr = o->sgd.lr, mu = o->sgd.momentum, wd = o->sgd.weight_decay;
-      for (int64_t j = 0; j < n; j++) {
-        double gj = (double)g[j] + wd * (double)p[j];
-        double b = mu * (double)m[j] + gj;
-        m[j] = (float)b;
-        p[j] = (float)((double)p[j] - lr * (double)m[j]);
-      }
+      LP_CHECK(be->sgd_step(be, n, o->sgd.lr, o->sgd.momentum,
+                            o->sgd.weight_decay, p, g, m));
     } else {
       const lp_nn_adamw_opts *a = &o->adam;
-      double lr = a->lr, b1 = a->beta1, b2 = a->beta2, eps = a->eps;
+      double b1 = a->beta1, b2 = a->beta2;
       double bc1 = 1.0 - pow(b1, (double)o->t),
              bc2 = 1.0 - pow(b2, (double)o->t);
-      double decay = 1.0 - lr * (double)a->weight_decay;
-      float *v = o->v[i]->data;
-      for (int64_t j = 0; j < n; j++) {
-        double gj = g[j];
-        double pj = (double)p[j] * decay;
-        m[j] = (float)(b1 * (double)m[j] + (1.0 - b1) * gj);
-        v[j] = (float)(b2 * (double)v[j] + (1.0 - b2) * gj * gj);
-        double den = sqrt((double)v[j] / bc2) + eps;
-        p[j] = (float)(pj - lr * ((double)m[j] / bc1) / den);
-      }
+      double decay = 1.0 - (double)a->lr * (double)a->weight_decay;
+      LP_CHECK(be->adamw_step(be, n, a->lr, b1, b2, a->eps, decay, bc1, bc2, p,
+                              g, m, o->v[i]->data));
     }
   }
   return LP_OK;
@@ -166,7 +163,8 @@ lp_status lp_nn_optim_state_export(const lp_nn_optim *o, float *buf, size_t n,
     lp_tensor *const *st = pass ? o->v : o->m;
     for (size_t i = 0; i < o->n; i++) {
       size_t c = (size_t)lp_tensor_numel(st[i]);
-      if (c) memcpy(buf + off, st[i]->data, c * sizeof(float));
+      const lp_tensor_backend *be = lp_tensor_backend_of(st[i]);
+      if (c) LP_CHECK(be->to_host(be, buf + off, st[i]->data, c * sizeof(float)));
       off += c;
     }
   }
@@ -182,7 +180,8 @@ lp_status lp_nn_optim_state_import(lp_nn_optim *o, const float *buf, size_t n,
     lp_tensor **st = pass ? o->v : o->m;
     for (size_t i = 0; i < o->n; i++) {
       size_t c = (size_t)lp_tensor_numel(st[i]);
-      if (c) memcpy(st[i]->data, buf + off, c * sizeof(float));
+      const lp_tensor_backend *be = lp_tensor_backend_of(st[i]);
+      if (c) LP_CHECK(be->from_host(be, st[i]->data, buf + off, c * sizeof(float)));
       off += c;
     }
   }

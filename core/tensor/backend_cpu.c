@@ -223,6 +223,170 @@ static lp_status cpu_scatter_add_rows(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
+/* ---- nn kernels (the reference loops; see lp_tensor.h) ---- */
+
+static lp_status cpu_add_rowvec(const lp_tensor_backend *be, int64_t rows,
+                                int64_t cols, const float *v, float *t) {
+  for (int64_t r = 0; r < rows; r++)
+    LP_CHECK(cpu_axpy(be, cols, 1.0f, v, t + r * cols));
+  return LP_OK;
+}
+
+static lp_status cpu_rmsnorm(const lp_tensor_backend *be, int64_t rows,
+                             int64_t d, float eps, const float *x,
+                             const float *w, float *y, float *rstd) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * d;
+    float *yr = y + r * d;
+    double ss = 0.0;
+    for (int64_t c = 0; c < d; c++)
+      ss += (double)xr[c] * xr[c];
+    float rs = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    rstd[r] = rs;
+    for (int64_t c = 0; c < d; c++)
+      yr[c] = xr[c] * rs * w[c];
+  }
+  return LP_OK;
+}
+
+static lp_status cpu_rmsnorm_backward(const lp_tensor_backend *be,
+                                      int64_t rows, int64_t d, const float *x,
+                                      const float *w, const float *rstd,
+                                      const float *dy, float *dx, float *gw) {
+  (void)be;
+  for (int64_t r = 0; dx && r < rows; r++) {
+    const float *xr = x + r * d, *gr = dy + r * d;
+    float *dr = dx + r * d;
+    float rs = rstd[r];
+    double m = 0.0; /* mean of (dy * w) * xhat */
+    for (int64_t c = 0; c < d; c++)
+      m += (double)(gr[c] * w[c]) * (xr[c] * rs);
+    float mf = (float)(m / (double)d);
+    for (int64_t c = 0; c < d; c++)
+      dr[c] = rs * (gr[c] * w[c] - xr[c] * rs * mf);
+  }
+  for (int64_t r = 0; gw && r < rows; r++) {
+    const float *xr = x + r * d, *gr = dy + r * d;
+    float rs = rstd[r];
+    for (int64_t c = 0; c < d; c++)
+      gw[c] += gr[c] * (xr[c] * rs);
+  }
+  return LP_OK;
+}
+
+static lp_status cpu_embedding(const lp_tensor_backend *be, int64_t n,
+                               int64_t dim, const float *ids, const float *w,
+                               float *y) {
+  for (int64_t r = 0; r < n; r++)
+    LP_CHECK(cpu_copy(be, dim, w + (int64_t)ids[r] * dim, y + r * dim));
+  return LP_OK;
+}
+
+static lp_status cpu_embedding_backward(const lp_tensor_backend *be, int64_t n,
+                                        int64_t dim, int64_t vocab,
+                                        const float *ids, const float *dy,
+                                        float *gw) {
+  (void)vocab;
+  for (int64_t r = 0; r < n; r++)
+    LP_CHECK(cpu_axpy(be, dim, 1.0f, dy + r * dim, gw + (int64_t)ids[r] * dim));
+  return LP_OK;
+}
+
+static lp_status cpu_causal_mask(const lp_tensor_backend *be, int64_t rows,
+                                 int64_t t, float *s) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++) {
+    float *row = s + r * t;
+    for (int64_t j = r % t + 1; j < t; j++)
+      row[j] = -INFINITY;
+  }
+  return LP_OK;
+}
+
+static lp_status cpu_softmax_backward_rows(const lp_tensor_backend *be,
+                                           int64_t rows, int64_t cols,
+                                           const float *p, float *ds) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *pr = p + r * cols;
+    float *dr = ds + r * cols;
+    double s = 0.0;
+    for (int64_t j = 0; j < cols; j++)
+      s += (double)dr[j] * pr[j];
+    float sf = (float)s;
+    for (int64_t j = 0; j < cols; j++)
+      dr[j] = pr[j] * (dr[j] - sf);
+  }
+  return LP_OK;
+}
+
+static lp_status cpu_cross_entropy(const lp_tensor_backend *be, int64_t rows,
+                                   int64_t v, const float *logits,
+                                   const float *targets, double gs,
+                                   double *loss, float *dl) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *lr = logits + r * v;
+    int64_t t = (int64_t)targets[r];
+    float m = lr[0];
+    for (int64_t j = 1; j < v; j++)
+      if (lr[j] > m) m = lr[j];
+    double s = 0.0;
+    for (int64_t j = 0; j < v; j++)
+      s += exp((double)lr[j] - m);
+    loss[r] = (double)m + log(s) - (double)lr[t];
+    if (dl) {
+      float *g = dl + r * v;
+      for (int64_t j = 0; j < v; j++)
+        g[j] =
+            (float)(gs * (exp((double)lr[j] - m) / s - (j == t ? 1.0 : 0.0)));
+    }
+  }
+  return LP_OK;
+}
+
+static lp_status cpu_sq_error(const lp_tensor_backend *be, int64_t n,
+                              const float *p, const float *t, double gs,
+                              double *sq, float *dp) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) {
+    double d = (double)p[i] - (double)t[i];
+    sq[i] = d * d;
+    if (dp) dp[i] = (float)(gs * d);
+  }
+  return LP_OK;
+}
+
+static lp_status cpu_sgd_step(const lp_tensor_backend *be, int64_t n,
+                              double lr, double mu, double wd, float *p,
+                              const float *g, float *m) {
+  (void)be;
+  for (int64_t j = 0; j < n; j++) {
+    double gj = (double)g[j] + wd * (double)p[j];
+    double b = mu * (double)m[j] + gj;
+    m[j] = (float)b;
+    p[j] = (float)((double)p[j] - lr * (double)m[j]);
+  }
+  return LP_OK;
+}
+
+static lp_status cpu_adamw_step(const lp_tensor_backend *be, int64_t n,
+                                double lr, double b1, double b2, double eps,
+                                double decay, double bc1, double bc2, float *p,
+                                const float *g, float *m, float *v) {
+  (void)be;
+  for (int64_t j = 0; j < n; j++) {
+    double gj = g[j];
+    double pj = (double)p[j] * decay;
+    m[j] = (float)(b1 * (double)m[j] + (1.0 - b1) * gj);
+    v[j] = (float)(b2 * (double)v[j] + (1.0 - b2) * gj * gj);
+    double den = sqrt((double)v[j] / bc2) + eps;
+    p[j] = (float)(pj - lr * ((double)m[j] / bc1) / den);
+  }
+  return LP_OK;
+}
+
 static const lp_tensor_backend cpu_backend = {
     .name = "cpu",
     .host_accessible = 1,
@@ -244,6 +408,17 @@ static const lp_tensor_backend cpu_backend = {
     .sum_rows = cpu_sum_rows,
     .gather_rows = cpu_gather_rows,
     .scatter_add_rows = cpu_scatter_add_rows,
+    .add_rowvec = cpu_add_rowvec,
+    .rmsnorm = cpu_rmsnorm,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .embedding = cpu_embedding,
+    .embedding_backward = cpu_embedding_backward,
+    .causal_mask = cpu_causal_mask,
+    .softmax_backward_rows = cpu_softmax_backward_rows,
+    .cross_entropy = cpu_cross_entropy,
+    .sq_error = cpu_sq_error,
+    .sgd_step = cpu_sgd_step,
+    .adamw_step = cpu_adamw_step,
 };
 
 const lp_tensor_backend *lp_tensor_backend_cpu(void) { return &cpu_backend; }

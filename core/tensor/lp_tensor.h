@@ -16,9 +16,11 @@
  * pattern). Every tensor's storage records the backend that allocated it,
  * and ops dispatch through that backend. The table works on raw, dense
  * buffers of the backend's memory; the tensor layer above handles shapes
- * and strides. Ops that are not in the table (RMSNorm, attention masking,
- * losses, strided copies) run on the host and answer LP_ERR_UNSUPPORTED for
- * storage that is not host_accessible; a CUDA backend grows the table.
+ * and strides. The table also holds the per-row kernels of the nn layers,
+ * losses and optimizers, so a whole model runs on one backend. Strided
+ * copies and the host reductions (lp_tensor_sum, _dot, ...) run on the host
+ * and answer LP_ERR_UNSUPPORTED for storage that is not host_accessible.
+ * The CUDA backend is lp_tensor_backend_cuda (kernels/lp_kernels.h).
  *
  * Every function returns LP_OK or a status; none aborts. Buffers never
  * alias unless the op says so.
@@ -31,7 +33,7 @@ typedef enum lp_tensor_act_kind {
 
 typedef struct lp_tensor_backend lp_tensor_backend;
 struct lp_tensor_backend {
-  const char *name;    /* "cpu" */
+  const char *name;    /* the device in user terms: "cpu", "cuda:0" */
   int host_accessible; /* 1 when data pointers can be dereferenced by the CPU */
   void *ud;            /* backend private data (device handle, stream, ...) */
 
@@ -91,6 +93,66 @@ struct lp_tensor_backend {
                                 int64_t cols, const float *x,
                                 const int64_t *idx, const float *scale,
                                 float *out);
+
+  /* ---- nn kernels: what layers, losses and optimizers run per element or
+   * per row (the CPU versions are the reference loops; every backend gives
+   * the same results within float rounding). Buffers are dense, row-major,
+   * in this backend's memory; `rows` rows of `cols` (or `d`) floats. ---- */
+  /* t[r, :] += v for every row r. */
+  lp_status (*add_rowvec)(const lp_tensor_backend *be, int64_t rows,
+                          int64_t cols, const float *v, float *t);
+  /* RMSNorm: rstd[r] = 1 / sqrt(mean_c x[r,c]^2 + eps) (sum in double);
+   * y[r,c] = x[r,c] * rstd[r] * w[c]. */
+  lp_status (*rmsnorm)(const lp_tensor_backend *be, int64_t rows, int64_t d,
+                       float eps, const float *x, const float *w, float *y,
+                       float *rstd);
+  /* RMSNorm backward: with xh = x * rstd, dx = rstd * (dy * w - xh *
+   * mean_c(dy * w * xh)) when dx != NULL; gw[c] += sum_r dy * xh (rows in
+   * order) when gw != NULL. */
+  lp_status (*rmsnorm_backward)(const lp_tensor_backend *be, int64_t rows,
+                                int64_t d, const float *x, const float *w,
+                                const float *rstd, const float *dy, float *dx,
+                                float *gw);
+  /* Embedding lookup: y[r, :] = w[ids[r], :] for r < n; ids are integral
+   * floats the caller checked to lie in [0, vocab). */
+  lp_status (*embedding)(const lp_tensor_backend *be, int64_t n, int64_t dim,
+                         const float *ids, const float *w, float *y);
+  /* Embedding backward: gw[ids[r], :] += dy[r, :] for r = 0..n-1 in order;
+   * gw is vocab x dim. */
+  lp_status (*embedding_backward)(const lp_tensor_backend *be, int64_t n,
+                                  int64_t dim, int64_t vocab, const float *ids,
+                                  const float *dy, float *gw);
+  /* Causal mask over rows of t floats: row r gets -inf at columns
+   * j > r % t (rows are [.., T, T] score blocks). */
+  lp_status (*causal_mask)(const lp_tensor_backend *be, int64_t rows,
+                           int64_t t, float *s);
+  /* Softmax backward in place: ds = p * (ds - sum_j ds[j] p[j]) per row. */
+  lp_status (*softmax_backward_rows)(const lp_tensor_backend *be,
+                                     int64_t rows, int64_t cols,
+                                     const float *p, float *ds);
+  /* Cross-entropy per row from logits and integral-float targets (checked
+   * by the caller): loss[r] = logsumexp(l[r]) - l[r, t_r] in double (loss
+   * is `rows` doubles of this backend's memory); dl = gs * (softmax -
+   * onehot) when dl != NULL. */
+  lp_status (*cross_entropy)(const lp_tensor_backend *be, int64_t rows,
+                             int64_t cols, const float *logits,
+                             const float *targets, double gs, double *loss,
+                             float *dl);
+  /* Squared error: sq[i] = (p[i] - t[i])^2 in double (n doubles of this
+   * backend's memory); dp = gs * (p - t) when dp != NULL. */
+  lp_status (*sq_error)(const lp_tensor_backend *be, int64_t n, const float *p,
+                        const float *t, double gs, double *sq, float *dp);
+  /* SGD with momentum, per element in double: g' = g + wd p; m = mu m + g';
+   * p -= lr m. */
+  lp_status (*sgd_step)(const lp_tensor_backend *be, int64_t n, double lr,
+                        double mu, double wd, float *p, const float *g,
+                        float *m);
+  /* AdamW, per element in double: p *= decay; m = b1 m + (1-b1) g;
+   * v = b2 v + (1-b2) g^2; p -= lr (m / bc1) / (sqrt(v / bc2) + eps). */
+  lp_status (*adamw_step)(const lp_tensor_backend *be, int64_t n, double lr,
+                          double b1, double b2, double eps, double decay,
+                          double bc1, double bc2, float *p, const float *g,
+                          float *m, float *v);
 };
 
 /* The CPU backend: lp_malloc memory, OpenBLAS sgemm, plain loops. Static
@@ -150,6 +212,22 @@ lp_status lp_tensor_empty_like(const lp_tensor *t, lp_tensor **out);
 lp_status lp_tensor_zeros_like(const lp_tensor *t, lp_tensor **out);
 /* A dense deep copy of t (any strides). */
 lp_status lp_tensor_clone(const lp_tensor *t, lp_tensor **out);
+
+/* Moves t's contents to backend `be` in place: new storage there, a copy
+ * of the values, the old storage released; every holder of this header
+ * (e.g. a chunk's parameter list) sees the move. t must be dense and the
+ * only header on its storage (LP_ERR_ARG otherwise). No-op when t is
+ * already there. On failure t is unchanged. */
+lp_status lp_tensor_move(lp_tensor *t, const lp_tensor_backend *be);
+/* A dense host (CPU) copy of t from any backend, any strides (tests,
+ * checkpoints, reading results). */
+lp_status lp_tensor_to_host(const lp_tensor *t, lp_tensor **out);
+/* Copies a dense t's numel floats to / from host memory, whatever its
+ * backend (memcpy on the CPU; a device copy that waits otherwise): for
+ * code that packs tensors into host buffers (gradient all-reduce,
+ * checkpoints, messages). LP_ERR_ARG when t is not dense. */
+lp_status lp_tensor_read(const lp_tensor *t, float *dst);
+lp_status lp_tensor_write(lp_tensor *t, const float *src);
 
 /* Frees the header and drops its storage reference. NULL is a no-op. */
 void lp_tensor_free(lp_tensor *t);

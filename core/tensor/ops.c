@@ -192,9 +192,7 @@ lp_status lp_tensor_add_rowvec(lp_tensor *t, const lp_tensor *v) {
   int64_t rows, cols;
   lp_tensor_rows_cols(t, &rows, &cols);
   if (lp_tensor_numel(v) != cols) return LP_ERR_ARG;
-  for (int64_t r = 0; r < rows; r++)
-    LP_CHECK(BE(t)->axpy(BE(t), cols, 1.0f, v->data, t->data + r * cols));
-  return LP_OK;
+  return BE(t)->add_rowvec(BE(t), rows, cols, v->data, t->data);
 }
 
 lp_status lp_tensor_softmax_rows(lp_tensor *y, const lp_tensor *x) {

@@ -311,3 +311,81 @@ float *lp_tensor_at(const lp_tensor *t, int64_t i0, int64_t i1, int64_t i2,
     off += idx[i] * t->stride[i];
   return t->data + off;
 }
+
+/* ---- moving between backends ---- */
+
+lp_status lp_tensor_move(lp_tensor *t, const lp_tensor_backend *be) {
+  if (!t) return LP_ERR_ARG;
+  be = be_or_cpu(be);
+  if (t->storage->be == be) return LP_OK;
+  if (!lp_tensor_is_contiguous(t) || atomic_load(&t->storage->refs) != 1)
+    return LP_ERR_ARG;
+  lp_tensor *n;
+  LP_CHECK(tensor_alloc(be, t->ndim, t->shape, &n));
+  lp_status st = lp_tensor_copy(n, t);
+  if (st != LP_OK) {
+    lp_tensor_free(n);
+    return st;
+  }
+  /* swap storages: t takes n's, n (freed next) takes t's old one */
+  lp_tensor_storage *old = t->storage;
+  t->storage = n->storage;
+  t->data = n->data;
+  memcpy(t->stride, n->stride, sizeof t->stride);
+  n->storage = old;
+  lp_tensor_free(n);
+  return LP_OK;
+}
+
+lp_status lp_tensor_to_host(const lp_tensor *t, lp_tensor **out) {
+  if (!out) return LP_ERR_ARG;
+  *out = NULL;
+  if (!t) return LP_ERR_ARG;
+  LP_CHECK(tensor_alloc(NULL, t->ndim, t->shape, out));
+  lp_status st;
+  if (lp_tensor_is_contiguous(t) || t->storage->be->host_accessible) {
+    st = lp_tensor_copy(*out, t);
+  } else {
+    /* a strided device view: bring the span it covers, then gather on the
+     * host through a view with the same strides */
+    int64_t span = 1;
+    for (int i = 0; i < t->ndim; i++)
+      if (t->shape[i] == 0) span = 0;
+      else if (t->stride[i] < 0) span = -1;
+      else if (span > 0) span += (t->shape[i] - 1) * t->stride[i];
+    if (span < 0) {
+      st = LP_ERR_UNSUPPORTED;
+    } else {
+      lp_tensor *buf = NULL, *v = NULL;
+      st = tensor_alloc(NULL, 1, (int64_t[]){span}, &buf);
+      if (st == LP_OK)
+        st = t->storage->be->to_host(t->storage->be, buf->data, t->data,
+                                     (size_t)span * sizeof(float));
+      if (st == LP_OK) {
+        v = header_new(buf->storage, buf->data, t->ndim, t->shape, t->stride);
+        st = v ? lp_tensor_copy(*out, v) : LP_ERR_NOMEM;
+      }
+      lp_tensor_free(v);
+      lp_tensor_free(buf);
+    }
+  }
+  if (st != LP_OK) {
+    lp_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+lp_status lp_tensor_read(const lp_tensor *t, float *dst) {
+  if (!t || !lp_tensor_is_contiguous(t)) return LP_ERR_ARG;
+  size_t bytes = (size_t)lp_tensor_numel(t) * sizeof(float);
+  if (bytes && !dst) return LP_ERR_ARG;
+  return bytes ? t->storage->be->to_host(t->storage->be, dst, t->data, bytes) : LP_OK;
+}
+
+lp_status lp_tensor_write(lp_tensor *t, const float *src) {
+  if (!t || !lp_tensor_is_contiguous(t)) return LP_ERR_ARG;
+  size_t bytes = (size_t)lp_tensor_numel(t) * sizeof(float);
+  if (bytes && !src) return LP_ERR_ARG;
+  return bytes ? t->storage->be->from_host(t->storage->be, t->data, src, bytes) : LP_OK;
+}

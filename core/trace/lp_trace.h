@@ -33,6 +33,12 @@ typedef struct lp_trace_event {
   int stage, mb;                   /* virtual stage and micro-batch; -1: none */
   int index;                       /* position in the rank's action list; -1 */
   char action[LP_ACTION_TEXT_MAX]; /* action text; "" for none */
+  /* a message slice (send / recv): the other rank, the message tag and the
+   * training step; -1 when none. A send on rank a with peer b and a recv
+   * on rank b with peer a of the same tag and step are one message
+   * (lp_trace_link_messages). */
+  int peer, tag;
+  int64_t step;
 } lp_trace_event;
 
 /* An arrow from a send slice to its receive slice. from_event / to_event
@@ -53,6 +59,13 @@ typedef struct lp_trace_counter {
   double value;
 } lp_trace_counter;
 
+/* An instant marker ("step 3 starts") on rank's compute track. */
+typedef struct lp_trace_marker {
+  int rank;
+  char name[LP_TRACE_CAT_MAX];
+  double time_us;
+} lp_trace_marker;
+
 typedef struct lp_trace lp_trace;
 
 /* An empty trace; NULL on allocation failure. Free with lp_trace_free. */
@@ -65,6 +78,7 @@ void lp_trace_free(lp_trace *t);
 lp_status lp_trace_add_event(lp_trace *t, const lp_trace_event *e, int *index);
 lp_status lp_trace_add_flow(lp_trace *t, const lp_trace_flow *f);
 lp_status lp_trace_add_counter(lp_trace *t, const lp_trace_counter *c);
+lp_status lp_trace_add_marker(lp_trace *t, const lp_trace_marker *m);
 
 /* Fills the optional fields of e with "none" (stage, mb, index -1, empty
  * strings) so callers set only what they know. */
@@ -73,7 +87,27 @@ void lp_trace_event_init(lp_trace_event *e);
 const lp_trace_event *lp_trace_events(const lp_trace *t, int *n);
 const lp_trace_flow *lp_trace_flows(const lp_trace *t, int *n);
 const lp_trace_counter *lp_trace_counters(const lp_trace *t, int *n);
+const lp_trace_marker *lp_trace_markers(const lp_trace *t, int *n);
 int lp_trace_ranks(const lp_trace *t); /* 1 + the largest rank seen */
+
+/* Pairs every send slice with the receive slice of the same message (send
+ * on rank a with peer b, recv on rank b with peer a, equal tag and step),
+ * sets both slices to [sent, arrived] (from the send's start to the end of
+ * the receiver's wait, as in simulated traces) and adds a flow between
+ * them. Slices without a partner keep their times. LP_OK or LP_ERR_NOMEM. */
+lp_status lp_trace_link_messages(lp_trace *t);
+
+/* Shifts every time (slices, flows, counters, markers) so that the
+ * earliest one is 0. */
+void lp_trace_start_at_zero(lp_trace *t);
+
+/* The trace's events, counters and markers as one byte buffer (*buf to
+ * lp_free, *bytes long) for shipping to another process of the same build;
+ * flows are not packed (link after gathering). LP_OK or LP_ERR_NOMEM. */
+lp_status lp_trace_pack(const lp_trace *t, void **buf, size_t *bytes);
+/* Appends what lp_trace_pack wrote. LP_ERR_PARSE for a buffer that is
+ * not one (size mismatch), LP_ERR_NOMEM. */
+lp_status lp_trace_unpack_append(lp_trace *t, const void *buf, size_t bytes);
 
 /* Chrome/Perfetto trace JSON: {"traceEvents":[...],"displayTimeUnit":"ms"}.
  * One process per rank (pid = rank, named "rank r"); per process a
@@ -85,7 +119,7 @@ int lp_trace_ranks(const lp_trace *t); /* 1 + the largest rank seen */
  * bound to the send and receive slices (the "s" a quarter into the send
  * slice, the "f" three quarters into the receive slice, so both lie inside
  * their slices whenever these have a length); counters are "ph":"C" events with
- * args {"value": v}. Every event carries ph, pid, tid and ts. Returns a
+ * args {"value": v}; markers are instant events ("ph":"i", "s":"p"). Every event carries ph, pid, tid and ts. Returns a
  * NUL-terminated string to lp_free, NULL on allocation failure. */
 char *lp_trace_to_json(const lp_trace *t);
 

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,8 @@ struct lp_trace {
   int nfl, capfl;
   lp_trace_counter *ct;
   int nct, capct;
+  lp_trace_marker *mk;
+  int nmk, capmk;
   int ranks; /* 1 + the largest rank seen */
 };
 
@@ -27,12 +30,15 @@ void lp_trace_free(lp_trace *t) {
   lp_free(t->ev);
   lp_free(t->fl);
   lp_free(t->ct);
+  lp_free(t->mk);
   lp_free(t);
 }
 
 void lp_trace_event_init(lp_trace_event *e) {
   memset(e, 0, sizeof *e);
   e->stage = e->mb = e->index = -1;
+  e->peer = e->tag = -1;
+  e->step = -1;
 }
 
 /* Grows *v (of elements of size sz) to hold one more; 0 on failure. */
@@ -87,6 +93,22 @@ lp_status lp_trace_add_counter(lp_trace *t, const lp_trace_counter *c) {
   d->name[sizeof d->name - 1] = '\0';
   see_rank(t, c->rank);
   return LP_OK;
+}
+
+lp_status lp_trace_add_marker(lp_trace *t, const lp_trace_marker *m) {
+  if (m->rank < 0) return LP_ERR_ARG;
+  if (!grow((void **)&t->mk, t->nmk, &t->capmk, sizeof *t->mk))
+    return LP_ERR_NOMEM;
+  lp_trace_marker *d = &t->mk[t->nmk++];
+  *d = *m;
+  d->name[sizeof d->name - 1] = '\0';
+  see_rank(t, m->rank);
+  return LP_OK;
+}
+
+const lp_trace_marker *lp_trace_markers(const lp_trace *t, int *n) {
+  *n = t->nmk;
+  return t->mk;
 }
 
 const lp_trace_event *lp_trace_events(const lp_trace *t, int *n) {
@@ -295,7 +317,17 @@ char *lp_trace_to_json(const lp_trace *t) {
     if (e->action[0]) {
       lp_buf_printf(&b, "%s\"action\":", sep);
       lp_buf_json_string(&b, e->action);
+      sep = ",";
     }
+    if (e->peer >= 0) {
+      lp_buf_printf(&b, "%s\"peer\":%d", sep, e->peer);
+      sep = ",";
+    }
+    if (e->tag >= 0) {
+      lp_buf_printf(&b, "%s\"tag\":%d", sep, e->tag);
+      sep = ",";
+    }
+    if (e->step >= 0) lp_buf_printf(&b, "%s\"step\":%lld", sep, (long long)e->step);
     lp_buf_puts(&b, "}}");
   }
   for (int i = 0; i < t->nfl; i++) {
@@ -331,6 +363,16 @@ char *lp_trace_to_json(const lp_trace *t) {
     put_num(&b, c->value);
     lp_buf_puts(&b, "}}");
   }
+  for (int i = 0; i < t->nmk; i++) {
+    const lp_trace_marker *m = &t->mk[i];
+    next(&b, &count);
+    lp_buf_puts(&b, "\"name\":");
+    lp_buf_json_string(&b, m->name);
+    lp_buf_printf(&b, ",\"cat\":\"marker\",\"ph\":\"i\",\"s\":\"p\",\"pid\":%d,\"tid\":0,\"ts\":",
+                  m->rank);
+    put_num(&b, m->time_us);
+    lp_buf_puts(&b, "}");
+  }
   lp_buf_puts(&b, "\n],\"displayTimeUnit\":\"ms\"}\n");
   lp_free(L.tid);
   lp_free(L.maxlane);
@@ -353,6 +395,135 @@ lp_status lp_trace_write_json(const lp_trace *t, const char *path, char *err) {
   lp_status st = lp_write_file_atomic(path, json, strlen(json), err);
   lp_free(json);
   return st;
+}
+
+/* ---- messages, time origin, packing ---- */
+
+typedef struct msg_key {
+  int from, to, tag;
+  int64_t step;
+  int idx;
+} msg_key;
+
+static int cmp_msg(const void *pa, const void *pb) {
+  const msg_key *x = pa, *y = pb;
+  if (x->from != y->from) return x->from < y->from ? -1 : 1;
+  if (x->to != y->to) return x->to < y->to ? -1 : 1;
+  if (x->tag != y->tag) return x->tag < y->tag ? -1 : 1;
+  if (x->step != y->step) return x->step < y->step ? -1 : 1;
+  return x->idx - y->idx;
+}
+
+lp_status lp_trace_link_messages(lp_trace *t) {
+  int n = t->nev, ns = 0, nr = 0;
+  msg_key *snd = lp_malloc((size_t)(n ? n : 1) * sizeof *snd);
+  msg_key *rcv = lp_malloc((size_t)(n ? n : 1) * sizeof *rcv);
+  lp_status st = LP_OK;
+  if (!snd || !rcv) {
+    st = LP_ERR_NOMEM;
+    goto done;
+  }
+  for (int i = 0; i < n; i++) {
+    const lp_trace_event *e = &t->ev[i];
+    if (e->peer < 0 || e->tag < 0) continue;
+    if (e->kind == LP_TRACE_SEND)
+      snd[ns++] = (msg_key){e->rank, e->peer, e->tag, e->step, i};
+    else if (e->kind == LP_TRACE_RECV)
+      rcv[nr++] = (msg_key){e->peer, e->rank, e->tag, e->step, i};
+  }
+  qsort(snd, (size_t)ns, sizeof *snd, cmp_msg);
+  qsort(rcv, (size_t)nr, sizeof *rcv, cmp_msg);
+  long id = t->nfl;
+  for (int i = 0, j = 0; i < ns && j < nr;) {
+    msg_key a = snd[i], b = rcv[j];
+    a.idx = b.idx = 0;
+    int c = cmp_msg(&a, &b);
+    if (c < 0) { i++; continue; }
+    if (c > 0) { j++; continue; }
+    lp_trace_event *s = &t->ev[snd[i].idx], *r = &t->ev[rcv[j].idx];
+    double sent = s->start_us, arrived = r->start_us + r->dur_us;
+    if (arrived < sent) arrived = sent;
+    s->dur_us = r->dur_us = arrived - sent;
+    r->start_us = sent;
+    lp_trace_flow f = {++id, s->rank, r->rank, sent, arrived, snd[i].idx, rcv[j].idx};
+    LP_CHECK_GOTO(lp_trace_add_flow(t, &f), st, done);
+    i++;
+    j++;
+  }
+done:
+  lp_free(snd);
+  lp_free(rcv);
+  return st;
+}
+
+void lp_trace_start_at_zero(lp_trace *t) {
+  double t0 = 0;
+  int any = 0;
+#define LP_SEE(x) do { if (!any || (x) < t0) t0 = (x); any = 1; } while (0)
+  for (int i = 0; i < t->nev; i++) LP_SEE(t->ev[i].start_us);
+  for (int i = 0; i < t->nct; i++) LP_SEE(t->ct[i].time_us);
+  for (int i = 0; i < t->nmk; i++) LP_SEE(t->mk[i].time_us);
+#undef LP_SEE
+  if (!any) return;
+  for (int i = 0; i < t->nev; i++) t->ev[i].start_us -= t0;
+  for (int i = 0; i < t->nct; i++) t->ct[i].time_us -= t0;
+  for (int i = 0; i < t->nmk; i++) t->mk[i].time_us -= t0;
+  for (int i = 0; i < t->nfl; i++) {
+    t->fl[i].from_us -= t0;
+    t->fl[i].to_us -= t0;
+  }
+}
+
+/* packed: "LPTR", three int64 counts, then the arrays back to back */
+lp_status lp_trace_pack(const lp_trace *t, void **buf, size_t *bytes) {
+  int64_t cnt[3] = {t->nev, t->nct, t->nmk};
+  size_t n = 4 + sizeof cnt + (size_t)t->nev * sizeof *t->ev +
+             (size_t)t->nct * sizeof *t->ct + (size_t)t->nmk * sizeof *t->mk;
+  char *p = lp_malloc(n);
+  if (!p) return LP_ERR_NOMEM;
+  char *q = p;
+  memcpy(q, "LPTR", 4);
+  q += 4;
+  memcpy(q, cnt, sizeof cnt);
+  q += sizeof cnt;
+  if (t->nev) memcpy(q, t->ev, (size_t)t->nev * sizeof *t->ev);
+  q += (size_t)t->nev * sizeof *t->ev;
+  if (t->nct) memcpy(q, t->ct, (size_t)t->nct * sizeof *t->ct);
+  q += (size_t)t->nct * sizeof *t->ct;
+  if (t->nmk) memcpy(q, t->mk, (size_t)t->nmk * sizeof *t->mk);
+  *buf = p;
+  *bytes = n;
+  return LP_OK;
+}
+
+lp_status lp_trace_unpack_append(lp_trace *t, const void *buf, size_t bytes) {
+  const char *q = buf;
+  int64_t cnt[3];
+  if (bytes < 4 + sizeof cnt || memcmp(q, "LPTR", 4) != 0) return LP_ERR_PARSE;
+  memcpy(cnt, q + 4, sizeof cnt);
+  q += 4 + sizeof cnt;
+  if (cnt[0] < 0 || cnt[1] < 0 || cnt[2] < 0 || cnt[0] > INT32_MAX || cnt[1] > INT32_MAX ||
+      cnt[2] > INT32_MAX ||
+      bytes != 4 + sizeof cnt + (size_t)cnt[0] * sizeof(lp_trace_event) +
+                   (size_t)cnt[1] * sizeof(lp_trace_counter) +
+                   (size_t)cnt[2] * sizeof(lp_trace_marker))
+    return LP_ERR_PARSE;
+  for (int64_t i = 0; i < cnt[0]; i++, q += sizeof(lp_trace_event)) {
+    lp_trace_event e;
+    memcpy(&e, q, sizeof e);
+    LP_CHECK(lp_trace_add_event(t, &e, NULL));
+  }
+  for (int64_t i = 0; i < cnt[1]; i++, q += sizeof(lp_trace_counter)) {
+    lp_trace_counter c;
+    memcpy(&c, q, sizeof c);
+    LP_CHECK(lp_trace_add_counter(t, &c));
+  }
+  for (int64_t i = 0; i < cnt[2]; i++, q += sizeof(lp_trace_marker)) {
+    lp_trace_marker m;
+    memcpy(&m, q, sizeof m);
+    LP_CHECK(lp_trace_add_marker(t, &m));
+  }
+  return LP_OK;
 }
 
 /* ---- the trace of a simulation ---- */

@@ -208,8 +208,12 @@ function M.sequential(t)
     layers[i] = spec
   end
   local loss = t.loss or "mse"
-  if loss ~= "mse" and loss ~= "cross_entropy" then
-    error("nn.sequential: loss must be \"mse\" or \"cross_entropy\", got " .. tostring(loss), 2)
+  local names = core.nn_loss_names()
+  local known = false
+  for _, n in ipairs(names) do known = known or loss == n end
+  if not known then
+    error(string.format("nn.sequential: loss must be \"%s\", got %s",
+      table.concat(names, "\" or \""), tostring(loss)), 2)
   end
   return setmetatable({ layers = layers, loss = loss }, Model)
 end

@@ -50,41 +50,22 @@ end
 -- same figures (ranks of one host share the trace clock). Collective.
 function M.message_latency(exec, sched)
   local P, rank = comm.size(), comm.rank()
-  local Mb = sched:info().microbatches
   local evs = exec:trace_events()
-  -- message id: (occurrence * 2V + 2 * producer vstage + dir) * M + mb
-  local seen, sends, recvs = {}, {}, {}
-  local routes = {}
-  local function route(mb)
-    routes[mb] = routes[mb] or sched:route(mb) or {}
-    return routes[mb]
+  -- message id from the structured fields: (step, sender, receiver, tag)
+  local maxtag = 0
+  for _, e in ipairs(evs) do maxtag = math.max(maxtag, e.tag) end
+  -- the sum over ranks bounds every rank's largest tag: ids stay unique
+  maxtag = math.floor(allreduce({ maxtag }, "luapipe.perf: the largest message tag")[1] + 0.5)
+  local function id_of(step, from, to, tag)
+    return ((step * P + from) * P + to) * (maxtag + 1) + tag
   end
-  local maxv = 0
-  for mb = 0, Mb - 1 do for _, x in ipairs(route(mb)) do maxv = math.max(maxv, x + 1) end end
-  local function id_of(v, dir, mb)
-    local key = (2 * v + dir) * Mb + mb
-    local o = seen[key] or 0
-    seen[key] = o + 1
-    return o * 2 * maxv * Mb + key
-  end
+  local sends, recvs = {}, {}
   for _, e in ipairs(evs) do
-    if e.kind == "send" then
-      local v, d, mb = e.name:match("^send (%d+)([FB])(%d+)$")
-      if v then sends[#sends + 1] = { id_of(tonumber(v), d == "F" and 0 or 1, tonumber(mb)), e.start_us } end
-    end
-  end
-  seen = {}
-  for _, e in ipairs(evs) do
-    if e.kind == "recv" then
-      local u, d, mb = e.name:match("^recv (%d+)([FB])(%d+)$")
-      if u then
-        u, mb = tonumber(u), tonumber(mb)
-        local r, v = route(mb), nil
-        for k, x in ipairs(r) do if x == u then v = d == "F" and r[k - 1] or r[k + 1] end end
-        if v then
-          local id = id_of(v, d == "F" and 0 or 1, mb)
-          if e.dur_us > 0 then recvs[#recvs + 1] = { id, e.start_us, e.start_us + e.dur_us } end
-        end
+    if e.peer >= 0 and e.tag >= 0 then
+      if e.kind == "send" then
+        sends[#sends + 1] = { id_of(e.step, rank, e.peer, e.tag), e.start_us }
+      elseif e.kind == "recv" and e.dur_us > 0 then
+        recvs[#recvs + 1] = { id_of(e.step, e.peer, rank, e.tag), e.start_us, e.start_us + e.dur_us }
       end
     end
   end
@@ -143,7 +124,8 @@ function M.summary(exec, sched, opts)
   local st = exec:timing_stats("total")
   local n = math.max(st.steps, 1)
   -- one vector: sums of the rank figures, per-rank slots, action times
-  local v = { st.wall, st.compute, st.wait, st.post, st.optim, st.overhead }
+  local v = { st.wall, st.compute, st.wait, st.post, st.optim, st.overhead, st.a2a, st.a2a_blocked,
+    st.a2a_count }
   local base = #v
   for r = 0, P - 1 do
     v[base + 3 * r + 1] = r == rank and st.wall / n or 0
@@ -162,6 +144,8 @@ function M.summary(exec, sched, opts)
   v[#v + 1] = st.steps
   v = allreduce(v, "luapipe.perf: gathering the measured timing")
   local steps = math.floor(v[#v] / P + 0.5)
+  local ep = exec:ep() -- world rank = pipeline rank * ep + EP index
+  local PS = info.ranks -- the schedule's (pipeline) ranks
   local ms = 1000
   local out = { steps = steps, ranks = P, schedule = info.name, microbatches = info.microbatches }
   local wall_sum = v[1]
@@ -169,6 +153,11 @@ function M.summary(exec, sched, opts)
   out.wait_pct = wall_sum > 0 and 100 * v[3] / wall_sum or 0
   out.post_pct = wall_sum > 0 and 100 * v[4] / wall_sum or 0
   out.compute_pct = wall_sum > 0 and 100 * v[2] / wall_sum or 0
+  -- all-to-all (MoE, EP > 1): the share of its time hidden under compute on
+  -- the same rank = 1 - (time blocked waiting for it) / (its time)
+  out.a2a_count = math.floor(v[9] + 0.5)
+  out.a2a_ms = v[7] / math.max(n * P, 1) * ms -- per rank and step
+  out.a2a_hidden_pct = v[7] > 0 and 100 * math.max(0, 1 - v[8] / v[7]) or nil
   local rw, rc, ro = {}, {}, {}
   local step_s = 0
   for r = 0, P - 1 do
@@ -226,7 +215,9 @@ function M.summary(exec, sched, opts)
   for _, rr in ipairs(res:ranks()) do finish[rr.rank] = rr.finish end
   local pred, sim_busy = 0, {}
   for _, rr in ipairs(res:ranks()) do
-    local opt = ro[rr.rank] * ms
+    local opt = 0 -- the slowest EP rank of this pipeline rank
+    for j = 0, ep - 1 do opt = math.max(opt, ro[rr.rank * ep + j] or 0) end
+    opt = opt * ms
     local ready = rr.finish
     for b in pairs(peers[rr.rank] or {}) do ready = math.max(ready, finish[b] or 0) end
     pred = math.max(pred, ready + opt)
@@ -234,8 +225,8 @@ function M.summary(exec, sched, opts)
   end
   out.predicted_ms = pred
   local sb = 0
-  for r = 0, P - 1 do sb = sb + (pred > 0 and math.max(0, 1 - (sim_busy[r] or 0) / pred) or 0) end
-  out.sim_bubble_pct = 100 * sb / P
+  for r = 0, PS - 1 do sb = sb + (pred > 0 and math.max(0, 1 - (sim_busy[r] or 0) / pred) or 0) end
+  out.sim_bubble_pct = 100 * sb / PS
   out.ratio = out.step_ms > 0 and pred / out.step_ms or 0
   out.sim = res
   return out
@@ -275,6 +266,15 @@ function M.format(s)
     f1(s.step_ms), f1(s.predicted_ms), f1(s.makespan_ms), f2(s.latency_ms), s.ratio)
   L[#L + 1] = string.format("  bubble: measured %s%%, simulated %s%%", f1(s.bubble_pct),
     f1(s.sim_bubble_pct))
+  if s.a2a_hidden_pct then
+    L[#L + 1] = string.format("  all-to-all: %d exchanges, %s ms per rank and step, %s%% hidden under compute",
+      s.a2a_count, f2(s.a2a_ms), f1(s.a2a_hidden_pct))
+  end
+  if s.eplb then
+    L[#L + 1] = string.format("  expert load (EP ranks' max/mean tokens, mean over MoE layers): %.3f -> %.3f;"
+      .. " %d rebalance%s moved %d bytes of expert weights and optimizer state", s.eplb.before,
+      s.eplb.after, s.eplb.plans, s.eplb.plans == 1 and "" or "s", s.eplb.bytes)
+  end
   L[#L + 1] = string.format("  overhead: %s%% of the step (neither compute nor waiting; "
     .. "posting/polling %s%%), waiting on messages %s%%, compute %s%%", f2(s.overhead_pct),
     f2(s.post_pct), f1(s.wait_pct), f1(s.compute_pct))

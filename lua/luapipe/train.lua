@@ -38,12 +38,32 @@
 -- another schedule, rank count, model or optimizer, fails on every rank
 -- with a message naming the file and what differs. All ranks must see dir.
 --
+-- Mixture of experts: pp = P, ep = E run on P x E ranks (mpirun -np P*E;
+-- rank = pipeline rank * E + EP index); each EP rank takes its share of
+-- every micro-batch (rows; the micro-batch size must divide by E) and holds
+-- its share of every MoE layer's experts. link = "lat=50us,bw=2GB/s" sets
+-- the emulated link (luapipe.comm.set_link) before the grid forms. eplb =
+-- {every = N, redundant = K, threshold =, predictor =, window =} records
+-- the expert loads of every step in a luapipe.eplb.Balancer and, from
+-- step N on every N steps (or while balancedness is under threshold),
+-- applies its plan with K extra slots per EP rank: weights and optimizer
+-- state move between EP ranks at the step boundary, the losses stay those
+-- of training without it. r.summary.eplb = {before =, after =, plans =,
+-- bytes =}: mean over MoE layers of the EP ranks' max/mean token load
+-- under the first and the last placement, and the bytes moved.
+--
 -- overlapped_fb = function(exec, pair) ... end replaces the default "F half,
 -- then backward half" of every overlapped pair (FB action, as DeepSeek's
 -- overlapped_forward_backward): pair = {f_stage =, f_mb =, b_type = "B" | "I",
 -- b_stage =, b_mb =, text =}; it must run both halves, in any order, with
 -- exec:run_half("F", pair.f_stage, pair.f_mb) and
--- exec:run_half(pair.b_type, pair.b_stage, pair.b_mb).
+-- exec:run_half(pair.b_type, pair.b_stage, pair.b_mb), or phase by phase:
+-- exec:begin_half("F", pair.f_stage, pair.f_mb) and exec:begin_half(pair.b_type,
+-- pair.b_stage, pair.b_mb), then exec:advance("F") / exec:advance("B") (each
+-- -> done, the next phase's name) in any order until both are done;
+-- exec:phase("F" | "B") names what the next advance runs ("attn/dense",
+-- "dispatch", "experts", "combine", "done"). The default alternates the
+-- two, forward first, so each one's all-to-all flies while the other computes.
 --
 -- The data function must give the same micro-batch on every rank that asks
 -- for it (input on the rank where the micro-batch enters, target where its
@@ -57,19 +77,149 @@ local checkpoint = require("luapipe.checkpoint")
 
 local M = {}
 
+-- ---- expert placement in the loop (EPLB) ----
+
+-- Mean over MoE layers of (rank max / rank mean) of the tokens each EP rank's
+-- slots take under `placements` ({[layer] = phys_to_log, 0-based ids}):
+-- an expert's tokens split evenly among its replicas.
+local function load_ratio(loads, placements, ep)
+  local sum, n = 0, 0
+  for l, c in ipairs(loads) do
+    local pl = placements[l]
+    local spr = #pl // ep
+    local reps = {}
+    for _, x in ipairs(pl) do reps[x] = (reps[x] or 0) + 1 end
+    local mx, tot = 0, 0
+    for r = 0, ep - 1 do
+      local t = 0
+      for s = r * spr + 1, (r + 1) * spr do t = t + c[pl[s] + 1] / reps[pl[s]] end
+      mx, tot = math.max(mx, t), tot + t
+    end
+    if tot > 0 then sum, n = sum + mx / (tot / ep), n + 1 end
+  end
+  return n > 0 and sum / n or 1
+end
+M.load_ratio = load_ratio
+
+-- The placement lp_nn_set_ep starts with: ceil(E / ep) slots per rank,
+-- slot s holds expert s % E.
+local function default_placement(E, ep)
+  local spr, pl = (E + ep - 1) // ep, {}
+  for s = 0, spr * ep - 1 do pl[s + 1] = s % E end
+  return pl
+end
+
+-- An EPLB loop over exec: record every step's loads, plan with the
+-- Balancer (every N steps from step N, or below a balancedness threshold),
+-- move weights at the step boundary. opts: {every=, redundant=, threshold=,
+-- predictor=, window=}. Tracks the load ratio before and after.
+local function eplb_loop(exec, opts, ep)
+  local eplb = require("luapipe.eplb")
+  local L = { ep = ep, opts = opts or {}, placements = nil, plans = 0, bytes = 0,
+    before = { sum = 0, n = 0 }, after = { sum = 0, n = 0 }, last_loads = nil }
+  function L.after_step(k)
+    local loads = exec:expert_loads()
+    if #loads == 0 then return end
+    local E = #loads[1]
+    if not L.placements then
+      L.placements = {}
+      for l = 1, #loads do L.placements[l] = default_placement(E, ep) end
+    end
+    local r = load_ratio(loads, L.placements, ep)
+    local acc = L.plans == 0 and L.before or L.after
+    acc.sum, acc.n = acc.sum + r, acc.n + 1
+    L.last_loads = loads
+    if not L.opts.every then return end
+    if not L.bal then
+      local spr = (E + ep - 1) // ep + (L.opts.redundant or 0)
+      L.spr = spr
+      L.bal = eplb.balancer { replicas = ep * spr, gpus = ep, every = L.opts.every,
+        threshold = L.opts.threshold, predictor = L.opts.predictor,
+        window = L.opts.window or L.opts.every }
+    end
+    L.bal:record(k, loads)
+    if k < L.opts.every or not L.bal:due(k) then return end
+    local plan, err = L.bal:plan()
+    if not plan then error("luapipe.train: EPLB planning failed: " .. tostring(err), 0) end
+    local moved = 0
+    for l = 1, #loads do
+      local pl = plan.physical_to_logical[l]
+      local b, serr = exec:set_placement(l - 1, L.spr, pl)
+      if not b then error("luapipe.train: " .. tostring(serr), 0) end
+      moved = moved + b
+      L.placements[l] = pl
+    end
+    L.bytes = L.bytes + moved
+    L.plans = L.plans + 1
+    L.after = { sum = 0, n = 0 }
+  end
+  -- {before =, after =, plans =, bytes = (every rank's, summed)}: collective
+  function L.result()
+    local b = L.before.n > 0 and L.before.sum / L.before.n or 1
+    local a = b
+    if L.plans > 0 then
+      a = L.after.n > 0 and L.after.sum / L.after.n
+        or (L.last_loads and load_ratio(L.last_loads, L.placements, ep) or b)
+    end
+    local t = assert(comm.allreduce({ L.bytes }, "EPLB: bytes moved"))
+    return { before = b, after = a, plans = L.plans, bytes = math.floor(t[1] + 0.5),
+      placements = L.placements }
+  end
+  return L
+end
+
 local function fail(msg)
-  -- the same misuse is found on every rank; under mpirun say it once per
-  -- rank and end the job
   error(msg, 0)
+end
+
+-- A mistake in how the job was started or configured, found the same way
+-- on every rank: under mpirun rank 0 prints it as one line and every rank
+-- exits with status 2 (no traceback, no copy per rank); on one process it
+-- is an ordinary error.
+local function usage_fail(msg)
+  if comm.size() > 1 then
+    if comm.rank() == 0 then
+      io.stderr:write("luapipe: ", msg, "\n")
+      io.stderr:flush()
+    end
+    comm.barrier("luapipe.train: every rank stops on a usage error")
+    os.exit(2)
+  end
+  error(msg, 0)
+end
+M.usage_fail = usage_fail
+
+-- family names as users read them
+local display = { gpipe = "GPipe", ["1f1b"] = "1F1B", interleaved1f1b = "Interleaved 1F1B",
+  zb1p = "ZB1P", zbv = "ZB-V", dualpipe = "DualPipe", dualpipev = "DualPipeV" }
+
+-- A family builder's complaint about pp, in the words of someone who only
+-- chose how many processes mpirun starts.
+local function in_rank_terms(msg, fam, ranks)
+  local name = display[fam] or fam
+  msg = msg:gsub("^[^:]*:%d+: ", "")
+  local got = msg:match("pp must be even, got (%d+)")
+  if got then return string.format("%s needs an even number of ranks; mpirun started %s", name, got) end
+  local need, m = msg:match("microbatches must be at least 2%*pp = (%d+), got (%d+)")
+  if need then
+    return string.format("%s needs at least 2 micro-batches per rank: %s micro-batches on %d ranks, got %s",
+      name, need, ranks, m)
+  end
+  return (msg:gsub("^" .. fam .. ": ", name .. ": "))
 end
 
 -- Resolves opts.schedule to a validated compute-only schedule.
 local function get_schedule(opts)
   local s = opts.schedule
   if type(s) == "string" then
-    local ok, res = pcall(schedule.build, s, { pp = opts.pp or comm.size(),
-      microbatches = opts.microbatches or 2 * (opts.pp or comm.size()), chunks = opts.chunks })
-    if not ok then fail("luapipe.train: " .. tostring(res):gsub("^[^:]*:%d+: ", "")) end
+    local pp = opts.pp or comm.size() // (opts.ep or 1)
+    local ok, res = pcall(schedule.build, s, { pp = pp,
+      microbatches = opts.microbatches or 2 * pp, chunks = opts.chunks })
+    if not ok then
+      local msg = tostring(res)
+      if opts.pp == nil then usage_fail(in_rank_terms(msg, s:lower(), pp)) end
+      fail("luapipe.train: " .. msg:gsub("^[^:]*:%d+: ", ""))
+    end
     s = res
   elseif s == nil then
     fail("luapipe.train: 'schedule' is required (a family name or a luapipe.Schedule)")
@@ -108,74 +258,6 @@ local function params_of(layer)
   return out
 end
 
--- Gathers the measured events of every rank into one Chrome trace at path
--- (rank 0 writes it). Ranks exchange their events through files next to
--- `path`, so all ranks must see the same file system (one host).
-local function write_trace(exec, sched, path)
-  local rank, size = comm.rank(), comm.size()
-  local events = exec:trace_events()
-  if size > 1 then
-    local part = string.format("%s.rank%d.part", path, rank)
-    local f = assert(io.open(part, "w"))
-    f:write("return {\n")
-    for _, e in ipairs(events) do
-      f:write(string.format("{rank=%d,kind=%q,name=%q,cat=%q,start_us=%.3f,dur_us=%.3f,stage=%d,mb=%d,index=%d,action=%q},\n",
-        e.rank, e.kind, e.name, e.cat, e.start_us, e.dur_us, e.stage, e.mb, e.index, e.action))
-    end
-    f:write("}\n")
-    f:close()
-    assert(comm.barrier("trace: every rank wrote its events"))
-    if rank == 0 then
-      events = {}
-      for r = 0, size - 1 do
-        local p = string.format("%s.rank%d.part", path, r)
-        local list = assert(dofile(p))
-        for _, e in ipairs(list) do events[#events + 1] = e end
-        os.remove(p)
-      end
-    end
-  end
-  if rank ~= 0 then return true end
-  -- flows: the k-th send "send vFm" (or vBm) goes to the k-th matching
-  -- receive (one per step), events of a rank being in time order. Unmatched
-  -- slices keep their measured times (send: isend to observed completion;
-  -- receive: the wait).
-  local sends, used, flows = {}, {}, {}
-  for _, e in ipairs(events) do
-    if e.kind == "send" then
-      local key = e.name:gsub("^send ", "")
-      sends[key] = sends[key] or {}
-      table.insert(sends[key], e)
-    end
-  end
-  for _, e in ipairs(events) do
-    local u, dir, mb = e.name:match("^recv (%d+)([FB])(%d+)$")
-    if e.kind == "recv" and u then
-      u, mb = tonumber(u), tonumber(mb)
-      local route, v = sched:route(mb) or {}, nil
-      for k, x in ipairs(route) do
-        if x == u then v = dir == "F" and route[k - 1] or route[k + 1] end
-      end
-      local key = v and string.format("%d%s%d", v, dir, mb)
-      if key and sends[key] then
-        used[key] = (used[key] or 0) + 1
-        local s = sends[key][used[key]]
-        if s then
-          -- as in simulated traces, a message's send and receive slices both
-          -- span [sent, received]: from the isend to the moment the
-          -- receiving action had it
-          local arrived = math.max(e.start_us + e.dur_us, s.start_us)
-          s.dur_us = arrived - s.start_us
-          e.start_us, e.dur_us = s.start_us, arrived - s.start_us
-          flows[#flows + 1] = { from_rank = s.rank, to_rank = e.rank, from_us = s.start_us,
-            to_us = arrived }
-        end
-      end
-    end
-  end
-  return core.trace_write(events, path, flows)
-end
-
 -- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
 --   microbatches=, pp=, chunks=, partition = "layers" | "cost", trace=,
 --   quiet=, lookahead=, overlapped_fb=, checkpoint = {dir=, every=}, resume=} -> result
@@ -184,12 +266,47 @@ function M.run(opts)
   local ckpt = checkpoint.options(opts) -- nil without checkpoint / resume
   local model, seed = opts.model, opts.seed or 0
   local rank, size = comm.rank(), comm.size()
+  local ep = opts.ep or 1
+  if math.type(ep) ~= "integer" or ep < 1 then
+    fail("luapipe.train: 'ep' must be a positive integer, got " .. tostring(opts.ep))
+  end
+  if opts.pp ~= nil and (math.type(opts.pp) ~= "integer" or opts.pp < 1) then
+    fail("luapipe.train: 'pp' must be a positive integer, got " .. tostring(opts.pp))
+  end
+  if ep > 1 then
+    local started = size > 1 and "mpirun started " .. size or "this is one process"
+    if opts.pp == nil and size % ep ~= 0 then
+      usage_fail(string.format("ep = %d needs a multiple of %d ranks (pp x ep), but %s", ep, ep, started))
+    end
+    local pp = opts.pp or size // ep
+    if pp * ep ~= size then
+      usage_fail(string.format("pp x ep = %d x %d needs %d ranks, but %s (run it with mpirun -np %d)",
+        pp, ep, pp * ep, size > 1 and "mpirun started " .. size or "this is one process", pp * ep))
+    end
+  end
+  if opts.eplb ~= nil then
+    local e = opts.eplb
+    if type(e) ~= "table" then fail("luapipe.train: 'eplb' must be a table {every =, redundant =}") end
+    if e.every ~= nil and (math.type(e.every) ~= "integer" or e.every < 1) then
+      fail("luapipe.train: eplb.every must be a positive integer, got " .. tostring(e.every))
+    end
+    if e.redundant ~= nil and (math.type(e.redundant) ~= "integer" or e.redundant < 0) then
+      fail("luapipe.train: eplb.redundant must be a non-negative integer, got " .. tostring(e.redundant))
+    end
+    if ckpt and e.every then
+      fail("luapipe.train: checkpoints do not record expert placements yet: use eplb or checkpoint,"
+        .. " not both")
+    end
+  end
   local s = get_schedule(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
-  if info.ranks ~= size then
-    fail(string.format("luapipe.train: schedule '%s' needs %d ranks, but this job has %d"
-      .. " (run it with mpirun -np %d)", sname, info.ranks, size, info.ranks))
+  if ep > 1 and info.ranks * ep ~= size then
+    usage_fail(string.format("schedule '%s' runs on %d pipeline ranks; with ep = %d that is %d ranks,"
+      .. " but mpirun started %d", sname, info.ranks, ep, info.ranks * ep, size))
+  elseif ep == 1 and info.ranks ~= size then
+    usage_fail(string.format("schedule '%s' needs %d ranks, but %s (run it with mpirun -np %d)",
+      sname, info.ranks, size > 1 and "mpirun started " .. size or "this is one process", info.ranks))
   end
   local lowered = s
   if not info.lowered then
@@ -198,28 +315,42 @@ function M.run(opts)
     if not lowered then fail("luapipe.train: lowering the schedule failed: " .. tostring(err)) end
   end
   local in_shape = input_shape_of(opts.data)
+  if ep > 1 then
+    -- every EP rank takes its share of each micro-batch's rows
+    if (in_shape[1] or 1) % ep ~= 0 then
+      usage_fail(string.format("a micro-batch of %d rows cannot be shared by ep = %d ranks: make the"
+        .. " micro-batch size a multiple of %d", in_shape[1] or 1, ep, ep))
+    end
+    in_shape = { table.unpack(in_shape) }
+    in_shape[1] = in_shape[1] // ep
+  end
   local ok, part = pcall(model.partition, model, { stages = info.stages, by = opts.partition or "layers",
     input_shape = in_shape, seed = seed })
   if not ok then fail("luapipe.train: " .. tostring(part):gsub("^[^:]*:%d+: ", "")) end
   local ok2, act_shapes = pcall(model.stage_input_shapes, model, part, in_shape)
   if not ok2 then fail("luapipe.train: " .. tostring(act_shapes)) end
+  if opts.link then
+    local lok, lerr = pcall(comm.set_link, opts.link)
+    if not lok then usage_fail("luapipe.train: link: " .. tostring(lerr):gsub("^[^:]*:%d+: ", "")) end
+  end
   local exec, err = core.exec_new(lowered, {
     build = function(stage) return model:build_stage(part, stage, seed) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
     optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
-    overlapped_fb = opts.overlapped_fb,
+    overlapped_fb = opts.overlapped_fb, ep = ep,
   })
   if not exec then
     if size > 1 then comm.abort("luapipe.train: " .. err) end
     fail("luapipe.train: " .. err)
   end
   local M_ = info.microbatches
-  local samples = M_ * (in_shape[1] or 1)
+  local samples = M_ * (in_shape[1] or 1) * ep -- whole micro-batches (each EP rank has a share)
   local losses, timing = {}, {}
   local quiet = opts.quiet
   -- resume: every rank loads its file of the latest checkpoint, then the
   -- steps after it run with their true numbers
   local first_step = ckpt and ckpt.resume and checkpoint.resume(ckpt, exec) + 1 or 1
+  local balance = eplb_loop(exec, opts.eplb, ep)
   for k = first_step, steps do
     if opts.trace_steps and k == steps - opts.trace_steps + 1 and k > first_step then
       exec:trace_clear() -- keep the events of the last trace_steps steps only
@@ -244,6 +375,11 @@ function M.run(opts)
         timing[k].samples_per_s, bubble))
       io.flush()
     end
+    local eok, eerr = pcall(balance.after_step, k)
+    if not eok then
+      if size > 1 then comm.abort(tostring(eerr)) end
+      fail(tostring(eerr))
+    end
     if ckpt then checkpoint.after_step(ckpt, exec, k, info) end
   end
   local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec }
@@ -266,7 +402,7 @@ function M.run(opts)
     return out
   end
   if opts.trace then
-    local tok, terr = write_trace(exec, lowered, opts.trace)
+    local tok, terr = exec:trace_write(opts.trace) -- gathered over the comm on rank 0
     if not tok then
       if size > 1 then comm.abort("trace: " .. tostring(terr)) end
       fail("trace: " .. tostring(terr))
@@ -277,6 +413,7 @@ function M.run(opts)
     local perf = require("luapipe.perf")
     result.summary = perf.summary(exec, lowered)
     result.summary.skipped = steps > first_step
+    if #exec:expert_loads() > 0 then result.summary.eplb = balance.result() end
     if rank == 0 and not quiet then io.write(perf.format(result.summary), "\n") io.flush() end
     if opts.svg then
       local sok, serr = perf.write_measured_svg(exec, lowered, opts.svg)

@@ -68,12 +68,12 @@ static lp_status data_fn(void *ud, int64_t step, int mb, lp_tensor **in, lp_tens
 static int act_ndim[2] = {0, 2};
 static int64_t act_shape[2][LP_TENSOR_MAXDIM] = {{0}, {BATCH, 7}};
 
-static lp_exec_opts opts_of(lp_exec_optim_kind kind) {
+static lp_exec_opts opts_of(lp_nn_optim_type kind) {
   lp_exec_opts o;
   memset(&o, 0, sizeof o);
   o.chunk = chunk_fn;
   o.data = data_fn;
-  o.loss = LP_EXEC_LOSS_MSE;
+  o.loss = LP_NN_LOSS_MSE;
   act_shape[1][1] = d_hidden;
   o.act_ndim = act_ndim;
   o.act_shape = (const int64_t(*)[LP_TENSOR_MAXDIM])act_shape;
@@ -101,7 +101,7 @@ static lp_schedule *sched(const char *name) {
   return s;
 }
 
-static lp_exec *new_exec(const char *name, lp_exec_optim_kind kind) {
+static lp_exec *new_exec(const char *name, lp_nn_optim_type kind) {
   lp_schedule *s = sched(name);
   lp_exec_opts o = opts_of(kind);
   lp_exec *e = NULL;
@@ -185,7 +185,7 @@ static void test_optim_state(void **state) {
   lp_nn_layer_release(l);
 }
 
-static void round_trip(lp_exec_optim_kind kind) {
+static void round_trip(lp_nn_optim_type kind) {
   char dir[300];
   snprintf(dir, sizeof dir, "%s/rt%d", tmpdir, (int)kind);
   assert_int_equal(mkdir(dir, 0777), 0);
@@ -218,18 +218,18 @@ static void round_trip(lp_exec_optim_kind kind) {
 
 static void test_round_trip_adamw(void **state) {
   (void)state;
-  round_trip(LP_EXEC_OPTIM_ADAMW);
+  round_trip(LP_NN_OPTIM_ADAMW);
 }
 
 static void test_round_trip_sgd(void **state) {
   (void)state;
-  round_trip(LP_EXEC_OPTIM_SGD);
+  round_trip(LP_NN_OPTIM_SGD);
 }
 
 /* Loads dir into a fresh executor (name, optimizer kind) expecting status
  * `want` and an error containing each of the NULL-terminated fragments;
  * checks the parameters did not change. */
-static void expect_load_error(const char *dir, const char *name, lp_exec_optim_kind kind,
+static void expect_load_error(const char *dir, const char *name, lp_nn_optim_type kind,
                               lp_status want, ...) {
   lp_exec *e = new_exec(name, kind), *fresh = new_exec(name, kind);
   int64_t k = -7;
@@ -270,12 +270,12 @@ static void test_errors(void **state) {
   assert_int_equal(mkdir(bad, 0777), 0);
   lp_exec_checkpoint_path(good, 0, path, sizeof path);
   lp_exec_checkpoint_path(bad, 0, bpath, sizeof bpath);
-  lp_exec *a = new_exec("mine", LP_EXEC_OPTIM_ADAMW);
+  lp_exec *a = new_exec("mine", LP_NN_OPTIM_ADAMW);
   step(a, 1);
   assert_int_equal(lp_exec_checkpoint_save(a, good, 1), LP_OK);
 
   /* missing */
-  expect_load_error(bad, "mine", LP_EXEC_OPTIM_ADAMW, LP_ERR_IO, "rank 0: cannot open checkpoint",
+  expect_load_error(bad, "mine", LP_NN_OPTIM_ADAMW, LP_ERR_IO, "rank 0: cannot open checkpoint",
                     bpath, "No such file", NULL);
   /* truncated: every shorter length is refused (a few samples) */
   struct stat sb;
@@ -283,27 +283,27 @@ static void test_errors(void **state) {
   long lens[] = {0, 5, 20, 100, (long)sb.st_size / 2, (long)sb.st_size - 1};
   for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
     copy_file(path, bpath, lens[i], -1);
-    expect_load_error(bad, "mine", LP_EXEC_OPTIM_ADAMW, LP_ERR_PARSE, bpath, "truncated", NULL);
+    expect_load_error(bad, "mine", LP_NN_OPTIM_ADAMW, LP_ERR_PARSE, bpath, "truncated", NULL);
   }
   /* one flipped bit in the parameter data */
   copy_file(path, bpath, -1, (long)sb.st_size - 40);
-  expect_load_error(bad, "mine", LP_EXEC_OPTIM_ADAMW, LP_ERR_PARSE, bpath,
+  expect_load_error(bad, "mine", LP_NN_OPTIM_ADAMW, LP_ERR_PARSE, bpath,
                     "truncated or corrupt (checksum mismatch", NULL);
   /* not a checkpoint */
   copy_file(path, bpath, -1, 2);
-  expect_load_error(bad, "mine", LP_EXEC_OPTIM_ADAMW, LP_ERR_PARSE, bpath,
+  expect_load_error(bad, "mine", LP_NN_OPTIM_ADAMW, LP_ERR_PARSE, bpath,
                     "is not a luapipe checkpoint (bad magic)", NULL);
   /* another schedule, another optimizer, both at once */
-  expect_load_error(good, "theirs", LP_EXEC_OPTIM_ADAMW, LP_ERR_INVALID, path,
+  expect_load_error(good, "theirs", LP_NN_OPTIM_ADAMW, LP_ERR_INVALID, path,
                     "does not match this run: schedule 'mine' in the checkpoint, 'theirs' in this run",
                     NULL);
-  expect_load_error(good, "mine", LP_EXEC_OPTIM_SGD, LP_ERR_INVALID, path,
+  expect_load_error(good, "mine", LP_NN_OPTIM_SGD, LP_ERR_INVALID, path,
                     "optimizer adamw in the checkpoint, sgd in this run", NULL);
-  expect_load_error(good, "theirs", LP_EXEC_OPTIM_SGD, LP_ERR_INVALID, "schedule 'mine'",
+  expect_load_error(good, "theirs", LP_NN_OPTIM_SGD, LP_ERR_INVALID, "schedule 'mine'",
                     "; optimizer adamw", NULL);
   /* another model: hidden size 8 instead of 7 */
   d_hidden = 8;
-  expect_load_error(good, "mine", LP_EXEC_OPTIM_ADAMW, LP_ERR_INVALID, path,
+  expect_load_error(good, "mine", LP_NN_OPTIM_ADAMW, LP_ERR_INVALID, path,
                     "does not match the model: model stage 0, parameter 1 is layers.0.weight "
                     "[7, 5] in the checkpoint but layers.0.weight [8, 5] in this model",
                     NULL);
@@ -318,7 +318,7 @@ static void test_errors(void **state) {
   assert_non_null(strstr(lp_exec_last_error(a), "rank 0: saving checkpoint"));
   assert_non_null(strstr(lp_exec_last_error(a), tmp));
   assert_int_equal(rmdir(tmp), 0);
-  lp_exec *b = new_exec("mine", LP_EXEC_OPTIM_ADAMW);
+  lp_exec *b = new_exec("mine", LP_NN_OPTIM_ADAMW);
   int64_t k = 0;
   assert_int_equal(lp_exec_checkpoint_load(b, good, &k), LP_OK);
   assert_int_equal(k, 1);

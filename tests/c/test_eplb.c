@@ -184,7 +184,7 @@ static void naive_pack(const float *w, int n, int m, int *pack, int *rank) {
 static void naive_reference(const double *load, int E, int R, int ng, int nn, int G,
                             int *phy2log, int *phyrank) {
   int gs = E / ng, gpn = ng / nn, epn = E / nn, ppn = R / nn, packs = G / nn, k = R / G;
-  float *w = malloc(sizeof(float) * (size_t)E), *gw = malloc(sizeof(float) * (size_t)ng);
+  float *w = malloc(sizeof(float) * (size_t)E), *gw = calloc((size_t)ng, sizeof(float));
   for (int e = 0; e < E; e++) w[e] = (float)load[e];
   for (int g = 0; g < ng; g++) {
     double sum = 0;
@@ -270,6 +270,161 @@ static void test_reference_matches_plain_transcription(void **state) {
     free(p2l);
     free(prk);
   }
+}
+
+/* The same on seeded random shapes: both policies, one to several slots
+ * per GPU (one and two take shortcuts), no replication up to more copies
+ * than experts, many GPUs per node (deep pack trees), and loads with ties,
+ * zeros, equal values (crowded sort buckets), exact fractions, a wide
+ * range and float32 sums that overflow. */
+static void test_reference_random_shapes_match_transcription(void **state) {
+  (void)state;
+  rng = 777;
+  for (int t = 0; t < 300; t++) {
+    const int nodes = rand_int(1, 6), gpus = nodes * rand_int(1, 24);
+    const int groups = rand_int(0, 2) ? nodes * rand_int(1, 4) : rand_int(1, 9);
+    const int E = groups * rand_int(1, 48);
+    const int hier = groups % nodes == 0;
+    int R = gpus * rand_int(1, 4);
+    while (R < E) R += gpus;
+    if (rand_int(0, 2) == 0) R += gpus * rand_int(1, 2);
+    const int kind = rand_int(0, 5);
+    double *load = malloc(sizeof(double) * (size_t)E);
+    for (int i = 0; i < E; i++) {
+      const int u = rand_int(0, 1 << 20);
+      load[i] = kind == 0   ? (double)rand_int(0, 4)
+                : kind == 1 ? (double)u / (double)rand_int(1, 997)
+                : kind == 2 ? 3.0
+                : kind == 3 ? (rand_int(0, 2) ? 0.0 : (double)rand_int(0, 99))
+                : kind == 4 ? (double)u * 1e31 + 1e33
+                            : (double)((uint64_t)u * u % 131072u);
+    }
+    lp_eplb_options o;
+    lp_eplb_options_init(&o);
+    o.mode = LP_EPLB_REFERENCE;
+    lp_eplb_plan *p = plan_or_fail(load, 1, E, R, groups, nodes, gpus, &o);
+    int *p2l = malloc(sizeof(int) * (size_t)R), *prk = malloc(sizeof(int) * (size_t)R);
+    naive_reference(load, E, R, hier ? groups : 1, hier ? nodes : 1, gpus, p2l, prk);
+    const int X = lp_eplb_plan_width(p);
+    for (int q = 0; q < R; q++) {
+      const int got = lp_eplb_plan_phy2log(p)[q];
+      if (got != p2l[q])
+        fail_msg("case %d (E=%d R=%d groups=%d nodes=%d gpus=%d loads %d), slot %d: expert %d, "
+                 "eplb.py says %d", t, E, R, groups, nodes, gpus, kind, q, got, p2l[q]);
+      assert_int_equal(lp_eplb_plan_log2phy(p)[(size_t)got * X + prk[q]], q);
+    }
+    lp_eplb_plan_free(p);
+    free(load);
+    free(p2l);
+    free(prk);
+  }
+}
+
+/* ---- every output bit of the solver kept through its rewrites ---- */
+
+/* FNV-1a over a plan's maps, loads and statistics (solve time aside). */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *c = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+  return h;
+}
+
+static uint64_t plan_hash(uint64_t h, const lp_eplb_plan *p) {
+  const size_t L = (size_t)lp_eplb_plan_layers(p), E = (size_t)lp_eplb_plan_experts(p);
+  const size_t R = (size_t)lp_eplb_plan_replicas(p), G = (size_t)lp_eplb_plan_gpus(p);
+  const int X = lp_eplb_plan_width(p);
+  h = fnv(h, &X, sizeof X);
+  h = fnv(h, lp_eplb_plan_phy2log(p), L * R * sizeof(int));
+  h = fnv(h, lp_eplb_plan_log2phy(p), L * E * (size_t)X * sizeof(int));
+  h = fnv(h, lp_eplb_plan_logcnt(p), L * E * sizeof(int));
+  h = fnv(h, lp_eplb_plan_gpu_load(p), L * G * sizeof(double));
+  if (lp_eplb_plan_gpu_copies(p)) h = fnv(h, lp_eplb_plan_gpu_copies(p), L * G * sizeof(int));
+  const lp_eplb_layer_stats *ls = lp_eplb_plan_layer_stats(p);
+  for (size_t l = 0; l < L; l++) {
+    const double f[6] = {ls[l].max_load, ls[l].mean_load, ls[l].gpu_max_over_mean,
+                         ls[l].node_max_over_mean, ls[l].balancedness, ls[l].off_node_load};
+    const int c[2] = {ls[l].copies, ls[l].duplicates};
+    h = fnv(h, f, sizeof f);
+    h = fnv(h, c, sizeof c);
+  }
+  lp_eplb_stats s;
+  lp_eplb_plan_stats(p, &s);
+  const double f[4] = {s.balancedness, s.gpu_max_over_mean, s.node_max_over_mean, s.off_node_load};
+  const long long c[2] = {s.copies, s.duplicates};
+  h = fnv(h, f, sizeof f);
+  return fnv(h, c, sizeof c);
+}
+
+/* Seeded random shapes (both policies; one to several slots per GPU;
+ * replication from none to more than one copy per expert) and loads
+ * (ties, zeros, all equal, exact fractions, a wide range, values whose
+ * float32 sums overflow). Returns the hash of every plan: reference mode
+ * (mode 0), or balanced (mode 1: spill on odd cases, then a re-plan of
+ * drifted loads against it, with a copy budget on every third case, and
+ * an evaluation of that re-plan). Integer arithmetic and exact divisions
+ * only, so the inputs are the same everywhere. */
+static uint64_t plans_hash(int cases, int mode) {
+  uint64_t h = 1469598103934665603ull;
+  rng = 20251201 + (uint64_t)mode;
+  char err[LP_ERRLEN];
+  for (int t = 0; t < cases; t++) {
+    const int nodes = rand_int(1, 6), gpus = nodes * rand_int(1, 8);
+    const int groups = rand_int(0, 2) ? nodes * rand_int(1, 4) : rand_int(1, 9);
+    const int E = groups * rand_int(1, 40), L = rand_int(1, 3);
+    int R = gpus * rand_int(1, 6);
+    while (R < E) R += gpus;
+    if (rand_int(0, 3) == 0) R += gpus * rand_int(1, 3);
+    const int kind = rand_int(0, 6);
+    double *load = malloc(sizeof(double) * (size_t)L * E);
+    for (int i = 0; i < L * E; i++) {
+      const int u = rand_int(0, 1 << 20);
+      load[i] = kind == 0   ? (double)rand_int(0, 4)
+                : kind == 1 ? (double)u / (double)rand_int(1, 997)
+                : kind == 2 ? 7.0
+                : kind == 3 ? (rand_int(0, 2) ? 0.0 : (double)rand_int(0, 99))
+                : kind == 4 ? (double)((uint64_t)u * u % 131072u * (u % 7))
+                : kind == 5 ? (double)u * 1e31 + 1e33
+                            : (double)(u % 5000) * (u % 3 ? 1.0 : 1e-20);
+    }
+    lp_eplb_options o;
+    lp_eplb_options_init(&o);
+    o.mode = mode == 0 ? LP_EPLB_REFERENCE : LP_EPLB_BALANCED;
+    o.spill = mode == 1 && t % 2;
+    lp_eplb_plan *p = NULL, *q = NULL, *ev = NULL;
+    if (lp_eplb_rebalance(load, L, E, R, groups, nodes, gpus, &o, &p, err) != LP_OK)
+      fail_msg("case %d: %s", t, err);
+    h = plan_hash(h, p);
+    if (mode == 1) {
+      for (int i = 0; i < L * E; i++) load[i] = floor(load[i] * rand_int(1, 8) / 4);
+      o.previous = lp_eplb_plan_phy2log(p);
+      o.max_moves = t % 3 == 0 ? t % 7 : -1;
+      if (lp_eplb_rebalance(load, L, E, R, groups, nodes, gpus, &o, &q, err) != LP_OK ||
+          lp_eplb_evaluate(load, L, E, lp_eplb_plan_phy2log(q), R, nodes, gpus,
+                           lp_eplb_plan_phy2log(p), &ev, err) != LP_OK)
+        fail_msg("case %d: %s", t, err);
+      h = plan_hash(plan_hash(h, q), ev);
+    }
+    lp_eplb_plan_free(p);
+    lp_eplb_plan_free(q);
+    lp_eplb_plan_free(ev);
+    free(load);
+  }
+  return h;
+}
+
+/* The hashes of every plan (maps, per-GPU loads, copies, statistics) on
+ * 600 seeded reference-mode cases and 150 balanced ones (with spill,
+ * re-planning against a previous plan, copy budgets and evaluation), as
+ * the solver computed them before its speed work on the reference mode
+ * and the plan statistics (commit c065623). A change in any output bit
+ * changes them. */
+static void test_plans_bit_for_bit(void **state) {
+  (void)state;
+  const uint64_t ref = plans_hash(600, 0), bal = plans_hash(150, 1);
+  if (ref != 0xa690acf268ba0bd1ull)
+    fail_msg("reference plans changed: hash %016llx", (unsigned long long)ref);
+  if (bal != 0xb2185b140b41d45dull)
+    fail_msg("balanced plans changed: hash %016llx", (unsigned long long)bal);
 }
 
 /* ---- random invariants ---- */
@@ -843,6 +998,8 @@ int main(void) {
       cmocka_unit_test(test_random_invariants),
       cmocka_unit_test(test_brute_force_tiny),
       cmocka_unit_test(test_reference_matches_plain_transcription),
+      cmocka_unit_test(test_reference_random_shapes_match_transcription),
+      cmocka_unit_test(test_plans_bit_for_bit),
       cmocka_unit_test(test_spill),
       cmocka_unit_test(test_relabel_keeps_everything),
       cmocka_unit_test(test_copy_budget),

@@ -72,10 +72,10 @@ static lp_exec_opts base_opts(void) {
   memset(&o, 0, sizeof o);
   o.chunk = chunk_fn;
   o.data = data_fn;
-  o.loss = LP_EXEC_LOSS_MSE;
+  o.loss = LP_NN_LOSS_MSE;
   o.act_ndim = act_ndim;
   o.act_shape = act_shape;
-  o.optim = LP_EXEC_OPTIM_SGD;
+  o.optim = LP_NN_OPTIM_SGD;
   o.sgd = (lp_nn_sgd_opts){0.1f, 0.9f, 0.0f};
   o.trace = 1;
   return o;
@@ -118,7 +118,7 @@ static void check_against_reference(lp_schedule *s, lp_exec_fb_fn hook, int exac
     double l1 = 0, l2 = 0;
     st = lp_exec_step(e, k, &l1);
     if (st != LP_OK) fail_msg("step %d: %s", k, lp_exec_last_error(e));
-    assert_int_equal(lp_exec_reference_step(full, opt, LP_EXEC_LOSS_MSE, MB, data_fn, NULL, k,
+    assert_int_equal(lp_exec_reference_step(full, opt, LP_NN_LOSS_MSE, MB, data_fn, NULL, k,
                                             &l2, err),
                      LP_OK);
     assert_true(exact ? l1 == l2 : fabs(l1 - l2) <= 1e-6 * fabs(l2));
@@ -274,7 +274,7 @@ static void run_local_copies(int explicit_reduce) {
   for (int k = 1; k <= 3; k++) {
     double l1 = 0, l2 = 0;
     if (lp_exec_step(e, k, &l1) != LP_OK) fail_msg("step %d: %s", k, lp_exec_last_error(e));
-    assert_int_equal(lp_exec_reference_step(full, opt, LP_EXEC_LOSS_MSE, MB, data_fn, NULL, k,
+    assert_int_equal(lp_exec_reference_step(full, opt, LP_NN_LOSS_MSE, MB, data_fn, NULL, k,
                                             &l2, err),
                      LP_OK);
     assert_true(fabs(l1 - l2) <= 1e-6 * fabs(l2));
@@ -350,7 +350,26 @@ static void test_errors(void **state) {
   /* and the executor recovers for the next step */
   assert_int_equal(lp_exec_step(e, 2, &loss), LP_OK);
   assert_true(loss > 0);
+  /* no MoE layer: no placement to set, no loads */
+  int one[1] = {0}, nl = -1;
+  const int *ex = NULL;
+  const double *cnt = NULL;
+  assert_int_equal(lp_exec_set_placement(e, 0, 1, one, NULL), LP_ERR_ARG);
+  assert_string_equal(lp_exec_last_error(e),
+                      "set_placement: no MoE layer 0 (the model has 0) or bad slots per rank 1");
+  assert_int_equal(lp_exec_expert_loads(e, &nl, &ex, &cnt), LP_OK);
+  assert_int_equal(nl, 0);
+  assert_null(cnt);
+  assert_int_equal(lp_exec_ep(e, NULL), 1);
   lp_exec_free(e);
+
+  /* an EP group that does not divide the job */
+  o = base_opts();
+  o.ep = 2;
+  assert_int_equal(lp_exec_new(s, &o, &e, err), LP_ERR_ARG);
+  assert_null(e);
+  assert_string_equal(err, "ep = 2 does not divide the 1 ranks mpirun started (pp x ep ranks are "
+                           "needed)");
   lp_schedule_free(s);
 }
 

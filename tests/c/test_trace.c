@@ -590,6 +590,79 @@ static void test_deterministic_json(void **state) {
   lp_schedule_free(s);
 }
 
+static lp_trace_event msg_event(int rank, int kind, int peer, int tag, int64_t step,
+                                double start, double dur) {
+  lp_trace_event e;
+  lp_trace_event_init(&e);
+  e.rank = rank;
+  e.kind = kind;
+  snprintf(e.name, sizeof e.name, "%s", kind == LP_TRACE_SEND ? "send" : "recv");
+  e.peer = peer;
+  e.tag = tag;
+  e.step = step;
+  e.start_us = start;
+  e.dur_us = dur;
+  return e;
+}
+
+/* Messages pair by (sender, receiver, tag, step), never by name; a packed
+ * trace unpacks to the same events; times shift to start at 0. */
+static void test_link_pack_origin(void **state) {
+  (void)state;
+  lp_trace *a = lp_trace_new(), *b = lp_trace_new();
+  assert_non_null(a);
+  assert_non_null(b);
+  /* rank 0 sends tag 5 in steps 1 and 2 to rank 1; a stray send tag 6 */
+  lp_trace_event ev[] = {
+      msg_event(0, LP_TRACE_SEND, 1, 5, 1, 100, 1),
+      msg_event(0, LP_TRACE_SEND, 1, 5, 2, 300, 1),
+      msg_event(0, LP_TRACE_SEND, 1, 6, 1, 150, 1),
+      msg_event(1, LP_TRACE_RECV, 0, 5, 2, 320, 30), /* arrives 350 */
+      msg_event(1, LP_TRACE_RECV, 0, 5, 1, 90, 40),  /* arrives 130 */
+  };
+  for (int i = 0; i < 3; i++) assert_int_equal(lp_trace_add_event(a, &ev[i], NULL), LP_OK);
+  lp_trace_counter c = {1, "live activations", 95, 2};
+  assert_int_equal(lp_trace_add_counter(a, &c), LP_OK);
+  lp_trace_marker m = {1, "step 1", 80};
+  assert_int_equal(lp_trace_add_marker(b, &m), LP_OK);
+  for (int i = 3; i < 5; i++) assert_int_equal(lp_trace_add_event(b, &ev[i], NULL), LP_OK);
+  void *buf = NULL;
+  size_t n = 0;
+  assert_int_equal(lp_trace_pack(b, &buf, &n), LP_OK);
+  assert_int_equal(lp_trace_unpack_append(a, buf, n - 1), LP_ERR_PARSE);
+  assert_int_equal(lp_trace_unpack_append(a, buf, n), LP_OK);
+  lp_free(buf);
+  int ne, nf, nm;
+  const lp_trace_event *e = lp_trace_events(a, &ne);
+  assert_int_equal(ne, 5);
+  assert_int_equal(e[3].tag, 5);
+  assert_int_equal((int)e[3].step, 2);
+  assert_int_equal(lp_trace_link_messages(a), LP_OK);
+  const lp_trace_flow *f = lp_trace_flows(a, &nf);
+  assert_int_equal(nf, 2);
+  e = lp_trace_events(a, &ne);
+  /* step 1: [100, 130] on both sides; step 2: [300, 350] */
+  assert_true(e[0].start_us == 100 && e[0].dur_us == 30);
+  assert_true(e[4].start_us == 100 && e[4].dur_us == 30);
+  assert_true(e[1].start_us == 300 && e[1].dur_us == 50);
+  assert_true(e[3].start_us == 300 && e[3].dur_us == 50);
+  assert_true(e[2].dur_us == 1); /* unpaired: untouched */
+  for (int i = 0; i < nf; i++) assert_true(f[i].from_event >= 0 && f[i].to_event >= 0);
+  lp_trace_start_at_zero(a);
+  const lp_trace_marker *mk = lp_trace_markers(a, &nm);
+  assert_int_equal(nm, 1);
+  assert_true(mk[0].time_us == 0); /* the marker at 80 was the earliest */
+  e = lp_trace_events(a, &ne);
+  assert_true(e[0].start_us == 20);
+  char *json = lp_trace_to_json(a);
+  assert_non_null(json);
+  assert_non_null(strstr(json, "\"name\":\"step 1\",\"cat\":\"marker\",\"ph\":\"i\""));
+  assert_non_null(strstr(json, "\"peer\":1,\"tag\":5,\"step\":1"));
+  lp_free(json);
+  lp_trace_free(a);
+  lp_trace_free(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sim_trace_structure),
@@ -597,6 +670,7 @@ int main(void) {
       cmocka_unit_test(test_manual_trace),
       cmocka_unit_test(test_atomic_write),
       cmocka_unit_test(test_deterministic_json),
+      cmocka_unit_test(test_link_pack_origin),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

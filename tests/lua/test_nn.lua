@@ -140,7 +140,7 @@ end
 function test_train_errors()
   local m = mlp()
   lu.assertEquals(error_of(train, { model = m, schedule = "1f1b", pp = 2, microbatches = 4, data = data }),
-    "luapipe.train: schedule '1f1b' needs 2 ranks, but this job has 1 (run it with mpirun -np 2)")
+    "schedule '1f1b' needs 2 ranks, but this is one process (run it with mpirun -np 2)")
   lu.assertStrContains(error_of(train, { model = m, schedule = "nope", pp = 1, data = data }),
     "unknown schedule 'nope'")
   lu.assertStrContains(error_of(train, { model = {}, schedule = "1f1b", data = data }),
@@ -174,6 +174,23 @@ function test_overlapped_fb_hook()
   -- run_half outside a hook is misuse
   lu.assertStrContains(error_of(r.exec.run_half, r.exec, "F", 0, 0),
     "exec:run_half is only allowed inside an overlapped_fb hook")
+end
+
+-- an error after exec_new took the build function (here: a bad loss name)
+-- must not pin it (and the model it closes over) in the registry
+function test_exec_new_error_releases_build()
+  local schedule = require("luapipe.schedule")
+  local s = schedule.build("1f1b", { pp = 1, microbatches = 1 })
+  local collected = false
+  do
+    local guard = setmetatable({}, { __gc = function() collected = true end })
+    local build = function() return guard end
+    lu.assertStrContains(error_of(core.exec_new, s, { build = build, data = data, loss = "hinge" }),
+      'loss must be "mse" or "cross_entropy", got "hinge"')
+  end
+  collectgarbage()
+  collectgarbage()
+  lu.assertTrue(collected, "the build function stayed referenced after the error")
 end
 
 -- ---- mixture of experts ----
@@ -290,6 +307,27 @@ function test_moe_lm_trains_on_one_rank()
   local ref = train.reference { model = m, microbatches = 2, data = char_data, steps = 3, seed = 4,
     optimizer = opt }
   for k = 1, 3 do lu.assertAlmostEquals(r.losses[k], ref.losses[k], 1e-6 * ref.losses[k]) end
+end
+
+-- EPLB in the loop on one rank (ep = 1, two redundant slots): plans every
+-- 2 steps, replicas of hot experts; the losses stay the reference's
+function test_moe_eplb_one_rank()
+  local m = moe_lm()
+  local opt = { kind = "adamw", lr = 0.02 }
+  local r = train { model = m, schedule = "1f1b", pp = 1, microbatches = 2, data = char_data,
+    steps = 6, seed = 4, optimizer = opt, quiet = true, eplb = { every = 2, redundant = 2 } }
+  local ref = train.reference { model = m, microbatches = 2, data = char_data, steps = 6, seed = 4,
+    optimizer = opt }
+  for k = 1, 6 do lu.assertAlmostEquals(r.losses[k], ref.losses[k], 1e-5 * ref.losses[k]) end
+  lu.assertEquals(r.summary.eplb.plans, 3)
+  lu.assertEquals(#r.summary.eplb.placements[1], 4 + 2) -- 4 experts + 2 redundant slots
+  lu.assertEquals(r.summary.eplb.before, 1) -- one EP rank: always balanced
+  lu.assertStrContains(error_of(train, { model = m, schedule = "1f1b", data = char_data,
+    eplb = { every = 0 } }), "eplb.every must be a positive integer, got 0")
+  lu.assertStrContains(error_of(train, { model = m, schedule = "1f1b", data = char_data, ep = 2 }),
+    "ep = 2 needs a multiple of 2 ranks (pp x ep), but this is one process")
+  lu.assertStrContains(error_of(train, { model = m, schedule = "1f1b", data = char_data, pp = 1,
+    ep = 2 }), "pp x ep = 1 x 2 needs 2 ranks, but this is one process (run it with mpirun -np 2)")
 end
 
 -- Layer constructors check their arguments: the message names the

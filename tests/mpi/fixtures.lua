@@ -57,4 +57,34 @@ function F.lm_data(step, mb)
   return nn.tensor({ 2, T }, x), nn.tensor({ 2, T }, y)
 end
 
+-- A small MoE LM of 8 layers (enough for 8 stages): embedding, three
+-- DeepSeek-style MoE blocks (sigmoid routers with groups, a shared expert
+-- and router-bias balancing; one softmax router) between attention and a
+-- transformer block, and the head; 4 experts, top-2. Data: 4 sequences of 5 tokens, so
+-- 2 EP ranks take 2 sequences each.
+function F.moe_lm(experts)
+  local E = experts or 4
+  return nn.sequential {
+    nn.embedding(V, D),
+    nn.moe_block { dim = D, heads = 2, hidden = 8, experts = E, topk = 2, groups = 2,
+      topk_groups = 1, shared = 1, route_scale = 1.5, bias_speed = 0.01 },
+    nn.residual(nn.attention(D, 2)),
+    nn.moe_block { dim = D, heads = 2, hidden = 8, experts = E, topk = 2, router = "softmax" },
+    nn.transformer_block(D, 2, 16, "silu"),
+    nn.moe_block { dim = D, heads = 2, hidden = 8, experts = E, topk = 2, groups = 2,
+      topk_groups = 2, bias_speed = 0.01 },
+    nn.rmsnorm(D), nn.linear(D, V),
+    loss = "cross_entropy",
+  }
+end
+
+function F.moe_lm_data(step, mb)
+  local x, y = {}, {}
+  for i = 1, 4 * T do
+    x[i] = (step * 5 + mb * 3 + i * 7 + (i * i) % 5) % V
+    y[i] = (x[i] * 3 + 1) % V
+  end
+  return nn.tensor({ 4, T }, x), nn.tensor({ 4, T }, y)
+end
+
 return F

@@ -42,23 +42,85 @@ if [ -s "$tmp/trace.json" ]; then
     local json = require("luapipe.json")
     local f = assert(io.open(arg[1])); local t = json.decode(f:read("a")); f:close()
     local compute, s, fl, bad = {}, {}, {}, 0
+    local t0, markers, live, sends, peerless = math.huge, {}, {}, 0, 0
     for _, e in ipairs(t.traceEvents) do
       if e.ph == "X" and e.tid == 0 then compute[e.pid] = (compute[e.pid] or 0) + 1 end
       if e.ph == "s" then s[e.id] = e.ts end
       if e.ph == "f" then fl[#fl + 1] = e end
+      if e.ph == "X" or e.ph == "C" or e.ph == "i" then t0 = math.min(t0, e.ts) end
+      if e.ph == "i" and e.name:match("^step %d+$") then markers[e.pid] = (markers[e.pid] or 0) + 1 end
+      if e.ph == "C" and e.name == "live activations" then live[e.pid] = true end
+      if e.ph == "X" and e.name:match("^send ") then
+        sends = sends + 1
+        if not (e.args.peer and e.args.tag and e.args.step) then peerless = peerless + 1 end
+      end
     end
     for _, e in ipairs(fl) do if not s[e.id] or e.ts < s[e.id] then bad = bad + 1 end end
     print(string.format("ranks %d %d %d %d flows %d backwards %d", compute[0] or 0,
       compute[1] or 0, compute[2] or 0, compute[3] or 0, #fl, bad))
+    -- times from 0, a marker per step on every rank, counters, every send paired
+    print(string.format("start %g markers %d %d %d %d live %s sends %d unpaired %d peerless %d", t0,
+      markers[0] or 0, markers[1] or 0, markers[2] or 0, markers[3] or 0,
+      (live[0] and live[1] and live[2] and live[3]) and "all" or "missing", sends, sends - #fl, peerless))
 LUA
   check=$("$luapipe" "$tmp/check.lua" "$tmp/trace.json")
   echo "trace: $check"
-  [[ "$check" =~ ^ranks\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ flows\ [1-9][0-9]*\ backwards\ 0$ ]] ||
+  [[ "$check" =~ ^ranks\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ flows\ [1-9][0-9]*\ backwards\ 0 ]] ||
     fail "trace: expected compute slices on every rank and forward flows"
+  [[ "$check" == *"start 0 markers 15 15 15 15 live all sends "*" unpaired 0 peerless 0"* ]] ||
+    fail "trace: expected times from 0, 15 step markers per rank, live-activation counters, every send paired"
   ls "$tmp" | grep -q part && fail "trace: per-rank part files left behind"
 else
   fail "train_mlp --trace wrote no trace"
 fi
+
+# train_moe: DualPipe at pp=2 x ep=2 with EPLB every step prints the
+# reference's losses (--reference, one process), its summary lines, and a
+# bad option is one line with exit 2
+"${mpirun[@]}" -np 4 "$luapipe" examples/train_moe.lua --schedule dualpipe --pp 2 --ep 2 \
+  --steps 4 --redundant 1 --eplb-every 1 --link lat=20us,bw=4GB/s --trace "$tmp/moe.json" \
+  >"$tmp/moe" 2>&1
+rc=$?
+"$luapipe" examples/train_moe.lua --reference --steps 4 --microbatches 4 >"$tmp/moe_ref" 2>&1
+echo "train_moe (dualpipe, pp=2 x ep=2, EPLB): rc $rc"
+[ "$rc" -eq 0 ] || { fail "train_moe exited $rc"; cat "$tmp/moe"; }
+same=$(awk 'FNR == NR && /^step [0-9]+ loss / { ref[$2] = $4; next }
+  /^step [0-9]+ loss / { n++; d = $4 - ref[$2]; if (d < 0) d = -d; if (ref[$2] != "" && d <= 1e-5 * ref[$2]) ok++ }
+  END { print ok + 0, n + 0 }' "$tmp/moe_ref" "$tmp/moe")
+echo "train_moe losses equal to --reference: $same"
+[ "$same" = "4 4" ] || { fail "train_moe losses differ from --reference"; cat "$tmp/moe" "$tmp/moe_ref"; }
+grep -qE '^all-to-all hidden: [0-9.]+%$' "$tmp/moe" || fail "train_moe: no 'all-to-all hidden' line"
+grep -qE '^expert load max/mean: [0-9.]+ -> [0-9.]+$' "$tmp/moe" || fail "train_moe: no expert load line"
+# the measured trace: all-to-alls on every rank's comm track (odd tids)
+cat >"$tmp/a2a.lua" <<'LUA'
+  local json = require("dkjson")
+  local f = assert(io.open(arg[1])); local t = json.decode(f:read("a")); f:close()
+  local per, bad = {}, 0
+  for _, e in ipairs(t.traceEvents) do
+    if e.ph == "X" and e.name == "all-to-all" then
+      per[e.pid] = (per[e.pid] or 0) + 1
+      if e.tid % 2 ~= 1 then bad = bad + 1 end
+    end
+  end
+  print(string.format("a2a %d %d %d %d off-track %d", per[0] or 0, per[1] or 0, per[2] or 0,
+    per[3] or 0, bad))
+LUA
+a2a=$("$luapipe" "$tmp/a2a.lua" "$tmp/moe.json" 2>&1)
+echo "train_moe trace: $a2a"
+[[ "$a2a" =~ ^a2a\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*\ off-track\ 0$ ]] ||
+  fail "train_moe trace: expected all-to-alls on the comm track of every rank"
+"$luapipe" examples/train_moe.lua --topk 9 >"$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "^train_moe.lua: --topk 9 is more than --experts 8$" "$tmp/out" ||
+  { fail "train_moe --topk 9: rc $rc"; cat "$tmp/out"; }
+
+# DualPipe on an odd number of ranks: one line, once, in the user's words
+"${mpirun[@]}" -np 3 "$luapipe" examples/train_mlp.lua --schedule dualpipe --steps 1 >"$tmp/out" 2>&1
+rc=$?
+n=$(grep -c "^luapipe: DualPipe needs an even number of ranks; mpirun started 3$" "$tmp/out")
+echo "dualpipe on 3 ranks: rc $rc, reported $n time(s)"
+{ [ "$rc" -eq 2 ] && [ "$n" -eq 1 ] && ! grep -qiE "traceback|\bpp\b" "$tmp/out"; } ||
+  { fail "dualpipe on 3 ranks"; cat "$tmp/out"; }
 
 t0=$(date +%s.%N)
 "${mpirun[@]}" -np 4 "$luapipe" examples/train_char_lm.lua --schedule zbv --microbatches 8 \

@@ -17,6 +17,15 @@
 -- the start of the step; default 4).
 -- mode "lm": a small causal transformer LM (embedding, attention blocks,
 -- cross-entropy) trained with AdamW instead.
+-- mode "ep<E>" (e.g. ep2): the pp x ep grid, pp = ranks / E, each EP rank
+-- training on its share of every micro-batch (MLP); "lm_ep<E>": the same
+-- with the transformer LM.
+-- mode "moe", "moe_ep<E>": the small MoE LM (fixtures.moe_lm) with AdamW,
+-- its experts spread over the EP group.
+-- mode "moe_eplb_ep<E>": the MoE LM with EPLB after every step (one
+-- redundant slot per EP rank): expert weights and optimizer state move,
+-- losses and parameters stay the reference's; the plans must even out the
+-- load they were made for.
 -- mode "ranks": asks for pp = 4 on a smaller job (expects a clear error).
 -- mode "stages": a model with fewer layers than stages (expects an error).
 local nn = require("luapipe.nn")
@@ -31,9 +40,14 @@ local fx = dofile("tests/mpi/fixtures.lua")
 local model, data = fx.mlp(), fx.regression_data
 
 local optimizer = { kind = "sgd", lr = 0.05, momentum = 0.9 }
+local EP = tonumber((mode or ""):match("ep(%d+)$")) or 1
+local PP = P // EP
 
-if mode == "lm" then
+if mode == "lm" or (mode or ""):match("^lm_") then
   model, data = fx.lm(), fx.lm_data
+  optimizer = { kind = "adamw", lr = 0.01, weight_decay = 0.01 }
+elseif (mode or ""):match("^moe") then
+  model, data = fx.moe_lm(), fx.moe_lm_data
   optimizer = { kind = "adamw", lr = 0.01, weight_decay = 0.01 }
 end
 
@@ -78,7 +92,22 @@ end
 
 local hook_calls = 0
 local hook
-if mode == "hook" then
+if (mode or ""):match("phases") then
+  -- phase by phase, backward half first each round: the order changes, the
+  -- results must not
+  hook = function(exec, pair)
+    hook_calls = hook_calls + 1
+    assert(exec:begin_half("F", pair.f_stage, pair.f_mb))
+    assert(exec:begin_half(pair.b_type, pair.b_stage, pair.b_mb))
+    assert(exec:phase("F") ~= "done" and exec:phase("B") ~= "done")
+    local fd, bd = false, false
+    while not (fd and bd) do
+      if not bd then bd = assert(exec:advance("B")) end
+      if not fd then fd = assert(exec:advance("F")) end
+    end
+    assert(exec:phase("F") == "done" and exec:phase("B") == "done")
+  end
+elseif mode == "hook" then
   hook = function(exec, pair)
     hook_calls = hook_calls + 1
     assert(exec:run_half(pair.b_type, pair.b_stage, pair.b_mb))
@@ -88,7 +117,8 @@ end
 
 local r = train { model = model, schedule = sched, overlapped_fb = hook, microbatches = M, data = data,
   steps = STEPS, seed = SEED, optimizer = optimizer, quiet = true, lookahead = lookahead,
-  partition = mode == "cost" and "cost" or "layers" }
+  partition = mode == "cost" and "cost" or "layers", ep = EP,
+  eplb = (mode or ""):match("eplb") and { every = 1, redundant = 1 } or nil }
 local ref = train.reference { model = model, microbatches = M, data = data, steps = STEPS,
   seed = SEED, optimizer = optimizer }
 
@@ -136,11 +166,36 @@ for _, vs in ipairs(r.stage_params()) do
   end
   sums[2 * vs.id + 1], sums[2 * vs.id + 2] = s1, s2
 end
-if mode == "hook" then
+if mode == "hook" or (mode or ""):match("phases") then
   local calls = assert(comm.allreduce({ hook_calls }, "gathering hook calls"))[1]
   if calls == 0 then fails[#fails + 1] = "the overlapped_fb hook was never called" end
 end
 if nchecked == 0 then fails[#fails + 1] = "no parameters checked on this rank" end
+if (mode or ""):match("eplb") then
+  local e = r.summary.eplb
+  if not e or e.plans ~= STEPS then
+    fails[#fails + 1] = "expected " .. STEPS .. " EPLB plans, got " .. tostring(e and e.plans)
+  elseif e.bytes <= 0 then
+    fails[#fails + 1] = "EPLB moved no weights"
+  else
+    -- the last plan against the last step's loads (what it was planned for)
+    local loads = r.exec:expert_loads()
+    local E = #loads[1]
+    local def = {}
+    for l = 1, #loads do
+      def[l] = {}
+      for s = 0, ((E + EP - 1) // EP) * EP - 1 do def[l][s + 1] = s % E end
+    end
+    local before, after = train.load_ratio(loads, def, EP), train.load_ratio(loads, e.placements, EP)
+    if after > before + 1e-9 then
+      fails[#fails + 1] = string.format("EPLB made the load worse: max/mean %.3f -> %.3f", before, after)
+    end
+    if rank == 0 then
+      print(string.format("eplb: %d plans, %d bytes moved, load max/mean %.3f -> %.3f (last step)",
+        e.plans, e.bytes, before, after))
+    end
+  end
+end
 
 -- copies of a replicated stage must be bitwise equal: compare checksums
 local all = assert(comm.allreduce(sums, "gathering parameter checksums"))
@@ -159,8 +214,8 @@ end
 
 for _, f in ipairs(fails) do print(string.format("rank %d: FAIL %s %d ranks: %s", rank, family, P, f)) end
 if #fails == 0 then
-  print(string.format("rank %d: ok %s P=%d M=%d (%d params, %d replicated stages, losses %.6f %.6f %.6f)",
-    rank, family, P, M, nchecked, copies, r.losses[1], r.losses[2], r.losses[3]))
+  print(string.format("rank %d: ok %s pp=%d ep=%d M=%d (%d params, %d replicated stages, losses %.6f %.6f %.6f)",
+    rank, family, PP, EP, M, nchecked, copies, r.losses[1], r.losses[2], r.losses[3]))
 end
 local total = assert(comm.allreduce({ #fails }, "gathering failure counts"))[1]
 os.exit(total == 0 and 0 or 1)

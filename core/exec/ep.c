@@ -1,0 +1,392 @@
+/* ep.c — the pipeline x expert grid: splitting the job's comm, the MoE
+ * layers' all-to-all-v over the EP group (lp_nn_ep over lp_comm_ialltoallv,
+ * timed for the summary and traced on the comm track), each EP rank's share
+ * of a micro-batch, and the step-end sums: dense grads over the EP group,
+ * replicated experts' grads over their holders, expert loads over every
+ * rank holding a stage (router bias). */
+#include "exec_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+lp_status ex_grid_new(lp_exec *e) {
+  int W = lp_comm_size(e->world), E = e->ep;
+  e->rank = lp_comm_rank(e->world);
+  if (E <= 1) {
+    e->ep = 1;
+    e->ep_rank = 0;
+    e->comm = e->world;
+    e->prank = e->rank;
+    return LP_OK;
+  }
+  if (W % E != 0) {
+    lp_errf(e->err, "ep = %d does not divide the %d ranks mpirun started (pp x ep ranks are "
+            "needed)", E, W);
+    return LP_ERR_ARG;
+  }
+  e->ep_rank = e->rank % E;
+  int p = e->rank / E;
+  if (lp_comm_split(e->world, e->ep_rank, p, &e->pp_own) != LP_OK ||
+      lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm) != LP_OK) {
+    lp_errf(e->err, "rank %d: forming the pp x ep grid: %s", e->rank,
+            lp_comm_last_error(e->world));
+    return LP_ERR_COMM;
+  }
+  e->comm = e->pp_own;
+  e->prank = lp_comm_rank(e->comm);
+  return LP_OK;
+}
+
+void ex_grid_free(lp_exec *e) {
+  lp_comm_free(e->ep_comm);
+  lp_comm_free(e->pp_own);
+  e->ep_comm = e->pp_own = NULL;
+  lp_free(e->moe_counts);
+  lp_free(e->moe_off);
+  lp_free(e->moe_experts);
+  e->moe_counts = NULL;
+  e->moe_off = NULL;
+  e->moe_experts = NULL;
+}
+
+int ex_world(const lp_exec *e, int p) { return p * e->ep + e->ep_rank; }
+
+/* ---- the EP exchange ---- */
+
+static lp_status ep_start(void *ud, const float *send, const size_t *send_counts, float *recv,
+                          const size_t *recv_counts, void **handle) {
+  lp_exec *e = ud;
+  int E = e->ep;
+  a2a *h = lp_calloc(1, sizeof *h);
+  if (!h) return LP_ERR_NOMEM;
+  h->displs = lp_malloc(2 * (size_t)E * sizeof *h->displs);
+  if (!h->displs) {
+    lp_free(h);
+    return LP_ERR_NOMEM;
+  }
+  size_t so = 0, ro = 0, out = 0, in = 0;
+  for (int r = 0; r < E; r++) {
+    h->displs[r] = so;
+    h->displs[E + r] = ro;
+    so += send_counts[r];
+    ro += recv_counts[r];
+    if (r != e->ep_rank) {
+      out += send_counts[r];
+      in += recv_counts[r];
+    }
+  }
+  h->modelled = lp_link_time(lp_comm_link(e->ep_comm), 4.0 * (double)(out > in ? out : in));
+  h->start = lp_now();
+  lp_status st = lp_comm_ialltoallv(e->ep_comm, send, send_counts, h->displs, recv, recv_counts,
+                                    h->displs + E, &h->req);
+  if (st != LP_OK) {
+    lp_errf(e->err, "rank %d: starting an all-to-all-v of the EP group: %s", e->rank,
+            lp_comm_last_error(e->ep_comm));
+    lp_free(h->displs);
+    lp_free(h);
+    return st;
+  }
+  *handle = h;
+  return LP_OK;
+}
+
+static lp_status ep_wait(void *ud, void *handle, const char *what) {
+  lp_exec *e = ud;
+  a2a *h = handle;
+  char w[256];
+  snprintf(w, sizeof w, "rank %d (EP rank %d of %d): %s", e->rank, e->ep_rank, e->ep,
+           what ? what : "an MoE exchange");
+  double tw = lp_now();
+  int ready = 0; /* finished while this rank computed? */
+  lp_status st = lp_comm_test(e->ep_comm, &h->req, &ready);
+  if (st == LP_OK && !ready) st = lp_comm_wait(e->ep_comm, &h->req, w);
+  double t1 = lp_now();
+  if (st == LP_ERR_TIMEOUT) lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
+  if (st != LP_OK)
+    lp_errf(e->err, "rank %d: %s: %s", e->rank, w, lp_comm_last_error(e->ep_comm));
+  /* its time: from the start to its completion, which is the end of the
+   * wait when it had to be waited for; when it was already done, some
+   * time before, estimated by the link model (capped at the wait's start).
+   * The blocked part stays in its action's time: what an action costs
+   * includes the all-to-all it could not hide (the simulator's costs). */
+  double blocked = ready ? 0 : t1 - tw;
+  double took = ready ? (h->modelled < tw - h->start ? h->modelled : tw - h->start) : t1 - h->start;
+  e->a2a_s += took;
+  e->a2a_blocked += blocked;
+  e->a2a_n++;
+  ex_trace_add(e, LP_TRACE_SEND, "all-to-all", "a2a", h->start, t1, -1, -1, e->cur, -1, -1);
+  lp_free(h->displs);
+  lp_free(h);
+  return st;
+}
+
+lp_status ex_ep_attach(lp_exec *e, vst *vs) {
+  if (e->ep <= 1 || lp_nn_moe_count(vs->chunk) == 0) return LP_OK;
+  e->nnep = (lp_nn_ep){e->ep, e->ep_rank, e, ep_start, ep_wait};
+  lp_status st = lp_nn_set_ep(vs->chunk, &e->nnep);
+  if (st != LP_OK)
+    lp_errf(e->err, "rank %d: giving model stage %d the EP group of %d ranks failed (%s)",
+            e->rank, vs->stage, e->ep, lp_strerror(st));
+  return st;
+}
+
+lp_status ex_shard(lp_exec *e, lp_tensor **t, const char *what, int mb) {
+  if (e->ep <= 1) return LP_OK;
+  int64_t rows = (*t)->ndim > 0 ? (*t)->shape[0] : 1;
+  if ((*t)->ndim < 1 || rows % e->ep != 0) {
+    lp_errf(e->err, "rank %d: the %s of micro-batch %d has %lld rows (dim 1), which the %d EP "
+            "ranks cannot share evenly: make the micro-batch size a multiple of ep",
+            e->rank, what, mb, (long long)rows, e->ep);
+    return LP_ERR_ARG;
+  }
+  int64_t n = rows / e->ep;
+  lp_tensor *part = NULL;
+  lp_status st = lp_tensor_rows(*t, n * e->ep_rank, n, &part);
+  if (st != LP_OK) return st;
+  lp_tensor_free(*t);
+  *t = part;
+  return LP_OK;
+}
+
+/* ---- step end ---- */
+
+/* roles[i] of chunk's params (lp_nn_param_roles) into *r (grown to n). */
+static lp_status roles_of(lp_nn_layer *chunk, size_t n, lp_nn_param_role **r, size_t *cap) {
+  if (n > *cap) {
+    lp_nn_param_role *nr = lp_realloc(*r, n * sizeof *nr);
+    if (!nr) return LP_ERR_NOMEM;
+    *r = nr;
+    *cap = n;
+  }
+  return n ? lp_nn_param_roles(chunk, *r, n) : LP_OK;
+}
+
+/* Sums the replicas of every logical expert of moe over the EP group: each
+ * holder adds its slots into rows by logical expert, one all-reduce, each
+ * slot takes its expert's row back. Nothing to do without replicas. */
+static lp_status reduce_replicas(lp_exec *e, lp_nn_layer *moe) {
+  const lp_nn_moe_opts *o = lp_nn_moe_get_opts(moe);
+  int spr = lp_nn_moe_slots_per_rank(moe), E = o->experts, nslots = spr * e->ep;
+  int *p2l = lp_malloc((size_t)nslots * sizeof *p2l);
+  int *reps = lp_calloc((size_t)E, sizeof *reps);
+  float *rows = NULL;
+  lp_status st = LP_OK;
+  if (!p2l || !reps) { st = LP_ERR_NOMEM; goto done; }
+  LP_CHECK_GOTO(lp_nn_moe_placement(moe, p2l), st, done);
+  int any = 0;
+  for (int s = 0; s < nslots; s++)
+    if (++reps[p2l[s]] > 1) any = 1;
+  if (!any) goto done;
+  const lp_nn_param *sp;
+  int np;
+  LP_CHECK_GOTO(lp_nn_moe_slot_params(moe, e->ep_rank * spr, &sp, &np), st, done);
+  size_t q = 0;
+  for (int j = 0; j < np; j++) q += (size_t)lp_tensor_numel(sp[j].grad);
+  rows = lp_calloc((size_t)E * q, sizeof *rows);
+  if (!rows) { st = LP_ERR_NOMEM; goto done; }
+  for (int s = e->ep_rank * spr; s < (e->ep_rank + 1) * spr; s++) {
+    LP_CHECK_GOTO(lp_nn_moe_slot_params(moe, s, &sp, &np), st, done);
+    float *row = rows + (size_t)p2l[s] * q;
+    for (int j = 0; j < np; j++) {
+      size_t c = (size_t)lp_tensor_numel(sp[j].grad);
+      for (size_t i = 0; i < c; i++) row[i] += sp[j].grad->data[i];
+      row += c;
+    }
+  }
+  if (e->ep > 1 && lp_comm_allreduce_sum_float(e->ep_comm, rows, (size_t)E * q,
+                                               "summing replicated experts' gradients") != LP_OK)
+    lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
+  for (int s = e->ep_rank * spr; s < (e->ep_rank + 1) * spr; s++) {
+    LP_CHECK_GOTO(lp_nn_moe_slot_params(moe, s, &sp, &np), st, done);
+    const float *row = rows + (size_t)p2l[s] * q;
+    for (int j = 0; j < np; j++) {
+      size_t c = (size_t)lp_tensor_numel(sp[j].grad);
+      memcpy(sp[j].grad->data, row, c * sizeof(float));
+      row += c;
+    }
+  }
+done:
+  lp_free(p2l);
+  lp_free(reps);
+  lp_free(rows);
+  return st;
+}
+
+/* Dense grads (everything but routed experts' slots) summed over the EP
+ * group (none without EP). */
+static lp_status reduce_dense(lp_exec *e) {
+  if (e->ep <= 1) return LP_OK;
+  lp_nn_param_role *roles = NULL;
+  size_t cap = 0, n = 0;
+  float *buf = NULL;
+  lp_status st = LP_OK;
+  for (int pass = 0; pass < 3 && st == LP_OK; pass++) { /* 0: size, 1: pack, 2: unpack */
+    if (pass == 1) {
+      buf = lp_malloc((n ? n : 1) * sizeof *buf);
+      if (!buf) { st = LP_ERR_NOMEM; break; }
+    }
+    if (pass == 2) {
+      double tw = lp_now();
+      if (lp_comm_allreduce_sum_float(e->ep_comm, buf, n,
+                                      "summing dense gradients over the EP group") != LP_OK)
+        lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
+      e->t_wait += lp_now() - tw;
+    }
+    size_t off = 0;
+    for (int li = 0; li < e->nloc && st == LP_OK; li++) {
+      size_t np;
+      const lp_nn_param *p = lp_nn_params(e->vs[li].chunk, &np);
+      if ((st = roles_of(e->vs[li].chunk, np, &roles, &cap)) != LP_OK) break;
+      for (size_t i = 0; i < np; i++) {
+        if (roles[i].slot >= 0) continue;
+        size_t c = (size_t)lp_tensor_numel(p[i].grad);
+        if (pass == 1) memcpy(buf + off, p[i].grad->data, c * sizeof(float));
+        if (pass == 2) memcpy(p[i].grad->data, buf + off, c * sizeof(float));
+        off += c;
+      }
+    }
+    if (pass == 0) n = off;
+  }
+  lp_free(buf);
+  lp_free(roles);
+  return st;
+}
+
+lp_status ex_ep_reduce(lp_exec *e) {
+  LP_CHECK(reduce_dense(e));
+  /* replicas (also two slots of one expert on this rank, even without EP) */
+  for (int li = 0; li < e->nloc; li++) {
+    int nm = lp_nn_moe_count(e->vs[li].chunk);
+    for (int i = 0; i < nm; i++) LP_CHECK(reduce_replicas(e, lp_nn_moe_find(e->vs[li].chunk, i)));
+  }
+  return LP_OK;
+}
+
+/* Floats of model stage s's expert loads on this rank (its MoE layers'
+ * expert counts), 0 when it holds no copy of s. */
+static size_t stage_loads(const lp_exec *e, int s) {
+  for (int li = 0; li < e->nloc; li++) {
+    if (e->vs[li].stage != s) continue;
+    size_t n = 0;
+    int nm = lp_nn_moe_count(e->vs[li].chunk);
+    for (int i = 0; i < nm; i++)
+      n += (size_t)lp_nn_moe_get_opts(lp_nn_moe_find(e->vs[li].chunk, i))->experts;
+    return n;
+  }
+  return 0;
+}
+
+/* Experts per MoE layer of stage s on this rank (all equal; 0: none). */
+static int stage_experts(const lp_exec *e, int s) {
+  for (int li = 0; li < e->nloc; li++)
+    if (e->vs[li].stage == s && lp_nn_moe_count(e->vs[li].chunk) > 0)
+      return lp_nn_moe_get_opts(lp_nn_moe_find(e->vs[li].chunk, 0))->experts;
+  return 0;
+}
+
+lp_status ex_moe_loads_new(lp_exec *e) {
+  /* every rank learns every stage's size and experts per layer: holders
+   * write theirs, the sum is divided by the holder count (copies x EP
+   * ranks) */
+  double *sz = lp_calloc(2 * (size_t)e->S, sizeof *sz);
+  e->moe_off = lp_calloc((size_t)e->S + 1, sizeof *e->moe_off);
+  if (!sz || !e->moe_off) {
+    lp_free(sz);
+    return LP_ERR_NOMEM;
+  }
+  for (int s = 0; s < e->S; s++) {
+    sz[s] = (double)stage_loads(e, s);
+    sz[e->S + s] = stage_experts(e, s);
+  }
+  if (lp_comm_allreduce_sum_double(e->world, sz, 2 * (size_t)e->S,
+                                   "lp_exec_new: sizing the expert-load sums") != LP_OK) {
+    lp_free(sz);
+    lp_errf(e->err, "%s", lp_comm_last_error(e->world));
+    return LP_ERR_COMM;
+  }
+  size_t tot = 0;
+  e->moe_layers = 0;
+  for (int s = 0; s < e->S; s++) {
+    int copies = 0;
+    for (int v = 0; v < e->V; v++) copies += e->vstage[v] == s;
+    e->moe_off[s] = tot;
+    size_t n = (size_t)(sz[s] / (copies * e->ep) + 0.5);
+    int ex = (int)(sz[e->S + s] / (copies * e->ep) + 0.5);
+    tot += n;
+    if (ex > 0) e->moe_layers += (int)(n / (size_t)ex);
+  }
+  e->moe_off[e->S] = tot;
+  e->moe_experts = lp_calloc((size_t)(e->moe_layers ? e->moe_layers : 1), sizeof(int));
+  if (!e->moe_experts) {
+    lp_free(sz);
+    return LP_ERR_NOMEM;
+  }
+  for (int s = 0, l = 0; s < e->S; s++) {
+    int copies = 0;
+    for (int v = 0; v < e->V; v++) copies += e->vstage[v] == s;
+    int ex = (int)(sz[e->S + s] / (copies * e->ep) + 0.5);
+    if (ex <= 0) continue;
+    for (size_t k = 0; k < (e->moe_off[s + 1] - e->moe_off[s]) / (size_t)ex; k++)
+      e->moe_experts[l++] = ex;
+  }
+  lp_free(sz);
+  e->moe_total = tot;
+  if (tot) {
+    e->moe_counts = lp_calloc(tot, sizeof *e->moe_counts);
+    if (!e->moe_counts) return LP_ERR_NOMEM;
+  }
+  return LP_OK;
+}
+
+lp_status ex_moe_bias_update(lp_exec *e) {
+  if (!e->moe_total) return LP_OK;
+  memset(e->moe_counts, 0, e->moe_total * sizeof *e->moe_counts);
+  int64_t *c = NULL;
+  size_t cap = 0;
+  lp_status st = LP_OK;
+  for (int li = 0; li < e->nloc; li++) {
+    vst *vs = &e->vs[li];
+    size_t off = e->moe_off[vs->stage];
+    int nm = lp_nn_moe_count(vs->chunk);
+    for (int i = 0; i < nm; i++) {
+      lp_nn_layer *m = lp_nn_moe_find(vs->chunk, i);
+      size_t E = (size_t)lp_nn_moe_get_opts(m)->experts;
+      if (E > cap) {
+        int64_t *nc = lp_realloc(c, E * sizeof *c);
+        if (!nc) { st = LP_ERR_NOMEM; goto done; }
+        c = nc;
+        cap = E;
+      }
+      LP_CHECK_GOTO(lp_nn_moe_expert_load(m, c), st, done);
+      for (size_t x = 0; x < E; x++) e->moe_counts[off + x] += (double)c[x];
+      off += E;
+    }
+  }
+  if (lp_comm_allreduce_sum_double(e->world, e->moe_counts, e->moe_total,
+                                   "summing expert loads at the end of a step") != LP_OK)
+    lp_comm_fatal(e->world, lp_comm_last_error(e->world));
+  for (int li = 0; li < e->nloc; li++) {
+    vst *vs = &e->vs[li];
+    size_t off = e->moe_off[vs->stage];
+    int nm = lp_nn_moe_count(vs->chunk);
+    for (int i = 0; i < nm; i++) {
+      lp_nn_layer *m = lp_nn_moe_find(vs->chunk, i);
+      size_t E = (size_t)lp_nn_moe_get_opts(m)->experts;
+      for (size_t x = 0; x < E; x++) c[x] = (int64_t)(e->moe_counts[off + x] + 0.5);
+      LP_CHECK_GOTO(lp_nn_moe_update_bias(m, c), st, done);
+      lp_nn_moe_load_reset(m);
+      off += E;
+    }
+  }
+done:
+  lp_free(c);
+  return st;
+}
+
+lp_status lp_exec_expert_loads(const lp_exec *e, int *layers, const int **experts,
+                               const double **counts) {
+  *layers = e->moe_layers;
+  *experts = e->moe_experts;
+  *counts = e->moe_total ? e->moe_counts : NULL;
+  return LP_OK;
+}

@@ -1,0 +1,186 @@
+/* exec_internal.h — what the executor's files share (not a public header):
+ * the executor's state and the functions of its parts.
+ *   exec.c   construction, the compute halves and the action loop of a step
+ *   msg.c    message plumbing: tags, posting receives ahead, sends, waits
+ *   reduce.c gradient reduction of replicated stages
+ *   timing.c always-on timing, measured trace events and their gathering */
+#pragma once
+#define _POSIX_C_SOURCE 200809L
+#include "lp_exec.h"
+
+enum { K_F = 0, K_B = 1, K_RED = 2, K__N = 3 };
+
+/* pending sends kept before the step loop polls them (poll_sends); the
+ * rest complete at the end of the step (wait_sends). Polling after every
+ * action measured 3-18% of the char-LM step on 4 oversubscribed CPU ranks
+ * (an unsuccessful MPI_Test yields the CPU there) and gained nothing: every
+ * wait drives the comm library, and the receiver copies large messages
+ * (single-copy shared memory). The limit only bounds the memory held. */
+enum { SEND_BACKLOG = 64 };
+
+typedef struct slot {
+  lp_nn_ctx *ctx;
+  lp_tensor *fin, *bin;   /* forward input / output-grad, ready */
+  float *rbuf_f, *rbuf_b; /* receive buffers while a receive is pending */
+  lp_comm_req *rreq_f, *rreq_b;
+  lp_tensor *fout, *bout; /* outputs waiting for SEND_F / SEND_B */
+} slot;
+
+typedef struct vst {
+  int id, stage;
+  lp_nn_layer *chunk;
+  lp_nn_optim *optim;
+  slot *slots; /* [M] */
+  int *wq;     /* FIFO of micro-batches waiting for W */
+  int wq_head, wq_len;
+  /* gradient reduction of a replicated stage */
+  float *pack;           /* this copy's grads, flat */
+  float **peer_pack;     /* [V]: received packs of remote copies */
+  lp_comm_req **red_req; /* [2V]: sends then receives */
+  int reduced;           /* reduction started this step */
+} vst;
+
+typedef struct pending_send {
+  lp_comm_req *req;
+  lp_tensor *t;  /* kept alive until the send completes */
+  double posted; /* lp_now() of the isend */
+  int v, mb, fwd, index; /* what it carries, for its trace slice */
+  int peer, tag;
+} pending_send;
+
+/* A forward or backward half in progress (begun, advanced in phases). */
+typedef struct half {
+  int active;
+  int type;      /* LP_ACT_F, LP_ACT_B (input- and weight-grad) or LP_ACT_I */
+  int v, mb;
+  lp_tensor *in; /* x or dy, held until the pass ends */
+  lp_tensor *tg; /* the target, when the data source gave it with x */
+} half;
+
+/* One all-to-all-v of an MoE layer in flight (lp_nn_ep handle). */
+typedef struct a2a {
+  lp_comm_req *req;
+  size_t *displs; /* [2 * ep]: send then receive displacements */
+  double start, modelled; /* lp_now() at start; the link model's time */
+} a2a;
+
+struct lp_exec {
+  lp_schedule *s;
+  lp_comm *comm;  /* the pipeline group: ranks of one EP index (the job's
+                   * comm when ep = 1) */
+  lp_comm *world; /* the job's comm: pp x ep ranks */
+  lp_comm *pp_own, *ep_comm; /* owned split contexts when ep > 1 */
+  lp_exec_opts o;
+  int rank;      /* in world: messages and traces name it */
+  int prank;     /* in the pipeline group: the schedule's rank */
+  int ep, ep_rank; /* EP group size (1: none) and this rank's index in it */
+  lp_nn_ep nnep;
+  double *moe_counts; /* [moe_total]: expert loads by stage, for the step-end sum */
+  size_t moe_total;
+  size_t *moe_off;    /* [S + 1]: offset of each model stage's counts */
+  int moe_layers;     /* MoE layers of the whole model */
+  int *moe_experts;   /* [moe_layers]: experts of each */
+  /* all-to-alls of the step: count, time (max of the
+   * blocked wait and the link model), blocked part */
+  double a2a_s, a2a_blocked;
+  int64_t a2a_n;
+  int P, S, V, M;
+  int nloc;
+  vst *vs;      /* [nloc] */
+  int *loc;     /* [V] -> local index or -1 */
+  int *vrank;   /* [V] rank of each vstage */
+  int *vstage;  /* [V] model stage of each vstage */
+  int **kpos;   /* [nloc][M]: position of vstage in mb's route, -1 */
+  const int **route;
+  int *rlen;
+  int64_t (*shape)[LP_TENSOR_MAXDIM]; /* [S] activation shape entering s */
+  int *ndim;
+  size_t *numel; /* [S] */
+  const lp_action *acts;
+  int nacts;
+  int *compute_idx; /* indices of compute actions */
+  int ncompute;
+  int has_reduce;
+  int posted; /* RECV actions with index < posted are posted */
+  pending_send *ps;
+  int nps, cps;
+  int64_t step;
+  int cur; /* index of the action running */
+  double loss_sum;
+  double t0, wall, busy;
+  double waited; /* seconds the running action spent waiting for receives */
+  lp_trace *trace;
+  int live, pending_w; /* trace counters of this rank */
+  half hf[2];          /* the running forward / backward half */
+  /* always-on timing: this step's parts, the last step, the totals, and
+   * per (kind, model stage) action times [2][LP_EXEC_NKINDS][S] (0: this
+   * step, 1: since the reset) */
+  double t_wait, t_post, t_comp, t_optim;
+  lp_exec_timing tlast, ttotal;
+  double *act_s;
+  int64_t *act_n;
+  char err[LP_ERRLEN];
+};
+
+
+/* ---- msg.c ---- */
+/* Message tag of (kind, consumer vstage v, micro-batch mb). */
+int ex_tag(const lp_exec *e, int kind, int v, int mb);
+/* Text of action i of this rank ("(end of step)" past the end) in buf. */
+const char *ex_act_text(const lp_exec *e, int i, char *buf, size_t n);
+/* Waits for *req under the watchdog; a timeout takes the job down. */
+lp_status ex_wait(lp_exec *e, lp_comm_req **req, const char *what);
+lp_status ex_poll_sends(lp_exec *e);
+lp_status ex_wait_sends(lp_exec *e);
+/* Posts every RECV action before index `limit`. */
+lp_status ex_post_upto(lp_exec *e, int limit);
+/* Completes the receive of (fwd, v, mb) from `peer` into a tensor of model
+ * stage `stin`'s activation shape. */
+lp_status ex_finish_recv(lp_exec *e, int fwd, int v, int mb, int stin, int peer,
+                         lp_tensor **out);
+/* SEND_F / SEND_B action a. */
+lp_status ex_send(lp_exec *e, const lp_action *a);
+
+/* ---- exec.c ---- */
+/* Drops the running halves (a failed step). */
+void ex_halves_clear(lp_exec *e);
+
+/* ---- reduce.c ---- */
+size_t ex_grad_numel(const lp_nn_layer *l);
+/* 1 when model stage of vstage v has another copy. */
+int ex_replicated(const lp_exec *e, int v);
+lp_status ex_reduce_start(lp_exec *e, int li);
+lp_status ex_reduce_wait(lp_exec *e, int li);
+lp_status ex_reduce_finish(lp_exec *e);
+
+/* ---- ep.c ---- */
+/* Splits the job's comm into the pp x ep grid (rank = pipeline rank * ep +
+ * EP index): e->comm becomes the pipeline group, e->ep_comm the EP group. */
+lp_status ex_grid_new(lp_exec *e);
+void ex_grid_free(lp_exec *e);
+/* World rank of pipeline rank p in this rank's pipeline group. */
+int ex_world(const lp_exec *e, int p);
+/* Gives the chunk of vstage vs the EP group (MoE layers only). */
+lp_status ex_ep_attach(lp_exec *e, vst *vs);
+/* Sets up the step-end sum of expert loads (collective; after chunks). */
+lp_status ex_moe_loads_new(lp_exec *e);
+/* This rank's share of a micro-batch tensor (rows of dim 0); replaces *t. */
+lp_status ex_shard(lp_exec *e, lp_tensor **t, const char *what, int mb);
+/* Step end: dense grads summed over the EP group, replicated experts' grads
+ * summed over their holders; router biases from the loads of all ranks. */
+lp_status ex_ep_reduce(lp_exec *e);
+lp_status ex_moe_bias_update(lp_exec *e);
+
+/* ---- timing.c ---- */
+/* Records a slice [start, end] (lp_now() seconds) when tracing; peer and
+ * tag describe a message (-1 when none). Returns its index or -1. */
+int ex_trace_add(lp_exec *e, int kind, const char *name, const char *cat, double start,
+                 double end, int v, int mb, int index, int peer, int tag);
+/* Counters of this rank (tracing only): the live activations (forward
+ * passes whose backward has not finished) and the pending weight-grads
+ * change by dlive / dpw at time `at` (lp_now()). */
+void ex_trace_memory(lp_exec *e, double at, int dlive, int dpw);
+/* LP_EXEC_K_* of an action type, -1 for a non-compute one. */
+int ex_kind_of(int type);
+/* The finished step's timing becomes the last step's and joins the totals. */
+void ex_timing_commit(lp_exec *e);

@@ -1,0 +1,205 @@
+/* msg.c — the executor's message plumbing: tags, receives posted ahead of
+ * need, asynchronous sends polled past a backlog, waits under the watchdog. */
+#include "exec_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- small helpers ---- */
+
+int ex_tag(const lp_exec *e, int kind, int v, int mb) {
+  return (kind * e->V + v) * e->M + mb;
+}
+
+const char *ex_act_text(const lp_exec *e, int i, char *buf, size_t n) {
+  if (i < 0 || i >= e->nacts) {
+    snprintf(buf, n, "(end of step)");
+  } else {
+    lp_action_format(&e->acts[i], buf, n);
+  }
+  return buf;
+}
+
+/* Records the slice of a finished send: from its isend to `end` (when this
+ * rank saw it complete), and releases what it kept alive. */
+static void send_done(lp_exec *e, pending_send *p, double end) {
+  if (e->trace) {
+    char name[LP_TRACE_NAME_MAX];
+    snprintf(name, sizeof name, "send %d%s%d", p->v, p->fwd ? "F" : "B", p->mb);
+    ex_trace_add(e, LP_TRACE_SEND, name, "comm", p->posted, end, p->v, p->mb, p->index,
+                 p->peer, p->tag);
+  }
+  lp_tensor_free(p->t);
+  p->t = NULL;
+}
+
+/* Waits for *req under the watchdog; a timeout takes the job down. */
+lp_status ex_wait(lp_exec *e, lp_comm_req **req, const char *what) {
+  double tw = lp_now();
+  lp_status st = lp_comm_wait(e->comm, req, what);
+  e->t_wait += lp_now() - tw;
+  if (st == LP_ERR_TIMEOUT) lp_comm_fatal(e->comm, lp_comm_last_error(e->comm));
+  if (st != LP_OK)
+    lp_errf(e->err, "rank %d: %s: %s", e->rank, what, lp_comm_last_error(e->comm));
+  return st;
+}
+
+/* Drops finished sends (non-blocking), oldest first, stopping at the first
+ * one still in flight: one test that finds nothing done costs a progress
+ * call of the comm library (and, under MPI with more ranks than cores, a
+ * yield of the CPU), so a poll makes at most one such call; the rest
+ * complete at later polls or at the end of the step. */
+lp_status ex_poll_sends(lp_exec *e) {
+  int i = 0;
+  for (; i < e->nps; i++) {
+    pending_send *p = &e->ps[i];
+    int done = 0;
+    lp_status st = lp_comm_test(e->comm, &p->req, &done);
+    if (st != LP_OK) {
+      lp_errf(e->err, "rank %d: a send failed: %s", e->rank,
+              lp_comm_last_error(e->comm));
+      return st;
+    }
+    if (!done) break;
+    send_done(e, p, lp_now());
+  }
+  if (i > 0) {
+    memmove(e->ps, e->ps + i, (size_t)(e->nps - i) * sizeof *e->ps);
+    e->nps -= i;
+  }
+  return LP_OK;
+}
+
+static lp_status push_send(lp_exec *e, const pending_send *ps) {
+  if (e->nps == e->cps) {
+    int nc = e->cps ? 2 * e->cps : 16;
+    pending_send *np = lp_realloc(e->ps, (size_t)nc * sizeof *np);
+    if (!np) return LP_ERR_NOMEM;
+    e->ps = np;
+    e->cps = nc;
+  }
+  e->ps[e->nps++] = *ps;
+  return LP_OK;
+}
+
+lp_status ex_wait_sends(lp_exec *e) {
+  for (int i = 0; i < e->nps; i++) {
+    pending_send *p = &e->ps[i];
+    char what[160];
+    snprintf(what, sizeof what,
+             "rank %d at the end of step %lld waits for its sends to complete",
+             e->rank, (long long)e->step);
+    LP_CHECK(ex_wait(e, &p->req, what));
+    send_done(e, p, lp_now());
+  }
+  e->nps = 0;
+  return LP_OK;
+}
+
+/* ---- receives ---- */
+
+static lp_status post_recv(lp_exec *e, const lp_action *a) {
+  int v = a->stage, mb = a->mb, li = e->loc[v];
+  if (li < 0) return LP_ERR_INTERNAL;
+  int k = e->kpos[li][mb];
+  if (k < 0) return LP_ERR_INTERNAL;
+  slot *sl = &e->vs[li].slots[mb];
+  int fwd = a->type == LP_ACT_RECV_F;
+  int peer_v = e->route[mb][fwd ? k - 1 : k + 1];
+  int st_in = fwd ? e->vstage[v] : e->vstage[peer_v]; /* shape index */
+  size_t n = e->numel[st_in];
+  float **buf = fwd ? &sl->rbuf_f : &sl->rbuf_b;
+  lp_comm_req **req = fwd ? &sl->rreq_f : &sl->rreq_b;
+  if (*req || *buf) {
+    lp_errf(e->err, "rank %d: receive for %s of micro-batch %d on stage %d posted twice",
+            e->rank, fwd ? "forward" : "backward", mb, v);
+    return LP_ERR_INTERNAL;
+  }
+  *buf = lp_malloc((n ? n : 1) * sizeof(float));
+  if (!*buf) return LP_ERR_NOMEM;
+  lp_status st = lp_comm_irecv(e->comm, *buf, n, e->vrank[peer_v],
+                               ex_tag(e, fwd ? K_F : K_B, v, mb), req);
+  if (st != LP_OK) {
+    lp_errf(e->err, "rank %d: posting a receive: %s", e->rank,
+            lp_comm_last_error(e->comm));
+    lp_free(*buf);
+    *buf = NULL;
+  }
+  return st;
+}
+
+/* Posts every RECV action before index `limit`. */
+lp_status ex_post_upto(lp_exec *e, int limit) {
+  if (limit > e->nacts) limit = e->nacts;
+  for (; e->posted < limit; e->posted++) {
+    const lp_action *a = &e->acts[e->posted];
+    if (a->type == LP_ACT_RECV_F || a->type == LP_ACT_RECV_B)
+      LP_CHECK(post_recv(e, a));
+  }
+  return LP_OK;
+}
+
+/* Completes the receive into *buf and turns it into a tensor of stage
+ * `stin`'s activation shape. */
+lp_status ex_finish_recv(lp_exec *e, int fwd, int v, int mb, int stin,
+                             int peer, lp_tensor **out) {
+  peer = ex_world(e, peer); /* messages and traces name world ranks */
+  slot *sl = &e->vs[e->loc[v]].slots[mb];
+  float **buf = fwd ? &sl->rbuf_f : &sl->rbuf_b;
+  lp_comm_req **req = fwd ? &sl->rreq_f : &sl->rreq_b;
+  char t[LP_ACTION_TEXT_MAX], what[256];
+  if (!*buf) {
+    lp_errf(e->err, "rank %d, action %d (%s): no receive was posted for its %s input",
+            e->rank, e->cur, ex_act_text(e, e->cur, t, sizeof t),
+            fwd ? "forward" : "backward");
+    return LP_ERR_INTERNAL;
+  }
+  snprintf(what, sizeof what, "rank %d, action %d (%s) waits for %s of micro-batch %d from rank %d",
+           e->rank, e->cur, ex_act_text(e, e->cur, t, sizeof t),
+           fwd ? "RECV_F (activation)" : "RECV_B (gradient)", mb, peer);
+  double t0 = lp_now();
+  LP_CHECK(ex_wait(e, req, what));
+  double t1 = lp_now();
+  e->waited += t1 - t0;
+  char name[LP_TRACE_NAME_MAX];
+  snprintf(name, sizeof name, "recv %d%s%d", v, fwd ? "F" : "B", mb);
+  ex_trace_add(e, LP_TRACE_RECV, name, "comm", t0, t1, v, mb, e->cur, peer,
+               ex_tag(e, fwd ? K_F : K_B, v, mb));
+  lp_status st = lp_tensor_from_data(NULL, e->ndim[stin], e->shape[stin], *buf, out);
+  lp_free(*buf);
+  *buf = NULL;
+  return st;
+}
+
+lp_status ex_send(lp_exec *e, const lp_action *a) {
+  int v = a->stage, mb = a->mb, li = e->loc[v];
+  int k = e->kpos[li][mb];
+  slot *sl = &e->vs[li].slots[mb];
+  int fwd = a->type == LP_ACT_SEND_F;
+  lp_tensor **t = fwd ? &sl->fout : &sl->bout;
+  char tx[LP_ACTION_TEXT_MAX];
+  if (!*t) {
+    lp_errf(e->err, "rank %d, action %d (%s): nothing to send", e->rank, e->cur,
+            ex_act_text(e, e->cur, tx, sizeof tx));
+    return LP_ERR_INTERNAL;
+  }
+  int u = e->route[mb][fwd ? k + 1 : k - 1];
+  lp_comm_req *req = NULL;
+  lp_status st = lp_comm_isend(e->comm, (*t)->data, (size_t)lp_tensor_numel(*t),
+                               e->vrank[u], ex_tag(e, fwd ? K_F : K_B, u, mb), &req);
+  if (st != LP_OK) {
+    lp_errf(e->err, "rank %d, action %d (%s): %s", e->rank, e->cur,
+            ex_act_text(e, e->cur, tx, sizeof tx), lp_comm_last_error(e->comm));
+    return st;
+  }
+  pending_send ps = {req, *t, lp_now(), v, mb, fwd, e->cur, ex_world(e, e->vrank[u]),
+                     ex_tag(e, fwd ? K_F : K_B, u, mb)};
+  st = push_send(e, &ps);
+  if (st != LP_OK) {
+    lp_comm_cancel(e->comm, &req);
+    return st;
+  }
+  *t = NULL;
+  return LP_OK;
+}
+

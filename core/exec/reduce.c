@@ -1,0 +1,90 @@
+/* reduce.c — gradient reduction of replicated stages (DualPipe's two
+ * copies of every model stage): packs, exchanges and sums in vstage order. */
+#include "exec_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- gradient reduction of ex_replicated stages ---- */
+
+size_t ex_grad_numel(const lp_nn_layer *l) { return (size_t)lp_nn_param_numel(l); }
+
+lp_status ex_reduce_start(lp_exec *e, int li) {
+  vst *vs = &e->vs[li];
+  if (vs->reduced) return LP_OK;
+  vs->reduced = 1;
+  size_t n = ex_grad_numel(vs->chunk), off = 0, np;
+  const lp_nn_param *p = lp_nn_params(vs->chunk, &np);
+  for (size_t i = 0; i < np; i++) {
+    size_t c = (size_t)lp_tensor_numel(p[i].grad);
+    memcpy(vs->pack + off, p[i].grad->data, c * sizeof(float));
+    off += c;
+  }
+  for (int u = 0; u < e->V; u++) {
+    if (u == vs->id || e->vstage[u] != vs->stage || e->vrank[u] == e->prank) continue;
+    LP_CHECK(lp_comm_isend(e->comm, vs->pack, n, e->vrank[u], ex_tag(e, K_RED, vs->id, 0),
+                           &vs->red_req[u]));
+    LP_CHECK(lp_comm_irecv(e->comm, vs->peer_pack[u], n, e->vrank[u],
+                           ex_tag(e, K_RED, u, 0), &vs->red_req[e->V + u]));
+  }
+  return LP_OK;
+}
+
+/* Waits for the messages of local vstage li's reduction (WAIT_REDUCE_GRAD;
+ * a no-op once they are done or when none was started). */
+lp_status ex_reduce_wait(lp_exec *e, int li) {
+  vst *vs = &e->vs[li];
+  if (!vs->red_req) return LP_OK;
+  for (int u = 0; u < 2 * e->V; u++) {
+    if (!vs->red_req[u]) continue;
+    char what[200];
+    snprintf(what, sizeof what,
+             "rank %d, REDUCE_GRAD of stage %d (model stage %d) waits for rank %d",
+             e->rank, vs->id, vs->stage, ex_world(e, e->vrank[u % e->V]));
+    LP_CHECK(ex_wait(e, &vs->red_req[u], what));
+  }
+  return LP_OK;
+}
+
+/* Waits for every reduction and writes sum-of-copies (in vstage id order,
+ * so every copy gets bitwise the same numbers) into the grads. */
+lp_status ex_reduce_finish(lp_exec *e) {
+  for (int li = 0; li < e->nloc; li++)
+    if (e->vs[li].reduced) LP_CHECK(ex_reduce_wait(e, li));
+  for (int li = 0; li < e->nloc; li++) {
+    vst *vs = &e->vs[li];
+    if (!vs->reduced) continue;
+    size_t n = ex_grad_numel(vs->chunk), np, off = 0;
+    float *sum = NULL;
+    int first = 1;
+    for (int u = 0; u < e->V; u++) {
+      if (e->vstage[u] != vs->stage) continue;
+      const float *src;
+      if (u == vs->id) src = vs->pack;
+      else if (e->vrank[u] == e->prank) src = e->vs[e->loc[u]].pack;
+      else src = vs->peer_pack[u];
+      if (first) {
+        sum = vs->peer_pack[vs->id]; /* scratch: never a peer's slot */
+        memcpy(sum, src, n * sizeof(float));
+        first = 0;
+      } else {
+        for (size_t i = 0; i < n; i++) sum[i] += src[i];
+      }
+    }
+    const lp_nn_param *p = lp_nn_params(vs->chunk, &np);
+    for (size_t i = 0; i < np; i++) {
+      size_t c = (size_t)lp_tensor_numel(p[i].grad);
+      memcpy(p[i].grad->data, sum + off, c * sizeof(float));
+      off += c;
+    }
+  }
+  for (int li = 0; li < e->nloc; li++) e->vs[li].reduced = 0;
+  return LP_OK;
+}
+
+int ex_replicated(const lp_exec *e, int v) {
+  for (int u = 0; u < e->V; u++)
+    if (u != v && e->vstage[u] == e->vstage[v]) return 1;
+  return 0;
+}
+
