@@ -315,20 +315,33 @@ double lp_env_double(const char *name, double deflt) {
   return *end ? deflt : x;
 }
 
+/* The knobs that take one of a few words, and the hint for a typo. */
+static const struct {
+  const char *name, *values[5], *hint;
+} choice_knobs[] = {
+    {"LUAPIPE_LOG", {"error", "warn", "info", "debug", NULL}, "use error, warn, info or debug"},
+    {"LUAPIPE_COMM_THREAD", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
+    {"LUAPIPE_COLOR", {"auto", "always", "never", NULL}, "use auto, always or never"},
+    {"LUAPIPE_COMM", {"nccl", "mpi", NULL}, "use nccl or mpi"},
+    {"LUAPIPE_TF32", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
+    {"LUAPIPE_CUDA_SYNC", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
+};
+
 /* Checks the LUAPIPE_* knobs whose value has a fixed form, so a typo is
  * an error instead of the default taken in silence (LUAPIPE_LINK is
  * checked where it is parsed, lp_comm_mpi_init). */
 lp_status lp_env_check(char *err) {
-  const char *v = getenv("LUAPIPE_LOG");
-  if (v && *v) {
+  for (size_t k = 0; k < sizeof choice_knobs / sizeof choice_knobs[0]; k++) {
+    const char *v = getenv(choice_knobs[k].name);
+    if (!v || !*v) continue;
     int ok = 0;
-    for (int i = 0; i < 4; i++) ok |= strcmp(v, level_names[i]) == 0;
+    for (int i = 0; choice_knobs[k].values[i]; i++) ok |= strcmp(v, choice_knobs[k].values[i]) == 0;
     if (!ok) {
-      lp_errf(err, "LUAPIPE_LOG='%s': use error, warn, info or debug", v);
+      lp_errf(err, "%s='%s': %s", choice_knobs[k].name, v, choice_knobs[k].hint);
       return LP_ERR_ARG;
     }
   }
-  v = getenv("LUAPIPE_TIMEOUT");
+  const char *v = getenv("LUAPIPE_TIMEOUT");
   if (v && *v) {
     char *end;
     double x = strtod(v, &end);
@@ -337,16 +350,6 @@ lp_status lp_env_check(char *err) {
                    "(0: no watchdog)", v);
       return LP_ERR_ARG;
     }
-  }
-  v = getenv("LUAPIPE_COMM_THREAD");
-  if (v && *v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
-    lp_errf(err, "LUAPIPE_COMM_THREAD='%s': use 0 (off) or 1 (on)", v);
-    return LP_ERR_ARG;
-  }
-  v = getenv("LUAPIPE_COLOR");
-  if (v && *v && strcmp(v, "auto") != 0 && strcmp(v, "always") != 0 && strcmp(v, "never") != 0) {
-    lp_errf(err, "LUAPIPE_COLOR='%s': use auto, always or never", v);
-    return LP_ERR_ARG;
   }
   return LP_OK;
 }

@@ -45,7 +45,10 @@ for c in "LUAPIPE_TIMEOUT=abc|LUAPIPE_TIMEOUT='abc': must be a number of seconds
   "LUAPIPE_TIMEOUT=-1|LUAPIPE_TIMEOUT='-1': must be a number of seconds from 0 to 1e9" \
   "LUAPIPE_COMM_THREAD=2|LUAPIPE_COMM_THREAD='2': use 0 (off) or 1 (on)" \
   "LUAPIPE_LOG=loud|LUAPIPE_LOG='loud': use error, warn, info or debug" \
-  "LUAPIPE_COLOR=yes|LUAPIPE_COLOR='yes': use auto, always or never"; do
+  "LUAPIPE_COLOR=yes|LUAPIPE_COLOR='yes': use auto, always or never" \
+  "LUAPIPE_COMM=gloo|LUAPIPE_COMM='gloo': use nccl or mpi" \
+  "LUAPIPE_TF32=yes|LUAPIPE_TF32='yes': use 0 (off) or 1 (on)" \
+  "LUAPIPE_CUDA_SYNC=true|LUAPIPE_CUDA_SYNC='true': use 0 (off) or 1 (on)"; do
   expect_rc "${c%%|*}" 2 env "${c%%|*}" "$LP" -e 'print("ran")'
   expect_in "${c%%|*} named" "$tmp/err" "luapipe: ${c#*|}"
   one_line "${c%%|*}"
