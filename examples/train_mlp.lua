@@ -10,23 +10,29 @@ local argparse = require("argparse")
 local nn = require("luapipe.nn")
 local train = require("luapipe.train")
 local comm = require("luapipe.comm")
+local cli = require("luapipe.cli")
+-- options: the CLI's converters (a bad value is one line, exit 2)
+local int, INT32 = cli.int_option, 0x7fffffff
+local limits = require("luapipe.cli.common").limits
 
 local parser = argparse("train_mlp.lua", "Train a residual MLP with a pipeline schedule.")
-parser:option("--schedule", "Schedule family (gpipe, 1f1b, interleaved1f1b, zb1p, zbv, dualpipe, dualpipev).", "1f1b")
-parser:option("--microbatches", "Micro-batches per step.", "8"):convert(tonumber)
-parser:option("--steps", "Training steps.", "20"):convert(tonumber)
-parser:option("--seed", "Seed for initialisation and data.", "1"):convert(tonumber)
-parser:option("--chunks", "Chunks per rank (interleaved1f1b).", "2"):convert(tonumber)
-parser:option("--layers", "Residual MLP blocks.", "8"):convert(tonumber)
-parser:option("--width", "Model width.", "64"):convert(tonumber)
-parser:option("--batch", "Samples per micro-batch.", "16"):convert(tonumber)
-parser:option("--lr", "AdamW learning rate.", "0.003"):convert(tonumber)
+parser:option("--schedule", "Schedule family (" .. table.concat(require("luapipe.schedules").list(), ", ")
+  .. ").", "1f1b")
+parser:option("--microbatches", "Micro-batches per step.", "8"):convert(int("--microbatches", 1, limits.microbatches))
+parser:option("--steps", "Training steps.", "20"):convert(int("--steps", 1, INT32))
+parser:option("--seed", "Seed for initialisation and data.", "1"):convert(int("--seed", 0, INT32))
+parser:option("--chunks", "Chunks per rank (interleaved1f1b).", "2"):convert(int("--chunks", 1, limits.chunks))
+parser:option("--layers", "Residual MLP blocks.", "8"):convert(int("--layers", 1, 4096))
+parser:option("--width", "Model width.", "64"):convert(int("--width", 1, 65536))
+parser:option("--batch", "Samples per micro-batch.", "16"):convert(int("--batch", 1, 65536))
+parser:option("--lr", "AdamW learning rate.", "0.003"):convert(cli.number_option("--lr", 0, math.huge))
 parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
+  :choices { "layers", "cost" }
 parser:option("--trace", "Write the measured Chrome trace (all ranks) to this file.")
 parser:option("--checkpoint", "Save checkpoints (every rank's stages and optimizer state) in this directory.")
-parser:option("--every", "Steps between checkpoints.", "10"):convert(tonumber)
+parser:option("--every", "Steps between checkpoints.", "10"):convert(int("--every", 1, INT32))
 parser:flag("--resume", "Continue from the latest checkpoint in --checkpoint.")
-local args = parser:parse(arg)
+local args = cli.parse(parser, arg, "train_mlp.lua", comm.rank() ~= 0) or os.exit(2)
 
 local DIN, DOUT, W = 16, 4, args.width
 local specs = { nn.linear(DIN, W) }
@@ -72,5 +78,5 @@ train { model = model, schedule = args.schedule, microbatches = args.microbatche
   chunks = args.chunks, data = data, steps = args.steps, seed = args.seed,
   optimizer = { kind = "adamw", lr = args.lr, weight_decay = 0 },
   partition = args.partition, trace = args.trace,
-  checkpoint = args.checkpoint and { dir = args.checkpoint, every = math.tointeger(args.every) } or nil,
+  checkpoint = args.checkpoint and { dir = args.checkpoint, every = args.every } or nil,
   resume = args.resume or nil }

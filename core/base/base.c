@@ -315,6 +315,45 @@ double lp_env_double(const char *name, double deflt) {
   return *end ? deflt : x;
 }
 
+/* The knobs that take one of a few words, and the hint for a typo. */
+static const struct {
+  const char *name, *values[5], *hint;
+} choice_knobs[] = {
+    {"LUAPIPE_LOG", {"error", "warn", "info", "debug", NULL}, "use error, warn, info or debug"},
+    {"LUAPIPE_COMM_THREAD", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
+    {"LUAPIPE_COLOR", {"auto", "always", "never", NULL}, "use auto, always or never"},
+    {"LUAPIPE_COMM", {"nccl", "mpi", NULL}, "use nccl or mpi"},
+    {"LUAPIPE_TF32", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
+    {"LUAPIPE_CUDA_SYNC", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
+};
+
+/* Checks the LUAPIPE_* knobs whose value has a fixed form, so a typo is
+ * an error instead of the default taken in silence (LUAPIPE_LINK is
+ * checked where it is parsed, lp_comm_mpi_init). */
+lp_status lp_env_check(char *err) {
+  for (size_t k = 0; k < sizeof choice_knobs / sizeof choice_knobs[0]; k++) {
+    const char *v = getenv(choice_knobs[k].name);
+    if (!v || !*v) continue;
+    int ok = 0;
+    for (int i = 0; choice_knobs[k].values[i]; i++) ok |= strcmp(v, choice_knobs[k].values[i]) == 0;
+    if (!ok) {
+      lp_errf(err, "%s='%s': %s", choice_knobs[k].name, v, choice_knobs[k].hint);
+      return LP_ERR_ARG;
+    }
+  }
+  const char *v = getenv("LUAPIPE_TIMEOUT");
+  if (v && *v) {
+    char *end;
+    double x = strtod(v, &end);
+    if (*end || !(x >= 0 && x <= 1e9)) { /* false for NaN */
+      lp_errf(err, "LUAPIPE_TIMEOUT='%s': must be a number of seconds from 0 to 1e9 "
+                   "(0: no watchdog)", v);
+      return LP_ERR_ARG;
+    }
+  }
+  return LP_OK;
+}
+
 double lp_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

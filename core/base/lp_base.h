@@ -114,6 +114,11 @@ const lp_env_knob *lp_env_knobs(int *count);
 /* Integer / double value of a knob (default when unset or unparsable). */
 long lp_env_int(const char *name, long deflt);
 double lp_env_double(const char *name, double deflt);
+/* Checks the knobs with a fixed form (LUAPIPE_LOG, LUAPIPE_TIMEOUT,
+ * LUAPIPE_COMM_THREAD, LUAPIPE_COLOR, LUAPIPE_COMM, LUAPIPE_TF32,
+ * LUAPIPE_CUDA_SYNC): LP_OK, or LP_ERR_ARG with a message naming the
+ * variable, its value and what it takes. */
+lp_status lp_env_check(char *err);
 
 /* Monotonic wall clock in seconds. */
 double lp_now(void);

@@ -418,6 +418,11 @@ static int pmain(lua_State *L) {
 
 int main(int argc, char **argv) {
   host_sigint_install();
+  char env_err[LP_ERRLEN];
+  if (lp_env_check(env_err) != LP_OK) { /* before MPI: nothing to undo */
+    fprintf(stderr, "%s: %s\n", progname, env_err);
+    return 2;
+  }
   /* MPI first when under mpirun (atexit also finalizes, for os.exit) */
   if (lp_comm_mpi_init(&argc, &argv) != LP_OK) return 1;
   lua_State *L = luaL_newstate();

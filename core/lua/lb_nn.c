@@ -87,7 +87,11 @@ static int lb_tensor_new(lua_State *L) {
   lp_status st = lp_tensor_zeros(NULL, nd, shape, &b->t);
   if (st != LP_OK) {
     char msg[128];
-    if (st == LP_ERR_ARG) snprintf(msg, sizeof msg, "tensor of %.0f elements is too large", count);
+    if (st == LP_ERR_ARG && count == 0) /* empty, but dims whose strides overflow */
+      snprintf(msg, sizeof msg, "tensor dims are too large (their product, zeros left out, "
+               "overflows)");
+    else if (st == LP_ERR_ARG)
+      snprintf(msg, sizeof msg, "tensor of %.0f elements is too large", count);
     else snprintf(msg, sizeof msg, "out of memory for a tensor of %.0f elements", count);
     return luaL_error(L, "%s", msg);
   }

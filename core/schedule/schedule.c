@@ -33,18 +33,22 @@ void lp_action_format(const lp_action *a, char *buf, size_t len) {
   }
 }
 
+/* Numbers in an action's text beyond this are refused while parsing (the
+ * schedule's own limits, far lower, are checked when it is built). */
+#define LP_ACTION_NUMBER_MAX 100000000
+
 /* Parses "<int><TYPE>[<int>]" from [p, end). */
 static lp_status parse_simple(const char *p, const char *end, lp_action *out,
                               char *err, const char *whole) {
   char type[32];
   size_t tn = 0;
   long stage = -1, mb = -1;
-  const char *q = p;
+  const char *q = p, *what = "stage";
   if (q == end || !isdigit((unsigned char)*q)) goto bad;
   stage = 0;
   while (q < end && isdigit((unsigned char)*q)) {
     stage = stage * 10 + (*q++ - '0');
-    if (stage > 100000000) goto bad;
+    if (stage > LP_ACTION_NUMBER_MAX) goto too_large;
   }
   while (q < end && (isalpha((unsigned char)*q) || *q == '_')) {
     if (tn + 1 >= sizeof type) goto bad;
@@ -55,9 +59,10 @@ static lp_status parse_simple(const char *p, const char *end, lp_action *out,
   if (q < end) {
     if (!isdigit((unsigned char)*q)) goto bad;
     mb = 0;
+    what = "micro-batch";
     while (q < end && isdigit((unsigned char)*q)) {
       mb = mb * 10 + (*q++ - '0');
-      if (mb > 100000000) goto bad;
+      if (mb > LP_ACTION_NUMBER_MAX) goto too_large;
     }
   }
   if (q != end) goto bad;
@@ -87,6 +92,11 @@ static lp_status parse_simple(const char *p, const char *end, lp_action *out,
     return LP_ERR_PARSE;
   }
   return LP_OK;
+too_large:
+  if (err)
+    lp_errf(err, "action '%s': the %s number is too large (at most %d)", whole, what,
+            LP_ACTION_NUMBER_MAX);
+  return LP_ERR_PARSE;
 bad:
   if (err)
     lp_errf(err, "action '%s': expected <stage><TYPE><microbatch> such as 0F3, "

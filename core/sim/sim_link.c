@@ -21,7 +21,18 @@ lp_status lp_sim_message_delay(const lp_sim_cost *c, double *out, char *err) {
                  "numbers >= 0", l->latency_s, l->bytes_per_s);
     return LP_ERR_ARG;
   }
-  *out = c->latency + lp_link_time(l, c->message_bytes);
+  /* the one cost rule also bounds the link's latency and the whole delay */
+  double d = c->latency + lp_link_time(l, c->message_bytes);
+  if (lp_sim_time_check("link latency", l->latency_s, why) != LP_OK) {
+    lp_errf(err, "cost model: %s", why);
+    return LP_ERR_ARG;
+  }
+  if (lp_sim_time_check("message delay", d, why) != LP_OK) {
+    lp_errf(err, "cost model: a message takes %.17g (latency + link latency + bytes / "
+                 "bandwidth), more than the limit of %g", d, LP_SIM_MAX_TIME);
+    return LP_ERR_ARG;
+  }
+  *out = d;
   return LP_OK;
 }
 

@@ -7,17 +7,22 @@ static const lp_tensor_backend *be_or_cpu(const lp_tensor_backend *be) {
   return be ? be : lp_tensor_backend_cpu();
 }
 
-/* numel of a shape; -1 when ndim or a dim is out of range or numel * 4
- * (its bytes) would overflow int64 (checked before each multiply). */
+/* numel of a shape; -1 when ndim or a dim is out of range or when the
+ * product of the dims, zeros counted as 1, times 4 (bytes) would overflow
+ * int64 (checked before each multiply): so the dense strides of an empty
+ * tensor, [0, 2^62, 2^62], cannot overflow either. */
 static int64_t shape_numel(int ndim, const int64_t *shape) {
   if (ndim < 1 || ndim > LP_TENSOR_MAXDIM || !shape) return -1;
   int64_t n = 1;
+  int empty = 0;
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0) return -1;
-    if (shape[i] && n > (INT64_MAX / 4) / shape[i]) return -1;
-    n *= shape[i];
+    int64_t d = shape[i] ? shape[i] : 1;
+    if (n > (INT64_MAX / 4) / d) return -1;
+    n *= d;
+    empty |= shape[i] == 0;
   }
-  return n;
+  return empty ? 0 : n;
 }
 
 static void set_dense_strides(lp_tensor *t) {

@@ -89,8 +89,9 @@ end
 local function read_marker(path)
   local f = io.open(path, "rb")
   if not f then return nil, nil end
-  local text = f:read("a") or ""
+  local text, rerr = f:read("a")
   f:close()
+  if not text then return nil, "it cannot be read (" .. tostring(rerr) .. ")" end
   if text == "" then return nil, "it is empty" end
   local t, _, jerr = json.decode(text)
   if t == nil then return nil, "it is not complete JSON (" .. jerr .. ")" end

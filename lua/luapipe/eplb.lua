@@ -53,6 +53,15 @@ end
 -- json = true gives, instead of the three maps, json_rows =
 -- {physical_to_logical = {...}, logical_to_physical = {...}, logical_count =
 -- {...}}: one JSON text per layer (logical_to_physical unpadded), made in C.
+-- Calls a core planner; an option error it raises (a count out of range,
+-- a wrong type) is raised again at the caller of eplb.rebalance/evaluate,
+-- without a position inside luapipe.
+local function call_core(f, args)
+  local ok, r, err = pcall(f, args)
+  if not ok then error((tostring(r):gsub("^[^:\n]*:%d+: ", "")), 3) end
+  return r, err
+end
+
 function M.rebalance(opts)
   check_options("eplb.rebalance", opts)
   local args = {}
@@ -60,7 +69,8 @@ function M.rebalance(opts)
   args.mode = args.mode or "balanced"
   args.groups = args.groups or 1
   args.nodes = args.nodes or 1
-  return core.eplb_rebalance(args)
+  local r, err = call_core(core.eplb_rebalance, args) -- not a tail call: error level 3
+  return r, err
 end
 
 -- eplb.evaluate{load=, physical_to_logical=, gpus=, nodes=1, previous=nil}
@@ -75,8 +85,10 @@ function M.evaluate(opts)
   if type(previous) == "table" and previous.physical_to_logical then
     previous = previous.physical_to_logical
   end
-  return core.eplb_evaluate{ load = opts.load, physical_to_logical = map, gpus = opts.gpus,
-    nodes = opts.nodes or 1, previous = previous, compact = opts.compact, ragged = opts.ragged }
+  local r, err = call_core(core.eplb_evaluate, { load = opts.load, physical_to_logical = map,
+    gpus = opts.gpus, nodes = opts.nodes or 1, previous = previous, compact = opts.compact,
+    ragged = opts.ragged })
+  return r, err
 end
 
 -- Checks a configuration: true, or nil, message.

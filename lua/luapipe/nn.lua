@@ -21,50 +21,127 @@ local M = {}
 M.tensor = core.tensor
 
 -- ---- layer specs (plain tables; the C side builds them) ----
+-- Constructors check their arguments and raise at the caller, naming the
+-- constructor and the argument ("nn.linear: din (argument 1) must be ...").
+
+local INT32 = 0x7fffffff
+
+local function shown(v)
+  return type(v) == "string" and string.format("%q", v) or tostring(v)
+end
+
+-- Raises msg at the first caller outside this file (the user's code).
+local function raise(msg)
+  local here, level = debug.getinfo(1, "S").source, 1
+  while debug.getinfo(level + 1, "S") and debug.getinfo(level + 1, "S").source == here do
+    level = level + 1
+  end
+  error(msg, level + 1)
+end
+
+local function arg_error(fn, name, pos, what, v)
+  raise(string.format("nn.%s: %s (argument %d) must be %s, got %s", fn, name, pos, what, shown(v)))
+end
+
+-- v as an integer in [min, INT32], else raises naming the argument
+local function int_arg(fn, name, pos, v, min)
+  local n = type(v) == "number" and math.tointeger(v)
+  if not n or n < (min or 1) or n > INT32 then
+    arg_error(fn, name, pos, min == 0 and "an integer >= 0" or "a positive integer", v)
+  end
+  return n
+end
+
+local function act_arg(fn, pos, act)
+  if act ~= nil and act ~= "gelu" and act ~= "silu" then
+    arg_error(fn, "act", pos, '"gelu" or "silu" (or nil: gelu)', act)
+  end
+  return act
+end
+
+local function heads_arg(fn, d_model, heads)
+  heads = int_arg(fn, "heads", 2, heads)
+  if d_model % heads ~= 0 then
+    raise(string.format("nn.%s: d_model (%d) must be a multiple of heads (%d)", fn, d_model, heads))
+  end
+  return heads
+end
 
 function M.linear(din, dout, opts)
+  din, dout = int_arg("linear", "din", 1, din), int_arg("linear", "dout", 2, dout)
+  if opts ~= nil and (type(opts) ~= "table" or (opts.bias ~= nil and type(opts.bias) ~= "boolean")) then
+    arg_error("linear", "opts", 3, "nil or {bias = true|false}", opts)
+  end
   return { kind = "linear", din = din, dout = dout, bias = not (opts and opts.bias == false) }
 end
 function M.gelu() return { kind = "gelu" } end
 function M.silu() return { kind = "silu" } end
-function M.rmsnorm(dim, eps) return { kind = "rmsnorm", dim = dim, eps = eps } end
-function M.embedding(vocab, dim) return { kind = "embedding", vocab = vocab, dim = dim } end
+function M.rmsnorm(dim, eps)
+  dim = int_arg("rmsnorm", "dim", 1, dim)
+  if eps ~= nil and not (type(eps) == "number" and eps > 0 and eps < math.huge) then
+    arg_error("rmsnorm", "eps", 2, "a positive number (or nil)", eps)
+  end
+  return { kind = "rmsnorm", dim = dim, eps = eps }
+end
+function M.embedding(vocab, dim)
+  return { kind = "embedding", vocab = int_arg("embedding", "vocab", 1, vocab),
+    dim = int_arg("embedding", "dim", 2, dim) }
+end
 -- x + fc2(act(fc1(rmsnorm(x))))
 function M.mlp_block(d_model, d_hidden, act)
-  return { kind = "mlp_block", d_model = d_model, d_hidden = d_hidden, act = act }
+  return { kind = "mlp_block", d_model = int_arg("mlp_block", "d_model", 1, d_model),
+    d_hidden = int_arg("mlp_block", "d_hidden", 2, d_hidden), act = act_arg("mlp_block", 3, act) }
 end
 -- causal multi-head self-attention, x [batch, seq, d_model]
-function M.attention(d_model, heads) return { kind = "attention", d_model = d_model, heads = heads } end
+function M.attention(d_model, heads)
+  d_model = int_arg("attention", "d_model", 1, d_model)
+  return { kind = "attention", d_model = d_model, heads = heads_arg("attention", d_model, heads) }
+end
 -- x + attn(rmsnorm(x)), then an MLP block
 function M.transformer_block(d_model, heads, d_hidden, act)
-  return { kind = "transformer_block", d_model = d_model, heads = heads, d_hidden = d_hidden, act = act }
+  local fn = "transformer_block"
+  d_model = int_arg(fn, "d_model", 1, d_model)
+  return { kind = fn, d_model = d_model, heads = heads_arg(fn, d_model, heads),
+    d_hidden = int_arg(fn, "d_hidden", 3, d_hidden), act = act_arg(fn, 4, act) }
 end
 -- x + inner(x)
-function M.residual(inner) return { kind = "residual", inner = inner } end
+function M.residual(inner)
+  if type(inner) ~= "table" or type(inner.kind) ~= "string" then
+    arg_error("residual", "inner", 1, "a layer spec (nn.linear(...), ...)", inner)
+  end
+  return { kind = "residual", inner = inner }
+end
 
 local moe_fields = { "dim", "hidden", "experts", "topk", "groups", "topk_groups", "shared",
   "route_scale", "bias_speed", "router", "balance_alpha", "heads" }
 
 local function moe_spec(kind, t, level)
-  if type(t) ~= "table" then error("nn." .. kind .. " expects a table of options", level + 1) end
+  if type(t) ~= "table" then raise("nn." .. kind .. " expects a table of options") end
   local spec = { kind = kind }
   local known = {}
   for _, k in ipairs(moe_fields) do known[k] = k ~= "heads" or kind == "moe_block"; spec[k] = t[k] end
   for k in pairs(t) do
-    if not known[k] then error(string.format("nn.%s: unknown option '%s'", kind, tostring(k)), level + 1) end
+    if not known[k] then raise(string.format("nn.%s: unknown option '%s'", kind, tostring(k))) end
   end
   for _, k in ipairs({ "dim", "hidden", "experts" }) do
     if math.type(t[k]) ~= "integer" or t[k] < 1 then
-      error(string.format("nn.%s: '%s' must be a positive integer, got %s", kind, k, tostring(t[k])), level + 1)
+      raise(string.format("nn.%s: '%s' must be a positive integer, got %s", kind, k, tostring(t[k])))
+    end
+  end
+  for _, k in ipairs({ "topk", "groups", "topk_groups", "shared" }) do
+    local v = t[k]
+    if v ~= nil and (math.type(v) ~= "integer" or v < (k == "shared" and 0 or 1)) then
+      raise(string.format("nn.%s: '%s' must be %s, got %s", kind, k,
+        k == "shared" and "an integer >= 0" or "a positive integer", shown(v)))
     end
   end
   spec.topk = spec.topk or 1
   if spec.router and spec.router ~= "sigmoid" and spec.router ~= "softmax" then
-    error(string.format("nn.%s: router must be \"sigmoid\" or \"softmax\", got \"%s\"", kind,
-      tostring(spec.router)), level + 1)
+    raise(string.format("nn.%s: router must be \"sigmoid\" or \"softmax\", got \"%s\"", kind,
+      tostring(spec.router)))
   end
   if spec.topk > spec.experts then
-    error(string.format("nn.%s: topk (%d) is more than experts (%d)", kind, spec.topk, spec.experts), level + 1)
+    raise(string.format("nn.%s: topk (%d) is more than experts (%d)", kind, spec.topk, spec.experts))
   end
   return spec
 end

@@ -94,7 +94,12 @@ local function render(chars, styles, color)
   return table.concat(out)
 end
 
-local function legend_lines(color, width, scale, cut)
+-- At most MAX_BANDS bands: with costs that differ by many orders of
+-- magnitude (--cost F=1e15) every label cannot fit in a chart of bounded
+-- size; the scale is then capped and the labels of short actions are cut.
+local MAX_BANDS = 24
+
+local function legend_lines(color, width, scale, cut, capped)
   local function sample(text, st)
     if not color then return text end
     return (ansi[st] or "") .. text .. RESET
@@ -109,6 +114,11 @@ local function legend_lines(color, width, scale, cut)
     { sample(".", "idle") .. "=idle", ".=idle" },
   }
   if cut then items[#items + 1] = { "~=action cut by the band edge", "~=action cut by the band edge" } end
+  if capped then
+    local note = string.format("(costs too far apart to label every action in %d bands: short ones cut)",
+      MAX_BANDS)
+    items[#items + 1] = { note, note }
+  end
   items[#items + 1] = { unit, unit }
   local lines, cur, curlen = {}, "legend: ", 8
   for _, it in ipairs(items) do
@@ -145,7 +155,9 @@ local function gantt_scale(res, P, T, avail, want)
   if need > scale then
     scale = need > 1 and math.ceil(need - 1e-9) or need * (1 + 1e-9)
   end
-  return scale
+  local cap = T > 0 and MAX_BANDS * avail / T or scale
+  if scale > cap then return cap, true end
+  return scale, false
 end
 
 -- Lays out one rank's cells: {c0, c1, label, e} in columns (0-based
@@ -223,9 +235,20 @@ end
 -- unit; default: the largest whole number up to 4 that fits, or a
 -- fraction; raised when a label would not fit), legend (default true),
 -- axis (default true).
+-- The result's info(), or raises at the caller of fname naming what was
+-- expected.
+local function result_info(fname, res)
+  local ok, info = pcall(function() return res:info() end)
+  if not ok or type(info) ~= "table" then
+    error(string.format("show.%s: expected a simulation result (s:simulate(cost)), got %s", fname,
+      type(res)), 3)
+  end
+  return info
+end
+
 function M.gantt(res, opts)
   opts = opts or {}
-  local info = res:info()
+  local info = result_info("gantt", res)
   local P = info.ranks
   local width = opts.width or 80
   local color = opts.color
@@ -233,7 +256,7 @@ function M.gantt(res, opts)
   local T = res:makespan()
   local lw = #("r" .. (P - 1))
   local avail = math.max(10, width - (lw + 2) - 1)
-  local scale = gantt_scale(res, P, T, avail, opts.scale)
+  local scale, capped = gantt_scale(res, P, T, avail, opts.scale)
   local ncols = math.max(1, math.ceil(T * scale - 1e-9))
   local function col(t) return math.floor(t * scale + 0.5) end
 
@@ -271,7 +294,7 @@ function M.gantt(res, opts)
     end
   end
   if opts.legend ~= false then
-    for _, l in ipairs(legend_lines(color, width, scale, anycut)) do lines[#lines + 1] = l end
+    for _, l in ipairs(legend_lines(color, width, scale, anycut, capped)) do lines[#lines + 1] = l end
   end
   return table.concat(lines, "\n")
 end
@@ -351,7 +374,7 @@ end
 -- figures).
 function M.svg(res, opts)
   opts = opts or {}
-  local info = res:info()
+  local info = result_info("svg", res)
   local P = info.ranks
   local T = res:makespan()
   local unit = opts.unit or "units"

@@ -125,6 +125,14 @@ static void test_action_text(void **state) {
   assert_string_equal(t, "(0F7;7B3)OVERLAP_F_B");
   assert_int_equal(lp_action_parse("0X3", &a, err), LP_ERR_PARSE);
   assert_non_null(strstr(err, "action '0X3': unknown action type 'X'"));
+  /* a number too large is named, not a format error */
+  assert_int_equal(lp_action_parse("0F99999999999", &a, err), LP_ERR_PARSE);
+  assert_string_equal(err, "action '0F99999999999': the micro-batch number is too large "
+                           "(at most 100000000)");
+  assert_int_equal(lp_action_parse("99999999999SEND_F0", &a, err), LP_ERR_PARSE);
+  assert_string_equal(err, "action '99999999999SEND_F0': the stage number is too large "
+                           "(at most 100000000)");
+  assert_int_equal(lp_action_parse("100000000F100000000", &a, NULL), LP_OK);
 }
 
 static void test_csv_export_exact(void **state) {

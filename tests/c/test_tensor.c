@@ -60,6 +60,12 @@ static void test_create(void **state) {
   assert_int_equal(lp_tensor_empty(NULL, 2, SH(3, -1), &t), LP_ERR_ARG);
   assert_int_equal(lp_tensor_empty(NULL, 2, SH(INT64_MAX / 2, 8), &t),
                    LP_ERR_ARG);
+  /* empty, but its dense strides would overflow: refused too */
+  assert_int_equal(lp_tensor_empty(NULL, 3, SH(0, INT64_C(1) << 62, INT64_C(1) << 62), &t),
+                   LP_ERR_ARG);
+  assert_int_equal(lp_tensor_empty(NULL, 3, SH(0, 1 << 20, 1 << 20), &t), LP_OK);
+  assert_int_equal(lp_tensor_numel(t), 0);
+  lp_tensor_free(t);
   /* zero-size is fine */
   assert_int_equal(lp_tensor_zeros(NULL, 2, SH(0, 5), &t), LP_OK);
   assert_int_equal(lp_tensor_numel(t), 0);

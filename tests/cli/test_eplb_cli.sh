@@ -89,6 +89,11 @@ expect_rc "missing file" 1 "$LP" eplb --loads "$tmp/nope.json" --replicas 4 --gp
 expect_in "missing file named" "$tmp/err" "cannot read $tmp/nope.json: No such file or directory"
 [ "$(grep -o "nope.json" "$tmp/err" | wc -l)" -eq 1 ] && ok "missing file named once" || bad "missing file named once"
 printf '0 1 2\n' >"$tmp/shortprev.txt"
+# an expert id out of range in --previous: the file and its line named
+printf '%s\n%s\n' "0 1 2 3 4 5 6 7 8 9 10 11 0 1 2 3" "0 1 2 3 4 5 6 7 8 9 10 11 4 5 99 7" >"$tmp/badprev.txt"
+expect_rc "previous id out of range" 1 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --previous "$tmp/badprev.txt"
+expect_in "previous id: file and line" "$tmp/err" \
+  "luapipe eplb: $tmp/badprev.txt:2: previous plan, layer 1, slot 14: expert 99 is out of range 0..11"
 expect_rc "short previous" 1 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --previous "$tmp/shortprev.txt"
 expect_in "short previous named" "$tmp/err" "$tmp/shortprev.txt: 1 layer, but $tmp/v.json has 2"
 
@@ -100,7 +105,9 @@ for bad in "--groups 99999999999" "--groups 1e9" "--replicas 1.5" "--gpus=-3" "-
     "--nodes 1048577" "--max-moves=-1" "--groups 0x10"; do
   opt=${bad%%[ =]*} val=${bad#*[ =]}
   expect_rc "bad $bad" 2 "$LP" eplb --loads "$tmp/v.json" --replicas 16 --gpus 8 --previous "$tmp/plan.json" $bad
-  expect_in "bad $bad named" "$tmp/err" "luapipe eplb: $opt must be an integer from"
+  expect_in "bad $bad named" "$tmp/err" "luapipe eplb: $opt must be "
+  if [ "$opt" = --max-moves ]; then range="0 to 1048576"; else range="1 to 1048576"; fi
+  expect_in "bad $bad: the range" "$tmp/err" "from $range, got"
   expect_in "bad $bad as typed" "$tmp/err" "got '$val'"
   [ "$(wc -l <"$tmp/err")" -eq 1 ] && ok "bad $bad: one line" || bad "bad $bad: one line"
   grep -q traceback "$tmp/err" && bad "bad $bad: traceback" || ok "bad $bad: no traceback"

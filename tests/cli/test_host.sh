@@ -210,7 +210,8 @@ done
 expect_rc "per-stage B < W exits 2" 2 "$LP" simulate 1f1b --cost "B[3]=0,W=1"
 expect_in "per-stage B < W message" "$tmp/err" "luapipe simulate: --cost: cost of model stage 3: B = 0 is less than W = 1"
 expect_rc "stage out of range exits 2" 2 "$LP" simulate 1f1b --cost "F[9]=1"
-expect_in "stage out of range message" "$tmp/err" "--cost: stages key 9 is not a model stage 0..3"
+expect_in "stage out of range message" "$tmp/err" \
+  "--cost: per-stage cost [9] (as in F[9]=...): this schedule's model stages are 0..3"
 expect_rc "bubbles: per-stage cost exits 2" 2 "$LP" bubbles --cost "B[3]=0"
 expect_in "bubbles: per-stage cost message" "$tmp/err" "per-stage costs (such as B[3]=...) do not apply"
 expect_rc "bubbles: B < W exits 2" 2 "$LP" bubbles --cost "B=1,W=2"

@@ -130,6 +130,13 @@ function test_damaged_marker()
       checkpoint = { dir = dir, every = 2 } })
     lu.assertStrContains(err, "checkpoint marker " .. marker .. " is damaged: " .. c[2])
   end
+  -- a directory where the marker should be: named as unreadable, not "empty"
+  os.remove(marker)
+  assert(core.mkdir_p(marker))
+  lu.assertStrContains(error_of(train, opts { steps = 3, optimizer = o, resume = true,
+    checkpoint = { dir = dir, every = 2 } }), "checkpoint marker " .. marker
+    .. " is damaged: it cannot be read (Is a directory)")
+  assert(os.remove(marker))
   write(marker, good)
   local r = train(opts { steps = 3, optimizer = o, resume = true, checkpoint = { dir = dir, every = 2 } })
   lu.assertEquals(r.first_step, 3)

@@ -142,6 +142,15 @@ function TestRebalance.test_misuse_raises()
   lu.assertErrorMsgContains("option 'replicas' must be an integer", eplb.rebalance,
     { load = VECTOR, replicas = "x", gpus = 8 })
   lu.assertErrorMsgContains("option 'gpus' is required", eplb.rebalance, { load = VECTOR, replicas = 16 })
+  -- a count out of range: named, raised at the caller (no position inside luapipe)
+  local ok, err = pcall(function()
+    local r = eplb.rebalance { load = VECTOR, replicas = 16, gpus = 8, groups = 99999999999 }
+    return r
+  end)
+  lu.assertFalse(ok)
+  lu.assertStrContains(err, "test_eplb.lua:")
+  lu.assertStrContains(err, "eplb: option 'groups' must be from 1 to 2147483647 (got 99999999999)")
+  lu.assertNotStrContains(err, "luapipe/eplb.lua:")
 end
 
 TestPredictors = {}

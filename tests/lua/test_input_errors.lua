@@ -20,6 +20,9 @@ function test_tensor_sizes()
   lu.assertEquals(tostring(core.tensor({ 3, 4 })), "luapipe.Tensor [3, 4]")
   -- sizes past 2^31 are shown whole (an empty tensor: nothing allocated)
   lu.assertEquals(tostring(core.tensor({ 0, 2 ^ 33 })), "luapipe.Tensor [0, 8589934592]")
+  -- empty, but dims whose dense strides would overflow int64
+  lu.assertEquals(error_of(core.tensor, { 0, 2 ^ 62, 2 ^ 62 }),
+    "tensor dims are too large (their product, zeros left out, overflows)")
   lu.assertEquals(error_of(core.tensor, { 2, 2 }, { 1, 2, 3 }),
     "tensor: 3 values given for a shape of 4 elements")
 end

@@ -330,4 +330,39 @@ function test_moe_eplb_one_rank()
     ep = 2 }), "pp x ep = 1 x 2 needs 2 ranks, but this is one process (run it with mpirun -np 2)")
 end
 
+-- Layer constructors check their arguments: the message names the
+-- constructor and the argument as the user wrote it, raised at the caller
+-- (never an internal "attempt to ..." from deep in luapipe).
+function test_constructor_arguments()
+  local cases = {
+    { function() local s = nn.linear("a", 3); return s end, 'nn.linear: din (argument 1) must be a positive integer, got "a"' },
+    { function() local s = nn.linear(4, 1.5); return s end, "nn.linear: dout (argument 2) must be a positive integer, got 1.5" },
+    { function() local s = nn.linear(0, 3); return s end, "nn.linear: din (argument 1) must be a positive integer, got 0" },
+    { function() local s = nn.linear(2 ^ 40, 3); return s end, "nn.linear: din (argument 1) must be a positive integer" },
+    { function() local s = nn.linear(4, 3, 5); return s end, "nn.linear: opts (argument 3) must be nil or {bias = true|false}, got 5" },
+    { function() local s = nn.rmsnorm("x"); return s end, 'nn.rmsnorm: dim (argument 1) must be a positive integer, got "x"' },
+    { function() local s = nn.rmsnorm(4, "e"); return s end, 'nn.rmsnorm: eps (argument 2) must be a positive number (or nil), got "e"' },
+    { function() local s = nn.embedding(10); return s end, "nn.embedding: dim (argument 2) must be a positive integer, got nil" },
+    { function() local s = nn.mlp_block(4, 8, "relu"); return s end, 'nn.mlp_block: act (argument 3) must be "gelu" or "silu"' },
+    { function() local s = nn.attention(4, 3); return s end, "nn.attention: d_model (4) must be a multiple of heads (3)" },
+    { function() local s = nn.transformer_block(8, "2", 16); return s end,
+      'nn.transformer_block: heads (argument 2) must be a positive integer, got "2"' },
+    { function() local s = nn.residual(5); return s end, "nn.residual: inner (argument 1) must be a layer spec" },
+    { function() local s = nn.moe { dim = 4, hidden = 4, experts = 2, topk = "x" }; return s end,
+      "nn.moe: 'topk' must be a positive integer, got \"x\"" },
+  }
+  for _, c in ipairs(cases) do
+    local ok, err = pcall(c[1])
+    lu.assertFalse(ok)
+    lu.assertStrContains(err, c[2])
+    -- raised at this file's line (no tail call in the cases), not inside nn.lua
+    lu.assertStrContains(err, "test_nn.lua:")
+  end
+  -- whole floats are integers; a good spec still builds
+  lu.assertEquals(nn.linear(4.0, 3).din, 4)
+  lu.assertEquals(math.type(nn.linear(4.0, 3).din), "integer")
+  local layer = nn.sequential { nn.attention(8, 2), loss = "mse" }:build_layer(1, 0)
+  lu.assertNotNil(layer)
+end
+
 os.exit(lu.LuaUnit.run())

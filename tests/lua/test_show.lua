@@ -154,6 +154,26 @@ function TestGantt:test_every_label_whole_at_any_cost_ratio()
   lu.assertEquals(show.cell_label { type = "F", mb = 12 }, "12")
 end
 
+-- Costs many orders of magnitude apart (--cost F=1e14,B=1) cannot label
+-- every action in a chart of bounded size: at most 24 bands, the short
+-- labels cut, and the legend says so (it used to need ~1e14 columns).
+function TestGantt:test_extreme_cost_ratio_is_bounded()
+  local res = assert(onef1b(2, 2):simulate { F = 1e14, B = 1 })
+  local text = res:gantt { color = false }
+  lu.assertTrue(bands(text) <= 24)
+  lu.assertTrue(max_width(text) <= 80)
+  lu.assertStrContains(text, "(costs too far apart to label every action in 24 bands: short ones cut)")
+  -- an ordinary ratio has no such note
+  lu.assertNotStrContains(assert(onef1b(2, 2):simulate { F = 1, B = 2 }):gantt { color = false },
+    "too far apart")
+  -- not a result: named, raised at the caller
+  local ok, err = pcall(show.gantt, 5)
+  lu.assertFalse(ok)
+  lu.assertStrContains(err, "show.gantt: expected a simulation result (s:simulate(cost)), got number")
+  ok, err = pcall(show.svg, "x")
+  lu.assertStrContains(err, "show.svg: expected a simulation result (s:simulate(cost)), got string")
+end
+
 function TestGantt:test_pairs_and_split_backward()
   local text = assert(ref.dualpipe(4, 8):simulate { FB = 3 }):gantt { color = false }
   lu.assertStrContains(text, "3&5") -- (0F3;7B5): F of mb 3 with B of mb 5

@@ -84,8 +84,18 @@ end
 -- nil, message, 2 instead of a raised error; other failures exit 1.
 function M.simulate(s, cost)
   local ok, res, err = pcall(s.simulate, s, cost)
-  if not ok then return nil, "--cost: " .. (tostring(res):gsub("^[^:]*:%d+: ", "")
-    :gsub("^simulate: ", "")), 2 end
+  if not ok then
+    local msg = tostring(res):gsub("^[^:]*:%d+: ", ""):gsub("^simulate: ", "")
+    -- the Lua API's "stages key K" is "KEY[K]=" on the command line
+    local k, range = msg:match("^stages key (%d+) is not a model stage (%S+)$")
+    if k then
+      msg = string.format("per-stage cost [%s] (as in F[%s]=...): this schedule's model stages "
+        .. "are %s", k, k, range)
+    end
+    local opt = msg:find("a message takes", 1, true) and "--cost/--link"
+      or msg:find("link latency", 1, true) and "--link" or "--cost"
+    return nil, opt .. ": " .. msg, 2
+  end
   if not res then return nil, err, 1 end
   return res
 end

@@ -18,40 +18,30 @@ local eplb = require("luapipe.eplb")
 
 local M = {}
 
--- Counts are read as text and checked in run(), so that a bad one is one
--- line naming the option and the range, exit 2.
+-- Counts are integers from 1 to 2^20 (--max-moves from 0), checked by the
+-- CLI's one integer converter (cli.int_option): a bad one is one line
+-- naming the option, the range and the text as typed, exit 2.
 local MAX_COUNT = 1 << 20
-
-local function count(args, key, min)
-  local s = args[key]
-  if s == nil then return nil end
-  local name = "--" .. key:gsub("_", "-")
-  local v = s:match("^%s*[+]?%d+%s*$") and math.tointeger(tonumber(s))
-  if not v or v < min or v > MAX_COUNT then
-    return nil, string.format("%s must be an integer from %d to %d, got '%s'", name, min,
-      MAX_COUNT, s)
-  end
-  return v
-end
+local int_option = require("luapipe.cli").int_option
 
 function M.parser(p)
   p:option("--loads", "Load file: JSON array of layers or text, one layer per line.")
     :argname("FILE"):count(1)
   p:option("--replicas", "Physical expert slots per layer (R).")
-    :argname("R"):count(1)
+    :argname("R"):count(1):convert(int_option("--replicas", 1, MAX_COUNT))
   p:option("--groups", "Expert groups (hierarchical policy when groups % nodes == 0).")
-    :argname("G"):default("1")
+    :argname("G"):default("1"):convert(int_option("--groups", 1, MAX_COUNT))
   p:option("--nodes", "Server nodes.")
-    :argname("N"):default("1")
+    :argname("N"):default("1"):convert(int_option("--nodes", 1, MAX_COUNT))
   p:option("--gpus", "GPUs, a multiple of nodes; R must be a multiple of it.")
-    :argname("M"):count(1)
+    :argname("M"):count(1):convert(int_option("--gpus", 1, MAX_COUNT))
   p:option("--mode", "reference: DeepSeek's algorithm exactly; balanced: better packing.")
     :choices({ "balanced", "reference" }):default("balanced")
   p:flag("--spill", "Let redundant replicas use free slots on other nodes (balanced, hierarchical).")
   p:option("--previous", "Plan in force (physical_to_logical) to stay close to.")
     :argname("FILE")
   p:option("--max-moves", "Copy budget per layer against --previous.")
-    :argname("K")
+    :argname("K"):convert(int_option("--max-moves", 0, MAX_COUNT))
   p:option("--format", "Output format."):choices({ "json", "text" }):default("json")
   p:option("-o --output", "Write to FILE instead of standard output."):argname("FILE")
   return p
@@ -293,11 +283,6 @@ local function fail(msg, code)
 end
 
 function M.run(args)
-  for _, k in ipairs({ "replicas", "groups", "nodes", "gpus", "max_moves" }) do
-    local v, cerr = count(args, k, k == "max_moves" and 0 or 1)
-    if cerr then return fail(cerr, 2) end
-    args[k] = v
-  end
   local load, err = read_matrix(args.loads, "number")
   if not load then return fail(err) end
   local ok
@@ -307,9 +292,8 @@ function M.run(args)
   if args.spill and args.mode == "reference" then
     return fail("--spill needs --mode balanced (reference is DeepSeek's algorithm exactly)", 2)
   end
-  local previous
+  local previous, lines
   if args.previous then
-    local lines
     previous, lines = read_matrix(args.previous, "integer")
     if not previous then return fail(lines) end
     if #previous ~= #load then
@@ -327,7 +311,12 @@ function M.run(args)
   r, err = eplb.rebalance{ load = load, replicas = args.replicas, groups = args.groups,
     nodes = args.nodes, gpus = args.gpus, mode = args.mode, spill = args.spill or nil,
     previous = previous, max_moves = args.max_moves, json = true }
-  if not r then return fail(err) end
+  if not r then
+    -- the planner's "previous plan, layer L, ..." names the file and line too
+    local l = lines and tostring(err):match("^previous plan, layer (%d+)")
+    if l then err = string.format("%s:%s: %s", args.previous, lines(tonumber(l) + 1), err) end
+    return fail(err)
+  end
   local text = args.format == "text" and to_text(r) or to_json(r)
   if args.output then
     local ok, oerr = require("luapipe.util").write_file(args.output, text)

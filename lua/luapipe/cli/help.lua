@@ -35,7 +35,7 @@ M.topics = {
     name = "schedules", summary = "the built-in families as builder functions (luapipe.schedules)",
     intro = "Each family is a builder f{pp=, microbatches=, chunks=, name=} -> Schedule; the family "
       .. "files in lua/luapipe/schedules/ show how a schedule is written.",
-    { "schedules.list()", "the family names: gpipe, 1f1b, interleaved1f1b, zb1p, zbv, dualpipe, dualpipev" },
+    { "schedules.list()", "the family names: " .. table.concat(require("luapipe.schedules").list(), ", ") },
     { "schedules.dualpipe{pp=, microbatches=}", "one builder per family (schedules[\"1f1b\"]{...})" },
   },
   {

@@ -133,23 +133,66 @@ function M.help_text(topic, prefer_api)
     near and string.format(" (did you mean '%s'?)", near) or "", table.concat(help_topics(), ", "))
 end
 
+-- Messages of the option converters below: main prints such a message as
+-- one line ("luapipe CMD: --pp must be ..."), without the usage text.
+local value_errors = {}
+
+local function value_error(msg)
+  value_errors[msg] = true
+  return nil, msg
+end
+
 -- Integer option converter for argparse's :convert: accepts an integer
--- written in decimal (or 1e3 style when it is a whole number) in
--- [min, max]; the message names the option and the range.
+-- written in decimal (or 1e3 style when it is a whole number; never hex)
+-- in [min, max]; the message names the option and the range.
 function M.int_option(option, min, max)
   return function(text)
-    local v = tonumber(text)
+    local v = not tostring(text):find("[xX]") and tonumber(text)
     local n = v and math.tointeger(v)
     if not n then
-      return nil, string.format("%s must be an integer from %d to %d, got '%s'", option, min, max,
-        tostring(text))
+      return value_error(string.format("%s must be an integer from %d to %d, got '%s'", option,
+        min, max, tostring(text)))
     end
     if n < min or n > max then
-      return nil, string.format("%s must be from %d to %d, got '%s'", option, min, max,
-        tostring(text))
+      return value_error(string.format("%s must be from %d to %d, got '%s'", option, min, max,
+        tostring(text)))
     end
     return n
   end
+end
+
+-- Number option converter: a finite decimal number in [min, max] (max
+-- may be math.huge); the message names the option and the range.
+function M.number_option(option, min, max)
+  return function(text)
+    local v = not tostring(text):find("[xX]") and tonumber(text)
+    local range = max == math.huge and string.format("%s or more", tostring(min))
+      or string.format("from %s to %s", tostring(min), tostring(max))
+    if not v or v ~= v or v == math.huge or v == -math.huge then
+      return value_error(string.format("%s must be a number %s, got '%s'", option, range,
+        tostring(text)))
+    end
+    if v < min or v > max then
+      return value_error(string.format("%s must be %s, got '%s'", option, range, tostring(text)))
+    end
+    return v
+  end
+end
+
+-- Parses argv with an argparse parser (a command's, or a script's own):
+-- returns the arguments, or nil, exit code 2 after printing the error to
+-- stderr (a bad option value as one line "PROG: message"; any other usage
+-- error with the usage text; nothing when quiet, e.g. on ranks other than
+-- 0). --help prints and exits 0 as argparse does.
+function M.parse(parser, argv, prog, quiet)
+  local ok, args = parser:pparse(argv)
+  if ok then return args end
+  if not quiet and value_errors[args] then
+    io.stderr:write(prog or parser._name, ": ", args, "\n")
+  elseif not quiet then
+    io.stderr:write(parser:get_usage(), "\n\nError: ", args, "\n")
+  end
+  return nil, 2
 end
 
 -- Runs `luapipe <argv[1]> argv[2..]`; returns the exit code.
@@ -174,11 +217,8 @@ function M.main(argv)
     return 2
   end
   local parser, cmd = make_parser(name)
-  local ok, args = parser:pparse(rest)
-  if not ok then
-    io.stderr:write(parser:get_usage(), "\n\nError: ", args, "\n")
-    return 2
-  end
+  local args, usage_code = M.parse(parser, rest, "luapipe " .. name)
+  if not args then return usage_code end
   local code = cmd.run(args)
   return code or 0
 end
