@@ -337,11 +337,15 @@ static int pmain(lua_State *L) {
     argc--;
   }
   /* subcommand? A word that is neither a command nor a file is a usage
-   * error (the message lists the commands). */
+   * error (the message lists the commands); a missing path or *.lua name
+   * is a script that cannot be opened (the script runner says why). */
   int command = argc >= 2 && argv[1][0] != '-' ? is_command(L, argv[1]) : 0;
   if (command < 0) return 0;
+  size_t len = argc >= 2 ? strlen(argv[1]) : 0;
+  int looks_like_script = argc >= 2 && (strchr(argv[1], '/') ||
+                                        (len > 4 && !strcmp(argv[1] + len - 4, ".lua")));
   if (argc >= 2 && argv[1][0] != '-' &&
-      (command || (!strchr(argv[1], '/') && access(argv[1], F_OK) != 0))) {
+      (command || (!looks_like_script && access(argv[1], F_OK) != 0))) {
     int code = 1;
     if (run_command(L, argv, argc, &code) == LUA_OK) ha->exit_code = code;
     return 0;

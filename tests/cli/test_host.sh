@@ -175,6 +175,12 @@ fi
 expect_rc "neither a command nor a file exits 2" 2 "$LP" frobnicate
 expect_in "says so" "$tmp/err" "luapipe: 'frobnicate' is neither a command nor a file"
 expect_in "lists the commands" "$tmp/err" "Commands: schedule, simulate, bubbles, eplb, help"
+expect_rc "a missing script exits 1" 1 "$LP" "$tmp/no-such-script.lua"
+expect_in "a missing script is named with the reason" "$tmp/err" "cannot open $tmp/no-such-script.lua: No such file or directory"
+expect_rc "a missing *.lua name is a script, not a command" 1 "$LP" no-such-script.lua
+expect_in "says it cannot open it" "$tmp/err" "luapipe: cannot open no-such-script.lua: No such file or directory"
+expect_rc "a directory is not a script" 1 "$LP" "$tmp"
+expect_in "says it is a directory" "$tmp/err" "Is a directory"
 expect_rc "near miss of a command" 2 "$LP" simulte
 expect_in "did you mean a command" "$tmp/err" "(did you mean 'simulate'?)"
 expect_rc "family names in any case" 0 "$LP" schedule DualPipe -p 4 -m 8
