@@ -23,6 +23,7 @@ parser:option("--batch", "Samples per micro-batch.", "16"):convert(tonumber)
 parser:option("--lr", "AdamW learning rate.", "0.003"):convert(tonumber)
 parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
 parser:option("--trace", "Write the measured Chrome trace (all ranks) to this file.")
+parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
 parser:option("--checkpoint", "Save checkpoints (every rank's stages and optimizer state) in this directory.")
 parser:option("--every", "Steps between checkpoints.", "10"):convert(tonumber)
 parser:flag("--resume", "Continue from the latest checkpoint in --checkpoint.")
@@ -73,4 +74,4 @@ train { model = model, schedule = args.schedule, microbatches = args.microbatche
   optimizer = { kind = "adamw", lr = args.lr, weight_decay = 0 },
   partition = args.partition, trace = args.trace,
   checkpoint = args.checkpoint and { dir = args.checkpoint, every = math.tointeger(args.every) } or nil,
-  resume = args.resume or nil }
+  resume = args.resume or nil, device = args.device }
