@@ -200,6 +200,14 @@ local function usage_fail(msg)
 end
 M.usage_fail = usage_fail
 
+-- The device cannot be used (no GPU, an MoE model on a GPU, a bad name):
+-- as usage_fail under mpirun; on one process an error whose text is the
+-- whole report (the host prints it as one line, with no traceback).
+local function device_fail(msg)
+  if comm.size() > 1 then usage_fail(msg) end
+  error(setmetatable({ message = msg }, { __tostring = function(e) return e.message end }), 0)
+end
+
 -- family names as users read them
 local display = { gpipe = "GPipe", ["1f1b"] = "1F1B", interleaved1f1b = "Interleaved 1F1B",
   zb1p = "ZB1P", zbv = "ZB-V", dualpipe = "DualPipe", dualpipev = "DualPipeV" }
@@ -316,14 +324,14 @@ function M.run(opts)
   if device ~= "cpu" then
     for i, spec in ipairs(model.layers) do
       if spec.kind == "moe" or spec.kind == "moe_block" then
-        usage_fail(string.format("luapipe.train: device '%s': layer %d (%s) is an MoE layer, and MoE"
+        device_fail(string.format("luapipe.train: device '%s': layer %d (%s) is an MoE layer, and MoE"
           .. " layers run on the CPU only so far: train this model with device = \"cpu\"", device, i,
           spec.kind))
       end
     end
   end
   local device_name, derr = core.exec_device(device)
-  if not device_name then usage_fail("luapipe.train: " .. derr) end
+  if not device_name then device_fail("luapipe.train: " .. derr) end
   local s = get_schedule(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
