@@ -12,7 +12,8 @@
  * read back onto the device and onto the CPU, and the MoE refusal. Under
  * mpirun -np 2 (tests/mpi/test_exec_device.sh) it runs 1F1B over two ranks,
  * activations and gradients travelling through the staged comm
- * (lp_comm_for_backend). */
+ * (lp_comm_for_backend), and one pipeline rank x ep = 2 (dense gradients
+ * summed over the EP group). */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
 #include <stdarg.h>
@@ -90,6 +91,7 @@ static lp_status data_fn(void *ud, int64_t step, int mb, lp_tensor **in, lp_tens
   return LP_OK;
 }
 
+static int ep_size = 1; /* expert-parallel ranks: each takes 1/ep of the rows */
 static int act_ndim[2];
 static int64_t act_shape[2][LP_TENSOR_MAXDIM];
 
@@ -101,13 +103,13 @@ static lp_exec_opts opts_for(const lp_tensor_backend *be) {
   o.data = data_fn;
   if (use_lm) {
     act_ndim[1] = 3;
-    memcpy(act_shape[1], (int64_t[]){BATCH, T, D}, 3 * sizeof(int64_t));
+    memcpy(act_shape[1], (int64_t[]){BATCH / ep_size, T, D}, 3 * sizeof(int64_t));
     o.loss = LP_NN_LOSS_CROSS_ENTROPY;
     o.optim = LP_NN_OPTIM_ADAMW;
     o.adamw = (lp_nn_adamw_opts){1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f};
   } else {
     act_ndim[1] = 2;
-    memcpy(act_shape[1], (int64_t[]){BATCH, D_H}, 2 * sizeof(int64_t));
+    memcpy(act_shape[1], (int64_t[]){BATCH / ep_size, D_H}, 2 * sizeof(int64_t));
     o.loss = LP_NN_LOSS_MSE;
     o.optim = LP_NN_OPTIM_SGD;
     o.sgd = (lp_nn_sgd_opts){0.1f, 0.9f, 1e-3f};
@@ -115,6 +117,7 @@ static lp_exec_opts opts_for(const lp_tensor_backend *be) {
   o.act_ndim = act_ndim;
   o.act_shape = (const int64_t(*)[LP_TENSOR_MAXDIM])act_shape;
   o.trace = 1;
+  o.ep = ep_size;
   o.backend = be;
   return o;
 }
@@ -304,7 +307,10 @@ static void test_moe_refused(void **state) {
 }
 
 /* 1F1B over two ranks (plain and with split backward): activations and
- * gradients go between device buffers through the staged comm */
+ * gradients go between device buffers through the staged comm; then the
+ * two ranks as one pipeline rank x ep = 2, each on half of every
+ * micro-batch's rows, their dense gradients summed over the EP group
+ * (packed through lp_tensor_read / _write) */
 static void test_two_ranks(void **state) {
   (void)state;
   if (lp_comm_size(W) != 2) skip();
@@ -316,6 +322,13 @@ static void test_two_ranks(void **state) {
     lp_schedule_free(low);
     lp_schedule_free(s);
   }
+  const char *fb[] = {"0F0", "1F0", "1B0", "0B0", "0F1", "1F1", "1B1", "0B1",
+                      "0F2", "1F2", "1B2", "0B2", "0F3", "1F3", "1B3", "0B3"};
+  lp_schedule *s = two_stage(fb, 16, 1);
+  ep_size = 2;
+  twin(s);
+  ep_size = 1;
+  lp_schedule_free(s);
 }
 
 int main(int argc, char **argv) {

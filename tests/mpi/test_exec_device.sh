@@ -4,7 +4,8 @@
 # to the luapipe binary) under mpirun; each rank trains 1F1B (plain and
 # with split backward) on the CPU and on the fake:0 backend (memory the
 # host cannot touch; activations and gradients through the staged comm)
-# and checks losses and its parameters bitwise equal. Exits 77 (skipped)
+# and checks losses and its parameters bitwise equal; then pp 1 x ep 2
+# (dense gradients summed over the EP group). Exits 77 (skipped)
 # without mpirun.
 set -u
 luapipe=${1:?usage: test_exec_device.sh path/to/luapipe}
