@@ -17,7 +17,7 @@ one_line() {
 
 expect_rc "char-LM --device cuda, one process" 1 "$LP" "${lm[@]}" --device cuda
 one_line "  one line naming the reason" "$nodev"
-"$LP" -v | grep -q "built," &&
+"$LP" -v | grep -q "CUDA kernels: built," &&
   expect_in "  the CUDA runtime's reason" "$tmp/err" "no CUDA device is visible (cudaGetDeviceCount: "
 
 expect_rc "train_mlp --device gpu" 1 "$LP" examples/train_mlp.lua --steps 1 --device gpu
