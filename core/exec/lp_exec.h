@@ -73,9 +73,9 @@ typedef struct lp_exec_opts {
    * them, the CPU): every chunk is moved there (lp_nn_layer_to) before its
    * optimizer is made, inputs from the data source are copied there
    * (targets may stay on the host), activations and gradients are received
-   * into tensors there and travel between ranks over lp_comm_for_backend's
-   * context (NCCL, or MPI staged through pinned host memory; the comm
-   * itself for host tensors). Gradient sums and checkpoints go through
+   * into tensors there and travel between pipeline ranks over
+   * lp_comm_for_backend's context (NCCL, or MPI staged through pinned host
+   * memory; the comm itself for host tensors or a one-rank pipeline). Gradient sums and checkpoints go through
    * lp_tensor_read / _write. MoE layers run on the CPU only so far: a
    * device backend with MoE layers fails lp_exec_new (LP_ERR_UNSUPPORTED). */
   const lp_tensor_backend *backend;

@@ -55,6 +55,11 @@ lp_status ex_wait(lp_exec *e, lp_comm_req **req, const char *what) {
 }
 
 lp_status ex_pcomm_new(lp_exec *e) {
+  if (lp_comm_size(e->comm) == 1) { /* no messages between pipeline ranks */
+    e->pcomm = e->comm;
+    e->pcomm_own = 0;
+    return LP_OK;
+  }
   lp_status st = lp_comm_for_backend(e->comm, e->be, &e->pcomm, &e->pcomm_own);
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d: a communicator for tensors on %s: %s", e->rank, e->be->name,
