@@ -13,7 +13,8 @@
  * mpirun -np 2 (tests/mpi/test_exec_device.sh) it runs 1F1B over two ranks,
  * activations and gradients travelling through the staged comm
  * (lp_comm_for_backend), and one pipeline rank x ep = 2 (dense gradients
- * summed over the EP group). */
+ * summed over the EP group); under mpirun -np 4, DualPipe (both directions,
+ * overlapped pairs, the copies of every stage summed across ranks). */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
 #include <stdarg.h>
@@ -39,26 +40,35 @@ enum { V = 23, D = 8, H = 2, T = 6 };
 /* ---- two models, each in two stages ---- */
 
 /* mlp: linear(5,7) + gelu | linear(7,3), MSE, SGD with momentum.
- * lm:  embedding + transformer block | rmsnorm + linear head, CE, AdamW. */
-static int use_lm;
+ * lm:  embedding + transformer block | rmsnorm + linear head, CE, AdamW.
+ * With 4 stages, stages 1 and 2 are linear(7,7) + gelu / a transformer
+ * block. */
+static int use_lm, nstages = 2;
 
 static lp_status build_stage(int stage, lp_nn_layer **out) {
   lp_nn_layer *ls[2] = {NULL, NULL};
   lp_status st;
-  if (!use_lm && stage == 0) {
-    st = lp_nn_linear_new("layers.0", D_IN, D_H, 1, 42, &ls[0]);
-    if (st == LP_OK) st = lp_nn_act_new("layers.1", LP_TENSOR_ACT_GELU, &ls[1]);
+  char n0[32], n1[32], cn[32];
+  snprintf(n0, sizeof n0, "layers.%d", 2 * stage);
+  snprintf(n1, sizeof n1, "layers.%d", 2 * stage + 1);
+  snprintf(cn, sizeof cn, "stage.%d", stage);
+  int last = stage == nstages - 1;
+  if (!use_lm && !last) {
+    st = lp_nn_linear_new(n0, stage ? D_H : D_IN, D_H, 1, 42, &ls[0]);
+    if (st == LP_OK) st = lp_nn_act_new(n1, LP_TENSOR_ACT_GELU, &ls[1]);
   } else if (!use_lm) {
-    st = lp_nn_linear_new("layers.2", D_H, D_OUT, 1, 42, &ls[0]);
+    st = lp_nn_linear_new(n0, D_H, D_OUT, 1, 42, &ls[0]);
   } else if (stage == 0) {
-    st = lp_nn_embedding_new("layers.0", V, D, 42, &ls[0]);
+    st = lp_nn_embedding_new(n0, V, D, 42, &ls[0]);
     if (st == LP_OK)
-      st = lp_nn_transformer_block_new("layers.1", D, H, 2 * D, LP_TENSOR_ACT_GELU, 42, &ls[1]);
+      st = lp_nn_transformer_block_new(n1, D, H, 2 * D, LP_TENSOR_ACT_GELU, 42, &ls[1]);
+  } else if (!last) {
+    st = lp_nn_transformer_block_new(n0, D, H, 2 * D, LP_TENSOR_ACT_GELU, 42, &ls[0]);
   } else {
-    st = lp_nn_rmsnorm_new("layers.2", D, 1e-5f, &ls[0]);
-    if (st == LP_OK) st = lp_nn_linear_new("layers.3", D, V, 1, 42, &ls[1]);
+    st = lp_nn_rmsnorm_new(n0, D, 1e-5f, &ls[0]);
+    if (st == LP_OK) st = lp_nn_linear_new(n1, D, V, 1, 42, &ls[1]);
   }
-  if (st == LP_OK) st = lp_nn_chunk_new(stage ? "stage.1" : "stage.0", ls, ls[1] ? 2 : 1, out);
+  if (st == LP_OK) st = lp_nn_chunk_new(cn, ls, ls[1] ? 2 : 1, out);
   lp_nn_layer_release(ls[0]);
   lp_nn_layer_release(ls[1]);
   return st;
@@ -92,8 +102,8 @@ static lp_status data_fn(void *ud, int64_t step, int mb, lp_tensor **in, lp_tens
 }
 
 static int ep_size = 1; /* expert-parallel ranks: each takes 1/ep of the rows */
-static int act_ndim[2];
-static int64_t act_shape[2][LP_TENSOR_MAXDIM];
+static int act_ndim[4];
+static int64_t act_shape[4][LP_TENSOR_MAXDIM];
 
 static lp_exec_opts opts_for(const lp_tensor_backend *be) {
   lp_exec_opts o;
@@ -102,14 +112,18 @@ static lp_exec_opts opts_for(const lp_tensor_backend *be) {
   o.chunk = chunk_fn;
   o.data = data_fn;
   if (use_lm) {
-    act_ndim[1] = 3;
-    memcpy(act_shape[1], (int64_t[]){BATCH / ep_size, T, D}, 3 * sizeof(int64_t));
+    for (int i = 1; i < 4; i++) {
+      act_ndim[i] = 3;
+      memcpy(act_shape[i], (int64_t[]){BATCH / ep_size, T, D}, 3 * sizeof(int64_t));
+    }
     o.loss = LP_NN_LOSS_CROSS_ENTROPY;
     o.optim = LP_NN_OPTIM_ADAMW;
     o.adamw = (lp_nn_adamw_opts){1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f};
   } else {
-    act_ndim[1] = 2;
-    memcpy(act_shape[1], (int64_t[]){BATCH / ep_size, D_H}, 2 * sizeof(int64_t));
+    for (int i = 1; i < 4; i++) {
+      act_ndim[i] = 2;
+      memcpy(act_shape[i], (int64_t[]){BATCH / ep_size, D_H}, 2 * sizeof(int64_t));
+    }
     o.loss = LP_NN_LOSS_MSE;
     o.optim = LP_NN_OPTIM_SGD;
     o.sgd = (lp_nn_sgd_opts){0.1f, 0.9f, 1e-3f};
@@ -331,6 +345,21 @@ static void test_two_ranks(void **state) {
   lp_schedule_free(s);
 }
 
+/* DualPipe over four ranks (specs/dualpipe.md's example, 4 stages, 8
+ * micro-batches): both directions at once, overlapped F&B pairs, and the
+ * two copies of every stage summed across ranks at the end of the step */
+static void test_dualpipe_four_ranks(void **state) {
+  (void)state;
+  if (lp_comm_size(W) != 4) skip();
+  lp_schedule *s = fx_dualpipe(), *low = NULL;
+  if (lp_schedule_lower(s, &low) != LP_OK) fail_msg("lower: %s", lp_schedule_last_error(s));
+  nstages = 4;
+  twin(low);
+  nstages = 2;
+  lp_schedule_free(low);
+  lp_schedule_free(s);
+}
+
 int main(int argc, char **argv) {
   fake_backend_init();
   if (lp_comm_mpi_init(&argc, &argv) != LP_OK) return 1;
@@ -340,6 +369,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_checkpoint),
       cmocka_unit_test(test_moe_refused),
       cmocka_unit_test(test_two_ranks),
+      cmocka_unit_test(test_dualpipe_four_ranks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
