@@ -4,6 +4,7 @@
 --
 --   mpirun --oversubscribe -np 4 luapipe examples/train_char_lm.lua --schedule zbv \
 --     --microbatches 8 --steps 150 --seed 1
+--   mpirun -np 2 luapipe examples/train_char_lm.lua --device cuda   (the model on the GPUs)
 --
 -- Rank 0 prints "step K loss X" (cross-entropy in nats per character; a
 -- uniform guess is ln(vocab)), with samples/s and the measured bubble.
@@ -38,6 +39,7 @@ parser:option("--trace-steps", "Keep only the last N steps in the trace (default
   :convert(int("--trace-steps", 1, INT32))
 parser:flag("--show", "Print the schedule (simulated Gantt chart) before training.")
 parser:option("--log-every", "Print the progress line every N steps.", "1"):convert(int("--log-every", 1, INT32))
+parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
 parser:option("--report", "Write the end-of-training summary figures (key=value lines) to this file.")
 local args = cli.parse(parser, arg, "train_char_lm.lua", comm.rank() ~= 0) or os.exit(2)
 
@@ -100,7 +102,7 @@ local result = train { model = model, schedule = args.schedule, microbatches = a
   chunks = args.chunks, data = data, steps = args.steps, seed = args.seed,
   optimizer = { kind = "adamw", lr = args.lr, weight_decay = 0.01 },
   partition = args.partition, trace = args.trace, svg = args.svg,
-  log_every = args.log_every, trace_steps = args.trace_steps }
+  log_every = args.log_every, trace_steps = args.trace_steps, device = args.device }
 if comm.rank() == 0 then
   if args.trace then print("measured Chrome/Perfetto trace written to " .. args.trace) end
   if args.svg then print("measured SVG timeline (last step) written to " .. args.svg) end

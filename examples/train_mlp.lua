@@ -29,6 +29,7 @@ parser:option("--lr", "AdamW learning rate.", "0.003"):convert(cli.number_option
 parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
   :choices { "layers", "cost" }
 parser:option("--trace", "Write the measured Chrome trace (all ranks) to this file.")
+parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
 parser:option("--checkpoint", "Save checkpoints (every rank's stages and optimizer state) in this directory.")
 parser:option("--every", "Steps between checkpoints.", "10"):convert(int("--every", 1, INT32))
 parser:flag("--resume", "Continue from the latest checkpoint in --checkpoint.")
@@ -79,4 +80,4 @@ train { model = model, schedule = args.schedule, microbatches = args.microbatche
   optimizer = { kind = "adamw", lr = args.lr, weight_decay = 0 },
   partition = args.partition, trace = args.trace,
   checkpoint = args.checkpoint and { dir = args.checkpoint, every = args.every } or nil,
-  resume = args.resume or nil }
+  resume = args.resume or nil, device = args.device }

@@ -37,6 +37,7 @@ parser:option("--batch", "Sequences per micro-batch (a multiple of ep).", "4")
 parser:option("--lr", "AdamW learning rate.", "0.005")
 parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
 parser:option("--trace", "Write the measured Chrome trace (all ranks, all-to-alls on the comm track) here.")
+parser:option("--device", "Where the model runs: cpu only so far (MoE layers have no GPU path yet).", "cpu")
 parser:option("--report", "Write the summary figures (key=value lines) to this file.")
 parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
 parser:flag("--reference", "Train the same model in one process (no pipeline, no EP).")
@@ -118,6 +119,10 @@ end
 local optimizer = { kind = "adamw", lr = lr, weight_decay = 0.01 }
 
 if args.reference then
+  if args.device ~= "cpu" then
+    io.stderr:write("train_moe.lua: --reference runs on the CPU only (got --device " .. args.device .. ")\n")
+    os.exit(2)
+  end
   print(string.format("train_moe (reference, one process): %d MoE blocks, %d experts top-%d, %d micro-batches of %dx%d",
     blocks, E, K, Mb, B, T))
   train.reference { model = model, data = data, steps = steps, microbatches = Mb, seed = seed,
@@ -134,7 +139,7 @@ end
 local r = train { model = model, schedule = args.schedule, pp = pp, ep = ep, microbatches = Mb,
   data = data, steps = steps, seed = seed, optimizer = optimizer, link = args.link,
   trace = args.trace, eplb = every > 0 and { every = every, redundant = redundant } or nil,
-  partition = args.partition }
+  partition = args.partition, device = args.device }
 if comm.rank() == 0 and r.summary then
   local s = r.summary
   print(string.format("all-to-all hidden: %.1f%%", s.a2a_hidden_pct or 0))

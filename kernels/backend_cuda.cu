@@ -39,10 +39,14 @@ extern "C" int lp_kernels_built_with_cuda(void) { return 1; }
 
 extern "C" int lp_kernels_device_count(void) {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    // the reason, for "no CUDA device is visible (...)" messages
+    lpk_errorf("cudaGetDeviceCount: %s", cudaGetErrorString(e));
     (void)cudaGetLastError(); // clear the sticky "no driver" error
     return 0;
   }
+  if (n == 0) lpk_errorf("cudaGetDeviceCount: 0 devices");
   return n;
 }
 

@@ -22,7 +22,8 @@ extern "C" {
 #include "lp_tensor.h" /* C declarations (lp_base, the backend vtable) */
 
 /* Number of visible CUDA devices; 0 without a device, when the driver
- * fails, or without CUDA. */
+ * fails, or without CUDA (lp_kernels_last_error then says why:
+ * "cudaGetDeviceCount: <CUDA's text>"). */
 int lp_kernels_device_count(void);
 /* 1 when the kernels were compiled with CUDA. */
 int lp_kernels_built_with_cuda(void);

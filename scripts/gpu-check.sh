@@ -32,6 +32,11 @@
 #   nccl       gpu_test_nccl: NCCL at world size 1, then the staged path
 #   staged-2   mpirun -np 2 gpu_test_nccl: two ranks on the one GPU (staged)
 #   lm50       bench_gpu_lm: char-LM 50 steps, CPU vs GPU losses (rel < 1e-3)
+#   lm-train   examples/train_char_lm.lua --device cuda vs --device cpu (the
+#              real luapipe.train path: the executor with the whole model on
+#              the GPU), 50 steps, losses within rel 1e-3
+#   lm-train-2 the same on 2 ranks sharing the GPU (1F1B; activations through
+#              the staged MPI path) vs the one-process CPU run
 #   gemm       bench_gpu_gemm: Linear fwd+bwd vs raw cuBLAS (ratio; target
 #              <= 1.10)
 #   torch      scripts/gpu_torch_lm.py: the same model in PyTorch eager fp32
@@ -126,7 +131,7 @@ run device 60 "$bin/gpu_test_kernels"
 rc=$?
 if [ $rc = 77 ]; then
   row device none "$(head -1 "$out/device.log")"
-  for c in twins nccl staged-2 lm50 gemm torch; do row "$c" skip "no device"; done
+  for c in twins nccl staged-2 lm50 lm-train lm-train-2 gemm torch; do row "$c" skip "no device"; done
   echo
   echo "gpu-check: no device — checked that the binaries start and that every GPU part skips"
   pack_logs
@@ -182,6 +187,33 @@ cpu_ms=$(sed -n 's/^cpu_step_ms=//p' "$out/lm50.log")
 ok=$(awk -v r="${rel:-nan}" 'BEGIN { print (r == r + 0 && r < 1e-3) ? "ok" : "FAIL" }')
 [ $rc = 0 ] || ok=FAIL
 row lm50 "$ok" "max rel loss diff ${rel:-?} (< 1e-3); step ms gpu ${gpu_ms:-?} cpu ${cpu_ms:-?}"
+
+# ---- char-LM through luapipe.train: --device cuda vs --device cpu ----
+lmx=(--steps 50 --microbatches 4 --text "$text")
+loss_diff() { # max relative difference of the "step K loss X" lines of two logs
+  awk 'FNR == NR && /^step [0-9]+ loss/ { a[$2] = $4; next }
+       /^step [0-9]+ loss/ && ($2 in a) { n++; d = ($4 - a[$2]) / a[$2]; if (d < 0) d = -d; if (d > m) m = d }
+       END { if (n < 50) print "missing"; else printf "%.3g\n", m }' "$1" "$2"
+}
+run lm-train-cpu 120 "$bin/luapipe" "$root/examples/train_char_lm.lua" "${lmx[@]}" --device cpu
+run lm-train 120 "$bin/luapipe" "$root/examples/train_char_lm.lua" "${lmx[@]}" --device cuda
+rc=$?
+rel=$(loss_diff "$out/lm-train-cpu.log" "$out/lm-train.log")
+ok=$(awk -v r="$rel" 'BEGIN { print (r == r + 0 && r < 1e-3) ? "ok" : "FAIL" }')
+[ $rc = 0 ] || ok=FAIL
+row lm-train "$ok" "train_char_lm.lua --device cuda vs cpu, 50 steps: max rel loss diff $rel (< 1e-3)"
+if [ -n "$mpirun_cmd" ]; then
+  LD_LIBRARY_PATH=${ompi_lib:+$ompi_lib:}$LD_LIBRARY_PATH run lm-train-2 150 \
+    "$mpirun_cmd" --oversubscribe -np 2 "$bin/luapipe" "$root/examples/train_char_lm.lua" "${lmx[@]}" \
+    --device cuda
+  rc=$?
+  rel=$(loss_diff "$out/lm-train-cpu.log" "$out/lm-train-2.log")
+  ok=$(awk -v r="$rel" 'BEGIN { print (r == r + 0 && r < 1e-3) ? "ok" : "FAIL" }')
+  [ $rc = 0 ] || ok=FAIL
+  row lm-train-2 "$ok" "2 ranks on the GPU (staged) vs 1 CPU process: max rel loss diff $rel (< 1e-3)"
+else
+  row lm-train-2 skip "no mpirun here (bring gpu-bundle/whl: GPU_BUNDLE_MPI_WHEEL=1)"
+fi
 
 # ---- GEMM: Linear vs raw cuBLAS ----
 run gemm 90 "$bin/bench_gpu_gemm"

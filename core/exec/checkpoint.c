@@ -121,8 +121,20 @@ static lp_status save_body(void *ud, wr *w, char *err) {
       put_i32(w, p[j].value->ndim);
       for (int d = 0; d < p[j].value->ndim; d++) put_i64(w, p[j].value->shape[d]);
     }
-    for (size_t j = 0; j < np; j++)
-      put(w, p[j].value->data, (size_t)lp_tensor_numel(p[j].value) * sizeof(float));
+    for (size_t j = 0; j < np && st == LP_OK; j++) {
+      /* through a host copy: the parameters may live on a device */
+      size_t cnt = (size_t)lp_tensor_numel(p[j].value);
+      float *h = lp_malloc((cnt ? cnt : 1) * sizeof *h);
+      st = h ? lp_tensor_read(p[j].value, h) : LP_ERR_NOMEM;
+      if (st == LP_OK) put(w, h, cnt * sizeof *h);
+      lp_free(h);
+    }
+    if (st != LP_OK) {
+      lp_free(state);
+      lp_errf(err, "reading the parameters of stage %d: %s", lp_exec_vstage_id(e, i),
+              lp_strerror(st));
+      return st;
+    }
     put_i64(w, (int64_t)sn);
     put(w, state, sn * sizeof(float));
     lp_free(state);
@@ -269,7 +281,21 @@ static lp_status stages_pass(load_ctx *c, rd *r, int nloc, int apply) {
       size_t bytes = (size_t)lp_tensor_numel(p[j].value) * sizeof(float);
       const void *q = take(r, bytes);
       if (!q) goto corrupt;
-      if (apply && bytes) memcpy(p[j].value->data, q, bytes);
+      if (apply && bytes) {
+        /* an aligned host copy, then to wherever the parameter lives */
+        float *h = lp_malloc(bytes);
+        lp_status st = h ? LP_OK : LP_ERR_NOMEM;
+        if (st == LP_OK) {
+          memcpy(h, q, bytes);
+          st = lp_tensor_write(p[j].value, h);
+        }
+        lp_free(h);
+        if (st != LP_OK) {
+          lp_errf(c->msg, "checkpoint %s: writing parameter %s of model stage %d: %s", c->path,
+                  p[j].name, stage, lp_strerror(st));
+          return st;
+        }
+      }
     }
     int64_t sn = get_i64(r);
     if (r->bad) goto corrupt;

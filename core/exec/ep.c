@@ -240,8 +240,8 @@ static lp_status reduce_dense(lp_exec *e) {
       for (size_t i = 0; i < np; i++) {
         if (roles[i].slot >= 0) continue;
         size_t c = (size_t)lp_tensor_numel(p[i].grad);
-        if (pass == 1) memcpy(buf + off, p[i].grad->data, c * sizeof(float));
-        if (pass == 2) memcpy(p[i].grad->data, buf + off, c * sizeof(float));
+        if (pass == 1 && (st = lp_tensor_read(p[i].grad, buf + off)) != LP_OK) break;
+        if (pass == 2 && (st = lp_tensor_write(p[i].grad, buf + off)) != LP_OK) break;
         off += c;
       }
     }

@@ -67,6 +67,7 @@ static lp_status f_begin(lp_exec *e, int v, int mb) {
   if (k == 0) {
     LP_CHECK(get_data(e, mb, &x, k == last ? &tg : NULL));
     LP_CHECK_GOTO(ex_shard(e, &x, "input", mb), st, fail);
+    LP_CHECK_GOTO(ex_to_backend(e, &x), st, fail); /* targets: the loss takes them anywhere */
   } else if (e->vrank[e->route[mb][k - 1]] == e->prank) {
     x = sl->fin;
     sl->fin = NULL;
@@ -328,6 +329,22 @@ static lp_status setup_optim(lp_exec *e, vst *vs) {
   return lp_nn_optim_sgd_new(p, np, &e->o.sgd, &vs->optim);
 }
 
+/* Moves a freshly built chunk to opts.backend (before its optimizer is
+ * made); without one the chunk stays where build put it. */
+static lp_status chunk_to_backend(lp_exec *e, vst *vs) {
+  if (!e->o.backend) return LP_OK;
+  if (!e->be->host_accessible && lp_nn_moe_count(vs->chunk) > 0) {
+    lp_errf(e->err, "rank %d: model stage %d has MoE layers, which run on the CPU only so "
+            "far: train this model on the CPU, not on %s", e->rank, vs->stage, e->be->name);
+    return LP_ERR_UNSUPPORTED;
+  }
+  lp_status st = lp_nn_layer_to(vs->chunk, e->be);
+  if (st != LP_OK)
+    lp_errf(e->err, "rank %d: moving model stage %d to %s failed (%s)", e->rank, vs->stage,
+            e->be->name, lp_strerror(st));
+  return st;
+}
+
 lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **out,
                       char *err) {
   *out = NULL;
@@ -354,6 +371,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     goto fail;
   }
   LP_CHECK_GOTO(ex_grid_new(e), st, fail);
+  e->be = opts->backend ? opts->backend : lp_tensor_backend_cpu();
   if (e->ep > 1 && lp_comm_size(e->comm) != e->P) {
     lp_errf(e->err, "schedule '%s' needs pp = %d ranks per EP index: %d x %d = %d ranks, but "
             "this job has %d", sname, e->P, e->P, e->ep, e->P * e->ep, lp_comm_size(e->world));
@@ -431,6 +449,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
       if (st == LP_OK) st = LP_ERR_INTERNAL;
       goto fail;
     }
+    LP_CHECK_GOTO(chunk_to_backend(e, vs), st, fail);
     LP_CHECK_GOTO(ex_ep_attach(e, vs), st, fail);
     LP_CHECK_GOTO(setup_optim(e, vs), st, fail);
     vs->slots = lp_calloc((size_t)e->M, sizeof(slot));
@@ -457,6 +476,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     }
   }
   LP_CHECK_GOTO(ex_moe_loads_new(e), st, fail);
+  LP_CHECK_GOTO(ex_pcomm_new(e), st, fail);
   e->acts = lp_schedule_actions(e->s, e->prank, &e->nacts);
   e->compute_idx = lp_malloc((size_t)(e->nacts + 1) * sizeof(int));
   if (!e->compute_idx) { st = LP_ERR_NOMEM; goto fail; }
@@ -503,11 +523,8 @@ fail:
 }
 
 static void clear_slot(lp_exec *e, slot *sl) {
-  lp_comm_cancel(e->comm, &sl->rreq_f);
-  lp_comm_cancel(e->comm, &sl->rreq_b);
-  lp_free(sl->rbuf_f);
-  lp_free(sl->rbuf_b);
-  sl->rbuf_f = sl->rbuf_b = NULL;
+  ex_recv_drop(e, &sl->rreq_f, &sl->rbuf_f);
+  ex_recv_drop(e, &sl->rreq_b, &sl->rbuf_b);
   lp_tensor_free(sl->fin);
   lp_tensor_free(sl->bin);
   lp_tensor_free(sl->fout);
@@ -520,7 +537,7 @@ void lp_exec_free(lp_exec *e) {
   if (!e) return;
   ex_halves_clear(e);
   for (int i = 0; i < e->nps; i++) {
-    lp_comm_cancel(e->comm, &e->ps[i].req);
+    lp_comm_cancel(e->pcomm, &e->ps[i].req);
     lp_tensor_free(e->ps[i].t);
   }
   lp_free(e->ps);
@@ -562,6 +579,7 @@ void lp_exec_free(lp_exec *e) {
   lp_free(e->act_s);
   lp_free(e->act_n);
   lp_trace_free(e->trace);
+  if (e->pcomm_own) lp_comm_free(e->pcomm);
   ex_grid_free(e);
   lp_schedule_free(e->s);
   lp_free(e);
@@ -622,7 +640,7 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
 static void reset_step(lp_exec *e) {
   ex_halves_clear(e);
   for (int i = 0; i < e->nps; i++) {
-    lp_comm_cancel(e->comm, &e->ps[i].req);
+    lp_comm_cancel(e->pcomm, &e->ps[i].req);
     lp_tensor_free(e->ps[i].t);
   }
   e->nps = 0;

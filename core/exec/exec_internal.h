@@ -21,7 +21,8 @@ enum { SEND_BACKLOG = 64 };
 typedef struct slot {
   lp_nn_ctx *ctx;
   lp_tensor *fin, *bin;   /* forward input / output-grad, ready */
-  float *rbuf_f, *rbuf_b; /* receive buffers while a receive is pending */
+  lp_tensor *rbuf_f, *rbuf_b; /* receive targets (on the model's backend)
+                               * while a receive is pending */
   lp_comm_req *rreq_f, *rreq_b;
   lp_tensor *fout, *bout; /* outputs waiting for SEND_F / SEND_B */
 } slot;
@@ -70,6 +71,11 @@ struct lp_exec {
                    * comm when ep = 1) */
   lp_comm *world; /* the job's comm: pp x ep ranks */
   lp_comm *pp_own, *ep_comm; /* owned split contexts when ep > 1 */
+  const lp_tensor_backend *be; /* where every chunk runs (opts.backend or the CPU) */
+  lp_comm *pcomm; /* activations and gradients between pipeline ranks: comm
+                   * itself for host tensors, else the device-capable
+                   * context of lp_comm_for_backend (NCCL or MPI-staged) */
+  int pcomm_own;  /* pcomm was made here (freed with the executor) */
   lp_exec_opts o;
   int rank;      /* in world: messages and traces name it */
   int prank;     /* in the pipeline group: the schedule's rank */
@@ -128,8 +134,16 @@ struct lp_exec {
 int ex_tag(const lp_exec *e, int kind, int v, int mb);
 /* Text of action i of this rank ("(end of step)" past the end) in buf. */
 const char *ex_act_text(const lp_exec *e, int i, char *buf, size_t n);
-/* Waits for *req under the watchdog; a timeout takes the job down. */
+/* Waits for *req (a request of e->comm / of c) under the watchdog; a
+ * timeout takes the job down. */
 lp_status ex_wait(lp_exec *e, lp_comm_req **req, const char *what);
+lp_status ex_wait_on(lp_exec *e, lp_comm *c, lp_comm_req **req, const char *what);
+/* Makes e->pcomm for tensors on e->be (collective over e->comm). */
+lp_status ex_pcomm_new(lp_exec *e);
+/* Drops a pending receive of a slot (cancel, free its target). */
+void ex_recv_drop(lp_exec *e, lp_comm_req **req, lp_tensor **buf);
+/* The input of a first stage (data source) on e->be; replaces *t. */
+lp_status ex_to_backend(lp_exec *e, lp_tensor **t);
 lp_status ex_poll_sends(lp_exec *e);
 lp_status ex_wait_sends(lp_exec *e);
 /* Posts every RECV action before index `limit`. */

@@ -69,6 +69,16 @@ typedef struct lp_exec_opts {
    * are summed over the EP group and replicated experts' grads over their
    * holders; the step's loss is the mean over micro-batches and shares. */
   int ep;
+  /* where the whole model runs (NULL: chunks stay where `chunk` built
+   * them, the CPU): every chunk is moved there (lp_nn_layer_to) before its
+   * optimizer is made, inputs from the data source are copied there
+   * (targets may stay on the host), activations and gradients are received
+   * into tensors there and travel between pipeline ranks over
+   * lp_comm_for_backend's context (NCCL, or MPI staged through pinned host
+   * memory; the comm itself for host tensors or a one-rank pipeline). Gradient sums and checkpoints go through
+   * lp_tensor_read / _write. MoE layers run on the CPU only so far: a
+   * device backend with MoE layers fails lp_exec_new (LP_ERR_UNSUPPORTED). */
+  const lp_tensor_backend *backend;
 } lp_exec_opts;
 
 /* Creates the executor of this rank (lp_comm_rank of opts->comm) for

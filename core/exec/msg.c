@@ -1,6 +1,12 @@
 /* msg.c — the executor's message plumbing: tags, receives posted ahead of
- * need, asynchronous sends polled past a backlog, waits under the watchdog. */
+ * need, asynchronous sends polled past a backlog, waits under the watchdog.
+ * Activations and gradients stay on the model's backend: receives land in
+ * tensors made there and sends read the chunk's output in place, over
+ * e->pcomm (the pipeline comm for host tensors; for device tensors NCCL or
+ * MPI staged through pinned host memory, see lp_comm_gpu.h). */
 #include "exec_internal.h"
+
+#include "lp_comm_gpu.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -34,14 +40,56 @@ static void send_done(lp_exec *e, pending_send *p, double end) {
 }
 
 /* Waits for *req under the watchdog; a timeout takes the job down. */
-lp_status ex_wait(lp_exec *e, lp_comm_req **req, const char *what) {
+lp_status ex_wait_on(lp_exec *e, lp_comm *c, lp_comm_req **req, const char *what) {
   double tw = lp_now();
-  lp_status st = lp_comm_wait(e->comm, req, what);
+  lp_status st = lp_comm_wait(c, req, what);
   e->t_wait += lp_now() - tw;
-  if (st == LP_ERR_TIMEOUT) lp_comm_fatal(e->comm, lp_comm_last_error(e->comm));
+  if (st == LP_ERR_TIMEOUT) lp_comm_fatal(c, lp_comm_last_error(c));
   if (st != LP_OK)
-    lp_errf(e->err, "rank %d: %s: %s", e->rank, what, lp_comm_last_error(e->comm));
+    lp_errf(e->err, "rank %d: %s: %s", e->rank, what, lp_comm_last_error(c));
   return st;
+}
+
+lp_status ex_wait(lp_exec *e, lp_comm_req **req, const char *what) {
+  return ex_wait_on(e, e->comm, req, what);
+}
+
+lp_status ex_pcomm_new(lp_exec *e) {
+  if (lp_comm_size(e->comm) == 1) { /* no messages between pipeline ranks */
+    e->pcomm = e->comm;
+    e->pcomm_own = 0;
+    return LP_OK;
+  }
+  lp_status st = lp_comm_for_backend(e->comm, e->be, &e->pcomm, &e->pcomm_own);
+  if (st != LP_OK) {
+    lp_errf(e->err, "rank %d: a communicator for tensors on %s: %s", e->rank, e->be->name,
+            lp_comm_last_error(e->comm));
+    e->pcomm = NULL;
+    e->pcomm_own = 0;
+  }
+  return st;
+}
+
+void ex_recv_drop(lp_exec *e, lp_comm_req **req, lp_tensor **buf) {
+  if (*req) lp_comm_cancel(e->pcomm, req);
+  lp_tensor_free(*buf);
+  *buf = NULL;
+}
+
+lp_status ex_to_backend(lp_exec *e, lp_tensor **t) {
+  if (lp_tensor_backend_of(*t) == e->be) return LP_OK;
+  lp_tensor *d = NULL;
+  lp_status st = lp_tensor_empty(e->be, (*t)->ndim, (*t)->shape, &d);
+  if (st == LP_OK) st = lp_tensor_copy(d, *t);
+  if (st != LP_OK) {
+    lp_tensor_free(d);
+    lp_errf(e->err, "rank %d: copying a micro-batch input from %s to %s failed (%s)", e->rank,
+            lp_tensor_backend_of(*t)->name, e->be->name, lp_strerror(st));
+    return st;
+  }
+  lp_tensor_free(*t);
+  *t = d;
+  return LP_OK;
 }
 
 /* Drops finished sends (non-blocking), oldest first, stopping at the first
@@ -54,10 +102,10 @@ lp_status ex_poll_sends(lp_exec *e) {
   for (; i < e->nps; i++) {
     pending_send *p = &e->ps[i];
     int done = 0;
-    lp_status st = lp_comm_test(e->comm, &p->req, &done);
+    lp_status st = lp_comm_test(e->pcomm, &p->req, &done);
     if (st != LP_OK) {
       lp_errf(e->err, "rank %d: a send failed: %s", e->rank,
-              lp_comm_last_error(e->comm));
+              lp_comm_last_error(e->pcomm));
       return st;
     }
     if (!done) break;
@@ -89,7 +137,7 @@ lp_status ex_wait_sends(lp_exec *e) {
     snprintf(what, sizeof what,
              "rank %d at the end of step %lld waits for its sends to complete",
              e->rank, (long long)e->step);
-    LP_CHECK(ex_wait(e, &p->req, what));
+    LP_CHECK(ex_wait_on(e, e->pcomm, &p->req, what));
     send_done(e, p, lp_now());
   }
   e->nps = 0;
@@ -108,21 +156,21 @@ static lp_status post_recv(lp_exec *e, const lp_action *a) {
   int peer_v = e->route[mb][fwd ? k - 1 : k + 1];
   int st_in = fwd ? e->vstage[v] : e->vstage[peer_v]; /* shape index */
   size_t n = e->numel[st_in];
-  float **buf = fwd ? &sl->rbuf_f : &sl->rbuf_b;
+  lp_tensor **buf = fwd ? &sl->rbuf_f : &sl->rbuf_b;
   lp_comm_req **req = fwd ? &sl->rreq_f : &sl->rreq_b;
   if (*req || *buf) {
     lp_errf(e->err, "rank %d: receive for %s of micro-batch %d on stage %d posted twice",
             e->rank, fwd ? "forward" : "backward", mb, v);
     return LP_ERR_INTERNAL;
   }
-  *buf = lp_malloc((n ? n : 1) * sizeof(float));
-  if (!*buf) return LP_ERR_NOMEM;
-  lp_status st = lp_comm_irecv(e->comm, *buf, n, e->vrank[peer_v],
+  /* the message lands in a tensor of the model's backend (no copy after) */
+  LP_CHECK(lp_tensor_empty(e->be, e->ndim[st_in], e->shape[st_in], buf));
+  lp_status st = lp_comm_irecv(e->pcomm, (*buf)->data, n, e->vrank[peer_v],
                                ex_tag(e, fwd ? K_F : K_B, v, mb), req);
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d: posting a receive: %s", e->rank,
-            lp_comm_last_error(e->comm));
-    lp_free(*buf);
+            lp_comm_last_error(e->pcomm));
+    lp_tensor_free(*buf);
     *buf = NULL;
   }
   return st;
@@ -139,13 +187,13 @@ lp_status ex_post_upto(lp_exec *e, int limit) {
   return LP_OK;
 }
 
-/* Completes the receive into *buf and turns it into a tensor of stage
- * `stin`'s activation shape. */
+/* Completes the receive into *buf, a tensor of stage `stin`'s activation
+ * shape, and hands it over. */
 lp_status ex_finish_recv(lp_exec *e, int fwd, int v, int mb, int stin,
                              int peer, lp_tensor **out) {
   peer = ex_world(e, peer); /* messages and traces name world ranks */
   slot *sl = &e->vs[e->loc[v]].slots[mb];
-  float **buf = fwd ? &sl->rbuf_f : &sl->rbuf_b;
+  lp_tensor **buf = fwd ? &sl->rbuf_f : &sl->rbuf_b;
   lp_comm_req **req = fwd ? &sl->rreq_f : &sl->rreq_b;
   char t[LP_ACTION_TEXT_MAX], what[256];
   if (!*buf) {
@@ -158,17 +206,17 @@ lp_status ex_finish_recv(lp_exec *e, int fwd, int v, int mb, int stin,
            e->rank, e->cur, ex_act_text(e, e->cur, t, sizeof t),
            fwd ? "RECV_F (activation)" : "RECV_B (gradient)", mb, peer);
   double t0 = lp_now();
-  LP_CHECK(ex_wait(e, req, what));
+  LP_CHECK(ex_wait_on(e, e->pcomm, req, what));
   double t1 = lp_now();
   e->waited += t1 - t0;
   char name[LP_TRACE_NAME_MAX];
   snprintf(name, sizeof name, "recv %d%s%d", v, fwd ? "F" : "B", mb);
   ex_trace_add(e, LP_TRACE_RECV, name, "comm", t0, t1, v, mb, e->cur, peer,
                ex_tag(e, fwd ? K_F : K_B, v, mb));
-  lp_status st = lp_tensor_from_data(NULL, e->ndim[stin], e->shape[stin], *buf, out);
-  lp_free(*buf);
+  (void)stin; /* the shape was set when the receive was posted */
+  *out = *buf;
   *buf = NULL;
-  return st;
+  return LP_OK;
 }
 
 lp_status ex_send(lp_exec *e, const lp_action *a) {
@@ -185,18 +233,24 @@ lp_status ex_send(lp_exec *e, const lp_action *a) {
   }
   int u = e->route[mb][fwd ? k + 1 : k - 1];
   lp_comm_req *req = NULL;
-  lp_status st = lp_comm_isend(e->comm, (*t)->data, (size_t)lp_tensor_numel(*t),
+  if (!lp_tensor_is_contiguous(*t)) { /* sends read dense memory */
+    lp_tensor *d = NULL;
+    LP_CHECK(lp_tensor_clone(*t, &d));
+    lp_tensor_free(*t);
+    *t = d;
+  }
+  lp_status st = lp_comm_isend(e->pcomm, (*t)->data, (size_t)lp_tensor_numel(*t),
                                e->vrank[u], ex_tag(e, fwd ? K_F : K_B, u, mb), &req);
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d, action %d (%s): %s", e->rank, e->cur,
-            ex_act_text(e, e->cur, tx, sizeof tx), lp_comm_last_error(e->comm));
+            ex_act_text(e, e->cur, tx, sizeof tx), lp_comm_last_error(e->pcomm));
     return st;
   }
   pending_send ps = {req, *t, lp_now(), v, mb, fwd, e->cur, ex_world(e, e->vrank[u]),
                      ex_tag(e, fwd ? K_F : K_B, u, mb)};
   st = push_send(e, &ps);
   if (st != LP_OK) {
-    lp_comm_cancel(e->comm, &req);
+    lp_comm_cancel(e->pcomm, &req);
     return st;
   }
   *t = NULL;

@@ -17,7 +17,7 @@ lp_status ex_reduce_start(lp_exec *e, int li) {
   const lp_nn_param *p = lp_nn_params(vs->chunk, &np);
   for (size_t i = 0; i < np; i++) {
     size_t c = (size_t)lp_tensor_numel(p[i].grad);
-    memcpy(vs->pack + off, p[i].grad->data, c * sizeof(float));
+    LP_CHECK(lp_tensor_read(p[i].grad, vs->pack + off)); /* any backend */
     off += c;
   }
   for (int u = 0; u < e->V; u++) {
@@ -74,7 +74,7 @@ lp_status ex_reduce_finish(lp_exec *e) {
     const lp_nn_param *p = lp_nn_params(vs->chunk, &np);
     for (size_t i = 0; i < np; i++) {
       size_t c = (size_t)lp_tensor_numel(p[i].grad);
-      memcpy(p[i].grad->data, sum + off, c * sizeof(float));
+      LP_CHECK(lp_tensor_write(p[i].grad, sum + off));
       off += c;
     }
   }

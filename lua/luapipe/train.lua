@@ -16,6 +16,7 @@
 --     log_every = 10,                -- optional: progress line every 10 steps (default 1)
 --     checkpoint = { dir = "ckpt", every = 100 },  -- optional: save every 100 steps
 --     resume = true,                 -- optional: continue from ckpt's latest checkpoint
+--     device = "cuda",               -- optional: "cpu" (default), "cuda" (this rank's GPU), "cuda:N"
 --   }
 --   r.losses[k]       -- loss of step k (the same on every rank)
 --   r.stage_params()  -- {{id =, stage =, params = {[name] = {values}}}, ...} of this rank
@@ -64,6 +65,16 @@
 -- exec:phase("F" | "B") names what the next advance runs ("attn/dense",
 -- "dispatch", "experts", "combine", "done"). The default alternates the
 -- two, forward first, so each one's all-to-all flies while the other computes.
+--
+-- device = "cuda" runs the whole model on the GPU of each rank: rank r of
+-- a node (mpirun's local rank) takes GPU r modulo the GPUs it sees;
+-- "cuda:N" names one. Parameters, optimizer state, activations and
+-- gradients stay there; inputs from data() are copied there (targets may
+-- stay on the host); activations travel between ranks over NCCL when
+-- every rank has a GPU of its own, else through MPI staged in pinned host
+-- memory (LUAPIPE_COMM=nccl|mpi chooses). Without a visible GPU, or with an
+-- MoE model (MoE layers run on the CPU only so far), it stops at the start
+-- with one line. r.device names the device of this rank.
 --
 -- The data function must give the same micro-batch on every rank that asks
 -- for it (input on the rank where the micro-batch enters, target where its
@@ -189,6 +200,14 @@ local function usage_fail(msg)
 end
 M.usage_fail = usage_fail
 
+-- The device cannot be used (no GPU, an MoE model on a GPU, a bad name):
+-- as usage_fail under mpirun; on one process an error whose text is the
+-- whole report (the host prints it as one line, with no traceback).
+local function device_fail(msg)
+  if comm.size() > 1 then usage_fail(msg) end
+  error(setmetatable({ message = msg }, { __tostring = function(e) return e.message end }), 0)
+end
+
 -- family names as users read them
 local display = { gpipe = "GPipe", ["1f1b"] = "1F1B", interleaved1f1b = "Interleaved 1F1B",
   zb1p = "ZB1P", zbv = "ZB-V", dualpipe = "DualPipe", dualpipev = "DualPipeV" }
@@ -298,6 +317,21 @@ function M.run(opts)
         .. " not both")
     end
   end
+  local device = opts.device or "cpu"
+  if type(device) ~= "string" then
+    fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got " .. tostring(device))
+  end
+  if device ~= "cpu" then
+    for i, spec in ipairs(model.layers) do
+      if spec.kind == "moe" or spec.kind == "moe_block" then
+        device_fail(string.format("luapipe.train: device '%s': layer %d (%s) is an MoE layer, and MoE"
+          .. " layers run on the CPU only so far: train this model with device = \"cpu\"", device, i,
+          spec.kind))
+      end
+    end
+  end
+  local device_name, derr = core.exec_device(device)
+  if not device_name then device_fail("luapipe.train: " .. derr) end
   local s = get_schedule(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
@@ -337,7 +371,7 @@ function M.run(opts)
     build = function(stage) return model:build_stage(part, stage, seed) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
     optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
-    overlapped_fb = opts.overlapped_fb, ep = ep,
+    overlapped_fb = opts.overlapped_fb, ep = ep, device = device,
   })
   if not exec then
     if size > 1 then comm.abort("luapipe.train: " .. err) end
@@ -382,7 +416,8 @@ function M.run(opts)
     end
     if ckpt then checkpoint.after_step(ckpt, exec, k, info) end
   end
-  local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec }
+  local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec,
+    device = device_name }
   result.first_step = first_step -- > 1 after resume: losses[k] for k = first_step..steps
   -- {{id =, stage =, params = {[name] = values}}, ...} for this rank's virtual stages
   function result.stage_params()

@@ -96,6 +96,18 @@ static lp_status f_sum_rows(const lp_tensor_backend *be, int64_t r, int64_t c,
   (void)be;
   return cpu->sum_rows(cpu, r, c, U(x), beta, U(o));
 }
+static lp_status f_gather(const lp_tensor_backend *be, int64_t n, int64_t c,
+                         const float *x, const int64_t *idx, const float *scale,
+                         float *o) {
+  (void)be; /* idx and scale are host arrays */
+  return cpu->gather_rows(cpu, n, c, U(x), idx, scale, U(o));
+}
+static lp_status f_scatter(const lp_tensor_backend *be, int64_t n, int64_t c,
+                          const float *x, const int64_t *idx,
+                          const float *scale, float *o) {
+  (void)be;
+  return cpu->scatter_add_rows(cpu, n, c, U(x), idx, scale, U(o));
+}
 static lp_status f_add_rowvec(const lp_tensor_backend *be, int64_t r,
                               int64_t c, const float *v, float *t) {
   (void)be;
@@ -181,6 +193,8 @@ static const lp_tensor_backend fake = {
     .act_backward = f_act_bwd,
     .softmax_rows = f_softmax,
     .sum_rows = f_sum_rows,
+    .gather_rows = f_gather,
+    .scatter_add_rows = f_scatter,
     .add_rowvec = f_add_rowvec,
     .rmsnorm = f_rmsnorm,
     .rmsnorm_backward = f_rmsnorm_bwd,

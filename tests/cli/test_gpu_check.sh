@@ -15,6 +15,7 @@ expect_in "binaries start" "$tmp/logs/table.txt" "start      ok"
 expect_in "CPU half of the LM bench" "$tmp/logs/table.txt" "lm-cpu     ok"
 expect_in "device row" "$tmp/logs/table.txt" "device     none"
 expect_in "device checks skipped" "$tmp/logs/table.txt" "twins      skip   no device"
+expect_in "the --device cuda training check skipped" "$tmp/logs/table.txt" "lm-train   skip   no device"
 [ "$(tail -1 "$tmp/out")" = "$(tail -1 "$tmp/logs/table.txt")" ] &&
   ok "the table is printed last" || bad "the table is not the last output"
 expect_rc "no OUTDIR is a usage error" 2 "$root/scripts/gpu-check.sh"
