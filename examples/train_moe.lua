@@ -40,6 +40,8 @@ parser:option("--trace", "Write the measured Chrome trace (all ranks, all-to-all
 parser:option("--report", "Write the summary figures (key=value lines) to this file.")
 parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
 parser:flag("--reference", "Train the same model in one process (no pipeline, no EP).")
+parser:option("--fb-order", "Overlapped pairs: \"deepseek\" (the executor's default) or \"forward-first\" "
+  .. "(alternate advances, forward first, by an overlapped_fb hook; for comparison).", "deepseek")
 local args = parser:parse(arg)
 
 -- integer options: one clear line and exit 2 for anything else
@@ -117,6 +119,30 @@ end
 
 local optimizer = { kind = "adamw", lr = lr, weight_decay = 0.01 }
 
+-- --fb-order forward-first: the plain alternation F, B, F, B, ... of the
+-- two halves' phases (each advance starts an exchange), scripted with the
+-- overlapped_fb hook; the default order is the executor's (DeepSeek's)
+local overlapped_fb
+if args.fb_order == "forward-first" then
+  overlapped_fb = function(exec, pair)
+    assert(exec:begin_half("F", pair.f_stage, pair.f_mb))
+    assert(exec:begin_half(pair.b_type, pair.b_stage, pair.b_mb))
+    local function advance(which)
+      local done, err = exec:advance(which)
+      if done == nil then error(err, 0) end
+      return done
+    end
+    local fd, bd = false, false
+    while not (fd and bd) do
+      if not fd then fd = advance("F") end
+      if not bd then bd = advance("B") end
+    end
+  end
+elseif args.fb_order ~= "deepseek" then
+  io.stderr:write("train_moe.lua: --fb-order must be deepseek or forward-first, got " .. args.fb_order .. "\n")
+  os.exit(2)
+end
+
 if args.reference then
   print(string.format("train_moe (reference, one process): %d MoE blocks, %d experts top-%d, %d micro-batches of %dx%d",
     blocks, E, K, Mb, B, T))
@@ -134,7 +160,7 @@ end
 local r = train { model = model, schedule = args.schedule, pp = pp, ep = ep, microbatches = Mb,
   data = data, steps = steps, seed = seed, optimizer = optimizer, link = args.link,
   trace = args.trace, eplb = every > 0 and { every = every, redundant = redundant } or nil,
-  partition = args.partition }
+  partition = args.partition, overlapped_fb = overlapped_fb }
 if comm.rank() == 0 and r.summary then
   local s = r.summary
   print(string.format("all-to-all hidden: %.1f%%", s.a2a_hidden_pct or 0))
@@ -148,7 +174,7 @@ if comm.rank() == 0 and r.summary then
   if args.report then
     local out = assert(io.open(args.report, "w"))
     for _, k in ipairs({ "steps", "step_ms", "predicted_ms", "ratio", "bubble_pct", "sim_bubble_pct",
-      "compute_pct", "wait_pct", "a2a_count", "a2a_ms", "a2a_hidden_pct" }) do
+      "compute_pct", "wait_pct", "a2a_count", "a2a_ms", "a2a_blocked_ms", "a2a_link_ms", "a2a_hidden_pct" }) do
       out:write(string.format("%s=%s\n", k, tostring(s[k])))
     end
     if e then out:write(string.format("load_before=%s\nload_after=%s\nbytes_moved=%d\n", e.before, e.after, e.bytes)) end

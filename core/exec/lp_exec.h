@@ -115,14 +115,19 @@ typedef struct lp_exec_timing {
   double post;     /* posting sends/receives, polling sends (overhead) */
   double optim;    /* zero-grad and optimizer step (part of compute) */
   double overhead; /* wall - compute - wait */
-  /* MoE all-to-alls (EP > 1): count, their time (per exchange the longer
-   * of the wait it caused and the emulated link's time for its bytes) and
-   * the part of it the rank spent blocked waiting; the rest was hidden
-   * under compute (hidden share = 1 - a2a_blocked / a2a). The blocked
-   * part counts in its action's compute time (it is what the action
-   * costs when its all-to-all is not hidden). */
+  /* MoE all-to-alls (EP > 1): count; their time (per exchange: from its
+   * start to the end of its wait when the rank had to wait for it, else
+   * the emulated link's time for its bytes, capped at the time from its
+   * start to its wait); the part the rank spent blocked waiting for it;
+   * the part hidden under compute (in flight while the rank was neither
+   * blocked on it nor on another exchange or message: hidden share =
+   * a2a_hidden / a2a); and the emulated link's modelled time of them all
+   * (latency + the larger direction's bytes / bandwidth; the rest of a2a
+   * beyond it is waiting for the slower EP partner). The blocked part
+   * counts in its action's compute time (it is what the action costs when
+   * its all-to-all is not hidden). */
   int64_t a2a_count;
-  double a2a, a2a_blocked;
+  double a2a, a2a_blocked, a2a_hidden, a2a_link;
 } lp_exec_timing;
 
 /* Compute action kinds of lp_exec_action_time, in this order. */

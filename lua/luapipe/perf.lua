@@ -125,7 +125,7 @@ function M.summary(exec, sched, opts)
   local n = math.max(st.steps, 1)
   -- one vector: sums of the rank figures, per-rank slots, action times
   local v = { st.wall, st.compute, st.wait, st.post, st.optim, st.overhead, st.a2a, st.a2a_blocked,
-    st.a2a_count }
+    st.a2a_count, st.a2a_hidden, st.a2a_link }
   local base = #v
   for r = 0, P - 1 do
     v[base + 3 * r + 1] = r == rank and st.wall / n or 0
@@ -154,10 +154,14 @@ function M.summary(exec, sched, opts)
   out.post_pct = wall_sum > 0 and 100 * v[4] / wall_sum or 0
   out.compute_pct = wall_sum > 0 and 100 * v[2] / wall_sum or 0
   -- all-to-all (MoE, EP > 1): the share of its time hidden under compute on
-  -- the same rank = 1 - (time blocked waiting for it) / (its time)
+  -- the same rank = (in flight while the rank computed) / (its time); the
+  -- emulated link's modelled time of the same exchanges (the rest of
+  -- a2a_ms is waiting for the slower EP partner)
   out.a2a_count = math.floor(v[9] + 0.5)
   out.a2a_ms = v[7] / math.max(n * P, 1) * ms -- per rank and step
-  out.a2a_hidden_pct = v[7] > 0 and 100 * math.max(0, 1 - v[8] / v[7]) or nil
+  out.a2a_blocked_ms = v[8] / math.max(n * P, 1) * ms
+  out.a2a_link_ms = v[11] / math.max(n * P, 1) * ms
+  out.a2a_hidden_pct = v[7] > 0 and 100 * math.min(1, v[10] / v[7]) or nil
   local rw, rc, ro = {}, {}, {}
   local step_s = 0
   for r = 0, P - 1 do
@@ -269,6 +273,8 @@ function M.format(s)
   if s.a2a_hidden_pct then
     L[#L + 1] = string.format("  all-to-all: %d exchanges, %s ms per rank and step, %s%% hidden under compute",
       s.a2a_count, f2(s.a2a_ms), f1(s.a2a_hidden_pct))
+    L[#L + 1] = string.format("    (blocked %s ms; the link model's time of these exchanges %s ms, the rest is "
+      .. "waiting for the EP partner)", f2(s.a2a_blocked_ms), f2(s.a2a_link_ms))
   end
   if s.eplb then
     L[#L + 1] = string.format("  expert load (EP ranks' max/mean tokens, mean over MoE layers): %.3f -> %.3f;"
