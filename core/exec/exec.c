@@ -765,6 +765,16 @@ fail:
 }
 
 int lp_exec_vstages(const lp_exec *e) { return e->nloc; }
+lp_status lp_exec_message_floats(const lp_exec *e, int stage, size_t *act, size_t *grad) {
+  if (stage < 0 || stage >= e->S) return LP_ERR_ARG;
+  *act = stage > 0 ? e->numel[stage] : 0;
+  *grad = 0;
+  for (int li = 0; li < e->nloc; li++)
+    if (e->vs[li].stage == stage && ex_replicated(e, e->vs[li].id))
+      *grad = ex_grad_numel(e->vs[li].chunk);
+  return LP_OK;
+}
+
 int lp_exec_ep(const lp_exec *e, int *ep_rank) {
   if (ep_rank) *ep_rank = e->ep_rank;
   return e->ep;

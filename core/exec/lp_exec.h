@@ -170,6 +170,12 @@ lp_status lp_exec_set_placement(lp_exec *e, int layer, int slots_per_rank,
                                 const int *phys_to_log, int64_t *bytes_moved);
 /* The EP group size (1: no EP) and this rank's index in it. */
 int lp_exec_ep(const lp_exec *e, int *ep_rank);
+/* Floats of the messages this rank's model stage `stage` takes part in, for
+ * the simulator's link model: *act the activation (and input-grad) message
+ * into the stage (0 for stage 0), *grad the gradient-sum message of the
+ * stage when this rank holds a copy of it that is stored more than once
+ * (DualPipe), else 0. LP_ERR_ARG for a stage out of range. */
+lp_status lp_exec_message_floats(const lp_exec *e, int stage, size_t *act, size_t *grad);
 int lp_exec_vstage_id(const lp_exec *e, int i);
 int lp_exec_vstage_stage(const lp_exec *e, int i);
 lp_nn_layer *lp_exec_vstage_chunk(const lp_exec *e, int i);

@@ -391,6 +391,18 @@ static int lb_exec_ep(lua_State *L) {
   return 2;
 }
 
+/* exec:message_floats(stage) -> act, grad: floats of the activation message
+ * into model stage `stage` (0-based; 0 for stage 0) and of its gradient-sum
+ * message on this rank (0 unless it holds a copy of a replicated stage) */
+static int lb_exec_message_floats(lua_State *L) {
+  size_t act = 0, grad = 0;
+  if (lp_exec_message_floats(check_exec(L, 1)->e, (int)luaL_checkinteger(L, 2), &act, &grad) != LP_OK)
+    return luaL_argerror(L, 2, "no such model stage");
+  lua_pushinteger(L, (lua_Integer)act);
+  lua_pushinteger(L, (lua_Integer)grad);
+  return 2;
+}
+
 /* exec:vstages() -> {{id=, stage=, layer=Layer}, ...} (layers shared) */
 static int lb_exec_vstages(lua_State *L) {
   exec_box *b = check_exec(L, 1);
@@ -517,6 +529,7 @@ void lb_open_exec(lua_State *L) {
                                      {"trace_clear", lb_exec_trace_clear},
                                      {"vstages", lb_exec_vstages},
                                      {"ep", lb_exec_ep},
+                                     {"message_floats", lb_exec_message_floats},
                                      {"expert_loads", lb_exec_expert_loads},
                                      {"set_placement", lb_exec_set_placement},
                                      {"run_half", lb_exec_run_half},
