@@ -36,7 +36,7 @@ typedef lp_status (*lp_exec_chunk_fn)(void *ud, int stage, lp_nn_layer **out,
                                       char *err);
 
 /* Optional replacement for an overlapped pair (FB action): called instead
- * of the default (the two halves' phases alternating, forward first; see
+ * of the default (the two halves' phases alternating in DeepSeek's order; see
  * lp_exec_half_begin). It may interleave the two halves as it likes but
  * must leave the same effects; it composes them from lp_exec_run_half or
  * lp_exec_half_begin / _advance. NULL: the default. */
@@ -198,7 +198,9 @@ lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
  * the half finished (output handed on, loss taken, weight-grad run for
  * B); lp_exec_half_phase names what its next advance runs ("attn/dense",
  * "dispatch", "experts", "combine"; "done" when no half runs). The default
- * pair alternates advances, forward first. A hook must finish both halves. */
+ * pair alternates advances, backward first (DeepSeek's order), and runs the
+ * forward's "dispatch" advance (the count exchange's wait, no compute)
+ * right after the one before it. A hook must finish both halves. */
 lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb);
 lp_status lp_exec_half_advance(lp_exec *e, int backward, int *done);
 const char *lp_exec_half_phase(const lp_exec *e, int backward);

@@ -63,7 +63,8 @@
 -- -> done, the next phase's name) in any order until both are done;
 -- exec:phase("F" | "B") names what the next advance runs ("attn/dense",
 -- "dispatch", "experts", "combine", "done"). The default alternates the
--- two, forward first, so each one's all-to-all flies while the other computes.
+-- two in DeepSeek's order, backward first (the forward's count exchange is
+-- waited for at once), so each one's all-to-all flies while the other computes.
 --
 -- The data function must give the same micro-batch on every rank that asks
 -- for it (input on the rank where the micro-batch enters, target where its

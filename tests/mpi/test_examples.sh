@@ -113,6 +113,10 @@ echo "train_moe trace: $a2a"
 rc=$?
 [ "$rc" -eq 2 ] && grep -q "^train_moe.lua: --topk 9 is more than --experts 8$" "$tmp/out" ||
   { fail "train_moe --topk 9: rc $rc"; cat "$tmp/out"; }
+"$luapipe" examples/train_moe.lua --fb-order sideways >"$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "^train_moe.lua: --fb-order must be deepseek or forward-first, got sideways$" "$tmp/out" ||
+  { fail "train_moe --fb-order sideways: rc $rc"; cat "$tmp/out"; }
 
 # DualPipe on an odd number of ranks: one line, once, in the user's words
 "${mpirun[@]}" -np 3 "$luapipe" examples/train_mlp.lua --schedule dualpipe --steps 1 >"$tmp/out" 2>&1
