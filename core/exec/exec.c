@@ -653,7 +653,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   e->busy = 0;
   e->posted = 0;
   e->t_wait = e->t_post = e->t_comp = e->t_optim = 0;
-  e->a2a_s = e->a2a_blocked = e->a2a_hidden = e->a2a_link = 0;
+  e->a2a_s = e->a2a_blocked = e->a2a_hidden = e->a2a_link = e->t_reduce = 0;
   e->a2a_n = 0;
   memset(e->act_s, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_s);
   memset(e->act_n, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_n);
@@ -731,7 +731,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
   LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
   double to = lp_now();
-  e->t_comp += (to - tr) - (e->t_wait - wait_before); /* summing reduced grads */
+  e->t_reduce = (to - tr) - (e->t_wait - wait_before); /* summing reduced grads */
+  e->t_comp += e->t_reduce;
   if (to - tr > 1e-6)
     ex_trace_add(e, LP_TRACE_RECV, "reduce grads / finish sends", "comm", tr, to, -1, -1, -1,
                  -1, -1);

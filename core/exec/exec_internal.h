@@ -84,6 +84,7 @@ struct lp_exec {
   /* all-to-alls of the step: count, time (max of the
    * blocked wait and the link model), blocked part */
   double a2a_s, a2a_blocked, a2a_hidden, a2a_link;
+  double t_reduce; /* step end: summing gradients, waits excluded */
   int64_t a2a_n;
   int P, S, V, M;
   int nloc;

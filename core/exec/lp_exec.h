@@ -128,6 +128,9 @@ typedef struct lp_exec_timing {
    * its all-to-all is not hidden). */
   int64_t a2a_count;
   double a2a, a2a_blocked, a2a_hidden, a2a_link;
+  /* step end before the optimizer: summing the copies of replicated stages
+   * and the EP group's gradients, waits excluded (part of compute) */
+  double reduce;
 } lp_exec_timing;
 
 /* Compute action kinds of lp_exec_action_time, in this order. */

@@ -277,6 +277,7 @@ static void push_timing(lua_State *L, const lp_exec_timing *t) {
   lb_set_number(L, "a2a_blocked", t->a2a_blocked);
   lb_set_number(L, "a2a_hidden", t->a2a_hidden);
   lb_set_number(L, "a2a_link", t->a2a_link);
+  lb_set_number(L, "reduce", t->reduce);
 }
 
 /* exec:timing() -> wall_s, busy_s, {steps=1, wall=, compute=, wait=, post=,

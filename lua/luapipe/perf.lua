@@ -15,7 +15,8 @@
 --                  (F, B, I, W, FB; latency = the emulated link's time
 --                  for an activation message when the run has a link, else
 --                  the measured message latency), plus each rank's
---                  measured optimizer time after its last action (and
+--                  measured optimizer time (with its summing of gradient
+--                  copies at step end) after its last action (and
 --                  after the other copies of its replicated stages are
 --                  done, and their gradient sums crossed the link); the
 --                  largest over ranks
@@ -133,7 +134,7 @@ function M.summary(exec, sched, opts)
   for r = 0, P - 1 do
     v[base + 3 * r + 1] = r == rank and st.wall / n or 0
     v[base + 3 * r + 2] = r == rank and st.compute / n or 0
-    v[base + 3 * r + 3] = r == rank and st.optim / n or 0
+    v[base + 3 * r + 3] = r == rank and (st.optim + (st.reduce or 0)) / n or 0
   end
   local abase = base + 3 * P
   for k, kind in ipairs(M.kinds) do
