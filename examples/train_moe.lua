@@ -17,51 +17,56 @@ local nn = require("luapipe.nn")
 local train = require("luapipe.train")
 local comm = require("luapipe.comm")
 
+local cli = require("luapipe.cli")
+-- options: the CLI's converters (a bad value is one line, exit 2, once)
+local int, INT32 = cli.int_option, 0x7fffffff
+local limits = require("luapipe.cli.common").limits
+
 local parser = argparse("train_moe.lua", "Train a char-level MoE LM on a pp x ep grid of ranks.")
-parser:option("--schedule", "Schedule family (gpipe, 1f1b, interleaved1f1b, zb1p, zbv, dualpipe, dualpipev).", "dualpipe")
+parser:option("--schedule", "Schedule family (" .. table.concat(require("luapipe.schedules").list(), ", ")
+  .. ").", "dualpipe")
 parser:option("--pp", "Pipeline ranks (default: ranks / ep).")
-parser:option("--ep", "Expert-parallel ranks per pipeline rank.", "1")
+  :convert(int("--pp", 1, limits.pp))
+parser:option("--ep", "Expert-parallel ranks per pipeline rank.", "1"):convert(int("--ep", 1, 4096))
 parser:option("--microbatches", "Micro-batches per step (default 2 x pp).")
-parser:option("--steps", "Training steps.", "20")
-parser:option("--seed", "Seed for initialisation and data.", "1")
-parser:option("--experts", "Routed experts per MoE layer.", "8")
-parser:option("--topk", "Experts per token.", "2")
+  :convert(int("--microbatches", 1, limits.microbatches))
+parser:option("--steps", "Training steps.", "20"):convert(int("--steps", 0, INT32))
+parser:option("--seed", "Seed for initialisation and data.", "1"):convert(int("--seed", 0, INT32))
+parser:option("--experts", "Routed experts per MoE layer.", "8"):convert(int("--experts", 1, 4096))
+parser:option("--topk", "Experts per token.", "2"):convert(int("--topk", 1, 4096))
 parser:option("--redundant", "EPLB: extra expert slots per EP rank.", "0")
+  :convert(int("--redundant", 0, 4096))
 parser:option("--eplb-every", "EPLB: re-plan every N steps (0: no EPLB).", "0")
+  :convert(int("--eplb-every", 0, INT32))
 parser:option("--link", "Emulated link, e.g. lat=50us,bw=2GB/s (also LUAPIPE_LINK).")
-parser:option("--blocks", "MoE transformer blocks.", "4")
-parser:option("--dim", "Model width.", "32")
-parser:option("--hidden", "Hidden size of each expert.", "32")
-parser:option("--context", "Characters per sequence.", "32")
+parser:option("--blocks", "MoE transformer blocks.", "4"):convert(int("--blocks", 1, 4096))
+parser:option("--dim", "Model width.", "32"):convert(int("--dim", 2, 65536))
+parser:option("--hidden", "Hidden size of each expert.", "32"):convert(int("--hidden", 1, 65536))
+parser:option("--context", "Characters per sequence.", "32"):convert(int("--context", 1, 65536))
 parser:option("--batch", "Sequences per micro-batch (a multiple of ep).", "4")
-parser:option("--lr", "AdamW learning rate.", "0.005")
+  :convert(int("--batch", 1, 65536))
+parser:option("--lr", "AdamW learning rate.", "0.005"):convert(cli.number_option("--lr", 0, math.huge))
 parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
 parser:option("--trace", "Write the measured Chrome trace (all ranks, all-to-alls on the comm track) here.")
 parser:option("--device", "Where the model runs: cpu only so far (MoE layers have no GPU path yet).", "cpu")
 parser:option("--report", "Write the summary figures (key=value lines) to this file.")
 parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
+  :choices { "layers", "cost" }
 parser:flag("--reference", "Train the same model in one process (no pipeline, no EP).")
-local args = parser:parse(arg)
+parser:option("--fb-order", "Overlapped pairs: \"deepseek\" (the executor's default) or \"forward-first\" "
+  .. "(alternate advances, forward first, by an overlapped_fb hook; for comparison).", "deepseek")
+  :choices { "deepseek", "forward-first" }
+local args = cli.parse(parser, arg, "train_moe.lua", comm.rank() ~= 0) or os.exit(2)
 
--- integer options: one clear line and exit 2 for anything else
-local function int(name, v, min)
-  local n = math.tointeger(tonumber(v))
-  if not n or n < min then
-    io.stderr:write(string.format("train_moe.lua: --%s must be an integer >= %d, got %s\n", name, min,
-      tostring(v)))
-    os.exit(2)
-  end
-  return n
-end
-local ep = int("ep", args.ep, 1)
-local pp = args.pp and int("pp", args.pp, 1) or math.max(1, comm.size() // ep)
-local steps, seed = int("steps", args.steps, 0), int("seed", args.seed, 0)
-local E, K = int("experts", args.experts, 1), int("topk", args.topk, 1)
-local redundant, every = int("redundant", args.redundant, 0), int("eplb-every", args.eplb_every, 0)
-local blocks, D = int("blocks", args.blocks, 1), int("dim", args.dim, 2)
-local H, T, B = int("hidden", args.hidden, 1), int("context", args.context, 1), int("batch", args.batch, 1)
-local Mb = args.microbatches and int("microbatches", args.microbatches, 1) or 2 * pp
-local lr = tonumber(args.lr)
+local ep = args.ep
+local pp = args.pp or math.max(1, comm.size() // ep)
+local steps, seed = args.steps, args.seed
+local E, K = args.experts, args.topk
+local redundant, every = args.redundant, args.eplb_every
+local blocks, D = args.blocks, args.dim
+local H, T, B = args.hidden, args.context, args.batch
+local Mb = args.microbatches or 2 * pp
+local lr = args.lr
 if K > E then
   io.stderr:write(string.format("train_moe.lua: --topk %d is more than --experts %d\n", K, E))
   os.exit(2)
@@ -118,6 +123,27 @@ end
 
 local optimizer = { kind = "adamw", lr = lr, weight_decay = 0.01 }
 
+-- --fb-order forward-first: the plain alternation F, B, F, B, ... of the
+-- two halves' phases (each advance starts an exchange), scripted with the
+-- overlapped_fb hook; the default order is the executor's (DeepSeek's)
+local overlapped_fb
+if args.fb_order == "forward-first" then
+  overlapped_fb = function(exec, pair)
+    assert(exec:begin_half("F", pair.f_stage, pair.f_mb))
+    assert(exec:begin_half(pair.b_type, pair.b_stage, pair.b_mb))
+    local function advance(which)
+      local done, err = exec:advance(which)
+      if done == nil then error(err, 0) end
+      return done
+    end
+    local fd, bd = false, false
+    while not (fd and bd) do
+      if not fd then fd = advance("F") end
+      if not bd then bd = advance("B") end
+    end
+  end
+end
+
 if args.reference then
   if args.device ~= "cpu" then
     io.stderr:write("train_moe.lua: --reference runs on the CPU only (got --device " .. args.device .. ")\n")
@@ -139,7 +165,7 @@ end
 local r = train { model = model, schedule = args.schedule, pp = pp, ep = ep, microbatches = Mb,
   data = data, steps = steps, seed = seed, optimizer = optimizer, link = args.link,
   trace = args.trace, eplb = every > 0 and { every = every, redundant = redundant } or nil,
-  partition = args.partition, device = args.device }
+  partition = args.partition, device = args.device, overlapped_fb = overlapped_fb }
 if comm.rank() == 0 and r.summary then
   local s = r.summary
   print(string.format("all-to-all hidden: %.1f%%", s.a2a_hidden_pct or 0))
@@ -153,7 +179,7 @@ if comm.rank() == 0 and r.summary then
   if args.report then
     local out = assert(io.open(args.report, "w"))
     for _, k in ipairs({ "steps", "step_ms", "predicted_ms", "ratio", "bubble_pct", "sim_bubble_pct",
-      "compute_pct", "wait_pct", "a2a_count", "a2a_ms", "a2a_hidden_pct" }) do
+      "compute_pct", "wait_pct", "a2a_count", "a2a_ms", "a2a_blocked_ms", "a2a_link_ms", "a2a_hidden_pct" }) do
       out:write(string.format("%s=%s\n", k, tostring(s[k])))
     end
     if e then out:write(string.format("load_before=%s\nload_after=%s\nbytes_moved=%d\n", e.before, e.after, e.bytes)) end

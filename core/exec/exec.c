@@ -238,20 +238,29 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
   return LP_OK;
 }
 
-/* The default overlapped pair: both halves begun (inputs in hand), then
- * their phases alternate, forward first: each advance starts the next
- * all-to-all of its half and returns, so that exchange is in flight while
- * the other half computes (DeepSeek-V3's overlapped chunk pair). Results
- * equal running the halves one after the other: the two micro-batches
- * touch disjoint state, and every rank of the EP group starts its
- * exchanges in this same order. */
+/* The default overlapped pair, in DeepSeek-V3's order: both halves begun
+ * (inputs in hand), then their phases alternate, backward first, so each
+ * advance starts the next all-to-all of its half and returns while the
+ * other half computes: per MoE layer, backward's combine-backward flies
+ * under forward's attention, forward's dispatch under backward's experts,
+ * backward's dispatch-backward under forward's experts, forward's combine
+ * under backward's attention. The forward's count exchange (a few numbers
+ * per expert, only the link's latency) is waited for at once, glued to the
+ * attention phase that started it: the advance after it does no compute,
+ * so giving the turn to the backward half there would leave the
+ * backward's row exchange (started one advance before) with nothing to
+ * fly under. Results equal running the halves one after the other: the
+ * two micro-batches touch disjoint state, and every rank of the EP group
+ * starts its exchanges in this same order (decided by phase names only). */
 static lp_status run_fb(lp_exec *e, const lp_action *a) {
   LP_CHECK(f_begin(e, a->stage, a->mb));
   LP_CHECK(b_begin(e, a->bstage, a->bmb, a->btype == LP_ACT_B));
   int fd = 0, bd = 0;
   while (!fd || !bd) {
-    if (!fd) LP_CHECK(half_advance(e, 0, &fd));
     if (!bd) LP_CHECK(half_advance(e, 1, &bd));
+    if (!fd) LP_CHECK(half_advance(e, 0, &fd));
+    if (!fd && strcmp(lp_exec_half_phase(e, 0), "dispatch") == 0)
+      LP_CHECK(half_advance(e, 0, &fd));
   }
   return LP_OK;
 }
@@ -662,7 +671,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   e->busy = 0;
   e->posted = 0;
   e->t_wait = e->t_post = e->t_comp = e->t_optim = 0;
-  e->a2a_s = e->a2a_blocked = 0;
+  e->a2a_s = e->a2a_blocked = e->a2a_hidden = e->a2a_link = e->t_reduce = 0;
   e->a2a_n = 0;
   memset(e->act_s, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_s);
   memset(e->act_n, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_n);
@@ -740,7 +749,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
   LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
   double to = lp_now();
-  e->t_comp += (to - tr) - (e->t_wait - wait_before); /* summing reduced grads */
+  e->t_reduce = (to - tr) - (e->t_wait - wait_before); /* summing reduced grads */
+  e->t_comp += e->t_reduce;
   if (to - tr > 1e-6)
     ex_trace_add(e, LP_TRACE_RECV, "reduce grads / finish sends", "comm", tr, to, -1, -1, -1,
                  -1, -1);
@@ -774,6 +784,16 @@ fail:
 }
 
 int lp_exec_vstages(const lp_exec *e) { return e->nloc; }
+lp_status lp_exec_message_floats(const lp_exec *e, int stage, size_t *act, size_t *grad) {
+  if (stage < 0 || stage >= e->S) return LP_ERR_ARG;
+  *act = stage > 0 ? e->numel[stage] : 0;
+  *grad = 0;
+  for (int li = 0; li < e->nloc; li++)
+    if (e->vs[li].stage == stage && ex_replicated(e, e->vs[li].id))
+      *grad = ex_grad_numel(e->vs[li].chunk);
+  return LP_OK;
+}
+
 int lp_exec_ep(const lp_exec *e, int *ep_rank) {
   if (ep_rank) *ep_rank = e->ep_rank;
   return e->ep;

@@ -63,6 +63,7 @@ typedef struct a2a {
   lp_comm_req *req;
   size_t *displs; /* [2 * ep]: send then receive displacements */
   double start, modelled; /* lp_now() at start; the link model's time */
+  double blocked0;        /* the rank's blocked time (a2a + messages) at start */
 } a2a;
 
 struct lp_exec {
@@ -88,7 +89,8 @@ struct lp_exec {
   int *moe_experts;   /* [moe_layers]: experts of each */
   /* all-to-alls of the step: count, time (max of the
    * blocked wait and the link model), blocked part */
-  double a2a_s, a2a_blocked;
+  double a2a_s, a2a_blocked, a2a_hidden, a2a_link;
+  double t_reduce; /* step end: summing gradients, waits excluded */
   int64_t a2a_n;
   int P, S, V, M;
   int nloc;

@@ -36,7 +36,7 @@ typedef lp_status (*lp_exec_chunk_fn)(void *ud, int stage, lp_nn_layer **out,
                                       char *err);
 
 /* Optional replacement for an overlapped pair (FB action): called instead
- * of the default (the two halves' phases alternating, forward first; see
+ * of the default (the two halves' phases alternating in DeepSeek's order; see
  * lp_exec_half_begin). It may interleave the two halves as it likes but
  * must leave the same effects; it composes them from lp_exec_run_half or
  * lp_exec_half_begin / _advance. NULL: the default. */
@@ -125,14 +125,22 @@ typedef struct lp_exec_timing {
   double post;     /* posting sends/receives, polling sends (overhead) */
   double optim;    /* zero-grad and optimizer step (part of compute) */
   double overhead; /* wall - compute - wait */
-  /* MoE all-to-alls (EP > 1): count, their time (per exchange the longer
-   * of the wait it caused and the emulated link's time for its bytes) and
-   * the part of it the rank spent blocked waiting; the rest was hidden
-   * under compute (hidden share = 1 - a2a_blocked / a2a). The blocked
-   * part counts in its action's compute time (it is what the action
-   * costs when its all-to-all is not hidden). */
+  /* MoE all-to-alls (EP > 1): count; their time (per exchange: from its
+   * start to the end of its wait when the rank had to wait for it, else
+   * the emulated link's time for its bytes, capped at the time from its
+   * start to its wait); the part the rank spent blocked waiting for it;
+   * the part hidden under compute (in flight while the rank was neither
+   * blocked on it nor on another exchange or message: hidden share =
+   * a2a_hidden / a2a); and the emulated link's modelled time of them all
+   * (latency + the larger direction's bytes / bandwidth; the rest of a2a
+   * beyond it is waiting for the slower EP partner). The blocked part
+   * counts in its action's compute time (it is what the action costs when
+   * its all-to-all is not hidden). */
   int64_t a2a_count;
-  double a2a, a2a_blocked;
+  double a2a, a2a_blocked, a2a_hidden, a2a_link;
+  /* step end before the optimizer: summing the copies of replicated stages
+   * and the EP group's gradients, waits excluded (part of compute) */
+  double reduce;
 } lp_exec_timing;
 
 /* Compute action kinds of lp_exec_action_time, in this order. */
@@ -175,6 +183,12 @@ lp_status lp_exec_set_placement(lp_exec *e, int layer, int slots_per_rank,
                                 const int *phys_to_log, int64_t *bytes_moved);
 /* The EP group size (1: no EP) and this rank's index in it. */
 int lp_exec_ep(const lp_exec *e, int *ep_rank);
+/* Floats of the messages this rank's model stage `stage` takes part in, for
+ * the simulator's link model: *act the activation (and input-grad) message
+ * into the stage (0 for stage 0), *grad the gradient-sum message of the
+ * stage when this rank holds a copy of it that is stored more than once
+ * (DualPipe), else 0. LP_ERR_ARG for a stage out of range. */
+lp_status lp_exec_message_floats(const lp_exec *e, int stage, size_t *act, size_t *grad);
 int lp_exec_vstage_id(const lp_exec *e, int i);
 int lp_exec_vstage_stage(const lp_exec *e, int i);
 lp_nn_layer *lp_exec_vstage_chunk(const lp_exec *e, int i);
@@ -197,7 +211,9 @@ lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
  * the half finished (output handed on, loss taken, weight-grad run for
  * B); lp_exec_half_phase names what its next advance runs ("attn/dense",
  * "dispatch", "experts", "combine"; "done" when no half runs). The default
- * pair alternates advances, forward first. A hook must finish both halves. */
+ * pair alternates advances, backward first (DeepSeek's order), and runs the
+ * forward's "dispatch" advance (the count exchange's wait, no compute)
+ * right after the one before it. A hook must finish both halves. */
 lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb);
 lp_status lp_exec_half_advance(lp_exec *e, int backward, int *done);
 const char *lp_exec_half_phase(const lp_exec *e, int backward);

@@ -77,6 +77,12 @@ void ex_timing_commit(lp_exec *e) {
   l->a2a_count = e->a2a_n;
   l->a2a = e->a2a_s;
   l->a2a_blocked = e->a2a_blocked;
+  l->a2a_hidden = e->a2a_hidden;
+  l->a2a_link = e->a2a_link;
+  t->a2a_hidden += l->a2a_hidden;
+  t->a2a_link += l->a2a_link;
+  l->reduce = e->t_reduce;
+  t->reduce += l->reduce;
   t->a2a_count += l->a2a_count;
   t->a2a += l->a2a;
   t->a2a_blocked += l->a2a_blocked;

@@ -353,6 +353,9 @@ static void push_timing(lua_State *L, const lp_exec_timing *t) {
   lb_set_integer(L, "a2a_count", t->a2a_count);
   lb_set_number(L, "a2a", t->a2a);
   lb_set_number(L, "a2a_blocked", t->a2a_blocked);
+  lb_set_number(L, "a2a_hidden", t->a2a_hidden);
+  lb_set_number(L, "a2a_link", t->a2a_link);
+  lb_set_number(L, "reduce", t->reduce);
 }
 
 /* exec:timing() -> wall_s, busy_s, {steps=1, wall=, compute=, wait=, post=,
@@ -464,6 +467,18 @@ static int lb_exec_ep(lua_State *L) {
   int r = 0;
   lua_pushinteger(L, lp_exec_ep(check_exec(L, 1)->e, &r));
   lua_pushinteger(L, r);
+  return 2;
+}
+
+/* exec:message_floats(stage) -> act, grad: floats of the activation message
+ * into model stage `stage` (0-based; 0 for stage 0) and of its gradient-sum
+ * message on this rank (0 unless it holds a copy of a replicated stage) */
+static int lb_exec_message_floats(lua_State *L) {
+  size_t act = 0, grad = 0;
+  if (lp_exec_message_floats(check_exec(L, 1)->e, (int)luaL_checkinteger(L, 2), &act, &grad) != LP_OK)
+    return luaL_argerror(L, 2, "no such model stage");
+  lua_pushinteger(L, (lua_Integer)act);
+  lua_pushinteger(L, (lua_Integer)grad);
   return 2;
 }
 
@@ -593,6 +608,7 @@ void lb_open_exec(lua_State *L) {
                                      {"trace_clear", lb_exec_trace_clear},
                                      {"vstages", lb_exec_vstages},
                                      {"ep", lb_exec_ep},
+                                     {"message_floats", lb_exec_message_floats},
                                      {"expert_loads", lb_exec_expert_loads},
                                      {"set_placement", lb_exec_set_placement},
                                      {"run_half", lb_exec_run_half},

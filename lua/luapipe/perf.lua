@@ -12,10 +12,14 @@
 --                  time (zero-grad to the end of the optimizer step)
 --   predicted_ms   the simulator's prediction: the schedule simulated with
 --                  the measured per-action mean costs of every model stage
---                  (F, B, I, W, FB; latency = measured message latency),
---                  plus each rank's measured optimizer time after its last
---                  action (and after the other copies of its replicated
---                  stages are done); the largest over ranks
+--                  (F, B, I, W, FB; latency = the emulated link's time
+--                  for an activation message when the run has a link, else
+--                  the measured message latency), plus each rank's
+--                  measured optimizer time (with its summing of gradient
+--                  copies at step end) after its last action (and
+--                  after the other copies of its replicated stages are
+--                  done, and their gradient sums crossed the link); the
+--                  largest over ranks
 --   makespan_ms    the simulated makespan alone (pipeline part)
 --   ratio          predicted_ms / step_ms
 --   bubble_pct     measured bubble: mean over ranks of 1 - busy / step time,
@@ -125,12 +129,12 @@ function M.summary(exec, sched, opts)
   local n = math.max(st.steps, 1)
   -- one vector: sums of the rank figures, per-rank slots, action times
   local v = { st.wall, st.compute, st.wait, st.post, st.optim, st.overhead, st.a2a, st.a2a_blocked,
-    st.a2a_count }
+    st.a2a_count, st.a2a_hidden, st.a2a_link }
   local base = #v
   for r = 0, P - 1 do
     v[base + 3 * r + 1] = r == rank and st.wall / n or 0
     v[base + 3 * r + 2] = r == rank and st.compute / n or 0
-    v[base + 3 * r + 3] = r == rank and st.optim / n or 0
+    v[base + 3 * r + 3] = r == rank and (st.optim + (st.reduce or 0)) / n or 0
   end
   local abase = base + 3 * P
   for k, kind in ipairs(M.kinds) do
@@ -154,10 +158,14 @@ function M.summary(exec, sched, opts)
   out.post_pct = wall_sum > 0 and 100 * v[4] / wall_sum or 0
   out.compute_pct = wall_sum > 0 and 100 * v[2] / wall_sum or 0
   -- all-to-all (MoE, EP > 1): the share of its time hidden under compute on
-  -- the same rank = 1 - (time blocked waiting for it) / (its time)
+  -- the same rank = (in flight while the rank computed) / (its time); the
+  -- emulated link's modelled time of the same exchanges (the rest of
+  -- a2a_ms is waiting for the slower EP partner)
   out.a2a_count = math.floor(v[9] + 0.5)
   out.a2a_ms = v[7] / math.max(n * P, 1) * ms -- per rank and step
-  out.a2a_hidden_pct = v[7] > 0 and 100 * math.max(0, 1 - v[8] / v[7]) or nil
+  out.a2a_blocked_ms = v[8] / math.max(n * P, 1) * ms
+  out.a2a_link_ms = v[11] / math.max(n * P, 1) * ms
+  out.a2a_hidden_pct = v[7] > 0 and 100 * math.min(1, v[10] / v[7]) or nil
   local rw, rc, ro = {}, {}, {}
   local step_s = 0
   for r = 0, P - 1 do
@@ -183,6 +191,31 @@ function M.summary(exec, sched, opts)
     if sn > 0 then tot[kind] = ssum / sn * ms end
   end
   for k, val in pairs(tot) do cost[k] = val end
+  -- the emulated link (the comm layer's lp_link model, as set for the run):
+  -- a cross-rank message is simulated with the link's time for the bytes of
+  -- an activation message (mean over stages), and a rank holding a copy of
+  -- a replicated stage (DualPipe) waits, after the other copies are done,
+  -- for the link's time of its gradient-sum messages (sent in parallel:
+  -- the largest). Without a link: the measured latency, no reduce time.
+  local link = comm.link and comm.link() or "none"
+  local lk = link ~= "none" and comm.parse_link(link) or nil
+  local function link_ms(bytes)
+    if not lk then return 0 end
+    return (lk.latency + (lk.bandwidth > 0 and bytes / lk.bandwidth or 0)) * ms
+  end
+  local red = {}
+  for r = 0, P - 1 do red[r + 1] = 0 end
+  local act_ms, act_n = 0, 0
+  for s = 0, S - 1 do
+    local act, grad = exec:message_floats(s)
+    if act > 0 then act_ms, act_n = act_ms + link_ms(4 * act), act_n + 1 end
+    red[rank + 1] = math.max(red[rank + 1], grad > 0 and link_ms(4 * grad) or 0)
+  end
+  red = allreduce(red, "luapipe.perf: the gradient-sum messages' link time")
+  if lk and act_n > 0 then
+    opts.latency_ms = act_ms / act_n
+    out.link = link
+  end
   cost.latency = opts.latency_ms or 0
   cost.stages = stages
   out.costs, out.stages, out.latency_ms = tot, stages, cost.latency
@@ -215,11 +248,15 @@ function M.summary(exec, sched, opts)
   for _, rr in ipairs(res:ranks()) do finish[rr.rank] = rr.finish end
   local pred, sim_busy = 0, {}
   for _, rr in ipairs(res:ranks()) do
-    local opt = 0 -- the slowest EP rank of this pipeline rank
-    for j = 0, ep - 1 do opt = math.max(opt, ro[rr.rank * ep + j] or 0) end
+    local opt, rl = 0, 0 -- the slowest EP rank of this pipeline rank
+    for j = 0, ep - 1 do
+      opt = math.max(opt, ro[rr.rank * ep + j] or 0)
+      rl = math.max(rl, red[rr.rank * ep + j + 1] or 0)
+    end
     opt = opt * ms
     local ready = rr.finish
     for b in pairs(peers[rr.rank] or {}) do ready = math.max(ready, finish[b] or 0) end
+    if next(peers[rr.rank] or {}) then ready = ready + rl end
     pred = math.max(pred, ready + opt)
     sim_busy[rr.rank] = rr.busy + opt
   end
@@ -269,6 +306,8 @@ function M.format(s)
   if s.a2a_hidden_pct then
     L[#L + 1] = string.format("  all-to-all: %d exchanges, %s ms per rank and step, %s%% hidden under compute",
       s.a2a_count, f2(s.a2a_ms), f1(s.a2a_hidden_pct))
+    L[#L + 1] = string.format("    (blocked %s ms; the link model's time of these exchanges %s ms, the rest is "
+      .. "waiting for the EP partner)", f2(s.a2a_blocked_ms), f2(s.a2a_link_ms))
   end
   if s.eplb then
     L[#L + 1] = string.format("  expert load (EP ranks' max/mean tokens, mean over MoE layers): %.3f -> %.3f;"

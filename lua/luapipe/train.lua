@@ -64,7 +64,8 @@
 -- -> done, the next phase's name) in any order until both are done;
 -- exec:phase("F" | "B") names what the next advance runs ("attn/dense",
 -- "dispatch", "experts", "combine", "done"). The default alternates the
--- two, forward first, so each one's all-to-all flies while the other computes.
+-- two in DeepSeek's order, backward first (the forward's count exchange is
+-- waited for at once), so each one's all-to-all flies while the other computes.
 --
 -- device = "cuda" runs the whole model on the GPU of each rank: rank r of
 -- a node (mpirun's local rank) takes GPU r modulo the GPUs it sees;
@@ -183,10 +184,17 @@ local function fail(msg)
   error(msg, 0)
 end
 
+-- An error whose text is the whole report: the host prints it as one line,
+-- with no traceback (tostring(err) gives the text).
+local report_mt = { __tostring = function(e) return e.message end }
+local function report(msg)
+  error(setmetatable({ message = msg }, report_mt), 0)
+end
+
 -- A mistake in how the job was started or configured, found the same way
 -- on every rank: under mpirun rank 0 prints it as one line and every rank
 -- exits with status 2 (no traceback, no copy per rank); on one process it
--- is an ordinary error.
+-- is an error printed as one line (a REPL session goes on).
 local function usage_fail(msg)
   if comm.size() > 1 then
     if comm.rank() == 0 then
@@ -196,17 +204,13 @@ local function usage_fail(msg)
     comm.barrier("luapipe.train: every rank stops on a usage error")
     os.exit(2)
   end
-  error(msg, 0)
+  report(msg)
 end
 M.usage_fail = usage_fail
 
 -- The device cannot be used (no GPU, an MoE model on a GPU, a bad name):
--- as usage_fail under mpirun; on one process an error whose text is the
--- whole report (the host prints it as one line, with no traceback).
-local function device_fail(msg)
-  if comm.size() > 1 then usage_fail(msg) end
-  error(setmetatable({ message = msg }, { __tostring = function(e) return e.message end }), 0)
-end
+-- a usage error.
+local device_fail = usage_fail
 
 -- family names as users read them
 local display = { gpipe = "GPipe", ["1f1b"] = "1F1B", interleaved1f1b = "Interleaved 1F1B",
@@ -214,11 +218,19 @@ local display = { gpipe = "GPipe", ["1f1b"] = "1F1B", interleaved1f1b = "Interle
 
 -- A family builder's complaint about pp, in the words of someone who only
 -- chose how many processes mpirun starts.
-local function in_rank_terms(msg, fam, ranks)
+local function in_rank_terms(msg, fam, ranks, ep)
   local name = display[fam] or fam
   msg = msg:gsub("^[^:]*:%d+: ", "")
   local got = msg:match("pp must be even, got (%d+)")
-  if got then return string.format("%s needs an even number of ranks; mpirun started %s", name, got) end
+  if got and comm.size() == 1 then
+    return string.format("%s needs an even number of ranks; this is one process (start it with "
+      .. "mpirun -np 2 or more)", name)
+  elseif got and ep > 1 then
+    return string.format("%s needs an even number of pipeline ranks; mpirun started %d = pp %s x ep %d",
+      name, comm.size(), got, ep)
+  elseif got then
+    return string.format("%s needs an even number of ranks; mpirun started %s", name, got)
+  end
   local need, m = msg:match("microbatches must be at least 2%*pp = (%d+), got (%d+)")
   if need then
     return string.format("%s needs at least 2 micro-batches per rank: %s micro-batches on %d ranks, got %s",
@@ -236,7 +248,11 @@ local function get_schedule(opts)
       microbatches = opts.microbatches or 2 * pp, chunks = opts.chunks })
     if not ok then
       local msg = tostring(res)
-      if opts.pp == nil then usage_fail(in_rank_terms(msg, s:lower(), pp)) end
+      -- pp is the job's (derived, or what the job's size gives): a mistake
+      -- in how it was started
+      if opts.pp == nil or pp * (opts.ep or 1) == comm.size() then
+        usage_fail(in_rank_terms(msg, s:lower(), pp, opts.ep or 1))
+      end
       fail("luapipe.train: " .. msg:gsub("^[^:]*:%d+: ", ""))
     end
     s = res

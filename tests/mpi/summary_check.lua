@@ -83,6 +83,21 @@ local nFB = 0
 for _, a in pairs(tot.actions.FB) do nFB = nFB + a.n end
 check(nF + nFB == mine * tot.steps, string.format("F actions counted %d + FB %d, expected %d",
   nF, nFB, mine * tot.steps))
+-- message sizes for the simulator's link model: an activation message into
+-- every stage but the first; a gradient-sum message only for the copies of
+-- DualPipe's replicated stages this rank holds
+local held = {}
+for _, v in ipairs(r.exec:vstages()) do held[v.stage] = true end
+local S = r.schedule:info().stages
+for st = 0, S - 1 do
+  local act, grad = r.exec:message_floats(st)
+  check(st == 0 and act == 0 or st > 0 and act > 0, "message_floats(" .. st .. ") act " .. tostring(act))
+  local want = family == "dualpipe" and held[st]
+  check(want and grad > 0 or not want and grad == 0,
+    "message_floats(" .. st .. ") grad " .. tostring(grad) .. (want and ", expected > 0" or ", expected 0"))
+end
+local mok, merr = pcall(r.exec.message_floats, r.exec, S)
+check(not mok and tostring(merr):find("no such model stage", 1, true), "message_floats(S) must fail")
 r.exec:timing_reset()
 check(r.exec:timing_stats().steps == 0, "timing_reset")
 

@@ -113,6 +113,26 @@ echo "train_moe trace: $a2a"
 rc=$?
 [ "$rc" -eq 2 ] && grep -q "^train_moe.lua: --topk 9 is more than --experts 8$" "$tmp/out" ||
   { fail "train_moe --topk 9: rc $rc"; cat "$tmp/out"; }
+"$luapipe" examples/train_moe.lua --fb-order sideways >"$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "^Error: argument for option '--fb-order' must be one of 'deepseek', 'forward-first'$" "$tmp/out" ||
+  { fail "train_moe --fb-order sideways: rc $rc"; cat "$tmp/out"; }
+"$luapipe" examples/train_moe.lua --ep 1.5 >"$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "^train_moe.lua: --ep must be an integer from 1 to 4096, got '1.5'$" "$tmp/out" ||
+  { fail "train_moe --ep 1.5: rc $rc"; cat "$tmp/out"; }
+# DualPipe (the example's default) started without mpirun: one line, no traceback
+"$luapipe" examples/train_moe.lua --steps 1 >"$tmp/out" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] && grep -q "^luapipe: DualPipe needs an even number of ranks; this is one process (start it with mpirun -np 2 or more)$" "$tmp/out" &&
+  ! grep -q "traceback" "$tmp/out" ||
+  { fail "train_moe on one process: rc $rc"; cat "$tmp/out"; }
+# ... and on pp 3 x ep 2: the pipeline ranks, in the user's words
+"${mpirun[@]}" -np 6 "$luapipe" examples/train_moe.lua --ep 2 --steps 1 >"$tmp/out" 2>&1
+rc=$?
+n=$(grep -c "^luapipe: DualPipe needs an even number of pipeline ranks; mpirun started 6 = pp 3 x ep 2$" "$tmp/out")
+[ "$rc" -ne 0 ] && [ "$n" -eq 1 ] && ! grep -q "traceback" "$tmp/out" ||
+  { fail "train_moe dualpipe on pp 3 x ep 2: rc $rc, reported $n time(s)"; cat "$tmp/out"; }
 
 # DualPipe on an odd number of ranks: one line, once, in the user's words
 "${mpirun[@]}" -np 3 "$luapipe" examples/train_mlp.lua --schedule dualpipe --steps 1 >"$tmp/out" 2>&1
