@@ -108,39 +108,75 @@ static void kk(int m, int k, const double *w, const int *order, eplb_ws *ws,
   }
 }
 
+long eplb_refine_budget(long n) {
+  long lg = 1;
+  while ((1L << lg) < n + 1) lg++;
+  return LP_EPLB_REFINE_WORK * n * lg;
+}
+
+/* Best swap between the heaviest pack h (load L) and pack o: the first
+ * (a, b) in order whose swap brings the larger of the two lowest, below
+ * *best (ties: kept unless o comes before *bo). Counts k * k. */
+static void try_pack(int k, const double *w, const int *it, const double *load,
+                     int h, int o, double L, double *best, int *ba, int *bb,
+                     int *bo) {
+  const int *ih = it + (size_t)h * k, *io = it + (size_t)o * k;
+  double gap = L - load[o];
+  for (int a = 0; a < k; a++) {
+    double wa = w[ih[a]];
+    for (int b = 0; b < k; b++) {
+      double dd = wa - w[io[b]];
+      if (dd <= 0 || dd >= gap) continue;
+      double nh = L - dd, no = load[o] + dd, nm = nh > no ? nh : no;
+      if (nm < *best || (nm == *best && *bo >= 0 && o < *bo)) {
+        *best = nm;
+        *ba = a;
+        *bb = b;
+        *bo = o;
+      }
+    }
+  }
+}
+
 /* Pairwise swaps: while some swap between the heaviest pack and another
- * lowers the larger of the two below the current max, apply the best. */
-static void improve(int m, int k, const double *w, int *it, double *load) {
+ * lowers the larger of the two below the current max, apply the best (the
+ * first pack, then the first pair, among equals). A swap with pack o
+ * leaves the larger of the two at least (L + load[o]) / 2, so once the
+ * lightest pack has given a candidate, only packs that could beat or tie
+ * it are searched: a step costs O(m) plus k * k per pack searched. The
+ * pass stops (without a partial step) when the work budget is spent. */
+static void improve(int m, int k, const double *w, int *it, double *load,
+                    eplb_ws *ws) {
   int limit = 4 * m * k + 64; /* each swap lowers a pack below the max */
+  const long budget = eplb_refine_budget((long)m * k), pair = (long)k * k;
+  long work = 0;
   while (limit-- > 0) {
     int h = 0;
     for (int p = 1; p < m; p++)
       if (load[p] > load[h]) h = p;
     double L = load[h];
-    if (L <= 0) return;
+    if (L <= 0 || m < 2) break;
+    int lo = h == 0 ? 1 : 0;
+    for (int p = lo + 1; p < m; p++)
+      if (p != h && load[p] < load[lo]) lo = p;
     double tol = 1e-12 * L, best = L - tol;
     int ba = -1, bb = -1, bo = -1;
-    const int *ih = it + (size_t)h * k;
-    for (int o = 0; o < m; o++) {
-      double gap = L - load[o];
-      if (o == h || gap <= tol) continue;
-      const int *io = it + (size_t)o * k;
-      for (int a = 0; a < k; a++) {
-        double wa = w[ih[a]];
-        for (int b = 0; b < k; b++) {
-          double dd = wa - w[io[b]];
-          if (dd <= 0 || dd >= gap) continue;
-          double nh = L - dd, no = load[o] + dd, nm = nh > no ? nh : no;
-          if (nm < best) {
-            best = nm;
-            ba = a;
-            bb = b;
-            bo = o;
-          }
-        }
-      }
+    work += 2L * m;
+    if (L - load[lo] > tol) {
+      if (work + pair > budget) goto cut;
+      work += pair;
+      try_pack(k, w, it, load, h, lo, L, &best, &ba, &bb, &bo);
     }
-    if (bo < 0) return;
+    for (int o = 0; o < m; o++) {
+      if (o == h || o == lo || L - load[o] <= tol) continue;
+      /* max(L - dd, load[o] + dd) >= (L + load[o]) / 2, less rounding */
+      if (bo >= 0 && (L + load[o]) * 0.5 - 1e-13 * L > best) continue;
+      if (work + pair > budget) goto cut;
+      work += pair;
+      try_pack(k, w, it, load, h, o, L, &best, &ba, &bb, &bo);
+    }
+    if (bo < 0) break;
+    ws->refine_steps++;
     int *ph = it + (size_t)h * k, *po = it + (size_t)bo * k;
     int t = ph[ba];
     ph[ba] = po[bb];
@@ -148,6 +184,11 @@ static void improve(int m, int k, const double *w, int *it, double *load) {
     load[h] = pack_sum(ph, k, w);
     load[bo] = pack_sum(po, k, w);
   }
+  ws->refine_work += work;
+  return;
+cut:
+  ws->refine_cut++;
+  ws->refine_work += work;
 }
 
 static int count_dups(int m, int k, const int *tag, const int *it) {
@@ -159,26 +200,44 @@ static int count_dups(int m, int k, const int *tag, const int *it) {
 }
 
 /* Moves the second replica of an expert off a pack by a swap that keeps
- * every pack at or below the current max load. */
+ * every pack at or below the current max load (the lightest result, the
+ * first pack and item among equals). first[t] is the first position of tag
+ * t in the pack being fixed (stale for tags not there, hence the check), so
+ * a search costs 2 * k per other pack; searches stop when the budget is
+ * spent. */
 static void dedup(int m, int k, const double *w, const int *tag, int *it,
-                  double *load) {
+                  double *load, eplb_ws *ws) {
+  const long budget = eplb_refine_budget((long)m * k);
+  const long search_cost = 2L * (m - 1) * k;
+  int *first = ws->m_list;
+  long work = 0;
   double M = 0;
   for (int p = 0; p < m; p++)
     if (load[p] > M) M = load[p];
   for (int p = 0; p < m; p++) {
     int *ip = it + (size_t)p * k;
+    for (int j = k - 1; j >= 0; j--) first[tag[ip[j]]] = j;
+    work += k;
     for (int a = 1; a < k; a++) {
-      int ia = ip[a];
-      if (!has_tag(ip, a, tag, tag[ia], -1)) continue;
+      int ia = ip[a], ta = tag[ia];
+      if (first[ta] >= a) continue; /* no earlier item with its tag */
+      if (work + search_cost > budget) {
+        ws->refine_cut++;
+        ws->refine_work += work;
+        return;
+      }
+      work += search_cost;
       double best = 0;
       int bo = -1, bb = -1;
       for (int o = 0; o < m; o++) {
         if (o == p) continue;
         int *io = it + (size_t)o * k;
-        if (has_tag(io, k, tag, tag[ia], -1)) continue;
+        if (has_tag(io, k, tag, ta, -1)) continue;
         for (int b = 0; b < k; b++) {
-          int ib = io[b];
-          if (has_tag(ip, k, tag, tag[ib], a)) continue;
+          int ib = io[b], tb = tag[ib];
+          /* tb in p other than at a (ta is there earlier too) */
+          if (tb == ta || ((unsigned)first[tb] < (unsigned)k && tag[ip[first[tb]]] == tb))
+            continue;
           double np = load[p] - w[ia] + w[ib], no = load[o] + w[ia] - w[ib];
           if (np > M || no > M) continue;
           double nm = np > no ? np : no;
@@ -190,14 +249,18 @@ static void dedup(int m, int k, const double *w, const int *tag, int *it,
         }
       }
       if (bo < 0) continue;
-      int *io = it + (size_t)bo * k;
-      ip[a] = io[bb];
+      ws->refine_steps++;
+      int *io = it + (size_t)bo * k, ib = io[bb];
+      ip[a] = ib;
       io[bb] = ia;
+      first[tag[ib]] = a;
       load[p] = pack_sum(ip, k, w);
       load[bo] = pack_sum(io, k, w);
+      work += k;
       a = 0; /* rescan this pack */
     }
   }
+  ws->refine_work += work;
 }
 
 static double max_of(const double *v, int m) {
@@ -216,11 +279,11 @@ void eplb_pack_best(int n, int m, int k, const double *w, const int *tag,
   int *it1 = ws->p_items, *it2 = ws->p_items2;
   double *l1 = ws->p_load, *l2 = ws->p_load2;
   lpt(m, k, w, tag, order, n, ws, it1, l1);
-  improve(m, k, w, it1, l1);
-  if (tag) dedup(m, k, w, tag, it1, l1);
+  improve(m, k, w, it1, l1, ws);
+  if (tag) dedup(m, k, w, tag, it1, l1, ws);
   kk(m, k, w, order, ws, it2, l2);
-  improve(m, k, w, it2, l2);
-  if (tag) dedup(m, k, w, tag, it2, l2);
+  improve(m, k, w, it2, l2, ws);
+  if (tag) dedup(m, k, w, tag, it2, l2, ws);
 
   double m1 = max_of(l1, m), m2 = max_of(l2, m);
   int use2 = m2 < m1;

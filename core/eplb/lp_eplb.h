@@ -65,14 +65,40 @@ typedef struct lp_eplb_stats {
   long copies;     /* -1 without previous */
   int duplicates;
   double solve_ms; /* wall time of the call that made the plan */
+  /* balanced mode's swap refinement, summed over layers: swaps applied,
+   * work spent (candidate swaps and packs looked at) and passes the
+   * budget stopped; 0 in reference mode */
+  long refine_steps;
+  long refine_work;
+  long refine_cut;
 } lp_eplb_stats;
+
+/* Balanced mode refines each packing (n items into m packs of k) by
+ * passes of swaps, each pass with a work budget of
+ * LP_EPLB_REFINE_WORK * n * ceil(log2(n + 1)) units; a swap search costs
+ * at least 2m units. A pass stops between steps when the budget cannot pay
+ * for the next search, so the solve is O(n log n) work per pass. Sizes in
+ * use today (n up to a few thousand per packing) never reach it. */
+#define LP_EPLB_REFINE_WORK 256L
 
 typedef struct lp_eplb_plan lp_eplb_plan;
 
+/* Size limits, checked before anything is allocated. A plan costs about
+ * 50 bytes per slot (maps, and the JSON and Lua tables made from them)
+ * and balanced mode's solve up to ~30 us per slot at 1024 GPUs
+ * (scripts/bench/eplb, "scale"): 2^22 slots in all is ~200 MB and at most
+ * a couple of minutes. Re-planning against a previous plan relabels GPUs
+ * through G x G tables (~40 bytes per pair), hence its GPU limit. */
+#define LP_EPLB_MAX_REPLICAS (1 << 20) /* slots per layer */
+#define LP_EPLB_MAX_SLOTS (1 << 22)    /* slots in all: layers x replicas */
+#define LP_EPLB_MAX_RELABEL_GPUS 4096  /* gpus when a previous plan is given */
+
 /* Checks a configuration (layers >= 1, positive counts, R % G == 0,
  * G % nodes == 0, R >= E, and E % groups == 0 when the hierarchical policy
- * applies, i.e. groups % nodes == 0). LP_ERR_ARG with the reason in err
- * (LP_ERRLEN bytes, may be NULL). */
+ * applies, i.e. groups % nodes == 0) and the size limits above. LP_ERR_ARG
+ * with the reason in err (LP_ERRLEN bytes, may be NULL), e.g. "58 layers x
+ * 1048576 replicas = 60817408 slots: more than the limit of 4194304 slots
+ * in all (layers x replicas)". */
 lp_status lp_eplb_check_shape(int layers, int experts, int replicas,
                               int groups, int nodes, int gpus, char *err);
 
