@@ -957,6 +957,87 @@ static void test_errors(void **state) {
   assert_string_equal(lp_eplb_mode_name(LP_EPLB_BALANCED), "balanced");
 }
 
+/* ---- size limits and the refinement budget ---- */
+
+static void test_size_limits(void **state) {
+  (void)state;
+  const double *v = &readme_load[0][0];
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  /* every allocation fails: the limits are checked before any */
+  lp_test_oom_arm(0, 1);
+  expect_error(v, 1, 12, LP_EPLB_MAX_REPLICAS + 8, 4, 2, 8, &o, LP_ERR_ARG,
+               "replicas 1048584: more than the limit of 1048576 slots per layer");
+  expect_error(v, 5, 12, LP_EPLB_MAX_REPLICAS, 4, 2, 8, &o, LP_ERR_ARG,
+               "5 layers x 1048576 replicas = 5242880 slots: more than the limit of "
+               "4194304 slots in all (layers x replicas)");
+  expect_error(v, 58, 12, 131072, 4, 2, 8, &o, LP_ERR_ARG,
+               "58 layers x 131072 replicas = 7602176 slots: more than the limit");
+  int prev[32] = {0};
+  o.previous = prev;
+  expect_error(v, 1, 12, 8192, 4, 2, 8192, &o, LP_ERR_ARG,
+               "gpus 8192: more than the limit of 4096 GPUs for re-planning against a "
+               "previous plan");
+  lp_test_oom_disarm();
+  assert_int_equal(lp_test_oom_state.live, 0);
+  /* exactly at the limits is allowed */
+  assert_int_equal(lp_eplb_check_shape(4, 12, LP_EPLB_MAX_REPLICAS, 4, 2, 8, NULL), LP_OK);
+  assert_int_equal(lp_eplb_check_shape(5, 12, LP_EPLB_MAX_REPLICAS, 4, 2, 8, NULL), LP_ERR_ARG);
+  char err[LP_ERRLEN];
+  lp_eplb_plan *p;
+  assert_int_equal(lp_eplb_evaluate(v, 8, 12, prev, LP_EPLB_MAX_REPLICAS, 2, 8, NULL, &p, err),
+                   LP_ERR_ARG);
+  assert_string_equal(err, "8 layers x 1048576 replicas = 8388608 slots: more than the limit "
+                           "of 4194304 slots in all (layers x replicas)");
+}
+
+static long refine_budget(long n) { /* as documented in lp_eplb.h */
+  long lg = 1;
+  while ((1L << lg) < n + 1) lg++;
+  return LP_EPLB_REFINE_WORK * n * lg;
+}
+
+/* Global policy, one layer: one packing of R items onto G GPUs, refined
+ * by 4 passes (swaps and duplicate removal after LPT and after KK), each
+ * within its budget; a swap search costs at least 2 * G units. */
+static void check_refinement(int E, int R, int G, int expect_cut) {
+  double *load = malloc((size_t)E * sizeof *load);
+  rng = 77;
+  random_loads(load, E, 0);
+  lp_eplb_plan *p = plan_or_fail(load, 1, E, R, 1, 1, G, NULL);
+  check_invariants(p);
+  lp_eplb_stats st;
+  lp_eplb_plan_stats(p, &st);
+  const long budget = refine_budget(R);
+  if (st.refine_work > 4 * budget)
+    fail_msg("R=%d G=%d: refinement work %ld over 4 x budget %ld", R, G, st.refine_work, budget);
+  if (st.refine_steps > st.refine_work / (2L * G))
+    fail_msg("R=%d G=%d: %ld steps for %ld work", R, G, st.refine_steps, st.refine_work);
+  assert_true(st.refine_steps > 0);
+  if (expect_cut) assert_true(st.refine_cut > 0);
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  o.mode = LP_EPLB_REFERENCE;
+  lp_eplb_plan *ref = plan_or_fail(load, 1, E, R, 1, 1, G, &o);
+  assert_true(lp_eplb_plan_layer_stats(p)[0].max_load <= lp_eplb_plan_layer_stats(ref)[0].max_load);
+  lp_eplb_plan_stats(ref, &st);
+  assert_int_equal(st.refine_steps, 0);
+  assert_int_equal(st.refine_work, 0);
+  lp_eplb_plan_free(ref);
+  lp_eplb_plan_free(p);
+  free(load);
+}
+
+static void test_refinement_budget(void **state) {
+  (void)state;
+  /* 2 GPUs x 4096 slots: one swap search is 4096^2 pairs, over a pass's
+   * budget of 256 * 8192 * 14 after the first; unbounded, the passes ran
+   * thousands of such searches */
+  check_refinement(256, 8192, 2, 1);
+  /* the audit's shape, one layer: 16384 slots on 1024 GPUs */
+  check_refinement(256, 16384, 1024, 0);
+}
+
 /* ---- out of memory ---- */
 
 static void test_out_of_memory(void **state) {
@@ -1008,6 +1089,8 @@ int main(void) {
       cmocka_unit_test(test_degenerate),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_out_of_memory),
+      cmocka_unit_test(test_size_limits),
+      cmocka_unit_test(test_refinement_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
