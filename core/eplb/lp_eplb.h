@@ -83,12 +83,15 @@ typedef struct lp_eplb_stats {
 
 typedef struct lp_eplb_plan lp_eplb_plan;
 
-/* Size limits, checked before anything is allocated. A plan costs about
- * 50 bytes per slot (maps, and the JSON and Lua tables made from them)
- * and balanced mode's solve up to ~30 us per slot at 1024 GPUs
- * (scripts/bench/eplb, "scale"): 2^22 slots in all is ~200 MB and at most
- * a couple of minutes. Re-planning against a previous plan relabels GPUs
- * through G x G tables (~40 bytes per pair), hence its GPU limit. */
+/* Size limits, checked before anything is allocated. Measured by
+ * scripts/bench/eplb (scale rows, 58 x 256 experts on 1024 GPUs): the
+ * whole `luapipe eplb` command takes ~115 bytes per slot at its peak (the
+ * maps, and the Lua tables and JSON made from them) and 0.3 us per slot in
+ * reference mode, 10-17 us per slot in balanced mode (16384 slots per layer:
+ * 15.7 s for 58 layers). 2^22 slots in all is thus ~0.5 GB and at most
+ * about a minute and a half. Re-planning against a previous plan relabels
+ * GPUs through G x G tables (~40 bytes per pair: 0.7 GB at 4096 GPUs),
+ * hence its GPU limit. */
 #define LP_EPLB_MAX_REPLICAS (1 << 20) /* slots per layer */
 #define LP_EPLB_MAX_SLOTS (1 << 22)    /* slots in all: layers x replicas */
 #define LP_EPLB_MAX_RELABEL_GPUS 4096  /* gpus when a previous plan is given */
