@@ -80,6 +80,7 @@ struct eplb_ws {
   /* refinement accounting (eplb_pack.c), summed over the call */
   long refine_steps;          /* swaps applied by improve and dedup */
   long refine_work;           /* budget units spent */
+  long refine_left;           /* budget units left in this layer */
   long refine_cut;            /* passes the work budget stopped */
   void *arena;                /* every array, one allocation */
   size_t used;                /* bytes of it laid out */
@@ -125,9 +126,10 @@ void eplb_reference_layer(const eplb_dims *d, const double *load,
  * swaps between packs and a duplicate-removing pass. */
 void eplb_pack_best(int n, int m, int k, const double *w, const int *tag,
                     eplb_ws *ws, int *items, double *load);
-/* Work budget of one refinement pass (improve or dedup) on n items:
- * LP_EPLB_REFINE_WORK * n * ceil(log2(n + 1)) units (lp_eplb.h). */
-long eplb_refine_budget(long n);
+/* Refinement work budget of one layer of `slots` slots (lp_eplb.h), shared
+ * by its passes (improve and dedup of every packing): each takes it from
+ * ws->refine_left. */
+long eplb_refine_budget(long slots);
 
 /* ---- balanced mode (eplb_balanced.c) -----------------------------------
  * Replaces the layer's placement (reference on entry) when a better one is

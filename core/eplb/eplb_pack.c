@@ -2,7 +2,8 @@
  * (balanced mode): LPT, Karmarkar-Karp's differencing in its balanced
  * (cardinality-constrained) form, pairwise swap local search, and a pass
  * that separates replicas of one expert sharing a pack when the max load
- * allows it. Double precision throughout. */
+ * allows it. Double precision throughout. The searches after the first
+ * packings draw on the layer's work budget (ws->refine_left, lp_eplb.h). */
 #include <string.h>
 
 #include "eplb_internal.h"
@@ -19,12 +20,23 @@ static double pack_sum(const int *it, int k, const double *w) {
   return s;
 }
 
+/* Charges work to the layer's budget. */
+static void spend(eplb_ws *ws, long work) {
+  ws->refine_work += work;
+  ws->refine_left = work < ws->refine_left ? ws->refine_left - work : 0;
+}
+
 /* Largest Processing Time first: items by weight descending (order), each
  * to the lightest non-full pack (lowest index on ties, preferring a pack
  * without the item's tag among equally light ones). */
 static void lpt(int m, int k, const double *w, const int *tag, const int *order,
                 int n, eplb_ws *ws, int *it, double *load) {
   int *cnt = ws->p_cnt, *buf = ws->p_buf;
+  /* the tag search (a pack's items, then each equally light pack's) is
+   * paid from the layer's refinement budget; once it is spent, items go to
+   * the lightest pack whatever its tags */
+  const long left = ws->refine_left;
+  long work = 0;
   eplb_heap h = {ws->hkey, ws->hid, 0};
   for (int p = 0; p < m; p++) {
     cnt[p] = 0;
@@ -35,12 +47,14 @@ static void lpt(int m, int k, const double *w, const int *tag, const int *order,
     int i = order[t], p;
     double key;
     eplb_heap_pop(&h, &key, &p);
-    if (tag && has_tag(it + (size_t)p * k, cnt[p], tag, tag[i], -1)) {
+    if (tag && work + k + 1 <= left &&
+        (work += cnt[p] + 1, has_tag(it + (size_t)p * k, cnt[p], tag, tag[i], -1))) {
       int nb = 0, chosen = -1;
-      while (h.n > 0 && h.key[0] == key) {
+      while (h.n > 0 && h.key[0] == key && work + k + 2 <= left) {
         int q;
         double kq;
         eplb_heap_pop(&h, &kq, &q);
+        work += cnt[q] + 2;
         if (!has_tag(it + (size_t)q * k, cnt[q], tag, tag[i], -1)) {
           chosen = q;
           break;
@@ -57,6 +71,7 @@ static void lpt(int m, int k, const double *w, const int *tag, const int *order,
     load[p] += w[i];
     if (cnt[p] < k) eplb_heap_push(&h, load[p], p);
   }
+  spend(ws, work);
 }
 
 /* Balanced largest differencing (Karmarkar-Karp for m packs of k items):
@@ -108,10 +123,14 @@ static void kk(int m, int k, const double *w, const int *order, eplb_ws *ws,
   }
 }
 
-long eplb_refine_budget(long n) {
+long eplb_refine_budget(long slots) {
   long lg = 1;
-  while ((1L << lg) < n + 1) lg++;
-  return LP_EPLB_REFINE_WORK * n * lg;
+  while ((1L << lg) < slots + 1) lg++;
+  long floor = LP_EPLB_REFINE_FLOOR < LP_EPLB_REFINE_PER_SLOT * slots
+                   ? LP_EPLB_REFINE_FLOOR
+                   : LP_EPLB_REFINE_PER_SLOT * slots;
+  long nlogn = LP_EPLB_REFINE_WORK * slots * lg;
+  return floor > nlogn ? floor : nlogn;
 }
 
 /* Best swap between the heaviest pack h (load L) and pack o: the first
@@ -148,7 +167,7 @@ static void try_pack(int k, const double *w, const int *it, const double *load,
 static void improve(int m, int k, const double *w, int *it, double *load,
                     eplb_ws *ws) {
   int limit = 4 * m * k + 64; /* each swap lowers a pack below the max */
-  const long budget = eplb_refine_budget((long)m * k), pair = (long)k * k;
+  const long budget = ws->refine_left, pair = (long)k * k;
   long work = 0;
   while (limit-- > 0) {
     int h = 0;
@@ -184,18 +203,24 @@ static void improve(int m, int k, const double *w, int *it, double *load,
     load[h] = pack_sum(ph, k, w);
     load[bo] = pack_sum(po, k, w);
   }
-  ws->refine_work += work;
+  spend(ws, work);
   return;
 cut:
   ws->refine_cut++;
-  ws->refine_work += work;
+  spend(ws, work);
 }
 
-static int count_dups(int m, int k, const int *tag, const int *it) {
+/* Items whose tag an earlier item of their pack has; stamp[tag] = the
+ * last pack seen with it. */
+static int count_dups(int m, int k, const int *tag, const int *it, int *stamp) {
   int d = 0;
+  for (int i = 0; i < m * k; i++) stamp[tag[it[i]]] = -1;
   for (int p = 0; p < m; p++)
-    for (int j = 1; j < k; j++)
-      if (has_tag(it + (size_t)p * k, j, tag, tag[it[(size_t)p * k + j]], -1)) d++;
+    for (int j = 0; j < k; j++) {
+      int t = tag[it[(size_t)p * k + j]];
+      d += stamp[t] == p;
+      stamp[t] = p;
+    }
   return d;
 }
 
@@ -207,7 +232,7 @@ static int count_dups(int m, int k, const int *tag, const int *it) {
  * spent. */
 static void dedup(int m, int k, const double *w, const int *tag, int *it,
                   double *load, eplb_ws *ws) {
-  const long budget = eplb_refine_budget((long)m * k);
+  const long budget = ws->refine_left;
   const long search_cost = 2L * (m - 1) * k;
   int *first = ws->m_list;
   long work = 0;
@@ -223,7 +248,7 @@ static void dedup(int m, int k, const double *w, const int *tag, int *it,
       if (first[ta] >= a) continue; /* no earlier item with its tag */
       if (work + search_cost > budget) {
         ws->refine_cut++;
-        ws->refine_work += work;
+        spend(ws, work);
         return;
       }
       work += search_cost;
@@ -260,7 +285,7 @@ static void dedup(int m, int k, const double *w, const int *tag, int *it,
       a = 0; /* rescan this pack */
     }
   }
-  ws->refine_work += work;
+  spend(ws, work);
 }
 
 static double max_of(const double *v, int m) {
@@ -287,7 +312,8 @@ void eplb_pack_best(int n, int m, int k, const double *w, const int *tag,
 
   double m1 = max_of(l1, m), m2 = max_of(l2, m);
   int use2 = m2 < m1;
-  if (m2 == m1 && tag) use2 = count_dups(m, k, tag, it2) < count_dups(m, k, tag, it1);
+  if (m2 == m1 && tag)
+    use2 = count_dups(m, k, tag, it2, ws->m_cnt) < count_dups(m, k, tag, it1, ws->m_cnt);
   memcpy(items, use2 ? it2 : it1, (size_t)n * sizeof *items);
   memcpy(load, use2 ? l2 : l1, (size_t)m * sizeof *load);
 }

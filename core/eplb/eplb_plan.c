@@ -426,8 +426,10 @@ lp_status lp_eplb_rebalance(const double *load, int layers, int experts,
     int *rank = p->phyrank + (size_t)l * replicas;
     int *home = p->home + (size_t)l * experts;
     eplb_reference_layer(&d, row, &ws, map, rank, home);
-    if (opt->mode == LP_EPLB_BALANCED)
+    if (opt->mode == LP_EPLB_BALANCED) {
+      ws.refine_left = eplb_refine_budget(replicas);
       eplb_balanced_layer(&d, row, opt->spill, &ws, map, rank, home);
+    }
     if (opt->previous) {
       const int *prev = opt->previous + (size_t)l * replicas;
       eplb_relabel_layer(&d, prev, &ws, map, rank, home);

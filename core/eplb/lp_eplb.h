@@ -65,21 +65,27 @@ typedef struct lp_eplb_stats {
   long copies;     /* -1 without previous */
   int duplicates;
   double solve_ms; /* wall time of the call that made the plan */
-  /* balanced mode's swap refinement, summed over layers: swaps applied,
-   * work spent (candidate swaps and packs looked at) and passes the
-   * budget stopped; 0 in reference mode */
+  /* balanced mode's search, summed over layers: swaps applied, budget
+   * units spent and passes the budget stopped (below); 0 in reference mode */
   long refine_steps;
   long refine_work;
   long refine_cut;
 } lp_eplb_stats;
 
-/* Balanced mode refines each packing (n items into m packs of k) by
- * passes of swaps, each pass with a work budget of
- * LP_EPLB_REFINE_WORK * n * ceil(log2(n + 1)) units; a swap search costs
- * at least 2m units. A pass stops between steps when the budget cannot pay
- * for the next search, so the solve is O(n log n) work per pass. Sizes in
- * use today (n up to a few thousand per packing) never reach it. */
-#define LP_EPLB_REFINE_WORK 256L
+/* Balanced mode's search after the first packings (LPT's look for a pack
+ * without the item's expert, pairwise swaps, duplicate removal) shares one
+ * work budget per layer of R slots: max(min(LP_EPLB_REFINE_FLOOR,
+ * LP_EPLB_REFINE_PER_SLOT * R), LP_EPLB_REFINE_WORK * R * ceil(log2(R + 1)))
+ * units (a unit: one candidate pair or item looked at; a swap search costs
+ * at least 2 units per GPU). A pass stops between steps when the budget
+ * cannot pay for the next search, so the result stays deterministic and the
+ * solve is O(R log R) per layer. Today's sizes (R up to ~800: at most
+ * ~650k units, ~1200 per slot) stay far inside it, so their plans are those
+ * of the unbounded search; at 16384 slots on 1024 GPUs that search took
+ * ~200M units per layer. */
+#define LP_EPLB_REFINE_WORK 16L
+#define LP_EPLB_REFINE_PER_SLOT 8192L
+#define LP_EPLB_REFINE_FLOOR (1L << 22)
 
 typedef struct lp_eplb_plan lp_eplb_plan;
 
