@@ -90,14 +90,14 @@ typedef struct lp_eplb_stats {
 typedef struct lp_eplb_plan lp_eplb_plan;
 
 /* Size limits, checked before anything is allocated. Measured by
- * scripts/bench/eplb (scale rows, 58 x 256 experts on 1024 GPUs): the
- * whole `luapipe eplb` command takes ~115 bytes per slot at its peak (the
- * maps, and the Lua tables and JSON made from them) and 0.3 us per slot in
- * reference mode, 10-17 us per slot in balanced mode (16384 slots per layer:
- * 15.7 s for 58 layers). 2^22 slots in all is thus ~0.5 GB and at most
- * about a minute and a half. Re-planning against a previous plan relabels
- * GPUs through G x G tables (~40 bytes per pair: 0.7 GB at 4096 GPUs),
- * hence its GPU limit. */
+ * scripts/bench/eplb --scale (58 x 256 experts on 1024 GPUs, one core):
+ * the whole `luapipe eplb` command peaks at ~115 bytes per slot (the maps,
+ * and the Lua tables and JSON made from them) and takes ~0.3 us per slot
+ * in reference mode, 1.3-4 us in balanced mode (16384 slots per layer: 1.7 s
+ * for 58 layers). At 2^22 slots in all: ~0.7 GB, 1.9 s reference, 10 s
+ * balanced (15 s as 4 layers of 2^20). Re-planning against a previous plan
+ * relabels GPUs through G x G tables (~40 bytes per pair: 0.7 GB at 4096
+ * GPUs), hence its GPU limit. */
 #define LP_EPLB_MAX_REPLICAS (1 << 20) /* slots per layer */
 #define LP_EPLB_MAX_SLOTS (1 << 22)    /* slots in all: layers x replicas */
 #define LP_EPLB_MAX_RELABEL_GPUS 4096  /* gpus when a previous plan is given */
