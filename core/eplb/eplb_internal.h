@@ -77,6 +77,11 @@ struct eplb_ws {
   int *b_cur, *b_start, *b_list, *b_tstart, *b_tlist, *b_diff, *b_done,
       *b_stamp, *b_order;     /* [n] */
   double *b_load, *b_delta;   /* [n] */
+  /* refinement accounting (eplb_pack.c), summed over the call */
+  long refine_steps;          /* swaps applied by improve and dedup */
+  long refine_work;           /* budget units spent */
+  long refine_left;           /* budget units left in this layer */
+  long refine_cut;            /* passes the work budget stopped */
   void *arena;                /* every array, one allocation */
   size_t used;                /* bytes of it laid out */
 };
@@ -121,6 +126,10 @@ void eplb_reference_layer(const eplb_dims *d, const double *load,
  * swaps between packs and a duplicate-removing pass. */
 void eplb_pack_best(int n, int m, int k, const double *w, const int *tag,
                     eplb_ws *ws, int *items, double *load);
+/* Refinement work budget of one layer of `slots` slots (lp_eplb.h), shared
+ * by its passes (improve and dedup of every packing): each takes it from
+ * ws->refine_left. */
+long eplb_refine_budget(long slots);
 
 /* ---- balanced mode (eplb_balanced.c) -----------------------------------
  * Replaces the layer's placement (reference on entry) when a better one is

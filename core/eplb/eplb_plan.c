@@ -41,6 +41,15 @@ lp_status lp_eplb_check_shape(int layers, int experts, int replicas,
   if (groups < 1) FAIL(LP_ERR_ARG, "groups must be at least 1 (got %d)", groups);
   if (nodes < 1) FAIL(LP_ERR_ARG, "nodes must be at least 1 (got %d)", nodes);
   if (gpus < 1) FAIL(LP_ERR_ARG, "gpus must be at least 1 (got %d)", gpus);
+  if (replicas > LP_EPLB_MAX_REPLICAS)
+    FAIL(LP_ERR_ARG, "replicas %d: more than the limit of %d slots per layer", replicas,
+         LP_EPLB_MAX_REPLICAS);
+  /* and experts <= replicas (below): the load matrix is within it too */
+  if ((long long)layers * replicas > LP_EPLB_MAX_SLOTS)
+    FAIL(LP_ERR_ARG,
+         "%d layers x %d replicas = %lld slots: more than the limit of %d slots in all "
+         "(layers x replicas)",
+         layers, replicas, (long long)layers * replicas, LP_EPLB_MAX_SLOTS);
   if (replicas % gpus != 0)
     FAIL(LP_ERR_ARG, "replicas (%d) must be a multiple of gpus (%d)", replicas, gpus);
   if (gpus % nodes != 0)
@@ -53,9 +62,6 @@ lp_status lp_eplb_check_shape(int layers, int experts, int replicas,
          "experts (%d) must be a multiple of groups (%d) for the hierarchical "
          "policy (groups %% nodes == 0)",
          experts, groups);
-  if ((long long)layers * replicas > INT_MAX / 4 ||
-      (long long)layers * experts > INT_MAX / 4)
-    FAIL(LP_ERR_ARG, "the problem is too large (%d layers x %d slots)", layers, replicas);
   return LP_OK;
 }
 
@@ -391,6 +397,9 @@ lp_status lp_eplb_rebalance(const double *load, int layers, int experts,
   if (opt->max_moves >= 0 && !opt->previous)
     FAIL(LP_ERR_ARG, "max_moves needs a previous plan");
   if (opt->fixed_x < 0) FAIL(LP_ERR_ARG, "fixed_x must be 0 (automatic) or positive (got %d)", opt->fixed_x);
+  if (opt->previous && gpus > LP_EPLB_MAX_RELABEL_GPUS)
+    FAIL(LP_ERR_ARG, "gpus %d: more than the limit of %d GPUs for re-planning against a previous plan",
+         gpus, LP_EPLB_MAX_RELABEL_GPUS);
   LP_CHECK(check_load(load, layers, experts, err));
 
   eplb_dims d;
@@ -417,8 +426,10 @@ lp_status lp_eplb_rebalance(const double *load, int layers, int experts,
     int *rank = p->phyrank + (size_t)l * replicas;
     int *home = p->home + (size_t)l * experts;
     eplb_reference_layer(&d, row, &ws, map, rank, home);
-    if (opt->mode == LP_EPLB_BALANCED)
+    if (opt->mode == LP_EPLB_BALANCED) {
+      ws.refine_left = eplb_refine_budget(replicas);
       eplb_balanced_layer(&d, row, opt->spill, &ws, map, rank, home);
+    }
     if (opt->previous) {
       const int *prev = opt->previous + (size_t)l * replicas;
       eplb_relabel_layer(&d, prev, &ws, map, rank, home);
@@ -432,6 +443,9 @@ lp_status lp_eplb_rebalance(const double *load, int layers, int experts,
   }
   st = plan_finish(p, &d, load, opt->previous, opt->fixed_x, &ws, err);
   if (st != LP_OK) goto fail;
+  p->total.refine_steps = ws.refine_steps;
+  p->total.refine_work = ws.refine_work;
+  p->total.refine_cut = ws.refine_cut;
   eplb_ws_free(&ws);
   p->total.solve_ms = (lp_now() - t0) * 1e3;
   *out = p;

@@ -65,14 +65,49 @@ typedef struct lp_eplb_stats {
   long copies;     /* -1 without previous */
   int duplicates;
   double solve_ms; /* wall time of the call that made the plan */
+  /* balanced mode's search, summed over layers: swaps applied, budget
+   * units spent and passes the budget stopped (below); 0 in reference mode */
+  long refine_steps;
+  long refine_work;
+  long refine_cut;
 } lp_eplb_stats;
+
+/* Balanced mode's search after the first packings (LPT's look for a pack
+ * without the item's expert, pairwise swaps, duplicate removal) shares one
+ * work budget per layer of R slots: max(min(LP_EPLB_REFINE_FLOOR,
+ * LP_EPLB_REFINE_PER_SLOT * R), LP_EPLB_REFINE_WORK * R * ceil(log2(R + 1)))
+ * units (a unit: one candidate pair or item looked at; a swap search costs
+ * at least 2 units per GPU). A pass stops between steps when the budget
+ * cannot pay for the next search, so the result stays deterministic and the
+ * solve is O(R log R) per layer. Today's sizes (R up to ~800: at most
+ * ~650k units, ~1200 per slot) stay far inside it, so their plans are those
+ * of the unbounded search; at 16384 slots on 1024 GPUs that search took
+ * ~200M units per layer. */
+#define LP_EPLB_REFINE_WORK 16L
+#define LP_EPLB_REFINE_PER_SLOT 8192L
+#define LP_EPLB_REFINE_FLOOR (1L << 22)
 
 typedef struct lp_eplb_plan lp_eplb_plan;
 
+/* Size limits, checked before anything is allocated. Measured by
+ * scripts/bench/eplb --scale (58 x 256 experts on 1024 GPUs, one core):
+ * the whole `luapipe eplb` command peaks at ~115 bytes per slot (the maps,
+ * and the Lua tables and JSON made from them) and takes ~0.3 us per slot
+ * in reference mode, 1.3-4 us in balanced mode (16384 slots per layer: 1.7 s
+ * for 58 layers). At 2^22 slots in all: ~0.7 GB, 1.9 s reference, 10 s
+ * balanced (15 s as 4 layers of 2^20). Re-planning against a previous plan
+ * relabels GPUs through G x G tables (~40 bytes per pair: 0.7 GB at 4096
+ * GPUs), hence its GPU limit. */
+#define LP_EPLB_MAX_REPLICAS (1 << 20) /* slots per layer */
+#define LP_EPLB_MAX_SLOTS (1 << 22)    /* slots in all: layers x replicas */
+#define LP_EPLB_MAX_RELABEL_GPUS 4096  /* gpus when a previous plan is given */
+
 /* Checks a configuration (layers >= 1, positive counts, R % G == 0,
  * G % nodes == 0, R >= E, and E % groups == 0 when the hierarchical policy
- * applies, i.e. groups % nodes == 0). LP_ERR_ARG with the reason in err
- * (LP_ERRLEN bytes, may be NULL). */
+ * applies, i.e. groups % nodes == 0) and the size limits above. LP_ERR_ARG
+ * with the reason in err (LP_ERRLEN bytes, may be NULL), e.g. "58 layers x
+ * 1048576 replicas = 60817408 slots: more than the limit of 4194304 slots
+ * in all (layers x replicas)". */
 lp_status lp_eplb_check_shape(int layers, int experts, int replicas,
                               int groups, int nodes, int gpus, char *err);
 

@@ -283,7 +283,7 @@ static void push_plan(lua_State *L, const lp_eplb_plan *p, int compact, int ragg
   lp_eplb_stats st;
   lp_eplb_plan_stats(p, &st);
   const lp_eplb_layer_stats *ls = lp_eplb_plan_layer_stats(p);
-  lua_createtable(L, 0, 8);
+  lua_createtable(L, 0, 11);
   lb_set_number(L, "balancedness", st.balancedness);
   lb_set_number(L, "gpu_max_over_mean", st.gpu_max_over_mean);
   lb_set_number(L, "node_max_over_mean", st.node_max_over_mean);
@@ -291,6 +291,9 @@ static void push_plan(lua_State *L, const lp_eplb_plan *p, int compact, int ragg
   if (st.copies >= 0) lb_set_integer(L, "copies", st.copies);
   lb_set_integer(L, "duplicates", st.duplicates);
   lb_set_number(L, "solve_ms", st.solve_ms);
+  lb_set_integer(L, "refine_steps", st.refine_steps);
+  lb_set_integer(L, "refine_work", st.refine_work);
+  lb_set_integer(L, "refine_cut", st.refine_cut);
   lua_createtable(L, Ln, 0);
   for (int l = 0; l < Ln; l++) {
     lua_createtable(L, 0, 8);
@@ -451,12 +454,14 @@ static int lb_eplb_evaluate(lua_State *L) {
   return finish(L, b, st, err, compact, ragged, json);
 }
 
-/* core.eplb_check(experts, replicas, groups, nodes, gpus) -> true | nil, err */
+/* core.eplb_check(experts, replicas, groups, nodes, gpus [, layers = 1])
+ * -> true | nil, err */
 static int lb_eplb_check(lua_State *L) {
-  static const char *const names[5] = {"experts", "replicas", "groups", "nodes", "gpus"};
-  int v[5];
-  for (int i = 0; i < 5; i++) {
-    lua_Integer x = luaL_checkinteger(L, i + 1);
+  static const char *const names[6] = {"experts", "replicas", "groups", "nodes", "gpus",
+                                       "layers"};
+  int v[6];
+  for (int i = 0; i < 6; i++) {
+    lua_Integer x = i == 5 ? luaL_optinteger(L, i + 1, 1) : luaL_checkinteger(L, i + 1);
     if (x < INT32_MIN || x > INT32_MAX) {
       lua_pushnil(L);
       lua_pushfstring(L, "%s (%I) is out of range (at most %d)", names[i], x, (int)INT32_MAX);
@@ -465,7 +470,8 @@ static int lb_eplb_check(lua_State *L) {
     v[i] = (int)x;
   }
   char err[LP_ERRLEN];
-  if (lp_eplb_check_shape(1, v[0], v[1], v[2], v[3], v[4], err) != LP_OK) return lb_fail(L, err);
+  if (lp_eplb_check_shape(v[5], v[0], v[1], v[2], v[3], v[4], err) != LP_OK)
+    return lb_fail(L, err);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -476,4 +482,11 @@ void lb_open_eplb(lua_State *L) {
                                    {"eplb_check", lb_eplb_check},
                                    {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
+  /* the size limits of lp_eplb.h, for the CLI's option ranges and docs */
+  lua_pushinteger(L, LP_EPLB_MAX_REPLICAS);
+  lua_setfield(L, -2, "EPLB_MAX_REPLICAS");
+  lua_pushinteger(L, LP_EPLB_MAX_SLOTS);
+  lua_setfield(L, -2, "EPLB_MAX_SLOTS");
+  lua_pushinteger(L, LP_EPLB_MAX_RELABEL_GPUS);
+  lua_setfield(L, -2, "EPLB_MAX_RELABEL_GPUS");
 }

@@ -43,9 +43,13 @@ end
 --   physical_to_logical (tables or compact string).
 -- Returns {physical_to_logical, logical_to_physical, logical_count,
 --   gpu_load, gpu_copies (with previous: copies each GPU receives), stats = {balancedness, gpu_max_over_mean, node_max_over_mean,
---   off_node_load, copies, duplicates, solve_ms, per_layer = {...}},
+--   off_node_load, copies, duplicates, solve_ms, refine_steps, refine_work,
+--   refine_cut (balanced mode's swap refinement: swaps, budget units
+--   spent, passes its budget stopped), per_layer = {...}},
 --   layers, experts, replicas, gpus, nodes, width, policy, mode, compact}
--- or nil, message. compact = true gives the three maps as strings of
+-- or nil, message (also beyond eplb.limits: "58 layers x 131072 replicas =
+-- 7602176 slots: more than the limit of 4194304 slots in all (layers x
+-- replicas)"). compact = true gives the three maps as strings of
 -- native int32 (read them with string.unpack("i4", s, 4 * i + 1)).
 -- ragged = true lists each expert's slots in logical_to_physical without
 -- the -1 padding (logical_to_physical[l][e] has logical_count[l][e]
@@ -91,10 +95,18 @@ function M.evaluate(opts)
   return r, err
 end
 
--- Checks a configuration: true, or nil, message.
-function M.check(experts, replicas, groups, nodes, gpus)
-  return core.eplb_check(experts, replicas, groups, nodes, gpus)
+-- Checks a configuration (layers defaults to 1), size limits included:
+-- true, or nil, message.
+function M.check(experts, replicas, groups, nodes, gpus, layers)
+  return core.eplb_check(experts, replicas, groups, nodes, gpus, layers)
 end
+
+-- Size limits, checked before anything is allocated (lp_eplb.h): slots per
+-- layer (replicas), slots in all (layers x replicas), and GPUs when
+-- re-planning against a previous plan. Beyond them rebalance/evaluate
+-- return nil and one line naming the limit and the size asked for.
+M.limits = { replicas = core.EPLB_MAX_REPLICAS, slots = core.EPLB_MAX_SLOTS,
+  relabel_gpus = core.EPLB_MAX_RELABEL_GPUS }
 
 ---------------------------------------------------------------------------
 -- Predictors: each factory returns f(history) -> load, where history is the

@@ -957,6 +957,93 @@ static void test_errors(void **state) {
   assert_string_equal(lp_eplb_mode_name(LP_EPLB_BALANCED), "balanced");
 }
 
+/* ---- size limits and the refinement budget ---- */
+
+static void test_size_limits(void **state) {
+  (void)state;
+  const double *v = &readme_load[0][0];
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  /* every allocation fails: the limits are checked before any */
+  lp_test_oom_arm(0, 1);
+  expect_error(v, 1, 12, LP_EPLB_MAX_REPLICAS + 8, 4, 2, 8, &o, LP_ERR_ARG,
+               "replicas 1048584: more than the limit of 1048576 slots per layer");
+  expect_error(v, 5, 12, LP_EPLB_MAX_REPLICAS, 4, 2, 8, &o, LP_ERR_ARG,
+               "5 layers x 1048576 replicas = 5242880 slots: more than the limit of "
+               "4194304 slots in all (layers x replicas)");
+  expect_error(v, 58, 12, 131072, 4, 2, 8, &o, LP_ERR_ARG,
+               "58 layers x 131072 replicas = 7602176 slots: more than the limit");
+  int prev[32] = {0};
+  o.previous = prev;
+  expect_error(v, 1, 12, 8192, 4, 2, 8192, &o, LP_ERR_ARG,
+               "gpus 8192: more than the limit of 4096 GPUs for re-planning against a "
+               "previous plan");
+  lp_test_oom_disarm();
+  assert_int_equal(lp_test_oom_state.live, 0);
+  /* exactly at the limits is allowed */
+  assert_int_equal(lp_eplb_check_shape(4, 12, LP_EPLB_MAX_REPLICAS, 4, 2, 8, NULL), LP_OK);
+  assert_int_equal(lp_eplb_check_shape(5, 12, LP_EPLB_MAX_REPLICAS, 4, 2, 8, NULL), LP_ERR_ARG);
+  char err[LP_ERRLEN];
+  lp_eplb_plan *p;
+  assert_int_equal(lp_eplb_evaluate(v, 8, 12, prev, LP_EPLB_MAX_REPLICAS, 2, 8, NULL, &p, err),
+                   LP_ERR_ARG);
+  assert_string_equal(err, "8 layers x 1048576 replicas = 8388608 slots: more than the limit "
+                           "of 4194304 slots in all (layers x replicas)");
+}
+
+static long refine_budget(long slots) { /* as documented in lp_eplb.h */
+  long lg = 1;
+  while ((1L << lg) < slots + 1) lg++;
+  long floor = LP_EPLB_REFINE_PER_SLOT * slots;
+  if (floor > LP_EPLB_REFINE_FLOOR) floor = LP_EPLB_REFINE_FLOOR;
+  long nlogn = LP_EPLB_REFINE_WORK * slots * lg;
+  return floor > nlogn ? floor : nlogn;
+}
+
+/* Global policy, one layer: one packing of R items onto G GPUs, refined
+ * by 4 passes (swaps and duplicate removal after LPT and after KK) that
+ * share the layer's budget, each pass overshooting it by at most one
+ * linear scan (R + 2G); a swap search costs at least 2G units. */
+static void check_refinement(int E, int R, int G, int expect_steps) {
+  double *load = malloc((size_t)E * sizeof *load);
+  rng = 77;
+  random_loads(load, E, 0);
+  lp_eplb_plan *p = plan_or_fail(load, 1, E, R, 1, 1, G, NULL);
+  check_invariants(p);
+  lp_eplb_stats st;
+  lp_eplb_plan_stats(p, &st);
+  const long budget = refine_budget(R) + 4L * (R + 2L * G);
+  if (st.refine_work > budget)
+    fail_msg("R=%d G=%d: refinement work %ld over the budget %ld", R, G, st.refine_work, budget);
+  if (st.refine_steps > st.refine_work / (2L * G))
+    fail_msg("R=%d G=%d: %ld steps for %ld work", R, G, st.refine_steps, st.refine_work);
+  assert_true(st.refine_cut > 0); /* these sizes all reach the budget */
+  assert_int_equal(st.refine_steps > 0, expect_steps);
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  o.mode = LP_EPLB_REFERENCE;
+  lp_eplb_plan *ref = plan_or_fail(load, 1, E, R, 1, 1, G, &o);
+  assert_true(lp_eplb_plan_layer_stats(p)[0].max_load <= lp_eplb_plan_layer_stats(ref)[0].max_load);
+  lp_eplb_plan_stats(ref, &st);
+  assert_int_equal(st.refine_steps, 0);
+  assert_int_equal(st.refine_work, 0);
+  lp_eplb_plan_free(ref);
+  lp_eplb_plan_free(p);
+  free(load);
+}
+
+static void test_refinement_budget(void **state) {
+  (void)state;
+  /* 2 GPUs x 4096 slots: one swap search is 4096^2 pairs, over the
+   * layer's budget of 2^22, so none is made; unbounded, the passes ran
+   * thousands of them */
+  check_refinement(256, 8192, 2, 0);
+  /* the audit's shape, one layer: 16384 slots on 1024 GPUs (unbounded:
+   * ~200M units, 3.5 s); and 2^18 slots */
+  check_refinement(256, 16384, 1024, 1);
+  check_refinement(256, 1 << 18, 1024, 0); /* LPT's tag search spends it all */
+}
+
 /* ---- out of memory ---- */
 
 static void test_out_of_memory(void **state) {
@@ -1008,6 +1095,8 @@ int main(void) {
       cmocka_unit_test(test_degenerate),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_out_of_memory),
+      cmocka_unit_test(test_size_limits),
+      cmocka_unit_test(test_refinement_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -119,6 +119,19 @@ expect_in "R/G named" "$tmp/err" "replicas (15) must be a multiple of gpus (8)"
 expect_rc "max-moves without previous" 2 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --max-moves 3
 expect_rc "spill with reference" 2 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode reference --spill
 
+# size limits (eplb.limits): one line naming the limit and what was asked, exit 2
+printf '[%s]\n' "$(for l in $(seq 58); do printf '[%s],' "$V0"; done | sed 's/,$//')" >"$tmp/v58.json"
+expect_rc "over the slot limit" 2 "$LP" eplb --loads "$tmp/v58.json" --replicas 131072 --gpus 1024
+expect_in "slot limit named" "$tmp/err" \
+  "luapipe eplb: 58 layers x 131072 replicas = 7602176 slots: more than the limit of 4194304 slots in all (layers x replicas)"
+[ "$(wc -l <"$tmp/err")" -eq 1 ] && ok "slot limit: one line" || bad "slot limit: one line"
+expect_rc "over the per-layer limit" 2 "$LP" eplb --loads "$tmp/v.json" --replicas 2097152 --gpus 8
+expect_in "per-layer limit named" "$tmp/err" "luapipe eplb: --replicas must be from 1 to 1048576, got '2097152'"
+expect_rc "over the relabel GPU limit" 2 "$LP" eplb --loads "$tmp/v.json" --replicas 8192 --gpus 8192 \
+  --previous "$tmp/plan.json"
+expect_in "relabel GPU limit named" "$tmp/err" \
+  "luapipe eplb: --gpus 8192: more than the limit of 4096 GPUs for re-planning against --previous"
+
 # help lists the options
 expect_rc "help" 0 "$LP" help eplb
 expect_in "help mentions --max-moves" "$tmp/out" "--max-moves"

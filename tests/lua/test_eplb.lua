@@ -314,4 +314,45 @@ function TestBalancer.test_bad_configuration_is_a_failure_not_a_crash()
   lu.assertStrContains(err, "replicas (20) must be a multiple of gpus (8)")
 end
 
+TestLimits = {}
+
+-- Over a size limit: nil and one line naming the limit and the size asked
+-- for, from rebalance, evaluate and check alike, before anything is built.
+function TestLimits.test_over_the_limits()
+  lu.assertEquals(eplb.limits, { replicas = 1048576, slots = 4194304, relabel_gpus = 4096 })
+  local load = {}
+  for l = 1, 5 do load[l] = { 1, 2, 3, 4 } end
+  local plan, err = eplb.rebalance{ load = load, replicas = 1 << 20, gpus = 4 }
+  lu.assertNil(plan)
+  lu.assertEquals(err, "5 layers x 1048576 replicas = 5242880 slots: more than the limit of "
+    .. "4194304 slots in all (layers x replicas)")
+  plan, err = eplb.rebalance{ load = { { 1, 2, 3, 4 } }, replicas = (1 << 20) + 4, gpus = 4 }
+  lu.assertNil(plan)
+  lu.assertEquals(err, "replicas 1048580: more than the limit of 1048576 slots per layer")
+  local prev = {}
+  for s = 1, 8192 do prev[s] = (s - 1) % 4 end
+  plan, err = eplb.rebalance{ load = { { 1, 2, 3, 4 } }, replicas = 8192, gpus = 8192,
+    previous = { prev } }
+  lu.assertNil(plan)
+  lu.assertEquals(err, "gpus 8192: more than the limit of 4096 GPUs for re-planning against a previous plan")
+  local ok
+  ok, err = eplb.check(4, 1 << 20, 1, 1, 4, 5)
+  lu.assertNil(ok)
+  lu.assertStrContains(err, "5242880 slots: more than the limit of 4194304")
+  lu.assertTrue(eplb.check(4, 1 << 20, 1, 1, 4, 4))
+  lu.assertTrue(eplb.check(4, 1 << 20, 1, 1, 4)) -- layers defaults to 1
+end
+
+-- Balanced mode reports its swap refinement; reference mode has none.
+function TestLimits.test_refinement_counted()
+  local load = { {} }
+  for e = 1, 64 do load[1][e] = (e * 37) % 101 end
+  local r = assert(eplb.rebalance{ load = load, replicas = 256, gpus = 16 })
+  lu.assertTrue(r.stats.refine_work > 0)
+  lu.assertTrue(r.stats.refine_steps >= 0 and r.stats.refine_steps <= r.stats.refine_work)
+  lu.assertEquals(r.stats.refine_cut, 0)
+  r = assert(eplb.rebalance{ load = load, replicas = 256, gpus = 16, mode = "reference" })
+  lu.assertEquals({ r.stats.refine_steps, r.stats.refine_work, r.stats.refine_cut }, { 0, 0, 0 })
+end
+
 os.exit(lu.LuaUnit.run())

@@ -9,7 +9,9 @@
 -- `#` comments are skipped). --previous takes the same formats with expert
 -- ids, or the JSON this command wrote. Read errors name the file, line and
 -- entry as written and exit 1; bad options are one line and exit 2 (counts
--- are integers from 1 to 2^20, --max-moves from 0).
+-- are integers from 1 to 2^20, --max-moves from 0), and so is a plan over
+-- the size limits (eplb.limits: 2^20 slots per layer, 2^22 slots in all,
+-- layers x --replicas; 4096 GPUs with --previous).
 --
 -- The JSON output has one line per layer for each map; logical_to_physical
 -- lists each expert's slots without DeepSeek's -1 padding (logical_count
@@ -28,7 +30,7 @@ function M.parser(p)
   p:option("--loads", "Load file: JSON array of layers or text, one layer per line.")
     :argname("FILE"):count(1)
   p:option("--replicas", "Physical expert slots per layer (R).")
-    :argname("R"):count(1):convert(int_option("--replicas", 1, MAX_COUNT))
+    :argname("R"):count(1):convert(int_option("--replicas", 1, eplb.limits.replicas))
   p:option("--groups", "Expert groups (hierarchical policy when groups % nodes == 0).")
     :argname("G"):default("1"):convert(int_option("--groups", 1, MAX_COUNT))
   p:option("--nodes", "Server nodes.")
@@ -286,8 +288,12 @@ function M.run(args)
   local load, err = read_matrix(args.loads, "number")
   if not load then return fail(err) end
   local ok
-  ok, err = eplb.check(#load[1], args.replicas, args.groups, args.nodes, args.gpus)
+  ok, err = eplb.check(#load[1], args.replicas, args.groups, args.nodes, args.gpus, #load)
   if not ok then return fail(err, 2) end
+  if args.previous and args.gpus > eplb.limits.relabel_gpus then
+    return fail(string.format("--gpus %d: more than the limit of %d GPUs for re-planning against --previous",
+      args.gpus, eplb.limits.relabel_gpus), 2)
+  end
   if args.max_moves and not args.previous then return fail("--max-moves needs --previous", 2) end
   if args.spill and args.mode == "reference" then
     return fail("--spill needs --mode balanced (reference is DeepSeek's algorithm exactly)", 2)
