@@ -502,7 +502,7 @@ static void test_randomized(void **state) {
 
 /* ---- scale ----
  * Functional checks at a size where a quadratic validator or lowering would
- * show; the timings live in scripts/bench/schedule (no wall-clock limits in
+ * show; the timings live in scripts/bench/schedules (no wall-clock limits in
  * tests). */
 
 static void test_large(void **state) {
