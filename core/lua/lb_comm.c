@@ -69,11 +69,12 @@ static void *check_numbers(lua_State *L, int idx, int as_double, size_t *n) {
 
 /* core.comm_allreduce_sum(list [, what]) -> list of sums | nil, err
  * (in double precision). */
-static int lb_comm_allreduce_sum(lua_State *L) {
-  lp_comm *c = lp_comm_world();
+/* The element-wise sum over the ranks of c of the list at `list` (the
+ * watchdog text at `what`): the list of sums | nil, err. */
+static int allreduce_on(lua_State *L, lp_comm *c, int list, int what_arg) {
+  const char *what = luaL_optstring(L, what_arg, "comm.allreduce");
   size_t n;
-  const char *what = luaL_optstring(L, 2, "comm.allreduce");
-  double *buf = check_numbers(L, 1, 1, &n);
+  double *buf = check_numbers(L, list, 1, &n);
   lp_status st = lp_comm_allreduce_sum_double(c, buf, n, what);
   if (st != LP_OK) return comm_fail(L, c, st);
   lua_createtable(L, (int)n, 0);
@@ -82,6 +83,10 @@ static int lb_comm_allreduce_sum(lua_State *L) {
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   return 1;
+}
+
+static int lb_comm_allreduce_sum(lua_State *L) {
+  return allreduce_on(L, lp_comm_world(), 1, 2);
 }
 
 static int check_tag(lua_State *L, int arg, lp_comm *c) {
@@ -207,18 +212,7 @@ static int lb_comm_obj_barrier(lua_State *L) {
 
 /* c:allreduce(list [, what]) -> sums (in doubles) | nil, err */
 static int lb_comm_obj_allreduce(lua_State *L) {
-  lp_comm *c = check_comm(L, 1);
-  const char *what = luaL_optstring(L, 3, "comm.allreduce");
-  size_t n;
-  double *buf = check_numbers(L, 2, 1, &n);
-  lp_status st = lp_comm_allreduce_sum_double(c, buf, n, what);
-  if (st != LP_OK) return comm_fail(L, c, st);
-  lua_createtable(L, (int)n, 0);
-  for (size_t i = 0; i < n; i++) {
-    lua_pushnumber(L, buf[i]);
-    lua_rawseti(L, -2, (lua_Integer)i + 1);
-  }
-  return 1;
+  return allreduce_on(L, check_comm(L, 1), 2, 3);
 }
 
 /* c:bcast(list, root [, what]) -> root's list (as doubles) | nil, err;
