@@ -193,10 +193,12 @@ function M.resume(cfg, exec)
 end
 
 -- Saves after step k when k is a multiple of cfg.every (collective).
--- state (optional): a JSON-able table, the same on every rank, that rank 0
--- writes to step<k>/state.json (resume puts it in cfg.state).
+-- state (optional): a function called on every rank when it saves (it may
+-- be collective) giving a JSON-able table, the same on every rank, that
+-- rank 0 writes to step<k>/state.json (resume puts it in cfg.state).
 function M.after_step(cfg, exec, k, info, state)
   if not cfg or not cfg.every or k % cfg.every ~= 0 then return end
+  if state then state = state() end
   local rank = comm.rank()
   local dir, sdir = cfg.dir, step_dir(cfg.dir, k)
   local ok, err = true, nil

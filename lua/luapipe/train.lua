@@ -44,8 +44,8 @@
 -- Balancer's history and plan in force, the summary tallies), so a resumed
 -- run with eplb plans and trains bitwise as the one that never stopped;
 -- state.json written with another ep, eplb.every or eplb.redundant is
--- refused naming the file. A checkpoint without EPLB state (trained without
--- eplb.every) resumed with it starts the Balancer afresh.
+-- refused naming the file (a resumed run is the run that was saved; a
+-- custom predictor or threshold is not stored: give the same again).
 --
 -- Mixture of experts: pp = P, ep = E run on P x E ranks (mpirun -np P*E;
 -- rank = pipeline rank * E + EP index); each EP rank takes its share of
@@ -149,12 +149,15 @@ local function eplb_loop(exec, opts, ep)
   end
   -- What a checkpoint keeps so that a resumed run plans as this one would:
   -- the placements in force, the Balancer's history and plan in force, the
-  -- load-ratio tallies (floats as exact text). nil before the first step.
+  -- load-ratio tallies (floats as exact text), the bytes moved by all
+  -- ranks. nil before the first step (or without MoE layers). Collective.
   function L.state()
     if not L.placements then return nil end
     local function exact(a) return { sum = string.format("%.17g", a.sum), n = a.n } end
+    local moved = assert(comm.allreduce({ L.bytes }, "EPLB: bytes moved"))[1]
     return { ep = ep, every = L.opts.every, redundant = L.opts.redundant or 0,
-      placements = L.placements, plans = L.plans, bytes = L.bytes, before = exact(L.before),
+      placements = L.placements, plans = L.plans, bytes = math.floor(moved + 0.5),
+      before = exact(L.before),
       after = exact(L.after), balancer = L.bal and L.bal:export() or nil }
   end
   -- Takes back L.state() from a checkpoint (file: its name, for errors);
@@ -169,7 +172,8 @@ local function eplb_loop(exec, opts, ep)
     if t.redundant ~= (L.opts.redundant or 0) then
       differs("eplb.redundant", t.redundant, L.opts.redundant or 0)
     end
-    L.placements, L.plans, L.bytes = t.placements, t.plans, t.bytes
+    -- the bytes of every rank so far count once, on rank 0
+    L.placements, L.plans, L.bytes = t.placements, t.plans, comm.rank() == 0 and t.bytes or 0
     L.before = { sum = tonumber(t.before.sum), n = t.before.n }
     L.after = { sum = tonumber(t.after.sum), n = t.after.n }
     if t.balancer then
@@ -472,7 +476,7 @@ function M.run(opts)
       if size > 1 then comm.abort(tostring(eerr)) end
       fail(tostring(eerr))
     end
-    if ckpt then checkpoint.after_step(ckpt, exec, k, info, { eplb = balance.state() }) end
+    if ckpt then checkpoint.after_step(ckpt, exec, k, info, function() return { eplb = balance.state() } end) end
   end
   local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec,
     device = device_name }

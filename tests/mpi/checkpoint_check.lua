@@ -61,7 +61,10 @@ if mode == "full" then
   local f = assert(io.open(full_file, "w"))
   f:write("return {\nlosses = {")
   for k = 1, steps do f:write(string.format("%.17g, ", r.losses[k])) end
-  f:write("},\nstages = {\n")
+  f:write("},\n")
+  local e = r.summary.eplb
+  if e then f:write(string.format("eplb = {plans = %d, bytes = %d},\n", e.plans, e.bytes)) end
+  f:write("stages = {\n")
   for _, vs in ipairs(r.stage_params()) do
     f:write(string.format("{id = %d, params = {\n", vs.id))
     for name, vals in pairs(vs.params) do
@@ -97,6 +100,12 @@ elseif mode == "resume" then
       fails[#fails + 1] = string.format("loss of step %d: %.17g, uninterrupted %.17g", k,
         got or 0 / 0, want.losses[k])
     end
+  end
+  -- EPLB: the resumed run's summary counts the plans and bytes of both jobs
+  local e = r.summary and r.summary.eplb
+  if want.eplb and (not e or e.plans ~= want.eplb.plans or e.bytes ~= want.eplb.bytes) then
+    fails[#fails + 1] = string.format("EPLB summary: %s plans, %s bytes; uninterrupted %d, %d",
+      e and e.plans or "no", e and e.bytes or "no", want.eplb.plans, want.eplb.bytes)
   end
   local n, nv = 0, 0
   for i, vs in ipairs(r.stage_params()) do
