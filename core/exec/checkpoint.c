@@ -364,6 +364,7 @@ corrupt:
 /* One MoE layer's record: where it is, the placement and the bias. */
 typedef struct moe_rec {
   int vstage, moe, experts, spr;
+  int restored; /* (the old placement) this load replaced it */
   int *p2l;    /* spr * ep */
   float *bias; /* experts */
 } moe_rec;
@@ -407,7 +408,7 @@ static lp_status moe_pass(load_ctx *c, rd *r, int nloc, int ep, moe_rec **out, i
         recs = g;
       }
       moe_rec *m = &recs[n++];
-      m->vstage = i, m->moe = mi, m->experts = E, m->spr = spr;
+      m->vstage = i, m->moe = mi, m->experts = E, m->spr = spr, m->restored = 0;
       m->p2l = lp_malloc((size_t)spr * (size_t)ep * sizeof *m->p2l);
       m->bias = lp_malloc((size_t)E * sizeof *m->bias);
       if (!m->p2l || !m->bias) { st = LP_ERR_NOMEM; break; }
@@ -541,7 +542,6 @@ static lp_status load_file(load_ctx *c, unsigned char *data, size_t size, int64_
     olds = lp_calloc((size_t)nrec, sizeof *olds);
     if (!olds) st = LP_ERR_NOMEM;
   }
-  int changed = 0;
   for (int q = 0; q < nrec && st == LP_OK; q++) {
     lp_nn_layer *m = lp_nn_moe_find(lp_exec_vstage_chunk(e, recs[q].vstage), recs[q].moe);
     olds[q] = recs[q];
@@ -560,7 +560,7 @@ static lp_status load_file(load_ctx *c, unsigned char *data, size_t size, int64_
               lp_exec_last_error(e));
       break;
     }
-    changed = q + 1;
+    olds[q].restored = 1;
   }
   size_t body = r.off;
   if (st == LP_OK) st = stages_pass(c, &r, nloc, 0);
@@ -586,8 +586,8 @@ static lp_status load_file(load_ctx *c, unsigned char *data, size_t size, int64_
   lp_free(c->scratch);
   c->scratch = NULL;
   if (st != LP_OK) /* back to the placements this run had (values as initialised) */
-    for (int q = 0; q < changed; q++)
-      if (olds[q].p2l)
+    for (int q = 0; q < nrec && olds; q++)
+      if (olds[q].restored)
         (void)lp_exec_restore_placement(e, olds[q].vstage, olds[q].moe, olds[q].spr, olds[q].p2l);
   for (int q = 0; q < nrec; q++) {
     if (olds) lp_free(olds[q].p2l);
