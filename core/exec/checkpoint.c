@@ -1,6 +1,7 @@
 /* checkpoint.c — per-rank checkpoints of the executor's virtual stages
  * (parameter values, optimizer state, step), written atomically; see the
- * checkpoint section of lp_exec.h for the format. Only the executor's
+ * checkpoint section of lp_exec.h for the format. Version 2 adds the EP
+ * size, and per MoE layer the placement in force and the router bias. Only the executor's
  * public accessors are used. */
 #define _POSIX_C_SOURCE 200809L
 #include "lp_exec.h"
@@ -13,7 +14,7 @@
 #include <unistd.h>
 
 #define CK_MAGIC "LPIPECKP"
-#define CK_VERSION 1u
+#define CK_VERSION 2u /* 2: EP size, expert placements, router biases */
 #define CK_BOM 0x01020304u
 #define CK_NAME_MAX 1024
 
@@ -91,8 +92,40 @@ static lp_status save_body(void *ud, wr *w, char *err) {
   put_i32(w, lp_schedule_microbatches(s));
   put_str(w, sched_name(s));
   put_str(w, nloc > 0 ? lp_nn_optim_kind(lp_exec_vstage_optim(e, 0)) : "none");
+  int ep_rank = 0, ep = lp_exec_ep(e, &ep_rank);
+  put_i32(w, ep);
+  put_i32(w, ep_rank);
   put_i64(w, c->step);
   put_i32(w, nloc);
+  /* MoE layers: placement in force (restored before the parameters are
+   * read, so slot parameters land in their slots) and router bias */
+  for (int i = 0; i < nloc; i++) {
+    lp_nn_layer *chunk = lp_exec_vstage_chunk(e, i);
+    int nm = lp_nn_moe_count(chunk);
+    put_u32(w, (uint32_t)nm);
+    for (int mi = 0; mi < nm; mi++) {
+      lp_nn_layer *m = lp_nn_moe_find(chunk, mi);
+      int E = lp_nn_moe_get_opts(m)->experts, spr = lp_nn_moe_slots_per_rank(m);
+      size_t ns = (size_t)spr * (size_t)ep;
+      int *p2l = lp_malloc(ns * sizeof *p2l);
+      float *bias = lp_malloc((size_t)E * sizeof *bias);
+      lp_status st = p2l && bias ? lp_nn_moe_placement(m, p2l) : LP_ERR_NOMEM;
+      if (st == LP_OK) st = lp_nn_moe_get_bias(m, bias);
+      if (st == LP_OK) {
+        put_i32(w, E);
+        put_i32(w, spr);
+        for (size_t q = 0; q < ns; q++) put_i32(w, p2l[q]);
+        put(w, bias, (size_t)E * sizeof *bias);
+      }
+      lp_free(p2l);
+      lp_free(bias);
+      if (st != LP_OK) {
+        lp_errf(err, "reading MoE layer %d of stage %d: %s", mi, lp_exec_vstage_id(e, i),
+                lp_strerror(st));
+        return st;
+      }
+    }
+  }
   for (int i = 0; i < nloc; i++) {
     lp_nn_layer *chunk = lp_exec_vstage_chunk(e, i);
     lp_nn_optim *o = lp_exec_vstage_optim(e, i);
@@ -328,6 +361,83 @@ corrupt:
   return LP_ERR_PARSE;
 }
 
+/* One MoE layer's record: where it is, the placement and the bias. */
+typedef struct moe_rec {
+  int vstage, moe, experts, spr;
+  int restored; /* (the old placement) this load replaced it */
+  int *p2l;    /* spr * ep */
+  float *bias; /* experts */
+} moe_rec;
+
+/* Reads and checks the MoE records of the nloc virtual stages against this
+ * run (layer count and experts per layer; a placement naming every expert).
+ * *out gets them (to free) in file order. */
+static lp_status moe_pass(load_ctx *c, rd *r, int nloc, int ep, moe_rec **out, int *nout) {
+  lp_exec *e = c->e;
+  int n = 0, cap = 0;
+  moe_rec *recs = NULL;
+  lp_status st = LP_OK;
+  *out = NULL;
+  *nout = 0;
+  for (int i = 0; i < nloc && st == LP_OK; i++) {
+    lp_nn_layer *chunk = lp_exec_vstage_chunk(e, i);
+    uint32_t nm = get_u32(r);
+    int mynm = lp_nn_moe_count(chunk);
+    if (r->bad) goto corrupt;
+    if (nm != (uint32_t)mynm) {
+      lp_errf(c->msg, "checkpoint %s does not match the model: model stage %d has %u MoE layers "
+              "in the checkpoint, %d in this model", c->path, lp_exec_vstage_stage(e, i), nm, mynm);
+      st = LP_ERR_INVALID;
+      break;
+    }
+    for (int mi = 0; mi < mynm; mi++) {
+      int E = get_i32(r), spr = get_i32(r);
+      int myE = lp_nn_moe_get_opts(lp_nn_moe_find(chunk, mi))->experts;
+      if (r->bad || spr < 1 || E < 1 || (int64_t)spr * ep > (int64_t)1 << 24) goto corrupt;
+      if (E != myE) {
+        lp_errf(c->msg, "checkpoint %s does not match the model: MoE layer %d of model stage %d "
+                "has %d experts in the checkpoint, %d in this model", c->path, mi + 1,
+                lp_exec_vstage_stage(e, i), E, myE);
+        st = LP_ERR_INVALID;
+        break;
+      }
+      if (n == cap) {
+        cap = cap ? 2 * cap : 4;
+        moe_rec *g = lp_realloc(recs, (size_t)cap * sizeof *g);
+        if (!g) { st = LP_ERR_NOMEM; break; }
+        recs = g;
+      }
+      moe_rec *m = &recs[n++];
+      m->vstage = i, m->moe = mi, m->experts = E, m->spr = spr, m->restored = 0;
+      m->p2l = lp_malloc((size_t)spr * (size_t)ep * sizeof *m->p2l);
+      m->bias = lp_malloc((size_t)E * sizeof *m->bias);
+      if (!m->p2l || !m->bias) { st = LP_ERR_NOMEM; break; }
+      for (int s = 0; s < spr * ep; s++) {
+        m->p2l[s] = get_i32(r);
+        if (m->p2l[s] < 0 || m->p2l[s] >= E) r->bad = 1;
+      }
+      const void *q = take(r, (size_t)E * sizeof(float));
+      if (!q) goto corrupt;
+      memcpy(m->bias, q, (size_t)E * sizeof(float));
+      for (int x = 0; x < E; x++) { /* every expert needs a slot */
+        int has = 0;
+        for (int s = 0; s < spr * ep && !has; s++) has = m->p2l[s] == x;
+        if (!has) goto corrupt;
+      }
+    }
+  }
+  if (st == LP_ERR_NOMEM) lp_errf(c->msg, "out of memory loading checkpoint %s", c->path);
+  *out = recs;
+  *nout = n;
+  return st;
+corrupt:
+  lp_errf(c->msg, "checkpoint %s is corrupt: its MoE records do not parse (offset %zu of %zu)",
+          c->path, r->off, r->n);
+  *out = recs;
+  *nout = n;
+  return LP_ERR_PARSE;
+}
+
 static lp_status load_file(load_ctx *c, unsigned char *data, size_t size, int64_t *step) {
   lp_exec *e = c->e;
   const lp_schedule *s = lp_exec_schedule(e);
@@ -352,8 +462,9 @@ static lp_status load_file(load_ctx *c, unsigned char *data, size_t size, int64_
     return LP_ERR_PARSE;
   }
   if (version != CK_VERSION) {
-    lp_errf(c->msg, "checkpoint %s has format version %u; this luapipe reads version %u",
-            c->path, version, CK_VERSION);
+    lp_errf(c->msg, "checkpoint %s has format version %u; this luapipe reads version %u%s",
+            c->path, version, CK_VERSION, version == 1 ? " (version 1 has no expert placements "
+            "or router biases: resume it with the luapipe that wrote it)" : "");
     return LP_ERR_PARSE;
   }
   uint64_t want, got = fnv1a(FNV_START, data, size - 8);
@@ -369,6 +480,7 @@ static lp_status load_file(load_ctx *c, unsigned char *data, size_t size, int64_
   char name[CK_NAME_MAX], okind[32];
   get_str(&r, name, sizeof name);
   get_str(&r, okind, sizeof okind);
+  int ck_ep = get_i32(&r), ck_ep_rank = get_i32(&r);
   int64_t ck_step = get_i64(&r);
   int nloc = get_i32(&r);
   if (r.bad) {
@@ -398,6 +510,16 @@ static lp_status load_file(load_ctx *c, unsigned char *data, size_t size, int64_
     snprintf(b, sizeof b, "%d / %d", lp_schedule_stages(s), lp_schedule_vstages(s));
     add_diff(diff, sizeof diff, "%s in the checkpoint, %s in this run", a, b);
   }
+  int my_ep_rank = 0, my_ep = lp_exec_ep(e, &my_ep_rank);
+  if (ck_ep != my_ep) {
+    snprintf(a, sizeof a, "%d", ck_ep);
+    snprintf(b, sizeof b, "%d", my_ep);
+    add_diff(diff, sizeof diff, "EP size %s in the checkpoint, %s in this run", a, b);
+  } else if (ck_ep_rank != my_ep_rank) {
+    snprintf(a, sizeof a, "%d", ck_ep_rank);
+    snprintf(b, sizeof b, "%d", my_ep_rank);
+    add_diff(diff, sizeof diff, "EP index %s in the checkpoint, %s in this run", a, b);
+  }
   if (strcmp(okind, mykind) != 0)
     add_diff(diff, sizeof diff, "optimizer %s in the checkpoint, %s in this run", okind,
              mykind);
@@ -411,18 +533,69 @@ static lp_status load_file(load_ctx *c, unsigned char *data, size_t size, int64_
     lp_errf(c->msg, "checkpoint %s does not match this run: %s", c->path, diff);
     return LP_ERR_INVALID;
   }
-  size_t body = r.off;
-  LP_CHECK(stages_pass(c, &r, nloc, 0));
-  /* everything checked: allocate first, so applying cannot fail halfway */
-  c->scratch = lp_malloc((c->max_sn ? c->max_sn : 1) * sizeof(float));
-  if (!c->scratch) {
-    lp_errf(c->msg, "out of memory loading checkpoint %s", c->path);
-    return LP_ERR_NOMEM;
+  moe_rec *recs = NULL, *olds = NULL;
+  int nrec = 0;
+  lp_status st = moe_pass(c, &r, nloc, my_ep, &recs, &nrec);
+  /* the checkpoint's placements first (the old ones kept to go back to),
+   * so the parameter lists below are the ones the file was written from */
+  if (st == LP_OK && nrec) {
+    olds = lp_calloc((size_t)nrec, sizeof *olds);
+    if (!olds) st = LP_ERR_NOMEM;
   }
-  r.off = body;
-  lp_status st = stages_pass(c, &r, nloc, 1);
+  for (int q = 0; q < nrec && st == LP_OK; q++) {
+    lp_nn_layer *m = lp_nn_moe_find(lp_exec_vstage_chunk(e, recs[q].vstage), recs[q].moe);
+    olds[q] = recs[q];
+    olds[q].spr = lp_nn_moe_slots_per_rank(m);
+    olds[q].p2l = lp_malloc((size_t)olds[q].spr * (size_t)my_ep * sizeof(int));
+    olds[q].bias = NULL;
+    st = olds[q].p2l ? lp_nn_moe_placement(m, olds[q].p2l) : LP_ERR_NOMEM;
+    if (st != LP_OK) break;
+    if (olds[q].spr == recs[q].spr &&
+        !memcmp(olds[q].p2l, recs[q].p2l, (size_t)recs[q].spr * (size_t)my_ep * sizeof(int)))
+      continue;
+    st = lp_exec_restore_placement(e, recs[q].vstage, recs[q].moe, recs[q].spr, recs[q].p2l);
+    if (st != LP_OK) {
+      lp_errf(c->msg, "checkpoint %s: restoring the expert placement of MoE layer %d of local "
+              "virtual stage %d: %s", c->path, recs[q].moe, recs[q].vstage,
+              lp_exec_last_error(e));
+      break;
+    }
+    olds[q].restored = 1;
+  }
+  size_t body = r.off;
+  if (st == LP_OK) st = stages_pass(c, &r, nloc, 0);
+  /* everything checked: allocate first, so applying cannot fail halfway */
+  if (st == LP_OK) {
+    c->scratch = lp_malloc((c->max_sn ? c->max_sn : 1) * sizeof(float));
+    if (!c->scratch) {
+      lp_errf(c->msg, "out of memory loading checkpoint %s", c->path);
+      st = LP_ERR_NOMEM;
+    }
+  }
+  if (st == LP_OK) {
+    r.off = body;
+    st = stages_pass(c, &r, nloc, 1);
+  }
+  for (int q = 0; q < nrec && st == LP_OK; q++) {
+    st = lp_nn_moe_set_bias(lp_nn_moe_find(lp_exec_vstage_chunk(e, recs[q].vstage), recs[q].moe),
+                            recs[q].bias);
+    if (st != LP_OK)
+      lp_errf(c->msg, "checkpoint %s: setting the router bias of MoE layer %d: %s", c->path,
+              recs[q].moe, lp_strerror(st));
+  }
   lp_free(c->scratch);
   c->scratch = NULL;
+  if (st != LP_OK) /* back to the placements this run had (values as initialised) */
+    for (int q = 0; q < nrec && olds; q++)
+      if (olds[q].restored)
+        (void)lp_exec_restore_placement(e, olds[q].vstage, olds[q].moe, olds[q].spr, olds[q].p2l);
+  for (int q = 0; q < nrec; q++) {
+    if (olds) lp_free(olds[q].p2l);
+    lp_free(recs[q].p2l);
+    lp_free(recs[q].bias);
+  }
+  lp_free(olds);
+  lp_free(recs);
   if (st == LP_OK && step) *step = ck_step;
   return st;
 }

@@ -181,6 +181,15 @@ lp_status lp_exec_expert_loads(const lp_exec *e, int *layers, const int **expert
  * rebuilding the optimizer) leaves the executor unusable: end the job. */
 lp_status lp_exec_set_placement(lp_exec *e, int layer, int slots_per_rank,
                                 const int *phys_to_log, int64_t *bytes_moved);
+/* Sets MoE layer `moe` (lp_nn_moe_find order) of this rank's i-th virtual
+ * stage to the placement (slots_per_rank, phys_to_log) without moving
+ * anything: local, not collective, for loading a checkpoint that holds
+ * the values. Slots of experts this rank did not hold start from their
+ * seeded values; the stage's optimizer is rebuilt with zero state (import
+ * the real state). LP_ERR_ARG (nothing changed) for a bad index or map;
+ * another failure leaves the executor unusable. */
+lp_status lp_exec_restore_placement(lp_exec *e, int i, int moe, int slots_per_rank,
+                                    const int *phys_to_log);
 /* The EP group size (1: no EP) and this rank's index in it. */
 int lp_exec_ep(const lp_exec *e, int *ep_rank);
 /* Floats of the messages this rank's model stage `stage` takes part in, for
@@ -248,10 +257,16 @@ lp_status lp_exec_trace_clear(lp_exec *e);
 /* ---- checkpoints (checkpoint.c) -------------------------------------------
  * One file per rank, <dir>/rank<R>.ckpt: magic "LPIPECKP", format version,
  * byte-order mark, rank, rank count, model stages, virtual stages, schedule
- * name, optimizer kind, the step; per local virtual stage its id, model
+ * name, optimizer kind, EP size and EP index, the step; per local virtual
+ * stage its MoE layers (experts, slots per rank, the placement in force as
+ * phys_to_log, the router bias); then per local virtual stage its id, model
  * stage, optimizer step count, parameter names and shapes, parameter values
  * and optimizer state (floats, native byte order); an FNV-1a 64 checksum of
- * everything before it at the end. A DualPipe rank saves each of its copies.
+ * everything before it at the end (format version 2; version 1 files, which
+ * have no MoE records, are refused naming both versions). A DualPipe rank
+ * saves each of its copies. Loading restores each MoE layer's placement
+ * (lp_exec_restore_placement) before it checks and reads the parameters, so
+ * slot parameters land in their slots, and sets the router biases last.
  * Not collective: each rank saves / loads its own file. */
 
 /* Writes this rank's stages (parameter values, optimizer state) and `step`
@@ -266,7 +281,10 @@ lp_status lp_exec_checkpoint_save(lp_exec *e, const char *dir, int64_t step);
  * unreadable), LP_ERR_PARSE (not a checkpoint, truncated, checksum mismatch,
  * other format version or byte order), LP_ERR_INVALID (written for another
  * rank, rank count, schedule, model or optimizer: the message says which
- * and both values). On failure nothing is changed. */
+ * and both values; EP size; MoE layers or experts per layer). On failure
+ * nothing is changed, except that a placement already restored is set back
+ * with its expert slots at their seeded values and zero optimizer state —
+ * what a fresh executor, the one a resume loads into, holds anyway. */
 lp_status lp_exec_checkpoint_load(lp_exec *e, const char *dir, int64_t *step);
 /* <dir>/rank<rank>.ckpt into buf (n bytes, truncated like snprintf). */
 void lp_exec_checkpoint_path(const char *dir, int rank, char *buf, size_t n);

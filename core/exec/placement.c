@@ -39,6 +39,22 @@ static size_t pack_numel(const lp_nn_param *sp, int k) {
   return q * (size_t)(1 + k);
 }
 
+/* A replicated stage's grad buffers follow its parameter list's size. */
+static lp_status resize_packs(lp_exec *e, vst *vs) {
+  if (!vs->pack) return LP_OK;
+  size_t n = ex_grad_numel(vs->chunk);
+  float *np_ = lp_realloc(vs->pack, (n ? n : 1) * sizeof(float));
+  if (!np_) return LP_ERR_NOMEM;
+  vs->pack = np_;
+  for (int u = 0; u < e->V; u++) {
+    if (!vs->peer_pack[u]) continue;
+    float *pp = lp_realloc(vs->peer_pack[u], (n ? n : 1) * sizeof(float));
+    if (!pp) return LP_ERR_NOMEM;
+    vs->peer_pack[u] = pp;
+  }
+  return LP_OK;
+}
+
 /* Moves one MoE layer m of vstage vs to (spr, p2l). */
 static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l,
                             int64_t *bytes) {
@@ -256,18 +272,7 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
   }
   lp_nn_optim_free(old);
   vs->optim = no;
-  if (vs->pack) { /* a replicated stage's grad buffers follow the new size */
-    size_t n = ex_grad_numel(vs->chunk);
-    float *np_ = lp_realloc(vs->pack, (n ? n : 1) * sizeof(float));
-    if (!np_) { st = LP_ERR_NOMEM; goto cleanup; }
-    vs->pack = np_;
-    for (int u = 0; u < e->V; u++) {
-      if (!vs->peer_pack[u]) continue;
-      float *pp = lp_realloc(vs->peer_pack[u], (n ? n : 1) * sizeof(float));
-      if (!pp) { st = LP_ERR_NOMEM; goto cleanup; }
-      vs->peer_pack[u] = pp;
-    }
-  }
+  st = resize_packs(e, vs);
 cleanup:
   for (size_t i = 0; dnames && i < onp; i++) lp_free(dnames[i]);
   lp_free(dnames);
@@ -312,4 +317,44 @@ lp_status lp_exec_set_placement(lp_exec *e, int layer, int slots_per_rank,
   }
   if (bytes_moved) *bytes_moved = moved;
   return LP_OK;
+}
+
+lp_status lp_exec_restore_placement(lp_exec *e, int i, int moe, int slots_per_rank,
+                                    const int *phys_to_log) {
+  e->err[0] = '\0';
+  lp_nn_layer *m = i >= 0 && i < e->nloc ? lp_nn_moe_find(e->vs[i].chunk, moe) : NULL;
+  if (!m || slots_per_rank < 1) {
+    lp_errf(e->err, "restore_placement: no MoE layer %d in local virtual stage %d, or bad slots "
+            "per rank %d", moe, i, slots_per_rank);
+    return LP_ERR_ARG;
+  }
+  vst *vs = &e->vs[i];
+  int E = lp_nn_moe_get_opts(m)->experts;
+  for (int s = 0; s < slots_per_rank * e->ep; s++)
+    if (phys_to_log[s] < 0 || phys_to_log[s] >= E) {
+      lp_errf(e->err, "restore_placement: slot %d names expert %d (the layer has %d)", s,
+              phys_to_log[s], E);
+      return LP_ERR_ARG;
+    }
+  lp_status st = lp_nn_moe_set_placement(m, slots_per_rank, phys_to_log);
+  if (st != LP_OK) {
+    lp_errf(e->err, "rank %d: the expert placement of model stage %d was refused (%s)", e->rank,
+            vs->stage, lp_strerror(st));
+    return st;
+  }
+  /* a fresh optimizer over the new list (its state is the caller's to import) */
+  size_t np;
+  const lp_nn_param *p = lp_nn_params(vs->chunk, &np);
+  lp_nn_optim *no = NULL;
+  st = e->o.optim == LP_NN_OPTIM_ADAMW ? lp_nn_optim_adamw_new(p, np, &e->o.adamw, &no)
+                                        : lp_nn_optim_sgd_new(p, np, &e->o.sgd, &no);
+  if (st == LP_OK) {
+    lp_nn_optim_free(vs->optim);
+    vs->optim = no;
+    st = resize_packs(e, vs);
+  }
+  if (st != LP_OK)
+    lp_errf(e->err, "rank %d: rebuilding the optimizer of model stage %d for a restored expert "
+            "placement failed (%s)", e->rank, vs->stage, lp_strerror(st));
+  return st;
 }

@@ -4,6 +4,9 @@
 --   <dir>/step<N>/rank<R>.ckpt   one file per rank: its virtual stages'
 --                                parameters and optimizer state after step
 --                                N (C format, see core/exec/lp_exec.h)
+--   <dir>/step<N>/state.json     what luapipe.train keeps beside the ranks'
+--                                files (the EPLB loop's state), written by
+--                                rank 0 before latest names step N
 --   <dir>/latest                 {"step": N, "dir": "step<N>", ...}: the
 --                                newest complete checkpoint
 --   <dir>/pending                {"step": N, "ranks": P}: a save in progress
@@ -131,6 +134,7 @@ local function clean_stale(dir, committed, ranks)
         os.remove(string.format("%s/rank%d.ckpt.tmp", sdir, r))
         if step ~= committed then os.remove(string.format("%s/rank%d.ckpt", sdir, r)) end
       end
+      if step ~= committed then os.remove(sdir .. "/state.json") end
       if step ~= committed then os.remove(sdir) end -- only when empty
     end
   end
@@ -171,13 +175,30 @@ function M.resume(cfg, exec)
   end
   local msg = agree(got ~= nil, err, "loading checkpoint " .. sdir)
   if msg then fail("luapipe.train: " .. msg) end
+  -- the training loop's state beside the rank files (optional)
+  local sfile = sdir .. "/state.json"
+  local f = io.open(sfile, "rb")
+  if f then
+    local text = f:read("a")
+    f:close()
+    local t, _, jerr = json.decode(text or "")
+    if type(t) ~= "table" then
+      fail(string.format("luapipe.train: checkpoint %s is damaged: %s", sfile,
+        t == nil and "it is not complete JSON (" .. tostring(jerr) .. ")" or "not a JSON object"))
+    end
+    cfg.state, cfg.state_file = t, sfile
+  end
   if cfg.resume_dir == cfg.dir then cfg.saved = step end
   return step
 end
 
 -- Saves after step k when k is a multiple of cfg.every (collective).
-function M.after_step(cfg, exec, k, info)
+-- state (optional): a function called on every rank when it saves (it may
+-- be collective) giving a JSON-able table, the same on every rank, that
+-- rank 0 writes to step<k>/state.json (resume puts it in cfg.state).
+function M.after_step(cfg, exec, k, info, state)
   if not cfg or not cfg.every or k % cfg.every ~= 0 then return end
+  if state then state = state() end
   local rank = comm.rank()
   local dir, sdir = cfg.dir, step_dir(cfg.dir, k)
   local ok, err = true, nil
@@ -200,6 +221,11 @@ function M.after_step(cfg, exec, k, info)
   ok, err = exec:save_checkpoint(sdir, k)
   msg = agree(ok, err, "saving checkpoint " .. sdir)
   if msg then fail("luapipe.train: " .. msg) end
+  if rank == 0 and state and next(state) then
+    ok, err = core.write_file(sdir .. "/state.json", json.encode(state) .. "\n")
+  end
+  msg = agree(ok, err, "writing " .. sdir .. "/state.json")
+  if msg then fail("luapipe.train: " .. msg) end
   if rank == 0 then
     ok, err = core.write_file(dir .. "/latest", string.format(
       '{"step": %d, "dir": "step%d", "ranks": %d, "schedule": %s, "time": %d}\n',
@@ -218,7 +244,10 @@ function M.after_step(cfg, exec, k, info)
       local bok, berr = comm.barrier("checkpoint: removing " .. pdir)
       if not bok then comm.abort(berr) end
     end
-    if rank == 0 then os.remove(pdir) end -- only when empty
+    if rank == 0 then
+      os.remove(pdir .. "/state.json")
+      os.remove(pdir) -- only when empty
+    end
   end
 end
 

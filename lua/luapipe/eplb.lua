@@ -337,6 +337,40 @@ function Balancer:record(step, counts)
   while #self.history > self.keep do table.remove(self.history, 1) end
 end
 
+-- b:export() -> a plain table (numbers, lists) of what the balancer has
+-- learnt: the recorded history, the placement in force, the step of the
+-- last check and the plan count (for checkpoints; the options, predictor
+-- and trigger are the caller's to give again). b:import(t) takes it back
+-- into a balancer built with the same options; raises on a malformed t.
+function Balancer:export()
+  return { history = self.history, layers = self.layers, experts = self.experts,
+    current = self.current and self.current.physical_to_logical or nil,
+    last_check = self.last_check, plans = self.plans }
+end
+
+function Balancer:import(t)
+  if type(t) ~= "table" or type(t.history) ~= "table" then
+    error("Balancer:import: expected a table from Balancer:export", 2)
+  end
+  local hist = {}
+  for i, h in ipairs(t.history) do
+    if math.type(h.step) ~= "integer" or type(h.counts) ~= "table" then
+      error("Balancer:import: history entry " .. i .. " is malformed", 2)
+    end
+    local counts = {}
+    for l, row in ipairs(h.counts) do
+      counts[l] = {}
+      for e, v in ipairs(row) do counts[l][e] = v + 0.0 end -- recorded counts are floats
+    end
+    local ok, err = check_counts("Balancer:import", counts, t.layers, t.experts)
+    if not ok then error(err, 2) end
+    hist[i] = { step = h.step, counts = counts }
+  end
+  self.history, self.layers, self.experts = hist, t.layers, t.experts
+  self.current = t.current and { physical_to_logical = t.current } or nil
+  self.last_check, self.plans = t.last_check, t.plans or 0
+end
+
 -- The predicted load (layers x experts) from the history; nil, message
 -- when nothing was recorded.
 function Balancer:predict()

@@ -38,6 +38,14 @@
 -- never stopped. A missing, truncated or corrupt file, or one written for
 -- another schedule, rank count, model or optimizer, fails on every rank
 -- with a message naming the file and what differs. All ranks must see dir.
+-- With MoE layers each rank's file also holds every MoE layer's router
+-- bias and expert placement (restored before the parameters are read), and
+-- <dir>/step<k>/state.json holds the EPLB loop's state (placements, the
+-- Balancer's history and plan in force, the summary tallies), so a resumed
+-- run with eplb plans and trains bitwise as the one that never stopped;
+-- state.json written with another ep, eplb.every or eplb.redundant is
+-- refused naming the file (a resumed run is the run that was saved; a
+-- custom predictor or threshold is not stored: give the same again).
 --
 -- Mixture of experts: pp = P, ep = E run on P x E ranks (mpirun -np P*E;
 -- rank = pipeline rank * E + EP index); each EP rank takes its share of
@@ -129,6 +137,50 @@ local function eplb_loop(exec, opts, ep)
   local eplb = require("luapipe.eplb")
   local L = { ep = ep, opts = opts or {}, placements = nil, plans = 0, bytes = 0,
     before = { sum = 0, n = 0 }, after = { sum = 0, n = 0 }, last_loads = nil }
+  function L.balancer(E)
+    if not L.bal then
+      local spr = (E + ep - 1) // ep + (L.opts.redundant or 0)
+      L.spr = spr
+      L.bal = eplb.balancer { replicas = ep * spr, gpus = ep, every = L.opts.every,
+        threshold = L.opts.threshold, predictor = L.opts.predictor,
+        window = L.opts.window or L.opts.every }
+    end
+    return L.bal
+  end
+  -- What a checkpoint keeps so that a resumed run plans as this one would:
+  -- the placements in force, the Balancer's history and plan in force, the
+  -- load-ratio tallies (floats as exact text), the bytes moved by all
+  -- ranks. nil before the first step (or without MoE layers). Collective.
+  function L.state()
+    if not L.placements then return nil end
+    local function exact(a) return { sum = string.format("%.17g", a.sum), n = a.n } end
+    local moved = assert(comm.allreduce({ L.bytes }, "EPLB: bytes moved"))[1]
+    return { ep = ep, every = L.opts.every, redundant = L.opts.redundant or 0,
+      placements = L.placements, plans = L.plans, bytes = math.floor(moved + 0.5),
+      before = exact(L.before),
+      after = exact(L.after), balancer = L.bal and L.bal:export() or nil }
+  end
+  -- Takes back L.state() from a checkpoint (file: its name, for errors);
+  -- raises naming the file when it was written with other EPLB settings.
+  function L.restore(t, file)
+    local function differs(what, a, b)
+      error(string.format("luapipe.train: checkpoint %s does not match this run: %s %s in the "
+        .. "checkpoint, %s in this run", file, what, tostring(a), tostring(b)), 0)
+    end
+    if t.ep ~= ep then differs("EP size", t.ep, ep) end
+    if t.every ~= L.opts.every then differs("eplb.every", t.every or "none", L.opts.every or "none") end
+    if t.redundant ~= (L.opts.redundant or 0) then
+      differs("eplb.redundant", t.redundant, L.opts.redundant or 0)
+    end
+    -- the bytes of every rank so far count once, on rank 0
+    L.placements, L.plans, L.bytes = t.placements, t.plans, comm.rank() == 0 and t.bytes or 0
+    L.before = { sum = tonumber(t.before.sum), n = t.before.n }
+    L.after = { sum = tonumber(t.after.sum), n = t.after.n }
+    if t.balancer then
+      L.balancer(t.balancer.experts)
+      L.bal:import(t.balancer)
+    end
+  end
   function L.after_step(k)
     local loads = exec:expert_loads()
     if #loads == 0 then return end
@@ -142,13 +194,7 @@ local function eplb_loop(exec, opts, ep)
     acc.sum, acc.n = acc.sum + r, acc.n + 1
     L.last_loads = loads
     if not L.opts.every then return end
-    if not L.bal then
-      local spr = (E + ep - 1) // ep + (L.opts.redundant or 0)
-      L.spr = spr
-      L.bal = eplb.balancer { replicas = ep * spr, gpus = ep, every = L.opts.every,
-        threshold = L.opts.threshold, predictor = L.opts.predictor,
-        window = L.opts.window or L.opts.every }
-    end
+    L.balancer(E)
     L.bal:record(k, loads)
     if k < L.opts.every or not L.bal:due(k) then return end
     local plan, err = L.bal:plan()
@@ -328,10 +374,6 @@ function M.run(opts)
     if e.redundant ~= nil and (math.type(e.redundant) ~= "integer" or e.redundant < 0) then
       fail("luapipe.train: eplb.redundant must be a non-negative integer, got " .. tostring(e.redundant))
     end
-    if ckpt and e.every then
-      fail("luapipe.train: checkpoints do not record expert placements yet: use eplb or checkpoint,"
-        .. " not both")
-    end
   end
   local device = opts.device or "cpu"
   if type(device) ~= "string" then
@@ -401,6 +443,10 @@ function M.run(opts)
   -- steps after it run with their true numbers
   local first_step = ckpt and ckpt.resume and checkpoint.resume(ckpt, exec) + 1 or 1
   local balance = eplb_loop(exec, opts.eplb, ep)
+  if ckpt and ckpt.state and ckpt.state.eplb then
+    local rok, rerr = pcall(balance.restore, ckpt.state.eplb, ckpt.state_file)
+    if not rok then fail(tostring(rerr)) end
+  end
   for k = first_step, steps do
     if opts.trace_steps and k == steps - opts.trace_steps + 1 and k > first_step then
       exec:trace_clear() -- keep the events of the last trace_steps steps only
@@ -430,7 +476,7 @@ function M.run(opts)
       if size > 1 then comm.abort(tostring(eerr)) end
       fail(tostring(eerr))
     end
-    if ckpt then checkpoint.after_step(ckpt, exec, k, info) end
+    if ckpt then checkpoint.after_step(ckpt, exec, k, info, function() return { eplb = balance.state() } end) end
   end
   local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec,
     device = device_name }

@@ -29,6 +29,7 @@
 #define MB 4
 
 static int d_hidden = 7; /* changed to build "another model" */
+static int moe_hidden = 0; /* > 0: stage 1 starts with an MoE layer (4 experts, top-2) */
 
 /* stage 0: linear(5,H) + gelu; stage 1: linear(H,3) */
 static lp_status build_stage(int stage, lp_nn_layer **out) {
@@ -38,6 +39,12 @@ static lp_status build_stage(int stage, lp_nn_layer **out) {
     st = lp_nn_linear_new("layers.0", D_IN, d_hidden, 1, 42, &ls[0]);
     if (st == LP_OK) st = lp_nn_act_new("layers.1", LP_TENSOR_ACT_GELU, &ls[1]);
     if (st == LP_OK) st = lp_nn_chunk_new("stage.0", ls, 2, out);
+  } else if (moe_hidden > 0) {
+    lp_nn_moe_opts mo = {.dim = d_hidden, .hidden = moe_hidden, .experts = 4, .topk = 2,
+                         .bias_speed = 0.05f};
+    st = lp_nn_moe_new("layers.2", &mo, 42, &ls[0]);
+    if (st == LP_OK) st = lp_nn_linear_new("layers.3", d_hidden, D_OUT, 1, 42, &ls[1]);
+    if (st == LP_OK) st = lp_nn_chunk_new("stage.1", ls, 2, out);
   } else {
     st = lp_nn_linear_new("layers.2", d_hidden, D_OUT, 1, 42, &ls[0]);
     if (st == LP_OK) st = lp_nn_chunk_new("stage.1", ls, 1, out);
@@ -349,12 +356,67 @@ static void test_write_file_atomic(void **state) {
   assert_non_null(strstr(err, "cannot create"));
 }
 
+/* The MoE layer of vstage 1 (stage 1), its slots per rank and bias. */
+static lp_nn_layer *moe_of(lp_exec *e, float *bias) {
+  lp_nn_layer *m = lp_nn_moe_find(lp_exec_vstage_chunk(e, 1), 0);
+  assert_non_null(m);
+  if (bias) assert_int_equal(lp_nn_moe_get_bias(m, bias), LP_OK);
+  return m;
+}
+
+/* An MoE stage: a placement with a replica (5 slots for 4 experts) and a
+ * router bias that moves every step come back with the checkpoint, and the
+ * resumed steps are bitwise; a checkpoint of another expert size is refused
+ * after its placement was restored, which is then set back. */
+static void test_moe_state(void **state) {
+  (void)state;
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s/moe", tmpdir);
+  assert_int_equal(mkdir(dir, 0777), 0);
+  moe_hidden = 6;
+  lp_exec *a = new_exec("mine", LP_NN_OPTIM_ADAMW);
+  const int p2l[5] = {0, 1, 2, 3, 1};
+  assert_int_equal(lp_exec_set_placement(a, 0, 5, p2l, NULL), LP_OK);
+  step(a, 1);
+  step(a, 2);
+  step(a, 3);
+  float ba[4], bb[4], zero[4] = {0};
+  moe_of(a, ba);
+  assert_true(memcmp(ba, zero, sizeof ba) != 0); /* the bias moved */
+  assert_int_equal(lp_exec_checkpoint_save(a, dir, 3), LP_OK);
+  double l4 = step(a, 4), l5 = step(a, 5);
+
+  lp_exec *b = new_exec("mine", LP_NN_OPTIM_ADAMW);
+  assert_int_equal(lp_nn_moe_slots_per_rank(moe_of(b, NULL)), 4);
+  assert_int_equal(lp_exec_checkpoint_load(b, dir, NULL), LP_OK);
+  int got[5];
+  assert_int_equal(lp_nn_moe_slots_per_rank(moe_of(b, bb)), 5);
+  assert_int_equal(lp_nn_moe_placement(moe_of(b, NULL), got), LP_OK);
+  assert_memory_equal(got, p2l, sizeof got);
+  assert_memory_equal(ba, bb, sizeof ba); /* a's bias after step 3 */
+  assert_true(step(b, 4) == l4);
+  assert_true(step(b, 5) == l5);
+  assert_true(same_params(a, b));
+
+  moe_hidden = 5; /* another expert size: refused, default placement back */
+  expect_load_error(dir, "mine", LP_NN_OPTIM_ADAMW, LP_ERR_INVALID, "does not match the model",
+                    "layers.2.experts.0.w1 [6, 7] in the checkpoint but", NULL);
+  lp_exec *c = new_exec("mine", LP_NN_OPTIM_ADAMW);
+  assert_int_not_equal(lp_exec_checkpoint_load(c, dir, NULL), LP_OK);
+  assert_int_equal(lp_nn_moe_slots_per_rank(moe_of(c, NULL)), 4);
+  moe_hidden = 0;
+  lp_exec_free(a);
+  lp_exec_free(b);
+  lp_exec_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_optim_state),
       cmocka_unit_test(test_round_trip_adamw),
       cmocka_unit_test(test_round_trip_sgd),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_moe_state),
       cmocka_unit_test(test_write_file_atomic),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

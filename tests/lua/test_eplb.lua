@@ -209,6 +209,33 @@ function TestBalancer.test_every_n_steps()
   lu.assertEquals(#b.history, 4)           -- only the window is kept
 end
 
+function TestBalancer.test_export_import_continues_identically()
+  -- a balancer stopped after step 19 and rebuilt from its JSON export plans
+  -- steps 20..35 exactly as the one that never stopped (its window holds
+  -- steps 18 and 19 at the plan of step 21; max_moves: the
+  -- plan in force matters too)
+  local json = require("luapipe.json")
+  local a, b = new_balancer{ max_moves = 6 }, nil
+  local pa, pb = {}, {}
+  for step = 1, 35 do
+    local c = counts(step * 7, 2, 32)
+    if step == 20 then
+      b = new_balancer{ max_moves = 6 }
+      b:import(json.decode(json.encode(a:export())))
+    end
+    local plan = a:step(step, c)
+    if plan then pa[#pa + 1] = { step, plan.physical_to_logical } end
+    if b then
+      plan = b:step(step, c)
+      if plan then pb[#pb + 1] = { step, plan.physical_to_logical } end
+    end
+  end
+  lu.assertEquals(#pa, 4)
+  lu.assertEquals(pb, { pa[3], pa[4] })
+  lu.assertEquals(b.plans, a.plans)
+  lu.assertErrorMsgContains("history entry 1 is malformed", b.import, b, { history = { { step = "x" } } })
+end
+
 function TestBalancer.test_threshold_skips_a_balanced_placement()
   local b = new_balancer{ threshold = 0.5 }
   local same = counts(7, 2, 32)

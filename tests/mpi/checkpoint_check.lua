@@ -1,6 +1,10 @@
 -- checkpoint_check.lua FAMILY[:lm] MODE DIR [STEPS] — run under mpirun by
 -- test_checkpoint.sh. A small MLP (FAMILY:lm: a small transformer LM with
--- cross-entropy) trained with AdamW (M = 2P micro-batches).
+-- cross-entropy; FAMILY:moe<E>: the MoE LM of fixtures.lua, router-bias
+-- balancing on, at pp = P/E x ep = E with EPLB every 2 steps, one redundant
+-- slot per EP rank and a 3-step window, so the resumed run needs the
+-- restored placement, router biases and Balancer history) trained with
+-- AdamW (M = 2 x pipeline ranks micro-batches).
 -- MODE:
 --   full    STEPS steps (default 4) without checkpoints; writes this rank's
 --           losses and final parameters to DIR/full.rank<R>.lua
@@ -21,7 +25,8 @@ local family, mode, dir, steps = arg[1], arg[2], arg[3], tonumber(arg[4])
 local variant
 family, variant = family:match("^([^:]+):?(.*)$")
 local rank, P = comm.rank(), comm.size()
-local M, SEED = 2 * P, 77
+local EP = tonumber(variant:match("^moe(%d+)$") or "1")
+local M, SEED = 2 * (P // EP), 77
 
 local fx = dofile("tests/mpi/fixtures.lua")
 local model, data = fx.mlp(), fx.regression_data
@@ -31,8 +36,15 @@ local optimizer = { kind = "adamw", lr = 0.01, weight_decay = 0.01 }
 if variant == "lm" then -- embedding, attention, cross-entropy
   model, data = fx.lm(), fx.lm_data
 end
+local eplb
+if variant:match("^moe") then
+  model, data = fx.moe_lm(), fx.moe_lm_data
+  eplb = { every = 2, redundant = 1, window = 3 }
+  -- arg[5] == "noeplb": the same without EPLB (a mismatching resume)
+  if arg[5] == "noeplb" then eplb = nil end
+end
 local base = { model = model, schedule = family, microbatches = M, data = data, seed = SEED,
-  optimizer = optimizer, quiet = true }
+  optimizer = optimizer, quiet = true, ep = EP > 1 and EP or nil, eplb = eplb }
 local function run(extra)
   local o = {}
   for k, v in pairs(base) do o[k] = v end
@@ -49,7 +61,10 @@ if mode == "full" then
   local f = assert(io.open(full_file, "w"))
   f:write("return {\nlosses = {")
   for k = 1, steps do f:write(string.format("%.17g, ", r.losses[k])) end
-  f:write("},\nstages = {\n")
+  f:write("},\n")
+  local e = r.summary.eplb
+  if e then f:write(string.format("eplb = {plans = %d, bytes = %d},\n", e.plans, e.bytes)) end
+  f:write("stages = {\n")
   for _, vs in ipairs(r.stage_params()) do
     f:write(string.format("{id = %d, params = {\n", vs.id))
     for name, vals in pairs(vs.params) do
@@ -61,8 +76,9 @@ if mode == "full" then
   end
   f:write("}}\n")
   f:close()
-  print(string.format("rank %d: ok full %s (losses %.9g .. %.9g)", rank, family, r.losses[1],
-    r.losses[steps]))
+  print(string.format("rank %d: ok full %s (losses %.9g .. %.9g)%s", rank, family, r.losses[1],
+    r.losses[steps], r.summary.eplb and string.format(" eplb %d plans, %d bytes moved",
+    r.summary.eplb.plans, r.summary.eplb.bytes) or ""))
 elseif mode == "part" then
   steps = steps or 2
   local r = run { steps = steps, checkpoint = { dir = ckdir, every = 2 } }
@@ -84,6 +100,12 @@ elseif mode == "resume" then
       fails[#fails + 1] = string.format("loss of step %d: %.17g, uninterrupted %.17g", k,
         got or 0 / 0, want.losses[k])
     end
+  end
+  -- EPLB: the resumed run's summary counts the plans and bytes of both jobs
+  local e = r.summary and r.summary.eplb
+  if want.eplb and (not e or e.plans ~= want.eplb.plans or e.bytes ~= want.eplb.bytes) then
+    fails[#fails + 1] = string.format("EPLB summary: %s plans, %s bytes; uninterrupted %d, %d",
+      e and e.plans or "no", e and e.bytes or "no", want.eplb.plans, want.eplb.bytes)
   end
   local n, nv = 0, 0
   for i, vs in ipairs(r.stage_params()) do

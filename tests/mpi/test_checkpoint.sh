@@ -8,8 +8,15 @@
 # uninterrupted run's bitwise (checkpoint_check.lua), and which leaves only
 # the step-4 checkpoint. Then the clear errors (non-zero exit, message on
 # every rank): a truncated rank file, a checkpoint of another schedule,
-# another rank count, and resume = true with no checkpoint. Exits 77
-# (skipped) without mpirun.
+# another rank count, and resume = true with no checkpoint. Then MoE: the
+# MoE LM (router-bias balancing) at pp=2 x ep=2 with EPLB every 2 steps (one
+# redundant slot, 3-step window) for 1f1b and dualpipe: 6 steps unbroken, 2
+# checkpointed (after step 2's new placement), resumed for 3..6 — losses and
+# final parameters bitwise the unbroken run's; and its errors: the checkpoint
+# resumed without EPLB (state.json names eplb.every), a pp=1 x ep=2
+# checkpoint resumed at pp=2 x ep=1 (EP size named), a format-version-1
+# file (refused naming both versions). Exits 77 (skipped)
+# without mpirun.
 set -u
 luapipe=${1:?usage: test_checkpoint.sh path/to/luapipe}
 command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
@@ -86,6 +93,51 @@ mkdir -p "$tmp/empty"
 run "resume = true without a checkpoint" 4 1f1b error "$tmp/empty"
 n=$(grep -c "resume = true, but there is no checkpoint in '$tmp/empty/ckpt'" "$tmp/out")
 { [ "$rc" -ne 0 ] && [ "$n" -eq 4 ]; } || { fail "missing checkpoint ($n ranks said it)"; cat "$tmp/out"; }
+
+# MoE with router bias and EPLB: resume is bitwise the unbroken run
+for fam in 1f1b:moe2 dualpipe:moe2; do
+  d=$tmp/${fam/:/-}
+  mkdir -p "$d"
+  run "$fam (pp 2 x ep 2, EPLB every 2) uninterrupted 6 steps" 4 "$fam" full "$d" 6
+  [ "$rc" -eq 0 ] && [ "$(grep -c ': ok full.* eplb 3 plans' "$tmp/out")" -eq 4 ] ||
+    { fail "$fam full run"; cat "$tmp/out"; continue; }
+  run "$fam 2 steps, checkpoint every 2" 4 "$fam" part "$d"
+  [ "$rc" -eq 0 ] && [ -f "$d/ckpt/step2/state.json" ] ||
+    { fail "$fam checkpointed run"; cat "$tmp/out"; ls -R "$d/ckpt"; continue; }
+  grep -q '"redundant":1' "$d/ckpt/step2/state.json" || fail "$fam: state.json lacks the EPLB state"
+  run "$fam resume, steps 3..6" 4 "$fam" resume "$d" 6
+  if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok resume' "$tmp/out")" -ne 4 ]; then
+    fail "$fam resume differs from the uninterrupted run"
+    cat "$tmp/out"
+    continue
+  fi
+  grep -m1 ': ok resume' "$tmp/out"
+  [ -d "$d/ckpt/step2" ] && fail "$fam: the step-2 checkpoint (with its state.json) was not removed"
+  [ -f "$d/ckpt/step6/state.json" ] || fail "$fam: no step-6 state.json"
+done
+d=$tmp/1f1b-moe2
+if [ -f "$d/ckpt/step6/rank0.ckpt" ]; then
+  run "1f1b:moe2 resumed without EPLB" 4 1f1b:moe2 error "$d" 8 noeplb
+  n=$(grep -c "checkpoint $d/ckpt/step6/state.json does not match this run: eplb.every 2 in the checkpoint, none in this run" "$tmp/out")
+  { [ "$rc" -ne 0 ] && [ "$n" -eq 4 ]; } || { fail "EPLB mismatch ($n ranks said it)"; cat "$tmp/out"; }
+fi
+d=$tmp/ep
+mkdir -p "$d"
+run "1f1b:moe2 at pp 1 x ep 2, checkpoint after 2 steps" 2 1f1b:moe2 part "$d"
+if [ "$rc" -eq 0 ]; then
+  run "pp 2 x ep 1 resuming a pp 1 x ep 2 checkpoint" 2 1f1b:moe1 error "$d"
+  n=$(grep -c "checkpoint $d/ckpt/step2/rank[01].ckpt does not match this run: .*EP size 2 in the checkpoint, 1 in this run" "$tmp/out")
+  { [ "$rc" -ne 0 ] && [ "$n" -eq 2 ]; } || { fail "EP size mismatch ($n ranks said it)"; cat "$tmp/out"; }
+  # a format-version-1 file (written before MoE records) is refused by name
+  f=$d/ckpt/step2/rank1.ckpt
+  printf '\001\000\000\000' | dd of="$f" bs=1 seek=8 conv=notrunc 2>/dev/null
+  run "resume from a version-1 rank1.ckpt" 2 1f1b:moe2 error "$d"
+  n=$(grep -c "rank 1: checkpoint $f has format version 1; this luapipe reads version 2 (version 1 has no expert placements" "$tmp/out")
+  { [ "$rc" -ne 0 ] && [ "$n" -eq 1 ]; } || { fail "version-1 file ($n ranks said it)"; cat "$tmp/out"; }
+else
+  fail "1f1b:moe2 on 2 ranks"
+  cat "$tmp/out"
+fi
 
 echo "total $(elapsed "$T0" "$(date +%s.%N)") s"
 if [ "$fails" -ne 0 ]; then
