@@ -92,6 +92,7 @@ static lp_status ep_start(void *ud, const float *send, const size_t *send_counts
     x[EX_X_N] += 1;
     x[EX_X_OUT] += 4.0 * (double)out;
     x[EX_X_IN] += 4.0 * (double)in;
+    x[EX_X_MAX] += 4.0 * (double)(out > in ? out : in);
   }
   h->start = lp_now();
   h->blocked0 = e->a2a_blocked + e->t_wait;

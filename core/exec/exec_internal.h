@@ -18,7 +18,7 @@ enum { K_F = 0, K_B = 1, K_RED = 2, K__N = 3 };
  * (single-copy shared memory). The limit only bounds the memory held. */
 enum { SEND_BACKLOG = 64 };
 /* the counters of one (kind, model stage) in act_x */
-enum { EX_X_N, EX_X_OUT, EX_X_IN, EX_X_BLOCKED, EX_NX };
+enum { EX_X_N, EX_X_OUT, EX_X_IN, EX_X_MAX, EX_X_BLOCKED, EX_NX };
 
 typedef struct slot {
   lp_nn_ctx *ctx;

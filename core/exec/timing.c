@@ -120,6 +120,7 @@ lp_status lp_exec_action_exchanges(const lp_exec *e, int total, int kind, int st
   out->n = (int64_t)(x[EX_X_N] + 0.5);
   out->bytes_out = x[EX_X_OUT];
   out->bytes_in = x[EX_X_IN];
+  out->bytes_max = x[EX_X_MAX];
   out->blocked = x[EX_X_BLOCKED];
   return LP_OK;
 }

@@ -145,7 +145,7 @@ function M.summary(exec, sched, opts)
     v[base + 3 * r + 3] = r == rank and (st.optim + (st.reduce or 0)) / n or 0
   end
   local abase = base + 3 * P
-  local XW = 6 -- per (kind, stage): sum, n, exchanges, bytes out, bytes in, blocked
+  local XW = 7 -- per (kind, stage): sum, n, exchanges, bytes out, in, blocked, larger direction
   for k, kind in ipairs(M.kinds) do
     for s = 0, S - 1 do
       local a = st.actions[kind][s]
@@ -156,6 +156,7 @@ function M.summary(exec, sched, opts)
       v[i + 4] = a and a.x_out or 0
       v[i + 5] = a and a.x_in or 0
       v[i + 6] = a and a.x_blocked or 0
+      v[i + 7] = a and a.x_max or 0
     end
   end
   v[#v + 1] = st.steps
@@ -208,13 +209,20 @@ function M.summary(exec, sched, opts)
         if lk and nx > 0 and k <= 3 then -- F, B, I outside pairs: per action
           xch = xch or {}
           xch[s] = xch[s] or {}
-          xch[s][kind] = { n = nx / v[i + 2], bytes_out = v[i + 4] / nx, bytes_in = v[i + 5] / nx }
+          -- the link serialises the larger direction of each exchange:
+          -- its mean, so that n exchanges cost n x the mean link time
+          xch[s][kind] = { n = nx / v[i + 2], bytes_out = v[i + 7] / nx, bytes_in = 0 }
         end
       end
     end
     if sn > 0 then tot[kind] = ssum / sn * ms end
   end
   for k, val in pairs(tot) do cost[k] = val end
+  -- a backward's exchanges are its input-grad part's (W exchanges nothing):
+  -- a stage whose B runs only in pairs (DualPipe) takes its I's, and back
+  for _, x in pairs(xch or {}) do
+    x.B, x.I = x.B or x.I, x.I or x.B
+  end
   -- the emulated link (the comm layer's lp_link model, as set for the run):
   -- a cross-rank message is simulated with the link's time for the bytes of
   -- an activation message (mean over stages), and a rank holding a copy of

@@ -84,7 +84,7 @@ for _, a in pairs(tot.actions.FB) do nFB = nFB + a.n end
 -- no MoE layers: no exchanges counted on any action
 for _, kind in pairs(tot.actions) do
   for st, a in pairs(kind) do
-    check(a.x_n == 0 and a.x_out == 0 and a.x_in == 0 and a.x_blocked == 0,
+    check(a.x_n == 0 and a.x_out == 0 and a.x_in == 0 and a.x_max == 0 and a.x_blocked == 0,
       "exchanges counted on model stage " .. st .. " without MoE")
   end
 end
