@@ -53,6 +53,16 @@ int ex_world(const lp_exec *e, int p) { return p * e->ep + e->ep_rank; }
 
 /* ---- the EP exchange ---- */
 
+/* The exchange counters (EX_X_*) of the running compute action's kind and
+ * model stage (an FB pair's on its F half's stage), NULL outside one. */
+static double *act_x_of(lp_exec *e) {
+  if (e->cur < 0 || e->cur >= e->nacts) return NULL;
+  const lp_action *a = &e->acts[e->cur];
+  int k = ex_kind_of(a->type), ms = k >= 0 ? e->vstage[a->stage] : -1;
+  if (ms < 0 || ms >= e->S) return NULL;
+  return e->act_x + EX_NX * ((size_t)k * e->S + ms);
+}
+
 static lp_status ep_start(void *ud, const float *send, const size_t *send_counts, float *recv,
                           const size_t *recv_counts, void **handle) {
   lp_exec *e = ud;
@@ -77,6 +87,13 @@ static lp_status ep_start(void *ud, const float *send, const size_t *send_counts
   }
   h->modelled = lp_link_alltoallv_time(lp_comm_link(e->ep_comm), 4.0 * (double)out,
                                        4.0 * (double)in);
+  double *x = act_x_of(e);
+  if (x) {
+    x[EX_X_N] += 1;
+    x[EX_X_OUT] += 4.0 * (double)out;
+    x[EX_X_IN] += 4.0 * (double)in;
+    x[EX_X_MAX] += 4.0 * (double)(out > in ? out : in);
+  }
   h->start = lp_now();
   h->blocked0 = e->a2a_blocked + e->t_wait;
   lp_status st = lp_comm_ialltoallv(e->ep_comm, send, send_counts, h->displs, recv, recv_counts,
@@ -121,6 +138,8 @@ static lp_status ep_wait(void *ud, void *handle, const char *what) {
   double hidden = free < 0 ? 0 : free > took - blocked ? took - blocked : free;
   e->a2a_s += took;
   e->a2a_blocked += blocked;
+  double *x = act_x_of(e);
+  if (x) x[EX_X_BLOCKED] += blocked;
   e->a2a_hidden += hidden;
   e->a2a_link += h->modelled;
   e->a2a_n++;

@@ -17,6 +17,8 @@ enum { K_F = 0, K_B = 1, K_RED = 2, K__N = 3 };
  * wait drives the comm library, and the receiver copies large messages
  * (single-copy shared memory). The limit only bounds the memory held. */
 enum { SEND_BACKLOG = 64 };
+/* the counters of one (kind, model stage) in act_x */
+enum { EX_X_N, EX_X_OUT, EX_X_IN, EX_X_MAX, EX_X_BLOCKED, EX_NX };
 
 typedef struct slot {
   lp_nn_ctx *ctx;
@@ -127,6 +129,9 @@ struct lp_exec {
   lp_exec_timing tlast, ttotal;
   double *act_s;
   int64_t *act_n;
+  /* per (kind, model stage), same layout x 4 (EX_X_*): MoE exchanges the
+   * actions started, their bytes out / in, time blocked waiting for them */
+  double *act_x;
   char err[LP_ERRLEN];
 };
 

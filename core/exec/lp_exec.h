@@ -155,6 +155,18 @@ void lp_exec_timing_of(const lp_exec *e, int total, lp_exec_timing *out);
  * LP_ERR_ARG for a bad kind or stage. */
 lp_status lp_exec_action_time(const lp_exec *e, int total, int kind, int stage,
                               double *sum_s, int64_t *count);
+/* The MoE exchanges (EP all-to-all-v) of the same actions: how many they
+ * started, the bytes this rank sent to / received from the other EP ranks
+ * in them, the sum over them of the larger direction (what the link
+ * serialises: lp_link_alltoallv_time), and the seconds it sat blocked waiting for them (part of the
+ * actions' time in lp_exec_action_time: time minus blocked is the actions'
+ * compute alone, what the simulator's exchange model adds to). */
+typedef struct lp_exec_exchanges {
+  int64_t n;
+  double bytes_out, bytes_in, bytes_max, blocked;
+} lp_exec_exchanges;
+lp_status lp_exec_action_exchanges(const lp_exec *e, int total, int kind, int stage,
+                                   lp_exec_exchanges *out);
 /* Clears the totals (e.g. after a warm-up step). */
 void lp_exec_timing_reset(lp_exec *e);
 

@@ -91,6 +91,7 @@ void ex_timing_commit(lp_exec *e) {
     e->act_s[nk + i] += e->act_s[i];
     e->act_n[nk + i] += e->act_n[i];
   }
+  for (size_t i = 0; i < EX_NX * nk; i++) e->act_x[EX_NX * nk + i] += e->act_x[i];
 }
 
 void lp_exec_last_timing(const lp_exec *e, double *wall_s, double *busy_s) {
@@ -111,11 +112,25 @@ lp_status lp_exec_action_time(const lp_exec *e, int total, int kind, int stage,
   return LP_OK;
 }
 
+lp_status lp_exec_action_exchanges(const lp_exec *e, int total, int kind, int stage,
+                                   lp_exec_exchanges *out) {
+  if (kind < 0 || kind >= LP_EXEC_NKINDS || stage < 0 || stage >= e->S) return LP_ERR_ARG;
+  size_t nk = (size_t)LP_EXEC_NKINDS * e->S;
+  const double *x = e->act_x + EX_NX * ((total ? nk : 0) + (size_t)kind * e->S + stage);
+  out->n = (int64_t)(x[EX_X_N] + 0.5);
+  out->bytes_out = x[EX_X_OUT];
+  out->bytes_in = x[EX_X_IN];
+  out->bytes_max = x[EX_X_MAX];
+  out->blocked = x[EX_X_BLOCKED];
+  return LP_OK;
+}
+
 void lp_exec_timing_reset(lp_exec *e) {
   memset(&e->ttotal, 0, sizeof e->ttotal);
   size_t nk = (size_t)LP_EXEC_NKINDS * e->S;
   memset(e->act_s + nk, 0, nk * sizeof *e->act_s);
   memset(e->act_n + nk, 0, nk * sizeof *e->act_n);
+  memset(e->act_x + EX_NX * nk, 0, EX_NX * nk * sizeof *e->act_x);
 }
 
 lp_trace *lp_exec_trace(lp_exec *e) { return e->trace; }

@@ -143,21 +143,79 @@ static void read_link(lua_State *L, int idx, lp_sim_cost *c) {
   get_time(L, idx, "bytes", &c->message_bytes, "simulate");
 }
 
+/* The key of the [key, value] pair on top of the stack as a model stage of
+ * cost.<what> (0..S-1) whose value is a table shaped `shape`, or raises. */
+static int stage_entry(lua_State *L, int S, const char *what, const char *shape) {
+  int isint;
+  lua_Integer k = lua_tointegerx(L, -2, &isint);
+  if (!isint || lua_type(L, -2) != LUA_TNUMBER || k < 0 || k >= S)
+    luaL_error(L, "simulate: %s key %s is not a model stage 0..%d", what,
+               luaL_tolstring(L, -2, NULL), S - 1);
+  if (!lua_istable(L, -1))
+    luaL_error(L, "simulate: %s[%d] must be a table %s", what, (int)k, shape);
+  return (int)k;
+}
+
+/* MoE exchanges: cost.exchanges = {[stage] = {F = {n=, bytes_out=,
+ * bytes_in=}, B = ..., I = ...}} (lp_sim_exchanges) in a userdata left on
+ * the stack; cost.link_unit = cost units per second of link time. */
+static void read_exchanges(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
+  static const char *const halves[] = {"F", "B", "I", NULL};
+  static const char *const fields[] = {"n", "bytes_out", "bytes_in", NULL};
+  get_time(L, idx, "link_unit", &c->link_unit, "simulate");
+  if (lua_getfield(L, idx, "exchanges") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (!lua_istable(L, -1))
+    luaL_error(L, "simulate: exchanges must be a table {[stage] = {F = {n=, bytes_out=, "
+               "bytes_in=}, ...}}");
+  int S = lp_schedule_stages(s);
+  size_t sz = (size_t)(S > 0 ? S : 1) * 3 * sizeof(lp_sim_exchanges);
+  lp_sim_exchanges *x = lua_newuserdatauv(L, sz, 0);
+  memset(x, 0, sz);
+  lua_pushnil(L);
+  while (lua_next(L, -3)) { /* [exchanges, x, key, value] */
+    int k = stage_entry(L, S, "exchanges", "{F = {n=, ...}, B =, I =}");
+    char ctx[64];
+    snprintf(ctx, sizeof ctx, "simulate: exchanges[%d]", k);
+    check_keys(L, -1, halves, ctx, "F, B, I");
+    for (int h = 0; halves[h]; h++) {
+      if (lua_getfield(L, -1, halves[h]) != LUA_TNIL) {
+        snprintf(ctx, sizeof ctx, "simulate: exchanges[%d].%s", k, halves[h]);
+        if (!lua_istable(L, -1)) luaL_error(L, "%s must be a table {n=, bytes_out=, bytes_in=}", ctx);
+        check_keys(L, -1, fields, ctx, "n, bytes_out, bytes_in");
+        int t = lua_absindex(L, -1);
+        lp_sim_exchanges *e = &x[3 * (size_t)k + h];
+        get_time(L, t, "n", &e->n, ctx);
+        get_time(L, t, "bytes_out", &e->bytes_out, ctx);
+        get_time(L, t, "bytes_in", &e->bytes_in, ctx);
+      }
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_remove(L, -2); /* [x] stays on the stack */
+  c->exchanges = x;
+  c->nexchange_stages = S;
+}
+
 /* Fills c from the cost table at idx (absent or nil: defaults). Stage
  * overrides live in a userdata left on the stack (collected with it). */
 static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
   static const char *const top_keys[] = {"F",  "B",       "I",      "W",
                                          "FB", "latency", "stages", "link",
-                                         "bytes", NULL};
+                                         "bytes", "exchanges", "link_unit", NULL};
   lp_sim_cost_init(c);
   if (lua_isnoneornil(L, idx)) return;
   luaL_checktype(L, idx, LUA_TTABLE);
   idx = lua_absindex(L, idx);
   check_keys(L, idx, top_keys, "simulate",
-             "F, B, I, W, FB, latency, stages, link, bytes");
+             "F, B, I, W, FB, latency, stages, link, bytes, exchanges, link_unit");
   read_times(L, idx, &c->t, "simulate");
   get_time(L, idx, "latency", &c->latency, "simulate");
   read_link(L, idx, c);
+  read_exchanges(L, idx, s, c);
   if (lua_getfield(L, idx, "stages") == LUA_TNIL) {
     lua_pop(L, 1);
     return;
@@ -171,15 +229,9 @@ static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
     lp_sim_times_init(&ov[k]);
   lua_pushnil(L);
   while (lua_next(L, -3)) { /* [stages, ov, key, value] */
-    int isint;
-    lua_Integer k = lua_tointegerx(L, -2, &isint);
-    if (!isint || lua_type(L, -2) != LUA_TNUMBER || k < 0 || k >= S)
-      luaL_error(L, "simulate: stages key %s is not a model stage 0..%d",
-                 luaL_tolstring(L, -2, NULL), S - 1);
-    if (!lua_istable(L, -1))
-      luaL_error(L, "simulate: stages[%d] must be a table {F = ...}", (int)k);
+    int k = stage_entry(L, S, "stages", "{F = ...}");
     char ctx[64];
-    snprintf(ctx, sizeof ctx, "simulate: stages[%d]", (int)k);
+    snprintf(ctx, sizeof ctx, "simulate: stages[%d]", k);
     check_keys(L, -1, time_keys, ctx, "F, B, I, W, FB");
     read_times(L, lua_absindex(L, -1), &ov[k], ctx);
     lua_pop(L, 1);
@@ -229,7 +281,9 @@ static int lb_simres_info(lua_State *L) {
 }
 
 /* r:ranks() -> {{rank=, busy=, bubble=, bubble_ratio=, finish=,
- *                peak_live=, peak_pending_w=}, ...} for ranks 0..P-1 */
+ *                peak_live=, peak_pending_w=, a2a=, a2a_hidden=}, ...}
+ * for ranks 0..P-1 (a2a: modelled MoE exchange time, a2a_hidden: its part
+ * hidden in overlapped pairs) */
 static int lb_simres_ranks(lua_State *L) {
   lp_sim_result *r = check_result(L, 1);
   int P = lp_sim_ranks(r);
@@ -237,7 +291,7 @@ static int lb_simres_ranks(lua_State *L) {
   for (int k = 0; k < P; k++) {
     lp_sim_rank_stats st;
     lp_sim_rank_stats_of(r, k, &st);
-    lua_createtable(L, 0, 7);
+    lua_createtable(L, 0, 9);
     lb_set_integer(L, "rank", k);
     lb_set_number(L, "busy", st.busy);
     lb_set_number(L, "bubble", st.bubble);
@@ -245,6 +299,8 @@ static int lb_simres_ranks(lua_State *L) {
     lb_set_number(L, "finish", st.finish);
     lb_set_integer(L, "peak_live", st.peak_live);
     lb_set_integer(L, "peak_pending_w", st.peak_pending_w);
+    lb_set_number(L, "a2a", st.a2a);
+    lb_set_number(L, "a2a_hidden", st.a2a_hidden);
     lua_rawseti(L, -2, k + 1);
   }
   return 1;

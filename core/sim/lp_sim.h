@@ -20,6 +20,15 @@ typedef struct lp_sim_times {
   double fb; /* an overlapped F&B pair; unset: F + the backward half's time */
 } lp_sim_times;
 
+/* The MoE all-to-all exchanges (expert-parallel dispatch / combine) of one
+ * half (F, B or I) of an action on one model stage: how many per action (a
+ * mean is fine) and the bytes this rank sends to / receives from the other
+ * EP ranks in one of them. Each takes the link's all-to-all-v time
+ * (lp_sim_alltoallv_time) times link_unit. */
+typedef struct lp_sim_exchanges {
+  double n, bytes_out, bytes_in; /* each >= 0 */
+} lp_sim_exchanges;
+
 /* The cost model. Resolution for a model stage: the stage's override
  * fields replace the defaults field by field, then the gaps are filled so
  * that B = I + W: B unset, I and W set: B = I + W; B and W: I = B - W;
@@ -33,11 +42,26 @@ typedef struct lp_sim_cost {
   double latency; /* per cross-rank message, >= 0 */
   /* Emulated link (lp_link, the comm layer's model and LUAPIPE_LINK's
    * syntax): a cross-rank message of message_bytes bytes takes
-   * latency + lp_link_time(&link, message_bytes) from its producer's end
-   * to its consumer (lp_sim_message_delay). Link times are in seconds, so
-   * give F, B, I, W in seconds when a link is set. Zero link: no change. */
+   * latency + link_unit * lp_link_time(&link, message_bytes) from its
+   * producer's end to its consumer (lp_sim_message_delay). Link times are
+   * in seconds, scaled by link_unit into cost units. Zero link: no change. */
   lp_link link;
   double message_bytes; /* bytes of one activation / gradient message, >= 0 */
+  /* cost units per second of link time, for exchanges and messages: 1
+   * (and 0, the same) when F, B, I, W are in seconds, 1000 in ms */
+  double link_unit;
+  /* MoE exchanges: [3 * stage + h], h = 0 F, 1 B, 2 I, for model stages
+   * 0..nexchange_stages-1 (NULL / 0: none; borrowed). With X_h = n *
+   * link_unit * lp_sim_alltoallv_time(bytes_out, bytes_in) of the action's
+   * half h (0 when no link is set), an action is charged:
+   *   F, B, I  its compute + X_F, X_B, X_I (nothing hides them);
+   *   FB       C + max(0, X_f - C_b) + max(0, X_b - C_f), where C_f, C_b
+   *            are the compute times of the F half and the backward half
+   *            (B or I) and C = FB when given, else C_f + C_b: each half's
+   *            exchanges hide under the other half's compute, the part
+   *            longer than it is exposed (max-style overlap). */
+  const lp_sim_exchanges *exchanges;
+  int nexchange_stages;
   int nstages;    /* entries in `stages` (0: no overrides) */
   /* [model stage]: overrides, LP_SIM_UNSET = inherit; borrowed, only
    * read during lp_sim_run */
@@ -45,7 +69,8 @@ typedef struct lp_sim_cost {
 } lp_sim_cost;
 
 /* The delay of one cross-rank message under c (NULL: 0) into *out:
- * c->latency + lp_link_time(&c->link, c->message_bytes). LP_ERR_ARG with
+ * c->latency + link_unit * lp_link_time(&c->link, c->message_bytes) (a
+ * link_unit of 0 counts as 1). LP_ERR_ARG with
  * the reason in err for a latency or message size lp_sim_time_check
  * refuses, or a negative or non-finite link field. */
 lp_status lp_sim_message_delay(const lp_sim_cost *c, double *out, char *err);
@@ -112,6 +137,10 @@ typedef struct lp_sim_rank_stats {
   double bubble_ratio; /* bubble / makespan (0 when makespan is 0) */
   int peak_live;       /* activations with F started and B/I not finished */
   int peak_pending_w;  /* activations held after an I for its W */
+  /* MoE exchanges (cost.exchanges): their modelled time summed over the
+   * rank's actions, and the part hidden under the other half's compute of
+   * an FB pair (hidden share = a2a_hidden / a2a) */
+  double a2a, a2a_hidden;
 } lp_sim_rank_stats;
 
 /* A point of a rank's memory counters: values from time t on. */

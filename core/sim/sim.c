@@ -44,6 +44,9 @@ void lp_sim_cost_init(lp_sim_cost *c) {
   c->latency = 0;
   memset(&c->link, 0, sizeof c->link);
   c->message_bytes = 0;
+  c->link_unit = 1;
+  c->exchanges = NULL;
+  c->nexchange_stages = 0;
   c->nstages = 0;
   c->stages = NULL;
 }
@@ -203,6 +206,7 @@ typedef struct node {
   dep deps[MAX_DEPS];
   int ndeps;
   double dur, start, end;
+  double a2a, a2a_hidden; /* its exchanges' modelled time, the hidden part */
   int done;
 } node;
 
@@ -218,6 +222,7 @@ typedef struct run {
   int *bwd_type;          /* [V * M]: LP_ACT_B or LP_ACT_I */
   lp_sim_times *times;    /* [S] resolved */
   int *fb_set;            /* [S]: FB given for this F-half stage */
+  double *xt;             /* [3 S]: exchange time per F, B, I half */
   char *err;
 } run;
 
@@ -345,6 +350,12 @@ static double stage_time(run *R, int v, int type) {
   }
 }
 
+/* Exchange time X of the half `type` (F, B or I) of virtual stage v. */
+static double xchg_time(run *R, int v, int type) {
+  int h = type == LP_ACT_F ? 0 : type == LP_ACT_B ? 1 : type == LP_ACT_I ? 2 : -1;
+  return h < 0 ? 0 : R->xt[3 * lp_schedule_vstage_stage(R->s, v) + h];
+}
+
 /* Pass 2: inputs and duration of every action. */
 static lp_status build_nodes(run *R) {
   for (int r = 0; r < R->P; r++) {
@@ -354,12 +365,14 @@ static lp_status build_nodes(run *R) {
       switch (a->type) {
       case LP_ACT_F:
         LP_CHECK(forward_deps(R, n, r, i, a->stage, a->mb));
-        n->dur = stage_time(R, a->stage, LP_ACT_F);
+        n->a2a = xchg_time(R, a->stage, LP_ACT_F);
+        n->dur = stage_time(R, a->stage, LP_ACT_F) + n->a2a;
         break;
       case LP_ACT_B:
       case LP_ACT_I:
         LP_CHECK(backward_deps(R, n, r, i, a->stage, a->mb));
-        n->dur = stage_time(R, a->stage, a->type);
+        n->a2a = xchg_time(R, a->stage, a->type);
+        n->dur = stage_time(R, a->stage, a->type) + n->a2a;
         break;
       case LP_ACT_W:
         LP_CHECK(route_pos(R, r, i, a->stage, a->mb, &(int){0}));
@@ -370,9 +383,16 @@ static lp_status build_nodes(run *R) {
         LP_CHECK(forward_deps(R, n, r, i, a->stage, a->mb));
         LP_CHECK(backward_deps(R, n, r, i, a->bstage, a->bmb));
         int st = lp_schedule_vstage_stage(R->s, a->stage);
-        n->dur = R->fb_set[st] ? R->times[st].fb
-                               : stage_time(R, a->stage, LP_ACT_F) +
-                                     stage_time(R, a->bstage, a->btype);
+        double cf = stage_time(R, a->stage, LP_ACT_F);
+        double cb = stage_time(R, a->bstage, a->btype);
+        double xf = xchg_time(R, a->stage, LP_ACT_F);
+        double xb = xchg_time(R, a->bstage, a->btype);
+        /* max-style overlap (lp_sim.h): each half's exchanges under the
+         * other half's compute */
+        double exposed = (xf > cb ? xf - cb : 0) + (xb > cf ? xb - cf : 0);
+        n->a2a = xf + xb;
+        n->a2a_hidden = n->a2a - exposed;
+        n->dur = (R->fb_set[st] ? R->times[st].fb : cf + cb) + exposed;
         break;
       }
       default:
@@ -534,6 +554,8 @@ static lp_status collect(run *R, lp_sim_result *res, double latency) {
       e->start = n->start;
       e->end = n->end;
       stt->busy += n->dur;
+      stt->a2a += n->a2a;
+      stt->a2a_hidden += n->a2a_hidden;
       if (n->end > stt->finish) stt->finish = n->end;
       /* counters: an F holds its activation from its start; a B or I
        * releases it at its end, an I moves it to the pending-W pool */
@@ -581,6 +603,49 @@ static lp_status collect(run *R, lp_sim_result *res, double latency) {
   return LP_OK;
 }
 
+/* R->xt from cost's exchanges (lp_sim.h), each checked. */
+static lp_status exchange_times(run *R, const lp_sim_cost *cost, int S) {
+  static const char *half[3] = {"F", "B", "I"};
+  double unit = cost->link_unit == 0 ? 1 : cost->link_unit;
+  char why[LP_ERRLEN];
+  if (!(unit > 0 && unit <= LP_SIM_MAX_TIME)) {
+    lp_errf(R->err, "cost model: link_unit = %g must be a number of cost units per second "
+            "in 0..%g", cost->link_unit, LP_SIM_MAX_TIME);
+    return LP_ERR_ARG;
+  }
+  if (cost->nexchange_stages > 0 && !cost->exchanges) {
+    lp_errf(R->err, "cost model: exchanges for %d stages given without an array",
+            cost->nexchange_stages);
+    return LP_ERR_ARG;
+  }
+  for (int k = 0; k < cost->nexchange_stages; k++) {
+    for (int h = 0; h < 3; h++) {
+      const lp_sim_exchanges *x = &cost->exchanges[3 * k + h];
+      const char *key = "exchanges";
+      if (lp_sim_time_check(key, x->n, why) != LP_OK ||
+          lp_sim_time_check("bytes_out", x->bytes_out, why) != LP_OK ||
+          lp_sim_time_check("bytes_in", x->bytes_in, why) != LP_OK) {
+        lp_errf(R->err, "cost model: exchanges of %s on model stage %d: %s", half[h], k, why);
+        return LP_ERR_ARG;
+      }
+      if (x->n == 0) continue;
+      if (k >= S) {
+        lp_errf(R->err, "cost model: exchanges for model stage %d, but the schedule has "
+                "stages 0..%d", k, S - 1);
+        return LP_ERR_ARG;
+      }
+      double t = x->n * unit * lp_sim_alltoallv_time(cost, x->bytes_out, x->bytes_in);
+      if (lp_sim_time_check("exchange time", t, why) != LP_OK) {
+        lp_errf(R->err, "cost model: the exchanges of %s on model stage %d take %.17g, more "
+                "than the limit of %g", half[h], k, t, LP_SIM_MAX_TIME);
+        return LP_ERR_ARG;
+      }
+      R->xt[3 * k + h] = t;
+    }
+  }
+  return LP_OK;
+}
+
 static lp_status setup(run *R, const lp_sim_cost *cost) {
   lp_schedule *s = R->s;
   int S = lp_schedule_stages(s);
@@ -595,8 +660,9 @@ static lp_status setup(run *R, const lp_sim_cost *cost) {
   R->bwd_type = lp_calloc(vm, sizeof *R->bwd_type);
   R->times = lp_calloc((size_t)S, sizeof *R->times);
   R->fb_set = lp_calloc((size_t)S, sizeof *R->fb_set);
+  R->xt = lp_calloc((size_t)S * 3, sizeof *R->xt);
   if (!R->acts || !R->nacts || !R->nodes || !R->pos || !R->rlen || !R->fwd ||
-      !R->bwd || !R->bwd_type || !R->times || !R->fb_set)
+      !R->bwd || !R->bwd_type || !R->times || !R->fb_set || !R->xt)
     return LP_ERR_NOMEM;
   for (size_t k = 0; k < vm; k++) {
     R->pos[k] = -1;
@@ -641,7 +707,7 @@ static lp_status setup(run *R, const lp_sim_cost *cost) {
     LP_CHECK(lp_sim_cost_resolve(cost, k, &R->times[k], R->err));
     R->fb_set[k] = is_set(R->times[k].fb);
   }
-  return LP_OK;
+  return cost ? exchange_times(R, cost, S) : LP_OK;
 }
 
 static void teardown(run *R) {
@@ -658,6 +724,7 @@ static void teardown(run *R) {
   lp_free(R->bwd_type);
   lp_free(R->times);
   lp_free(R->fb_set);
+  lp_free(R->xt);
 }
 
 lp_status lp_sim_run(lp_schedule *s, const lp_sim_cost *cost,

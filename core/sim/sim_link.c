@@ -22,7 +22,8 @@ lp_status lp_sim_message_delay(const lp_sim_cost *c, double *out, char *err) {
     return LP_ERR_ARG;
   }
   /* the one cost rule also bounds the link's latency and the whole delay */
-  double d = c->latency + lp_link_time(l, c->message_bytes);
+  double unit = c->link_unit > 0 ? c->link_unit : 1;
+  double d = c->latency + unit * lp_link_time(l, c->message_bytes);
   if (lp_sim_time_check("link latency", l->latency_s, why) != LP_OK) {
     lp_errf(err, "cost model: %s", why);
     return LP_ERR_ARG;

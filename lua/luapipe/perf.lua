@@ -12,7 +12,12 @@
 --                  time (zero-grad to the end of the optimizer step)
 --   predicted_ms   the simulator's prediction: the schedule simulated with
 --                  the measured per-action mean costs of every model stage
---                  (F, B, I, W, FB; latency = the emulated link's time
+--                  (F, B, I, W, FB; with an emulated link and MoE
+--                  exchanges: compute only, i.e. less the time blocked in
+--                  exchanges, plus the simulator's model of the exchanges,
+--                  lp_sim.h: n per F / B / I half and bytes as measured,
+--                  the link's all-to-all-v time each, hidden in FB pairs
+--                  under the other half's compute; latency = the emulated link's time
 --                  for an activation message when the run has a link, else
 --                  the measured message latency), plus each rank's
 --                  measured optimizer time (with its summing of gradient
@@ -32,6 +37,9 @@
 --   costs          {F = ms, B =, I =, W =, FB =} means over all stages
 --   stages         {[stage] = {F = ms, ...}} per model stage (as simulated)
 --   steps          steps measured (the first is skipped when there are more)
+--   sim_a2a_ms, sim_a2a_hidden_pct  the simulated exchanges (per pipeline
+--                  rank and step) and the share hidden in FB pairs, beside
+--                  the measured a2a_ms, a2a_hidden_pct (with a link and MoE)
 local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 
@@ -137,12 +145,18 @@ function M.summary(exec, sched, opts)
     v[base + 3 * r + 3] = r == rank and (st.optim + (st.reduce or 0)) / n or 0
   end
   local abase = base + 3 * P
+  local XW = 7 -- per (kind, stage): sum, n, exchanges, bytes out, in, blocked, larger direction
   for k, kind in ipairs(M.kinds) do
     for s = 0, S - 1 do
       local a = st.actions[kind][s]
-      local i = abase + 2 * ((k - 1) * S + s)
+      local i = abase + XW * ((k - 1) * S + s)
       v[i + 1] = a and a.sum or 0
       v[i + 2] = a and a.n or 0
+      v[i + 3] = a and a.x_n or 0
+      v[i + 4] = a and a.x_out or 0
+      v[i + 5] = a and a.x_in or 0
+      v[i + 6] = a and a.x_blocked or 0
+      v[i + 7] = a and a.x_max or 0
     end
   end
   v[#v + 1] = st.steps
@@ -176,39 +190,55 @@ function M.summary(exec, sched, opts)
   local bub = 0
   for r = 0, P - 1 do bub = bub + (step_s > 0 and math.max(0, 1 - rc[r] / step_s) or 0) end
   out.bubble_pct = 100 * bub / P
-  -- measured costs: per model stage and overall means
-  local cost, stages, tot = {}, {}, {}
+  local link = comm.link and comm.link() or "none"
+  local lk = link ~= "none" and comm.parse_link(link) or nil
+  -- measured costs: per model stage and overall means; with a link the
+  -- MoE exchanges are the simulator's (cost.exchanges), so an action's
+  -- cost is its time less the time it sat blocked in them
+  local cost, stages, tot, xch = {}, {}, {}, nil
   for k, kind in ipairs(M.kinds) do
     local ssum, sn = 0, 0
     for s = 0, S - 1 do
-      local i = abase + 2 * ((k - 1) * S + s)
+      local i = abase + XW * ((k - 1) * S + s)
       if v[i + 2] > 0 then
+        local sum = v[i + 1] - (lk and v[i + 6] or 0)
         stages[s] = stages[s] or {}
-        stages[s][kind] = v[i + 1] / v[i + 2] * ms
-        ssum, sn = ssum + v[i + 1], sn + v[i + 2]
+        stages[s][kind] = sum / v[i + 2] * ms
+        ssum, sn = ssum + sum, sn + v[i + 2]
+        local nx = v[i + 3]
+        if lk and nx > 0 and k <= 3 then -- F, B, I outside pairs: per action
+          xch = xch or {}
+          xch[s] = xch[s] or {}
+          -- the link serialises the larger direction of each exchange:
+          -- its mean, so that n exchanges cost n x the mean link time
+          xch[s][kind] = { n = nx / v[i + 2], bytes_out = v[i + 7] / nx, bytes_in = 0 }
+        end
       end
     end
     if sn > 0 then tot[kind] = ssum / sn * ms end
   end
   for k, val in pairs(tot) do cost[k] = val end
+  -- a backward's exchanges are its input-grad part's (W exchanges nothing):
+  -- a stage whose B runs only in pairs (DualPipe) takes its I's, and back
+  for _, x in pairs(xch or {}) do
+    x.B, x.I = x.B or x.I, x.I or x.B
+  end
   -- the emulated link (the comm layer's lp_link model, as set for the run):
   -- a cross-rank message is simulated with the link's time for the bytes of
   -- an activation message (mean over stages), and a rank holding a copy of
   -- a replicated stage (DualPipe) waits, after the other copies are done,
   -- for the link's time of its gradient-sum messages (sent in parallel:
   -- the largest). Without a link: the measured latency, no reduce time.
-  local link = comm.link and comm.link() or "none"
-  local lk = link ~= "none" and comm.parse_link(link) or nil
   local function link_ms(bytes)
     if not lk then return 0 end
     return (lk.latency + (lk.bandwidth > 0 and bytes / lk.bandwidth or 0)) * ms
   end
   local red = {}
   for r = 0, P - 1 do red[r + 1] = 0 end
-  local act_ms, act_n = 0, 0
+  local act_ms, act_n, act_b = 0, 0, 0
   for s = 0, S - 1 do
     local act, grad = exec:message_floats(s)
-    if act > 0 then act_ms, act_n = act_ms + link_ms(4 * act), act_n + 1 end
+    if act > 0 then act_ms, act_n, act_b = act_ms + link_ms(4 * act), act_n + 1, act_b + 4 * act end
     red[rank + 1] = math.max(red[rank + 1], grad > 0 and link_ms(4 * grad) or 0)
   end
   red = allreduce(red, "luapipe.perf: the gradient-sum messages' link time")
@@ -217,8 +247,14 @@ function M.summary(exec, sched, opts)
     out.link = link
   end
   cost.latency = opts.latency_ms or 0
+  if xch then
+    -- the exchanges' link time from the same link, in ms; then the
+    -- messages' too (the mean activation message; the same figure)
+    cost.link, cost.link_unit, cost.exchanges = link, ms, xch
+    cost.bytes, cost.latency = act_n > 0 and act_b / act_n or 0, 0
+  end
   cost.stages = stages
-  out.costs, out.stages, out.latency_ms = tot, stages, cost.latency
+  out.costs, out.stages, out.latency_ms = tot, stages, opts.latency_ms or 0
   out.latency_messages = lat_n
   -- the simulator's prediction from those costs
   local ok, res, err = pcall(sched.simulate, sched, cost)
@@ -261,6 +297,12 @@ function M.summary(exec, sched, opts)
     sim_busy[rr.rank] = rr.busy + opt
   end
   out.predicted_ms = pred
+  if xch then
+    local xa, xh = 0, 0
+    for _, rr in ipairs(res:ranks()) do xa, xh = xa + rr.a2a, xh + rr.a2a_hidden end
+    out.sim_a2a_ms = xa / math.max(PS, 1)
+    out.sim_a2a_hidden_pct = xa > 0 and 100 * xh / xa or 0
+  end
   local sb = 0
   for r = 0, PS - 1 do sb = sb + (pred > 0 and math.max(0, 1 - (sim_busy[r] or 0) / pred) or 0) end
   out.sim_bubble_pct = 100 * sb / PS
@@ -306,6 +348,10 @@ function M.format(s)
   if s.a2a_hidden_pct then
     L[#L + 1] = string.format("  all-to-all: %d exchanges, %s ms per rank and step, %s%% hidden under compute",
       s.a2a_count, f2(s.a2a_ms), f1(s.a2a_hidden_pct))
+    if s.sim_a2a_hidden_pct then
+      L[#L + 1] = string.format("    simulated: %s ms per rank and step, %s%% hidden (FB pairs' max-style overlap)",
+        f2(s.sim_a2a_ms), f1(s.sim_a2a_hidden_pct))
+    end
     L[#L + 1] = string.format("    (blocked %s ms; the link model's time of these exchanges %s ms, the rest is "
       .. "waiting for the EP partner)", f2(s.a2a_blocked_ms), f2(s.a2a_link_ms))
   end

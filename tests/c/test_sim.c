@@ -1,5 +1,5 @@
 /* test_sim.c — the simulator on hand-built schedules: exact timings for
- * 1F1B, latency, overlapped pairs, per-stage overrides, the B = I + W
+ * 1F1B, latency, overlapped pairs, MoE exchanges and their overlap, per-stage overrides, the B = I + W
  * rules, memory counters, determinism, refusal of invalid schedules, and
  * out-of-memory paths through the allocation hook. */
 #include <setjmp.h>
@@ -252,6 +252,93 @@ static void test_fb_timing(void **state) {
   /* 0I1 needs 1B1 from rank 1: 11.5 + 1 */
   check_event(r, 0, 6, "0I1", 12.5, 13.5);
   lp_sim_result_free(r);
+  lp_schedule_free(s);
+}
+
+/* MoE exchanges on the DualPipe P=2 schedule, F=1 B=2 (I=W=1), a link of
+ * 1 B/s and no latency (X = n * bytes): stage 0 F X=1, B X=1.5, I X=0.5;
+ * stage 1 F X=2.5, B X=2, I none. Durations: stage 0 F 2, B 3.5, I 1.5;
+ * stage 1 F 3.5, B 4, I 1; W 1. Each pair (F half stage 1, B half stage 0):
+ * C_f + C_b = 3, exposed max(0, 2.5 - 2) + max(0, 1.5 - 1) = 1: 4.
+ *   both ranks: F [0,2], F(stage 1) [2,5.5], F [5.5,7.5], B(stage 1)
+ *   [7.5,11.5], pair [11.5,15.5], B(stage 1) [15.5,19.5], I [19.5,21],
+ *   W [21,22]: makespan 22; exchanges 13 per rank, 3 hidden (the pair). */
+static void test_exchanges(void **state) {
+  (void)state;
+  lp_schedule *s = dualpipe_p2();
+  lp_sim_cost c = cost_fb(1, 2);
+  c.link.latency_s = 0;
+  c.link.bytes_per_s = 1;
+  lp_sim_exchanges x[6] = {
+      {2, 0.25, 0.5}, {1, 1.5, 1}, {1, 0.5, 0}, /* stage 0: F, B, I */
+      {1, 2.5, 0},    {2, 1, 0.5}, {0, 0, 0},   /* stage 1 */
+  };
+  c.exchanges = x;
+  c.nexchange_stages = 2;
+  lp_sim_result *r = run_ok(s, &c);
+  const char *t0[] = {"0F0", "3F2", "0F1", "3B2", "(3F3;0B0)OVERLAP_F_B",
+                      "3B3", "0I1", "0W1"};
+  const char *t1[] = {"2F2", "1F0", "2F3", "1B0", "(1F1;2B2)OVERLAP_F_B",
+                      "1B1", "2I3", "2W3"};
+  const double start[] = {0, 2, 5.5, 7.5, 11.5, 15.5, 19.5, 21};
+  const double end[] = {2, 5.5, 7.5, 11.5, 15.5, 19.5, 21, 22};
+  for (int i = 0; i < 8; i++) {
+    check_event(r, 0, i, t0[i], start[i], end[i]);
+    check_event(r, 1, i, t1[i], start[i], end[i]);
+  }
+  assert_near(lp_sim_makespan(r), 22);
+  for (int k = 0; k < 2; k++) {
+    lp_sim_rank_stats st;
+    assert_int_equal(lp_sim_rank_stats_of(r, k, &st), LP_OK);
+    assert_near(st.busy, 22);
+    assert_near(st.a2a, 13);
+    assert_near(st.a2a_hidden, 3);
+  }
+  lp_sim_result_free(r);
+
+  /* FB given replaces the pair's compute, the exposed part stays: 2.5 + 1 */
+  c.t.fb = 2.5;
+  r = run_ok(s, &c);
+  check_event(r, 0, 4, "(3F3;0B0)OVERLAP_F_B", 11.5, 15);
+  assert_near(lp_sim_makespan(r), 21.5);
+  lp_sim_result_free(r);
+  c.t.fb = LP_SIM_UNSET;
+
+  /* the same in ms: a 1000 B/s link, 1000 cost units per second */
+  c.link.bytes_per_s = 1000;
+  c.link_unit = 1000;
+  r = run_ok(s, &c);
+  assert_near(lp_sim_makespan(r), 22);
+  lp_sim_result_free(r);
+
+  /* a pair whose other half hides everything: exchanges fully hidden */
+  c.link.bytes_per_s = 4000; /* X: stage 1 F 0.625 < C_b 2, stage 0 B 0.375 < C_f 1 */
+  r = run_ok(s, &c);
+  check_event(r, 0, 4, "(3F3;0B0)OVERLAP_F_B", 6.625, 9.625);
+  lp_sim_rank_stats st;
+  lp_sim_rank_stats_of(r, 0, &st);
+  assert_near(st.a2a, 3.25);
+  assert_near(st.a2a_hidden, 1);
+  lp_sim_result_free(r);
+
+  /* bad exchange descriptions are refused with the stage and half named */
+  char err[LP_ERRLEN];
+  x[4].n = -1;
+  assert_int_equal(lp_sim_run(s, &c, &r, err), LP_ERR_ARG);
+  assert_null(r);
+  assert_string_equal(err, "cost model: exchanges of B on model stage 1: exchanges = -1 "
+                           "must be a number in 0..1e+15");
+  x[4].n = 2;
+  lp_sim_exchanges x3[9] = {{0, 0, 0}};
+  x3[6].n = 1;
+  c.exchanges = x3;
+  c.nexchange_stages = 3;
+  assert_int_equal(lp_sim_run(s, &c, &r, err), LP_ERR_ARG);
+  assert_string_equal(err, "cost model: exchanges for model stage 2, but the schedule has "
+                           "stages 0..1");
+  c.exchanges = NULL;
+  assert_int_equal(lp_sim_run(s, &c, &r, err), LP_ERR_ARG);
+  assert_string_equal(err, "cost model: exchanges for 3 stages given without an array");
   lp_schedule_free(s);
 }
 
@@ -533,6 +620,7 @@ int main(void) {
       cmocka_unit_test(test_1f1b_bubble),
       cmocka_unit_test(test_latency),
       cmocka_unit_test(test_fb_timing),
+      cmocka_unit_test(test_exchanges),
       cmocka_unit_test(test_stage_overrides),
       cmocka_unit_test(test_b_equals_i_plus_w),
       cmocka_unit_test(test_lowered_comm_ignored),

@@ -56,6 +56,34 @@ function TestSimLink:test_every_family_matches_the_latency_model()
   end
 end
 
+function TestSimLink:test_exchanges()
+  -- GPipe, 2 ranks, 1 micro-batch, costs in ms (link_unit = 1000): stage 0's
+  -- F makes 2 exchanges of max(500, 250) B over a 1 MB/s link, 0.5 ms each
+  local s = schedule.build("gpipe", { pp = 2, microbatches = 1 })
+  local c = { F = 1, B = 2, link = "bw=1MB/s", link_unit = 1000,
+    exchanges = { [0] = { F = { n = 2, bytes_out = 500, bytes_in = 250 } } } }
+  local res = assert(s:simulate(c))
+  lu.assertAlmostEquals(res:makespan(), 7, 1e-12) -- 6 + 1
+  local rk = res:ranks()
+  lu.assertAlmostEquals(rk[1].a2a, 1, 1e-12)
+  lu.assertEquals(rk[1].a2a_hidden, 0)
+  lu.assertEquals(rk[2].a2a, 0)
+  -- no link: exchanges take no time
+  c.link = nil
+  lu.assertAlmostEquals(assert(s:simulate(c)):makespan(), 6, 1e-12)
+  local function err(cc)
+    local ok, e = pcall(s.simulate, s, cc)
+    lu.assertFalse(ok)
+    return tostring(e)
+  end
+  lu.assertStrContains(err { exchanges = { [2] = { F = { n = 1 } } } },
+    "simulate: exchanges key 2 is not a model stage 0..1")
+  lu.assertStrContains(err { exchanges = { [0] = { W = { n = 1 } } } },
+    "simulate: exchanges[0]: unknown key 'W' (expected F, B, I)")
+  lu.assertStrContains(err { exchanges = { [0] = { F = { n = -1 } } } },
+    "simulate: exchanges[0].F: n = -1 must be a number in 0..1e+15")
+end
+
 function TestSimLink:test_bad_links()
   local s = schedule.build("gpipe", { pp = 2, microbatches = 1 })
   local ok, err = pcall(s.simulate, s, with { link = "lat=5" })

@@ -81,6 +81,13 @@ end
 -- every F of this rank counted once per measured step (FB pairs apart)
 local nFB = 0
 for _, a in pairs(tot.actions.FB) do nFB = nFB + a.n end
+-- no MoE layers: no exchanges counted on any action
+for _, kind in pairs(tot.actions) do
+  for st, a in pairs(kind) do
+    check(a.x_n == 0 and a.x_out == 0 and a.x_in == 0 and a.x_max == 0 and a.x_blocked == 0,
+      "exchanges counted on model stage " .. st .. " without MoE")
+  end
+end
 check(nF + nFB == mine * tot.steps, string.format("F actions counted %d + FB %d, expected %d",
   nF, nFB, mine * tot.steps))
 -- message sizes for the simulator's link model: an activation message into

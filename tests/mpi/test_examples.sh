@@ -79,7 +79,7 @@ fi
 # bad option is one line with exit 2
 "${mpirun[@]}" -np 4 "$luapipe" examples/train_moe.lua --schedule dualpipe --pp 2 --ep 2 \
   --steps 4 --redundant 1 --eplb-every 1 --link lat=20us,bw=4GB/s --trace "$tmp/moe.json" \
-  >"$tmp/moe" 2>&1
+  --report "$tmp/moe_report" >"$tmp/moe" 2>&1
 rc=$?
 "$luapipe" examples/train_moe.lua --reference --steps 4 --microbatches 4 >"$tmp/moe_ref" 2>&1
 echo "train_moe (dualpipe, pp=2 x ep=2, EPLB): rc $rc"
@@ -91,6 +91,16 @@ echo "train_moe losses equal to --reference: $same"
 [ "$same" = "4 4" ] || { fail "train_moe losses differ from --reference"; cat "$tmp/moe" "$tmp/moe_ref"; }
 grep -qE '^all-to-all hidden: [0-9.]+%$' "$tmp/moe" || fail "train_moe: no 'all-to-all hidden' line"
 grep -qE '^expert load max/mean: [0-9.]+ -> [0-9.]+$' "$tmp/moe" || fail "train_moe: no expert load line"
+# the simulator models the exchanges too: its hidden share beside the measured one
+grep -qE '^    simulated: [0-9.e-]+ ms per rank and step, [0-9.]+% hidden' "$tmp/moe" ||
+  fail "train_moe: no simulated all-to-all line in the summary"
+# ... from the exchanges the executor counted per action: the simulated link
+# time per rank and step is the measured exchanges' link-model time (pairs'
+# exchanges estimated from lone F / B / I), within 10% (byte counts, not clocks)
+sim_x=$(awk -F= '/^sim_a2a_ms=/ { s = $2 } /^a2a_link_ms=/ { l = $2 }
+  END { print (l > 0 && s / l > 0.9 && s / l < 1.1) ? "ok (" s " / " l " ms)" : "bad " s " / " l }' "$tmp/moe_report")
+echo "train_moe simulated vs measured exchange link time: $sim_x"
+[ "${sim_x%% *}" = ok ] || fail "train_moe: simulated exchange time off the measured link time ($sim_x)"
 # the measured trace: all-to-alls on every rank's comm track (odd tids)
 cat >"$tmp/a2a.lua" <<'LUA'
   local json = require("dkjson")
