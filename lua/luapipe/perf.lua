@@ -12,14 +12,10 @@
 --                  time (zero-grad to the end of the optimizer step)
 --   predicted_ms   the simulator's prediction: the schedule simulated with
 --                  the measured per-action mean costs of every model stage
---                  (F, B, I, W, FB; with an emulated link and MoE
---                  exchanges: compute only, i.e. less the time blocked in
---                  exchanges, plus the simulator's model of the exchanges,
---                  lp_sim.h: n per F / B / I half and bytes as measured,
---                  the link's all-to-all-v time each, hidden in FB pairs
---                  under the other half's compute; latency = the emulated link's time
---                  for an activation message when the run has a link, else
---                  the measured message latency), plus each rank's
+--                  (F, B, I, W, FB, each with the exchange time it left
+--                  exposed; latency = the emulated link's time for an
+--                  activation message when the run has a link, else the
+--                  measured message latency), plus each rank's
 --                  measured optimizer time (with its summing of gradient
 --                  copies at step end) after its last action (and
 --                  after the other copies of its replicated stages are
@@ -37,9 +33,15 @@
 --   costs          {F = ms, B =, I =, W =, FB =} means over all stages
 --   stages         {[stage] = {F = ms, ...}} per model stage (as simulated)
 --   steps          steps measured (the first is skipped when there are more)
---   sim_a2a_ms, sim_a2a_hidden_pct  the simulated exchanges (per pipeline
---                  rank and step) and the share hidden in FB pairs, beside
---                  the measured a2a_ms, a2a_hidden_pct (with a link and MoE)
+--   sim_a2a_ms, sim_a2a_hidden_pct, model_ms  (with a link and MoE) the
+--                  simulator's exchange model (lp_sim.h): compute-only
+--                  costs (measured less the time blocked in exchanges),
+--                  every exchange at the link's all-to-all-v time, hidden
+--                  in FB pairs under the other half's compute: exchange
+--                  time per pipeline rank and step, the share hidden, and
+--                  the step it predicts; beside the measured a2a_ms and
+--                  a2a_hidden_pct it shows what the link alone costs (an
+--                  EP partner that starts late is not in the model)
 local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 
@@ -192,19 +194,22 @@ function M.summary(exec, sched, opts)
   out.bubble_pct = 100 * bub / P
   local link = comm.link and comm.link() or "none"
   local lk = link ~= "none" and comm.parse_link(link) or nil
-  -- measured costs: per model stage and overall means; with a link the
-  -- MoE exchanges are the simulator's (cost.exchanges), so an action's
-  -- cost is its time less the time it sat blocked in them
-  local cost, stages, tot, xch = {}, {}, {}, nil
+  -- measured costs: per model stage and overall means (what every action
+  -- took, its exposed exchanges included); with a link and MoE exchanges
+  -- also the compute-only costs (less the time blocked in exchanges) and
+  -- the exchanges per F / B / I half, for the simulator's exchange model
+  local cost, stages, tot = {}, {}, {}
+  local mstages, xch = {}, nil
   for k, kind in ipairs(M.kinds) do
     local ssum, sn = 0, 0
     for s = 0, S - 1 do
       local i = abase + XW * ((k - 1) * S + s)
       if v[i + 2] > 0 then
-        local sum = v[i + 1] - (lk and v[i + 6] or 0)
         stages[s] = stages[s] or {}
-        stages[s][kind] = sum / v[i + 2] * ms
-        ssum, sn = ssum + sum, sn + v[i + 2]
+        stages[s][kind] = v[i + 1] / v[i + 2] * ms
+        mstages[s] = mstages[s] or {}
+        mstages[s][kind] = (v[i + 1] - (lk and v[i + 6] or 0)) / v[i + 2] * ms
+        ssum, sn = ssum + v[i + 1], sn + v[i + 2]
         local nx = v[i + 3]
         if lk and nx > 0 and k <= 3 then -- F, B, I outside pairs: per action
           xch = xch or {}
@@ -247,24 +252,9 @@ function M.summary(exec, sched, opts)
     out.link = link
   end
   cost.latency = opts.latency_ms or 0
-  if xch then
-    -- the exchanges' link time from the same link, in ms; then the
-    -- messages' too (the mean activation message; the same figure)
-    cost.link, cost.link_unit, cost.exchanges = link, ms, xch
-    cost.bytes, cost.latency = act_n > 0 and act_b / act_n or 0, 0
-  end
   cost.stages = stages
-  out.costs, out.stages, out.latency_ms = tot, stages, opts.latency_ms or 0
+  out.costs, out.stages, out.latency_ms = tot, stages, cost.latency
   out.latency_messages = lat_n
-  -- the simulator's prediction from those costs
-  local ok, res, err = pcall(sched.simulate, sched, cost)
-  if not ok or not res then
-    err = ok and err or res
-    out.sim_error = tostring(err)
-    out.predicted_ms, out.makespan_ms, out.ratio, out.sim_bubble_pct = 0, 0, 0, 0
-    return out
-  end
-  out.makespan_ms = res:makespan()
   -- a rank holding a copy of a replicated stage (DualPipe) waits for the
   -- other copies' gradients: its optimizer starts when all those ranks are
   -- done (the simulator gives REDUCE_GRAD no time)
@@ -280,28 +270,55 @@ function M.summary(exec, sched, opts)
       for b in pairs(hs) do peers[a][b] = true end
     end
   end
-  local finish = {}
-  for _, rr in ipairs(res:ranks()) do finish[rr.rank] = rr.finish end
-  local pred, sim_busy = 0, {}
-  for _, rr in ipairs(res:ranks()) do
-    local opt, rl = 0, 0 -- the slowest EP rank of this pipeline rank
-    for j = 0, ep - 1 do
-      opt = math.max(opt, ro[rr.rank * ep + j] or 0)
-      rl = math.max(rl, red[rr.rank * ep + j + 1] or 0)
+  -- The step a simulated timeline predicts: each pipeline rank's finish
+  -- (after its replicated stages' copies and their gradient sums), plus the
+  -- slowest of its EP ranks' measured optimizer time; and each rank's busy.
+  local function predict(res)
+    local finish = {}
+    for _, rr in ipairs(res:ranks()) do finish[rr.rank] = rr.finish end
+    local pred, busy = 0, {}
+    for _, rr in ipairs(res:ranks()) do
+      local opt, rl = 0, 0
+      for j = 0, ep - 1 do
+        opt = math.max(opt, ro[rr.rank * ep + j] or 0)
+        rl = math.max(rl, red[rr.rank * ep + j + 1] or 0)
+      end
+      opt = opt * ms
+      local ready = rr.finish
+      for b in pairs(peers[rr.rank] or {}) do ready = math.max(ready, finish[b] or 0) end
+      if next(peers[rr.rank] or {}) then ready = ready + rl end
+      pred = math.max(pred, ready + opt)
+      busy[rr.rank] = rr.busy + opt
     end
-    opt = opt * ms
-    local ready = rr.finish
-    for b in pairs(peers[rr.rank] or {}) do ready = math.max(ready, finish[b] or 0) end
-    if next(peers[rr.rank] or {}) then ready = ready + rl end
-    pred = math.max(pred, ready + opt)
-    sim_busy[rr.rank] = rr.busy + opt
+    return pred, busy
   end
+  -- the simulator's prediction from the measured costs
+  local ok, res, err = pcall(sched.simulate, sched, cost)
+  if not ok or not res then
+    err = ok and err or res
+    out.sim_error = tostring(err)
+    out.predicted_ms, out.makespan_ms, out.ratio, out.sim_bubble_pct = 0, 0, 0, 0
+    return out
+  end
+  out.makespan_ms = res:makespan()
+  local pred, sim_busy = predict(res)
   out.predicted_ms = pred
+  -- the exchange model: compute-only costs plus every exchange at the
+  -- link's all-to-all-v time, hidden in FB pairs under the other half's
+  -- compute (lp_sim.h). It leaves out what the link model does not know
+  -- (an EP partner that starts its side late), so beside the measured step
+  -- it shows what the link alone would cost and hide.
   if xch then
-    local xa, xh = 0, 0
-    for _, rr in ipairs(res:ranks()) do xa, xh = xa + rr.a2a, xh + rr.a2a_hidden end
-    out.sim_a2a_ms = xa / math.max(PS, 1)
-    out.sim_a2a_hidden_pct = xa > 0 and 100 * xh / xa or 0
+    local mcost = { latency = 0, link = link, link_unit = ms, exchanges = xch, stages = mstages,
+      bytes = act_n > 0 and act_b / act_n or 0 }
+    local mok, mres = pcall(sched.simulate, sched, mcost)
+    if mok and mres then
+      out.model_ms = predict(mres)
+      local xa, xh = 0, 0
+      for _, rr in ipairs(mres:ranks()) do xa, xh = xa + rr.a2a, xh + rr.a2a_hidden end
+      out.sim_a2a_ms = xa / math.max(PS, 1)
+      out.sim_a2a_hidden_pct = xa > 0 and 100 * xh / xa or 0
+    end
   end
   local sb = 0
   for r = 0, PS - 1 do sb = sb + (pred > 0 and math.max(0, 1 - (sim_busy[r] or 0) / pred) or 0) end
@@ -349,8 +366,8 @@ function M.format(s)
     L[#L + 1] = string.format("  all-to-all: %d exchanges, %s ms per rank and step, %s%% hidden under compute",
       s.a2a_count, f2(s.a2a_ms), f1(s.a2a_hidden_pct))
     if s.sim_a2a_hidden_pct then
-      L[#L + 1] = string.format("    simulated: %s ms per rank and step, %s%% hidden (FB pairs' max-style overlap)",
-        f2(s.sim_a2a_ms), f1(s.sim_a2a_hidden_pct))
+      L[#L + 1] = string.format("    link model alone: %s ms per rank and step, %s%% hidden (FB pairs' max-style "
+        .. "overlap), step %s ms", f2(s.sim_a2a_ms), f1(s.sim_a2a_hidden_pct), f2(s.model_ms or 0))
     end
     L[#L + 1] = string.format("    (blocked %s ms; the link model's time of these exchanges %s ms, the rest is "
       .. "waiting for the EP partner)", f2(s.a2a_blocked_ms), f2(s.a2a_link_ms))

@@ -92,7 +92,7 @@ echo "train_moe losses equal to --reference: $same"
 grep -qE '^all-to-all hidden: [0-9.]+%$' "$tmp/moe" || fail "train_moe: no 'all-to-all hidden' line"
 grep -qE '^expert load max/mean: [0-9.]+ -> [0-9.]+$' "$tmp/moe" || fail "train_moe: no expert load line"
 # the simulator models the exchanges too: its hidden share beside the measured one
-grep -qE '^    simulated: [0-9.e-]+ ms per rank and step, [0-9.]+% hidden' "$tmp/moe" ||
+grep -qE '^    link model alone: [0-9.e-]+ ms per rank and step, [0-9.]+% hidden .*, step [0-9.e-]+ ms$' "$tmp/moe" ||
   fail "train_moe: no simulated all-to-all line in the summary"
 # ... from the exchanges the executor counted per action: the simulated link
 # time per rank and step is the measured exchanges' link-model time (pairs'
