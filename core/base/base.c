@@ -1,5 +1,5 @@
 /* base.c — status text, allocation hooks, buffers, logging, env knobs. */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath, with POSIX 2008 */
 #include "lp_base.h"
 
 #include <errno.h>
@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -145,38 +146,55 @@ char *lp_buf_take(lp_buf *b) {
 
 struct lp_file {
   FILE *f;
-  int bad; /* errno of the first failed write */
-  char *path, *tmp;
+  int bad;    /* errno of the first failed write */
+  char *path; /* as the caller named it (for messages) */
+  char *dest; /* the file replaced: path, or the target of a symbolic link */
+  char *tmp;  /* dest + ".tmp"; NULL when dest is written in place */
 };
 
 static void file_release(lp_file *f) {
   if (f->f) fclose(f->f);
   lp_free(f->path);
+  lp_free(f->dest);
   lp_free(f->tmp);
   lp_free(f);
 }
 
 lp_status lp_file_begin(const char *path, lp_file **out, char *err) {
   *out = NULL;
+  /* An existing path that is not a regular file or folder (a device such
+   * as /dev/null or /dev/stdout, a FIFO) is written in place: renaming a
+   * temporary over it would replace the device with a file. A symbolic
+   * link to a regular file is replaced at its target, so the link stays. */
+  struct stat st, lst;
+  int exists = stat(path, &st) == 0;
+  int direct = exists && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+  char *real = NULL;
+  if (exists && S_ISREG(st.st_mode) && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
+    real = realpath(path, NULL);
   lp_file *f = lp_calloc(1, sizeof *f);
-  size_t n = strlen(path);
   if (f) f->path = lp_strdup(path);
-  if (f && f->path) f->tmp = lp_malloc(n + 5);
-  if (!f || !f->path || !f->tmp) {
+  if (f) f->dest = lp_strdup(real ? real : path);
+  free(real);
+  size_t n = f && f->dest ? strlen(f->dest) : 0;
+  if (f && f->dest && !direct) f->tmp = lp_malloc(n + 5);
+  if (!f || !f->path || !f->dest || (!direct && !f->tmp)) {
     if (f) file_release(f);
     lp_errf(err, "%s: out of memory", path);
     return LP_ERR_NOMEM;
   }
-  memcpy(f->tmp, path, n);
-  memcpy(f->tmp + n, ".tmp", 5);
-  f->f = fopen(f->tmp, "wb");
+  if (f->tmp) {
+    memcpy(f->tmp, f->dest, n);
+    memcpy(f->tmp + n, ".tmp", 5);
+  }
+  f->f = fopen(f->tmp ? f->tmp : f->dest, "wb");
   if (!f->f) {
     int e = errno;
     const char *slash = strrchr(path, '/');
     if (e == ENOENT && slash && slash > path)
       lp_errf(err, "cannot create %s: there is no folder %.*s", path,
               (int)(slash - path), path);
-    else if (e == EACCES || e == EROFS || e == ENOTDIR || e == ENOENT)
+    else if (e == EACCES || e == EROFS || e == ENOTDIR || e == ENOENT || !f->tmp)
       lp_errf(err, "cannot create %s: %s", path, strerror(e));
     else /* the temporary's own name is in the way (a folder, say) */
       lp_errf(err, "cannot create %s (through %s): %s", path, f->tmp, strerror(e));
@@ -197,7 +215,7 @@ void lp_file_abort(lp_file *f) {
   if (!f) return;
   if (f->f) fclose(f->f);
   f->f = NULL;
-  remove(f->tmp);
+  if (f->tmp) remove(f->tmp);
   file_release(f);
 }
 
@@ -219,7 +237,7 @@ static void sync_dir_of(const char *path) {
 
 lp_status lp_file_commit(lp_file *f, char *err) {
   if (!f->bad && fflush(f->f) != 0) f->bad = errno ? errno : EIO;
-  if (!f->bad && fsync(fileno(f->f)) != 0 && errno != EINVAL && errno != EROFS)
+  if (!f->bad && f->tmp && fsync(fileno(f->f)) != 0 && errno != EINVAL && errno != EROFS)
     f->bad = errno;
   if (fclose(f->f) != 0 && !f->bad) f->bad = errno ? errno : EIO;
   f->f = NULL;
@@ -229,12 +247,12 @@ lp_status lp_file_commit(lp_file *f, char *err) {
     lp_file_abort(f);
     return LP_ERR_IO;
   }
-  if (rename(f->tmp, f->path) != 0) {
+  if (f->tmp && rename(f->tmp, f->dest) != 0) {
     lp_errf(err, "cannot replace %s: %s", f->path, strerror(errno));
     lp_file_abort(f);
     return LP_ERR_IO;
   }
-  sync_dir_of(f->path);
+  if (f->tmp) sync_dir_of(f->dest);
   file_release(f);
   return LP_OK;
 }

@@ -56,6 +56,10 @@ char *lp_buf_take(lp_buf *b);
  * write is remembered and reported by commit); lp_file_commit flushes,
  * fsyncs, renames it over path and fsyncs the directory; lp_file_abort
  * removes it. Both free f. path is untouched unless commit succeeds.
+ * An existing path that is not a regular file or folder (/dev/null,
+ * /dev/stdout, a FIFO) is written in place instead (no temporary, nothing
+ * renamed: a device is never replaced by a file); a symbolic link to a
+ * regular file is replaced at its target (the link stays).
  * Errors name the user's path P, never the temporary: "cannot create P:
  * reason" ("there is no folder D" when P's folder is missing; the
  * temporary is named only when its own name is in the way), "writing P

@@ -59,4 +59,21 @@ expect_in "unwritable svg: the user's path and the reason" "$tmp/err" \
   "cannot create /nonexistent/dir/x.svg: there is no folder /nonexistent/dir"
 grep -q "x.svg.tmp" "$tmp/err" && bad "svg error names the temporary file" || ok "no temporary named"
 
+# outputs that are not regular files are written in place, never replaced:
+# a FIFO (as /dev/null or /dev/stdout would be) stays a FIFO and gets the data
+mkfifo "$tmp/pipe"
+timeout 20 cat "$tmp/pipe" >"$tmp/from_pipe" &
+reader=$!
+expect_rc "--trace into a FIFO" 0 timeout 20 "$LP" simulate 1f1b --pp 2 --trace "$tmp/pipe"
+wait "$reader"
+[ -p "$tmp/pipe" ] && ok "the FIFO is still a FIFO" || bad "the FIFO was replaced by a file"
+expect_in "the trace went through the FIFO" "$tmp/from_pipe" '"traceEvents"'
+[ ! -e "$tmp/pipe.tmp" ] && ok "no temporary beside the FIFO" || bad "pipe.tmp left behind"
+# a symbolic link to a file: the target is replaced, the link stays
+echo old >"$tmp/target.svg"
+ln -s "$tmp/target.svg" "$tmp/link.svg"
+expect_rc "--svg through a symbolic link" 0 "$LP" simulate 1f1b --pp 2 --svg "$tmp/link.svg"
+[ -L "$tmp/link.svg" ] && ok "the link is still a link" || bad "the link was replaced by a file"
+expect_in "the target got the SVG" "$tmp/target.svg" "<svg"
+
 finish
