@@ -639,30 +639,22 @@ static lp_status bwd_dense(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   nn_keep(ctx, M_DY, dy2);
   const lp_tensor *comb = ctx->saved[M_COMB];
 
-  /* router: dg of each pair (dy row . expert output row, in double), then
-   * d(affinities), d(logits) on the host; [tokens, E] goes to the backend.
-   * Off the host, dy and the expert outputs are read back for the dots. */
+  /* router: dg of each pair (dy row . expert output row, in double, on
+   * the backend: dot_rows), then d(affinities), d(logits) on the host;
+   * only [pairs] and [tokens, E] cross between them */
   float *dl = lp_calloc(at_least1(n * E), sizeof *dl);
-  float *dg = lp_malloc((size_t)(rt->pairs ? rt->pairs : 1) * sizeof *dg);
-  float *hdy = NULL, *hcomb = NULL;
-  lp_status st2 = dl && dg ? LP_OK : LP_ERR_NOMEM;
-  const float *pdy = dy2->data, *pcomb = comb->data;
-  if (st2 == LP_OK && !rt->be->host_accessible) {
-    hdy = lp_malloc(at_least1(n * D) * sizeof *hdy);
-    hcomb = lp_malloc(at_least1(rt->pairs * D) * sizeof *hcomb);
-    st2 = hdy && hcomb ? LP_OK : LP_ERR_NOMEM;
-    if (st2 == LP_OK) st2 = lp_tensor_read(dy2, hdy);
-    if (st2 == LP_OK) st2 = lp_tensor_read(comb, hcomb);
-    pdy = hdy, pcomb = hcomb;
-  }
-  for (int64_t i = 0; st2 == LP_OK && i < rt->pairs; i++) {
-    const float *a = pdy + rt->tok[i] * D, *b = pcomb + i * D;
-    double d = 0.0;
-    for (int64_t c = 0; c < D; c++)
-      d += (double)a[c] * b[c];
-    dg[rt->perm[i]] = (float)d;
-  }
-  lp_free(hdy), lp_free(hcomb);
+  float *dgs = lp_malloc(at_least1(rt->pairs) * sizeof *dgs);
+  float *dg = lp_malloc(at_least1(rt->pairs) * sizeof *dg);
+  lp_tensor *dgt = NULL;
+  lp_status st2 = dl && dgs && dg ? LP_OK : LP_ERR_NOMEM;
+  if (st2 == LP_OK)
+    st2 = lp_tensor_empty(rt->be, 1, (int64_t[]){rt->pairs}, &dgt);
+  if (st2 == LP_OK) st2 = lp_tensor_dot_rows(dgt, dy2, rt->tok, comb);
+  if (st2 == LP_OK) st2 = lp_tensor_read(dgt, dgs);
+  lp_tensor_free(dgt);
+  for (int64_t i = 0; st2 == LP_OK && i < rt->pairs; i++)
+    dg[rt->perm[i]] = dgs[i];
+  lp_free(dgs);
   for (int64_t t = 0; st2 == LP_OK && t < n; t++) {
     double sum = 0.0, gw = 0.0;
     for (int k = 0; k < K; k++) {
