@@ -18,6 +18,12 @@
  * start back), BDISPATCH (dx += the returned rows). With P == 1 there is
  * no exchange and a pass is one advance.
  *
+ * On any backend: the routing decisions are made on the host from the
+ * [tokens, E] affinities read back (and the router's backward from the
+ * [pairs] combine-weight grads of dot_rows); GEMMs, SwiGLU, gather/scatter
+ * run on the backend; off the host the exchanges are staged through host
+ * buffers (lp_nn_ep moves host memory).
+ *
  * Params: [0] router, then shared w1, w3, w2 (when shared > 0), then w1,
  * w3, w2 of each local slot. */
 #include "nn_internal.h"
