@@ -48,7 +48,7 @@ parser:option("--batch", "Sequences per micro-batch (a multiple of ep).", "4")
 parser:option("--lr", "AdamW learning rate.", "0.005"):convert(cli.number_option("--lr", 0, math.huge))
 parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
 parser:option("--trace", "Write the measured Chrome trace (all ranks, all-to-alls on the comm track) here.")
-parser:option("--device", "Where the model runs: cpu only so far (MoE layers have no GPU path yet).", "cpu")
+parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
 parser:option("--report", "Write the summary figures (key=value lines) to this file.")
 parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
   :choices { "layers", "cost" }

@@ -766,6 +766,7 @@ Device *device_new(int index) {
   be->sq_error = cu_sq_error;
   be->sgd_step = cu_sgd_step;
   be->adamw_step = cu_adamw_step;
+  be->dot_rows = lp_kernels_cuda_dot_rows;
   return d;
 }
 
@@ -802,6 +803,17 @@ __global__ void k_scatter_rows(int64_t cols, const float *x, const int64_t *perm
   }
 }
 
+// One thread per row, the columns in order in double: the CPU's sums.
+__global__ void k_dot_rows(int64_t n, int64_t cols, const float *a,
+                           const int64_t *idx, const float *b, float *out) {
+  GRID_STRIDE(i, n) {
+    const float *ar = a + (idx ? idx[i] : i) * cols, *br = b + i * cols;
+    double d = 0.0;
+    for (int64_t c = 0; c < cols; c++) d += (double)ar[c] * br[c];
+    out[i] = (float)d;
+  }
+}
+
 // Uploads `bytes` of host data into a block of be's memory (NULL for none).
 lp_status upload(const lp_tensor_backend *be, const void *host, size_t bytes,
                  void **dev) {
@@ -833,6 +845,26 @@ extern "C" lp_status lp_kernels_cuda_gather_rows(const lp_tensor_backend *be,
   }
   cu_free(be, di); // stream-ordered: reused only by later work
   cu_free(be, ds);
+  return st;
+}
+
+extern "C" lp_status lp_kernels_cuda_dot_rows(const lp_tensor_backend *be,
+                                              int64_t n, int64_t cols,
+                                              const float *a,
+                                              const int64_t *idx,
+                                              const float *b, float *out) {
+  if (!is_cuda(be) || n < 0 || cols < 0) return LP_ERR_ARG;
+  if (n == 0) return LP_OK;
+  Device *d = dev_of(be);
+  void *di = NULL;
+  lp_status st = upload(be, idx, (size_t)n * sizeof *idx, &di);
+  if (st == LP_OK) st = enter(d, "dot rows");
+  if (st == LP_OK) {
+    k_dot_rows<<<blocks_for(n), kThreads, 0, d->stream>>>(
+        n, cols, a, (const int64_t *)di, b, out);
+    st = launched(d, "dot rows");
+  }
+  cu_free(be, di); // stream-ordered: reused only by later work
   return st;
 }
 

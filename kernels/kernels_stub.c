@@ -44,6 +44,13 @@ lp_status lp_kernels_cuda_scatter_add_rows(const lp_tensor_backend *be,
   (void)be, (void)n, (void)cols, (void)x, (void)idx, (void)scale, (void)out;
   return LP_ERR_UNSUPPORTED;
 }
+lp_status lp_kernels_cuda_dot_rows(const lp_tensor_backend *be, int64_t n,
+                                   int64_t cols, const float *a,
+                                   const int64_t *idx, const float *b,
+                                   float *out) {
+  (void)be, (void)n, (void)cols, (void)a, (void)idx, (void)b, (void)out;
+  return LP_ERR_UNSUPPORTED;
+}
 void *lp_kernels_host_alloc(size_t bytes) { return lp_malloc(bytes ? bytes : 1); }
 void lp_kernels_host_free(void *p) { lp_free(p); }
 

@@ -69,6 +69,13 @@ lp_status lp_kernels_cuda_scatter_add_rows(const lp_tensor_backend *be,
                                            int64_t n, int64_t cols,
                                            const float *x, const int64_t *idx,
                                            const float *scale, float *out);
+/* The table entry dot_rows (the MoE combine weights' gradient): out[i] =
+ * a[idx[i]] . b[i], one thread per row summing in double in column order
+ * (the CPU's sums); idx a HOST array (NULL: row i). */
+lp_status lp_kernels_cuda_dot_rows(const lp_tensor_backend *be, int64_t n,
+                                   int64_t cols, const float *a,
+                                   const int64_t *idx, const float *b,
+                                   float *out);
 
 /* Page-locked host memory (for staging device buffers through MPI); NULL
  * on failure. lp_kernels_host_free(NULL) is a no-op. */

@@ -304,26 +304,28 @@ lp_status ex_ep_reduce(lp_exec *e) {
   return LP_OK;
 }
 
-/* Floats of model stage s's expert loads on this rank (its MoE layers'
- * expert counts), 0 when it holds no copy of s. */
+/* Floats of model stage s's expert loads (its MoE layers' expert counts)
+ * times the copies of s this rank holds (0 when none): every copy counts
+ * once in the caller's division by copies x EP ranks. */
 static size_t stage_loads(const lp_exec *e, int s) {
+  size_t n = 0;
   for (int li = 0; li < e->nloc; li++) {
     if (e->vs[li].stage != s) continue;
-    size_t n = 0;
     int nm = lp_nn_moe_count(e->vs[li].chunk);
     for (int i = 0; i < nm; i++)
       n += (size_t)lp_nn_moe_get_opts(lp_nn_moe_find(e->vs[li].chunk, i))->experts;
-    return n;
   }
-  return 0;
+  return n;
 }
 
-/* Experts per MoE layer of stage s on this rank (all equal; 0: none). */
+/* Experts per MoE layer of stage s (all equal; 0: none) times the copies
+ * of s this rank holds. */
 static int stage_experts(const lp_exec *e, int s) {
+  int n = 0;
   for (int li = 0; li < e->nloc; li++)
     if (e->vs[li].stage == s && lp_nn_moe_count(e->vs[li].chunk) > 0)
-      return lp_nn_moe_get_opts(lp_nn_moe_find(e->vs[li].chunk, 0))->experts;
-  return 0;
+      n += lp_nn_moe_get_opts(lp_nn_moe_find(e->vs[li].chunk, 0))->experts;
+  return n;
 }
 
 lp_status ex_moe_loads_new(lp_exec *e) {

@@ -342,11 +342,6 @@ static lp_status setup_optim(lp_exec *e, vst *vs) {
  * made); without one the chunk stays where build put it. */
 static lp_status chunk_to_backend(lp_exec *e, vst *vs) {
   if (!e->o.backend) return LP_OK;
-  if (!e->be->host_accessible && lp_nn_moe_count(vs->chunk) > 0) {
-    lp_errf(e->err, "rank %d: model stage %d has MoE layers, which run on the CPU only so "
-            "far: train this model on the CPU, not on %s", e->rank, vs->stage, e->be->name);
-    return LP_ERR_UNSUPPORTED;
-  }
   lp_status st = lp_nn_layer_to(vs->chunk, e->be);
   if (st != LP_OK)
     lp_errf(e->err, "rank %d: moving model stage %d to %s failed (%s)", e->rank, vs->stage,

@@ -76,8 +76,8 @@ typedef struct lp_exec_opts {
    * into tensors there and travel between pipeline ranks over
    * lp_comm_for_backend's context (NCCL, or MPI staged through pinned host
    * memory; the comm itself for host tensors or a one-rank pipeline). Gradient sums and checkpoints go through
-   * lp_tensor_read / _write. MoE layers run on the CPU only so far: a
-   * device backend with MoE layers fails lp_exec_new (LP_ERR_UNSUPPORTED). */
+   * lp_tensor_read / _write, and so do an MoE layer's EP exchanges (its
+   * routing decisions are made on the host). */
   const lp_tensor_backend *backend;
 } lp_exec_opts;
 

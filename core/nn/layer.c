@@ -549,6 +549,7 @@ lp_status lp_nn_zero_grad(lp_nn_layer *l) {
 lp_status lp_nn_layer_to(lp_nn_layer *l, const lp_tensor_backend *be) {
   if (!l) return LP_ERR_ARG;
   if (!be) be = lp_tensor_backend_cpu();
+  refresh_params(l); /* e.g. after lp_nn_set_ep rebuilt an MoE's slots */
   const lp_tensor_backend *from =
       l->nparams ? lp_tensor_backend_of(l->params[0].value) : be;
   lp_status st = LP_OK;

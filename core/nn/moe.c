@@ -18,6 +18,12 @@
  * start back), BDISPATCH (dx += the returned rows). With P == 1 there is
  * no exchange and a pass is one advance.
  *
+ * On any backend: the routing decisions are made on the host from the
+ * [tokens, E] affinities read back (and the router's backward from the
+ * [pairs] combine-weight grads of dot_rows); GEMMs, SwiGLU, gather/scatter
+ * run on the backend; off the host the exchanges are staged through host
+ * buffers (lp_nn_ep moves host memory).
+ *
  * Params: [0] router, then shared w1, w3, w2 (when shared > 0), then w1,
  * w3, w2 of each local slot. */
 #include "nn_internal.h"
@@ -103,6 +109,12 @@ typedef struct route {
   int64_t *emap;   /* [r] expert order -> receive row */
   int64_t *rmap;   /* [r] receive row -> expert order */
   int64_t *soff;   /* [spr + 1] expert-order offsets of the local slots */
+  const lp_tensor_backend *be; /* where the micro-batch's tensors live */
+  float *s;        /* [n * E] affinities, host copy (routing, router bwd) */
+  /* host staging of an exchange when be is not host_accessible: send and
+   * receive buffers, and the tensor the received floats go to at finish */
+  float *stage_send, *stage_recv;
+  lp_tensor *stage_dst;
 } route;
 
 static void route_free(void *p) {
@@ -112,6 +124,8 @@ static void route_free(void *p) {
   lp_free(rt->wsend), lp_free(rt->cnt_send), lp_free(rt->cnt_recv);
   lp_free(rt->sc), lp_free(rt->rc), lp_free(rt->cs);
   lp_free(rt->emap), lp_free(rt->rmap), lp_free(rt->soff);
+  lp_free(rt->s), lp_free(rt->stage_send), lp_free(rt->stage_recv);
+  lp_tensor_free(rt->stage_dst);
   lp_free(rt);
 }
 
@@ -128,9 +142,12 @@ void nn_moe_free(struct nn_moe *m) {
 
 /* ---- small helpers ---- */
 
-static lp_status new2(int64_t r, int64_t c, lp_tensor **out) {
-  return lp_tensor_empty(NULL, 2, (int64_t[]){r, c}, out);
+static lp_status new2(const route *rt, int64_t r, int64_t c, lp_tensor **out) {
+  return lp_tensor_empty(rt->be, 2, (int64_t[]){r, c}, out);
 }
+
+/* An allocation count of at least 1 for n elements. */
+static size_t at_least1(int64_t n) { return (size_t)(n > 0 ? n : 1); }
 
 /* Rows [a, a+n) of t (a new view). */
 static lp_status rows_of(const lp_tensor *t, int64_t a, int64_t n,
@@ -153,6 +170,31 @@ static lp_status xstart(lp_nn_layer *l, lp_nn_ctx *ctx, const float *send,
   return LP_OK;
 }
 
+/* Starts the exchange of the rows of tensor `send` into tensor `recv` (both
+ * dense, on the micro-batch's backend). Off the host the rows go through
+ * host staging buffers: read before the start, written at xfinish. */
+static lp_status xstart_rows(lp_nn_layer *l, lp_nn_ctx *ctx,
+                             const lp_tensor *send, const size_t *sc,
+                             lp_tensor *recv, const size_t *rc,
+                             const char *what) {
+  route *rt = ctx->ext;
+  if (rt->be->host_accessible)
+    return xstart(l, ctx, send->data, sc, recv->data, rc, what);
+  int64_t ns = lp_tensor_numel(send), nr = lp_tensor_numel(recv);
+  lp_free(rt->stage_send), lp_free(rt->stage_recv);
+  lp_tensor_free(rt->stage_dst);
+  rt->stage_dst = NULL;
+  rt->stage_send = lp_malloc((size_t)(ns ? ns : 1) * sizeof(float));
+  rt->stage_recv = lp_malloc((size_t)(nr ? nr : 1) * sizeof(float));
+  if (!rt->stage_send || !rt->stage_recv) return LP_ERR_NOMEM;
+  lp_status st = lp_tensor_read(send, rt->stage_send);
+  if (st == LP_OK) st = lp_tensor_view(recv, &rt->stage_dst);
+  if (st != LP_OK)
+    return nn_fail(ctx, l, st, "staging the %s exchange on the host failed: %s",
+                   what, lp_strerror(st));
+  return xstart(l, ctx, rt->stage_send, sc, rt->stage_recv, rc, what);
+}
+
 static lp_status xfinish(lp_nn_layer *l, lp_nn_ctx *ctx, const char *what) {
   if (!ctx->xchg) return LP_OK;
   void *h = ctx->xchg;
@@ -164,6 +206,17 @@ static lp_status xfinish(lp_nn_layer *l, lp_nn_ctx *ctx, const char *what) {
   if (st != LP_OK)
     return nn_fail(ctx, l, st, "the %s exchange failed: %s", what,
                    lp_strerror(st));
+  route *rt = ctx->ext;
+  if (rt->stage_dst) { /* a staged exchange: the rows go to the device */
+    st = lp_tensor_write(rt->stage_dst, rt->stage_recv);
+    lp_tensor_free(rt->stage_dst);
+    rt->stage_dst = NULL;
+    lp_free(rt->stage_send), lp_free(rt->stage_recv);
+    rt->stage_send = rt->stage_recv = NULL;
+    if (st != LP_OK)
+      return nn_fail(ctx, l, st, "copying the %s exchange to %s failed: %s",
+                     what, rt->be->name, lp_strerror(st));
+  }
   return LP_OK;
 }
 
@@ -293,7 +346,7 @@ static double balance(const struct nn_moe *m, const route *rt, const float *s,
 
 /* Routes every token of x [N, D] (affinities into s), fills rt's
  * selection, send order and counts. */
-static lp_status make_route(lp_nn_layer *l, route *rt, const lp_tensor *s) {
+static lp_status make_route(lp_nn_layer *l, route *rt) {
   struct nn_moe *m = l->moe;
   int E = m->o.experts, K = m->o.topk, S = m->size * m->spr;
   int64_t n = rt->n, np = rt->pairs;
@@ -321,7 +374,7 @@ static lp_status make_route(lp_nn_layer *l, route *rt, const lp_tensor *s) {
   for (int r = 0; r < m->size; r++)
     rt->cs[r] = (size_t)m->spr;
   for (int64_t t = 0; t < n; t++)
-    route_token(m, s->data + t * E, rt->sel + t * K, rt->w + t * K, v, ok);
+    route_token(m, rt->s + t * E, rt->sel + t * K, rt->w + t * K, v, ok);
   /* replicas: the j-th pair of expert e goes to replica (j + rank) % reps */
   for (int64_t p = 0; p < np; p++) {
     int e = rt->sel[p];
@@ -401,6 +454,7 @@ static lp_status fwd_router(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   if (!rt) return LP_ERR_NOMEM;
   ctx->ext = rt;
   ctx->ext_free = route_free;
+  rt->be = lp_tensor_backend_of(x);
   rt->xndim = x->ndim;
   for (int i = 0; i < x->ndim; i++)
     rt->xshape[i] = x->shape[i];
@@ -415,23 +469,28 @@ static lp_status fwd_router(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   lp_tensor_free(xd);
   LP_CHECK(st);
   nn_keep(ctx, M_X, x2);
-  LP_CHECK(new2(rt->n, E, &s));
+  /* the logits on the backend, the routing decisions on the host: only
+   * the [tokens, E] affinities come back */
+  LP_CHECK(new2(rt, rt->n, E, &s));
   nn_keep(ctx, M_S, s);
   LP_CHECK(lp_tensor_gemm(s, 1.0f, x2, 0, P_ROUTER(l), 1, 0.0f));
-  if (m->o.router == LP_NN_ROUTER_SOFTMAX) {
+  if (m->o.router == LP_NN_ROUTER_SOFTMAX)
     LP_CHECK(lp_tensor_softmax_rows(s, s));
-  } else {
+  rt->s = lp_malloc(at_least1(rt->n * E) * sizeof *rt->s);
+  if (!rt->s) return LP_ERR_NOMEM;
+  LP_CHECK(lp_tensor_read(s, rt->s));
+  nn_drop(ctx, M_S);
+  if (m->o.router != LP_NN_ROUTER_SOFTMAX)
     for (int64_t i = 0; i < rt->n * E; i++)
-      s->data[i] = 1.0f / (1.0f + expf(-s->data[i]));
-  }
-  LP_CHECK(make_route(l, rt, s));
+      rt->s[i] = 1.0f / (1.0f + expf(-rt->s[i]));
+  LP_CHECK(make_route(l, rt));
   if (m->o.balance_alpha > 0.0f) {
     double *f = lp_malloc((size_t)E * sizeof *f);
     if (!f) return LP_ERR_NOMEM;
-    m->aux = balance(m, rt, s->data, NULL, f);
+    m->aux = balance(m, rt, rt->s, NULL, f);
     lp_free(f);
   }
-  LP_CHECK(new2(rt->pairs, D, &send));
+  LP_CHECK(new2(rt, rt->pairs, D, &send));
   nn_keep(ctx, M_SEND, send);
   LP_CHECK(lp_tensor_gather_rows(send, x2, rt->tok, NULL));
   if (m->size == 1) {
@@ -454,11 +513,11 @@ static lp_status fwd_counts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
     return LP_OK;
   }
   lp_tensor *recv;
-  LP_CHECK(new2(rt->r, m->o.dim, &recv));
+  LP_CHECK(new2(rt, rt->r, m->o.dim, &recv));
   nn_keep(ctx, M_RECV, recv);
   *waiting = 1;
-  return xstart(l, ctx, ctx->saved[M_SEND]->data, rt->sc, recv->data, rt->rc,
-                "dispatch");
+  return xstart_rows(l, ctx, ctx->saved[M_SEND], rt->sc, recv, rt->rc,
+                     "dispatch");
 }
 
 static lp_status fwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
@@ -469,19 +528,19 @@ static lp_status fwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   LP_CHECK(xfinish(l, ctx, "dispatch"));
   nn_drop(ctx, M_SEND);
   lp_tensor *xin, *a1, *a3, *h, *oute = NULL, *outr;
-  LP_CHECK(new2(R, D, &xin));
+  LP_CHECK(new2(rt, R, D, &xin));
   nn_keep(ctx, M_XIN, xin);
   LP_CHECK(lp_tensor_gather_rows(xin, ctx->saved[M_RECV], rt->emap, NULL));
   nn_drop(ctx, M_RECV);
-  LP_CHECK(new2(R, H, &a1));
+  LP_CHECK(new2(rt, R, H, &a1));
   nn_keep(ctx, M_A1, a1);
-  LP_CHECK(new2(R, H, &a3));
+  LP_CHECK(new2(rt, R, H, &a3));
   nn_keep(ctx, M_A3, a3);
-  LP_CHECK(new2(R, H, &h));
+  LP_CHECK(new2(rt, R, H, &h));
   nn_keep(ctx, M_H, h);
-  LP_CHECK(new2(R, D, &outr));
+  LP_CHECK(new2(rt, R, D, &outr));
   nn_keep(ctx, M_OUTR, outr);
-  lp_status st = new2(R, D, &oute);
+  lp_status st = new2(rt, R, D, &oute);
   for (int j = 0; j < m->spr && st == LP_OK; j++) {
     int64_t a = rt->soff[j], n = rt->soff[j + 1] - a;
     if (n == 0) continue;
@@ -502,23 +561,23 @@ static lp_status fwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   LP_CHECK(st);
   if (m->o.shared > 0) { /* the shared expert, while the rows travel */
     lp_tensor *sa1, *sa3, *sh, *so;
-    LP_CHECK(new2(rt->n, m->hs, &sa1));
+    LP_CHECK(new2(rt, rt->n, m->hs, &sa1));
     nn_keep(ctx, M_SHA1, sa1);
-    LP_CHECK(new2(rt->n, m->hs, &sa3));
+    LP_CHECK(new2(rt, rt->n, m->hs, &sa3));
     nn_keep(ctx, M_SHA3, sa3);
-    LP_CHECK(new2(rt->n, m->hs, &sh));
+    LP_CHECK(new2(rt, rt->n, m->hs, &sh));
     nn_keep(ctx, M_SHH, sh);
-    LP_CHECK(new2(rt->n, D, &so));
+    LP_CHECK(new2(rt, rt->n, D, &so));
     nn_keep(ctx, M_SHOUT, so);
     LP_CHECK(swiglu_fwd(ctx->saved[M_X], P_SH(l, 0).value, P_SH(l, 1).value,
                         P_SH(l, 2).value, sa1, sa3, sh, so));
   }
   if (m->size == 1) return lp_tensor_view(outr, &ctx->saved[M_COMB]);
   lp_tensor *comb;
-  LP_CHECK(new2(rt->pairs, D, &comb));
+  LP_CHECK(new2(rt, rt->pairs, D, &comb));
   nn_keep(ctx, M_COMB, comb);
   *waiting = 1;
-  return xstart(l, ctx, outr->data, rt->rc, comb->data, rt->sc, "combine");
+  return xstart_rows(l, ctx, outr, rt->rc, comb, rt->sc, "combine");
 }
 
 static lp_status fwd_combine(lp_nn_layer *l, lp_nn_ctx *ctx, lp_tensor **y) {
@@ -531,7 +590,7 @@ static lp_status fwd_combine(lp_nn_layer *l, lp_nn_ctx *ctx, lp_tensor **y) {
     y2 = ctx->saved[M_SHOUT];
     ctx->saved[M_SHOUT] = NULL;
   } else {
-    LP_CHECK(lp_tensor_zeros(NULL, 2, (int64_t[]){rt->n, m->o.dim}, &y2));
+    LP_CHECK(lp_tensor_zeros(rt->be, 2, (int64_t[]){rt->n, m->o.dim}, &y2));
   }
   lp_status st =
       lp_tensor_index_add_rows(y2, ctx->saved[M_COMB], rt->tok, rt->wsend);
@@ -584,49 +643,61 @@ static lp_status bwd_dense(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   lp_tensor_free(dyd);
   LP_CHECK(st);
   nn_keep(ctx, M_DY, dy2);
-  const lp_tensor *comb = ctx->saved[M_COMB], *s = ctx->saved[M_S];
+  const lp_tensor *comb = ctx->saved[M_COMB];
 
-  /* router: dg of each pair, then d(affinities), d(logits) */
-  LP_CHECK(lp_tensor_zeros(NULL, 2, (int64_t[]){n, E}, &dlog));
-  nn_keep(ctx, M_DLOG, dlog);
-  float *dg = lp_malloc((size_t)(rt->pairs ? rt->pairs : 1) * sizeof *dg);
-  if (!dg) return LP_ERR_NOMEM;
-  for (int64_t i = 0; i < rt->pairs; i++) {
-    const float *a = dy2->data + rt->tok[i] * D, *b = comb->data + i * D;
-    double d = 0.0;
-    for (int64_t c = 0; c < D; c++)
-      d += (double)a[c] * b[c];
-    dg[rt->perm[i]] = (float)d;
-  }
-  for (int64_t t = 0; t < n; t++) {
+  /* router: dg of each pair (dy row . expert output row, in double, on
+   * the backend: dot_rows), then d(affinities), d(logits) on the host;
+   * only [pairs] and [tokens, E] cross between them */
+  float *dl = lp_calloc(at_least1(n * E), sizeof *dl);
+  float *dgs = lp_malloc(at_least1(rt->pairs) * sizeof *dgs);
+  float *dg = lp_malloc(at_least1(rt->pairs) * sizeof *dg);
+  lp_tensor *dgt = NULL;
+  lp_status st2 = dl && dgs && dg ? LP_OK : LP_ERR_NOMEM;
+  if (st2 == LP_OK)
+    st2 = lp_tensor_empty(rt->be, 1, (int64_t[]){rt->pairs}, &dgt);
+  if (st2 == LP_OK) st2 = lp_tensor_dot_rows(dgt, dy2, rt->tok, comb);
+  if (st2 == LP_OK) st2 = lp_tensor_read(dgt, dgs);
+  lp_tensor_free(dgt);
+  for (int64_t i = 0; st2 == LP_OK && i < rt->pairs; i++)
+    dg[rt->perm[i]] = dgs[i];
+  lp_free(dgs);
+  for (int64_t t = 0; st2 == LP_OK && t < n; t++) {
     double sum = 0.0, gw = 0.0;
     for (int k = 0; k < K; k++) {
-      sum += s->data[t * E + rt->sel[t * K + k]];
+      sum += rt->s[t * E + rt->sel[t * K + k]];
       gw += (double)dg[t * K + k] * rt->w[t * K + k];
     }
     float denom = (float)sum + 1e-20f;
     /* w_k = c s_k / S: ds_j = (c dg_j - sum_k dg_k w_k) / S */
     for (int k = 0; k < K; k++)
-      dlog->data[t * E + rt->sel[t * K + k]] +=
+      dl[t * E + rt->sel[t * K + k]] +=
           (m->scale * dg[t * K + k] - (float)gw) / denom;
   }
   lp_free(dg);
-  if (m->o.balance_alpha > 0.0f) {
+  if (st2 == LP_OK && m->o.balance_alpha > 0.0f) {
     double *f = lp_malloc((size_t)E * sizeof *f);
-    if (!f) return LP_ERR_NOMEM;
-    balance(m, rt, s->data, dlog->data, f);
+    if (f)
+      balance(m, rt, rt->s, dl, f);
+    else
+      st2 = LP_ERR_NOMEM;
     lp_free(f);
   }
-  router_act_bwd(m, s->data, dlog->data, n);
-  LP_CHECK(new2(n, D, &dx));
+  if (st2 == LP_OK) {
+    router_act_bwd(m, rt->s, dl, n);
+    st2 = lp_tensor_from_data(rt->be, 2, (int64_t[]){n, E}, dl, &dlog);
+  }
+  lp_free(dl);
+  LP_CHECK(st2);
+  nn_keep(ctx, M_DLOG, dlog);
+  LP_CHECK(new2(rt, n, D, &dx));
   nn_keep(ctx, M_DX, dx);
   LP_CHECK(lp_tensor_gemm(dx, 1.0f, dlog, 0, P_ROUTER(l), 0, 0.0f));
 
   if (m->o.shared > 0) {
     lp_tensor *da1, *da3;
-    LP_CHECK(new2(n, m->hs, &da1));
+    LP_CHECK(new2(rt, n, m->hs, &da1));
     nn_keep(ctx, M_SHDA1, da1);
-    LP_CHECK(new2(n, m->hs, &da3));
+    LP_CHECK(new2(rt, n, m->hs, &da3));
     nn_keep(ctx, M_SHDA3, da3);
     LP_CHECK(swiglu_bwd(dy2, ctx->saved[M_SHA1], ctx->saved[M_SHA3],
                         P_SH(l, 0).value, P_SH(l, 1).value, P_SH(l, 2).value,
@@ -636,17 +707,17 @@ static lp_status bwd_dense(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   }
 
   /* the weighted dy rows go back to the experts */
-  LP_CHECK(new2(rt->pairs, D, &dcomb));
+  LP_CHECK(new2(rt, rt->pairs, D, &dcomb));
   nn_keep(ctx, M_DCOMB, dcomb);
   LP_CHECK(lp_tensor_gather_rows(dcomb, dy2, rt->tok, rt->wsend));
   nn_drop(ctx, M_COMB);
   if (m->size == 1) return lp_tensor_view(dcomb, &ctx->saved[M_DOUTR]);
   lp_tensor *doutr;
-  LP_CHECK(new2(rt->r, D, &doutr));
+  LP_CHECK(new2(rt, rt->r, D, &doutr));
   nn_keep(ctx, M_DOUTR, doutr);
   *waiting = 1;
-  return xstart(l, ctx, dcomb->data, rt->sc, doutr->data, rt->rc,
-                "combine backward");
+  return xstart_rows(l, ctx, dcomb, rt->sc, doutr, rt->rc,
+                     "combine backward");
 }
 
 static lp_status bwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
@@ -657,17 +728,17 @@ static lp_status bwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   LP_CHECK(xfinish(l, ctx, "combine backward"));
   nn_drop(ctx, M_DCOMB);
   lp_tensor *dout, *da1, *da3, *dxe = NULL, *dxr;
-  LP_CHECK(new2(R, D, &dout));
+  LP_CHECK(new2(rt, R, D, &dout));
   nn_keep(ctx, M_DOUT, dout);
   LP_CHECK(lp_tensor_gather_rows(dout, ctx->saved[M_DOUTR], rt->emap, NULL));
   nn_drop(ctx, M_DOUTR);
-  LP_CHECK(new2(R, H, &da1));
+  LP_CHECK(new2(rt, R, H, &da1));
   nn_keep(ctx, M_DA1, da1);
-  LP_CHECK(new2(R, H, &da3));
+  LP_CHECK(new2(rt, R, H, &da3));
   nn_keep(ctx, M_DA3, da3);
-  LP_CHECK(new2(R, D, &dxr));
+  LP_CHECK(new2(rt, R, D, &dxr));
   nn_keep(ctx, M_DXR, dxr);
-  lp_status st = new2(R, D, &dxe);
+  lp_status st = new2(rt, R, D, &dxe);
   for (int j = 0; j < m->spr && st == LP_OK; j++) {
     int64_t a = rt->soff[j], n = rt->soff[j + 1] - a;
     if (n == 0) continue;
@@ -692,11 +763,10 @@ static lp_status bwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   nn_drop(ctx, M_A3);
   if (m->size == 1) return lp_tensor_view(dxr, &ctx->saved[M_DXS]);
   lp_tensor *dxs;
-  LP_CHECK(new2(rt->pairs, D, &dxs));
+  LP_CHECK(new2(rt, rt->pairs, D, &dxs));
   nn_keep(ctx, M_DXS, dxs);
   *waiting = 1;
-  return xstart(l, ctx, dxr->data, rt->rc, dxs->data, rt->sc,
-                "dispatch backward");
+  return xstart_rows(l, ctx, dxr, rt->rc, dxs, rt->sc, "dispatch backward");
 }
 
 static lp_status bwd_dispatch(lp_nn_layer *l, lp_nn_ctx *ctx, lp_tensor **dx) {
@@ -717,13 +787,6 @@ static lp_status bwd_dispatch(lp_nn_layer *l, lp_nn_ctx *ctx, lp_tensor **dx) {
 static lp_status moe_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
                              lp_tensor **out) {
   int wait = 0;
-  /* the router and the token bookkeeping read tensors on the host */
-  if (!lp_tensor_backend_of(ctx->in)->host_accessible)
-    return nn_fail(ctx, l, LP_ERR_UNSUPPORTED,
-                   "%s: the MoE layer runs on the CPU only so far (input is "
-                   "on %s)",
-                   ctx->pass == NN_PASS_FORWARD ? "forward" : "input_grad",
-                   lp_tensor_backend_of(ctx->in)->name);
   if (ctx->pass == NN_PASS_FORWARD) {
     switch (ctx->phase) {
     case PH_ROUTER:

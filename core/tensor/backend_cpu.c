@@ -223,6 +223,20 @@ static lp_status cpu_scatter_add_rows(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
+static lp_status cpu_dot_rows(const lp_tensor_backend *be, int64_t n,
+                              int64_t cols, const float *a, const int64_t *idx,
+                              const float *b, float *out) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) {
+    const float *ar = a + (idx ? idx[i] : i) * cols, *br = b + i * cols;
+    double d = 0.0;
+    for (int64_t c = 0; c < cols; c++)
+      d += (double)ar[c] * br[c];
+    out[i] = (float)d;
+  }
+  return LP_OK;
+}
+
 /* ---- nn kernels (the reference loops; see lp_tensor.h) ---- */
 
 static lp_status cpu_add_rowvec(const lp_tensor_backend *be, int64_t rows,
@@ -419,6 +433,7 @@ static const lp_tensor_backend cpu_backend = {
     .sq_error = cpu_sq_error,
     .sgd_step = cpu_sgd_step,
     .adamw_step = cpu_adamw_step,
+    .dot_rows = cpu_dot_rows,
 };
 
 const lp_tensor_backend *lp_tensor_backend_cpu(void) { return &cpu_backend; }

@@ -153,6 +153,12 @@ struct lp_tensor_backend {
                           double b1, double b2, double eps, double decay,
                           double bc1, double bc2, float *p, const float *g,
                           float *m, float *v);
+  /* Row dots (the MoE combine weights' gradient): out[i] = sum_c
+   * a[idx[i], c] * b[i, c] over c < cols in order, in double, rounded to
+   * float, for i < n. idx is a HOST array (NULL: row i of a). */
+  lp_status (*dot_rows)(const lp_tensor_backend *be, int64_t n, int64_t cols,
+                        const float *a, const int64_t *idx, const float *b,
+                        float *out);
 };
 
 /* The CPU backend: lp_malloc memory, OpenBLAS sgemm, plain loops. Static
@@ -314,6 +320,12 @@ lp_status lp_tensor_gather_rows(lp_tensor *out, const lp_tensor *x,
                                 const int64_t *idx, const float *scale);
 lp_status lp_tensor_index_add_rows(lp_tensor *out, const lp_tensor *x,
                                    const int64_t *idx, const float *scale);
+/* out[i] = a[idx[i]] . b[i] (double sums, see the backend's dot_rows) for
+ * every row i of b; a, b dense with the same cols, out dense with b's rows
+ * elements; idx a host array (NULL: row i of a, then a and b have as many
+ * rows). LP_ERR_ARG on a shape mismatch or an index outside a's rows. */
+lp_status lp_tensor_dot_rows(lp_tensor *out, const lp_tensor *a,
+                             const int64_t *idx, const lp_tensor *b);
 
 /* ---- reductions and comparisons (host; double accumulation) ---- */
 lp_status lp_tensor_sum(const lp_tensor *t, double *out);

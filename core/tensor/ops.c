@@ -237,6 +237,23 @@ lp_status lp_tensor_index_add_rows(lp_tensor *out, const lp_tensor *x,
   return rows_op(1, out, x, idx, scale);
 }
 
+lp_status lp_tensor_dot_rows(lp_tensor *out, const lp_tensor *a,
+                             const int64_t *idx, const lp_tensor *b) {
+  int64_t ar, ac, br, bc;
+  if (!out || !a || !b || !one_backend(out, a) || !one_backend(out, b))
+    return LP_ERR_ARG;
+  if (!lp_tensor_is_contiguous(out) || !lp_tensor_is_contiguous(a) ||
+      !lp_tensor_is_contiguous(b))
+    return LP_ERR_ARG;
+  lp_tensor_rows_cols(a, &ar, &ac);
+  lp_tensor_rows_cols(b, &br, &bc);
+  if (ac != bc || lp_tensor_numel(out) != br || (!idx && ar != br))
+    return LP_ERR_ARG;
+  for (int64_t i = 0; idx && i < br; i++)
+    if (idx[i] < 0 || idx[i] >= ar) return LP_ERR_ARG;
+  return BE(out)->dot_rows(BE(out), br, bc, a->data, idx, b->data, out->data);
+}
+
 /* ---- GEMM ---- */
 
 typedef struct {

@@ -81,9 +81,11 @@
 -- gradients stay there; inputs from data() are copied there (targets may
 -- stay on the host); activations travel between ranks over NCCL when
 -- every rank has a GPU of its own, else through MPI staged in pinned host
--- memory (LUAPIPE_COMM=nccl|mpi chooses). Without a visible GPU, or with an
--- MoE model (MoE layers run on the CPU only so far), it stops at the start
--- with one line. r.device names the device of this rank.
+-- memory (LUAPIPE_COMM=nccl|mpi chooses). MoE layers run there too (their
+-- routing decisions are made on the host from the [tokens, experts]
+-- affinities; EP exchanges are staged through host memory). Without a
+-- visible GPU it stops at the start with one line. r.device names the
+-- device of this rank.
 --
 -- The data function must give the same micro-batch on every rank that asks
 -- for it (input on the rank where the micro-batch enters, target where its
@@ -254,7 +256,7 @@ local function usage_fail(msg)
 end
 M.usage_fail = usage_fail
 
--- The device cannot be used (no GPU, an MoE model on a GPU, a bad name):
+-- The device cannot be used (no GPU, a bad name):
 -- a usage error.
 local device_fail = usage_fail
 
@@ -378,15 +380,6 @@ function M.run(opts)
   local device = opts.device or "cpu"
   if type(device) ~= "string" then
     fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got " .. tostring(device))
-  end
-  if device ~= "cpu" then
-    for i, spec in ipairs(model.layers) do
-      if spec.kind == "moe" or spec.kind == "moe_block" then
-        device_fail(string.format("luapipe.train: device '%s': layer %d (%s) is an MoE layer, and MoE"
-          .. " layers run on the CPU only so far: train this model with device = \"cpu\"", device, i,
-          spec.kind))
-      end
-    end
   end
   local device_name, derr = core.exec_device(device)
   if not device_name then device_fail("luapipe.train: " .. derr) end

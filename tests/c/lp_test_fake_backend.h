@@ -175,6 +175,13 @@ static lp_status f_adamw(const lp_tensor_backend *be, int64_t n, double lr,
                          U(m), U(v));
 }
 
+static lp_status f_dot_rows(const lp_tensor_backend *be, int64_t n,
+                            int64_t c, const float *a, const int64_t *idx,
+                            const float *b, float *o) {
+  (void)be; /* idx is a host array */
+  return cpu->dot_rows(cpu, n, c, U(a), idx, U(b), U(o));
+}
+
 static const lp_tensor_backend fake = {
     .name = "fake:0",
     .host_accessible = 0,
@@ -206,5 +213,6 @@ static const lp_tensor_backend fake = {
     .sq_error = f_sq,
     .sgd_step = f_sgd,
     .adamw_step = f_adamw,
+    .dot_rows = f_dot_rows,
 };
 

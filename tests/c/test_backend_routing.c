@@ -38,6 +38,37 @@ static lp_nn_layer *build_lm(void) {
   return chunk;
 }
 
+/* MoE layer: sigmoid router, expert groups, a shared expert, the balance
+ * loss, a route scale: every part of the router's backward runs */
+static lp_nn_layer *build_moe(void) {
+  lp_nn_layer *l[3] = {NULL}, *chunk = NULL;
+  lp_nn_moe_opts o = {0};
+  o.dim = 12, o.hidden = 10, o.experts = 6, o.topk = 2, o.groups = 3;
+  o.topk_groups = 2, o.shared = 1, o.route_scale = 1.5f;
+  o.balance_alpha = 0.01f;
+  assert_int_equal(lp_nn_linear_new("in", 6, 12, 1, 9, &l[0]), LP_OK);
+  assert_int_equal(lp_nn_moe_new("moe", &o, 9, &l[1]), LP_OK);
+  assert_int_equal(lp_nn_linear_new("out", 12, 3, 1, 9, &l[2]), LP_OK);
+  assert_int_equal(lp_nn_chunk_new("moe_net", l, 3, &chunk), LP_OK);
+  for (int i = 0; i < 3; i++) lp_nn_layer_release(l[i]);
+  return chunk;
+}
+
+/* MoE transformer block (softmax router) inside the LM */
+static lp_nn_layer *build_moe_lm(void) {
+  lp_nn_layer *l[4] = {NULL}, *chunk = NULL;
+  lp_nn_moe_opts o = {0};
+  o.dim = D, o.hidden = 12, o.experts = 4, o.topk = 2;
+  o.router = LP_NN_ROUTER_SOFTMAX;
+  assert_int_equal(lp_nn_embedding_new("emb", V, D, 5, &l[0]), LP_OK);
+  assert_int_equal(lp_nn_moe_block_new("blk", H, &o, 5, &l[1]), LP_OK);
+  assert_int_equal(lp_nn_rmsnorm_new("norm", D, 1e-5f, &l[2]), LP_OK);
+  assert_int_equal(lp_nn_linear_new("head", D, V, 1, 5, &l[3]), LP_OK);
+  assert_int_equal(lp_nn_chunk_new("moe_lm", l, 4, &chunk), LP_OK);
+  for (int i = 0; i < 4; i++) lp_nn_layer_release(l[i]);
+  return chunk;
+}
+
 static lp_nn_layer *build_mlp(void) {
   lp_nn_layer *l[3] = {NULL}, *chunk = NULL;
   assert_int_equal(lp_nn_linear_new("in", 6, 12, 1, 9, &l[0]), LP_OK);
@@ -52,7 +83,8 @@ static lp_nn_layer *build_mlp(void) {
 /* Trains m for 3 steps on (x, target); returns the last loss; *out gets the
  * last output (on m's backend). */
 static double train3(lp_nn_layer *m, int ce, const lp_tensor *x,
-                     const lp_tensor *target, lp_tensor **out) {
+                     const lp_tensor *target, lp_tensor **out,
+                     lp_tensor **dxout) {
   size_t np;
   const lp_nn_param *p = lp_nn_params(m, &np);
   lp_nn_optim *o = NULL;
@@ -77,9 +109,9 @@ static double train3(lp_nn_layer *m, int ce, const lp_tensor *x,
     assert_int_equal(lp_nn_input_grad(m, ctx, dy, &dx), LP_OK);
     assert_int_equal(lp_nn_weight_grad(m, ctx, NULL), LP_OK);
     assert_int_equal(lp_nn_optim_step(o), LP_OK);
-    if (it == 2) *out = y;
-    else lp_tensor_free(y);
-    lp_tensor_free(dy), lp_tensor_free(dx);
+    if (it == 2) *out = y, *dxout = dx;
+    else lp_tensor_free(y), lp_tensor_free(dx);
+    lp_tensor_free(dy);
     lp_nn_ctx_free(ctx);
   }
   size_t ns = lp_nn_optim_state_numel(o);
@@ -102,12 +134,15 @@ static void twin(lp_nn_layer *(*build)(void), int ce, lp_tensor *x,
     assert_ptr_equal(lp_tensor_backend_of(pb[i].value), &fake);
     assert_ptr_equal(lp_tensor_backend_of(pb[i].grad), &fake);
   }
-  lp_tensor *ya = NULL, *yb = NULL;
-  double la = train3(a, ce, x, target, &ya);
-  double lb = train3(b, ce, xf, target, &yb);
+  lp_tensor *ya = NULL, *yb = NULL, *dxa = NULL, *dxb = NULL;
+  double la = train3(a, ce, x, target, &ya, &dxa);
+  double lb = train3(b, ce, xf, target, &yb, &dxb);
   assert_memory_equal(&la, &lb, sizeof la);
   assert_ptr_equal(lp_tensor_backend_of(yb), &fake);
   assert_same(yb, ya);
+  assert_int_equal(dxa == NULL, dxb == NULL);
+  if (dxa) assert_same(dxb, dxa);
+  lp_tensor_free(dxa), lp_tensor_free(dxb);
   for (size_t i = 0; i < nb; i++) {
     assert_same(pb[i].value, pa[i].value);
     assert_same(pb[i].grad, pa[i].grad);
@@ -144,6 +179,165 @@ static void test_mlp_on_device(void **state) {
   assert_int_equal(lp_tensor_copy(xf, x), LP_OK);
   twin(build_mlp, 0, x, xf, t);
   lp_tensor_free(x), lp_tensor_free(xf), lp_tensor_free(t);
+}
+
+static void test_moe_on_device(void **state) {
+  (void)state;
+  lp_tensor *x = NULL, *xf = NULL, *t = NULL;
+  lp_tensor_rng r;
+  lp_tensor_rng_seed(&r, 6);
+  assert_int_equal(lp_tensor_empty(NULL, 2, (int64_t[]){14, 6}, &x), LP_OK);
+  assert_int_equal(lp_tensor_fill_normal(x, &r, 0, 1), LP_OK);
+  assert_int_equal(lp_tensor_empty(NULL, 2, (int64_t[]){14, 3}, &t), LP_OK);
+  assert_int_equal(lp_tensor_fill_normal(t, &r, 0, 1), LP_OK);
+  assert_int_equal(lp_tensor_empty(&fake, 2, (int64_t[]){14, 6}, &xf), LP_OK);
+  assert_int_equal(lp_tensor_copy(xf, x), LP_OK);
+  twin(build_moe, 0, x, xf, t);
+  lp_tensor_free(x), lp_tensor_free(xf), lp_tensor_free(t);
+}
+
+static void test_moe_lm_on_device(void **state) {
+  (void)state;
+  float ids[B * T], tg[B * T];
+  for (int i = 0; i < B * T; i++) ids[i] = (float)((i * 11) % V), tg[i] = (float)((i * 3 + 1) % V);
+  lp_tensor *x = NULL, *t = NULL;
+  assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){B, T}, ids, &x), LP_OK);
+  assert_int_equal(lp_tensor_from_data(NULL, 1, (int64_t[]){B * T}, tg, &t), LP_OK);
+  twin(build_moe_lm, 1, x, x, t);
+  lp_tensor_free(x), lp_tensor_free(t);
+}
+
+/* Two EP ranks in one process: an exchange runs when both have started it
+ * (rank r's n-th start pairs with the other rank's n-th). */
+enum { XMAX = 16 };
+typedef struct xchg {
+  const float *send[2];
+  float *recv[2];
+  const size_t *sc[2], *rc[2];
+  int joined;
+} xchg;
+typedef struct xworld {
+  int started[2];
+  xchg x[XMAX];
+} xworld;
+typedef struct xrank {
+  xworld *w;
+  int rank;
+} xrank;
+
+static lp_status x_start(void *ud, const float *send, const size_t *sc,
+                         float *recv, const size_t *rc, void **handle) {
+  xrank *me = ud;
+  int n = me->w->started[me->rank]++;
+  assert_true(n < XMAX);
+  xworld *w = me->w;
+  w->x[n].send[me->rank] = send, w->x[n].sc[me->rank] = sc;
+  w->x[n].recv[me->rank] = recv, w->x[n].rc[me->rank] = rc;
+  if (++w->x[n].joined == 2)
+    for (int a = 0; a < 2; a++)
+      for (int b = 0; b < 2; b++) { /* a sends to b */
+        size_t so = 0, ro = 0;
+        for (int i = 0; i < b; i++) so += w->x[n].sc[a][i];
+        for (int i = 0; i < a; i++) ro += w->x[n].rc[b][i];
+        assert_int_equal(w->x[n].sc[a][b], w->x[n].rc[b][a]);
+        memcpy(w->x[n].recv[b] + ro, w->x[n].send[a] + so,
+               w->x[n].sc[a][b] * sizeof(float));
+      }
+  *handle = &w->x[n];
+  return LP_OK;
+}
+
+static lp_status x_wait(void *ud, void *handle, const char *what) {
+  (void)ud, (void)what;
+  /* both ranks started it before either waits (the driver's order) */
+  assert_int_equal(((const xchg *)handle)->joined, 2);
+  return LP_OK;
+}
+
+/* Runs forward, input-grad and weight-grad of an MoE block over two EP
+ * ranks with the layers on `be` (NULL: CPU); y, dx: [2] outputs per rank;
+ * the layers come back for their grads. */
+static void ep2_run(const lp_tensor_backend *be, const lp_tensor *x,
+                    const lp_tensor *dy, lp_nn_layer **ls, lp_tensor **y,
+                    lp_tensor **dx) {
+  lp_nn_moe_opts o = {0};
+  o.dim = D, o.hidden = 10, o.experts = 6, o.topk = 2, o.groups = 3;
+  o.topk_groups = 2, o.shared = 1, o.route_scale = 1.5f;
+  o.balance_alpha = 0.01f;
+  static xworld w;
+  static xrank xr[2];
+  memset(&w, 0, sizeof w);
+  lp_nn_ctx *cs[2] = {NULL};
+  lp_tensor *xs[2] = {NULL}, *dys[2] = {NULL};
+  for (int r = 0; r < 2; r++) {
+    xr[r] = (xrank){&w, r};
+    lp_nn_ep ep = {2, r, &xr[r], x_start, x_wait};
+    assert_int_equal(lp_nn_moe_block_new("b", H, &o, 5, &ls[r]), LP_OK);
+    assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
+    if (be) assert_int_equal(lp_nn_layer_to(ls[r], be), LP_OK);
+    assert_int_equal(lp_nn_ctx_new(&cs[r]), LP_OK);
+    lp_tensor *xv = NULL, *dv = NULL;
+    assert_int_equal(lp_tensor_rows(x, r, 1, &xv), LP_OK);
+    assert_int_equal(lp_tensor_rows(dy, r, 1, &dv), LP_OK);
+    assert_int_equal(lp_tensor_empty(be, 3, xv->shape, &xs[r]), LP_OK);
+    assert_int_equal(lp_tensor_empty(be, 3, dv->shape, &dys[r]), LP_OK);
+    assert_int_equal(lp_tensor_copy(xs[r], xv), LP_OK);
+    assert_int_equal(lp_tensor_copy(dys[r], dv), LP_OK);
+    lp_tensor_free(xv), lp_tensor_free(dv);
+  }
+  for (int pass = 0; pass < 2; pass++) {
+    int done[2] = {0, 0};
+    lp_tensor **out = pass ? dx : y;
+    for (int r = 0; r < 2; r++)
+      assert_int_equal(pass ? lp_nn_input_grad_begin(ls[r], cs[r], dys[r])
+                            : lp_nn_forward_begin(ls[r], cs[r], xs[r]),
+                       LP_OK);
+    while (!done[0] || !done[1])
+      for (int r = 0; r < 2; r++)
+        if (!done[r])
+          assert_int_equal(lp_nn_advance(ls[r], cs[r], &done[r], &out[r]),
+                           LP_OK);
+  }
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(lp_nn_weight_grad(ls[r], cs[r], NULL), LP_OK);
+    lp_nn_ctx_free(cs[r]);
+    lp_tensor_free(xs[r]), lp_tensor_free(dys[r]);
+  }
+}
+
+/* An MoE block over two EP ranks: the exchanges of device rows go through
+ * host staging; forward, input-grad and weight-grad equal the CPU's */
+static void test_moe_ep2_on_device(void **state) {
+  (void)state;
+  lp_tensor_rng r;
+  lp_tensor_rng_seed(&r, 8);
+  lp_tensor *x = NULL, *dy = NULL;
+  assert_int_equal(lp_tensor_empty(NULL, 3, (int64_t[]){2, T, D}, &x), LP_OK);
+  assert_int_equal(lp_tensor_fill_normal(x, &r, 0, 1), LP_OK);
+  assert_int_equal(lp_tensor_empty(NULL, 3, (int64_t[]){2, T, D}, &dy), LP_OK);
+  assert_int_equal(lp_tensor_fill_normal(dy, &r, 0, 1), LP_OK);
+  lp_nn_layer *la[2], *lb[2];
+  lp_tensor *ya[2] = {NULL}, *yb[2] = {NULL}, *dxa[2] = {NULL},
+            *dxb[2] = {NULL};
+  ep2_run(NULL, x, dy, la, ya, dxa);
+  ep2_run(&fake, x, dy, lb, yb, dxb);
+  for (int k = 0; k < 2; k++) {
+    assert_ptr_equal(lp_tensor_backend_of(yb[k]), &fake);
+    assert_same(yb[k], ya[k]);
+    assert_same(dxb[k], dxa[k]);
+    size_t na, nb;
+    const lp_nn_param *pa = lp_nn_params(la[k], &na);
+    const lp_nn_param *pb = lp_nn_params(lb[k], &nb);
+    assert_int_equal(na, nb);
+    for (size_t i = 0; i < na; i++) {
+      assert_ptr_equal(lp_tensor_backend_of(pb[i].grad), &fake);
+      assert_same(pb[i].grad, pa[i].grad);
+    }
+    lp_tensor_free(ya[k]), lp_tensor_free(yb[k]);
+    lp_tensor_free(dxa[k]), lp_tensor_free(dxb[k]);
+    lp_nn_layer_release(la[k]), lp_nn_layer_release(lb[k]);
+  }
+  lp_tensor_free(x), lp_tensor_free(dy);
 }
 
 static void test_mixing_devices(void **state) {
@@ -217,6 +411,9 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lm_on_device),
       cmocka_unit_test(test_mlp_on_device),
+      cmocka_unit_test(test_moe_on_device),
+      cmocka_unit_test(test_moe_lm_on_device),
+      cmocka_unit_test(test_moe_ep2_on_device),
       cmocka_unit_test(test_mixing_devices),
       cmocka_unit_test(test_optimizer_before_move),
   };

@@ -9,7 +9,8 @@
  * Alone (ctest) it runs over the MPI world of one process: one-rank
  * schedules (F/B, split I/W, overlapped FB pairs, two local copies of each
  * stage summed at REDUCE_GRAD), checkpoints written from the device and
- * read back onto the device and onto the CPU, and the MoE refusal. Under
+ * read back onto the device and onto the CPU; every run also with MoE
+ * blocks (host routing, device row math, staged EP exchanges). Under
  * mpirun -np 2 (tests/mpi/test_exec_device.sh) it runs 1F1B over two ranks,
  * activations and gradients travelling through the staged comm
  * (lp_comm_for_backend), and one pipeline rank x ep = 2 (dense gradients
@@ -41,9 +42,21 @@ enum { V = 23, D = 8, H = 2, T = 6 };
 
 /* mlp: linear(5,7) + gelu | linear(7,3), MSE, SGD with momentum.
  * lm:  embedding + transformer block | rmsnorm + linear head, CE, AdamW.
+ * moe (use_lm == 2): the lm with MoE transformer blocks (sigmoid router,
+ * expert groups, a shared expert, the balance loss).
  * With 4 stages, stages 1 and 2 are linear(7,7) + gelu / a transformer
  * block. */
 static int use_lm, nstages = 2;
+
+static lp_status block_new(const char *name, lp_nn_layer **out) {
+  if (use_lm != 2)
+    return lp_nn_transformer_block_new(name, D, H, 2 * D, LP_TENSOR_ACT_GELU, 42, out);
+  lp_nn_moe_opts mo;
+  memset(&mo, 0, sizeof mo);
+  mo.dim = D, mo.hidden = 6, mo.experts = 4, mo.topk = 2, mo.groups = 2;
+  mo.topk_groups = 1, mo.shared = 1, mo.balance_alpha = 0.01f;
+  return lp_nn_moe_block_new(name, H, &mo, 42, out);
+}
 
 static lp_status build_stage(int stage, lp_nn_layer **out) {
   lp_nn_layer *ls[2] = {NULL, NULL};
@@ -61,9 +74,9 @@ static lp_status build_stage(int stage, lp_nn_layer **out) {
   } else if (stage == 0) {
     st = lp_nn_embedding_new(n0, V, D, 42, &ls[0]);
     if (st == LP_OK)
-      st = lp_nn_transformer_block_new(n1, D, H, 2 * D, LP_TENSOR_ACT_GELU, 42, &ls[1]);
+      st = block_new(n1, &ls[1]);
   } else if (!last) {
-    st = lp_nn_transformer_block_new(n0, D, H, 2 * D, LP_TENSOR_ACT_GELU, 42, &ls[0]);
+    st = block_new(n0, &ls[0]);
   } else {
     st = lp_nn_rmsnorm_new(n0, D, 1e-5f, &ls[0]);
     if (st == LP_OK) st = lp_nn_linear_new(n1, D, V, 1, 42, &ls[1]);
@@ -183,7 +196,7 @@ static void same_params(const lp_exec *a, const lp_exec *b, int on_fake) {
 /* 3 steps on the CPU and on the fake device from the same start: losses
  * and parameters bitwise equal */
 static void twin(const lp_schedule *s) {
-  for (use_lm = 0; use_lm < 2; use_lm++) {
+  for (use_lm = 0; use_lm < 3; use_lm++) {
     lp_exec *c = exec_on(s, NULL), *f = exec_on(s, &fake);
     for (int k = 1; k <= 3; k++) {
       double lc = 0, lf = 0;
@@ -191,8 +204,8 @@ static void twin(const lp_schedule *s) {
       step(f, k, &lf);
       assert_true(isfinite(lc) && lc > 0);
       if (memcmp(&lc, &lf, sizeof lc) != 0)
-        fail_msg("%s, step %d: loss %.17g on fake:0, %.17g on the CPU", use_lm ? "lm" : "mlp", k,
-                 lf, lc);
+        fail_msg("%s, step %d: loss %.17g on fake:0, %.17g on the CPU",
+                 (const char *[]){"mlp", "lm", "moe"}[use_lm], k, lf, lc);
     }
     same_params(f, c, 1);
     lp_exec_free(c);
@@ -254,7 +267,7 @@ static void test_checkpoint(void **state) {
                       "0F2", "1F2", "1B2", "0B2", "0F3", "1F3", "1B3", "0B3"};
   char dir[] = "/tmp/lp_exec_device_XXXXXX";
   assert_non_null(mkdtemp(dir));
-  for (use_lm = 0; use_lm < 2; use_lm++) {
+  for (use_lm = 0; use_lm < 3; use_lm++) {
     lp_schedule *s = two_stage(fb, 16, 1);
     lp_exec *f = exec_on(s, &fake);
     for (int k = 1; k <= 2; k++) step(f, k, NULL);
@@ -284,40 +297,6 @@ static void test_checkpoint(void **state) {
   lp_exec_checkpoint_path(dir, 0, path, sizeof path);
   unlink(path);
   rmdir(dir);
-}
-
-/* MoE layers run on the CPU only: a device backend fails lp_exec_new. */
-static lp_status moe_chunk(void *ud, int stage, lp_nn_layer **out, char *err) {
-  (void)ud, (void)stage, (void)err;
-  lp_nn_moe_opts mo;
-  memset(&mo, 0, sizeof mo);
-  mo.dim = D_IN, mo.hidden = 4, mo.experts = 2, mo.topk = 1;
-  return lp_nn_moe_new("layers.0", &mo, 1, out);
-}
-
-static void test_moe_refused(void **state) {
-  (void)state;
-  if (lp_comm_size(W) != 1) skip();
-  lp_schedule *s = NULL;
-  assert_int_equal(lp_schedule_new(1, 1, 1, &s), LP_OK);
-  assert_int_equal(lp_schedule_add_vstage(s, 0, 0, NULL), LP_OK);
-  int route[1] = {0};
-  assert_int_equal(lp_schedule_set_route(s, 0, route, 1), LP_OK);
-  assert_int_equal(lp_schedule_push_text(s, 0, "0F0"), LP_OK);
-  assert_int_equal(lp_schedule_push_text(s, 0, "0B0"), LP_OK);
-  lp_exec_opts o = opts_for(&fake);
-  o.chunk = moe_chunk;
-  lp_exec *e = NULL;
-  char err[LP_ERRLEN] = "";
-  assert_int_equal(lp_exec_new(s, &o, &e, err), LP_ERR_UNSUPPORTED);
-  assert_null(e);
-  assert_string_equal(err, "rank 0: model stage 0 has MoE layers, which run on the CPU only so "
-                           "far: train this model on the CPU, not on fake:0");
-  /* on the CPU it builds */
-  o.backend = NULL;
-  assert_int_equal(lp_exec_new(s, &o, &e, err), LP_OK);
-  lp_exec_free(e);
-  lp_schedule_free(s);
 }
 
 /* 1F1B over two ranks (plain and with split backward): activations and
@@ -367,7 +346,6 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_rank),
       cmocka_unit_test(test_checkpoint),
-      cmocka_unit_test(test_moe_refused),
       cmocka_unit_test(test_two_ranks),
       cmocka_unit_test(test_dualpipe_four_ranks),
   };

@@ -278,6 +278,32 @@ static void test_gather_index_add(void **state) {
   lp_tensor_free(x), lp_tensor_free(g), lp_tensor_free(acc), lp_tensor_free(w);
 }
 
+/* Row dots: out[i] = x[idx[i]] . y[i] in double, rounded once; without
+ * idx, row i of x; bad shapes and indices are LP_ERR_ARG. */
+static void test_dot_rows(void **state) {
+  (void)state;
+  lp_tensor *x = randn(2, SH(4, 3), 8), *y = randn(2, SH(5, 3), 9), *o = NULL;
+  const int64_t idx[5] = {2, 0, 2, 3, 1};
+  assert_int_equal(lp_tensor_empty(NULL, 1, SH(5), &o), LP_OK);
+  assert_int_equal(lp_tensor_dot_rows(o, x, idx, y), LP_OK);
+  for (int i = 0; i < 5; i++) {
+    double d = 0.0;
+    for (int c = 0; c < 3; c++) d += (double)x->data[idx[i] * 3 + c] * y->data[i * 3 + c];
+    assert_true(o->data[i] == (float)d);
+  }
+  assert_int_equal(lp_tensor_dot_rows(o, y, NULL, y), LP_OK);
+  double d0 = 0.0;
+  for (int c = 0; c < 3; c++) d0 += (double)y->data[c] * y->data[c];
+  assert_true(o->data[0] == (float)d0);
+  assert_int_equal(lp_tensor_dot_rows(o, x, NULL, y), LP_ERR_ARG); /* 4 vs 5 rows */
+  const int64_t bad[5] = {0, 1, 4, 0, 0};
+  assert_int_equal(lp_tensor_dot_rows(o, x, bad, y), LP_ERR_ARG);
+  lp_tensor *o4 = NULL;
+  assert_int_equal(lp_tensor_empty(NULL, 1, SH(4), &o4), LP_OK);
+  assert_int_equal(lp_tensor_dot_rows(o4, x, idx, y), LP_ERR_ARG);
+  lp_tensor_free(x), lp_tensor_free(y), lp_tensor_free(o), lp_tensor_free(o4);
+}
+
 static void test_rows_ops(void **state) {
   (void)state;
   lp_tensor *x = randn(3, SH(2, 3, 7), 6), *v = randn(1, SH(7), 7), *o = NULL;
@@ -515,6 +541,7 @@ int main(void) {
       cmocka_unit_test(test_strided_ops),
       cmocka_unit_test(test_rows_ops),
       cmocka_unit_test(test_gather_index_add),
+      cmocka_unit_test(test_dot_rows),
       cmocka_unit_test(test_gemm),
       cmocka_unit_test(test_gemm_views_and_errors),
       cmocka_unit_test(test_backend_batched_gemm),

@@ -1,7 +1,8 @@
 /* test_cuda_nn.c — layer gradient checks on the GPU: the same models (same
  * seeds) on the CPU and, after lp_nn_layer_to, on cuda:0; losses, logits,
  * input and parameter gradients and optimizer steps compared by relative
- * error; a directional finite-difference check of the GPU gradients; the
+ * error (a dense LM, an LM with an MoE block, an MLP); a directional
+ * finite-difference check of the GPU gradients; the
  * device-mismatch error text. Exits 77 without CUDA or a device. */
 #include "gpu_twin.h"
 #include "lp_nn.h"
@@ -171,6 +172,23 @@ static lp_nn_layer *build_lm(void) {
   return chunk;
 }
 
+/* The LM with an MoE block (sigmoid router, expert groups, a shared
+ * expert, the balance loss): the routing decisions are made on the host
+ * from the affinities read back, everything row-sized on the GPU. */
+static lp_nn_layer *build_moe_lm(void) {
+  lp_nn_layer *l[4] = {NULL}, *chunk = NULL;
+  lp_nn_moe_opts o = {0};
+  o.dim = D, o.hidden = 24, o.experts = 4, o.topk = 2, o.groups = 2;
+  o.topk_groups = 1, o.shared = 1, o.route_scale = 1.5f, o.balance_alpha = 0.01f;
+  lp_nn_embedding_new("emb", V, D, 7, &l[0]);
+  lp_nn_moe_block_new("blk", H, &o, 7, &l[1]);
+  lp_nn_rmsnorm_new("norm", D, 1e-5f, &l[2]);
+  lp_nn_linear_new("head", D, V, 0, 7, &l[3]);
+  lp_nn_chunk_new("moe_lm", l, 4, &chunk);
+  for (int i = 0; i < 4; i++) lp_nn_layer_release(l[i]);
+  return chunk;
+}
+
 static lp_nn_layer *build_mlp(void) {
   lp_nn_layer *l[4] = {NULL}, *chunk = NULL;
   lp_nn_linear_new("in", 8, 16, 1, 3, &l[0]);
@@ -211,6 +229,7 @@ int main(void) {
   lp_tensor_from_data(NULL, 2, (int64_t[]){B, T}, ids, &x);
   lp_tensor_from_data(NULL, 1, (int64_t[]){B * T}, tg, &t);
   twin_model("lm", build_lm, 1, x, t, 1);
+  twin_model("moe lm", build_moe_lm, 1, x, t, 1);
   lp_tensor_free(x), lp_tensor_free(t);
 
   float *xm = twin_rand(24 * 8, -1, 1), *tm = twin_rand(24 * 4, -1, 1);

@@ -293,6 +293,24 @@ static void test_gather_scatter(int with_scale) {
   lp_free(x), lp_free(sc), lp_free(src), lp_free(acc), lp_free(idx), lp_free(want), lp_free(w2);
 }
 
+/* Row dots (the MoE combine weights' gradient) against the CPU entry, with
+ * gathered rows of a (repeated on purpose) and without: the same double
+ * sums in the same order, so equal but for the final rounding. */
+static void test_dot_rows(int with_idx) {
+  int64_t rows = 23, n = 61, cols = 37, arows = with_idx ? rows : n;
+  float *a = twin_rand((size_t)(arows * cols), -1, 1), *b = twin_rand((size_t)(n * cols), -1, 1);
+  int64_t *idx = lp_malloc((size_t)n * sizeof *idx);
+  for (int64_t i = 0; i < n; i++) idx[i] = (int64_t)(lp_tensor_rng_next(&twin_rng) % (uint64_t)rows);
+  const int64_t *ix = with_idx ? idx : NULL;
+  float *want = lp_malloc((size_t)n * sizeof *want);
+  twin_status("dot_rows cpu", C->dot_rows(C, n, cols, a, ix, b, want));
+  float *da = UP(a, arows * cols), *db = UP(b, n * cols), *out = twin_poison(G, (size_t)n);
+  twin_status("dot_rows", G->dot_rows(G, n, cols, da, ix, db, out));
+  check_out(with_idx ? "dot_rows (gathered)" : "dot_rows", out, want, (size_t)n, 1e-7);
+  G->free(G, da), G->free(G, db);
+  lp_free(a), lp_free(b), lp_free(idx), lp_free(want);
+}
+
 static void test_tensor_layer(void) {
   /* a tensor knows its device; moves keep values; mixing devices fails */
   int64_t sh[2] = {33, 17};
@@ -335,6 +353,8 @@ int main(void) {
   test_mask_losses_optim();
   test_gather_scatter(0);
   test_gather_scatter(1);
+  test_dot_rows(0);
+  test_dot_rows(1);
   test_tensor_layer();
   lp_status st = lp_kernels_cuda_sync(G);
   twin_status("final sync", st);
