@@ -69,6 +69,16 @@ static void *check_numbers(lua_State *L, int idx, int as_double, size_t *n) {
 
 /* core.comm_allreduce_sum(list [, what]) -> list of sums | nil, err
  * (in double precision). */
+/* Pushes n doubles as a Lua list; returns 1. */
+static int push_doubles(lua_State *L, const double *buf, size_t n) {
+  lua_createtable(L, (int)n, 0);
+  for (size_t i = 0; i < n; i++) {
+    lua_pushnumber(L, buf[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  return 1;
+}
+
 /* The element-wise sum over the ranks of c of the list at `list` (the
  * watchdog text at `what`): the list of sums | nil, err. */
 static int allreduce_on(lua_State *L, lp_comm *c, int list, int what_arg) {
@@ -77,12 +87,7 @@ static int allreduce_on(lua_State *L, lp_comm *c, int list, int what_arg) {
   double *buf = check_numbers(L, list, 1, &n);
   lp_status st = lp_comm_allreduce_sum_double(c, buf, n, what);
   if (st != LP_OK) return comm_fail(L, c, st);
-  lua_createtable(L, (int)n, 0);
-  for (size_t i = 0; i < n; i++) {
-    lua_pushnumber(L, buf[i]);
-    lua_rawseti(L, -2, (lua_Integer)i + 1);
-  }
-  return 1;
+  return push_doubles(L, buf, n);
 }
 
 static int lb_comm_allreduce_sum(lua_State *L) {
@@ -227,12 +232,7 @@ static int lb_comm_obj_bcast(lua_State *L) {
   double *buf = check_numbers(L, 2, 1, &n);
   lp_status st = lp_comm_bcast(c, buf, n * sizeof(double), (int)root, what);
   if (st != LP_OK) return comm_fail(L, c, st);
-  lua_createtable(L, (int)n, 0);
-  for (size_t i = 0; i < n; i++) {
-    lua_pushnumber(L, buf[i]);
-    lua_rawseti(L, -2, (lua_Integer)i + 1);
-  }
-  return 1;
+  return push_doubles(L, buf, n);
 }
 
 #define LB_A2A_MAX_COUNT (1 << 24) /* floats per piece: exact as a float count */
