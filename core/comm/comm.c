@@ -42,6 +42,8 @@ void lp_comm_set_link(lp_comm *c, const lp_link *link) {
 
 const lp_link *lp_comm_link(const lp_comm *c) { return &c->link; }
 
+int lp_comm_any_order(const lp_comm *c) { return c && c->be->any_order; }
+
 static lp_comm *world;     /* set by comm_mpi.c while MPI runs */
 static lp_comm self_world; /* the world of a process without MPI */
 

@@ -483,6 +483,7 @@ static void mpi_abort(lp_comm *c, int code) {
 
 static const lp_comm_backend comm_mpi_backend = {
     .name = "mpi",
+    .any_order = 1,
     .isend = mpi_isend,
     .irecv = mpi_irecv,
     .iallreduce_sum = mpi_iallreduce,

@@ -79,6 +79,7 @@ static void self_abort(lp_comm *c, int code) {
 
 const lp_comm_backend comm_self_backend = {
     .name = "self",
+    .any_order = 1,
     .isend = self_isend,
     .irecv = self_irecv,
     .iallreduce_sum = self_iallreduce,

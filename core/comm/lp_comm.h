@@ -28,6 +28,11 @@ typedef enum lp_comm_dtype { LP_COMM_FLOAT, LP_COMM_DOUBLE } lp_comm_dtype;
  * data already comes late); otherwise comm.c bounds both sides. */
 typedef struct lp_comm_backend {
   const char *name; /* "self", "mpi", "nccl" */
+  /* 1 when operations on different contexts of this backend complete
+   * whatever order the ranks started them in (MPI: every communicator
+   * progresses on its own; self). 0 (NCCL: kernels of one device queue
+   * behind each other) means every rank must start them in one order. */
+  int any_order;
   lp_status (*isend)(lp_comm *c, const void *buf, size_t count, lp_comm_dtype dt,
                      int peer, int tag, lp_comm_req *req);
   lp_status (*irecv)(lp_comm *c, void *buf, size_t count, lp_comm_dtype dt,
@@ -252,6 +257,9 @@ _Noreturn void lp_comm_fatal(lp_comm *c, const char *msg);
  * happens only inside lp_comm_test / lp_comm_wait). lp_comm_progress_thread
  * tells whether it runs. */
 int lp_comm_progress_thread(void);
+/* 1 when c's backend lets ranks start operations on different contexts in
+ * different orders (lp_comm_backend.any_order). */
+int lp_comm_any_order(const lp_comm *c);
 
 /* When launched by mpirun (OMPI_COMM_WORLD_SIZE or PMIX_RANK in the
  * environment) starts MPI (MPI_Init_thread, which may edit argc/argv) and

@@ -32,15 +32,25 @@ lp_status ex_grid_new(lp_exec *e) {
             lp_comm_last_error(e->world));
     return LP_ERR_COMM;
   }
+  /* backward halves exchange over a context of their own, so an
+   * overlapped pair can run whichever half's exchange finished first (each
+   * context still sees one order of exchanges on every rank: its half's) */
+  if (lp_comm_any_order(e->ep_comm) &&
+      lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm_b) != LP_OK) {
+    lp_errf(e->err, "rank %d: forming the pp x ep grid: %s", e->rank,
+            lp_comm_last_error(e->world));
+    return LP_ERR_COMM;
+  }
   e->comm = e->pp_own;
   e->prank = lp_comm_rank(e->comm);
   return LP_OK;
 }
 
 void ex_grid_free(lp_exec *e) {
+  lp_comm_free(e->ep_comm_b);
   lp_comm_free(e->ep_comm);
   lp_comm_free(e->pp_own);
-  e->ep_comm = e->pp_own = NULL;
+  e->ep_comm = e->pp_own = e->ep_comm_b = NULL;
   lp_free(e->moe_counts);
   lp_free(e->moe_off);
   lp_free(e->moe_experts);
@@ -85,7 +95,9 @@ static lp_status ep_start(void *ud, const float *send, const size_t *send_counts
       in += recv_counts[r];
     }
   }
-  h->modelled = lp_link_alltoallv_time(lp_comm_link(e->ep_comm), 4.0 * (double)out,
+  h->half = e->adv_half;
+  h->comm = h->half && e->ep_comm_b ? e->ep_comm_b : e->ep_comm;
+  h->modelled = lp_link_alltoallv_time(lp_comm_link(h->comm), 4.0 * (double)out,
                                        4.0 * (double)in);
   double *x = act_x_of(e);
   if (x) {
@@ -96,17 +108,45 @@ static lp_status ep_start(void *ud, const float *send, const size_t *send_counts
   }
   h->start = lp_now();
   h->blocked0 = e->a2a_blocked + e->t_wait;
-  lp_status st = lp_comm_ialltoallv(e->ep_comm, send, send_counts, h->displs, recv, recv_counts,
+  lp_status st = lp_comm_ialltoallv(h->comm, send, send_counts, h->displs, recv, recv_counts,
                                     h->displs + E, &h->req);
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d: starting an all-to-all-v of the EP group: %s", e->rank,
-            lp_comm_last_error(e->ep_comm));
+            lp_comm_last_error(h->comm));
     lp_free(h->displs);
     lp_free(h);
     return st;
   }
+  e->half_x[h->half] = h;
   *handle = h;
   return LP_OK;
+}
+
+lp_status ex_half_ready(lp_exec *e, int which, int waiting, int *ready) {
+  a2a *h = e->half_x[which];
+  *ready = 1;
+  if (!h || h->done_at > 0) return LP_OK;
+  int done = 0;
+  lp_status st = lp_comm_test(h->comm, &h->req, &done);
+  if (st != LP_OK) {
+    lp_errf(e->err, "rank %d (EP rank %d of %d): an MoE exchange of the %s half: %s", e->rank,
+            e->ep_rank, e->ep, which ? "backward" : "forward", lp_comm_last_error(h->comm));
+    return st;
+  }
+  *ready = done;
+  if (done) {
+    h->done_at = lp_now();
+    h->found_waiting = waiting;
+  }
+  return LP_OK;
+}
+
+void ex_a2a_blocked(lp_exec *e, double t0, double t1) {
+  e->a2a_blocked += t1 - t0;
+  double *x = act_x_of(e);
+  if (x) x[EX_X_BLOCKED] += t1 - t0;
+  ex_trace_add(e, LP_TRACE_SEND, "all-to-all wait: both halves", "a2a", t0, t1, -1, -1, e->cur,
+               -1, -1);
 }
 
 static lp_status ep_wait(void *ud, void *handle, const char *what) {
@@ -115,14 +155,22 @@ static lp_status ep_wait(void *ud, void *handle, const char *what) {
   char w[256];
   snprintf(w, sizeof w, "rank %d (EP rank %d of %d): %s", e->rank, e->ep_rank, e->ep,
            what ? what : "an MoE exchange");
+  if (e->half_x[h->half] == h) e->half_x[h->half] = NULL;
   double tw = lp_now();
   int ready = 0; /* finished while this rank computed? */
-  lp_status st = lp_comm_test(e->ep_comm, &h->req, &ready);
-  if (st == LP_OK && !ready) st = lp_comm_wait(e->ep_comm, &h->req, w);
+  lp_status st = lp_comm_test(h->comm, &h->req, &ready);
+  if (st == LP_OK && !ready) st = lp_comm_wait(h->comm, &h->req, w);
   double t1 = lp_now();
-  if (st == LP_ERR_TIMEOUT) lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
+  if (st == LP_ERR_TIMEOUT) lp_comm_fatal(h->comm, lp_comm_last_error(h->comm));
   if (st != LP_OK)
-    lp_errf(e->err, "rank %d: %s: %s", e->rank, w, lp_comm_last_error(e->ep_comm));
+    lp_errf(e->err, "rank %d: %s: %s", e->rank, w, lp_comm_last_error(h->comm));
+  /* found finished by an overlapped pair's poll (ex_half_ready): while the
+   * rank waited for both halves, it ended then (that wait is already
+   * counted as blocked); after compute, like any exchange found done */
+  if (h->done_at > 0) {
+    tw = t1 = h->done_at;
+    ready = !h->found_waiting;
+  }
   /* its time: from the start to its completion, which is the end of the
    * wait when it had to be waited for; when it was already done, some
    * time before, estimated by the link model (capped at the wait's start).

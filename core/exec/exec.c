@@ -209,6 +209,7 @@ static lp_status half_advance(lp_exec *e, int which, int *done) {
   slot *sl = &e->vs[li].slots[h->mb];
   int want = which == 0 || e->kpos[li][h->mb] > 0;
   lp_tensor *out = NULL;
+  e->adv_half = which; /* the exchange it starts goes over this half's context */
   lp_status st = lp_nn_advance(e->vs[li].chunk, sl->ctx, done, want ? &out : NULL);
   if (st != LP_OK) {
     nnfail(e, sl, which ? "input-grad" : "forward", st);
@@ -238,7 +239,7 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
   return LP_OK;
 }
 
-/* The default overlapped pair, in DeepSeek-V3's order: both halves begun
+/* The overlapped pair in a fixed order, DeepSeek-V3's: both halves begun
  * (inputs in hand), then their phases alternate, backward first, so each
  * advance starts the next all-to-all of its half and returns while the
  * other half computes: per MoE layer, backward's combine-backward flies
@@ -249,12 +250,10 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
  * attention phase that started it: the advance after it does no compute,
  * so giving the turn to the backward half there would leave the
  * backward's row exchange (started one advance before) with nothing to
- * fly under. Results equal running the halves one after the other: the
- * two micro-batches touch disjoint state, and every rank of the EP group
- * starts its exchanges in this same order (decided by phase names only). */
-static lp_status run_fb(lp_exec *e, const lp_action *a) {
-  LP_CHECK(f_begin(e, a->stage, a->mb));
-  LP_CHECK(b_begin(e, a->bstage, a->bmb, a->btype == LP_ACT_B));
+ * fly under. Every rank of the EP group starts its exchanges in this same
+ * order (decided by phase names only), as a backend without any_order
+ * (NCCL) needs. */
+static lp_status run_fb_fixed(lp_exec *e) {
   int fd = 0, bd = 0;
   while (!fd || !bd) {
     if (!bd) LP_CHECK(half_advance(e, 1, &bd));
@@ -263,6 +262,78 @@ static lp_status run_fb(lp_exec *e, const lp_action *a) {
       LP_CHECK(half_advance(e, 0, &fd));
   }
   return LP_OK;
+}
+
+/* Polls both running halves' exchanges until one has finished (*rf / *rb
+ * say which), sleeping a little longer the longer it takes; the time is
+ * the pair's exposed all-to-all time. After a second with neither, it
+ * returns anyway: the next advance then blocks in its own wait, which has
+ * the watchdog and the error text. */
+static lp_status pair_wait(lp_exec *e, int fd, int bd, int *rf, int *rb) {
+  double t0 = lp_now(), now = t0;
+  lp_status st = LP_OK;
+  for (unsigned polls = 0; st == LP_OK && now - t0 < 1.0; polls++) {
+    if (polls >= 16) lp_sleep_until(now + (polls < 128 ? 50e-6 : 200e-6));
+    if (!bd) st = ex_half_ready(e, 1, 1, rb);
+    if (st == LP_OK && !fd) st = ex_half_ready(e, 0, 1, rf);
+    now = lp_now();
+    if (*rb || *rf) break;
+  }
+  ex_a2a_blocked(e, t0, now);
+  return st;
+}
+
+/* The overlapped pair where the EP group's backend lets the halves'
+ * exchanges finish in any order (MPI; backward halves exchange over a
+ * context of their own, so every context still sees one order on every
+ * rank): whichever half can go on runs its next phase. Both can: the
+ * backward (DeepSeek-V3's order, as above), except that the forward goes
+ * first when its next advance only finishes the count exchange and starts
+ * the token exchange (no compute: that exchange should fly early). Neither
+ * can (both exchanges in flight, e.g. the EP partner is late): a full
+ * backward runs the weight-grad of a layer its input-grad has finished
+ * (DeepSeek's MLP(W) and ATTN(W) inside the pair), and only with nothing
+ * left to compute does the rank wait, for whichever exchange ends first.
+ * Results equal running the halves one after the other: the two
+ * micro-batches touch disjoint state, each half's exchanges keep their
+ * order, and the weight-grads run in the order they would at the end. */
+static lp_status run_fb_any(lp_exec *e) {
+  int fd = 0, bd = 0;
+  half *b = &e->hf[1];
+  lp_nn_layer *bchunk = e->vs[e->loc[b->v]].chunk;
+  lp_nn_ctx *bctx = e->vs[e->loc[b->v]].slots[b->mb].ctx;
+  int wparts = b->type == LP_ACT_B;
+  while (!fd || !bd) {
+    int rf = 0, rb = 0;
+    if (!fd) LP_CHECK(ex_half_ready(e, 0, 0, &rf));
+    if (rf && strcmp(lp_exec_half_phase(e, 0), "dispatch") == 0) {
+      LP_CHECK(half_advance(e, 0, &fd));
+      continue;
+    }
+    if (!bd) LP_CHECK(ex_half_ready(e, 1, 0, &rb));
+    if (rb || rf) {
+      LP_CHECK(half_advance(e, rb ? 1 : 0, rb ? &bd : &fd));
+      continue;
+    }
+    int did = 0;
+    if (wparts && !bd) {
+      lp_status st = lp_nn_weight_grad_part(bchunk, bctx, &did);
+      if (st != LP_OK) {
+        nnfail(e, &e->vs[e->loc[b->v]].slots[b->mb], "weight-grad", st);
+        return st;
+      }
+    }
+    if (did) continue;
+    LP_CHECK(pair_wait(e, fd, bd, &rf, &rb));
+    if (!rf && !rb) LP_CHECK(half_advance(e, bd ? 0 : 1, bd ? &fd : &bd));
+  }
+  return LP_OK;
+}
+
+static lp_status run_fb(lp_exec *e, const lp_action *a) {
+  LP_CHECK(f_begin(e, a->stage, a->mb));
+  LP_CHECK(b_begin(e, a->bstage, a->bmb, a->btype == LP_ACT_B));
+  return e->ep_comm_b ? run_fb_any(e) : run_fb_fixed(e);
 }
 
 lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb) {

@@ -63,9 +63,13 @@ typedef struct half {
 /* One all-to-all-v of an MoE layer in flight (lp_nn_ep handle). */
 typedef struct a2a {
   lp_comm_req *req;
+  lp_comm *comm;  /* the EP context it runs on (ep_comm or ep_comm_b) */
+  int half;       /* the half (0 forward, 1 backward) whose advance started it */
   size_t *displs; /* [2 * ep]: send then receive displacements */
   double start, modelled; /* lp_now() at start; the link model's time */
   double blocked0;        /* the rank's blocked time (a2a + messages) at start */
+  double done_at;   /* > 0: lp_now() when ex_half_ready found it finished */
+  int found_waiting; /* ... while the rank polled for it (else: after compute) */
 } a2a;
 
 struct lp_exec {
@@ -74,6 +78,12 @@ struct lp_exec {
                    * comm when ep = 1) */
   lp_comm *world; /* the job's comm: pp x ep ranks */
   lp_comm *pp_own, *ep_comm; /* owned split contexts when ep > 1 */
+  lp_comm *ep_comm_b; /* the EP group again, for backward halves' exchanges
+                       * (when its backend lets ranks start operations on
+                       * two contexts in any order), else NULL: then every
+                       * exchange goes over ep_comm in one order */
+  int adv_half;       /* the half (0 / 1) whose advance is running */
+  a2a *half_x[2];     /* each half's exchange in flight, NULL: none */
   const lp_tensor_backend *be; /* where every chunk runs (opts.backend or the CPU) */
   lp_comm *pcomm; /* activations and gradients between pipeline ranks: comm
                    * itself for host tensors, else the device-capable
@@ -176,11 +186,22 @@ lp_status ex_reduce_finish(lp_exec *e);
 
 /* ---- ep.c ---- */
 /* Splits the job's comm into the pp x ep grid (rank = pipeline rank * ep +
- * EP index): e->comm becomes the pipeline group, e->ep_comm the EP group. */
+ * EP index): e->comm becomes the pipeline group, e->ep_comm the EP group
+ * (and e->ep_comm_b a second context of it for backward halves when the
+ * backend allows any order). */
 lp_status ex_grid_new(lp_exec *e);
 void ex_grid_free(lp_exec *e);
 /* World rank of pipeline rank p in this rank's pipeline group. */
 int ex_world(const lp_exec *e, int p);
+/* *ready = 1 when half `which` (0 forward, 1 backward) has no exchange in
+ * flight or its exchange has finished (noted with the time: `waiting` says
+ * the rank was polling for it, else it comes after compute); never blocks.
+ * A failed exchange: its error, with text. */
+lp_status ex_half_ready(lp_exec *e, int which, int waiting, int *ready);
+/* The rank sat blocked from t0 to t1 on both halves' exchanges of an
+ * overlapped pair: counted as exposed all-to-all time of the action, and
+ * traced. */
+void ex_a2a_blocked(lp_exec *e, double t0, double t1);
 /* Gives the chunk of vstage vs the EP group (MoE layers only). */
 lp_status ex_ep_attach(lp_exec *e, vst *vs);
 /* Sets up the step-end sum of expert loads (collective; after chunks). */

@@ -161,6 +161,7 @@ void lp_nn_ctx_clear(lp_nn_ctx *ctx) {
   ctx->pass = NN_PASS_NONE;
   ctx->phase = 0;
   ctx->pos = 0;
+  ctx->wdone = 0;
   ctx->layer = NULL;
   ctx->stage = LP_NN_CTX_EMPTY;
 }
@@ -226,6 +227,7 @@ static lp_status start_pass(lp_nn_layer *l, lp_nn_ctx *ctx,
   ctx->want_dx = want_dx;
   ctx->phase = 0;
   ctx->pos = 0;
+  ctx->wdone = 0;
   return LP_OK;
 }
 
@@ -672,8 +674,10 @@ static lp_status no_call(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *in,
   return nn_fail(ctx, l, LP_ERR_ARG, "internal: a phased layer run directly");
 }
 
+/* Children n-1 .. 0, less the last ctx->wdone that lp_nn_weight_grad_part
+ * already ran: the same calls in the same order either way. */
 static lp_status chunk_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
-  for (size_t k = l->nchild; k-- > 0;)
+  for (size_t k = l->nchild - ctx->wdone; k-- > 0;)
     LP_CHECK(lp_nn_weight_grad(l->child[k], ctx->child[k], NULL));
   return LP_OK;
 }
@@ -681,6 +685,25 @@ static lp_status chunk_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
 static const nn_ops chunk_ops = {"chunk", no_call, no_call,
                                  chunk_weight_grad};
 static const nn_phased chunk_phased = {chunk_advance, chunk_phase};
+
+lp_status lp_nn_weight_grad_part(lp_nn_layer *l, lp_nn_ctx *ctx, int *did) {
+  if (did) *did = 0;
+  if (!l || !ctx || !did) return LP_ERR_ARG;
+  if (l->ops != &chunk_ops || ctx->layer != l) return LP_OK;
+  int running = ctx->pass == NN_PASS_INPUT_GRAD;
+  if (!running && !(ctx->pass == NN_PASS_NONE && ctx->stage == LP_NN_CTX_INPUT_GRAD))
+    return LP_OK;
+  /* backward finishes children n-1, n-2, ...: ctx->pos of them so far */
+  size_t finished = running ? ctx->pos : l->nchild;
+  if (ctx->wdone >= finished) return LP_OK;
+  size_t k = l->nchild - 1 - ctx->wdone;
+  err_begin(ctx);
+  lp_status st = lp_nn_weight_grad(l->child[k], ctx->child[k], NULL);
+  if (st != LP_OK) return err_end(ctx, l, st, "weight_grad");
+  ctx->wdone++;
+  *did = 1;
+  return LP_OK;
+}
 
 lp_status lp_nn_chunk_new(const char *name, lp_nn_layer *const *layers,
                           size_t n, lp_nn_layer **layer) {

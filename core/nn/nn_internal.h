@@ -71,6 +71,8 @@ struct lp_nn_ctx {
   int want_dx;     /* input-grad: the caller wants dx */
   int phase;       /* layer-specific step of the pass */
   size_t pos;      /* composites: the child being advanced */
+  size_t wdone;    /* chunks: children whose weight-grad already ran (the
+                    * last wdone, in backward order: lp_nn_weight_grad_part) */
   lp_tensor *in;   /* x or dy of the pass (a view; owned) */
   lp_tensor *cur;  /* composites: running activation / gradient (owned) */
   /* an exchange in flight (moe) */

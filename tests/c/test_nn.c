@@ -1286,6 +1286,132 @@ static void test_moe_overlapped_pair(void **state) {
   lp_tensor_free(x0), lp_tensor_free(x1), lp_tensor_free(dy);
 }
 
+/* Weight-grad pieces ahead of time (lp_nn_weight_grad_part): a chunk of
+ * two MoE blocks on K fake EP ranks runs its input-grad in phases; mode 1
+ * runs every ready piece after each advance (some while the pass is still
+ * running), then lp_nn_weight_grad does the rest. Gradients are bitwise
+ * those of mode 0 (one weight-grad at the end); a dense chunk after its
+ * pass, a FORWARD context and a non-chunk layer have no pieces / none. */
+static void test_weight_grad_parts(void **state) {
+  (void)state;
+  enum { K = 2 };
+  lp_nn_moe_opts o = moe_opts(8, 6, 4, 2);
+  o.shared = 1;
+  lp_tensor *x = randn(3, SH(2, 3, 8), 81), *dy = randn(3, SH(2, 3, 8), 82);
+  lp_tensor *g[2][K][64] = {{{NULL}}};
+  size_t ng = 0;
+  for (int mode = 0; mode < 2; mode++) {
+    fake_world w = {0};
+    fake_rank fr[K];
+    lp_nn_layer *ls[K];
+    lp_nn_ctx *c[K];
+    lp_tensor *out[K] = {NULL};
+    w.k = K;
+    for (int r = 0; r < K; r++) {
+      fr[r] = (fake_rank){&w, r};
+      lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
+      lp_nn_layer *b[2];
+      assert_int_equal(lp_nn_moe_block_new("b0", 2, &o, 5, &b[0]), LP_OK);
+      assert_int_equal(lp_nn_moe_block_new("b1", 2, &o, 6, &b[1]), LP_OK);
+      assert_int_equal(lp_nn_chunk_new("stage", b, 2, &ls[r]), LP_OK);
+      lp_nn_layer_release(b[0]), lp_nn_layer_release(b[1]);
+      assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
+      assert_int_equal(lp_nn_ctx_new(&c[r]), LP_OK);
+      assert_int_equal(lp_nn_forward_begin(ls[r], c[r], x), LP_OK);
+    }
+    drive(ls, c, K, out, NULL, 0);
+    for (int r = 0; r < K; r++) {
+      int did = 1;
+      assert_int_equal(lp_nn_weight_grad_part(ls[r], c[r], &did), LP_OK);
+      assert_int_equal(did, 0); /* FORWARD: nothing to do yet */
+      lp_tensor_free(out[r]);
+      out[r] = NULL;
+      assert_int_equal(lp_nn_input_grad_begin(ls[r], c[r], dy), LP_OK);
+    }
+    int done[K] = {0}, left = K, early = 0, parts = 0;
+    while (left) {
+      for (int r = 0; r < K; r++) {
+        if (done[r]) continue;
+        int d = 0, did = 0;
+        assert_int_equal(lp_nn_advance(ls[r], c[r], &d, &out[r]), LP_OK);
+        if (d) done[r] = 1, left--;
+        if (mode == 1) {
+          do {
+            assert_int_equal(lp_nn_weight_grad_part(ls[r], c[r], &did), LP_OK);
+            parts += did;
+            if (did && !d) early++;
+          } while (did);
+        }
+      }
+    }
+    if (mode == 1) {
+      assert_true(early > 0);       /* a piece ran while the pass was running */
+      assert_int_equal(parts, 2 * K); /* each block's W exactly once */
+    }
+    for (int r = 0; r < K; r++) {
+      assert_int_equal(lp_nn_weight_grad(ls[r], c[r], NULL), LP_OK);
+      size_t n;
+      const lp_nn_param *ps = lp_nn_params(ls[r], &n);
+      assert_true(n <= 64);
+      for (size_t i = 0; i < n; i++)
+        g[mode][r][i] = like(ps[i].grad);
+      ng = n;
+      lp_tensor_free(out[r]);
+      lp_nn_ctx_free(c[r]);
+      lp_nn_layer_release(ls[r]);
+    }
+  }
+  for (int r = 0; r < K; r++)
+    for (size_t i = 0; i < ng; i++) {
+      assert_true(lp_tensor_equal(g[0][r][i], g[1][r][i]));
+      lp_tensor_free(g[0][r][i]), lp_tensor_free(g[1][r][i]);
+    }
+
+  /* a dense chunk: all pieces after its pass, then nothing left for W */
+  lp_nn_layer *l = build_lm(13, 8, 2, 0, 2, 1, 1, 90);
+  lp_tensor *ids_in = ids(2, SH(2, 5), 13, 91), *tg = ids(2, SH(2, 5), 13, 92);
+  lp_nn_ctx *ctx;
+  lp_tensor *y, *d;
+  double loss;
+  assert_int_equal(lp_nn_ctx_new(&ctx), LP_OK);
+  assert_int_equal(lp_nn_zero_grad(l), LP_OK);
+  assert_int_equal(lp_nn_forward(l, ctx, ids_in, &y), LP_OK);
+  assert_int_equal(lp_nn_loss_cross_entropy(y, tg, 1.0f, &loss, &d), LP_OK);
+  assert_int_equal(lp_nn_backward(l, ctx, d, NULL), LP_OK);
+  size_t np;
+  const lp_nn_param *ps = lp_nn_params(l, &np);
+  lp_tensor **ref = calloc(np, sizeof *ref);
+  for (size_t i = 0; i < np; i++)
+    ref[i] = like(ps[i].grad);
+  assert_int_equal(lp_nn_zero_grad(l), LP_OK);
+  lp_tensor_free(y);
+  assert_int_equal(lp_nn_forward(l, ctx, ids_in, &y), LP_OK);
+  assert_int_equal(lp_nn_input_grad(l, ctx, d, NULL), LP_OK);
+  int did, pieces = 0;
+  do {
+    assert_int_equal(lp_nn_weight_grad_part(l, ctx, &did), LP_OK);
+    pieces += did;
+  } while (did);
+  assert_int_equal(pieces, (int)lp_nn_layer_children(l)); /* embed, 2 blocks, norm, head */
+  assert_int_equal(lp_nn_weight_grad(l, ctx, NULL), LP_OK);
+  for (size_t i = 0; i < np; i++) {
+    assert_true(lp_tensor_equal(ref[i], ps[i].grad));
+    lp_tensor_free(ref[i]);
+  }
+  free(ref);
+  /* not a chunk: no pieces */
+  lp_nn_layer *lin;
+  assert_int_equal(lp_nn_linear_new("lin", 4, 3, 1, 7, &lin), LP_OK);
+  assert_int_equal(lp_nn_weight_grad_part(lin, ctx, &did), LP_OK);
+  assert_int_equal(did, 0);
+  assert_int_equal(lp_nn_weight_grad_part(l, ctx, NULL), LP_ERR_ARG);
+  lp_nn_layer_release(lin);
+  lp_tensor_free(y), lp_tensor_free(d), lp_tensor_free(ids_in), lp_tensor_free(tg);
+  lp_nn_ctx_free(ctx);
+  lp_nn_layer_release(l);
+  lp_tensor_free(x), lp_tensor_free(dy);
+}
+
 /* Moving expert weights to a new placement: export every slot's values
  * by logical expert, apply the new placement, import into the slots this
  * rank did not hold before; the outputs are unchanged. */
@@ -1602,6 +1728,7 @@ int main(void) {
       cmocka_unit_test(test_moe_ep_equivalence),
       cmocka_unit_test(test_moe_ep_idle_rank),
       cmocka_unit_test(test_moe_overlapped_pair),
+      cmocka_unit_test(test_weight_grad_parts),
       cmocka_unit_test(test_moe_placement_move),
       cmocka_unit_test(test_moe_bias_and_errors),
       cmocka_unit_test(test_moe_oom),
