@@ -53,9 +53,11 @@ parser:option("--report", "Write the summary figures (key=value lines) to this f
 parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
   :choices { "layers", "cost" }
 parser:flag("--reference", "Train the same model in one process (no pipeline, no EP).")
-parser:option("--fb-order", "Overlapped pairs: \"deepseek\" (the executor's default) or \"forward-first\" "
-  .. "(alternate advances, forward first, by an overlapped_fb hook; for comparison).", "deepseek")
-  :choices { "deepseek", "forward-first" }
+parser:option("--fb-order", "Overlapped pairs: \"auto\" (the executor's default: whichever half can go "
+  .. "on, weight-grads while both wait), \"deepseek\" (DeepSeek-V3's fixed alternation, backward first) or "
+  .. "\"forward-first\" (fixed alternation, forward first); the last two by an overlapped_fb hook, for "
+  .. "comparison.", "auto")
+  :choices { "auto", "deepseek", "forward-first" }
 local args = cli.parse(parser, arg, "train_moe.lua", comm.rank() ~= 0) or os.exit(2)
 
 local ep = args.ep
@@ -123,11 +125,15 @@ end
 
 local optimizer = { kind = "adamw", lr = lr, weight_decay = 0.01 }
 
--- --fb-order forward-first: the plain alternation F, B, F, B, ... of the
--- two halves' phases (each advance starts an exchange), scripted with the
--- overlapped_fb hook; the default order is the executor's (DeepSeek's)
+-- --fb-order deepseek / forward-first: a fixed alternation of the two
+-- halves' phases (each advance starts an exchange), scripted with the
+-- overlapped_fb hook: backward first, the weight-grads of the blocks it
+-- finished right after it and the forward's count exchange glued to its
+-- attention (DeepSeek-V3's order), or forward first. The default (auto) is
+-- the executor's own: whichever half can go on.
 local overlapped_fb
-if args.fb_order == "forward-first" then
+if args.fb_order ~= "auto" then
+  local backward_first = args.fb_order == "deepseek"
   overlapped_fb = function(exec, pair)
     assert(exec:begin_half("F", pair.f_stage, pair.f_mb))
     assert(exec:begin_half(pair.b_type, pair.b_stage, pair.b_mb))
@@ -138,8 +144,13 @@ if args.fb_order == "forward-first" then
     end
     local fd, bd = false, false
     while not (fd and bd) do
+      if backward_first and not bd then
+        bd = advance("B")
+        while not bd and exec:weight_grad_part() do end
+      end
       if not fd then fd = advance("F") end
-      if not bd then bd = advance("B") end
+      if backward_first and not fd and exec:phase("F") == "dispatch" then fd = advance("F") end
+      if not backward_first and not bd then bd = advance("B") end
     end
   end
 end

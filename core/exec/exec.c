@@ -239,6 +239,23 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
   return LP_OK;
 }
 
+/* The running backward half's weight-grads of the blocks its input-grad
+ * has finished (all of them; just one when ran != NULL, *ran = 1 when it
+ * ran one). */
+static lp_status bw_parts(lp_exec *e, lp_nn_layer *chunk, lp_nn_ctx *ctx, int *ran) {
+  half *b = &e->hf[1];
+  if (ran) *ran = 0;
+  for (int did = 1; did;) {
+    lp_status st = lp_nn_weight_grad_part(chunk, ctx, &did);
+    if (st != LP_OK) return nnfail(e, &e->vs[e->loc[b->v]].slots[b->mb], "weight-grad", st);
+    if (ran) {
+      *ran = did;
+      break;
+    }
+  }
+  return LP_OK;
+}
+
 /* The overlapped pair in a fixed order, DeepSeek-V3's: both halves begun
  * (inputs in hand), then their phases alternate, backward first, so each
  * advance starts the next all-to-all of its half and returns while the
@@ -250,13 +267,20 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
  * attention phase that started it: the advance after it does no compute,
  * so giving the turn to the backward half there would leave the
  * backward's row exchange (started one advance before) with nothing to
- * fly under. Every rank of the EP group starts its exchanges in this same
- * order (decided by phase names only), as a backend without any_order
- * (NCCL) needs. */
+ * fly under. After each backward advance, the weight-grads of the blocks
+ * its input-grad has finished run at once (DeepSeek's MLP(W) and ATTN(W)
+ * right after their B: more compute under the exchanges in flight). Every
+ * rank of the EP group starts its exchanges in this same order (decided
+ * by phase names only), as a backend without any_order (NCCL) needs. */
 static lp_status run_fb_fixed(lp_exec *e) {
   int fd = 0, bd = 0;
+  half *b = &e->hf[1];
+  lp_nn_layer *bchunk = e->vs[e->loc[b->v]].chunk;
+  lp_nn_ctx *bctx = e->vs[e->loc[b->v]].slots[b->mb].ctx;
+  int wparts = b->type == LP_ACT_B;
   while (!fd || !bd) {
     if (!bd) LP_CHECK(half_advance(e, 1, &bd));
+    if (wparts && !bd) LP_CHECK(bw_parts(e, bchunk, bctx, NULL));
     if (!fd) LP_CHECK(half_advance(e, 0, &fd));
     if (!fd && strcmp(lp_exec_half_phase(e, 0), "dispatch") == 0)
       LP_CHECK(half_advance(e, 0, &fd));
@@ -286,12 +310,15 @@ static lp_status pair_wait(lp_exec *e, int fd, int bd, int *rf, int *rb) {
 /* The overlapped pair where the EP group's backend lets the halves'
  * exchanges finish in any order (MPI; backward halves exchange over a
  * context of their own, so every context still sees one order on every
- * rank): whichever half can go on runs its next phase. Both can: the
- * backward (DeepSeek-V3's order, as above), except that the forward goes
- * first when its next advance only finishes the count exchange and starts
- * the token exchange (no compute: that exchange should fly early). Neither
+ * rank): whichever half can go on runs its next phase. Both can: the one
+ * further behind in its exchanges (a forward pass starts three per MoE
+ * layer, an input-grad pass two), so that both halves' exchanges spread
+ * over the whole pair and neither runs its last ones alone; backward on a
+ * tie (DeepSeek-V3's order, as above). The forward goes first, though,
+ * when its next advance only finishes the count exchange and starts the
+ * token exchange (no compute: that exchange should fly early). Neither
  * can (both exchanges in flight, e.g. the EP partner is late): a full
- * backward runs the weight-grad of a layer its input-grad has finished
+ * backward runs the weight-grad of a block its input-grad has finished
  * (DeepSeek's MLP(W) and ATTN(W) inside the pair), and only with nothing
  * left to compute does the rank wait, for whichever exchange ends first.
  * Results equal running the halves one after the other: the two
@@ -303,6 +330,10 @@ static lp_status run_fb_any(lp_exec *e) {
   lp_nn_layer *bchunk = e->vs[e->loc[b->v]].chunk;
   lp_nn_ctx *bctx = e->vs[e->loc[b->v]].slots[b->mb].ctx;
   int wparts = b->type == LP_ACT_B;
+  /* exchanges each half will start, for "further behind" */
+  double nf = 3.0 * lp_nn_moe_count(e->vs[e->loc[e->hf[0].v]].chunk) + 1;
+  double nb = 2.0 * lp_nn_moe_count(bchunk) + 1;
+  e->half_nx[0] = e->half_nx[1] = 0;
   while (!fd || !bd) {
     int rf = 0, rb = 0;
     if (!fd) LP_CHECK(ex_half_ready(e, 0, 0, &rf));
@@ -311,18 +342,13 @@ static lp_status run_fb_any(lp_exec *e) {
       continue;
     }
     if (!bd) LP_CHECK(ex_half_ready(e, 1, 0, &rb));
+    if (rb && rf) rf = e->half_nx[0] / nf < e->half_nx[1] / nb, rb = !rf;
     if (rb || rf) {
       LP_CHECK(half_advance(e, rb ? 1 : 0, rb ? &bd : &fd));
       continue;
     }
     int did = 0;
-    if (wparts && !bd) {
-      lp_status st = lp_nn_weight_grad_part(bchunk, bctx, &did);
-      if (st != LP_OK) {
-        nnfail(e, &e->vs[e->loc[b->v]].slots[b->mb], "weight-grad", st);
-        return st;
-      }
-    }
+    if (wparts && !bd) LP_CHECK(bw_parts(e, bchunk, bctx, &did));
     if (did) continue;
     LP_CHECK(pair_wait(e, fd, bd, &rf, &rb));
     if (!rf && !rb) LP_CHECK(half_advance(e, bd ? 0 : 1, bd ? &fd : &bd));
@@ -356,6 +382,14 @@ const char *lp_exec_half_phase(const lp_exec *e, int backward) {
   const half *h = &e->hf[backward ? 1 : 0];
   if (!h->active) return "done";
   return lp_nn_phase_name(e->vs[e->loc[h->v]].slots[h->mb].ctx);
+}
+
+lp_status lp_exec_half_weight_grad_part(lp_exec *e, int *did) {
+  *did = 0;
+  half *b = &e->hf[1];
+  if (!b->active || b->type != LP_ACT_B) return LP_OK;
+  vst *vs = &e->vs[e->loc[b->v]];
+  return bw_parts(e, vs->chunk, vs->slots[b->mb].ctx, did);
 }
 
 static lp_status run_w(lp_exec *e, int v, int mb) {

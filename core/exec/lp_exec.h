@@ -36,8 +36,7 @@ typedef lp_status (*lp_exec_chunk_fn)(void *ud, int stage, lp_nn_layer **out,
                                       char *err);
 
 /* Optional replacement for an overlapped pair (FB action): called instead
- * of the default (the two halves' phases alternating in DeepSeek's order; see
- * lp_exec_half_begin). It may interleave the two halves as it likes but
+ * of the default (see lp_exec_half_begin). It may interleave the two halves as it likes but
  * must leave the same effects; it composes them from lp_exec_run_half or
  * lp_exec_half_begin / _advance. NULL: the default. */
 typedef lp_status (*lp_exec_fb_fn)(void *ud, lp_exec *e, const lp_action *a);
@@ -231,13 +230,26 @@ lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
  * up to its next expert-parallel exchange (lp_nn_advance), *done = 1 once
  * the half finished (output handed on, loss taken, weight-grad run for
  * B); lp_exec_half_phase names what its next advance runs ("attn/dense",
- * "dispatch", "experts", "combine"; "done" when no half runs). The default
- * pair alternates advances, backward first (DeepSeek's order), and runs the
- * forward's "dispatch" advance (the count exchange's wait, no compute)
- * right after the one before it. A hook must finish both halves. */
+ * "dispatch", "experts", "combine"; "done" when no half runs);
+ * lp_exec_half_weight_grad_part runs the weight-grad of one block the
+ * running full-backward half has finished (lp_nn_weight_grad_part; *did =
+ * 0 when none is ready, or the half is I or none runs): the half's finish
+ * runs only the rest. A hook must finish both halves.
+ *
+ * The default pair, where the EP group's comm lets ranks start operations
+ * on two contexts in any order (MPI: backward halves exchange on a second
+ * context), runs whichever half can go on without waiting (the one
+ * further behind in its exchanges when both can, backward on a tie; the
+ * forward's "dispatch" advance, the count exchange's wait with no compute,
+ * as soon as it can), a ready weight-grad block while both wait, and waits
+ * for whichever exchange ends first only when nothing is left. Otherwise
+ * (NCCL) a fixed order, DeepSeek-V3's: advances alternate backward first,
+ * the forward's "dispatch" advance right after the one before it, and the
+ * ready weight-grad blocks after each backward advance. */
 lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb);
 lp_status lp_exec_half_advance(lp_exec *e, int backward, int *done);
 const char *lp_exec_half_phase(const lp_exec *e, int backward);
+lp_status lp_exec_half_weight_grad_part(lp_exec *e, int *did);
 
 /* Sets the text lp_exec_last_error reports (for an overlapped_fb hook that
  * fails for its own reasons); msg is copied. */

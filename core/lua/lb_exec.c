@@ -161,6 +161,19 @@ static int lb_exec_advance(lua_State *L) {
   return 2;
 }
 
+/* exec:weight_grad_part() -> true when it ran the weight-grad of a block
+ * the running full-backward half has finished, false when none is ready |
+ * nil, err. */
+static int lb_exec_weight_grad_part(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  if (!b->in_step)
+    return luaL_error(L, "exec:weight_grad_part is only allowed inside an overlapped_fb hook");
+  int did = 0;
+  if (lp_exec_half_weight_grad_part(b->e, &did) != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushboolean(L, did);
+  return 1;
+}
+
 /* exec:phase(which) -> name of what the next advance of the "F" / "B" half
  * runs ("attn/dense", "dispatch", "experts", "combine"; "done"). */
 static int lb_exec_phase(lua_State *L) {
@@ -625,6 +638,7 @@ void lb_open_exec(lua_State *L) {
                                      {"begin_half", lb_exec_begin_half},
                                      {"advance", lb_exec_advance},
                                      {"phase", lb_exec_phase},
+                                     {"weight_grad_part", lb_exec_weight_grad_part},
                                      {"trace_events", lb_exec_trace_events},
                                      {"trace_write", lb_exec_trace_write},
                                      {"save_checkpoint", lb_exec_save_checkpoint},

@@ -125,7 +125,7 @@ rc=$?
   { fail "train_moe --topk 9: rc $rc"; cat "$tmp/out"; }
 "$luapipe" examples/train_moe.lua --fb-order sideways >"$tmp/out" 2>&1
 rc=$?
-[ "$rc" -eq 2 ] && grep -q "^Error: argument for option '--fb-order' must be one of 'deepseek', 'forward-first'$" "$tmp/out" ||
+[ "$rc" -eq 2 ] && grep -q "^Error: argument for option '--fb-order' must be one of 'auto', 'deepseek', 'forward-first'$" "$tmp/out" ||
   { fail "train_moe --fb-order sideways: rc $rc"; cat "$tmp/out"; }
 "$luapipe" examples/train_moe.lua --ep 1.5 >"$tmp/out" 2>&1
 rc=$?
