@@ -96,6 +96,8 @@ static lp_status ep_start(void *ud, const float *send, const size_t *send_counts
     }
   }
   h->half = e->adv_half;
+  h->v = e->hf[h->half].active ? e->hf[h->half].v : -1;
+  h->mb = e->hf[h->half].active ? e->hf[h->half].mb : -1;
   h->comm = h->half && e->ep_comm_b ? e->ep_comm_b : e->ep_comm;
   h->modelled = lp_link_alltoallv_time(lp_comm_link(h->comm), 4.0 * (double)out,
                                        4.0 * (double)in);
@@ -192,7 +194,7 @@ static lp_status ep_wait(void *ud, void *handle, const char *what) {
   e->a2a_hidden += hidden;
   e->a2a_link += h->modelled;
   e->a2a_n++;
-  ex_trace_add(e, LP_TRACE_SEND, "all-to-all", "a2a", h->start, t1, -1, -1, e->cur, -1, -1);
+  ex_trace_add(e, LP_TRACE_SEND, "all-to-all", "a2a", h->start, t1, h->v, h->mb, e->cur, -1, -1);
   /* the part this rank sat blocked in the wait (the exposed time), named
    * by the exchange (the MoE layer's words: "dispatch count", "combine
    * backward", ...) */
@@ -204,7 +206,7 @@ static lp_status ep_wait(void *ud, void *handle, const char *what) {
       if (strstr(what, kinds[i])) { k = kinds[i]; break; }
     char name[64];
     snprintf(name, sizeof name, "all-to-all wait: %s", k);
-    ex_trace_add(e, LP_TRACE_SEND, name, "a2a", tw, t1, -1, -1, e->cur, -1, -1);
+    ex_trace_add(e, LP_TRACE_SEND, name, "a2a", tw, t1, h->v, h->mb, e->cur, -1, -1);
   }
   lp_free(h->displs);
   lp_free(h);

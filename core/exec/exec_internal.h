@@ -65,6 +65,7 @@ typedef struct a2a {
   lp_comm_req *req;
   lp_comm *comm;  /* the EP context it runs on (ep_comm or ep_comm_b) */
   int half;       /* the half (0 forward, 1 backward) whose advance started it */
+  int v, mb;      /* that half's virtual stage and micro-batch (-1: none) */
   size_t *displs; /* [2 * ep]: send then receive displacements */
   double start, modelled; /* lp_now() at start; the link model's time */
   double blocked0;        /* the rank's blocked time (a2a + messages) at start */

@@ -88,6 +88,8 @@ M.topics = {
     { "train{model=, schedule=, microbatches=, data=, steps=, optimizer=, ...}", "train; returns {losses, summary, stage_params}" },
     { "  trace=, svg=, trace_steps=, log_every=", "measured Chrome trace, SVG of the last step, progress" },
     { "  checkpoint = {dir=, every=}, resume = true", "save every N steps; continue from dir/latest" },
+    { "  pp=, ep=, link=, eplb = {every=, redundant=}", "MoE: pp x ep grid of ranks, emulated link, EPLB in the loop" },
+    { "  overlapped_fb = function(exec, pair) ... end", "script DualPipe's F&B pairs (exec's begin_half, advance, phase, weight_grad_part)" },
     { "train.reference{model=, data=, steps=, microbatches=, optimizer=, seed=}", "the same steps in one process, unsplit: {losses, params}" },
   },
   {
