@@ -682,27 +682,37 @@ static lp_status chunk_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   return LP_OK;
 }
 
+/* During (or after) an input-grad pass: the weight-grad of the next child
+ * the pass has finished (children finish n-1, n-2, ...: ctx->pos of them
+ * so far), else a piece of the child running now. */
+static lp_status chunk_weight_grad_part(lp_nn_layer *l, lp_nn_ctx *ctx, int *did) {
+  int running = ctx->pass == NN_PASS_INPUT_GRAD;
+  if (!running && !(ctx->pass == NN_PASS_NONE && ctx->stage == LP_NN_CTX_INPUT_GRAD))
+    return LP_OK;
+  size_t finished = running ? ctx->pos : l->nchild;
+  if (ctx->wdone < finished) {
+    size_t k = l->nchild - 1 - ctx->wdone;
+    LP_CHECK(lp_nn_weight_grad(l->child[k], ctx->child[k], NULL));
+    ctx->wdone++;
+    *did = 1;
+    return LP_OK;
+  }
+  size_t k = l->nchild - 1 - ctx->pos;
+  if (running && ctx->pos < l->nchild && k < ctx->nchild && ctx->child[k])
+    return lp_nn_weight_grad_part(l->child[k], ctx->child[k], did);
+  return LP_OK;
+}
+
 static const nn_ops chunk_ops = {"chunk", no_call, no_call,
                                  chunk_weight_grad};
-static const nn_phased chunk_phased = {chunk_advance, chunk_phase};
+static const nn_phased chunk_phased = {chunk_advance, chunk_phase,
+                                       chunk_weight_grad_part};
 
 lp_status lp_nn_weight_grad_part(lp_nn_layer *l, lp_nn_ctx *ctx, int *did) {
   if (did) *did = 0;
   if (!l || !ctx || !did) return LP_ERR_ARG;
-  if (l->ops != &chunk_ops || ctx->layer != l) return LP_OK;
-  int running = ctx->pass == NN_PASS_INPUT_GRAD;
-  if (!running && !(ctx->pass == NN_PASS_NONE && ctx->stage == LP_NN_CTX_INPUT_GRAD))
-    return LP_OK;
-  /* backward finishes children n-1, n-2, ...: ctx->pos of them so far */
-  size_t finished = running ? ctx->pos : l->nchild;
-  if (ctx->wdone >= finished) return LP_OK;
-  size_t k = l->nchild - 1 - ctx->wdone;
-  err_begin(ctx);
-  lp_status st = lp_nn_weight_grad(l->child[k], ctx->child[k], NULL);
-  if (st != LP_OK) return err_end(ctx, l, st, "weight_grad");
-  ctx->wdone++;
-  *did = 1;
-  return LP_OK;
+  if (ctx->layer != l || !l->phased || !l->phased->weight_grad_part) return LP_OK;
+  return l->phased->weight_grad_part(l, ctx, did);
 }
 
 lp_status lp_nn_chunk_new(const char *name, lp_nn_layer *const *layers,
@@ -778,7 +788,13 @@ static lp_status residual_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
 
 static const nn_ops residual_ops = {"residual", no_call, no_call,
                                     residual_weight_grad};
-static const nn_phased residual_phased = {residual_advance, residual_phase};
+static lp_status residual_weight_grad_part(lp_nn_layer *l, lp_nn_ctx *ctx, int *did) {
+  if (!ctx->nchild || !ctx->child[0]) return LP_OK;
+  return lp_nn_weight_grad_part(l->child[0], ctx->child[0], did);
+}
+
+static const nn_phased residual_phased = {residual_advance, residual_phase,
+                                          residual_weight_grad_part};
 
 lp_status lp_nn_residual_new(const char *name, lp_nn_layer *inner,
                              lp_nn_layer **layer) {

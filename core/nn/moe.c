@@ -115,6 +115,7 @@ typedef struct route {
    * receive buffers, and the tensor the received floats go to at finish */
   float *stage_send, *stage_recv;
   lp_tensor *stage_dst;
+  int experts_w_done; /* the routed experts' weight-grads already ran */
 } route;
 
 static void route_free(void *p) {
@@ -839,16 +840,11 @@ static const char *moe_phase(const lp_nn_layer *l, const lp_nn_ctx *ctx) {
   return b[ctx->phase];
 }
 
-static lp_status moe_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
+/* The routed experts' weight-grads (this rank's slots, on the rows they
+ * received), then what only they needed is released. */
+static lp_status experts_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   struct nn_moe *m = l->moe;
   route *rt = ctx->ext;
-  const lp_tensor *x = ctx->saved[M_X];
-  LP_CHECK(lp_tensor_gemm(l->params[0].grad, 1.0f, ctx->saved[M_DLOG], 1, x, 0,
-                          1.0f));
-  if (m->o.shared > 0)
-    LP_CHECK(swiglu_wgrad(x, ctx->saved[M_SHH], ctx->saved[M_DY],
-                          ctx->saved[M_SHDA1], ctx->saved[M_SHDA3],
-                          P_SH(l, 0).grad, P_SH(l, 1).grad, P_SH(l, 2).grad));
   for (int j = 0; j < m->spr; j++) {
     int64_t a = rt->soff[j], n = rt->soff[j + 1] - a;
     if (n == 0) continue;
@@ -864,6 +860,37 @@ static lp_status moe_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
       lp_tensor_free(v[i]);
     LP_CHECK(st);
   }
+  rt->experts_w_done = 1;
+  nn_drop(ctx, M_XIN), nn_drop(ctx, M_H), nn_drop(ctx, M_DOUT);
+  nn_drop(ctx, M_DA1), nn_drop(ctx, M_DA3);
+  return LP_OK;
+}
+
+static lp_status moe_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
+  struct nn_moe *m = l->moe;
+  route *rt = ctx->ext;
+  const lp_tensor *x = ctx->saved[M_X];
+  LP_CHECK(lp_tensor_gemm(l->params[0].grad, 1.0f, ctx->saved[M_DLOG], 1, x, 0,
+                          1.0f));
+  if (m->o.shared > 0)
+    LP_CHECK(swiglu_wgrad(x, ctx->saved[M_SHH], ctx->saved[M_DY],
+                          ctx->saved[M_SHDA1], ctx->saved[M_SHDA3],
+                          P_SH(l, 0).grad, P_SH(l, 1).grad, P_SH(l, 2).grad));
+  return rt->experts_w_done ? LP_OK : experts_weight_grad(l, ctx);
+}
+
+/* The experts' weight-grads ahead of the rest, once the input-grad pass
+ * has run their backward (while dispatch-backward is in flight: DeepSeek's
+ * MLP(W) right after MLP(B)). Different parameters from the router's and
+ * shared expert's: the gradients are bitwise those of weight_grad alone. */
+static lp_status moe_weight_grad_part(lp_nn_layer *l, lp_nn_ctx *ctx, int *did) {
+  route *rt = ctx->ext;
+  int ready = ctx->pass == NN_PASS_INPUT_GRAD ? ctx->phase == PH_BDISPATCH
+              : ctx->pass == NN_PASS_NONE && ctx->stage == LP_NN_CTX_INPUT_GRAD;
+  if (!rt || rt->experts_w_done || !ready) return LP_OK;
+  lp_status st = experts_weight_grad(l, ctx);
+  if (st != LP_OK) return nn_fail(ctx, l, st, "weight_grad: %s", lp_strerror(st));
+  *did = 1;
   return LP_OK;
 }
 
@@ -876,7 +903,7 @@ static lp_status moe_no_call(lp_nn_layer *l, lp_nn_ctx *ctx,
 
 static const nn_ops moe_ops = {"moe", moe_no_call, moe_no_call,
                                moe_weight_grad};
-static const nn_phased moe_phased = {moe_advance, moe_phase};
+static const nn_phased moe_phased = {moe_advance, moe_phase, moe_weight_grad_part};
 
 /* ---- parameters and placement ---- */
 

@@ -25,11 +25,16 @@ typedef struct nn_ops {
  * used for passes).
  *   advance:    one step of the pass begun on ctx (ctx->pass, input
  *               ctx->in, ctx->want_dx); see lp_nn_advance.
- *   phase_name: what the next advance runs (NULL: "attn/dense"). */
+ *   phase_name: what the next advance runs (NULL: "attn/dense").
+ *   weight_grad_part: one piece of the weight-grad of ctx (ctx->layer ==
+ *               l) that its input-grad pass has made ready, ahead of
+ *               weight_grad (which then skips it); *did = 1 when one ran.
+ *               NULL: none (see lp_nn_weight_grad_part). */
 typedef struct nn_phased {
   lp_status (*advance)(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
                        lp_tensor **out);
   const char *(*phase_name)(const lp_nn_layer *l, const lp_nn_ctx *ctx);
+  lp_status (*weight_grad_part)(lp_nn_layer *l, lp_nn_ctx *ctx, int *did);
 } nn_phased;
 
 struct nn_moe; /* moe.c */
