@@ -101,7 +101,7 @@ static lp_status ep_start(void *ud, const float *send, const size_t *send_counts
   h->comm = h->half && e->ep_comm_b ? e->ep_comm_b : e->ep_comm;
   h->modelled = lp_link_alltoallv_time(lp_comm_link(h->comm), 4.0 * (double)out,
                                        4.0 * (double)in);
-  double *x = act_x_of(e);
+  double *x = ex_half_x(e, h->half);
   if (x) {
     x[EX_X_N] += 1;
     x[EX_X_OUT] += 4.0 * (double)out;

@@ -85,6 +85,8 @@ static lp_status f_begin(lp_exec *e, int v, int mb) {
   st = lp_nn_forward_begin(vs->chunk, sl->ctx, x);
   if (st != LP_OK) { nnfail(e, sl, "forward", st); goto fail; }
   e->hf[0] = (half){1, LP_ACT_F, v, mb, x, tg};
+  double *hx = ex_half_x(e, 0);
+  if (hx) hx[EX_X_HALVES] += 1;
   return LP_OK;
 fail:
   lp_tensor_free(x);
@@ -158,6 +160,8 @@ static lp_status b_begin(lp_exec *e, int v, int mb, int full) {
     return nnfail(e, sl, "input-grad", st);
   }
   e->hf[1] = (half){1, full ? LP_ACT_B : LP_ACT_I, v, mb, dy, NULL};
+  double *hx = ex_half_x(e, 1);
+  if (hx) hx[EX_X_HALVES] += 1;
   return LP_OK;
 }
 

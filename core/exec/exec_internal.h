@@ -18,7 +18,7 @@ enum { K_F = 0, K_B = 1, K_RED = 2, K__N = 3 };
  * (single-copy shared memory). The limit only bounds the memory held. */
 enum { SEND_BACKLOG = 64 };
 /* the counters of one (kind, model stage) in act_x */
-enum { EX_X_N, EX_X_OUT, EX_X_IN, EX_X_MAX, EX_X_BLOCKED, EX_NX };
+enum { EX_X_N, EX_X_OUT, EX_X_IN, EX_X_MAX, EX_X_BLOCKED, EX_X_HALVES, EX_NX };
 
 typedef struct slot {
   lp_nn_ctx *ctx;
@@ -141,8 +141,10 @@ struct lp_exec {
   lp_exec_timing tlast, ttotal;
   double *act_s;
   int64_t *act_n;
-  /* per (kind, model stage), same layout x 4 (EX_X_*): MoE exchanges the
-   * actions started, their bytes out / in, time blocked waiting for them */
+  /* per (kind, model stage), same layout x EX_NX (EX_X_*): MoE exchanges
+   * the F / B / I halves started (lone or in an FB pair), their bytes out
+   * / in / larger direction, the halves run; the time the actions sat
+   * blocked waiting for exchanges (an FB pair's under FB) */
   double *act_x;
   char err[LP_ERRLEN];
 };
@@ -216,6 +218,9 @@ lp_status ex_ep_reduce(lp_exec *e);
 lp_status ex_moe_bias_update(lp_exec *e);
 
 /* ---- timing.c ---- */
+/* The exchange counters (EX_X_*) of half `which` (its kind and model
+ * stage), NULL when none runs. */
+double *ex_half_x(lp_exec *e, int which);
 /* Records a slice [start, end] (lp_now() seconds) when tracing; peer and
  * tag describe a message (-1 when none). Returns its index or -1. */
 int ex_trace_add(lp_exec *e, int kind, const char *name, const char *cat, double start,

@@ -154,15 +154,19 @@ void lp_exec_timing_of(const lp_exec *e, int total, lp_exec_timing *out);
  * LP_ERR_ARG for a bad kind or stage. */
 lp_status lp_exec_action_time(const lp_exec *e, int total, int kind, int stage,
                               double *sum_s, int64_t *count);
-/* The MoE exchanges (EP all-to-all-v) of the same actions: how many they
- * started, the bytes this rank sent to / received from the other EP ranks
- * in them, the sum over them of the larger direction (what the link
- * serialises: lp_link_alltoallv_time), and the seconds it sat blocked waiting for them (part of the
- * actions' time in lp_exec_action_time: time minus blocked is the actions'
- * compute alone, what the simulator's exchange model adds to). */
+/* The MoE exchanges (EP all-to-all-v) of kind F, B or I on the stage,
+ * counted per half (a lone action, or either half of an FB pair, under
+ * its own kind and stage): how many the halves started, the bytes this
+ * rank sent to / received from the other EP ranks in them, the sum over
+ * them of the larger direction (what the link serialises:
+ * lp_link_alltoallv_time), and how many halves ran. And per action (FB
+ * pairs under FB): the seconds it sat blocked waiting for exchanges (part
+ * of the actions' time in lp_exec_action_time: time minus blocked is the
+ * actions' compute alone, what the simulator's exchange model adds to). */
 typedef struct lp_exec_exchanges {
   int64_t n;
   double bytes_out, bytes_in, bytes_max, blocked;
+  int64_t halves;
 } lp_exec_exchanges;
 lp_status lp_exec_action_exchanges(const lp_exec *e, int total, int kind, int stage,
                                    lp_exec_exchanges *out);

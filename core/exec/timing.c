@@ -112,6 +112,13 @@ lp_status lp_exec_action_time(const lp_exec *e, int total, int kind, int stage,
   return LP_OK;
 }
 
+double *ex_half_x(lp_exec *e, int which) {
+  const half *h = &e->hf[which ? 1 : 0];
+  int k = h->active ? ex_kind_of(h->type) : -1, ms = k >= 0 ? e->vstage[h->v] : -1;
+  if (ms < 0 || ms >= e->S) return NULL;
+  return e->act_x + EX_NX * ((size_t)k * e->S + ms);
+}
+
 lp_status lp_exec_action_exchanges(const lp_exec *e, int total, int kind, int stage,
                                    lp_exec_exchanges *out) {
   if (kind < 0 || kind >= LP_EXEC_NKINDS || stage < 0 || stage >= e->S) return LP_ERR_ARG;
@@ -122,6 +129,7 @@ lp_status lp_exec_action_exchanges(const lp_exec *e, int total, int kind, int st
   out->bytes_in = x[EX_X_IN];
   out->bytes_max = x[EX_X_MAX];
   out->blocked = x[EX_X_BLOCKED];
+  out->halves = (int64_t)(x[EX_X_HALVES] + 0.5);
   return LP_OK;
 }
 

@@ -387,7 +387,7 @@ static int lb_exec_timing(lua_State *L) {
 
 /* exec:timing_stats([which]) -> {steps=, wall=, compute=, wait=, post=,
  * optim=, overhead=, actions = {F = {[stage] = {sum=, n=, x_n=, x_out=,
- * x_in=, x_max=, x_blocked=}}, B=, I=, W=, FB=}} (x_*: their MoE
+ * x_in=, x_max=, x_blocked=, x_halves=}}, B=, I=, W=, FB=}} (x_*: their MoE
  * exchanges, bytes out / in / of the larger direction, seconds blocked on
  * them: lp_exec_action_exchanges):
  * sums (seconds) over the steps since exec:timing_reset() (which "total",
@@ -406,10 +406,11 @@ static int lb_exec_timing_stats(lua_State *L) {
     for (int st = 0; st < b->nstages; st++) {
       double sum = 0;
       int64_t n = 0;
-      if (lp_exec_action_time(b->e, total, k, st, &sum, &n) != LP_OK || n == 0) continue;
-      lp_exec_exchanges x = {0, 0, 0, 0, 0};
-      lp_exec_action_exchanges(b->e, total, k, st, &x);
-      lua_createtable(L, 0, 7);
+      lp_exec_exchanges x = {0, 0, 0, 0, 0, 0};
+      if (lp_exec_action_time(b->e, total, k, st, &sum, &n) != LP_OK ||
+          lp_exec_action_exchanges(b->e, total, k, st, &x) != LP_OK || (n == 0 && x.halves == 0))
+        continue; /* (a B that only runs in FB pairs still has its exchanges) */
+      lua_createtable(L, 0, 8);
       lb_set_number(L, "sum", sum);
       lb_set_integer(L, "n", n);
       lb_set_integer(L, "x_n", x.n);
@@ -417,6 +418,7 @@ static int lb_exec_timing_stats(lua_State *L) {
       lb_set_number(L, "x_in", x.bytes_in);
       lb_set_number(L, "x_max", x.bytes_max);
       lb_set_number(L, "x_blocked", x.blocked);
+      lb_set_integer(L, "x_halves", x.halves);
       lua_rawseti(L, -2, st);
     }
     lua_setfield(L, -2, kinds[k]);

@@ -147,7 +147,7 @@ function M.summary(exec, sched, opts)
     v[base + 3 * r + 3] = r == rank and (st.optim + (st.reduce or 0)) / n or 0
   end
   local abase = base + 3 * P
-  local XW = 7 -- per (kind, stage): sum, n, exchanges, bytes out, in, blocked, larger direction
+  local XW = 8 -- per (kind, stage): sum, n, exchanges, bytes out, in, blocked, larger direction, halves
   for k, kind in ipairs(M.kinds) do
     for s = 0, S - 1 do
       local a = st.actions[kind][s]
@@ -159,6 +159,7 @@ function M.summary(exec, sched, opts)
       v[i + 5] = a and a.x_in or 0
       v[i + 6] = a and a.x_blocked or 0
       v[i + 7] = a and a.x_max or 0
+      v[i + 8] = a and a.x_halves or 0
     end
   end
   v[#v + 1] = st.steps
@@ -210,21 +211,21 @@ function M.summary(exec, sched, opts)
         mstages[s] = mstages[s] or {}
         mstages[s][kind] = (v[i + 1] - (lk and v[i + 6] or 0)) / v[i + 2] * ms
         ssum, sn = ssum + v[i + 1], sn + v[i + 2]
-        local nx = v[i + 3]
-        if lk and nx > 0 and k <= 3 then -- F, B, I outside pairs: per action
-          xch = xch or {}
-          xch[s] = xch[s] or {}
-          -- the link serialises the larger direction of each exchange:
-          -- its mean, so that n exchanges cost n x the mean link time
-          xch[s][kind] = { n = nx / v[i + 2], bytes_out = v[i + 7] / nx, bytes_in = 0 }
-        end
+      end
+      local nx, halves = v[i + 3], v[i + 8]
+      if lk and nx > 0 and halves > 0 and k <= 3 then -- F, B, I halves, lone or in pairs
+        xch = xch or {}
+        xch[s] = xch[s] or {}
+        -- the link serialises the larger direction of each exchange:
+        -- its mean, so that n exchanges cost n x the mean link time
+        xch[s][kind] = { n = nx / halves, bytes_out = v[i + 7] / nx, bytes_in = 0 }
       end
     end
     if sn > 0 then tot[kind] = ssum / sn * ms end
   end
   for k, val in pairs(tot) do cost[k] = val end
   -- a backward's exchanges are its input-grad part's (W exchanges nothing):
-  -- a stage whose B runs only in pairs (DualPipe) takes its I's, and back
+  -- a stage that runs only one of B and I takes the other's from it
   for _, x in pairs(xch or {}) do
     x.B, x.I = x.B or x.I, x.I or x.B
   end

@@ -90,6 +90,10 @@ for _, kind in pairs(tot.actions) do
 end
 check(nF + nFB == mine * tot.steps, string.format("F actions counted %d + FB %d, expected %d",
   nF, nFB, mine * tot.steps))
+-- every forward half, lone or in an FB pair, counted once under F
+local hF = 0
+for _, a in pairs(tot.actions.F) do hF = hF + a.x_halves end
+check(hF == mine * tot.steps, string.format("F halves counted %d, expected %d", hF, mine * tot.steps))
 -- message sizes for the simulator's link model: an activation message into
 -- every stage but the first; a gradient-sum message only for the copies of
 -- DualPipe's replicated stages this rank holds

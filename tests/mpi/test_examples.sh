@@ -106,7 +106,7 @@ grep -qE '^    link model alone: [0-9.e-]+ ms per rank and step, [0-9.]+% hidden
   fail "train_moe: no simulated all-to-all line in the summary"
 # ... from the exchanges the executor counted per action: the simulated link
 # time per rank and step is the measured exchanges' link-model time (pairs'
-# exchanges estimated from lone F / B / I), within 10% (byte counts, not clocks)
+# exchanges counted per F / B / I half, lone or in pairs), within 10% (byte counts, not clocks)
 sim_x=$(awk -F= '/^sim_a2a_ms=/ { s = $2 } /^a2a_link_ms=/ { l = $2 }
   END { print (l > 0 && s / l > 0.9 && s / l < 1.1) ? "ok (" s " / " l " ms)" : "bad " s " / " l }' "$tmp/moe_report")
 echo "train_moe simulated vs measured exchange link time: $sim_x"
