@@ -564,6 +564,9 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     }
     LP_CHECK_GOTO(chunk_to_backend(e, vs), st, fail);
     LP_CHECK_GOTO(ex_ep_attach(e, vs), st, fail);
+    /* what the loss takes (the mean over micro-batches and EP shares): MoE
+     * balance losses become means over the step's sequences too */
+    LP_CHECK_GOTO(lp_nn_set_loss_scale(vs->chunk, 1.0f / (float)(e->M * e->ep)), st, fail);
     LP_CHECK_GOTO(setup_optim(e, vs), st, fail);
     vs->slots = lp_calloc((size_t)e->M, sizeof(slot));
     vs->wq = lp_calloc((size_t)e->M, sizeof(int));

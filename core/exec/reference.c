@@ -12,6 +12,7 @@ lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
   }
   lp_status st = lp_nn_optim_zero_grad(optim);
   if (st != LP_OK) return st;
+  LP_CHECK(lp_nn_set_loss_scale(model, 1.0f / (float)M)); /* balance losses: means too */
   lp_nn_ctx *ctx = NULL;
   LP_CHECK(lp_nn_ctx_new(&ctx));
   double sum = 0;

@@ -287,10 +287,13 @@ int lp_nn_ctx_exchange_pending(const lp_nn_ctx *ctx);
  * alpha * sum_i f_i P_i for every sequence (x [batch, seq, dim]: each
  * batch row is a sequence; x [tokens, dim]: one sequence), f_i = E/(K T) *
  * (tokens of the sequence that selected i), P_i = mean over the
- * sequence's tokens of s_i / sum_j s_j; summed over sequences (so splitting
- * a batch over EP ranks keeps the total). Its gradient is added in
- * input_grad as if it were part of the loss (fold any 1/M into alpha);
- * lp_nn_moe_aux_loss gives its value.
+ * sequence's tokens of s_i / sum_j s_j; the mean over the batch's
+ * sequences, times the loss scale (lp_nn_set_loss_scale: a training loop
+ * gives the scale of its loss, 1/M over M micro-batches, 1/(M ep) when
+ * every EP rank takes 1/ep of each, so the balance loss is the mean over
+ * the step's sequences however the batch is split). Its gradient is added
+ * in input_grad as if it were part of the loss; lp_nn_moe_aux_loss gives
+ * its value (not included in the loss the loop reports).
  *
  * Params (in this order): <name>.router.weight [experts, dim];
  * <name>.shared.w1, .w3 [shared*hidden, dim], .w2 [dim, shared*hidden];
@@ -384,6 +387,10 @@ lp_status lp_nn_moe_update_bias(lp_nn_layer *moe, const int64_t *global_counts);
 /* The selection bias (E floats), read / write (checkpoints, tests). */
 lp_status lp_nn_moe_get_bias(const lp_nn_layer *moe, float *bias);
 lp_status lp_nn_moe_set_bias(lp_nn_layer *moe, const float *bias);
+/* The scale a training loop applies to its loss (> 0, finite; 1 by
+ * default), for every MoE layer in l: their balance losses take it too.
+ * LP_ERR_ARG otherwise. */
+lp_status lp_nn_set_loss_scale(lp_nn_layer *l, float scale);
 /* The balance loss of the last forward through this layer (0 when off). */
 double lp_nn_moe_aux_loss(const lp_nn_layer *moe);
 

@@ -40,6 +40,7 @@ struct nn_moe {
   float *bias;   /* [E] */
   int64_t *load; /* [E] */
   double aux;
+  float loss_scale; /* lp_nn_set_loss_scale (1 by default) */
   lp_nn_ep ep; /* valid when size > 1 */
   int size, rank, spr;
   int *p2l;       /* [size * spr] */
@@ -318,7 +319,10 @@ static void route_token(const struct nn_moe *m, const float *s, int *sel,
 static double balance(const struct nn_moe *m, const route *rt, const float *s,
                       float *dg, double *f) {
   int E = m->o.experts, K = m->o.topk;
-  double alpha = m->o.balance_alpha, total = 0.0;
+  /* the mean over this share's sequences, at the loop's loss scale */
+  double alpha = (double)m->o.balance_alpha * m->loss_scale /
+                 (double)(rt->seqs > 0 ? rt->seqs : 1),
+         total = 0.0;
   int64_t T = rt->seqlen;
   for (int64_t q = 0; q < rt->seqs; q++) {
     for (int e = 0; e < E; e++)
@@ -1057,6 +1061,7 @@ lp_status lp_nn_moe_new(const char *name, const lp_nn_moe_opts *o,
   l->moe = m;
   m->o = *o;
   m->seed = seed;
+  m->loss_scale = 1.0f;
   m->hs = (int64_t)o->shared * o->hidden;
   m->scale = o->route_scale > 0.0f ? o->route_scale : 1.0f;
   m->bias = lp_calloc((size_t)o->experts, sizeof *m->bias);
@@ -1101,6 +1106,14 @@ static lp_status set_ep_rec(lp_nn_layer *l, const lp_nn_ep *ep) {
   int size = ep ? ep->size : 1, rank = ep ? ep->rank : 0;
   LP_CHECK(default_placement(l, size, rank));
   if (size > 1) l->moe->ep = *ep;
+  return LP_OK;
+}
+
+lp_status lp_nn_set_loss_scale(lp_nn_layer *l, float scale) {
+  if (!l || !(scale > 0.0f) || !isfinite(scale)) return LP_ERR_ARG;
+  for (size_t i = 0; i < l->nchild; i++)
+    LP_CHECK(lp_nn_set_loss_scale(l->child[i], scale));
+  if (l->moe) l->moe->loss_scale = scale;
   return LP_OK;
 }
 

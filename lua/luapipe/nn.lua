@@ -150,7 +150,10 @@ end
 -- nn.moe{dim =, hidden =, experts =, topk = 1, groups = 1, topk_groups = groups,
 --        shared = 0, route_scale = 1, bias_speed = 0, router = "sigmoid" | "softmax",
 --        balance_alpha = 0}
--- (routed experts: SwiGLU FFNs of `hidden`; `shared` shared experts; see lp_nn.h)
+-- (routed experts: SwiGLU FFNs of `hidden`; `shared` shared experts;
+-- balance_alpha > 0 adds the sequence-wise balance loss, alpha times its
+-- mean over the step's sequences, however train{} splits the batch into
+-- micro-batches and EP shares; see lp_nn.h)
 function M.moe(t) return moe_spec("moe", t, 2) end
 -- x + attn(rmsnorm(x)), then x + moe(rmsnorm(x)): nn.moe options plus heads
 function M.moe_block(t) return moe_spec("moe_block", t, 2) end

@@ -861,7 +861,10 @@ static void test_grad_moe(void **state) {
     float bias[8] = {0.05f, -0.1f, 0.0f, 0.2f, -0.05f, 0.1f, 0.0f, -0.2f};
     assert_int_equal(lp_nn_moe_set_bias(p.l, bias), LP_OK);
     p.x = randn(3, SH(2, 3, 6), 21 + (uint64_t)variant);
-    if (variant == 1) p.aux = p.l;
+    if (variant == 1) {
+      p.aux = p.l;
+      assert_int_equal(lp_nn_set_loss_scale(p.l, 0.5f), LP_OK); /* scaled with the loss */
+    }
     const char *labels[3] = {"moe sigmoid+groups+shared",
                              "moe softmax+balance loss", "moe top-1"};
     gradcheck(labels[variant], &p, 1);
@@ -872,6 +875,41 @@ static void test_grad_moe(void **state) {
     probe_done(&p);
   }
   g_eps = EPS;
+}
+
+/* The balance loss is the mean over the batch's sequences times the loss
+ * scale: a 2-sequence batch gives the mean of the two sequences' losses,
+ * and lp_nn_set_loss_scale scales it; bad scales are refused. */
+static double moe_aux_of(lp_nn_layer *l, const lp_tensor *x) {
+  lp_nn_ctx *c;
+  lp_tensor *y = NULL;
+  assert_int_equal(lp_nn_ctx_new(&c), LP_OK);
+  assert_int_equal(lp_nn_forward(l, c, x, &y), LP_OK);
+  double a = lp_nn_moe_aux_loss(l);
+  lp_tensor_free(y);
+  lp_nn_ctx_free(c);
+  return a;
+}
+
+static void test_moe_balance_scale(void **state) {
+  (void)state;
+  lp_nn_moe_opts o = moe_opts(6, 5, 8, 2);
+  o.router = LP_NN_ROUTER_SOFTMAX, o.balance_alpha = 0.3f;
+  lp_nn_layer *l;
+  assert_int_equal(lp_nn_moe_new("moe", &o, 11, &l), LP_OK);
+  lp_tensor *x = randn(3, SH(2, 3, 6), 31), *xa, *xb;
+  assert_int_equal(lp_tensor_rows(x, 0, 1, &xa), LP_OK);
+  assert_int_equal(lp_tensor_rows(x, 1, 1, &xb), LP_OK);
+  double both = moe_aux_of(l, x), a = moe_aux_of(l, xa), b = moe_aux_of(l, xb);
+  assert_true(a > 0 && b > 0);
+  assert_true(fabs(both - (a + b) / 2) <= 1e-6 * both);
+  assert_int_equal(lp_nn_set_loss_scale(l, 0.25f), LP_OK);
+  assert_true(fabs(moe_aux_of(l, x) - 0.25 * both) <= 1e-6 * both);
+  assert_int_equal(lp_nn_set_loss_scale(l, 0.0f), LP_ERR_ARG);
+  assert_int_equal(lp_nn_set_loss_scale(l, NAN), LP_ERR_ARG);
+  assert_int_equal(lp_nn_set_loss_scale(NULL, 1.0f), LP_ERR_ARG);
+  lp_tensor_free(xa), lp_tensor_free(xb), lp_tensor_free(x);
+  lp_nn_layer_release(l);
 }
 
 /* The MoE transformer block (attention + MoE, pre-norm residuals). */
@@ -1732,6 +1770,7 @@ int main(void) {
       cmocka_unit_test(test_moe_ep_idle_rank),
       cmocka_unit_test(test_moe_overlapped_pair),
       cmocka_unit_test(test_weight_grad_parts),
+      cmocka_unit_test(test_moe_balance_scale),
       cmocka_unit_test(test_moe_placement_move),
       cmocka_unit_test(test_moe_bias_and_errors),
       cmocka_unit_test(test_moe_oom),
