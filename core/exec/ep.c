@@ -120,7 +120,6 @@ static lp_status ep_start(void *ud, const float *send, const size_t *send_counts
     return st;
   }
   e->half_x[h->half] = h;
-  e->half_nx[h->half]++;
   *handle = h;
   return LP_OK;
 }

@@ -85,7 +85,6 @@ struct lp_exec {
                        * exchange goes over ep_comm in one order */
   int adv_half;       /* the half (0 / 1) whose advance is running */
   a2a *half_x[2];     /* each half's exchange in flight, NULL: none */
-  int half_nx[2];     /* exchanges each half has started (from its begin) */
   const lp_tensor_backend *be; /* where every chunk runs (opts.backend or the CPU) */
   lp_comm *pcomm; /* activations and gradients between pipeline ranks: comm
                    * itself for host tensors, else the device-capable

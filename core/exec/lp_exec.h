@@ -235,21 +235,20 @@ lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
  * the half finished (output handed on, loss taken, weight-grad run for
  * B); lp_exec_half_phase names what its next advance runs ("attn/dense",
  * "dispatch", "experts", "combine"; "done" when no half runs);
- * lp_exec_half_weight_grad_part runs the weight-grad of one block the
- * running full-backward half has finished (lp_nn_weight_grad_part; *did =
- * 0 when none is ready, or the half is I or none runs): the half's finish
- * runs only the rest. A hook must finish both halves.
+ * lp_exec_half_weight_grad_part runs one weight-grad piece the running
+ * full-backward half's input-grad has made ready (lp_nn_weight_grad_part:
+ * a layer's experts, a finished block; *did = 0 when none is ready, or the
+ * half is I or none runs): the half's finish runs only the rest. A hook must finish both halves.
  *
  * The default pair, where the EP group's comm lets ranks start operations
  * on two contexts in any order (MPI: backward halves exchange on a second
- * context), runs whichever half can go on without waiting (the one
- * further behind in its exchanges when both can, backward on a tie; the
- * forward's "dispatch" advance, the count exchange's wait with no compute,
- * as soon as it can), a ready weight-grad block while both wait, and waits
- * for whichever exchange ends first only when nothing is left. Otherwise
+ * context), runs whichever half can go on without waiting (the forward
+ * when both can: its chain of exchanges is the longer), a ready
+ * weight-grad piece while both wait, and waits for whichever exchange ends
+ * first only when nothing is left. Otherwise
  * (NCCL) a fixed order, DeepSeek-V3's: advances alternate backward first,
  * the forward's "dispatch" advance right after the one before it, and the
- * ready weight-grad blocks after each backward advance. */
+ * ready weight-grad pieces after each backward advance. */
 lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb);
 lp_status lp_exec_half_advance(lp_exec *e, int backward, int *done);
 const char *lp_exec_half_phase(const lp_exec *e, int backward);

@@ -248,14 +248,18 @@ lp_status lp_nn_input_grad_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
                                  const lp_tensor *dy);
 lp_status lp_nn_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
                         lp_tensor **out);
-/* One piece of a chunk's weight-grad ahead of time: during (or after) an
- * input-grad pass of a chunk (lp_nn_chunk_new), runs the weight-grad of
- * the next child whose input-grad has finished and whose weight-grad has
- * not run (children go n-1, n-2, ..., as backward finishes them); *did = 1
- * when one ran, 0 when none is ready (or l is not a chunk). The chunk's
- * lp_nn_weight_grad later runs only the rest: the same calls in the same
- * order as without pieces, so bitwise the same gradients. An executor runs
- * pieces while both halves of an overlapped pair wait for exchanges. */
+/* One piece of a layer's weight-grad ahead of time, during (or after) its
+ * input-grad pass: for a chunk (lp_nn_chunk_new), the weight-grad of the
+ * next child whose input-grad has finished and whose weight-grad has not
+ * run (children go n-1, n-2, ..., as backward finishes them), else a piece
+ * of the child running now (descending through chunks and residuals); for
+ * an MoE layer, its routed experts' weight-grads once their backward ran
+ * (while dispatch-backward is in flight). *did = 1 when a piece ran, 0
+ * when none is ready (or the layer has no pieces). lp_nn_weight_grad later
+ * runs only the rest; each parameter gets the same updates in the same
+ * order as without pieces, so the gradients are bitwise the same. An
+ * executor runs pieces while both halves of an overlapped pair wait for
+ * exchanges. */
 lp_status lp_nn_weight_grad_part(lp_nn_layer *l, lp_nn_ctx *ctx, int *did);
 /* What the next advance of ctx's pass runs: "attn/dense" (dense compute up
  * to the next MoE dispatch or the end), "dispatch" (finish the count

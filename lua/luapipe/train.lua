@@ -72,15 +72,15 @@
 -- -> done, the next phase's name) in any order until both are done;
 -- exec:phase("F" | "B") names what the next advance runs ("attn/dense",
 -- "dispatch", "experts", "combine", "done"); exec:weight_grad_part() runs
--- the weight-grad of one block a full backward half has finished (true)
--- or finds none ready (false). The default runs whichever half can go on
--- without waiting (the one further behind in its exchanges when both can,
--- backward on a tie, as in DeepSeek's order), ready weight-grad blocks
--- while both halves' exchanges fly, and waits for whichever ends first
--- only when nothing is left; so each one's all-to-all flies while the
--- other computes. (With NCCL, which needs one order on every rank, it is
--- DeepSeek's fixed alternation, backward first, weight-grad blocks after
--- each backward advance.)
+-- one weight-grad piece a full backward half has made ready (an MoE
+-- layer's experts, a finished block: true) or finds none (false). The
+-- default runs whichever half can go on without waiting (the forward when
+-- both can: its chain of exchanges is the longer), ready weight-grad
+-- pieces while both halves' exchanges fly, and waits for whichever ends
+-- first only when nothing is left; so each one's all-to-all flies while
+-- the other computes. (With NCCL, which needs one order on every rank, it
+-- is DeepSeek's fixed alternation, backward first, weight-grad pieces
+-- after each backward advance.)
 --
 -- device = "cuda" runs the whole model on the GPU of each rank: rank r of
 -- a node (mpirun's local rank) takes GPU r modulo the GPUs it sees;
