@@ -275,7 +275,8 @@ static lp_status bw_parts(lp_exec *e, lp_nn_layer *chunk, lp_nn_ctx *ctx, int *r
  * its input-grad has finished run at once (DeepSeek's MLP(W) and ATTN(W)
  * right after their B: more compute under the exchanges in flight). Every
  * rank of the EP group starts its exchanges in this same order (decided
- * by phase names only), as a backend without any_order (NCCL) needs. */
+ * by phase names only), as a backend without any_order (NCCL) needs; it
+ * also runs every pair without EP exchanges. */
 static lp_status run_fb_fixed(lp_exec *e) {
   int fd = 0, bd = 0;
   half *b = &e->hf[1];

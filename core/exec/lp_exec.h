@@ -245,8 +245,9 @@ lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
  * context), runs whichever half can go on without waiting (the forward
  * when both can: its chain of exchanges is the longer), a ready
  * weight-grad piece while both wait, and waits for whichever exchange ends
- * first only when nothing is left. Otherwise
- * (NCCL) a fixed order, DeepSeek-V3's: advances alternate backward first,
+ * first only when nothing is left. Otherwise (a backend that needs one
+ * order on every rank, as NCCL does; EP exchanges go over MPI today) a
+ * fixed order, DeepSeek-V3's: advances alternate backward first,
  * the forward's "dispatch" advance right after the one before it, and the
  * ready weight-grad pieces after each backward advance. */
 lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb);

@@ -78,9 +78,10 @@
 -- both can: its chain of exchanges is the longer), ready weight-grad
 -- pieces while both halves' exchanges fly, and waits for whichever ends
 -- first only when nothing is left; so each one's all-to-all flies while
--- the other computes. (With NCCL, which needs one order on every rank, it
--- is DeepSeek's fixed alternation, backward first, weight-grad pieces
--- after each backward advance.)
+-- the other computes. (Over a comm backend that needs one order on every
+-- rank, as NCCL does, it would be DeepSeek's fixed alternation, backward
+-- first, weight-grad pieces after each backward advance; EP exchanges go
+-- over MPI today.)
 --
 -- device = "cuda" runs the whole model on the GPU of each rank: rank r of
 -- a node (mpirun's local rank) takes GPU r modulo the GPUs it sees;
