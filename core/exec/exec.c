@@ -243,15 +243,18 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
   return LP_OK;
 }
 
-/* The running backward half's weight-grads of the blocks its input-grad
- * has finished (all of them; just one when ran != NULL, *ran = 1 when it
- * ran one). */
-static lp_status bw_parts(lp_exec *e, lp_nn_layer *chunk, lp_nn_ctx *ctx, int *ran) {
+/* Weight-grad pieces the running full-backward half's input-grad has made
+ * ready (lp_nn_weight_grad_part): all of them, or just one when ran !=
+ * NULL (*ran = 1 when it ran one). Nothing for an I half or none. */
+static lp_status bw_parts(lp_exec *e, int *ran) {
   half *b = &e->hf[1];
   if (ran) *ran = 0;
+  if (!b->active || b->type != LP_ACT_B) return LP_OK;
+  vst *vs = &e->vs[e->loc[b->v]];
+  slot *sl = &vs->slots[b->mb];
   for (int did = 1; did;) {
-    lp_status st = lp_nn_weight_grad_part(chunk, ctx, &did);
-    if (st != LP_OK) return nnfail(e, &e->vs[e->loc[b->v]].slots[b->mb], "weight-grad", st);
+    lp_status st = lp_nn_weight_grad_part(vs->chunk, sl->ctx, &did);
+    if (st != LP_OK) return nnfail(e, sl, "weight-grad", st);
     if (ran) {
       *ran = did;
       break;
@@ -279,13 +282,9 @@ static lp_status bw_parts(lp_exec *e, lp_nn_layer *chunk, lp_nn_ctx *ctx, int *r
  * also runs every pair without EP exchanges. */
 static lp_status run_fb_fixed(lp_exec *e) {
   int fd = 0, bd = 0;
-  half *b = &e->hf[1];
-  lp_nn_layer *bchunk = e->vs[e->loc[b->v]].chunk;
-  lp_nn_ctx *bctx = e->vs[e->loc[b->v]].slots[b->mb].ctx;
-  int wparts = b->type == LP_ACT_B;
   while (!fd || !bd) {
     if (!bd) LP_CHECK(half_advance(e, 1, &bd));
-    if (wparts && !bd) LP_CHECK(bw_parts(e, bchunk, bctx, NULL));
+    LP_CHECK(bw_parts(e, NULL));
     if (!fd) LP_CHECK(half_advance(e, 0, &fd));
     if (!fd && strcmp(lp_exec_half_phase(e, 0), "dispatch") == 0)
       LP_CHECK(half_advance(e, 0, &fd));
@@ -334,10 +333,6 @@ static lp_status pair_wait(lp_exec *e, int fd, int bd, int *rf, int *rb) {
  * in the order they would at the end. */
 static lp_status run_fb_any(lp_exec *e) {
   int fd = 0, bd = 0;
-  half *b = &e->hf[1];
-  lp_nn_layer *bchunk = e->vs[e->loc[b->v]].chunk;
-  lp_nn_ctx *bctx = e->vs[e->loc[b->v]].slots[b->mb].ctx;
-  int wparts = b->type == LP_ACT_B;
   while (!fd || !bd) {
     int rf = 0, rb = 0;
     if (!fd) LP_CHECK(ex_half_ready(e, 0, 0, &rf));
@@ -351,7 +346,7 @@ static lp_status run_fb_any(lp_exec *e) {
       continue;
     }
     int did = 0;
-    if (wparts && !bd) LP_CHECK(bw_parts(e, bchunk, bctx, &did));
+    LP_CHECK(bw_parts(e, &did));
     if (did) continue;
     LP_CHECK(pair_wait(e, fd, bd, &rf, &rb));
     if (!rf && !rb) LP_CHECK(half_advance(e, bd ? 0 : 1, bd ? &fd : &bd));
@@ -388,11 +383,7 @@ const char *lp_exec_half_phase(const lp_exec *e, int backward) {
 }
 
 lp_status lp_exec_half_weight_grad_part(lp_exec *e, int *did) {
-  *did = 0;
-  half *b = &e->hf[1];
-  if (!b->active || b->type != LP_ACT_B) return LP_OK;
-  vst *vs = &e->vs[e->loc[b->v]];
-  return bw_parts(e, vs->chunk, vs->slots[b->mb].ctx, did);
+  return bw_parts(e, did);
 }
 
 static lp_status run_w(lp_exec *e, int v, int mb) {
