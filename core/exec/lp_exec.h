@@ -238,7 +238,10 @@ lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
  * lp_exec_half_weight_grad_part runs one weight-grad piece the running
  * full-backward half's input-grad has made ready (lp_nn_weight_grad_part:
  * a layer's experts, a finished block; *did = 0 when none is ready, or the
- * half is I or none runs): the half's finish runs only the rest. A hook must finish both halves.
+ * half is I or none runs): the half's finish runs only the rest. A hook
+ * must finish both halves, in the same order of advances on every rank of
+ * the EP group (an advance waits for its half's exchange, so ranks taking
+ * different orders could wait for each other).
  *
  * The default pair, where the EP group's comm lets ranks start operations
  * on two contexts in any order (MPI: backward halves exchange on a second

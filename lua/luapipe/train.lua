@@ -61,16 +61,17 @@
 -- bytes =}: mean over MoE layers of the EP ranks' max/mean token load
 -- under the first and the last placement, and the bytes moved.
 --
--- overlapped_fb = function(exec, pair) ... end replaces the default "F half,
--- then backward half" of every overlapped pair (FB action, as DeepSeek's
+-- overlapped_fb = function(exec, pair) ... end replaces the executor's own
+-- running of every overlapped pair (FB action, as DeepSeek's
 -- overlapped_forward_backward): pair = {f_stage =, f_mb =, b_type = "B" | "I",
 -- b_stage =, b_mb =, text =}; it must run both halves, in any order, with
 -- exec:run_half("F", pair.f_stage, pair.f_mb) and
 -- exec:run_half(pair.b_type, pair.b_stage, pair.b_mb), or phase by phase:
 -- exec:begin_half("F", pair.f_stage, pair.f_mb) and exec:begin_half(pair.b_type,
 -- pair.b_stage, pair.b_mb), then exec:advance("F") / exec:advance("B") (each
--- -> done, the next phase's name) in any order until both are done;
--- exec:phase("F" | "B") names what the next advance runs ("attn/dense",
+-- -> done, the next phase's name) in any order until both are done
+-- (the same order on every rank of the EP group: an advance waits for its
+-- half's exchange); exec:phase("F" | "B") names what the next advance runs ("attn/dense",
 -- "dispatch", "experts", "combine", "done"); exec:weight_grad_part() runs
 -- one weight-grad piece a full backward half has made ready (an MoE
 -- layer's experts, a finished block: true) or finds none (false). The

@@ -88,6 +88,7 @@ done <<'LIST'
 4 dualpipe 4 moe_ep2 MoE-pp=2xep=2
 4 dualpipev 4 moe_ep2 MoE-pp=2xep=2
 4 dualpipe 8 moe_eplb_ep2 EPLB-pp=2xep=2-more-pairs
+4 dualpipe 8 moe_skew_ep2 MoE-pp=2xep=2-partners-out-of-step
 4 gpipe 8 moe MoE-pp=4xep=1
 4 1f1b 8 moe MoE-pp=4xep=1
 4 interleaved1f1b 8 moe MoE-pp=4xep=1
@@ -102,6 +103,7 @@ done <<'LIST'
 2 zbv 2 moe_ep2 MoE-pp=1xep=2
 2 dualpipev 2 moe_ep2 MoE-pp=1xep=2
 2 dualpipev 8 moe_ep2 MoE-pp=1xep=2-more-pairs
+2 dualpipev 8 moe_skew_ep2 MoE-pp=1xep=2-partners-out-of-step
 2 1f1b 2 ep2 pp=1xep=2
 LIST
 

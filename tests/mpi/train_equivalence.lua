@@ -26,6 +26,11 @@
 -- redundant slot per EP rank): expert weights and optimizer state move,
 -- losses and parameters stay the reference's; the plans must even out the
 -- load they were made for.
+-- mode "moe_skew_ep<E>": the MoE LM with the EP partners out of step: odd
+-- ranks take a slow emulated link (3 ms a message) and burn 0-4 ms in
+-- data(), so the EP partners find their exchanges done at different times
+-- (the pairs poll, fill with weight-grads and wait differently on each);
+-- the results must not change.
 -- mode "ranks": asks for pp = 4 on a smaller job (expects a clear error).
 -- mode "stages": a model with fewer layers than stages (expects an error).
 local nn = require("luapipe.nn")
@@ -115,7 +120,20 @@ elseif mode == "hook" then
   end
 end
 
-local r = train { model = model, schedule = sched, overlapped_fb = hook, microbatches = M, data = data,
+local tdata, link = data, nil
+if (mode or ""):match("skew") then
+  link = rank % 2 == 1 and "lat=3ms,bw=1GB/s" or "lat=20us,bw=1GB/s"
+  tdata = function(step, mb)
+    if rank % 2 == 1 then
+      local t0 = os.clock()
+      while os.clock() - t0 < 0.002 * ((step + mb) % 3) do end
+    end
+    return data(step, mb)
+  end
+end
+
+local r = train { model = model, schedule = sched, overlapped_fb = hook, microbatches = M, data = tdata,
+  link = link,
   steps = STEPS, seed = SEED, optimizer = optimizer, quiet = true, lookahead = lookahead,
   partition = mode == "cost" and "cost" or "layers", ep = EP,
   eplb = (mode or ""):match("eplb") and { every = 1, redundant = 1 } or nil }
