@@ -171,10 +171,10 @@ static lp_status b_finish(lp_exec *e, half *h, lp_tensor *dx) {
   int k = e->kpos[li][mb];
   slot *sl = &vs->slots[mb];
   lp_status st = LP_OK;
-  if (h->type == LP_ACT_B) {
+  if (h->type == LP_ACT_B && !e->pair_keeps_w) {
     st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
     if (st != LP_OK) { nnfail(e, sl, "weight-grad", st); goto out; }
-  } else {
+  } else if (h->type != LP_ACT_B) {
     vs->wq[(vs->wq_head + vs->wq_len) % e->M] = mb;
     vs->wq_len++;
   }
@@ -263,6 +263,30 @@ static lp_status bw_parts(lp_exec *e, int *ran) {
   return LP_OK;
 }
 
+/* The weight-grad an overlapped pair's full backward leaves to the next
+ * pair (run_fb): its pieces fill that pair's waits (often the first ones,
+ * for an EP partner that starts the pair late) before the pair's own.
+ * Per parameter the order of accumulation stays that of finishing each
+ * weight-grad at once: the carry ends before any other compute action,
+ * before the next backward of its stage, when the next pair leaves its own
+ * and at step end. One piece (*ran = 1) or, with ran NULL, all that is
+ * left (the carry ends). */
+static lp_status carry_w(lp_exec *e, int *ran) {
+  if (ran) *ran = 0;
+  if (e->carry_v < 0) return LP_OK;
+  vst *vs = &e->vs[e->loc[e->carry_v]];
+  slot *sl = &vs->slots[e->carry_mb];
+  lp_status st;
+  if (ran) {
+    st = lp_nn_weight_grad_part(vs->chunk, sl->ctx, ran);
+    if (st == LP_OK && *ran) return LP_OK;
+  }
+  st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
+  e->carry_v = -1;
+  if (ran) *ran = st == LP_OK;
+  return st == LP_OK ? LP_OK : nnfail(e, sl, "weight-grad", st);
+}
+
 /* The overlapped pair in a fixed order, DeepSeek-V3's: both halves begun
  * (inputs in hand), then their phases alternate, backward first, so each
  * advance starts the next all-to-all of its half and returns while the
@@ -346,7 +370,8 @@ static lp_status run_fb_any(lp_exec *e) {
       continue;
     }
     int did = 0;
-    LP_CHECK(bw_parts(e, &did));
+    LP_CHECK(carry_w(e, &did));
+    if (!did) LP_CHECK(bw_parts(e, &did));
     if (did) continue;
     LP_CHECK(pair_wait(e, fd, bd, &rf, &rb));
     if (!rf && !rb) LP_CHECK(half_advance(e, bd ? 0 : 1, bd ? &fd : &bd));
@@ -355,9 +380,20 @@ static lp_status run_fb_any(lp_exec *e) {
 }
 
 static lp_status run_fb(lp_exec *e, const lp_action *a) {
+  /* a carried weight-grad of this backward's stage ends before it starts */
+  if (e->carry_v == a->bstage) LP_CHECK(carry_w(e, NULL));
   LP_CHECK(f_begin(e, a->stage, a->mb));
   LP_CHECK(b_begin(e, a->bstage, a->bmb, a->btype == LP_ACT_B));
-  return e->ep_comm_b ? run_fb_any(e) : run_fb_fixed(e);
+  if (!e->ep_comm_b) return run_fb_fixed(e);
+  int keep = a->btype == LP_ACT_B;
+  e->pair_keeps_w = keep;
+  lp_status st = run_fb_any(e);
+  e->pair_keeps_w = 0;
+  if (st == LP_OK && keep) {
+    LP_CHECK(carry_w(e, NULL)); /* the older one ends */
+    e->carry_v = a->bstage, e->carry_mb = a->bmb;
+  }
+  return st;
 }
 
 lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb) {
@@ -461,6 +497,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   e->o = *opts;
   e->world = opts->comm ? opts->comm : lp_comm_world();
   e->ep = opts->ep;
+  e->carry_v = -1;
   e->s = lp_schedule_clone(s);
   if (!e->s) { st = LP_ERR_NOMEM; goto fail; }
   e->P = lp_schedule_ranks(s);
@@ -713,6 +750,10 @@ static const char *cat_of(const lp_action *a) {
 }
 
 static lp_status run_action(lp_exec *e, const lp_action *a) {
+  /* a weight-grad carried over from an overlapped pair ends before any
+   * other compute (only the executor's own pairs take it over) */
+  if (lp_action_is_compute(a->type) && (a->type != LP_ACT_FB || e->o.overlapped_fb))
+    LP_CHECK(carry_w(e, NULL));
   switch (a->type) {
   case LP_ACT_F: return run_f(e, a->stage, a->mb);
   case LP_ACT_B: return run_b(e, a->stage, a->mb, 1);
@@ -830,6 +871,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     e->t_post += lp_now() - t1; /* polling, trace recording */
   }
   e->cur = e->nacts;
+  LP_CHECK_GOTO(carry_w(e, NULL), st, fail);
   double te = lp_now();
   /* ex_replicated stages without REDUCE_GRAD actions: reduce now */
   for (int li = 0; li < e->nloc; li++)

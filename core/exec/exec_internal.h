@@ -85,6 +85,9 @@ struct lp_exec {
                        * exchange goes over ep_comm in one order */
   int adv_half;       /* the half (0 / 1) whose advance is running */
   a2a *half_x[2];     /* each half's exchange in flight, NULL: none */
+  int pair_keeps_w;   /* b_finish leaves a full backward's weight-grad */
+  int carry_v, carry_mb; /* a finished backward whose weight-grad an
+                          * overlapped pair left for the next (-1: none) */
   const lp_tensor_backend *be; /* where every chunk runs (opts.backend or the CPU) */
   lp_comm *pcomm; /* activations and gradients between pipeline ranks: comm
                    * itself for host tensors, else the device-capable
