@@ -344,14 +344,15 @@ static lp_status pair_wait(lp_exec *e, int fd, int bd, int *rf, int *rb) {
  * the input-grad has two), so it goes first rather than be left running
  * its last ones alone after the backward finished, and its count
  * exchange's advance (no compute) starts the token exchange as soon as it
- * can. (Measured at pp = 2 x ep = 2, 32 micro-batches: 66% of all-to-all
- * time hidden forward-first, 54% backward-first, 64% by progress through
- * each half's exchanges; scripts/bench/moe.) Neither can (both exchanges
+ * can. (Measured at pp = 2 x ep = 2, 32 micro-batches, before the carry:
+ * 66% of all-to-all time hidden forward-first, 54% backward-first, 64% by
+ * progress through each half's exchanges; scripts/bench/moe.) Neither can (both exchanges
  * in flight, e.g. the EP partner is late): a full backward runs a
  * weight-grad piece its input-grad has made ready (the experts' while
  * dispatch-backward flies, a block's once it finished: DeepSeek's MLP(W)
- * and ATTN(W) inside the pair), and only with nothing left to compute does
- * the rank wait, for whichever exchange ends first. Results equal running
+ * and ATTN(W) inside the pair; before them, what the previous pair's
+ * backward left, carry_w), and only with nothing left to compute does the
+ * rank wait, for whichever exchange ends first. Results equal running
  * the halves one after the other: the two micro-batches touch disjoint
  * state, each half's exchanges keep their order, and the weight-grads run
  * in the order they would at the end. */

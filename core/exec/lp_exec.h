@@ -247,8 +247,9 @@ lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
  * on two contexts in any order (MPI: backward halves exchange on a second
  * context), runs whichever half can go on without waiting (the forward
  * when both can: its chain of exchanges is the longer), a ready
- * weight-grad piece while both wait, and waits for whichever exchange ends
- * first only when nothing is left. Otherwise (a backend that needs one
+ * weight-grad piece while both wait (the previous pair's backward's last
+ * weight-grads, carried over, first), and waits for whichever exchange
+ * ends first only when nothing is left. Otherwise (a backend that needs one
  * order on every rank, as NCCL does; EP exchanges go over MPI today) a
  * fixed order, DeepSeek-V3's: advances alternate backward first,
  * the forward's "dispatch" advance right after the one before it, and the

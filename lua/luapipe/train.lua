@@ -77,7 +77,8 @@
 -- layer's experts, a finished block: true) or finds none (false). The
 -- default runs whichever half can go on without waiting (the forward when
 -- both can: its chain of exchanges is the longer), ready weight-grad
--- pieces while both halves' exchanges fly, and waits for whichever ends
+-- pieces while both halves' exchanges fly (the previous pair's backward's
+-- last weight-grads, carried over, first), and waits for whichever ends
 -- first only when nothing is left; so each one's all-to-all flies while
 -- the other computes. (Over a comm backend that needs one order on every
 -- rank, as NCCL does, it would be DeepSeek's fixed alternation, backward
