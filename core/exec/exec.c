@@ -808,6 +808,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   lp_status st = LP_OK;
   e->err[0] = '\0';
   e->step = step;
+  e->carry_v = -1; /* (a failed step may have left one) */
   e->loss_sum = 0;
   e->busy = 0;
   e->posted = 0;
