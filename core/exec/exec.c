@@ -267,7 +267,8 @@ static lp_status bw_parts(lp_exec *e, int *ran) {
  * pair (run_fb): its pieces fill that pair's waits (often the first ones,
  * for an EP partner that starts the pair late) before the pair's own.
  * Per parameter the order of accumulation stays that of finishing each
- * weight-grad at once: the carry ends before any other compute action,
+ * weight-grad at once: the carry ends before any action but messages and
+ * the executor's own pairs (a REDUCE_GRAD finds complete gradients),
  * before the next backward of its stage, when the next pair leaves its own
  * and at step end. One piece (*ran = 1) or, with ran NULL, all that is
  * left (the carry ends). */
@@ -752,9 +753,11 @@ static const char *cat_of(const lp_action *a) {
 
 static lp_status run_action(lp_exec *e, const lp_action *a) {
   /* a weight-grad carried over from an overlapped pair ends before any
-   * other compute (only the executor's own pairs take it over) */
-  if (lp_action_is_compute(a->type) && (a->type != LP_ACT_FB || e->o.overlapped_fb))
-    LP_CHECK(carry_w(e, NULL));
+   * other action but messages (only the executor's own pairs take it
+   * over; a REDUCE_GRAD must find the gradients complete) */
+  int message = a->type == LP_ACT_SEND_F || a->type == LP_ACT_SEND_B ||
+                a->type == LP_ACT_RECV_F || a->type == LP_ACT_RECV_B;
+  if (!message && (a->type != LP_ACT_FB || e->o.overlapped_fb)) LP_CHECK(carry_w(e, NULL));
   switch (a->type) {
   case LP_ACT_F: return run_f(e, a->stage, a->mb);
   case LP_ACT_B: return run_b(e, a->stage, a->mb, 1);

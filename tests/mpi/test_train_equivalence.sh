@@ -89,6 +89,7 @@ done <<'LIST'
 4 dualpipev 4 moe_ep2 MoE-pp=2xep=2
 4 dualpipe 8 moe_eplb_ep2 EPLB-pp=2xep=2-more-pairs
 4 dualpipe 8 moe_skew_ep2 MoE-pp=2xep=2-partners-out-of-step
+4 dualpipe 8 moe_reduce_ep2 MoE-pp=2xep=2-explicit-REDUCE_GRAD
 4 gpipe 8 moe MoE-pp=4xep=1
 4 1f1b 8 moe MoE-pp=4xep=1
 4 interleaved1f1b 8 moe MoE-pp=4xep=1

@@ -8,7 +8,9 @@
 -- the job's failure count (0: all passed).
 -- mode "reduce": the schedule gets explicit REDUCE_GRAD actions, each right
 -- after the last compute action of its virtual stage (DualPipe).
--- mode "wait": the same, plus PyTorch's stage actions: UNSHARD of each
+-- mode "moe_reduce_ep<E>": the MoE LM on the pp x ep grid with those
+-- REDUCE_GRAD actions (a pair's carried weight-grads must end before them).
+-- mode "wait": the same as "reduce", plus PyTorch's stage actions: UNSHARD of each
 -- stage first, WAIT_REDUCE_GRAD and RESHARD of each at the end.
 -- mode "hook": an overlapped_fb hook runs each FB pair backward half first
 -- (DualPipe); it must be called and change nothing.
@@ -66,9 +68,9 @@ elseif mode == "stages" then
 end
 
 local sched = family
-if mode == "reduce" or mode == "wait" then
-  sched = require("luapipe.schedule").build(family, { pp = P, microbatches = M })
-  for rk = 0, P - 1 do
+if mode == "reduce" or mode == "wait" or (mode or ""):match("_reduce") then
+  sched = require("luapipe.schedule").build(family, { pp = PP, microbatches = M })
+  for rk = 0, PP - 1 do
     local acts, lastpos = sched:actions(rk), {}
     for i, t in ipairs(acts) do
       for v in t:gmatch("(%d+)[FBIW]%d+") do lastpos[tonumber(v)] = i end
