@@ -261,7 +261,7 @@ static void timeout_text(lp_comm *c, const lp_comm_req *r, double limit,
  * core it leaves is the one its exchange partner needs (a sched_yield loop
  * kept a waiting rank at a third of a core on 2 cores). ~20 us sleeps (50-70
  * us with the kernel's timer slack) for the first ~15 ms, then 200 us. */
-static void backoff(unsigned polls) {
+void lp_comm_backoff(unsigned polls) {
   if (polls < 16) return;
   struct timespec ts = {0, polls < 128 ? 50000 : 200000};
   nanosleep(&ts, NULL);
@@ -303,7 +303,7 @@ lp_status lp_comm_waitall(lp_comm *c, lp_comm_req **reqs, int n,
     }
     double wake = link_wake(reqs, n, now);
     if (wake > 0) lp_sleep_until(limit > 0 ? fmin(wake, deadline) : wake);
-    else backoff(polls);
+    else lp_comm_backoff(polls);
   }
 }
 

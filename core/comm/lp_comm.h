@@ -257,6 +257,12 @@ _Noreturn void lp_comm_fatal(lp_comm *c, const char *msg);
  * happens only inside lp_comm_test / lp_comm_wait). lp_comm_progress_thread
  * tells whether it runs. */
 int lp_comm_progress_thread(void);
+/* What a rank polling for something it waits on does after `polls`
+ * unsuccessful polls (0, 1, ...): nothing for the first few (latency), then
+ * short sleeps, then longer ones; never a spin or yield loop, which would
+ * take the core a partner on the same core needs. lp_comm_wait uses it;
+ * so does a caller polling several requests of different contexts. */
+void lp_comm_backoff(unsigned polls);
 /* 1 when c's backend lets ranks start operations on different contexts in
  * different orders (lp_comm_backend.any_order). */
 int lp_comm_any_order(const lp_comm *c);

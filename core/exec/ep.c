@@ -63,16 +63,6 @@ int ex_world(const lp_exec *e, int p) { return p * e->ep + e->ep_rank; }
 
 /* ---- the EP exchange ---- */
 
-/* The exchange counters (EX_X_*) of the running compute action's kind and
- * model stage (an FB pair's on its F half's stage), NULL outside one. */
-static double *act_x_of(lp_exec *e) {
-  if (e->cur < 0 || e->cur >= e->nacts) return NULL;
-  const lp_action *a = &e->acts[e->cur];
-  int k = ex_kind_of(a->type), ms = k >= 0 ? e->vstage[a->stage] : -1;
-  if (ms < 0 || ms >= e->S) return NULL;
-  return e->act_x + EX_NX * ((size_t)k * e->S + ms);
-}
-
 static lp_status ep_start(void *ud, const float *send, const size_t *send_counts, float *recv,
                           const size_t *recv_counts, void **handle) {
   lp_exec *e = ud;
@@ -145,7 +135,7 @@ lp_status ex_half_ready(lp_exec *e, int which, int waiting, int *ready) {
 
 void ex_a2a_blocked(lp_exec *e, double t0, double t1) {
   e->a2a_blocked += t1 - t0;
-  double *x = act_x_of(e);
+  double *x = ex_action_x(e);
   if (x) x[EX_X_BLOCKED] += t1 - t0;
   ex_trace_add(e, LP_TRACE_SEND, "all-to-all wait: both halves", "a2a", t0, t1, -1, -1, e->cur,
                -1, -1);
@@ -188,7 +178,7 @@ static lp_status ep_wait(void *ud, void *handle, const char *what) {
   double hidden = free < 0 ? 0 : free > took - blocked ? took - blocked : free;
   e->a2a_s += took;
   e->a2a_blocked += blocked;
-  double *x = act_x_of(e);
+  double *x = ex_action_x(e);
   if (x) x[EX_X_BLOCKED] += blocked;
   e->a2a_hidden += hidden;
   e->a2a_link += h->modelled;

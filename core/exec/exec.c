@@ -84,7 +84,7 @@ static lp_status f_begin(lp_exec *e, int v, int mb) {
   ex_trace_memory(e, lp_now(), 1, 0); /* the activation is held from the start */
   st = lp_nn_forward_begin(vs->chunk, sl->ctx, x);
   if (st != LP_OK) { nnfail(e, sl, "forward", st); goto fail; }
-  e->hf[0] = (half){1, LP_ACT_F, v, mb, x, tg};
+  e->hf[0] = (half){1, LP_ACT_F, v, mb, x, tg, 0};
   double *hx = ex_half_x(e, 0);
   if (hx) hx[EX_X_HALVES] += 1;
   return LP_OK;
@@ -159,7 +159,7 @@ static lp_status b_begin(lp_exec *e, int v, int mb, int full) {
     lp_tensor_free(dy);
     return nnfail(e, sl, "input-grad", st);
   }
-  e->hf[1] = (half){1, full ? LP_ACT_B : LP_ACT_I, v, mb, dy, NULL};
+  e->hf[1] = (half){1, full ? LP_ACT_B : LP_ACT_I, v, mb, dy, NULL, 0};
   double *hx = ex_half_x(e, 1);
   if (hx) hx[EX_X_HALVES] += 1;
   return LP_OK;
@@ -171,7 +171,7 @@ static lp_status b_finish(lp_exec *e, half *h, lp_tensor *dx) {
   int k = e->kpos[li][mb];
   slot *sl = &vs->slots[mb];
   lp_status st = LP_OK;
-  if (h->type == LP_ACT_B && !e->pair_keeps_w) {
+  if (h->type == LP_ACT_B && !h->keep_w) {
     st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
     if (st != LP_OK) { nnfail(e, sl, "weight-grad", st); goto out; }
   } else if (h->type != LP_ACT_B) {
@@ -326,7 +326,7 @@ static lp_status pair_wait(lp_exec *e, int fd, int bd, int *rf, int *rb) {
   double t0 = lp_now(), now = t0;
   lp_status st = LP_OK;
   for (unsigned polls = 0; st == LP_OK && now - t0 < 1.0; polls++) {
-    if (polls >= 16) lp_sleep_until(now + (polls < 128 ? 50e-6 : 200e-6));
+    lp_comm_backoff(polls);
     if (!bd) st = ex_half_ready(e, 1, 1, rb);
     if (st == LP_OK && !fd) st = ex_half_ready(e, 0, 1, rf);
     now = lp_now();
@@ -388,9 +388,8 @@ static lp_status run_fb(lp_exec *e, const lp_action *a) {
   LP_CHECK(b_begin(e, a->bstage, a->bmb, a->btype == LP_ACT_B));
   if (!e->ep_comm_b) return run_fb_fixed(e);
   int keep = a->btype == LP_ACT_B;
-  e->pair_keeps_w = keep;
+  e->hf[1].keep_w = keep;
   lp_status st = run_fb_any(e);
-  e->pair_keeps_w = 0;
   if (st == LP_OK && keep) {
     LP_CHECK(carry_w(e, NULL)); /* the older one ends */
     e->carry_v = a->bstage, e->carry_mb = a->bmb;
@@ -755,9 +754,8 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
   /* a weight-grad carried over from an overlapped pair ends before any
    * other action but messages (only the executor's own pairs take it
    * over; a REDUCE_GRAD must find the gradients complete) */
-  int message = a->type == LP_ACT_SEND_F || a->type == LP_ACT_SEND_B ||
-                a->type == LP_ACT_RECV_F || a->type == LP_ACT_RECV_B;
-  if (!message && (a->type != LP_ACT_FB || e->o.overlapped_fb)) LP_CHECK(carry_w(e, NULL));
+  if (!lp_action_is_p2p(a->type) && (a->type != LP_ACT_FB || e->o.overlapped_fb))
+    LP_CHECK(carry_w(e, NULL));
   switch (a->type) {
   case LP_ACT_F: return run_f(e, a->stage, a->mb);
   case LP_ACT_B: return run_b(e, a->stage, a->mb, 1);

@@ -58,6 +58,7 @@ typedef struct half {
   int v, mb;
   lp_tensor *in; /* x or dy, held until the pass ends */
   lp_tensor *tg; /* the target, when the data source gave it with x */
+  int keep_w;    /* B: its finish leaves the weight-grad to the pair (carry_w) */
 } half;
 
 /* One all-to-all-v of an MoE layer in flight (lp_nn_ep handle). */
@@ -85,7 +86,6 @@ struct lp_exec {
                        * exchange goes over ep_comm in one order */
   int adv_half;       /* the half (0 / 1) whose advance is running */
   a2a *half_x[2];     /* each half's exchange in flight, NULL: none */
-  int pair_keeps_w;   /* b_finish leaves a full backward's weight-grad */
   int carry_v, carry_mb; /* a finished backward whose weight-grad an
                           * overlapped pair left for the next (-1: none) */
   const lp_tensor_backend *be; /* where every chunk runs (opts.backend or the CPU) */
@@ -220,8 +220,10 @@ lp_status ex_ep_reduce(lp_exec *e);
 lp_status ex_moe_bias_update(lp_exec *e);
 
 /* ---- timing.c ---- */
-/* The exchange counters (EX_X_*) of half `which` (its kind and model
- * stage), NULL when none runs. */
+/* The exchange counters (EX_X_*) of the running compute action's kind and
+ * model stage (an FB pair's on its F half's stage), NULL outside one; of
+ * half `which` (its kind and model stage), NULL when none runs. */
+double *ex_action_x(lp_exec *e);
 double *ex_half_x(lp_exec *e, int which);
 /* Records a slice [start, end] (lp_now() seconds) when tracing; peer and
  * tag describe a message (-1 when none). Returns its index or -1. */

@@ -112,11 +112,23 @@ lp_status lp_exec_action_time(const lp_exec *e, int total, int kind, int stage,
   return LP_OK;
 }
 
-double *ex_half_x(lp_exec *e, int which) {
-  const half *h = &e->hf[which ? 1 : 0];
-  int k = h->active ? ex_kind_of(h->type) : -1, ms = k >= 0 ? e->vstage[h->v] : -1;
+/* This step's exchange counters of compute kind k on virtual stage v's
+ * model stage, NULL for a non-compute kind. */
+static double *x_at(lp_exec *e, int k, int v) {
+  int ms = k >= 0 ? e->vstage[v] : -1;
   if (ms < 0 || ms >= e->S) return NULL;
   return e->act_x + EX_NX * ((size_t)k * e->S + ms);
+}
+
+double *ex_action_x(lp_exec *e) {
+  if (e->cur < 0 || e->cur >= e->nacts) return NULL;
+  const lp_action *a = &e->acts[e->cur];
+  return x_at(e, ex_kind_of(a->type), a->stage);
+}
+
+double *ex_half_x(lp_exec *e, int which) {
+  const half *h = &e->hf[which ? 1 : 0];
+  return h->active ? x_at(e, ex_kind_of(h->type), h->v) : NULL;
 }
 
 lp_status lp_exec_action_exchanges(const lp_exec *e, int total, int kind, int stage,
