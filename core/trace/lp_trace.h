@@ -86,7 +86,6 @@ void lp_trace_event_init(lp_trace_event *e);
 
 const lp_trace_event *lp_trace_events(const lp_trace *t, int *n);
 const lp_trace_flow *lp_trace_flows(const lp_trace *t, int *n);
-const lp_trace_counter *lp_trace_counters(const lp_trace *t, int *n);
 const lp_trace_marker *lp_trace_markers(const lp_trace *t, int *n);
 int lp_trace_ranks(const lp_trace *t); /* 1 + the largest rank seen */
 

@@ -119,10 +119,6 @@ const lp_trace_flow *lp_trace_flows(const lp_trace *t, int *n) {
   *n = t->nfl;
   return t->fl;
 }
-const lp_trace_counter *lp_trace_counters(const lp_trace *t, int *n) {
-  *n = t->nct;
-  return t->ct;
-}
 int lp_trace_ranks(const lp_trace *t) { return t->ranks; }
 
 /* ---- the JSON writer ---- */
