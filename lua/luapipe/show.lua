@@ -54,6 +54,36 @@ function M.use_color(fd)
   return (core.output_is_terminal or core.isatty)(fd or 1)
 end
 
+-- ---- characters ----
+
+-- show.use_unicode() -> boolean: whether terminal pictures may use block
+-- characters (the EPLB heat map's ▁▂▃...█) or keep to ASCII. LUAPIPE_CHARSET
+-- "utf-8" or "ascii" decides; otherwise the locale does, read as tree and
+-- htop read it (their setlocale + nl_langinfo(CODESET), from the
+-- environment): the first of LC_ALL, LC_CTYPE and LANG that is set and not
+-- empty must name a UTF-8 codeset ("C.UTF-8", "en_US.utf8"); none set is
+-- the C locale, ASCII.
+function M.use_unicode()
+  local cs = os.getenv("LUAPIPE_CHARSET")
+  cs = cs and cs:lower():gsub("[-_]", "")
+  if cs == "utf8" then return true elseif cs == "ascii" then return false end
+  for _, k in ipairs { "LC_ALL", "LC_CTYPE", "LANG" } do
+    local v = os.getenv(k)
+    if v and v ~= "" then return v:lower():gsub("[-_]", ""):find("utf8", 1, true) ~= nil end
+  end
+  return false
+end
+
+-- show.shades([unicode]) -> 8 cell characters, lightest first: block
+-- characters ▁..█ when unicode (default: show.use_unicode()), else the ASCII
+-- ramp . : - = + * # @.
+local block_shades = { "▁", "▂", "▃", "▄", "▅", "▆", "▇", "█" }
+local ascii_shades = { ".", ":", "-", "=", "+", "*", "#", "@" }
+function M.shades(unicode)
+  if unicode == nil then unicode = M.use_unicode() end
+  return table.move(unicode and block_shades or ascii_shades, 1, 8, 1, {})
+end
+
 -- ---- the Gantt chart ----
 
 -- The full label of an event's cell (see the header).

@@ -156,4 +156,62 @@ function M.list()
   return table.concat(lines, "\n") .. "\n"
 end
 
+-- ---- wrapping: the one routine every help text goes through ----
+
+-- The columns help text wraps to: COLUMNS when it is a number, else the
+-- width of the terminal standard output ends at, else 80; at least 40.
+function M.width()
+  local n = math.tointeger(tonumber(os.getenv("COLUMNS") or ""))
+  if not n or n < 1 then
+    local core = require("luapipe.core")
+    n = core.terminal_columns and core.terminal_columns(1) or nil
+  end
+  return math.max(40, n or 80)
+end
+
+-- M.wrap(text[, width]) -> text with every line longer than width (default
+-- M.width()) broken between words. A line's continuation lines start under
+-- its description column (where text resumes after the first run of two or
+-- more spaces following the line's first word, as in "  --loads FILE   Load
+-- file: ...", "  LUAPIPE_LOG   log level ..."), else under its first word;
+-- a column that leaves less than 20 columns of room falls back to 4 more
+-- than the line's indent. A word longer than the room is kept whole: words
+-- are never cut.
+function M.wrap(text, width)
+  width = width or M.width()
+  local out = {}
+  for line in (text .. (text:sub(-1) == "\n" and "" or "\n")):gmatch("([^\n]*)\n") do
+    if #line <= width then
+      out[#out + 1] = line
+    else
+      local lead = #line:match("^ *")
+      local _, col = line:find("%S  +", lead + 1)
+      if not col or col >= #line then col = lead end
+      local head, indent = line:sub(1, col), string.rep(" ", col)
+      if width - col < 20 then -- too little room: move the continuation left
+        if col == lead then
+          head = string.rep(" ", math.min(lead, width // 2))
+          indent = head
+        else
+          head, indent = line:sub(1, lead), string.rep(" ", math.min(lead + 4, width // 2))
+        end
+      end
+      local cur = head
+      local fresh = true -- cur holds no word yet (only head or indent)
+      for word in line:sub(#head + 1):gmatch("%S+") do
+        if not fresh and #cur + 1 + #word > width then
+          out[#out + 1] = cur
+          cur, fresh = indent .. word, false
+        else
+          cur = cur .. ((fresh and cur:match("%S$") == nil) and "" or " ") .. word
+          fresh = false
+        end
+      end
+      out[#out + 1] = cur
+    end
+  end
+  local r = table.concat(out, "\n")
+  return text:sub(-1) == "\n" and r .. "\n" or r
+end
+
 return M
