@@ -68,6 +68,10 @@ M.topics = {
     { "eplb.predictors.last() / sliding_window(n) / moving_average(n) / ema(a)", "load predictors" },
     { "eplb.balancer{replicas=, gpus=, every=, threshold=, predictor=, ...}", "a Balancer for a training or serving loop" },
     { "b:record(step, counts) / b:due(step) / b:plan() / b:step(step, counts)", "record loads, re-plan when due" },
+    { "  predictor = function(history) ... end", "history: the recorded windows, oldest first, {{step=, counts={{...}, ...}}, ...} (the last max(keep, window)); return layers x experts loads; an error or anything else is reported once and the default (sum of the last window) used from then on" },
+    { "  every = N, threshold = b", "the first recorded step plans; then a step re-plans when it is N or more steps after the last plan (or threshold skip), unless the plan in force has balancedness >= b under the predicted load (a skip restarts the count)" },
+    { "  trigger = function(balancer, step) ... end", "asked at every b:due/b:step, the first plan included: true plans now, false does not; replaces every and threshold" },
+    { "eplb rebalance's JSON (luapipe eplb)", "logical_to_physical ragged (each expert's slots); --padded: DeepSeek's layout, -1 to R - E + 1 per expert" },
   },
   {
     name = "nn", summary = "models for pipeline training (luapipe.nn)",
