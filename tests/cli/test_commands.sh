@@ -25,6 +25,19 @@ expect_rc "bubbles per chunk" 0 "$LP" bubbles --pp 16 -m 64 --per-chunk
 expect_in "bubbles: DeepSeek's convention named" "$tmp/out" "per chunk (DeepSeek's convention"
 expect_rc "simulate help: the cost convention" 0 env COLUMNS=200 "$LP" help simulate
 expect_in "simulate says costs are per chunk" "$tmp/out" "Costs are per action of one model stage (a chunk)"
+# every help text within the width (COLUMNS; 80 off a terminal), broken
+# between words only
+for h in "--help" "help" "help env" "help sim" "help luapipe.eplb" "schedule --help" \
+    "simulate --help" "bubbles --help" "eplb --help" "help eplb"; do
+  env COLUMNS=80 "$LP" $h >"$tmp/out" 2>&1
+  awk 'length > 80 { bad = 1 } END { exit bad }' "$tmp/out" && ok "luapipe $h: within 80 columns" \
+    || bad "luapipe $h: a line over 80 columns: $(awk 'length > 80' "$tmp/out" | head -1)"
+done
+env -u COLUMNS "$LP" help env </dev/null >"$tmp/out" 2>&1
+awk 'length > 80 { bad = 1 } END { exit bad }' "$tmp/out" && ok "help off a terminal: 80 columns" \
+  || bad "help off a terminal: 80 columns"
+env COLUMNS=50 "$LP" help env >"$tmp/out" 2>&1
+awk 'length > 50 && / / { bad = 1 } END { exit bad }' "$tmp/out" && ok "help at COLUMNS=50" || bad "help at COLUMNS=50"
 expect_rc "bubbles json" 0 "$LP" bubbles -p 8 -m 20 --format json
 expect_in "bubbles json rows" "$tmp/out" '"rows"'
 expect_rc "bubbles bad cost exits 2" 2 "$LP" bubbles --cost F=x
