@@ -56,7 +56,9 @@ end
 -- entries), so the result grows with the plan, not with experts x width.
 -- json = true gives, instead of the three maps, json_rows =
 -- {physical_to_logical = {...}, logical_to_physical = {...}, logical_count =
--- {...}}: one JSON text per layer (logical_to_physical unpadded), made in C.
+-- {...}}: one JSON text per layer (logical_to_physical unpadded, or with
+-- fixed_x every expert's row padded with -1 to fixed_x entries: DeepSeek's
+-- layout at fixed_x = replicas - experts + 1), made in C.
 -- Calls a core planner; an option error it raises (a count out of range,
 -- a wrong type) is raised again at the caller of eplb.rebalance/evaluate,
 -- without a position inside luapipe.

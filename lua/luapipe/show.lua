@@ -91,8 +91,6 @@ function M.shades(unicode)
   return table.move(unicode and block_shades or ascii_shades, 1, 8, 1, {})
 end
 
--- ---- the Gantt chart ----
-
 -- ---- chunks ----
 
 -- show.chunks(res) -> chunk_of, multi: the chunk of every virtual stage
@@ -143,6 +141,8 @@ local function style_of(t, v, chunks, pair)
   local odd = chunks and chunks[v] and chunks[v] % 2 == 1
   return t .. (odd and "'" or "") .. (pair and "&" or "")
 end
+
+-- ---- the Gantt chart ----
 
 local function tick_step(scale, min_cols)
   for _, step in ipairs { 1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000 } do

@@ -30,6 +30,7 @@ expect_in "simulate says costs are per chunk" "$tmp/out" "Costs are per action o
 for h in "--help" "help" "help env" "help sim" "help luapipe.eplb" "schedule --help" \
     "simulate --help" "bubbles --help" "eplb --help" "help eplb"; do
   env COLUMNS=80 "$LP" $h >"$tmp/out" 2>&1
+  [ "$(wc -l <"$tmp/out")" -ge 5 ] || bad "luapipe $h: no help printed"
   awk 'length > 80 { bad = 1 } END { exit bad }' "$tmp/out" && ok "luapipe $h: within 80 columns" \
     || bad "luapipe $h: a line over 80 columns: $(awk 'length > 80' "$tmp/out" | head -1)"
 done
