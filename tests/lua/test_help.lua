@@ -159,6 +159,11 @@ function TestHelp.test_wrap()
   lu.assertEquals(help.wrap("  x " .. string.rep("y", 60), 40), "  x\n  " .. string.rep("y", 60))
   -- a plain paragraph
   lu.assertEquals(help.wrap("aa bb cc dd", 5), "aa bb\ncc dd")
+  -- a comment goes on as a comment
+  lu.assertEquals(help.wrap("  # one two three four five six", 20), "  # one two three\n  # four five six")
+  -- a command goes on with a backslash
+  lu.assertEquals(help.wrap("  luapipe eplb --loads x.json --gpus 8", 24),
+    "  luapipe eplb --loads \\\n      x.json --gpus 8")
 end
 
 -- Every help text goes through it: no line beyond COLUMNS, the env table's

@@ -57,18 +57,21 @@ function M.parser(p)
     .. "number), so the output grows with the plan, not with experts x R.")
   p:option("--output -o", "Write to FILE instead of standard output."):argname("FILE")
   p:epilog("Examples:\n"
-    .. "  # DeepSeek's README example: 2 layers, 12 experts, 16 slots, 4 groups, 2 nodes, 8 GPUs\n"
-    .. "  luapipe eplb --loads loads.json --replicas 16 --groups 4 --nodes 2 --gpus 8 "
-    .. "--mode reference\n"
+    .. "  # DeepSeek's README example: 2 layers, 12 experts, 16 slots, 4 groups,\n"
+    .. "  # 2 nodes, 8 GPUs\n"
+    .. "  luapipe eplb --loads loads.json --replicas 16 --groups 4 --nodes 2 \\\n"
+    .. "      --gpus 8 --mode reference\n"
     .. "  # statistics and a heat map instead of JSON\n"
-    .. "  luapipe eplb --loads loads.txt --replicas 16 --groups 4 --nodes 2 --gpus 8 --format text\n"
+    .. "  luapipe eplb --loads loads.txt --replicas 16 --groups 4 --nodes 2 \\\n"
+    .. "      --gpus 8 --format text\n"
     .. "  # re-plan against the plan in force, copying at most 4 slots per layer\n"
-    .. "  luapipe eplb --loads new.json --replicas 16 --groups 4 --nodes 2 --gpus 8 "
-    .. "--previous plan.json --max-moves 4 -o next.json\n"
-    .. "  # maps padded as DeepSeek's rebalance_experts returns them\n"
-    .. "  luapipe eplb --loads loads.json --replicas 16 --groups 4 --nodes 2 --gpus 8 --padded\n"
-    .. "loads.json: [[90,132,40,...],[20,107,104,...]] (a row per layer); loads.txt: the same, "
-    .. "a line per layer, numbers apart by spaces or commas.")
+    .. "  luapipe eplb --loads new.json --replicas 16 --groups 4 --nodes 2 \\\n"
+    .. "      --gpus 8 --previous plan.json --max-moves 4 -o next.json\n"
+    .. "  # logical_to_physical padded as DeepSeek's rebalance_experts returns it\n"
+    .. "  luapipe eplb --loads loads.json --replicas 16 --groups 4 --nodes 2 \\\n"
+    .. "      --gpus 8 --padded\n"
+    .. "loads.json: [[90,132,40,...],[20,107,104,...]] (a row per layer); loads.txt: "
+    .. "the same, a line per layer, numbers apart by spaces or commas.")
   return p
 end
 

@@ -179,7 +179,8 @@ end
 -- more spaces following the line's first word, as in "  --loads FILE   Load
 -- file: ...", "  LUAPIPE_LOG   log level ..."), else under its first word;
 -- a column that leaves less than 20 columns of room falls back to 4 more
--- than the line's indent. A word longer than the room is kept whole: words
+-- than the line's indent; a comment ("  # ...") goes on with "# ", a
+-- command ("  luapipe ...", "  mpirun ...") with " \\" and 4 more spaces. A word longer than the room is kept whole: words
 -- are never cut.
 function M.wrap(text, width)
   width = width or M.width()
@@ -189,27 +190,34 @@ function M.wrap(text, width)
       out[#out + 1] = line
     else
       local lead = #line:match("^ *")
-      local _, col = line:find("%S  +", lead + 1)
-      if not col or col >= #line then col = lead end
-      local head, indent = line:sub(1, col), string.rep(" ", col)
-      if width - col < 20 then -- too little room: move the continuation left
-        if col == lead then
-          head = string.rep(" ", math.min(lead, width // 2))
-          indent = head
-        else
-          head, indent = line:sub(1, lead), string.rep(" ", math.min(lead + 4, width // 2))
+      local head, indent, tail -- head: kept as is; indent: of the continuations
+      if line:find("^ *# ") then -- a comment goes on as one
+        head, indent = line:sub(1, lead + 2), string.rep(" ", lead) .. "# "
+      elseif line:find("^ *luapipe ") or line:find("^ *mpirun ") then -- a command, with \
+        head, indent, tail = line:sub(1, lead), string.rep(" ", lead + 4), " \\"
+      else
+        local _, col = line:find("%S  +", lead + 1)
+        if not col or col >= #line then col = lead end
+        head, indent = line:sub(1, col), string.rep(" ", col)
+        if width - col < 20 then -- too little room: move the continuation left
+          if col == lead then
+            head = string.rep(" ", math.min(lead, width // 2))
+            indent = head
+          else
+            head, indent = line:sub(1, lead), string.rep(" ", math.min(lead + 4, width // 2))
+          end
         end
       end
-      local cur = head
-      local fresh = true -- cur holds no word yet (only head or indent)
+      tail = tail or ""
+      local cur, fresh = head, true -- fresh: cur holds no word yet (head ends in a space)
       for word in line:sub(#head + 1):gmatch("%S+") do
-        if not fresh and #cur + 1 + #word > width then
-          out[#out + 1] = cur
-          cur, fresh = indent .. word, false
+        if not fresh and #cur + 1 + #word + #tail > width then
+          out[#out + 1] = cur .. tail
+          cur = indent .. word
         else
-          cur = cur .. ((fresh and cur:match("%S$") == nil) and "" or " ") .. word
-          fresh = false
+          cur = cur .. (fresh and "" or " ") .. word
         end
+        fresh = false
       end
       out[#out + 1] = cur
     end
