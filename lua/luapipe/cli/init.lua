@@ -27,7 +27,10 @@ local function make_parser(name)
   local argparse = require("argparse")
   local cmd = load_command(name)
   local p = argparse("luapipe " .. name, by_name[name].summary)
-  -- --help wraps like `luapipe help NAME` (luapipe.cli.help.wrap)
+  -- --help wraps like `luapipe help NAME` (luapipe.cli.help.wrap, after
+  -- argparse has laid the options out to the same width, so that a wrapped
+  -- description stays beside its option's names)
+  p:help_max_width(require("luapipe.cli.help").width())
   p:add_help { "-h --help", action = function()
     io.write(require("luapipe.cli.help").wrap(p:get_help() .. "\n"))
     os.exit(0)
