@@ -281,7 +281,13 @@ typedef struct budget {
   int *order, *stamp, *touched;
   int stampv;
   double max, sq;
+  const int *home, *slot_node; /* home: NULL when experts may leave their node */
 } budget;
+
+/* May slot s hold expert e? Off its group's node only when home is NULL. */
+static int at_home(const budget *b, int e, int s) {
+  return !b->home || b->home[e] < 0 || b->slot_node[s] == b->home[e];
+}
 
 static void budget_refresh(budget *b, eplb_ws *ws) {
   const int E = b->d->E, R = b->d->R, G = b->d->G, k = b->d->k;
@@ -448,7 +454,7 @@ static void polish(budget *b, const int *prev, int limit, eplb_ws *ws) {
       if (b->cnt[a] >= 2)
         for (int i = 0, tried = 0; i < ncold && tried < 4; i++) {
           int e = cold[i];
-          if (e == a || ong[e]) continue;
+          if (e == a || ong[e] || !at_home(b, e, s)) continue;
           if (top - xs + unit[i] >= top) break;
           tried++;
           c.n = 1, c.s[0] = s, c.to[0] = e;
@@ -459,7 +465,7 @@ static void polish(budget *b, const int *prev, int limit, eplb_ws *ws) {
        * h change) */
       for (int r = G - 1, seen = 0; r > 0 && seen < NLIGHT; r--) {
         int h = b->order[r];
-        if (h == g || hasa[h]) continue;
+        if (h == g || hasa[h] || !at_home(b, a, h * k)) continue;
         seen++;
         double lh = b->load[h];
         for (int t = h * k; t < (h + 1) * k; t++) {
@@ -471,7 +477,7 @@ static void polish(budget *b, const int *prev, int limit, eplb_ws *ws) {
             consider(b, prev, used, limit, 0, &c, &best);
           }
           double ng = top - xs + xt, nh = lh + xs - xt;
-          if (!(xt < xs) || nh >= top || ong[x]) continue;
+          if (!(xt < xs) || nh >= top || ong[x] || !at_home(b, x, s)) continue;
           double rest = G > 1 ? b->load[h != g2 ? g2 : g3] : 0;
           c.m = ng > nh ? ng : nh;
           if (rest > c.m) c.m = rest;
@@ -488,11 +494,38 @@ static void polish(budget *b, const int *prev, int limit, eplb_ws *ws) {
   }
 }
 
+void eplb_prev_homes(const eplb_dims *d, const double *load, const int *prev,
+                     eplb_ws *ws, int *home) {
+  const int E = d->E, R = d->R, nn = d->nn, gs = E / d->ng;
+  if (!d->hier) {
+    for (int e = 0; e < E; e++) home[e] = -1;
+    return;
+  }
+  int *cnt = ws->id, *nslots = ws->ie;
+  double *share = ws->dkey2;
+  memset(cnt, 0, (size_t)E * sizeof *cnt);
+  for (int s = 0; s < R; s++) cnt[prev[s]]++;
+  for (int g = 0; g < d->ng; g++) {
+    for (int n = 0; n < nn; n++) share[n] = 0, nslots[n] = 0;
+    for (int s = 0; s < R; s++) {
+      int e = prev[s];
+      if (e / gs != g) continue;
+      share[ws->slot_node[s]] += load[e] / cnt[e];
+      nslots[ws->slot_node[s]]++;
+    }
+    int best = 0;
+    for (int n = 1; n < nn; n++)
+      if (share[n] > share[best] || (share[n] == share[best] && nslots[n] > nslots[best])) best = n;
+    for (int e = g * gs; e < (g + 1) * gs; e++) home[e] = best;
+  }
+}
+
 void eplb_budget_layer(const eplb_dims *d, const double *load, const int *prev,
-                       int max_moves, eplb_ws *ws, int *out) {
+                       int max_moves, const int *home, eplb_ws *ws, int *out) {
   const int R = d->R;
   budget b = {d, load, out, ws->b_cur, ws->b_start, ws->b_list, ws->b_load,
-              ws->b_delta, ws->b_order, ws->b_stamp, ws->ia, 0, 0, 0};
+              ws->b_delta, ws->b_order, ws->b_stamp, ws->ia, 0, 0, 0,
+              home, ws->slot_node};
   memset(b.stamp, 0, (size_t)d->G * sizeof *b.stamp);
   /* from prev, the changes that unload the heaviest GPU most per copy */
   memcpy(out, prev, (size_t)R * sizeof *out);

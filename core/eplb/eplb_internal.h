@@ -173,7 +173,15 @@ void eplb_relabel_layer(const eplb_dims *d, const int *prev, eplb_ws *ws,
  * it uses (then the sum of squared GPU loads): one of its slots given to
  * an expert that loads it less, one of its experts given a slot of an
  * expert with replicas to spare elsewhere, or one of its slots swapped with
- * a lighter one of another GPU. Every expert keeps a replica. Writes the
- * result into out[R]. */
+ * a lighter one of another GPU. Every expert keeps a replica. With home (the
+ * hierarchical policy without spill), a slot given to an expert lies on
+ * its home node (groups stay whole on their node). Writes the result into
+ * out[R]. */
 void eplb_budget_layer(const eplb_dims *d, const double *load, const int *prev,
-                       int max_moves, eplb_ws *ws, int *out);
+                       int max_moves, const int *home, eplb_ws *ws, int *out);
+/* The hierarchical policy's node of each expert's group in prev: the node
+ * holding the largest share of the group's load (its slot count on ties,
+ * then the lower node). Writes home[E]; -1 everywhere for the global
+ * policy. */
+void eplb_prev_homes(const eplb_dims *d, const double *load, const int *prev,
+                     eplb_ws *ws, int *home);

@@ -434,8 +434,11 @@ lp_status lp_eplb_rebalance(const double *load, int layers, int experts,
       const int *prev = opt->previous + (size_t)l * replicas;
       eplb_relabel_layer(&d, prev, &ws, map, rank, home);
       if (opt->max_moves >= 0 && eplb_copies(&d, prev, map, &ws, NULL) > opt->max_moves) {
+        /* from prev: its groups' nodes are the homes (the off-node load
+         * and, without spill, where new replicas may go) */
         int *tmp = ws.c_phy2log;
-        eplb_budget_layer(&d, row, prev, opt->max_moves, &ws, tmp);
+        eplb_prev_homes(&d, row, prev, &ws, home);
+        eplb_budget_layer(&d, row, prev, opt->max_moves, opt->spill ? NULL : home, &ws, tmp);
         memcpy(map, tmp, (size_t)replicas * sizeof *map);
         eplb_rank_slots(&d, map, home, ws.ia, rank);
       }

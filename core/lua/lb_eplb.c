@@ -179,8 +179,9 @@ static void add_json_ints(luaL_Buffer *b, const int *a, int n) {
 /* Pushes the three maps as tables of JSON text, one string per layer
  * ({physical_to_logical = {...}, logical_to_physical = {...},
  * logical_count = {...}}); logical_to_physical lists each expert's slots
- * without padding. Size and time proportional to the plan. */
-static void push_json_rows(lua_State *L, const lp_eplb_plan *p) {
+ * without padding (size and time proportional to the plan), or, padded,
+ * every expert's row of the plan's width with -1 after its slots. */
+static void push_json_rows(lua_State *L, const lp_eplb_plan *p, int padded) {
   int Ln = lp_eplb_plan_layers(p), E = lp_eplb_plan_experts(p);
   int R = lp_eplb_plan_replicas(p), X = lp_eplb_plan_width(p);
   const int *p2l = lp_eplb_plan_phy2log(p), *l2p = lp_eplb_plan_log2phy(p);
@@ -197,7 +198,7 @@ static void push_json_rows(lua_State *L, const lp_eplb_plan *p) {
         luaL_addchar(&b, '[');
         for (int e = 0; e < E; e++) {
           if (e) luaL_addchar(&b, ',');
-          add_json_ints(&b, l2p + ((size_t)l * E + e) * X, cnt[(size_t)l * E + e]);
+          add_json_ints(&b, l2p + ((size_t)l * E + e) * X, padded ? X : cnt[(size_t)l * E + e]);
         }
         luaL_addchar(&b, ']');
       } else {
@@ -252,13 +253,14 @@ static void push_maps(lua_State *L, const lp_eplb_plan *p, int compact, int ragg
 }
 
 /* Pushes the result table of a plan (see luapipe.eplb for its fields).
- * json: the maps come as json_rows (push_json_rows) instead. */
+ * json: the maps come as json_rows (push_json_rows) instead; 2: with
+ * logical_to_physical padded (rebalance's json with fixed_x). */
 static void push_plan(lua_State *L, const lp_eplb_plan *p, int compact, int ragged, int json) {
   int Ln = lp_eplb_plan_layers(p), E = lp_eplb_plan_experts(p);
   int R = lp_eplb_plan_replicas(p), G = lp_eplb_plan_gpus(p), X = lp_eplb_plan_width(p);
   lua_createtable(L, 0, 16);
   if (json) {
-    push_json_rows(L, p);
+    push_json_rows(L, p, json == 2);
     lua_setfield(L, -2, "json_rows");
   } else {
     push_maps(L, p, compact, ragged);
@@ -415,7 +417,7 @@ static int lb_eplb_rebalance(lua_State *L) {
   plan_box *b = new_plan_box(L);
   lp_status st = lp_eplb_rebalance(load, layers, experts, replicas, groups, nodes, gpus, &o,
                                    &b->p, err);
-  return finish(L, b, st, err, compact, ragged, json);
+  return finish(L, b, st, err, compact, ragged, json && fixed_x > 0 ? 2 : json);
 }
 
 /* core.eplb_evaluate{load=, physical_to_logical=, nodes=, gpus=, previous=}

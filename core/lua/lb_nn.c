@@ -24,7 +24,6 @@ static tensor_box *new_tensor_box(lua_State *L) {
   return lb_box_new(L, sizeof(tensor_box), LB_TENSOR);
 }
 
-void lb_push_tensor(lua_State *L, lp_tensor *t) { new_tensor_box(L)->t = t; }
 
 static int lb_tensor_close(lua_State *L) {
   tensor_box *b = luaL_checkudata(L, 1, LB_TENSOR);

@@ -14,8 +14,7 @@
 /* The tensor / layer inside the box at idx (raises when closed or not one). */
 lp_tensor *lb_check_tensor(lua_State *L, int idx);
 lp_nn_layer *lb_check_layer(lua_State *L, int idx);
-/* Pushes a new box owning t / one reference of l. */
-void lb_push_tensor(lua_State *L, lp_tensor *t);
+/* Pushes a new box owning one reference of l. */
 void lb_push_layer(lua_State *L, lp_nn_layer *l);
 
 /* A Lua function data(step, mb) -> input, target (luapipe.Tensor each),

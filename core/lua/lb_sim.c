@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "lb_internal.h"
@@ -413,6 +414,20 @@ static int lb_isatty(lua_State *L) {
   return 1;
 }
 
+/* core.terminal_columns(fd) -> columns of the terminal fd ends at, or nil
+ * when it is no terminal (or the terminal does not say); help text wraps
+ * to it */
+static int lb_terminal_columns(lua_State *L) {
+  struct winsize ws;
+  int fd = lb_check_int(L, 1);
+  if (isatty(fd) == 1 && ioctl(fd, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) {
+    lua_pushinteger(L, ws.ws_col);
+  } else {
+    lua_pushnil(L);
+  }
+  return 1;
+}
+
 void lb_open_sim(lua_State *L) {
   static const luaL_Reg methods[] = {{"makespan", lb_simres_makespan},
                                      {"max_bubble", lb_simres_max_bubble},
@@ -430,7 +445,8 @@ void lb_open_sim(lua_State *L) {
                                   {"__tostring", lb_simres_tostring},
                                   {NULL, NULL}};
   static const luaL_Reg funcs[] = {
-      {"isatty", lb_isatty}, {"sim_check_time", lb_sim_check_time}, {NULL, NULL}};
+      {"isatty", lb_isatty}, {"terminal_columns", lb_terminal_columns},
+      {"sim_check_time", lb_sim_check_time}, {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
   /* The Lua layer (luapipe.sim, luapipe.show) adds its methods to these
    * tables when it loads; the binding never requires it. */

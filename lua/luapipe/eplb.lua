@@ -56,7 +56,9 @@ end
 -- entries), so the result grows with the plan, not with experts x width.
 -- json = true gives, instead of the three maps, json_rows =
 -- {physical_to_logical = {...}, logical_to_physical = {...}, logical_count =
--- {...}}: one JSON text per layer (logical_to_physical unpadded), made in C.
+-- {...}}: one JSON text per layer (logical_to_physical unpadded, or with
+-- fixed_x every expert's row padded with -1 to fixed_x entries: DeepSeek's
+-- layout at fixed_x = replicas - experts + 1), made in C.
 -- Calls a core planner; an option error it raises (a count out of range,
 -- a wrong type) is raised again at the caller of eplb.rebalance/evaluate,
 -- without a position inside luapipe.
@@ -227,10 +229,16 @@ end
 --   spill=false, max_moves=nil, predictor=<sliding window>, window=10,
 --   every=100, threshold=nil, trigger=nil, keep=nil, on_warning=<stderr>}
 -- predictor: f(history) -> load; the default sums the last `window`
---   windows. every: re-plan at most every N steps. threshold: skip a due
---   re-plan while the current placement's balancedness under the
---   predicted load is at least this (SGLang's rule). trigger: optional
---   f(balancer, step) -> boolean replacing the every-N rule.
+--   windows. history: the recorded windows, oldest first, {{step = s,
+--   counts = {{...}, ...}}, ...} (the last max(keep, window) of them; the
+--   predictor must not change it); load: layers x experts numbers.
+-- every: the first step with a record plans; after that a step re-plans
+--   when step - (the step of the last plan or threshold skip) >= every.
+--   threshold: skip a due re-plan while the current placement's
+--   balancedness under the predicted load is at least this (SGLang's
+--   rule; the skip restarts the count). trigger: optional f(balancer,
+--   step) -> boolean asked at every b:due/b:step, first plan included,
+--   replacing the every-N rule and threshold.
 function Balancer.new(opts)
   if type(opts) ~= "table" then error("eplb.balancer: expected a table of options", 2) end
   for k in pairs(opts) do
@@ -299,7 +307,8 @@ local function check_counts(fname, counts, layers, experts)
   end
   local E = layers and experts or (type(counts[1]) == "table" and #counts[1] or -1)
   if layers and #counts ~= layers then
-    return nil, string.format("%s: %d layers, expected %d", fname, #counts, layers)
+    return nil, string.format("%s: %d layer%s, expected %d", fname, #counts,
+      #counts == 1 and "" or "s", layers)
   end
   for l = 1, #counts do
     local row = counts[l]
@@ -378,8 +387,12 @@ function Balancer:predict()
   if self.predictor ~= self.default_predictor then
     local ok, load = protected(self.predictor, self.history)
     local err
-    if ok then
-      ok, err = check_counts("returned table", load, self.layers, self.experts)
+    if ok and type(load) ~= "table" then
+      ok, err = false, string.format("returned %s%s, not a table of loads (layers x experts)",
+        type(load) == "string" and string.format("%q", load) or tostring(load),
+        load == nil and "" or " (a " .. type(load) .. ")")
+    elseif ok then
+      ok, err = check_counts("returned a table", load, self.layers, self.experts)
     else
       err = tostring(load)
     end

@@ -11,13 +11,19 @@
 -- action's full label fits its cell followed by a space: F as its
 -- micro-batch number ("3"), B, I and W with their letter ("B3", "I3",
 -- "W3"), an overlapped F&B pair as "3&5" (forward of mb 3 with backward of
--- mb 5; "3&I5" when the backward half is an I); "." is idle. Labels are
+-- mb 5; "3&I5" when the backward half is an I); "." is idle. When a rank
+-- runs more than one virtual stage (interleaved chunks, ZB-V's and
+-- DualPipe's two legs) every label ends with its chunk's letter: a for the
+-- rank's lowest-numbered virtual stage, b for the next ("3b", "B3a",
+-- "3a&5b"), and the chunks alternate normal and bright colours. Labels are
 -- never abbreviated, whatever the cost ratio: a chart wider than `width`
 -- is cut into bands, one under the other, at times where few actions are
 -- cut ("~" marks the part of a cut action that has no room for its label).
--- On a colour terminal cells are also coloured by type, pairs split in the
--- F and B colours (show.use_color decides: the output must end at a terminal; NO_COLOR,
--- TERM=dumb and --color=never turn colour off).
+-- On a colour terminal cells are also coloured by kind (F cyan, B green, I
+-- yellow, W magenta; bright for chunks b, d, ...), pairs bold and
+-- underlined, split in their halves' colours (show.use_color decides: the
+-- output must end at a terminal; NO_COLOR, TERM=dumb and --color=never
+-- turn colour off).
 local core = require("luapipe.core")
 
 local M = {}
@@ -28,16 +34,17 @@ local Schedule, SimResult = core.Schedule, core.SimResult
 -- ---- colour ----
 
 local RESET = "\27[0m"
-local ansi = {
-  F = "\27[30;46m",           -- black on cyan
-  B = "\27[30;42m",           -- black on green
-  I = "\27[30;43m",           -- black on yellow
-  W = "\27[30;45m",           -- black on magenta
-  FBf = "\27[1;4;30;106m",    -- pair, forward half: bold underlined, bright cyan
-  FBb = "\27[1;4;30;102m",    -- pair, backward half: bold underlined, bright green
-  FBi = "\27[1;4;30;103m",    -- pair whose backward half is an I
-  idle = "\27[2m",            -- dim
-}
+-- Background colours by kind; a style is "idle", or KIND, KIND.."'" (a
+-- chunk b, d, ...: bright) with "&" after it for half of a pair.
+local kind_bg = { F = 46, B = 42, I = 43, W = 45 }
+local ansi = setmetatable({ idle = "\27[2m" }, { __index = function(t, st)
+  local kind, odd, pair = st:match("^(%u)('?)(&?)$")
+  local bg = kind and kind_bg[kind]
+  if not bg then return nil end
+  local code = string.format("\27[%s30;%dm", pair == "&" and "1;4;" or "", bg + (odd == "'" and 60 or 0))
+  rawset(t, st, code)
+  return code
+end })
 
 -- show.use_color([fd]) -> boolean: the one colour decision of luapipe.
 -- LUAPIPE_COLOR (set by `luapipe --color=WHEN`) "always" or "never" decides;
@@ -54,16 +61,88 @@ function M.use_color(fd)
   return (core.output_is_terminal or core.isatty)(fd or 1)
 end
 
--- ---- the Gantt chart ----
+-- ---- characters ----
 
--- The full label of an event's cell (see the header).
-local function cell_label(e)
-  if e.type == "F" then return tostring(e.mb) end
-  if e.type == "FB" then return e.mb .. "&" .. (e.btype == "I" and "I" or "") .. e.bmb end
-  if e.type == "B" or e.type == "I" or e.type == "W" then return e.type .. e.mb end
+-- show.use_unicode() -> boolean: whether terminal pictures may use block
+-- characters (the EPLB heat map's ▁▂▃...█) or keep to ASCII. LUAPIPE_CHARSET
+-- "utf-8" or "ascii" decides; otherwise the locale does, read as tree and
+-- htop read it (their setlocale + nl_langinfo(CODESET), from the
+-- environment): the first of LC_ALL, LC_CTYPE and LANG that is set and not
+-- empty must name a UTF-8 codeset ("C.UTF-8", "en_US.utf8"); none set is
+-- the C locale, ASCII.
+function M.use_unicode()
+  local cs = os.getenv("LUAPIPE_CHARSET")
+  cs = cs and cs:lower():gsub("[-_]", "")
+  if cs == "utf8" then return true elseif cs == "ascii" then return false end
+  for _, k in ipairs { "LC_ALL", "LC_CTYPE", "LANG" } do
+    local v = os.getenv(k)
+    if v and v ~= "" then return v:lower():gsub("[-_]", ""):find("utf8", 1, true) ~= nil end
+  end
+  return false
+end
+
+-- show.shades([unicode]) -> 8 cell characters, lightest first: block
+-- characters ▁..█ when unicode (default: show.use_unicode()), else the ASCII
+-- ramp . : - = + * # @.
+local block_shades = { "▁", "▂", "▃", "▄", "▅", "▆", "▇", "█" }
+local ascii_shades = { ".", ":", "-", "=", "+", "*", "#", "@" }
+function M.shades(unicode)
+  if unicode == nil then unicode = M.use_unicode() end
+  return table.move(unicode and block_shades or ascii_shades, 1, 8, 1, {})
+end
+
+-- ---- chunks ----
+
+-- show.chunks(res) -> chunk_of, multi: the chunk of every virtual stage
+-- (chunk_of[v], 0-based: its place among the virtual stages its rank runs,
+-- in number order) and whether a rank runs more than one.
+function M.chunks(res)
+  local chunk_of, multi = {}, false
+  for r = 0, res:info().ranks - 1 do
+    local seen, list = {}, {}
+    for _, e in ipairs(res:events(r)) do
+      for _, v in ipairs { e.stage, e.bstage } do
+        if type(v) == "number" and v >= 0 and not seen[v] then
+          seen[v] = true
+          list[#list + 1] = v
+        end
+      end
+    end
+    table.sort(list)
+    for i, v in ipairs(list) do chunk_of[v] = i - 1 end
+    if #list > 1 then multi = true end
+  end
+  return chunk_of, multi
+end
+
+-- show.chunk_name(c) -> "a", "b", ... "z", "A" .. "Z", then "#53", ...
+function M.chunk_name(c)
+  if c < 26 then return string.char(97 + c) elseif c < 52 then return string.char(65 + c - 26) end
+  return "#" .. (c + 1)
+end
+
+-- The full label of an event's cell (see the header); chunks: the map of
+-- show.chunks when a rank runs several virtual stages (labels then end
+-- with the chunk's letter), else nil.
+local function cell_label(e, chunks)
+  local function at(v) return chunks and chunks[v] and M.chunk_name(chunks[v]) or "" end
+  if e.type == "F" then return e.mb .. at(e.stage) end
+  if e.type == "FB" then
+    return e.mb .. at(e.stage) .. "&" .. (e.btype == "I" and "I" or "") .. e.bmb .. at(e.bstage)
+  end
+  if e.type == "B" or e.type == "I" or e.type == "W" then return e.type .. e.mb .. at(e.stage) end
   return tostring(e.text or e.type)
 end
 M.cell_label = cell_label
+
+-- The terminal style of an action of kind t on virtual stage v.
+local function style_of(t, v, chunks, pair)
+  if not kind_bg[t] then return "idle" end
+  local odd = chunks and chunks[v] and chunks[v] % 2 == 1
+  return t .. (odd and "'" or "") .. (pair and "&" or "")
+end
+
+-- ---- the Gantt chart ----
 
 local function tick_step(scale, min_cols)
   for _, step in ipairs { 1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000 } do
@@ -99,7 +178,7 @@ end
 -- size; the scale is then capped and the labels of short actions are cut.
 local MAX_BANDS = 24
 
-local function legend_lines(color, width, scale, cut, capped)
+local function legend_lines(color, width, scale, cut, capped, multi)
   local function sample(text, st)
     if not color then return text end
     return (ansi[st] or "") .. text .. RESET
@@ -110,9 +189,13 @@ local function legend_lines(color, width, scale, cut, capped)
     { sample("3", "F") .. "=F of mb 3", "3=F of mb 3" },
     { sample("B3", "B") .. "/" .. sample("I3", "I") .. "/" .. sample("W3", "W") .. "=B/I/W",
       "B3/I3/W3=B/I/W" },
-    { sample("3", "FBf") .. sample("&5", "FBb") .. "=F3 overlapped with B5", "3&5=F3 overlapped with B5" },
+    { sample("3", "F&") .. sample("&5", "B&") .. "=F3 overlapped with B5", "3&5=F3 overlapped with B5" },
     { sample(".", "idle") .. "=idle", ".=idle" },
   }
+  if multi then
+    table.insert(items, 1, { sample("3a", "F") .. "/" .. sample("3b", "F'")
+      .. "=chunk a/b: the rank's 1st/2nd virtual stage", "3a/3b=chunk a/b: the rank's 1st/2nd virtual stage" })
+  end
   if cut then items[#items + 1] = { "~=action cut by the band edge", "~=action cut by the band edge" } end
   if capped then
     local note = string.format("(costs too far apart to label every action in %d bands: short ones cut)",
@@ -139,7 +222,7 @@ end
 -- The columns per time unit: the fitting scale (a whole number up to 4
 -- when there is room, else a fraction), raised so that every event of
 -- positive length holds its label and a space even after rounding.
-local function gantt_scale(res, P, T, avail, want)
+local function gantt_scale(res, P, T, avail, want, chunks)
   local scale = want
   if not scale then
     scale = T > 0 and avail / T or 1
@@ -149,7 +232,7 @@ local function gantt_scale(res, P, T, avail, want)
   for r = 0, P - 1 do
     for _, e in ipairs(res:events(r)) do
       local d = e.finish - e.start
-      if d > 0 then need = math.max(need, (#cell_label(e) + 1) / d) end
+      if d > 0 then need = math.max(need, (#cell_label(e, chunks) + 1) / d) end
     end
   end
   if need > scale then
@@ -163,12 +246,12 @@ end
 -- Lays out one rank's cells: {c0, c1, label, e} in columns (0-based
 -- start, exclusive end), and marks in inside[c] the column boundaries c
 -- that fall strictly inside a cell.
-local function gantt_cells(events, col, ncols, inside)
+local function gantt_cells(events, col, ncols, inside, chunks)
   local cells = {}
   for _, e in ipairs(events) do
     local c0, c1 = col(e.start), math.min(col(e.finish), ncols)
     if e.finish > e.start and c1 > c0 then
-      cells[#cells + 1] = { c0 = c0, c1 = c1, label = cell_label(e), e = e }
+      cells[#cells + 1] = { c0 = c0, c1 = c1, label = cell_label(e, chunks), e = e }
       for c = c0 + 1, c1 - 1 do inside[c] = true end
     end
   end
@@ -200,7 +283,7 @@ end
 
 -- One band [a, b) of a rank's row: chars and styles. Returns whether a
 -- cell was cut at either edge.
-local function band_row(cells, a, b)
+local function band_row(cells, a, b, chunks)
   local chars, styles, cut = {}, {}, false
   for i = 1, b - a do chars[i] = "." end
   for _, c in ipairs(cells) do
@@ -216,14 +299,16 @@ local function band_row(cells, a, b)
       text = text .. string.rep(" ", w - #text)
       local e = c.e
       local amp = e.type == "FB" and (text:find("&", 1, true) or (v0 > c.c0 and 0 or w + 1)) or 0
-      local bstyle = e.btype == "I" and "FBi" or "FBb"
+      local fstyle, bstyle, style
+      if e.type == "FB" then
+        fstyle = style_of("F", e.stage, chunks, true)
+        bstyle = style_of(e.btype or "B", e.bstage, chunks, true)
+      else
+        style = style_of(e.type, e.stage, chunks, false)
+      end
       for k = 1, w do
         chars[v0 - a + k] = text:sub(k, k)
-        if e.type == "FB" then
-          styles[v0 - a + k] = k < amp and "FBf" or bstyle
-        else
-          styles[v0 - a + k] = ansi[e.type] and e.type or "idle"
-        end
+        styles[v0 - a + k] = style or (k < amp and fstyle or bstyle)
       end
     end
   end
@@ -256,14 +341,16 @@ function M.gantt(res, opts)
   local T = res:makespan()
   local lw = #("r" .. (P - 1))
   local avail = math.max(10, width - (lw + 2) - 1)
-  local scale, capped = gantt_scale(res, P, T, avail, opts.scale)
+  local chunk_of, multi = M.chunks(res)
+  local chunks = multi and chunk_of or nil
+  local scale, capped = gantt_scale(res, P, T, avail, opts.scale, chunks)
   local ncols = math.max(1, math.ceil(T * scale - 1e-9))
   local function col(t) return math.floor(t * scale + 0.5) end
 
   local cells, inside = {}, {}
   for r = 0, P - 1 do
     inside[r] = {}
-    cells[r] = gantt_cells(res:events(r), col, ncols, inside[r])
+    cells[r] = gantt_cells(res:events(r), col, ncols, inside[r], chunks)
   end
   local edges = band_edges(ncols, avail, inside, P)
   local lines, anycut = {}, false
@@ -271,7 +358,7 @@ function M.gantt(res, opts)
     local a, b = edges[bi], edges[bi + 1]
     if bi > 1 then lines[#lines + 1] = "" end
     for r = 0, P - 1 do
-      local chars, styles, cut = band_row(cells[r], a, b)
+      local chars, styles, cut = band_row(cells[r], a, b, chunks)
       anycut = anycut or cut
       lines[#lines + 1] = string.format("%-" .. lw .. "s |%s|", "r" .. r, render(chars, styles, color))
     end
@@ -294,23 +381,22 @@ function M.gantt(res, opts)
     end
   end
   if opts.legend ~= false then
-    for _, l in ipairs(legend_lines(color, width, scale, anycut, capped)) do lines[#lines + 1] = l end
+    for _, l in ipairs(legend_lines(color, width, scale, anycut, capped, multi)) do lines[#lines + 1] = l end
   end
   return table.concat(lines, "\n")
 end
 
 -- ---- SVG ----
 
--- Two hue families, as in DeepSeek's DualPipe figure: actions of a virtual
--- stage on a route running down the ranks (rank 0 towards P-1) in warm
--- colours, up the ranks in cool ones; within a family F is light, I
--- medium, B dark and W darkest. ink: the text colour on that fill.
+-- A hue per kind, far apart (F blue, I orange, B green, W purple), and a
+-- shade per chunk: a rank's chunks a, c, ... dark, b, d, ... light (a
+-- chunk's letter also ends its labels). ink: the text colour on that fill.
 local svg_fill = {
-  down = { F = "#fdae61", I = "#f46d43", B = "#d73027", W = "#8c510a" },
-  up = { F = "#abd9e9", I = "#74add1", B = "#4575b4", W = "#5e3c99" },
+  F = { "#3a6ea5", "#9ecae1" }, I = { "#e8731a", "#fdbe85" },
+  B = { "#3d8b37", "#a1d99b" }, W = { "#8a4f9e", "#f0a3d4" },
   optim = "#9e9e9e", other = "#bdbdbd",
 }
-local svg_ink = { F = "#222", I = "#222", B = "white", W = "white" }
+local svg_ink = { "white", "#222" }
 local type_names = { F = "forward", I = "input-grad", B = "backward", W = "weight-grad" }
 
 local function xml(s)
@@ -347,23 +433,48 @@ local function directions(res, P)
   return dir
 end
 
--- The fill of an action of type t (F, B, I, W) on virtual stage v.
-local function fill_of(dir, t, v)
-  local fam = svg_fill[dir[v] or "down"]
-  return fam[t] or (t == "optim" and svg_fill.optim) or svg_fill.other
+-- The shade (1 dark, 2 light) of virtual stage v's chunk.
+local function shade_of(chunks, v)
+  return chunks and chunks[v] and chunks[v] % 2 + 1 or 1
+end
+
+-- The fill and ink of an action of kind t (F, B, I, W) on virtual stage v.
+local function fill_of(chunks, t, v)
+  local fam = type_names[t] and svg_fill[t]
+  if not fam then return t == "optim" and svg_fill.optim or svg_fill.other, "#222" end
+  local sh = shade_of(chunks, v)
+  return fam[sh], svg_ink[sh]
 end
 
 -- Text of about fs px per character fits w px?
 local function fits(text, fs, w) return #text * fs * 0.6 + 4 <= w end
 
--- The label of a cell at most w px wide, and its font size; nil when even
--- 8 px does not fit (the tooltip still names the action).
-local function svg_label(text, fs, w)
-  while fs >= 8 do
-    if fits(text, fs, w) then return text, fs end
-    fs = fs - 1
+-- The label of a cell w px wide and h px high: text, font size and
+-- whether it runs upwards (rotated, for a cell too narrow to hold it
+-- across at 8 px but tall enough to hold it along); nil when neither fits
+-- (the tooltip still names the action).
+local function svg_label(text, fs, w, h)
+  for f = fs, 8, -1 do
+    if fits(text, f, w) then return text, f, false end
+  end
+  if h then
+    for f = math.min(fs, math.floor(w - 2)), 7, -1 do
+      if fits(text, f, h) then return text, f, true end
+    end
   end
   return nil
+end
+
+-- The <text> of a label centred at (cx, cy).
+local function svg_text(put, text, fs, up, cx, cy, ink)
+  if up then
+    put('<text x="', f2(cx), '" y="', f2(cy + fs / 3), '" font-size="', fs,
+      '" text-anchor="middle" transform="rotate(-90 ', f2(cx), " ", f2(cy), ')" fill="', ink, '">',
+      xml(text), '</text>')
+  else
+    put('<text x="', f2(cx), '" y="', f2(cy + fs / 3), '" font-size="', fs,
+      '" text-anchor="middle" fill="', ink, '">', xml(text), '</text>')
+  end
 end
 
 -- show.svg(res[, opts]) -> SVG text. opts: scale (pixels per time unit;
@@ -379,15 +490,19 @@ function M.svg(res, opts)
   local T = res:makespan()
   local unit = opts.unit or "units"
   local dir = directions(res, P)
-  local present, fams, optim = {}, {}, false
+  local chunk_of, multi = M.chunks(res)
+  local chunks = multi and chunk_of or nil
+  local function at(v) return chunks and chunks[v] and M.chunk_name(chunks[v]) or "" end
+  local present, shades, optim = {}, {}, false
   local scale = opts.scale
   if not scale then
     scale = T > 0 and 1000 / T or 60
-    local need = 0 -- px per unit for the shortest action to hold "88" at 11 px
+    local need = 0 -- px per unit for the shortest action to hold "88" (and its chunk) at 11 px
     for r = 0, P - 1 do
       for _, e in ipairs(res:events(r)) do
         local d = e.finish - e.start
-        if d > 0 and e.type ~= "optim" then need = math.max(need, (2 * 11 * 0.6 + 4) / d) end
+        local n = 2 + (multi and 1 or 0)
+        if d > 0 and e.type ~= "optim" then need = math.max(need, (n * 11 * 0.6 + 4) / d) end
       end
     end
     scale = math.max(scale, math.min(need, T > 0 and 2400 / T or need))
@@ -417,9 +532,11 @@ function M.svg(res, opts)
       local tip = string.format("rank %d, action %d: %s [%s, %s] %s", r, e.index, e.text,
         fmt_num(e.start), fmt_num(e.finish), unit)
       if e.type == "FB" then
-        local ff, bf = fill_of(dir, "F", e.stage), fill_of(dir, e.btype or "B", e.bstage)
-        present[e.btype or "B"], present.F, present.FB = true, true, true
-        fams[dir[e.stage] or "down"], fams[dir[e.bstage] or "down"] = true, true
+        local bt = e.btype or "B"
+        local ff, fink = fill_of(chunks, "F", e.stage)
+        local bf, bink = fill_of(chunks, bt, e.bstage)
+        present[bt], present.F, present.FB = true, true, true
+        shades[shade_of(chunks, e.stage)], shades[shade_of(chunks, e.bstage)] = true, true
         bput('<g class="FB"><title>', xml(tip), '</title>')
         bput('<rect class="FB-F" x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', f2(lane / 2),
           '" fill="', ff, '"/>')
@@ -427,51 +544,50 @@ function M.svg(res, opts)
           '" height="', f2(lane / 2), '" fill="', bf, '"/>')
         bput('<rect x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', lane,
           '" fill="none" stroke="#222" stroke-width="1.5"/>')
-        local ft, ffs = svg_label(tostring(e.mb), math.min(fs0, lane // 2 - 2), w)
-        local bt, bfs = svg_label((e.btype == "I" and "I" or "") .. e.bmb, math.min(fs0, lane // 2 - 2), w)
-        if ft then
-          bput('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 4 + ffs / 3), '" font-size="', ffs,
-            '" text-anchor="middle" fill="', svg_ink.F, '">', ft, '</text>')
-        end
-        if bt then
-          bput('<text x="', f2(x + w / 2), '" y="', f2(y + 3 * lane / 4 + bfs / 3), '" font-size="', bfs,
-            '" text-anchor="middle" fill="', svg_ink[e.btype or "B"], '">', bt, '</text>')
-        end
+        local hfs = math.min(fs0, lane // 2 - 2)
+        local ft, ffs, fup = svg_label(e.mb .. at(e.stage), hfs, w, lane / 2 - 2)
+        local btx, bfs, bup = svg_label((e.btype == "I" and "I" or "") .. e.bmb .. at(e.bstage), hfs, w,
+          lane / 2 - 2)
+        if ft then svg_text(bput, ft, ffs, fup, x + w / 2, y + lane / 4, fink) end
+        if btx then svg_text(bput, btx, bfs, bup, x + w / 2, y + 3 * lane / 4, bink) end
         bput('</g>')
       else
-        local fill = fill_of(dir, e.type, e.stage)
+        local fill, ink = fill_of(chunks, e.type, e.stage)
         if e.type == "optim" then optim = true
         elseif type_names[e.type] then
           present[e.type] = true
-          fams[dir[e.stage] or "down"] = true
+          shades[shade_of(chunks, e.stage)] = true
         end
         bput('<g class="', xml(e.type), '"><title>', xml(tip), '</title>')
         bput('<rect x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', lane, '" fill="',
           fill, '" stroke="white" stroke-width="0.5"/>')
-        local text = e.type == "optim" and "optimizer" or tostring(e.mb)
-        local t, tfs = svg_label(text, fs0, w)
-        if t then
-          bput('<text x="', f2(x + w / 2), '" y="', f2(y + lane / 2 + tfs / 3), '" font-size="', tfs,
-            '" text-anchor="middle" fill="', svg_ink[e.type] or "#222", '">', xml(t), '</text>')
-        end
+        local text = e.type == "optim" and "optimizer" or (e.mb .. at(e.stage))
+        local t, tfs, up = svg_label(text, fs0, w, e.type ~= "optim" and lane - 4 or nil)
+        if t then svg_text(bput, t, tfs, up, x + w / 2, y + lane / 2, ink) end
         bput('</g>')
       end
     end
     bput('</g>')
   end
 
-  -- legend rows: one per hue family in use, then pairs, idle, optimizer
+  -- legend rows: one per shade in use (chunks a, c, ... and b, d, ...),
+  -- then pairs, idle, optimizer
   local legend = {}
-  local both = fams.down and fams.up
-  for _, fam in ipairs { "down", "up" } do
-    if fams[fam] then
+  local nchunks = 0
+  for _, c in pairs(chunk_of) do nchunks = math.max(nchunks, c + 1) end
+  for sh = 1, 2 do
+    if shades[sh] then
       local row = {}
-      if both then
-        row.title = fam == "down" and string.format("down the ranks (0 to %d):", P - 1)
-          or string.format("up the ranks (%d to 0):", P - 1)
+      if multi then
+        local names, ds = {}, {}
+        for c = sh - 1, nchunks - 1, 2 do names[#names + 1] = M.chunk_name(c) end
+        for v, c in pairs(chunk_of) do if c % 2 == sh - 1 then ds[dir[v] or "down"] = true end end
+        local where = ds.down and ds.up and "" or ds.up and string.format(" (up the ranks, %d to 0)", P - 1)
+          or string.format(" (down the ranks, 0 to %d)", P - 1)
+        row.title = string.format("chunk%s %s%s:", #names > 1 and "s" or "", table.concat(names, ", "), where)
       end
       for _, t in ipairs { "F", "B", "I", "W" } do
-        if present[t] then row[#row + 1] = { fill = svg_fill[fam][t], label = t .. " " .. type_names[t] } end
+        if present[t] then row[#row + 1] = { fill = svg_fill[t][sh], label = t .. " " .. type_names[t] } end
       end
       legend[#legend + 1] = row
     end
@@ -480,7 +596,7 @@ function M.svg(res, opts)
   if present.FB then misc[#misc + 1] = { pair = true, label = "F&B overlapped: F top, B bottom" } end
   misc[#misc + 1] = { fill = "url(#idle)", label = "idle" }
   if optim then misc[#misc + 1] = { fill = svg_fill.optim, label = "optimizer step" } end
-  misc[#misc + 1] = { label = "numbers: micro-batch" }
+  misc[#misc + 1] = { label = multi and "labels: micro-batch and chunk (3a, I3b)" or "numbers: micro-batch" }
   legend[#legend + 1] = misc
   local legend_y = top + lanes_h + 36
   local H = legend_y + #legend * 22 + 8
@@ -521,8 +637,8 @@ function M.svg(res, opts)
     end
     for _, en in ipairs(row) do
       if en.pair then
-        put('<rect x="', lx, '" y="', y, '" width="16" height="7" fill="', svg_fill.down.F, '"/>')
-        put('<rect x="', lx, '" y="', y + 7, '" width="16" height="7" fill="', svg_fill.up.B, '"/>')
+        put('<rect x="', lx, '" y="', y, '" width="16" height="7" fill="', svg_fill.F[1], '"/>')
+        put('<rect x="', lx, '" y="', y + 7, '" width="16" height="7" fill="', svg_fill.B[1], '"/>')
         put('<rect x="', lx, '" y="', y, '" width="16" height="14" fill="none" stroke="#222" stroke-width="1.5"/>')
         lx = lx + 21
       elseif en.fill then

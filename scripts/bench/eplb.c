@@ -119,10 +119,17 @@ static void weights_to_load(const double *w, double *load, int layers, int E) {
 
 /* The drifting DeepSeek-V3-sized series: each window, a from-scratch
  * balanced plan and an incremental one (previous = the incremental plan in
- * force, max_moves = 10% of the slots). Prints both GPU max/mean figures per
- * window; returns the number of windows that miss the targets (within 1%
- * of from-scratch, at most 10% of slots copied in every layer). */
-static int drift_series(uint64_t seed, int windows, int json) {
+ * force, max_moves = 10% of the slots), both with or without spill. Prints
+ * both GPU max/mean figures per window; returns the number of windows that
+ * miss the targets: at most 10% of slots copied in every layer, and the
+ * GPU max/mean within `within` of from-scratch (without spill a budgeted
+ * plan keeps every group on its node, where from scratch whole groups may
+ * change node: 10%, and no load off-node; with spill 6%; measured, seed
+ * 2025: 2.5-6.9% and 1.2-5.4%). The target was 1% before the budget kept
+ * groups home: it met it (0.86-0.91 x from-scratch) by serving up to half
+ * a layer's tokens off their group's node. */
+static int drift_series(uint64_t seed, int windows, int json, int spill) {
+  const double within = spill ? 1.06 : 1.10;
   const int L = 58, E = 256, R = 288, G = 32, N = 4, groups = 8, budget = R / 10;
   double *w = malloc((size_t)L * E * sizeof *w), *load = malloc((size_t)L * E * sizeof *load);
   rng_state = seed + 7777;
@@ -130,6 +137,7 @@ static int drift_series(uint64_t seed, int windows, int json) {
   weights_to_load(w, load, L, E);
   lp_eplb_options o;
   lp_eplb_options_init(&o);
+  o.spill = spill;
   char err[LP_ERRLEN];
   lp_eplb_plan *inc = NULL, *scratch = NULL, *stale = NULL;
   if (lp_eplb_rebalance(load, L, E, R, groups, N, G, &o, &inc, err) != LP_OK) {
@@ -137,18 +145,21 @@ static int drift_series(uint64_t seed, int windows, int json) {
     exit(1);
   }
   int missed = 0;
-  if (json) printf("  {\"series\": \"drift\", \"windows\": [");
+  if (json) printf("  {\"series\": \"drift%s\", \"windows\": [", spill ? "_spill" : "");
   else {
-    printf("\n# drifting series: 58 x 256 -> 288 slots, 32 GPUs, 4 nodes, 8 groups; Zipf-0.8 loads,\n"
+    printf("\n# drifting series%s: 58 x 256 -> 288 slots, 32 GPUs, 4 nodes, 8 groups; Zipf-0.8 loads,\n"
            "# lognormal drift sigma 0.25 + 4 rank swaps per layer per window; incremental =\n"
-           "# previous (the incremental plan in force) with --max-moves %d (10%% of slots)\n", budget);
-    printf("%6s %10s %10s %8s %10s %10s %8s %8s\n", "window", "scratch", "incr", "ratio", "stale",
-           "copies", "max/lay", "inc_ms");
+           "# previous (the incremental plan in force) with --max-moves %d (10%% of slots)%s\n",
+           spill ? " with spill" : "", budget,
+           spill ? "" : ";\n# without spill every group stays on its node");
+    printf("%6s %10s %10s %8s %10s %10s %8s %8s %9s\n", "window", "scratch", "incr", "ratio", "stale",
+           "copies", "max/lay", "inc_ms", "off_node");
   }
   for (int t = 1; t <= windows; t++) {
     drift_weights(w, L, E, 0.25, 4);
     weights_to_load(w, load, L, E);
     lp_eplb_options_init(&o);
+    o.spill = spill;
     lp_eplb_plan *next;
     if (lp_eplb_rebalance(load, L, E, R, groups, N, G, &o, &scratch, err) != LP_OK ||
         lp_eplb_evaluate(load, L, E, lp_eplb_plan_phy2log(inc), R, N, G, NULL, &stale, err) != LP_OK) {
@@ -171,17 +182,21 @@ static int drift_series(uint64_t seed, int windows, int json) {
     int maxc = 0;
     for (int l = 0; l < L; l++) maxc = ls[l].copies > maxc ? ls[l].copies : maxc;
     double ratio = si.gpu_max_over_mean / ss.gpu_max_over_mean;
-    int miss = ratio > 1.01 || maxc > R / 10 || wrong(next);
+    double total = 0;
+    for (int i = 0; i < L * E; i++) total += load[i];
+    double off = total > 0 ? si.off_node_load / total : 0;
+    int miss = ratio > within || maxc > R / 10 || wrong(next) || (!spill && si.off_node_load > 0);
     missed += miss;
     if (json)
       printf("%s\n    {\"window\": %d, \"scratch_gpu_max_over_mean\": %.4f, "
              "\"incremental_gpu_max_over_mean\": %.4f, \"stale_gpu_max_over_mean\": %.4f, "
-             "\"copies\": %ld, \"max_copies_per_layer\": %d, \"incremental_ms\": %.3f}",
+             "\"copies\": %ld, \"max_copies_per_layer\": %d, \"incremental_ms\": %.3f, "
+             "\"off_node_share\": %.4f}",
              t > 1 ? "," : "", t, ss.gpu_max_over_mean, si.gpu_max_over_mean,
-             st.gpu_max_over_mean, si.copies, maxc, ms);
+             st.gpu_max_over_mean, si.copies, maxc, ms, off);
     else
-      printf("%6d %10.4f %10.4f %8.4f %10.4f %10ld %8d %8.2f%s\n", t, ss.gpu_max_over_mean,
-             si.gpu_max_over_mean, ratio, st.gpu_max_over_mean, si.copies, maxc, ms,
+      printf("%6d %10.4f %10.4f %8.4f %10.4f %10ld %8d %8.2f %8.1f%%%s\n", t, ss.gpu_max_over_mean,
+             si.gpu_max_over_mean, ratio, st.gpu_max_over_mean, si.copies, maxc, ms, 100 * off,
              miss ? "  <- missed" : "");
     lp_eplb_plan_free(inc);
     lp_eplb_plan_free(scratch);
@@ -192,8 +207,9 @@ static int drift_series(uint64_t seed, int windows, int json) {
   else
     printf("# scratch / incr / stale: GPU max/mean (mean over layers) of the from-scratch plan, the\n"
            "# incremental plan, and the plan in force left as is; ratio = incr / scratch (target\n"
-           "# <= 1.01); copies: expert copies of the incremental re-plan, all layers; max/lay: the\n"
-           "# most in one layer (target <= %d).\n", R / 10);
+           "# <= %.2f); copies: expert copies of the incremental re-plan, all layers; max/lay: the\n"
+           "# most in one layer (target <= %d); off_node: share of the tokens served off their\n"
+           "# group's node (target without spill: 0).\n", within, R / 10);
   lp_eplb_plan_free(inc);
   free(w);
   free(load);
@@ -369,14 +385,18 @@ int main(int argc, char **argv) {
            "# receive for the balanced re-plan, relabelled; naive = without relabelling; stale =\n"
            "# balancedness of keeping the old plan; bud16 = re-plan with at most 16 copies per\n"
            "# layer (bud16_cp copies in all). Limits: reference <= 0.5 ms, balanced < 50 ms.\n", L);
-  int missed = windows > 0 ? drift_series(seed, windows, json) : 0;
-  if (json) printf("}\n");
-  if (missed) {
-    fprintf(stderr, "bench_eplb: --check: target missed: drifting series: %d of %d windows over "
-            "1.01 x the from-scratch GPU max/mean or over 10%% of slots copied in a layer\n",
-            missed, windows);
-    if (check) failed = 1;
+  for (int spill = 0; spill < 2 && windows > 0; spill++) {
+    if (json && spill) printf(",\n");
+    int missed = drift_series(seed, windows, json, spill);
+    if (missed) {
+      fprintf(stderr, "bench_eplb: --check: target missed: drifting series%s: %d of %d windows over "
+              "%s x the from-scratch GPU max/mean, over 10%% of slots copied in a layer%s\n",
+              spill ? " with spill" : "", missed, windows, spill ? "1.06" : "1.10",
+              spill ? "" : " or with load off its group's node");
+      if (check) failed = 1;
+    }
   }
+  if (json) printf("}\n");
   free(load);
   free(next);
   return failed;

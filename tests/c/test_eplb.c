@@ -423,7 +423,9 @@ static void test_plans_bit_for_bit(void **state) {
   const uint64_t ref = plans_hash(600, 0), bal = plans_hash(150, 1);
   if (ref != 0xa690acf268ba0bd1ull)
     fail_msg("reference plans changed: hash %016llx", (unsigned long long)ref);
-  if (bal != 0xb2185b140b41d45dull)
+  /* changed on purpose once since: a copy budget without spill keeps each
+   * group on its node (the cases without a budget kept their hash) */
+  if (bal != 0x43857eaa95317631ull)
     fail_msg("balanced plans changed: hash %016llx", (unsigned long long)bal);
 }
 
@@ -724,10 +726,15 @@ static void test_copy_budget(void **state) {
 }
 
 /* A drifting series (Zipf-0.8 popularity, lognormal drift sigma 0.25 and
- * two rank swaps per layer per window): the plan made against the one in
- * force with a 10% copy budget stays within 1% of the from-scratch plan's
- * GPU max/mean, copies at most 10% of the slots in every layer, and beats
- * keeping the stale plan (which misses the 1% bound: the test can fail). */
+ * two rank swaps per layer per window), 4 nodes, no spill: the plan made
+ * against the one in force with a 10% copy budget keeps every group on
+ * its node (off-node load 0), stays within 15% of the from-scratch plan's
+ * GPU max/mean (measured: 5-11%; from scratch, whole groups may change
+ * node, which the budget cannot pay for), copies at most 10% of the slots
+ * in every layer, and beats keeping the stale plan by 0.1 or more (which
+ * misses the 15% bound: the test can fail). Before the budget kept groups
+ * home it came within 1% of from-scratch by sending up to half a layer's
+ * load off-node. */
 static double std_normal(void) {
   double u1 = ((double)(next_u64() >> 11) + 0.5) / 9007199254740992.0;
   double u2 = ((double)(next_u64() >> 11) + 0.5) / 9007199254740992.0;
@@ -778,12 +785,16 @@ static void test_drifting_series(void **state) {
     lp_eplb_plan_stats(scratch, &ss);
     lp_eplb_plan_stats(next, &si);
     lp_eplb_plan_stats(stale, &st);
-    if (si.gpu_max_over_mean > 1.01 * ss.gpu_max_over_mean)
-      fail_msg("window %d: incremental GPU max/mean %.4f > 1.01 x from-scratch %.4f", t,
+    if (si.gpu_max_over_mean > 1.15 * ss.gpu_max_over_mean)
+      fail_msg("window %d: incremental GPU max/mean %.4f > 1.15 x from-scratch %.4f", t,
                si.gpu_max_over_mean, ss.gpu_max_over_mean);
     for (int l = 0; l < L; l++) assert_true(lp_eplb_plan_layer_stats(next)[l].copies <= budget);
     assert_true(si.copies > 0);
-    stale_misses += st.gpu_max_over_mean > 1.01 * ss.gpu_max_over_mean;
+    if (!(si.gpu_max_over_mean < st.gpu_max_over_mean - 0.1))
+      fail_msg("window %d: incremental GPU max/mean %.4f not well below the stale plan's %.4f", t,
+               si.gpu_max_over_mean, st.gpu_max_over_mean);
+    assert_true(si.off_node_load == 0.0); /* no spill: every group on its node */
+    stale_misses += st.gpu_max_over_mean > 1.15 * ss.gpu_max_over_mean;
     lp_eplb_plan_free(scratch);
     lp_eplb_plan_free(stale);
     lp_eplb_plan_free(inc);
@@ -791,6 +802,54 @@ static void test_drifting_series(void **state) {
   }
   assert_true(stale_misses > 0);
   lp_eplb_plan_free(inc);
+}
+
+/* Without spill a budgeted plan keeps each group whole on the node prev
+ * has it on: no slot of its experts elsewhere, off-node load 0 (max_moves
+ * 0 is prev itself, which used to report the off-node load of the
+ * unbudgeted plan's homes); with spill new replicas may go anywhere. */
+static void test_budget_keeps_groups_home(void **state) {
+  (void)state;
+  rng = 23;
+  enum { L = 3, E = 32, R = 48, G = 8, GROUPS = 8, NODES = 2 };
+  const int gs = E / GROUPS, per_node = R / NODES;
+  double a[L * E], b[L * E];
+  random_loads(a, L * E, 0);
+  random_loads(b, L * E, 0);
+  lp_eplb_options o;
+  lp_eplb_options_init(&o);
+  lp_eplb_plan *old = plan_or_fail(a, L, E, R, GROUPS, NODES, G, &o);
+  const int *prev = lp_eplb_plan_phy2log(old);
+  int gnode[L][GROUPS];
+  for (int l = 0; l < L; l++)
+    for (int s = 0; s < R; s++) gnode[l][prev[l * R + s] / gs] = s / per_node;
+  int budgets[] = {0, 2, 8, 1000}, spread = 0;
+  for (int spill = 0; spill < 2; spill++)
+    for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
+      o.previous = prev;
+      o.max_moves = budgets[i];
+      o.spill = spill;
+      lp_eplb_plan *p = plan_or_fail(b, L, E, R, GROUPS, NODES, G, &o);
+      const int *map = lp_eplb_plan_phy2log(p);
+      const lp_eplb_layer_stats *st = lp_eplb_plan_layer_stats(p);
+      for (int l = 0; l < L; l++) {
+        assert_true(st[l].copies <= budgets[i]);
+        if (budgets[i] == 0) {
+          assert_memory_equal(map + l * R, prev + l * R, R * sizeof *map);
+          assert_true(st[l].off_node_load == 0.0);
+        }
+        int away = 0;
+        for (int s = 0; s < R; s++) away += gnode[l][map[l * R + s] / gs] != s / per_node;
+        if (!spill && budgets[i] < 1000) {
+          if (away) fail_msg("budget %d, layer %d: %d slots off their group's node", budgets[i], l, away);
+          assert_true(st[l].off_node_load == 0.0);
+        }
+        if (spill && budgets[i] == 8) spread += away;
+      }
+      lp_eplb_plan_free(p);
+    }
+  assert_true(spread > 0); /* spill lets the budget use the other node */
+  lp_eplb_plan_free(old);
 }
 
 /* ---- widths, evaluation ---- */
@@ -1091,6 +1150,7 @@ int main(void) {
       cmocka_unit_test(test_relabel_keeps_everything),
       cmocka_unit_test(test_copy_budget),
       cmocka_unit_test(test_drifting_series),
+      cmocka_unit_test(test_budget_keeps_groups_home),
       cmocka_unit_test(test_fixed_x_and_evaluate),
       cmocka_unit_test(test_degenerate),
       cmocka_unit_test(test_errors),

@@ -8,6 +8,37 @@ grep -E '^1F1B ' "$tmp/out" | grep -qE '^1F1B +21 ' && ok "1F1B bubble 21" || ba
 grep -qE '^ZB1P +7 ' "$tmp/out" && ok "ZB1P bubble 7" || bad "ZB1P bubble 7: $(grep -E '^ZB1P' "$tmp/out")"
 grep -qE '^DualPipe +6 ' "$tmp/out" && ok "DualPipe bubble 6" || bad "DualPipe bubble 6: $(grep -E '^DualPipe ' "$tmp/out")"
 grep -E '^DualPipe ' "$tmp/out" | grep -q '9 (every rank)' && ok "DualPipe activations P+1 on every rank" || bad "DualPipe activations"
+# every family on the same model: a chunk costs P / model stages of --cost
+# (pp 16, m 64: ZB-V 7.5 and DualPipeV 15, where DeepSeek's per-chunk
+# convention gives 15 and 30); params per rank in ranks' shares
+row() { grep -E "^$1 " "$tmp/out" | tr -s ' '; }
+expect_rc "bubbles pp 16" 0 "$LP" bubbles --pp 16 -m 64
+[ "$(row ZB-V)" = "ZB-V 7.50 1/2 (none published) - 1x 16 (every rank)" ] && ok "ZB-V same model" || bad "ZB-V same model: $(row ZB-V)"
+[ "$(row DualPipeV)" = "DualPipeV 15 1/2 (PP/2-1)(F&B+B-3W), PP=2P 15 1x 16.50 (every rank)" ] && ok "DualPipeV same model" || bad "DualPipeV same model: $(row DualPipeV)"
+[ "$(row 'Interleaved 1F1B')" = "Interleaved 1F1B 22.50 1/2 (PP-1)(F+B)/v, F,B of a rank 22.50 1x 23.50..8.50" ] && ok "interleaved same model" || bad "interleaved same model: $(row 'Interleaved 1F1B')"
+[ "$(row DualPipe)" = "DualPipe 14 1 (PP/2-1)(F&B+B-3W) 14 2x 17 (every rank)" ] && ok "DualPipe 2x params" || bad "DualPipe: $(row DualPipe)"
+expect_in "bubbles: convention named" "$tmp/out" "per rank's share of one model (every family runs it)"
+expect_in "bubbles: bubble unit" "$tmp/out" "in the time unit of --cost"
+expect_rc "bubbles per chunk" 0 "$LP" bubbles --pp 16 -m 64 --per-chunk
+[ "$(row ZB-V)" = "ZB-V 15 1 (none published) - 2x 32 (every rank)" ] && ok "ZB-V per chunk" || bad "ZB-V per chunk: $(row ZB-V)"
+[ "$(row DualPipeV)" = "DualPipeV 30 1 (PP/2-1)(F&B+B-3W), PP=2P 30 2x 33 (every rank)" ] && ok "DualPipeV per chunk" || bad "DualPipeV per chunk: $(row DualPipeV)"
+expect_in "bubbles: DeepSeek's convention named" "$tmp/out" "per chunk (DeepSeek's convention"
+expect_rc "simulate help: the cost convention" 0 env COLUMNS=200 "$LP" help simulate
+expect_in "simulate says costs are per chunk" "$tmp/out" "Costs are per action of one model stage (a chunk)"
+# every help text within the width (COLUMNS; 80 off a terminal), broken
+# between words only
+for h in "--help" "help" "help env" "help sim" "help luapipe.eplb" "schedule --help" \
+    "simulate --help" "bubbles --help" "eplb --help" "help eplb"; do
+  env COLUMNS=80 "$LP" $h >"$tmp/out" 2>&1
+  [ "$(wc -l <"$tmp/out")" -ge 5 ] || bad "luapipe $h: no help printed"
+  awk 'length > 80 { bad = 1 } END { exit bad }' "$tmp/out" && ok "luapipe $h: within 80 columns" \
+    || bad "luapipe $h: a line over 80 columns: $(awk 'length > 80' "$tmp/out" | head -1)"
+done
+env -u COLUMNS "$LP" help env </dev/null >"$tmp/out" 2>&1
+awk 'length > 80 { bad = 1 } END { exit bad }' "$tmp/out" && ok "help off a terminal: 80 columns" \
+  || bad "help off a terminal: 80 columns"
+env COLUMNS=50 "$LP" help env >"$tmp/out" 2>&1
+awk 'length > 50 && / / { bad = 1 } END { exit bad }' "$tmp/out" && ok "help at COLUMNS=50" || bad "help at COLUMNS=50"
 expect_rc "bubbles json" 0 "$LP" bubbles -p 8 -m 20 --format json
 expect_in "bubbles json rows" "$tmp/out" '"rows"'
 expect_rc "bubbles bad cost exits 2" 2 "$LP" bubbles --cost F=x

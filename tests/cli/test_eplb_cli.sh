@@ -43,11 +43,58 @@ expect_rc "output file" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode r
 expect_in "output file named" "$tmp/out" "wrote json plan to $tmp/plan.json"
 check_vector "$tmp/plan.json" && ok "README vector in the output file" || bad "README vector in the output file"
 
-expect_rc "text output" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --format text
+# the heat map: block characters in a UTF-8 locale, ASCII otherwise, whatever
+# the caller's locale (the checks compare bytes: grep -F)
+expect_rc "text output" 0 env LC_ALL=C.UTF-8 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --format text
 expect_in "text header" "$tmp/out" "EPLB plan: 2 layers, 12 experts -> 16 slots on 8 GPUs over 2 nodes (hierarchical policy, balanced mode)"
 expect_in "text per layer" "$tmp/out" "layer balancedness"
-expect_in "text heat map" "$tmp/out" "GPU load heat map"
-grep -qE '^ +1 [▁▂▃▄▅▆▇█]{4} [▁▂▃▄▅▆▇█]{4}$' "$tmp/out" && ok "heat map row per layer" || bad "heat map row per layer"
+expect_in "text heat map" "$tmp/out" "GPU load heat map: a row per layer, a column per GPU (nodes apart); ▁ = 86.5 .. █ = 179.5"
+heat_rows() { # heat_rows NAME ROW0 ROW1: the two rows of $tmp/out, exactly
+  grep -qxF "    0 $2" "$tmp/out" && grep -qxF "    1 $3" "$tmp/out" && ok "$1" || { bad "$1"; tail -3 "$tmp/out"; }
+}
+heat_rows "heat map row per layer, UTF-8" "▄▁▄▃ ▆▄▆▆" "██▄▇ ▄▆▃▃"
+expect_rc "text output, C locale" 0 env -u LC_ALL -u LC_CTYPE -u LANG "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --format text
+expect_in "ASCII heat map legend" "$tmp/out" "(nodes apart); . = 86.5 .. @ = 179.5"
+heat_rows "heat map row per layer, ASCII" "=.=- *=**" "@@=# =*--"
+LC_ALL= LC_CTYPE=en_US.utf8 LANG=C "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --format text >"$tmp/out"
+heat_rows "LC_CTYPE utf8 before LANG" "▄▁▄▃ ▆▄▆▆" "██▄▇ ▄▆▃▃"
+LC_ALL=C LANG=C.UTF-8 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --format text >"$tmp/out"
+heat_rows "LC_ALL=C before LANG" "=.=- *=**" "@@=# =*--"
+LC_ALL=C.UTF-8 LUAPIPE_CHARSET=ascii "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --format text >"$tmp/out"
+heat_rows "LUAPIPE_CHARSET=ascii" "=.=- *=**" "@@=# =*--"
+LC_ALL=C LUAPIPE_CHARSET=UTF-8 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --format text >"$tmp/out"
+heat_rows "LUAPIPE_CHARSET=UTF-8" "▄▁▄▃ ▆▄▆▆" "██▄▇ ▄▆▃▃"
+# every load the same (here 0): every cell the lowest, the legend says so
+printf '0 0 0 0\n0 0 0 0\n' >"$tmp/zero.txt"
+LC_ALL=C.UTF-8 "$LP" eplb --loads "$tmp/zero.txt" --replicas 4 --gpus 2 --format text >"$tmp/out"
+expect_in "all-zero heat map legend" "$tmp/out" "(nodes apart); every GPU's load is 0"
+heat_rows "all-zero heat map: lowest cells" "▁▁" "▁▁"
+# --padded: DeepSeek's logical_to_physical, -1 to R - E + 1 = 5 entries per expert
+expect_rc "padded" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --mode reference --padded
+expect_in "padded row" "$tmp/out" "    [[12,-1,-1,-1,-1],[15,13,-1,-1,-1],[11,-1,-1,-1,-1],[6,-1,-1,-1,-1],[7,5,-1,-1,-1],[0,2,-1,-1,-1],[1,-1,-1,-1,-1],[3,-1,-1,-1,-1],[4,-1,-1,-1,-1],[9,-1,-1,-1,-1],[8,10,-1,-1,-1],[14,-1,-1,-1,-1]],"
+cat >"$tmp/rect.lua" <<'LUA'
+local json = require("luapipe.json")
+local f = assert(io.open(arg[1])); local doc = assert(json.decode(f:read("a"))); f:close()
+for l, layer in ipairs(doc.logical_to_physical) do
+  assert(#layer == 12, "experts")
+  for e, row in ipairs(layer) do
+    assert(#row == 5, "width")
+    local n = 0
+    for i, s in ipairs(row) do if s >= 0 then n = n + 1; assert(n == i, "slots first") end end
+    assert(n == doc.logical_count[l][e], "count")
+  end
+end
+LUA
+"$LP" "$tmp/rect.lua" "$tmp/out" && ok "padded: rectangular, slots then -1" || bad "padded: rectangular, slots then -1"
+# help: options on one line each, examples, the budget's node rule
+expect_rc "help eplb" 0 env COLUMNS=80 "$LP" help eplb
+expect_in "help: --output" "$tmp/out" "   --output FILE,"
+grep -q '^ *-o FILE,$' "$tmp/out" && bad "help: a dangling -o FILE," || ok "help: no dangling -o FILE,"
+expect_in "help: examples" "$tmp/out" "Examples:"
+expect_in "help: padded" "$tmp/out" "--padded"
+tr -s ' \n' ' ' <"$tmp/out" | grep -qF "keeps each group on the node --previous has it on" \
+  && ok "help: budget keeps groups home" || bad "help: budget keeps groups home"
+awk 'length > 80 { bad = 1 } END { exit bad }' "$tmp/out" && ok "help eplb within 80 columns" || bad "help eplb within 80 columns"
 expect_rc "text output, one node" 0 "$LP" eplb --loads "$tmp/v.json" --replicas 16 --gpus 8 --format text
 expect_in "one node in the singular" "$tmp/out" "on 8 GPUs over 1 node (hierarchical policy"
 
@@ -58,6 +105,29 @@ expect_in "copies per GPU" "$tmp/out" '"gpu_copies":[0,0,0,0,0,0,0,0]'
 printf '%s\n%s\n' "0 1 2 3 4 5 6 7 8 9 10 11 0 1 2 3" "0,1,2,3,4,5,6,7,8,9,10,11,4,5,6,7" >"$tmp/prev.txt"
 expect_rc "previous text, budget" 0 "$LP" eplb --loads "$tmp/v.json" "${ARGS[@]}" --previous "$tmp/prev.txt" --max-moves 2 --format text
 grep -qE '^ +0 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[012] ' "$tmp/out" && ok "budget respected" || bad "budget respected"
+
+# a budget against a plan in force keeps every group on its node (no --spill):
+# --max-moves 0 is that plan, off-node 0 as eplb.evaluate says
+printf '%s\n%s\n' "472 58 419 49 0 215 115 81 303 40 668 17 127 0 299 64" \
+  "104 0 5 113 393 86 785 548 150 517 507 162 684 0 17 124" >"$tmp/l2.txt"
+tac "$tmp/l2.txt" >"$tmp/l3.txt"
+A2=(--replicas 24 --groups 4 --nodes 2 --gpus 8)
+expect_rc "plan in force" 0 "$LP" eplb --loads "$tmp/l2.txt" "${A2[@]}" -o "$tmp/p2.json"
+for k in 0 8; do
+  expect_rc "budget $k" 0 "$LP" eplb --loads "$tmp/l3.txt" "${A2[@]}" --previous "$tmp/p2.json" --max-moves $k --format text
+  [ "$(grep -cE '^ +[01] +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+ +0$' "$tmp/out")" -eq 2 ] \
+    && ok "budget $k: no off-node load" || bad "budget $k: no off-node load"
+done
+"$LP" eplb --loads "$tmp/l3.txt" "${A2[@]}" --previous "$tmp/p2.json" --max-moves 0 >"$tmp/same.json"
+cat >"$tmp/same.lua" <<'LUA'
+local json = require("luapipe.json")
+local function read(p) local f = assert(io.open(p)); local t = f:read("a"); f:close(); return json.decode(t) end
+local a, b = read(arg[1]), read(arg[2])
+for l = 1, 2 do assert(table.concat(a.physical_to_logical[l], ",") == table.concat(b.physical_to_logical[l], ","), "layer " .. l) end
+assert(b.stats.off_node_load == 0, b.stats.off_node_load)
+LUA
+"$LP" "$tmp/same.lua" "$tmp/p2.json" "$tmp/same.json" && ok "budget 0 keeps the plan, off-node 0" || bad "budget 0 keeps the plan, off-node 0"
+expect_rc "budget with --spill" 0 "$LP" eplb --loads "$tmp/l3.txt" "${A2[@]}" --previous "$tmp/p2.json" --max-moves 8 --spill --format text
 
 # read errors: file, line and the entry as written, exit 1
 # read_error NAME FILE CONTENT MESSAGE: CONTENT (printf format) in $tmp/FILE

@@ -291,7 +291,38 @@ function TestBalancer.test_predictor_returning_a_bad_table()
   lu.assertNotNil(b:step(1, counts(1, 2, 32)))
   lu.assertNotNil(b:step(11, counts(2, 2, 32)))
   lu.assertEquals(#warned, 1)
-  lu.assertStrContains(warned[1], "returned table: 1 layers, expected 2")
+  lu.assertStrContains(warned[1], "predictor failed (returned a table: 1 layer, expected 2)")
+end
+
+-- A predictor returning no table is told what it returned
+function TestBalancer.test_predictor_returning_no_table()
+  for _, case in ipairs { { nil, "returned nil, not a table of loads (layers x experts)" },
+      { 42, "returned 42 (a number), not a table of loads" },
+      { "x", 'returned "x" (a string), not a table of loads' },
+      { true, "returned true (a boolean), not a table of loads" } } do
+    local warned = {}
+    local b = new_balancer{
+      predictor = function() return case[1] end,
+      on_warning = function(msg) warned[#warned + 1] = msg end,
+    }
+    lu.assertNotNil(b:step(1, counts(1, 2, 32)))
+    lu.assertEquals(#warned, 1)
+    lu.assertStrContains(warned[1], "predictor failed (" .. case[2])
+    lu.assertNotStrContains(warned[1], "table: 0x")
+  end
+end
+
+-- history as documented: recorded windows, oldest first, {step=, counts=}
+function TestBalancer.test_predictor_history_argument()
+  local seen
+  local b = new_balancer{ predictor = function(h) seen = h; return h[#h].counts end }
+  b:record(3, counts(1, 2, 32))
+  b:record(5, counts(2, 2, 32))
+  assert(b:predict())
+  lu.assertEquals(#seen, 2)
+  lu.assertEquals(seen[1].step, 3)
+  lu.assertEquals(seen[2].step, 5)
+  lu.assertEquals(seen[2].counts, counts(2, 2, 32))
 end
 
 function TestBalancer.test_failing_trigger_falls_back_to_every_n()

@@ -134,4 +134,58 @@ function TestHelp.test_suggest()
   lu.assertNil(cli.suggest("x", { "zbv" }))
 end
 
+-- The one wrapping routine: lines within the width, broken between words
+-- (every word kept whole, in order), continuation under the description
+-- column; short lines untouched.
+function TestHelp.test_wrap()
+  local help = require("luapipe.cli.help")
+  local line = "   --loads FILE          Load file: JSON array of layers or text, one layer per line, "
+    .. "numbers separated by spaces or commas"
+  local out = help.wrap(line .. "\nshort\n", 50)
+  local lines = {}
+  for l in out:gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+  lu.assertEquals(lines[1], "   --loads FILE          Load file: JSON array of")
+  lu.assertEquals(lines[#lines], "short")
+  local words = {}
+  for i = 1, #lines - 1 do
+    lu.assertTrue(#lines[i] <= 50, lines[i])
+    if i > 1 then lu.assertEquals(lines[i]:match("^ *"), string.rep(" ", 25)) end
+    for w in lines[i]:gmatch("%S+") do words[#words + 1] = w end
+  end
+  local want = {}
+  for w in line:gmatch("%S+") do want[#want + 1] = w end
+  lu.assertEquals(words, want)
+  -- a word longer than the room stays whole
+  lu.assertEquals(help.wrap("  x " .. string.rep("y", 60), 40), "  x\n  " .. string.rep("y", 60))
+  -- a plain paragraph
+  lu.assertEquals(help.wrap("aa bb cc dd", 5), "aa bb\ncc dd")
+  -- a comment goes on as a comment
+  lu.assertEquals(help.wrap("  # one two three four five six", 20), "  # one two three\n  # four five six")
+  -- a command goes on with a backslash
+  lu.assertEquals(help.wrap("  luapipe eplb --loads x.json --gpus 8", 24),
+    "  luapipe eplb --loads \\\n      x.json --gpus 8")
+end
+
+-- Every help text goes through it: no line beyond COLUMNS, the env table's
+-- descriptions in one column.
+function TestHelp.test_help_wraps_to_columns()
+  local real = os.getenv
+  os.getenv = function(k) if k == "COLUMNS" then return "60" end return real(k) end
+  local ok, err = pcall(function()
+    for _, topic in ipairs { "env", "eplb", "bubbles", "simulate", "luapipe.eplb", "sim" } do
+      local text = assert(cli.help_text(topic))
+      for l in text:gmatch("[^\n]+") do
+        lu.assertTrue(#l <= 60 or not l:find("%s"), topic .. ": " .. l)
+      end
+    end
+    local env = cli.help_text("env")
+    local cols = {}
+    for name, gap in env:gmatch("\n  (LUAPIPE_[%u_]+)( +)") do cols[#cols + 1] = #name + #gap end
+    lu.assertTrue(#cols >= 5)
+    for _, c in ipairs(cols) do lu.assertEquals(c, cols[1]) end
+  end)
+  os.getenv = real
+  lu.assertTrue(ok, tostring(err))
+end
+
 os.exit(lu.LuaUnit.run())

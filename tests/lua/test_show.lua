@@ -127,10 +127,11 @@ function TestGantt:test_every_label_whole_at_any_cost_ratio()
     local text = res:gantt { color = false, width = 100000 }
     lu.assertEquals(bands(text), 1)
     local got = cells_of(text, P)
+    local chunk_of, multi = show.chunks(res)
     for r = 0, P - 1 do
       local want = {}
       for _, e in ipairs(res:events(r)) do
-        if e.finish > e.start then want[#want + 1] = show.cell_label(e) end
+        if e.finish > e.start then want[#want + 1] = show.cell_label(e, multi and chunk_of or nil) end
       end
       lu.assertEquals(got[r], want, "rank " .. r)
     end
@@ -152,6 +153,47 @@ function TestGantt:test_every_label_whole_at_any_cost_ratio()
   lu.assertEquals(show.cell_label { type = "FB", mb = 3, bmb = 5, btype = "I" }, "3&I5")
   lu.assertEquals(show.cell_label { type = "W", mb = 12 }, "W12")
   lu.assertEquals(show.cell_label { type = "F", mb = 12 }, "12")
+  -- with chunks: the chunk's letter after each half
+  local ch = { [0] = 0, [7] = 1 }
+  lu.assertEquals(show.cell_label({ type = "FB", mb = 3, stage = 0, bmb = 5, bstage = 7, btype = "B" }, ch),
+    "3a&5b")
+  lu.assertEquals(show.cell_label({ type = "I", mb = 12, stage = 7 }, ch), "I12b")
+end
+
+-- Two virtual stages on one rank are told apart: labels end with the
+-- chunk's letter (a: the rank's lowest virtual stage), the colours
+-- alternate normal and bright; one virtual stage per rank: no letters.
+function TestGantt:test_chunks_told_apart()
+  local zbv = require("luapipe.schedules").zbv { pp = 4, microbatches = 8 }
+  local res = assert(zbv:simulate())
+  local chunk_of, multi = show.chunks(res)
+  lu.assertTrue(multi)
+  lu.assertEquals(chunk_of[0], 0) -- rank 0 holds virtual stages 0 and 7
+  lu.assertEquals(chunk_of[7], 1)
+  local text = res:gantt { color = false, width = 100000 }
+  local words = cells_of(text, 4)
+  -- rank 0: F of mb 0 on the first leg, then its second leg's F, I and W
+  lu.assertEquals(words[0][1], "0a")
+  local second = false
+  for _, w in ipairs(words[0]) do second = second or w == "I0b" end
+  lu.assertTrue(second)
+  for r = 0, 3 do
+    for _, w in ipairs(words[r]) do lu.assertNotNil(w:match("^[BIW]?%d+[ab]$"), w) end
+  end
+  lu.assertStrContains(text, "3a/3b=chunk a/b")
+  local colored = res:gantt { color = true, width = 100000 }
+  lu.assertStrContains(colored, "\27[30;46m0a") -- F, chunk a: cyan
+  lu.assertStrContains(colored, "\27[30;106m") -- F, chunk b: bright cyan
+  lu.assertStrContains(colored, "\27[30;103mI") -- I, chunk b: bright yellow
+  -- interleaved: chunks a and b of each rank
+  local il = assert(require("luapipe.schedules").interleaved1f1b { pp = 2, microbatches = 4, chunks = 2 }
+    :simulate()):gantt { color = false, width = 100000 }
+  lu.assertStrContains(il, "0a")
+  lu.assertStrContains(il, "B0b")
+  -- 1F1B: no letters
+  local one = assert(onef1b(4, 8):simulate()):gantt { color = false }
+  lu.assertNotStrContains(one, "chunk")
+  lu.assertNil(one:match("%d[ab] "))
 end
 
 -- Costs many orders of magnitude apart (--cost F=1e14,B=1) cannot label
@@ -185,9 +227,9 @@ end
 function TestGantt:test_colour()
   local res = assert(ref.dualpipe(4, 8):simulate { FB = 3 })
   local text = res:gantt { color = true }
-  lu.assertStrContains(text, "\27[30;46m") -- F
-  lu.assertStrContains(text, "\27[1;4;30;106m") -- F half of a pair
-  lu.assertStrContains(text, "\27[1;4;30;102m") -- B half of a pair
+  lu.assertStrContains(text, "\27[30;46m") -- F, chunk a
+  lu.assertStrContains(text, "\27[1;4;30;46m") -- F half of a pair, chunk a
+  lu.assertStrContains(text, "\27[1;4;30;102m") -- B half of a pair, chunk b
   local plain = text:gsub("\27%[[%d;]*m", "")
   lu.assertEquals(rows(plain), 4 * bands(plain))
   lu.assertEquals(plain, res:gantt { color = false })
@@ -283,11 +325,11 @@ function TestSvg:test_labels_fit_their_cells()
     lu.assertTrue(#c.labels <= (c.class == "FB" and 2 or 1))
     for _, l in ipairs(c.labels) do
       local text, size = l[1], l[2]
-      lu.assertNotNil(text:match("^I?%d+$"), c.tip)
+      lu.assertNotNil(text:match("^I?%d+[ab]$"), c.tip)
       lu.assertTrue(size >= 8, c.tip)
       lu.assertTrue(#text * size * 0.6 + 4 <= c.width + 1e-6, c.tip)
       labelled = labelled + 1
-      if #text == 2 then two = two + 1 end
+      if #text:match("%d+") == 2 then two = two + 1 end
     end
   end
   -- every action is labelled, two-digit micro-batches included
@@ -298,34 +340,78 @@ function TestSvg:test_labels_fit_their_cells()
   lu.assertTrue(w / h >= 1.5 and w / h <= 4, w .. "x" .. h)
 end
 
--- DualPipe's two directions use two hue families; 1F1B only the first.
-function TestSvg:test_directions_two_hue_families()
-  local down_f, up_f, up_b = "#fdae61", "#abd9e9", "#4575b4"
+-- Kinds get hues far apart (F and I above all), a rank's two chunks a
+-- dark and a light shade, named in the legend with their direction;
+-- 1F1B only the dark one.
+local function rgb(hex)
+  return tonumber(hex:sub(2, 3), 16), tonumber(hex:sub(4, 5), 16), tonumber(hex:sub(6, 7), 16)
+end
+local function distance(a, b)
+  local r1, g1, b1 = rgb(a)
+  local r2, g2, b2 = rgb(b)
+  return math.sqrt((r1 - r2) ^ 2 + (g1 - g2) ^ 2 + (b1 - b2) ^ 2)
+end
+
+function TestSvg:test_chunks_and_kinds_apart()
   local svg = assert(ref.dualpipe(4, 8):simulate { FB = 3 }):svg()
-  lu.assertStrContains(svg, "down the ranks (0 to 3):")
-  lu.assertStrContains(svg, "up the ranks (3 to 0):")
-  -- rank 0 runs F of mb 0 (down route, vstage 0) and F of mb 4 (up, vstage 7)
+  lu.assertStrContains(svg, "chunk a (down the ranks, 0 to 3):")
+  lu.assertStrContains(svg, "chunk b (up the ranks, 3 to 0):")
+  local il = assert(require("luapipe.schedules").interleaved1f1b { pp = 4, microbatches = 8, chunks = 4 }
+    :simulate()):svg()
+  lu.assertStrContains(il, "chunks a, c (down the ranks, 0 to 3):")
+  lu.assertStrContains(il, "chunks b, d (down the ranks, 0 to 3):")
+  lu.assertStrContains(il, "labels: micro-batch and chunk (3a, I3b)")
+  -- rank 0 runs F of mb 0 (vstage 0, chunk a) and F of mb 4 (vstage 7, chunk b)
   local cells = svg_cells(svg)
-  local function fill_of(tipword)
+  local function cell(tipword)
     for _, c in ipairs(cells) do
       if c.tip:find(tipword, 1, true) then
-        return svg:match('<title>' .. c.tip:gsub("%p", "%%%0") .. '</title>\n<rect [^>]-fill="(#%x+)"')
+        return svg:match('<title>' .. c.tip:gsub("%p", "%%%0") .. '</title>\n<rect [^>]-fill="(#%x+)"'), c
       end
     end
   end
-  lu.assertEquals(fill_of("rank 0, action 0: 0F0 "), down_f)
-  lu.assertEquals(fill_of("rank 0, action 3: 7F4 "), up_f)
-  lu.assertStrContains(svg, up_b)
+  local fa, ca = cell("rank 0, action 0: 0F0 ")
+  local fb, cb = cell("rank 0, action 3: 7F4 ")
+  lu.assertEquals(ca.labels[1][1], "0a")
+  lu.assertEquals(cb.labels[1][1], "4b")
+  lu.assertTrue(distance(fa, fb) > 100, fa .. " vs " .. fb) -- chunks apart
+  -- every pair of kinds far apart, in both shades
+  local zb = assert(require("luapipe.schedules").zbv({ pp = 4, microbatches = 8 }):simulate()):svg()
+  local by = {}
+  for fill, kind in zb:gmatch('width="16" height="14" fill="(#%x+)" stroke="#999" stroke%-width="0.5"/>\n<text [^>]*>(%u) ') do
+    by[#by + 1] = { kind = kind, fill = fill }
+  end
+  lu.assertTrue(#by >= 6, #by) -- F, I, W in two shades
+  for i = 1, #by do
+    for j = i + 1, #by do
+      lu.assertTrue(distance(by[i].fill, by[j].fill) > 70, by[i].kind .. by[i].fill .. " vs " .. by[j].kind .. by[j].fill)
+    end
+  end
   local one = assert(onef1b(4, 8):simulate()):svg()
-  lu.assertNotStrContains(one, "up the ranks")
-  lu.assertNotStrContains(one, up_f)
+  lu.assertNotStrContains(one, "chunk")
   lu.assertStrContains(one, "F forward")
   lu.assertStrContains(one, "B backward")
+  lu.assertStrContains(one, "numbers: micro-batch")
   lu.assertNotStrContains(one, "W weight-grad") -- only what the picture uses
-  -- ZB-V: the V's second leg runs up the ranks
-  local zbv = assert(require("luapipe.schedules").zbv({ pp = 4, microbatches = 8 })
-    :simulate()):svg()
-  lu.assertStrContains(zbv, "up the ranks (3 to 0):")
+end
+
+-- A big chart keeps every label: a cell too narrow for its number across
+-- gets it along (rotated), never a dropped two-digit number.
+function TestSvg:test_big_chart_keeps_labels()
+  local res = assert(onef1b(16, 64):simulate())
+  local svg = res:svg()
+  local cells, labelled, two, up = svg_cells(svg), 0, 0, 0
+  for _, c in ipairs(cells) do
+    lu.assertEquals(#c.labels, 1, c.tip)
+    local text = c.labels[1][1]
+    lu.assertEquals(text, c.tip:match("%u(%d+) %[")) -- the micro-batch
+    labelled = labelled + 1
+    if #text == 2 then two = two + 1 end
+  end
+  up = count(svg, 'transform="rotate%(%-90 ')
+  lu.assertEquals(labelled, #res:events())
+  lu.assertTrue(two > 1000)
+  lu.assertTrue(up > 0)
 end
 
 -- A measured step (times in ms, optimizer slices) as perf.write_measured_svg

@@ -2,7 +2,7 @@
 --
 --   luapipe eplb --loads FILE --replicas R --groups G --nodes N --gpus M
 --     [--mode reference|balanced] [--spill] [--previous FILE]
---     [--max-moves K] [--format json|text] [--output FILE]
+--     [--max-moves K] [--format json|text] [--padded] [--output FILE]
 --
 -- FILE is JSON (an array of layers, each an array of loads) or text (one
 -- layer per line, numbers separated by spaces or commas; blank lines and
@@ -15,7 +15,8 @@
 --
 -- The JSON output has one line per layer for each map; logical_to_physical
 -- lists each expert's slots without DeepSeek's -1 padding (logical_count
--- gives their number), so output size and time follow the plan.
+-- gives their number), so output size and time follow the plan; --padded
+-- gives DeepSeek's layout (R - E + 1 entries per expert, -1 after its slots).
 local eplb = require("luapipe.eplb")
 
 local M = {}
@@ -42,10 +43,35 @@ function M.parser(p)
   p:flag("--spill", "Let redundant replicas use free slots on other nodes (balanced, hierarchical).")
   p:option("--previous", "Plan in force (physical_to_logical) to stay close to.")
     :argname("FILE")
-  p:option("--max-moves", "Copy budget per layer against --previous.")
+  p:option("--max-moves", "Copy budget per layer against --previous: at most K slots change "
+    .. "expert. The hierarchical policy keeps each group on the node --previous has it on "
+    .. "(moving a group costs all its slots), unless --spill lets new replicas go to any node; "
+    .. "0 keeps the plan in force and reports its figures.")
     :argname("K"):convert(int_option("--max-moves", 0, MAX_COUNT))
-  p:option("--format", "Output format."):choices({ "json", "text" }):default("json")
-  p:option("-o --output", "Write to FILE instead of standard output."):argname("FILE")
+  p:option("--format", "Output format: json (the maps and statistics) or text (statistics per "
+    .. "layer and a GPU load heat map; ASCII unless the locale is UTF-8, see `luapipe help env`)")
+    :choices({ "json", "text" }):default("json")
+  p:flag("--padded", "JSON logical_to_physical as DeepSeek's rebalance_experts returns it: every "
+    .. "expert's row padded with -1 to R - E + 1 entries (a rectangular array, e.g. for "
+    .. "torch.tensor). Default: ragged, each expert's slots only (logical_count gives their "
+    .. "number), so the output grows with the plan, not with experts x R.")
+  p:option("--output -o", "Write to FILE instead of standard output."):argname("FILE")
+  p:epilog("Examples:\n"
+    .. "  # DeepSeek's README example: 2 layers, 12 experts, 16 slots, 4 groups,\n"
+    .. "  # 2 nodes, 8 GPUs\n"
+    .. "  luapipe eplb --loads loads.json --replicas 16 --groups 4 --nodes 2 \\\n"
+    .. "      --gpus 8 --mode reference\n"
+    .. "  # statistics and a heat map instead of JSON\n"
+    .. "  luapipe eplb --loads loads.txt --replicas 16 --groups 4 --nodes 2 \\\n"
+    .. "      --gpus 8 --format text\n"
+    .. "  # re-plan against the plan in force, copying at most 4 slots per layer\n"
+    .. "  luapipe eplb --loads new.json --replicas 16 --groups 4 --nodes 2 \\\n"
+    .. "      --gpus 8 --previous plan.json --max-moves 4 -o next.json\n"
+    .. "  # logical_to_physical padded as DeepSeek's rebalance_experts returns it\n"
+    .. "  luapipe eplb --loads loads.json --replicas 16 --groups 4 --nodes 2 \\\n"
+    .. "      --gpus 8 --padded\n"
+    .. "loads.json: [[90,132,40,...],[20,107,104,...]] (a row per layer); loads.txt: "
+    .. "the same, a line per layer, numbers apart by spaces or commas.")
   return p
 end
 
@@ -192,7 +218,8 @@ end
 ---------------------------------------------------------------------------
 
 -- The plan as JSON: maps on one line per layer (logical_to_physical lists
--- each expert's slots, without padding), stats one per line. Time and size
+-- each expert's slots, padded with -1 to R - E + 1 with --padded), stats
+-- one per line. Time and size
 -- are proportional to the plan.
 local function to_json(r)
   local out = {}
@@ -230,7 +257,6 @@ local function to_json(r)
   return table.concat(out)
 end
 
-local shades = { "▁", "▂", "▃", "▄", "▅", "▆", "▇", "█" }
 
 local function plural(n, word)
   return string.format("%d %s%s", n, word, n == 1 and "" or "s")
@@ -261,14 +287,18 @@ local function to_text(r)
       if v > hi then hi = v end
     end
   end
+  -- block characters in a UTF-8 locale, an ASCII ramp otherwise
+  -- (show.use_unicode); every cell the lowest when every load is the same
+  local shades = require("luapipe.show").shades()
+  local scale = hi > lo and string.format("%s = %.6g .. %s = %.6g", shades[1], lo, shades[#shades], hi)
+    or string.format("every GPU's load is %.6g", hi)
   add("")
-  add("GPU load heat map: a row per layer, a column per GPU (nodes apart); %s = %.6g .. %s = %.6g",
-    shades[1], lo, shades[#shades], hi)
+  add("GPU load heat map: a row per layer, a column per GPU (nodes apart); %s", scale)
   local gpn = r.gpus // r.nodes
   for l, row in ipairs(r.gpu_load) do
     local cells = {}
     for g, v in ipairs(row) do
-      local level = hi > lo and math.floor((v - lo) / (hi - lo) * (#shades - 1) + 0.5) + 1 or #shades
+      local level = hi > lo and math.floor((v - lo) / (hi - lo) * (#shades - 1) + 0.5) + 1 or 1
       cells[#cells + 1] = shades[level]
       if g % gpn == 0 and g < #row and r.nodes > 1 then cells[#cells + 1] = " " end
     end
@@ -316,7 +346,8 @@ function M.run(args)
   local r
   r, err = eplb.rebalance{ load = load, replicas = args.replicas, groups = args.groups,
     nodes = args.nodes, gpus = args.gpus, mode = args.mode, spill = args.spill or nil,
-    previous = previous, max_moves = args.max_moves, json = true }
+    previous = previous, max_moves = args.max_moves, json = true,
+    fixed_x = args.padded and args.replicas - #load[1] + 1 or nil }
   if not r then
     -- the planner's "previous plan, layer L, ..." names the file and line too
     local l = lines and tostring(err):match("^previous plan, layer (%d+)")

@@ -68,6 +68,10 @@ M.topics = {
     { "eplb.predictors.last() / sliding_window(n) / moving_average(n) / ema(a)", "load predictors" },
     { "eplb.balancer{replicas=, gpus=, every=, threshold=, predictor=, ...}", "a Balancer for a training or serving loop" },
     { "b:record(step, counts) / b:due(step) / b:plan() / b:step(step, counts)", "record loads, re-plan when due" },
+    { "  predictor = function(history) ... end", "history: the recorded windows, oldest first, {{step=, counts={{...}, ...}}, ...} (the last max(keep, window)); return layers x experts loads; an error or anything else is reported once and the default (sum of the last window) used from then on" },
+    { "  every = N, threshold = b", "the first recorded step plans; then a step re-plans when it is N or more steps after the last plan (or threshold skip), unless the plan in force has balancedness >= b under the predicted load (a skip restarts the count)" },
+    { "  trigger = function(balancer, step) ... end", "asked at every b:due/b:step, the first plan included: true plans now, false does not; replaces every and threshold" },
+    { "eplb rebalance's JSON (luapipe eplb)", "logical_to_physical ragged (each expert's slots); --padded: DeepSeek's layout, -1 to R - E + 1 per expert" },
   },
   {
     name = "nn", summary = "models for pipeline training (luapipe.nn)",
@@ -154,6 +158,72 @@ function M.list()
     lines[#lines + 1] = string.format("  %-10s %s", t.name, t.summary)
   end
   return table.concat(lines, "\n") .. "\n"
+end
+
+-- ---- wrapping: the one routine every help text goes through ----
+
+-- The columns help text wraps to: COLUMNS when it is a number, else the
+-- width of the terminal standard output ends at, else 80; at least 40.
+function M.width()
+  local n = math.tointeger(tonumber(os.getenv("COLUMNS") or ""))
+  if not n or n < 1 then
+    local core = require("luapipe.core")
+    n = core.terminal_columns and core.terminal_columns(1) or nil
+  end
+  return math.max(40, n or 80)
+end
+
+-- M.wrap(text[, width]) -> text with every line longer than width (default
+-- M.width()) broken between words. A line's continuation lines start under
+-- its description column (where text resumes after the first run of two or
+-- more spaces following the line's first word, as in "  --loads FILE   Load
+-- file: ...", "  LUAPIPE_LOG   log level ..."), else under its first word;
+-- a column that leaves less than 20 columns of room falls back to 4 more
+-- than the line's indent; a comment ("  # ...") goes on with "# ", a
+-- command ("  luapipe ...", "  mpirun ...") with " \\" and 4 more spaces. A word longer than the room is kept whole: words
+-- are never cut.
+function M.wrap(text, width)
+  width = width or M.width()
+  local out = {}
+  for line in (text .. (text:sub(-1) == "\n" and "" or "\n")):gmatch("([^\n]*)\n") do
+    if #line <= width then
+      out[#out + 1] = line
+    else
+      local lead = #line:match("^ *")
+      local head, indent, tail -- head: kept as is; indent: of the continuations
+      if line:find("^ *# ") then -- a comment goes on as one
+        head, indent = line:sub(1, lead + 2), string.rep(" ", lead) .. "# "
+      elseif line:find("^ *luapipe ") or line:find("^ *mpirun ") then -- a command, with \
+        head, indent, tail = line:sub(1, lead), string.rep(" ", lead + 4), " \\"
+      else
+        local _, col = line:find("%S  +", lead + 1)
+        if not col or col >= #line then col = lead end
+        head, indent = line:sub(1, col), string.rep(" ", col)
+        if width - col < 20 then -- too little room: move the continuation left
+          if col == lead then
+            head = string.rep(" ", math.min(lead, width // 2))
+            indent = head
+          else
+            head, indent = line:sub(1, lead), string.rep(" ", math.min(lead + 4, width // 2))
+          end
+        end
+      end
+      tail = tail or ""
+      local cur, fresh = head, true -- fresh: cur holds no word yet (head ends in a space)
+      for word in line:sub(#head + 1):gmatch("%S+") do
+        if not fresh and #cur + 1 + #word + #tail > width then
+          out[#out + 1] = cur .. tail
+          cur = indent .. word
+        else
+          cur = cur .. (fresh and "" or " ") .. word
+        end
+        fresh = false
+      end
+      out[#out + 1] = cur
+    end
+  end
+  local r = table.concat(out, "\n")
+  return text:sub(-1) == "\n" and r .. "\n" or r
 end
 
 return M

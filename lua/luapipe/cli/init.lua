@@ -27,7 +27,14 @@ local function make_parser(name)
   local argparse = require("argparse")
   local cmd = load_command(name)
   local p = argparse("luapipe " .. name, by_name[name].summary)
-  p:add_help("-h --help")
+  -- --help wraps like `luapipe help NAME` (luapipe.cli.help.wrap, after
+  -- argparse has laid the options out to the same width, so that a wrapped
+  -- description stays beside its option's names)
+  p:help_max_width(require("luapipe.cli.help").width())
+  p:add_help { "-h --help", action = function()
+    io.write(require("luapipe.cli.help").wrap(p:get_help() .. "\n"))
+    os.exit(0)
+  end }
   if cmd.parser then cmd.parser(p) end
   return p, cmd
 end
@@ -79,7 +86,15 @@ end
 -- or a Lua API topic ("sim", or "luapipe.sim"). A name that is both a
 -- command and an API topic (schedule, eplb) gives the command, unless
 -- prefer_api (luapipe.help in the REPL). Returns text or nil, message.
+local help_text -- below; M.help_text wraps what it returns
+
 function M.help_text(topic, prefer_api)
+  local text, err = help_text(topic, prefer_api)
+  if not text then return nil, err end
+  return require("luapipe.cli.help").wrap(text)
+end
+
+help_text = function(topic, prefer_api)
   local api = require("luapipe.cli.help")
   if type(topic) == "string" then
     local bare = topic:match("^luapipe%.(.+)$")
@@ -106,15 +121,24 @@ function M.help_text(topic, prefer_api)
     return table.concat(lines, "\n") .. "\n"
   elseif topic == "env" then
     local core = require("luapipe.core")
-    local lines = { "Environment variables:" }
+    local rows = {}
     for _, k in ipairs(core.env_knobs()) do
-      lines[#lines + 1] = string.format("  %-18s %s (default: %s)", k.name, k.summary,
-        k.default == "" and "unset" or k.default)
+      rows[#rows + 1] = { k.name, string.format("%s (default: %s)", k.summary,
+        k.default == "" and "unset" or k.default) }
     end
-    lines[#lines + 1] = string.format("  %-18s %s", "LUAPIPE_COLOR",
-      "auto, always or never: ANSI colour (luapipe --color=WHEN sets it) (default: auto)")
-    lines[#lines + 1] = string.format("  %-18s %s", "NO_COLOR",
-      "set and not empty: no colour under auto (colour only when output ends at a terminal)")
+    rows[#rows + 1] = { "LUAPIPE_COLOR",
+      "auto, always or never: ANSI colour (luapipe --color=WHEN sets it) (default: auto)" }
+    rows[#rows + 1] = { "NO_COLOR",
+      "set and not empty: no colour under auto (colour only when output ends at a terminal)" }
+    rows[#rows + 1] = { "LUAPIPE_CHARSET", "auto, utf-8 or ascii: the characters of terminal "
+      .. "pictures (the EPLB heat map); auto reads the locale, the first of LC_ALL, LC_CTYPE "
+      .. "and LANG that is set: UTF-8 there gives block characters, anything else (the C "
+      .. "locale) ASCII (default: auto)" }
+    rows[#rows + 1] = { "COLUMNS", "the width help text wraps to (default: the terminal's, or 80)" }
+    local w = 0
+    for _, r in ipairs(rows) do w = math.max(w, #r[1]) end
+    local lines = { "Environment variables:" }
+    for _, r in ipairs(rows) do lines[#lines + 1] = string.format("  %-" .. w .. "s  %s", r[1], r[2]) end
     return table.concat(lines, "\n") .. "\n"
   elseif type(topic) == "string" and by_name[topic] and topic ~= "help" then
     local text = make_parser(topic):get_help() .. "\n"

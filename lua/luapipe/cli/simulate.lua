@@ -7,7 +7,11 @@ local M = {}
 
 function M.parser(p)
   p:description("Simulate a schedule under a cost model: per-rank timeline, makespan, busy "
-    .. "time, bubble (makespan - busy), bubble ratio, peak activations.")
+    .. "time, bubble (makespan - busy), bubble ratio, peak activations. Costs are per action of "
+    .. "one model stage (a chunk), DeepSeek's convention: a family that cuts the model into "
+    .. "more stages (interleaved 1F1B's v chunks per rank, ZB-V's and DualPipeV's two) runs "
+    .. "a bigger model under the same --cost; to compare families on one model divide its "
+    .. "costs by the chunks per rank (luapipe bubbles does: every family on one model).")
   common.add_schedule_options(p)
   p:option("--cost -c", "costs, e.g. F=1,B=2,W=1,FB=2.5,latency=0 (B = I + W); per model stage: F[3]=2", "F=1,B=2,W=1")
   p:option("--format -f", "text or json", "text"):choices { "text", "json" }
