@@ -22,7 +22,7 @@ M.topics = {
     { "s:push(rank, action | {actions})", "append actions to a rank's list" },
     { "s:actions(rank) / s:action(rank, i) / s:count(rank)", "read a rank's list" },
     { "s:info()", "{name, ranks, stages, vstages, microbatches}" },
-    { "s:validate()", "true, or nil, message naming rank, action and micro-batch" },
+    { "s:validate([{sends = \"nonblocking\" | \"buffered\" | \"rendezvous\"}])", "true, or nil, message naming rank, action and micro-batch; sends: how SEND/RECV wait (default nonblocking: both only post, a compute waits for its inputs' sends, as in the executor and PyTorch; buffered: a RECV blocks; rendezvous: a send blocks too)" },
     { "s:lower()", "a copy with SEND/RECV inserted" },
     { "s:simulate(cost)", "a SimResult (see `help sim`)" },
     { "s:memory(rank)", "{peak_live, param_stages, ...} per rank" },
