@@ -81,6 +81,8 @@ M.topics = {
     { "model:build([seed]) / model:build_stage(part, stage, seed)", "a Layer (C), the whole model or one stage" },
     { "t:shape() / t:totable() / t:numel()", "Tensor contents" },
     { "layer:forward(x) / layer:params() / layer:set_params(p)", "run and read a Layer" },
+    { "layer:route(i, x)", "MoE layer i's routing of its input x, per token: {experts (0-based, in order), weights, scores}" },
+    { "layer:moe_bias(i) / layer:set_moe_bias(i, bias)", "MoE layer i's selection bias, one number per expert" },
   },
   {
     name = "train", summary = "pipeline-parallel training under mpirun (luapipe.train)",
