@@ -186,13 +186,18 @@ function test_stage_actions_round_trip()
   lu.assertEquals(core.parse_action("3WAIT_REDUCE_GRAD").type, "WAIT_REDUCE_GRAD")
 end
 
-function test_lowered_families_valid_under_both_models()
+function test_lowered_families_valid_under_every_model()
   local schedules = require("luapipe.schedules")
   for _, name in ipairs(schedules.list()) do
     local s = schedules[name] { pp = 4, microbatches = 8 }
     local low = assert(s:lower())
     lu.assertEquals({ low:validate { sends = "buffered" } }, { true }, name)
     lu.assertEquals({ low:validate { sends = "rendezvous" } }, { true }, name)
+    lu.assertEquals({ low:validate { sends = "nonblocking" } }, { true }, name)
+    -- messages leave right after their producer: the simulator's timeline
+    -- is the compute-only schedule's
+    lu.assertEquals(assert(low:simulate { F = 1, B = 2, W = 1 }):makespan(),
+      assert(s:simulate { F = 1, B = 2, W = 1 }):makespan(), name)
   end
 end
 
