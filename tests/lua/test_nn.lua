@@ -148,6 +148,13 @@ function test_train_errors()
   local bad = function(step, mb) return nn.tensor({ 3, 4 }), nn.tensor({ 3, 5 }) end
   lu.assertStrContains(error_of(train, { model = m, schedule = "gpipe", pp = 1, microbatches = 1,
     data = bad, quiet = true }), "loss of micro-batch 0 failed")
+  -- a schedule whose messages deadlock is refused before anything runs
+  local dl = require("luapipe.schedule").new { ranks = 2, stages = 2, microbatches = 1,
+    actions = { [0] = { "0F0", "0RECV_B0", "0B0", "0SEND_F0" }, [1] = { "1RECV_F0", "1F0", "1B0", "1SEND_B0" } } }
+  lu.assertEquals(error_of(train, { model = m, schedule = dl, microbatches = 1, data = data }),
+    "luapipe.train: the schedule is invalid: deadlock under non-blocking sends and receives (a "
+    .. "compute waits for the sends of its inputs): rank 0 waits at action 2 (0B0) for rank 1 to "
+    .. "reach action 3 (1SEND_B0); rank 1 waits at action 1 (1F0) for rank 0 to reach action 3 (0SEND_F0)")
 end
 
 function test_overlapped_fb_hook()
