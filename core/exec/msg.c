@@ -3,7 +3,11 @@
  * Activations and gradients stay on the model's backend: receives land in
  * tensors made there and sends read the chunk's output in place, over
  * e->pcomm (the pipeline comm for host tensors; for device tensors NCCL or
- * MPI staged through pinned host memory, see lp_comm_gpu.h). */
+ * MPI staged through pinned host memory, see lp_comm_gpu.h).
+ * A receive is posted at its RECV action or up to recv_lookahead compute
+ * actions earlier, never later, and waited for only by the F, B or I that
+ * consumes it (ex_finish_recv); a SEND never waits: the non-blocking model
+ * lp_schedule_validate proves deadlock-free (LP_SENDS_NONBLOCKING). */
 #include "exec_internal.h"
 
 #include "lp_comm_gpu.h"

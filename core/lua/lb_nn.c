@@ -2,6 +2,7 @@
  * and chunks from Lua, read and write parameters as Lua tables (for tests),
  * the no-pipeline reference step and per-layer cost measurement. Misuse
  * raises; runtime failures return nil, message. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -557,6 +558,98 @@ static int lb_layer_moe_bias(lua_State *L) {
   return 1;
 }
 
+/* layer:set_moe_bias(i, {bias...}) -> layer: the i-th MoE layer's
+ * selection bias, one number per logical expert (as moe_bias returns). */
+static int lb_layer_set_moe_bias(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
+  lp_nn_layer *m = check_moe(L, l, 2);
+  int E = lp_nn_moe_get_opts(m)->experts;
+  if (!lua_istable(L, 3))
+    return luaL_error(L, "set_moe_bias: the bias must be a list of %d numbers (one per expert), "
+                         "got a %s", E, luaL_typename(L, 3));
+  lua_Integer n = luaL_len(L, 3);
+  if (n != E)
+    return luaL_error(L, "set_moe_bias: MoE layer %d of '%s' has %d experts, but the bias has "
+                         "%I entries", (int)lua_tointeger(L, 2), lp_nn_layer_name(l), E, n);
+  float *b = lua_newuserdatauv(L, (size_t)E * sizeof *b, 0); /* scratch */
+  for (int e = 0; e < E; e++) {
+    lua_geti(L, 3, e + 1);
+    int ok;
+    lua_Number x = lua_tonumberx(L, -1, &ok);
+    if (!ok || !isfinite(x))
+      return luaL_error(L, "set_moe_bias: bias[%d] (expert %d) must be a finite number, got %s",
+                        e + 1, e, ok ? lua_tostring(L, -1) : luaL_typename(L, -1));
+    b[e] = (float)x;
+    lua_pop(L, 1);
+  }
+  lp_nn_moe_set_bias(m, b);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* layer:route(i, x) -> {{experts = {...}, weights = {...}, scores = {...}},
+ * ...}: what the i-th MoE layer's router decides for each token of x
+ * ([tokens, dim] or [batch, seq, dim]), without running the experts or
+ * counting loads. experts: the selected logical expert ids (0-based, in
+ * selection order), weights: their combine weights, scores: the affinity of
+ * every expert (scores[e + 1] is expert e's). */
+static int lb_layer_route(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
+  lp_nn_layer *m = check_moe(L, l, 2);
+  lp_tensor *x = lb_check_tensor(L, 3), *xd = NULL;
+  const lp_nn_moe_opts *o = lp_nn_moe_get_opts(m);
+  int E = o->experts, K = o->topk;
+  if ((x->ndim != 2 && x->ndim != 3) || x->shape[x->ndim - 1] != o->dim) {
+    char a[64];
+    int k = 0;
+    for (int d = 0; d < x->ndim && k < (int)sizeof a - 24; d++)
+      k += snprintf(a + k, sizeof a - (size_t)k, "%s%lld", d ? ", " : "", (long long)x->shape[d]);
+    if (x->ndim == 0) a[0] = 0;
+    return luaL_error(L, "route: MoE layer %d of '%s' takes x as [tokens, %I] or [batch, seq, "
+                         "%I], got [%s]", (int)lua_tointeger(L, 2), lp_nn_layer_name(l),
+                      (lua_Integer)o->dim, (lua_Integer)o->dim, a);
+  }
+  int64_t n;
+  lp_tensor_rows_cols(x, &n, NULL);
+  const lp_tensor_backend *be = layer_backend(m);
+  lp_status st = LP_OK;
+  if (lp_tensor_backend_of(x) != be) { /* the router weight's backend */
+    st = lp_tensor_empty(be, x->ndim, x->shape, &xd);
+    if (st == LP_OK) st = lp_tensor_copy(xd, x);
+  }
+  size_t nk = (size_t)(n > 0 ? n : 1) * (size_t)K, ne = (size_t)(n > 0 ? n : 1) * (size_t)E;
+  int *sel = lua_newuserdatauv(L, nk * sizeof *sel, 0); /* scratch */
+  float *w = lua_newuserdatauv(L, nk * sizeof *w, 0);
+  float *sc = lua_newuserdatauv(L, ne * sizeof *sc, 0);
+  if (st == LP_OK) st = lp_nn_moe_route(m, xd ? xd : x, sel, w, sc);
+  lp_tensor_free(xd);
+  if (st != LP_OK) return lb_fail(L, lp_strerror(st));
+  lua_createtable(L, (int)n, 0);
+  for (int64_t t = 0; t < n; t++) {
+    lua_createtable(L, 0, 3);
+    lua_createtable(L, K, 0);
+    for (int k = 0; k < K; k++) {
+      lua_pushinteger(L, sel[t * K + k]);
+      lua_rawseti(L, -2, k + 1);
+    }
+    lua_setfield(L, -2, "experts");
+    lua_createtable(L, K, 0);
+    for (int k = 0; k < K; k++) {
+      lua_pushnumber(L, w[t * K + k]);
+      lua_rawseti(L, -2, k + 1);
+    }
+    lua_setfield(L, -2, "weights");
+    lua_createtable(L, E, 0);
+    for (int e = 0; e < E; e++) {
+      lua_pushnumber(L, sc[t * E + e]);
+      lua_rawseti(L, -2, e + 1);
+    }
+    lua_setfield(L, -2, "scores");
+    lua_rawseti(L, -2, t + 1);
+  }
+  return 1;
+}
+
 /* layer:device() -> "cpu" | "cuda:N" (where the parameters are) */
 static int lb_layer_device(lua_State *L) {
   lua_pushstring(L, layer_backend(lb_check_layer(L, 1))->name);
@@ -823,6 +916,8 @@ void lb_open_nn(lua_State *L) {
                                            {"expert_load", lb_layer_expert_load},
                                            {"update_bias", lb_layer_update_bias},
                                            {"moe_bias", lb_layer_moe_bias},
+                                           {"set_moe_bias", lb_layer_set_moe_bias},
+                                           {"route", lb_layer_route},
                                            {"to", lb_layer_to},
                                            {"device", lb_layer_device},
                                            {"close", lb_layer_close},

@@ -302,11 +302,12 @@ static int lb_schedule_count(lua_State *L) {
   return 1;
 }
 
-/* s:validate([{sends = "buffered" | "rendezvous"}]) -> true | nil, err */
+/* s:validate([{sends = "nonblocking" | "buffered" | "rendezvous"}]) -> true | nil, err */
 static int lb_schedule_validate(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
-  static const char *const models[] = {"buffered", "rendezvous", NULL};
-  lp_send_model sends = LP_SENDS_BUFFERED;
+  /* in lp_send_model order */
+  static const char *const models[] = {"buffered", "rendezvous", "nonblocking", NULL};
+  lp_send_model sends = LP_SENDS_NONBLOCKING;
   if (!lua_isnoneornil(L, 2)) {
     luaL_argexpected(L, lua_istable(L, 2), 2, "table of options {sends = ...}");
     if (lua_getfield(L, 2, "sends") != LUA_TNIL) {
@@ -314,8 +315,9 @@ static int lb_schedule_validate(lua_State *L) {
       int i = 0;
       while (m && models[i] && strcmp(models[i], m) != 0) i++;
       if (!m || !models[i])
-        return luaL_error(L, "validate: option 'sends' must be \"buffered\" or "
-                             "\"rendezvous\", got %s", m ? m : luaL_typename(L, -1));
+        return luaL_error(L, "validate: option 'sends' must be \"nonblocking\", "
+                             "\"buffered\" or \"rendezvous\", got %s",
+                          m ? m : luaL_typename(L, -1));
       sends = (lp_send_model)i;
     }
     lua_pop(L, 1);

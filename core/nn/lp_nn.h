@@ -391,6 +391,18 @@ lp_status lp_nn_moe_update_bias(lp_nn_layer *moe, const int64_t *global_counts);
 /* The selection bias (E floats), read / write (checkpoints, tests). */
 lp_status lp_nn_moe_get_bias(const lp_nn_layer *moe, float *bias);
 lp_status lp_nn_moe_set_bias(lp_nn_layer *moe, const float *bias);
+/* The router's decisions for x ([tokens, dim] or [batch, seq, dim], on
+ * the layer's backend) as the forward makes them, without running the
+ * experts or counting loads. For token t (row-major over x's leading
+ * dims): experts[t*topk + k] the k-th selected logical expert (highest
+ * biased affinity first; within the eligible groups when the layer has
+ * groups), weights[t*topk + k] its combine weight (route_scale * its
+ * affinity / the sum of the selected affinities: the bias only selects),
+ * scores[t*E + e] the affinity of expert e (sigmoid, or softmax, of the
+ * router logits). The caller sizes the arrays (tokens * topk, tokens * E).
+ * LP_ERR_ARG for a shape that is not [..., dim]. */
+lp_status lp_nn_moe_route(const lp_nn_layer *moe, const lp_tensor *x, int *experts,
+                          float *weights, float *scores);
 /* The scale a training loop applies to its loss (> 0, finite; 1 by
  * default), for every MoE layer in l: their balance losses take it too.
  * LP_ERR_ARG otherwise. */

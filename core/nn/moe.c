@@ -1214,6 +1214,41 @@ lp_status lp_nn_moe_set_bias(lp_nn_layer *moe, const float *bias) {
   return LP_OK;
 }
 
+lp_status lp_nn_moe_route(const lp_nn_layer *moe, const lp_tensor *x, int *experts,
+                          float *weights, float *scores) {
+  struct nn_moe *m = moe_of(moe);
+  if (!m || !x || !experts || !weights || !scores) return LP_ERR_ARG;
+  int64_t D = m->o.dim, n;
+  int E = m->o.experts, K = m->o.topk;
+  if ((x->ndim != 2 && x->ndim != 3) || x->shape[x->ndim - 1] != D) return LP_ERR_ARG;
+  lp_tensor_rows_cols(x, &n, NULL);
+  if (n == 0) return LP_OK;
+  /* the affinities as fwd_router makes them: logits on the backend,
+   * softmax there, sigmoid on the host copy */
+  lp_tensor *xd = NULL, *x2 = NULL, *s = NULL;
+  float *v = lp_malloc((size_t)E * sizeof *v);
+  int *ok = lp_malloc((size_t)E * sizeof *ok);
+  lp_status st = v && ok ? nn_dense(x, &xd) : LP_ERR_NOMEM;
+  if (st == LP_OK) st = lp_tensor_reshape(xd, 2, (int64_t[]){n, D}, &x2);
+  if (st == LP_OK)
+    st = lp_tensor_empty(lp_tensor_backend_of(x), 2, (int64_t[]){n, E}, &s);
+  if (st == LP_OK) st = lp_tensor_gemm(s, 1.0f, x2, 0, P_ROUTER(moe), 1, 0.0f);
+  if (st == LP_OK && m->o.router == LP_NN_ROUTER_SOFTMAX) st = lp_tensor_softmax_rows(s, s);
+  if (st == LP_OK) st = lp_tensor_read(s, scores);
+  if (st == LP_OK) {
+    if (m->o.router != LP_NN_ROUTER_SOFTMAX)
+      for (int64_t i = 0; i < n * E; i++) scores[i] = 1.0f / (1.0f + expf(-scores[i]));
+    for (int64_t t = 0; t < n; t++)
+      route_token(m, scores + t * E, experts + t * K, weights + t * K, v, ok);
+  }
+  lp_tensor_free(s);
+  lp_tensor_free(x2);
+  lp_tensor_free(xd);
+  lp_free(v);
+  lp_free(ok);
+  return st;
+}
+
 double lp_nn_moe_aux_loss(const lp_nn_layer *moe) {
   return moe_of(moe) ? moe->moe->aux : 0.0;
 }

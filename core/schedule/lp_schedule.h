@@ -147,19 +147,25 @@ char *lp_schedule_to_json(const lp_schedule *s);
  * micro-batch 3 on stage 5 comes before its forward". */
 lp_status lp_schedule_validate(lp_schedule *s);
 
-/* How a lowered schedule's SEND waits (the executor's MPI and self backends
- * are buffered: isend never waits for its receive). */
+/* How a lowered schedule's SEND and RECV wait. NONBLOCKING is what the
+ * executor does over MPI and the self backend, and what PyTorch's
+ * pipelining runtime does: a SEND posts an isend, a RECV posts an irecv,
+ * and the first compute that uses the message waits for it (so a RECV may
+ * come long before its SEND is reached, as in PyTorch's schedules whose
+ * receives are placed early or deferred). lp_schedule_validate uses it. */
 typedef enum lp_send_model {
-  LP_SENDS_BUFFERED = 0,  /* a SEND never waits; a RECV waits for its SEND */
-  LP_SENDS_RENDEZVOUS = 1 /* a SEND and its RECV happen together */
+  LP_SENDS_BUFFERED = 0,   /* a SEND never waits; a RECV waits for its SEND */
+  LP_SENDS_RENDEZVOUS = 1, /* a SEND and its RECV happen together */
+  LP_SENDS_NONBLOCKING = 2 /* SEND and RECV only post; the consuming compute
+                              waits for the SEND */
 } lp_send_model;
 /* lp_schedule_validate under the given send model; a deadlock message
  * names the model ("deadlock under rendezvous sends ..."). */
 lp_status lp_schedule_validate_sends(lp_schedule *s, lp_send_model sends);
 
 /* Validates s (compute-only), then returns a new schedule with SEND/RECV
- * inserted so that it cannot deadlock under either send model; the result
- * is validated again under rendezvous sends (the stricter model). Errors go
+ * inserted so that it cannot deadlock under any send model; the result is
+ * validated again under rendezvous sends (the strictest model). Errors go
  * to s. */
 lp_status lp_schedule_lower(lp_schedule *s, lp_schedule **out);
 

@@ -2,8 +2,10 @@
  * forwarded and backwarded once per stage), per-rank order, deadlock of the
  * per-rank orders against the data dependencies, and for lowered schedules
  * SEND/RECV placement, per-pair message order and deadlock under the chosen
- * send model: buffered (the default, what the executor does: a send never
- * waits for its receive) or rendezvous (a send waits for its receive). The
+ * send model: non-blocking (the default, what the executor and PyTorch's
+ * runtime do: SEND and RECV only post, the compute that uses a message
+ * waits for its SEND), buffered (a send never waits, a RECV waits for its
+ * send) or rendezvous (a send waits for its receive). The
  * stage actions: WAIT_REDUCE_GRAD after its REDUCE_GRAD, waiting for every
  * other copy of the stage to start its reduction; no compute on a stage
  * between its RESHARD and the next UNSHARD. Index arrays keep it linear in the number of
@@ -353,9 +355,36 @@ static int reduce_ready(const vctx *c, int v, int *copy) {
   return 1;
 }
 
+/* Non-blocking model: 1 when the SEND of every message rank r's current
+ * (compute) action receives has been issued; else 0 and that SEND's rank
+ * and position in *b, *q. The RECV comes before the action
+ * (check_messages_present), so its match is known. */
+static int sends_issued(const vctx *c, int r, int *b, int *q) {
+  lp__half h[2];
+  int nh = lp__halves(act_at(c, r, c->cur[r]), h);
+  for (int j = 0; j < nh; j++) {
+    int m = h[j].mb, k = lp__kpos(c->s, h[j].v, m), p = -1;
+    if (h[j].type == LP_ACT_F) {
+      if (k > 0 && vrank(c, route_at(c, m, k - 1)) != r) p = c->recvF[EDGE(c, m, k - 1)];
+    } else if (h[j].type != LP_ACT_W) {
+      if (k < c->S - 1 && vrank(c, route_at(c, m, k + 1)) != r) p = c->recvB[EDGE(c, m, k)];
+    }
+    if (p < 0) continue;
+    size_t g = c->off[r] + (size_t)p;
+    if (c->cur[c->peer_rank[g]] <= c->peer_pos[g]) {
+      *b = c->peer_rank[g];
+      *q = c->peer_pos[g];
+      return 0;
+    }
+  }
+  return 1;
+}
+
 /* Advances rank r by one action if it can. Rendezvous: a SEND/RECV advances
  * together with its matched peer. Buffered: a SEND is free, a RECV waits
- * until its SEND has been issued. FREE: both are free. */
+ * until its SEND has been issued. Non-blocking: both are free, and a
+ * compute action waits until the SENDs of the messages it uses have been
+ * issued. FREE: both are free. */
 static int step(vctx *c, int r, int mode) {
   const lp_action *a = act_at(c, r, c->cur[r]);
   if (is_comm(a->type) && mode != MODE_FREE) {
@@ -364,15 +393,19 @@ static int step(vctx *c, int r, int mode) {
     if (mode == LP_SENDS_RENDEZVOUS) {
       if (c->cur[b] != c->peer_pos[g]) return 0;
       c->cur[b]++;
-    } else if (!is_send(a->type) && c->cur[b] <= c->peer_pos[g]) {
+    } else if (mode == LP_SENDS_BUFFERED && !is_send(a->type) &&
+               c->cur[b] <= c->peer_pos[g]) {
       return 0;
     }
     c->cur[r]++;
     return 1;
   }
   dep d;
-  int copy;
+  int copy, b, q;
   if (lp_action_is_compute(a->type) && !deps_ready(c, r, &d)) return 0;
+  if (mode == LP_SENDS_NONBLOCKING && lp_action_is_compute(a->type) &&
+      !sends_issued(c, r, &b, &q))
+    return 0;
   if (a->type == LP_ACT_WAIT_REDUCE_GRAD && !reduce_ready(c, a->stage, &copy)) return 0;
   c->cur[r]++;
   return 1;
@@ -386,6 +419,9 @@ static lp_status report_deadlock(vctx *c, int mode) {
                ? "deadlock under rendezvous sends (a send waits for its receive): "
            : mode == LP_SENDS_BUFFERED
                ? "deadlock under buffered sends (a send does not wait for its receive): "
+           : mode == LP_SENDS_NONBLOCKING
+               ? "deadlock under non-blocking sends and receives (a compute waits for the "
+                 "sends of its inputs): "
                : "deadlock: ");
   for (int r = 0; r < c->P; r++) {
     int i = c->cur[r];
@@ -397,10 +433,15 @@ static lp_status report_deadlock(vctx *c, int mode) {
     const lp_action *a = act_at(c, r, i);
     msg_add(msg, sizeof msg, "%srank %d waits at action %d (%s) for ", shown ? "; " : "",
             r, i, ACT_TEXT(a, t));
-    int copy;
+    int copy, b, q;
     if (is_comm(a->type) && mode != MODE_FREE) {
       size_t g = c->off[r] + (size_t)i;
-      int b = c->peer_rank[g], q = c->peer_pos[g];
+      b = c->peer_rank[g];
+      q = c->peer_pos[g];
+      msg_add(msg, sizeof msg, "rank %d to reach action %d (%s)", b, q,
+              ACT_TEXT(act_at(c, b, q), t2));
+    } else if (mode == LP_SENDS_NONBLOCKING && lp_action_is_compute(a->type) &&
+               !sends_issued(c, r, &b, &q)) {
       msg_add(msg, sizeof msg, "rank %d to reach action %d (%s)", b, q,
               ACT_TEXT(act_at(c, b, q), t2));
     } else if (a->type == LP_ACT_WAIT_REDUCE_GRAD && !reduce_ready(c, a->stage, &copy)) {
@@ -613,7 +654,7 @@ static lp_status check_comm(vctx *c) {
 }
 
 lp_status lp_schedule_validate(lp_schedule *s) {
-  return lp_schedule_validate_sends(s, LP_SENDS_BUFFERED);
+  return lp_schedule_validate_sends(s, LP_SENDS_NONBLOCKING);
 }
 
 lp_status lp_schedule_validate_sends(lp_schedule *s, lp_send_model sends) {

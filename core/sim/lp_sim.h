@@ -124,7 +124,8 @@ typedef struct lp_sim_message {
   int from, to;         /* ranks */
   int from_index;       /* producer's position in from's action list */
   int to_index;         /* consumer's position in to's action list */
-  double sent, arrived; /* producer's end; sent + latency */
+  double sent, arrived; /* producer's end (explicit SEND/RECV: when its rank
+                          reaches the SEND); sent + latency */
   lp_action what;       /* the producing half, e.g. 0F3 or 7B5 (never FB) */
   char text[LP_ACTION_TEXT_MAX]; /* its text */
 } lp_sim_message;

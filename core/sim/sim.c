@@ -2,7 +2,11 @@
  *
  * Each rank runs its list in order. A compute action starts when its rank
  * is free and every input has arrived: an input made on the same rank is
- * there when its producer ends, one from another rank `latency` later.
+ * there when its producer ends, one from another rank `latency` after it
+ * is sent: when its producer ends, or, in a schedule with explicit
+ * SEND/RECV, when its rank reaches the SEND. SEND and RECV take no rank
+ * time and a RECV never waits: the compute that uses the message does (the
+ * non-blocking model of validation, the executor's and PyTorch's).
  * The inputs of an action on virtual stage v for micro-batch m:
  *   F      the F of the previous virtual stage on m's route (none at entry);
  *   B / I  the F of (v, m) itself, and the B or I of the next virtual stage
@@ -196,6 +200,7 @@ typedef struct where {
 /* One input of an action. */
 typedef struct dep {
   where from;
+  where via; /* the SEND that carries it (explicit SEND/RECV), rank -1 none */
   int kind; /* 0: forward, 1: backward (B or I), 2: the I a W needs */
   int vstage, mb;
 } dep;
@@ -219,6 +224,7 @@ typedef struct run {
   int *pos;               /* [V * M]: position of v on m's route, -1 */
   int *rlen;              /* [M] route lengths */
   where *fwd, *bwd;       /* [V * M] producers */
+  where *sendf, *sendb;   /* [V * M] SEND_F / SEND_B of (v, mb), rank -1 none */
   int *bwd_type;          /* [V * M]: LP_ACT_B or LP_ACT_I */
   lp_sim_times *times;    /* [S] resolved */
   int *fb_set;            /* [S]: FB given for this F-half stage */
@@ -273,6 +279,12 @@ static lp_status map_producers(run *R) {
         LP_CHECK(claim(R, R->bwd, a->bstage, a->bmb, r, i, "backward"));
         R->bwd_type[a->bstage * R->M + a->bmb] = a->btype;
         break;
+      case LP_ACT_SEND_F:
+      case LP_ACT_SEND_B:
+        if (a->stage >= 0 && a->stage < R->V && a->mb >= 0 && a->mb < R->M)
+          (a->type == LP_ACT_SEND_F ? R->sendf : R->sendb)[a->stage * R->M + a->mb] =
+              (where){r, i};
+        break;
       default:
         break;
       }
@@ -307,6 +319,11 @@ static lp_status add_dep(run *R, node *n, int r, int i, int kind, int v,
     return LP_ERR_INTERNAL;
   }
   n->deps[n->ndeps].from = w;
+  n->deps[n->ndeps].via = (where){-1, -1};
+  if (w.rank != r && kind != 2) {
+    where x = kind == 0 ? R->sendf[v * R->M + mb] : R->sendb[v * R->M + mb];
+    if (x.rank == w.rank) n->deps[n->ndeps].via = x;
+  }
   n->deps[n->ndeps].kind = kind;
   n->deps[n->ndeps].vstage = v;
   n->deps[n->ndeps].mb = mb;
@@ -428,7 +445,7 @@ static lp_status simulate(run *R, double latency) {
         double ready = free_at[r];
         int blocked = 0;
         for (int d = 0; d < n->ndeps && !blocked; d++) {
-          where w = n->deps[d].from;
+          where w = n->deps[d].via.rank >= 0 ? n->deps[d].via : n->deps[d].from;
           const node *p = &R->nodes[w.rank][w.idx];
           if (!p->done) {
             blocked = 1;
@@ -454,7 +471,7 @@ static lp_status simulate(run *R, double latency) {
     char t1[LP_ACTION_TEXT_MAX], t2[LP_ACTION_TEXT_MAX];
     act_text(&R->acts[r][i], t1, sizeof t1);
     for (int d = 0; d < n->ndeps; d++) {
-      where w = n->deps[d].from;
+      where w = n->deps[d].via.rank >= 0 ? n->deps[d].via : n->deps[d].from;
       if (R->nodes[w.rank][w.idx].done) continue;
       act_text(&R->acts[w.rank][w.idx], t2, sizeof t2);
       lp_errf(R->err,
@@ -582,7 +599,8 @@ static lp_status collect(run *R, lp_sim_result *res, double latency) {
         m->to = r;
         m->from_index = w.idx;
         m->to_index = i;
-        m->sent = R->nodes[w.rank][w.idx].end;
+        where x = n->deps[d].via.rank >= 0 ? n->deps[d].via : w;
+        m->sent = R->nodes[x.rank][x.idx].end;
         m->arrived = m->sent + latency;
         m->what = producing_half(R, &n->deps[d]);
         lp_action_format(&m->what, m->text, sizeof m->text);
@@ -657,17 +675,22 @@ static lp_status setup(run *R, const lp_sim_cost *cost) {
   R->rlen = lp_calloc((size_t)R->M, sizeof *R->rlen);
   R->fwd = lp_malloc(vm * sizeof *R->fwd);
   R->bwd = lp_malloc(vm * sizeof *R->bwd);
+  R->sendf = lp_malloc(vm * sizeof *R->sendf);
+  R->sendb = lp_malloc(vm * sizeof *R->sendb);
   R->bwd_type = lp_calloc(vm, sizeof *R->bwd_type);
   R->times = lp_calloc((size_t)S, sizeof *R->times);
   R->fb_set = lp_calloc((size_t)S, sizeof *R->fb_set);
   R->xt = lp_calloc((size_t)S * 3, sizeof *R->xt);
   if (!R->acts || !R->nacts || !R->nodes || !R->pos || !R->rlen || !R->fwd ||
-      !R->bwd || !R->bwd_type || !R->times || !R->fb_set || !R->xt)
+      !R->bwd || !R->sendf || !R->sendb || !R->bwd_type || !R->times || !R->fb_set ||
+      !R->xt)
     return LP_ERR_NOMEM;
   for (size_t k = 0; k < vm; k++) {
     R->pos[k] = -1;
     R->fwd[k].rank = R->fwd[k].idx = -1;
     R->bwd[k].rank = R->bwd[k].idx = -1;
+    R->sendf[k].rank = R->sendf[k].idx = -1;
+    R->sendb[k].rank = R->sendb[k].idx = -1;
   }
   for (int m = 0; m < R->M; m++) {
     const int *route = lp_schedule_route(s, m, &R->rlen[m]);
@@ -721,6 +744,8 @@ static void teardown(run *R) {
   lp_free(R->rlen);
   lp_free(R->fwd);
   lp_free(R->bwd);
+  lp_free(R->sendf);
+  lp_free(R->sendb);
   lp_free(R->bwd_type);
   lp_free(R->times);
   lp_free(R->fb_set);

@@ -154,6 +154,10 @@ end
 -- balance_alpha > 0 adds the sequence-wise balance loss, alpha times its
 -- mean over the step's sequences, however train{} splits the batch into
 -- micro-batches and EP shares; see lp_nn.h)
+-- On a built layer, MoE layers counted from 1: layer:route(i, x) -> per
+-- token {experts = {0-based ids, in selection order}, weights =, scores =}
+-- (the forward's routing, experts not run); layer:moe_bias(i) and
+-- layer:set_moe_bias(i, {one number per expert}).
 function M.moe(t) return moe_spec("moe", t, 2) end
 -- x + attn(rmsnorm(x)), then x + moe(rmsnorm(x)): nn.moe options plus heads
 function M.moe_block(t) return moe_spec("moe_block", t, 2) end

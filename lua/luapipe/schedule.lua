@@ -165,6 +165,14 @@ local function json_options(t)
   local err = select(2, pcall(core.schedule_new, o.ranks, o.stages, o.microbatches))
   if type(err) == "string" then json_fail("%s", err) end
   o.placement = {}
+  if t.virtual_stages == nil then
+    -- as schedule.new: model stage i on rank i
+    if o.stages ~= o.ranks then
+      json_fail("virtual_stages is missing; without it stage i goes on rank i, which needs "
+        .. "stages = ranks (got %d stages, %d ranks)", o.stages, o.ranks)
+    end
+    for k = 0, o.stages - 1 do o.placement[k + 1] = { stage = k, rank = k } end
+  end
   for i, v in ipairs(json_list(t.virtual_stages or {}, "virtual_stages", "objects")) do
     local f = string.format("virtual_stages[%d]", i - 1)
     if type(v) ~= "table" then json_fail("%s must be an object, got %s", f, type(v)) end
@@ -173,7 +181,32 @@ local function json_options(t)
     o.placement[i] = { stage = json_int(v.stage, f .. ".stage"), rank = json_int(v.rank, f .. ".rank") }
   end
   o.routes = {}
-  local routes = json_list(t.routes or {}, "routes", "lists")
+  if t.routes == nil then
+    -- no routes: with one virtual stage per model stage, every micro-batch
+    -- takes the natural route (the virtual stages in model-stage order)
+    local of = {}
+    for v, p in ipairs(o.placement) do
+      if p.stage < 0 or p.stage >= o.stages then
+        json_fail("virtual_stages[%d].stage is %d, but the schedule has stages 0..%d", v - 1,
+          p.stage, o.stages - 1)
+      end
+      if of[p.stage] then
+        json_fail("routes is missing, and model stage %d has two virtual stages (%d and %d): "
+          .. "give each micro-batch's route", p.stage, of[p.stage], v - 1)
+      end
+      of[p.stage] = v - 1
+    end
+    local natural = {}
+    for k = 0, o.stages - 1 do
+      if not of[k] then
+        json_fail("routes is missing, and model stage %d has no virtual stage: the natural "
+          .. "route needs one virtual stage per model stage", k)
+      end
+      natural[k + 1] = of[k]
+    end
+    for m = 1, o.microbatches do o.routes[m] = natural end
+  end
+  local routes = json_list(t.routes or o.routes, "routes", "lists")
   if #routes ~= o.microbatches then
     json_fail("routes has %d entries, expected one per micro-batch (%d)", #routes, o.microbatches)
   end

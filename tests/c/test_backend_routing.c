@@ -207,6 +207,47 @@ static void test_moe_lm_on_device(void **state) {
   lp_tensor_free(x), lp_tensor_free(t);
 }
 
+/* lp_nn_moe_route on a layer whose memory the host cannot touch: the
+ * CPU's decisions, weights and affinities, bitwise. */
+static void test_moe_route_on_device(void **state) {
+  (void)state;
+  lp_nn_moe_opts o = {0};
+  o.dim = 12, o.hidden = 10, o.experts = 6, o.topk = 2, o.groups = 3;
+  o.topk_groups = 2, o.route_scale = 1.5f;
+  lp_nn_layer *a = NULL, *b = NULL;
+  assert_int_equal(lp_nn_moe_new("moe", &o, 9, &a), LP_OK);
+  assert_int_equal(lp_nn_moe_new("moe", &o, 9, &b), LP_OK);
+  assert_int_equal(lp_nn_layer_to(b, &fake), LP_OK);
+  float bias[6] = {0.1f, -0.2f, 0.0f, 0.3f, 0.0f, -0.1f};
+  assert_int_equal(lp_nn_moe_set_bias(a, bias), LP_OK);
+  assert_int_equal(lp_nn_moe_set_bias(b, bias), LP_OK);
+  lp_tensor *x = NULL, *xf = NULL;
+  lp_tensor_rng r;
+  lp_tensor_rng_seed(&r, 8);
+  assert_int_equal(lp_tensor_empty(NULL, 3, (int64_t[]){2, 5, 12}, &x), LP_OK);
+  assert_int_equal(lp_tensor_fill_normal(x, &r, 0, 1), LP_OK);
+  assert_int_equal(lp_tensor_empty(&fake, 3, (int64_t[]){2, 5, 12}, &xf), LP_OK);
+  assert_int_equal(lp_tensor_copy(xf, x), LP_OK);
+  int ea[20], eb[20];
+  float wa[20], wb[20], sa[60], sb[60];
+  assert_int_equal(lp_nn_moe_route(a, x, ea, wa, sa), LP_OK);
+  assert_int_equal(lp_nn_moe_route(b, xf, eb, wb, sb), LP_OK);
+  assert_memory_equal(ea, eb, sizeof ea);
+  assert_memory_equal(wa, wb, sizeof wa);
+  assert_memory_equal(sa, sb, sizeof sa);
+  for (int t = 0; t < 10; t++) {
+    assert_true(ea[2 * t] != ea[2 * t + 1]);
+    assert_true(ea[2 * t] >= 0 && ea[2 * t] < 6);
+    assert_float_equal(wa[2 * t] + wa[2 * t + 1], 1.5f, 1e-5f);
+  }
+  /* a wrong shape is refused */
+  lp_tensor *bad = NULL;
+  assert_int_equal(lp_tensor_empty(NULL, 2, (int64_t[]){3, 5}, &bad), LP_OK);
+  assert_int_equal(lp_nn_moe_route(a, bad, ea, wa, sa), LP_ERR_ARG);
+  lp_tensor_free(bad), lp_tensor_free(x), lp_tensor_free(xf);
+  lp_nn_layer_release(a), lp_nn_layer_release(b);
+}
+
 /* Two EP ranks in one process: an exchange runs when both have started it
  * (rank r's n-th start pairs with the other rank's n-th). */
 enum { XMAX = 16 };
@@ -413,6 +454,7 @@ int main(void) {
       cmocka_unit_test(test_mlp_on_device),
       cmocka_unit_test(test_moe_on_device),
       cmocka_unit_test(test_moe_lm_on_device),
+      cmocka_unit_test(test_moe_route_on_device),
       cmocka_unit_test(test_moe_ep2_on_device),
       cmocka_unit_test(test_mixing_devices),
       cmocka_unit_test(test_optimizer_before_move),

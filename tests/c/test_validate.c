@@ -282,15 +282,30 @@ static void test_comm_order_and_rendezvous(void **state) {
                       "(1RECV_F1); rank 1 waits at action 3 (1SEND_B0) for rank 0 to reach "
                       "action 4 (0RECV_B0)");
   lp_schedule_free(s);
-  /* a receive before anything is sent to it deadlocks under both models */
-  expect_invalid(linear(2, 2, (const char *const[]){"0RECV_B0 0F0 0SEND_F0 0F1 0SEND_F1 "
-                                                    "0B0 0RECV_B1 0B1",
-                                                    "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 "
-                                                    "1F1 1B1 1SEND_B1"}),
-                 "deadlock under buffered sends (a send does not wait for its receive): "
-                 "rank 0 waits at action 0 (0RECV_B0) for rank 1 to reach action 3 "
-                 "(1SEND_B0); rank 1 waits at action 0 (1RECV_F0) for rank 0 to reach "
-                 "action 2 (0SEND_F0)");
+  /* a receive posted before anything is sent to it: fine when a RECV only
+   * posts (non-blocking, the default: the executor's and PyTorch's), a
+   * deadlock when it blocks (buffered) */
+  s = linear(2, 2, (const char *const[]){"0RECV_B0 0F0 0SEND_F0 0F1 0SEND_F1 "
+                                         "0B0 0RECV_B1 0B1",
+                                         "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 "
+                                         "1F1 1B1 1SEND_B1"});
+  expect_valid(s);
+  assert_int_equal(lp_schedule_validate_sends(s, LP_SENDS_NONBLOCKING), LP_OK);
+  assert_int_equal(lp_schedule_validate_sends(s, LP_SENDS_BUFFERED), LP_ERR_INVALID);
+  assert_string_equal(lp_schedule_last_error(s),
+                      "deadlock under buffered sends (a send does not wait for its receive): "
+                      "rank 0 waits at action 0 (0RECV_B0) for rank 1 to reach action 3 "
+                      "(1SEND_B0); rank 1 waits at action 0 (1RECV_F0) for rank 0 to reach "
+                      "action 2 (0SEND_F0)");
+  lp_schedule_free(s);
+  /* a real deadlock with non-blocking messages: rank 0 sends F0 only after
+   * the backward that needs rank 1's gradient, which needs that F0 */
+  expect_invalid(linear(2, 1, (const char *const[]){"0F0 0RECV_B0 0B0 0SEND_F0",
+                                                    "1RECV_F0 1F0 1B0 1SEND_B0"}),
+                 "deadlock under non-blocking sends and receives (a compute waits for the "
+                 "sends of its inputs): rank 0 waits at action 2 (0B0) for rank 1 to reach "
+                 "action 3 (1SEND_B0); rank 1 waits at action 1 (1F0) for rank 0 to reach "
+                 "action 3 (0SEND_F0)");
   /* receiving F1 first: the k-th send is not the k-th receive */
   expect_invalid(linear(2, 2, (const char *const[]){r0, "1RECV_F1 1RECV_F0 1F0 1B0 1SEND_B0 "
                                                         "1F1 1B1 1SEND_B1"}),

@@ -57,6 +57,17 @@ expect_rc "schedule lowered" 0 "$LP" schedule 1f1b -p 2 -m 2 --lower
 expect_in "lowered has SEND_F" "$tmp/out" "0SEND_F0"
 expect_rc "schedule gantt" 0 "$LP" schedule dualpipe -p 4 -m 8 --format gantt
 
+# PyTorch's early receive (0RECV_B0 first): valid and simulated under the
+# default non-blocking model; a deadlock when a RECV blocks (--sends buffered)
+early="$(dirname "$0")/../lua/data/defer_recv/simple_2_rank_2_stage_iw_split_input.csv"
+expect_rc "early receive validates" 0 "$LP" schedule "$early"
+expect_in "early receive valid" "$tmp/out" "20 actions (lowered), valid"
+expect_rc "early receive simulates" 0 "$LP" simulate "$early" --cost F=1,B=2 --no-gantt
+expect_in "early receive makespan" "$tmp/out" "makespan 8,"
+expect_rc "early receive under --sends buffered exits 1" 1 "$LP" schedule "$early" --sends buffered
+expect_in "buffered deadlock named" "$tmp/err" "invalid schedule: deadlock under buffered sends (a send does not wait for its receive): rank 0 waits at action 0 (0RECV_B0) for rank 1 to reach action 4 (1SEND_B0)"
+expect_rc "--sends nonblocking" 0 "$LP" schedule "$early" --sends nonblocking
+
 # a Lua file returning a schedule
 cat >"$tmp/mine.lua" <<'LUA'
 local schedule = require("luapipe.schedule")

@@ -148,6 +148,13 @@ function test_train_errors()
   local bad = function(step, mb) return nn.tensor({ 3, 4 }), nn.tensor({ 3, 5 }) end
   lu.assertStrContains(error_of(train, { model = m, schedule = "gpipe", pp = 1, microbatches = 1,
     data = bad, quiet = true }), "loss of micro-batch 0 failed")
+  -- a schedule whose messages deadlock is refused before anything runs
+  local dl = require("luapipe.schedule").new { ranks = 2, stages = 2, microbatches = 1,
+    actions = { [0] = { "0F0", "0RECV_B0", "0B0", "0SEND_F0" }, [1] = { "1RECV_F0", "1F0", "1B0", "1SEND_B0" } } }
+  lu.assertEquals(error_of(train, { model = m, schedule = dl, microbatches = 1, data = data }),
+    "luapipe.train: the schedule is invalid: deadlock under non-blocking sends and receives (a "
+    .. "compute waits for the sends of its inputs): rank 0 waits at action 2 (0B0) for rank 1 to "
+    .. "reach action 3 (1SEND_B0); rank 1 waits at action 1 (1F0) for rank 0 to reach action 3 (0SEND_F0)")
 end
 
 function test_overlapped_fb_hook()
@@ -285,6 +292,208 @@ function test_moe_layer_params_and_loads()
   local b = lm:moe_bias(1)
   for e, want in ipairs({ -0.001, 0.001, 0.001, 0.001 }) do lu.assertAlmostEquals(b[e], want, 1e-9) end
   lu.assertEquals(lm:moe_bias(2), { 0, 0, 0, 0 })
+end
+
+-- DeepSeek-V3's gate (its inference/model.py Gate.forward), written out
+-- here from its definition: scores = sigmoid(x W^T); the bias only
+-- selects (scores + bias); with groups, a group scores the sum of its two
+-- best biased scores and the topk_groups best groups stay eligible; the
+-- top-k eligible experts by biased score, highest first; weights = their
+-- unbiased scores over the selected scores' sum, times route_scale.
+-- x: list of rows, W: list of E rows of D, bias: E numbers.
+local function deepseek_gate(x, W, bias, o)
+  local E, G = #W, o.groups or 1
+  local gs, TG = E // G, o.topk_groups or G
+  local out = {}
+  for t, row in ipairs(x) do
+    local s, v = {}, {}
+    for e = 1, E do
+      local z = 0
+      for d = 1, #row do z = z + row[d] * W[e][d] end
+      s[e] = 1 / (1 + math.exp(-z))
+      v[e] = s[e] + bias[e]
+    end
+    local eligible = {}
+    if G > 1 then
+      local gscore, order = {}, {}
+      for g = 1, G do
+        local vals = {}
+        for e = (g - 1) * gs + 1, g * gs do vals[#vals + 1] = v[e] end
+        table.sort(vals, function(a, b) return a > b end)
+        gscore[g] = vals[1] + (vals[2] or 0)
+        order[g] = g
+      end
+      table.sort(order, function(a, b)
+        if gscore[a] ~= gscore[b] then return gscore[a] > gscore[b] end
+        return a < b
+      end)
+      for i = 1, TG do
+        for e = (order[i] - 1) * gs + 1, order[i] * gs do eligible[e] = true end
+      end
+    else
+      for e = 1, E do eligible[e] = true end
+    end
+    local cand = {}
+    for e = 1, E do if eligible[e] then cand[#cand + 1] = e end end
+    table.sort(cand, function(a, b)
+      if v[a] ~= v[b] then return v[a] > v[b] end
+      return a < b
+    end)
+    local experts, weights, sum = {}, {}, 0
+    for k = 1, o.topk do sum = sum + s[cand[k]] end
+    for k = 1, o.topk do
+      experts[k] = cand[k] - 1 -- 0-based ids, as DeepSeek's indices
+      weights[k] = (o.route_scale or 1) * s[cand[k]] / sum
+    end
+    out[t] = { experts = experts, weights = weights, scores = s }
+  end
+  return out
+end
+
+local function assert_routes_equal(got, want, tol)
+  lu.assertEquals(#got, #want)
+  for t = 1, #want do
+    lu.assertEquals(got[t].experts, want[t].experts, "token " .. t)
+    for k = 1, #want[t].weights do
+      lu.assertAlmostEquals(got[t].weights[k], want[t].weights[k], tol)
+    end
+    for e = 1, #want[t].scores do
+      lu.assertAlmostEquals(got[t].scores[e], want[t].scores[e], tol)
+    end
+  end
+end
+
+function test_moe_route_is_deepseek_v3_gate_by_hand()
+  -- 8 experts in 4 groups of 2, 2 groups eligible, top-2, route_scale 2.5;
+  -- dim 2 and x = (1, 0), so the logits are W's first column
+  local opts = { dim = 2, hidden = 3, experts = 8, topk = 2, groups = 4, topk_groups = 2,
+    route_scale = 2.5 }
+  local l = core.nn_layer(nn.moe(opts), "m", 1)
+  local logit = { 3.0, -3.0, 1.0, 1.2, 0.5, 0.5, -1.0, -1.0 }
+  local w = {}
+  for e = 1, 8 do w[2 * e - 1], w[2 * e] = logit[e], 0.25 * e end
+  l:set_params { ["m.router.weight"] = w }
+  local function sig(z) return 1 / (1 + math.exp(-z)) end
+  local x = nn.tensor({ 1, 2 }, { 1, 0 })
+  -- group scores (top-2 sums): g0 = s(3)+s(-3) = 1, g1 = s(1)+s(1.2) = 1.50,
+  -- g2 = 2 s(0.5) = 1.245, g3 = 2 s(-1) = 0.54: groups 1 and 2 are eligible,
+  -- so expert 0, the best single score, is not; the top 2 are 3 then 2
+  local r = l:route(1, x)
+  lu.assertEquals(#r, 1)
+  lu.assertEquals(r[1].experts, { 3, 2 })
+  local s3, s2 = sig(1.2), sig(1.0)
+  lu.assertAlmostEquals(r[1].weights[1], 2.5 * s3 / (s3 + s2), 1e-6)
+  lu.assertAlmostEquals(r[1].weights[2], 2.5 * s2 / (s3 + s2), 1e-6)
+  for e = 1, 8 do lu.assertAlmostEquals(r[1].scores[e], sig(logit[e]), 1e-6) end
+  -- a bias of 0.5 on expert 4 selects it first (biased 1.12 > 0.77), but
+  -- its weight comes from its unbiased score
+  l:set_moe_bias(1, { 0, 0, 0, 0, 0.5, 0, 0, 0 })
+  lu.assertAlmostEquals(l:moe_bias(1)[5], 0.5, 1e-7)
+  r = l:route(1, x)
+  lu.assertEquals(r[1].experts, { 4, 3 })
+  local s4 = sig(0.5)
+  lu.assertAlmostEquals(r[1].weights[1], 2.5 * s4 / (s4 + s3), 1e-6)
+  lu.assertAlmostEquals(r[1].weights[2], 2.5 * s3 / (s4 + s3), 1e-6)
+  lu.assertAlmostEquals(r[1].scores[5], s4, 1e-6) -- scores stay unbiased
+  -- a bias of 2 on expert 1 lifts group 0 (s(3) + s(-3) + 2 = 3) above the
+  -- rest: groups 0 and 2 (1.12 + 0.62) are eligible; then experts 1
+  -- (biased 2.05) and 4 (1.12), ahead of expert 0 (0.95); expert 1's
+  -- weight is still its small unbiased score's share
+  l:set_moe_bias(1, { 0, 2, 0, 0, 0.5, 0, 0, 0 })
+  r = l:route(1, x)
+  lu.assertEquals(r[1].experts, { 1, 4 })
+  local s1 = sig(-3)
+  lu.assertAlmostEquals(r[1].weights[1], 2.5 * s1 / (s1 + s4), 1e-6)
+  lu.assertAlmostEquals(r[1].weights[2], 2.5 * s4 / (s1 + s4), 1e-6)
+  -- the route asks nothing of the loads
+  lu.assertEquals(l:expert_load(1), { 0, 0, 0, 0, 0, 0, 0, 0 })
+end
+
+function test_moe_route_matches_deepseek_v3_gate()
+  local opts = { dim = 6, hidden = 4, experts = 16, topk = 4, groups = 4, topk_groups = 2,
+    route_scale = 2.5 }
+  local l = core.nn_layer(nn.moe(opts), "layers.3", 11)
+  local W, Wv = {}, l:params()[1].value
+  for e = 1, 16 do
+    W[e] = {}
+    for d = 1, 6 do W[e][d] = Wv[(e - 1) * 6 + d] end
+  end
+  local rows, flat = {}, {}
+  for t = 1, 24 do
+    rows[t] = {}
+    for d = 1, 6 do
+      local v = 3 * math.sin(1.7 * t + 0.9 * d)
+      rows[t][d] = v
+      flat[#flat + 1] = v
+    end
+  end
+  local bias = {}
+  for e = 1, 16 do bias[e] = 0.05 * math.cos(2.3 * e) end
+  l:set_moe_bias(1, bias)
+  local stored = l:moe_bias(1)
+  for e = 1, 16 do bias[e] = stored[e] end -- the float32 values the layer holds
+  local got = l:route(1, nn.tensor({ 24, 6 }, flat))
+  assert_routes_equal(got, deepseek_gate(rows, W, bias, opts), 1e-5)
+  -- the group limit and the bias both change selections here (else this
+  -- test could not see them)
+  local zero = {}
+  for e = 1, 16 do zero[e] = 0 end
+  local plain = deepseek_gate(rows, W, zero, { topk = 4 })
+  local grouped = deepseek_gate(rows, W, zero, opts)
+  local biased = deepseek_gate(rows, W, bias, { topk = 4 })
+  local dg, db = 0, 0
+  for t = 1, 24 do
+    local p = table.concat(plain[t].experts, ",")
+    if table.concat(grouped[t].experts, ",") ~= p then dg = dg + 1 end
+    if table.concat(biased[t].experts, ",") ~= p then db = db + 1 end
+  end
+  lu.assertTrue(dg > 5 and db > 5, string.format("groups changed %d tokens, bias %d", dg, db))
+  -- [batch, seq, dim] is the same tokens in order
+  assert_routes_equal(l:route(1, nn.tensor({ 4, 6, 6 }, flat)), got, 0)
+  -- without groups
+  local flat_opts = { dim = 6, hidden = 4, experts = 16, topk = 3 }
+  local u = core.nn_layer(nn.moe(flat_opts), "layers.3", 11)
+  assert_routes_equal(u:route(1, nn.tensor({ 24, 6 }, flat)), deepseek_gate(rows, W, zero, flat_opts),
+    1e-5)
+  -- the forward routes the same way: its loads are the route's counts
+  l:forward(nn.tensor({ 24, 6 }, flat))
+  local count = {}
+  for e = 1, 16 do count[e] = 0 end
+  for _, t in ipairs(got) do
+    for _, e in ipairs(t.experts) do count[e + 1] = count[e + 1] + 1 end
+  end
+  lu.assertEquals(l:expert_load(1), count)
+  -- softmax affinities: scores sum to 1, the weights are normalised and scaled
+  local sm = core.nn_layer(nn.moe { dim = 6, hidden = 4, experts = 16, topk = 2, router = "softmax",
+    route_scale = 2 }, "layers.3", 11)
+  for _, t in ipairs(sm:route(1, nn.tensor({ 24, 6 }, flat))) do
+    local sum = 0
+    for e = 1, 16 do sum = sum + t.scores[e] end
+    lu.assertAlmostEquals(sum, 1, 1e-5)
+    lu.assertAlmostEquals(t.weights[1] + t.weights[2], 2, 1e-5)
+    lu.assertTrue(t.scores[t.experts[1] + 1] >= t.scores[t.experts[2] + 1])
+  end
+end
+
+function test_moe_route_errors()
+  local l = core.nn_layer(nn.moe { dim = 4, hidden = 3, experts = 4, topk = 2 }, "layers.1", 5)
+  lu.assertEquals(error_of(l.route, l, 1, nn.tensor({ 3, 5 })),
+    "route: MoE layer 1 of 'layers.1' takes x as [tokens, 4] or [batch, seq, 4], got [3, 5]")
+  lu.assertStrContains(error_of(l.route, l, 2, nn.tensor({ 3, 4 })),
+    "layer 'layers.1' has no MoE layer 2 (it has 1)")
+  lu.assertEquals(error_of(l.set_moe_bias, l, 1, { 0, 0, 0 }),
+    "set_moe_bias: MoE layer 1 of 'layers.1' has 4 experts, but the bias has 3 entries")
+  lu.assertEquals(error_of(l.set_moe_bias, l, 1, { 0, "x", 0, 0 }),
+    "set_moe_bias: bias[2] (expert 1) must be a finite number, got string")
+  lu.assertEquals(error_of(l.set_moe_bias, l, 1, 0.5),
+    "set_moe_bias: the bias must be a list of 4 numbers (one per expert), got a number")
+  lu.assertEquals(l:route(1, nn.tensor({ 0, 4 })), {})
+  -- a whole model: the MoE layers inside, counted from 1
+  local lm = moe_lm():build(1)
+  lm:set_moe_bias(2, { 0.1, 0, 0, -0.1 })
+  lu.assertAlmostEquals(lm:moe_bias(2)[1], 0.1, 1e-7)
+  lu.assertEquals(lm:moe_bias(1), { 0, 0, 0, 0 })
+  lu.assertEquals(#lm:route(2, nn.tensor({ 2, 3, 16 }))[6].experts, 2)
 end
 
 function test_moe_partition_and_split_init()

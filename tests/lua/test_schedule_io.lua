@@ -30,9 +30,127 @@ function test_eager_sends_validate_under_buffered_only()
     .. "rank 0 waits at action 3 (0SEND_F1) for rank 1 to reach action 4 (1RECV_F1); "
     .. "rank 1 waits at action 3 (1SEND_B0) for rank 0 to reach action 4 (0RECV_B0)")
   lu.assertEquals(error_of(s.validate, s, { sends = "eager" }),
-    "validate: option 'sends' must be \"buffered\" or \"rendezvous\", got eager")
+    "validate: option 'sends' must be \"nonblocking\", \"buffered\" or \"rendezvous\", got eager")
   -- the simulator runs it too
   lu.assertNotNil(s:simulate { F = 1, B = 2 })
+end
+
+-- PyTorch's test_defer_recv_ops schedules (test/distributed/pipelining/
+-- test_schedule.py): explicit SEND/RECV on two ranks, receives placed
+-- early (the inputs) or deferred to just before their use (the expected
+-- outputs), full backward or the I/W split. A RECV only posts; the first
+-- compute that uses the message waits for it.
+local DEFER = "defer_recv/"
+local defer_names = { "simple_2_rank_2_stage_no_overlap", "v_2_rank_4_stage_no_overlap",
+  "simple_2_rank_2_stage_iw_split" }
+
+function test_pytorch_defer_recv_schedules_validate()
+  for _, name in ipairs(defer_names) do
+    for _, which in ipairs { "input", "expected" } do
+      local f = DEFER .. name .. "_" .. which .. ".csv"
+      local s = load_csv(f)
+      lu.assertEquals({ s:validate() }, { true }, f)
+      lu.assertEquals({ s:validate { sends = "nonblocking" } }, { true }, f)
+      lu.assertNotNil(s:simulate { F = 1, B = 2 }, f)
+    end
+  end
+  -- the schedule of issue 13: a blocking RECV (buffered) would deadlock
+  local s = load_csv(DEFER .. "simple_2_rank_2_stage_iw_split_input.csv")
+  local ok, err = s:validate { sends = "buffered" }
+  lu.assertNil(ok)
+  lu.assertEquals(err, "deadlock under buffered sends (a send does not wait for its receive): "
+    .. "rank 0 waits at action 0 (0RECV_B0) for rank 1 to reach action 4 (1SEND_B0); "
+    .. "rank 1 waits at action 0 (1RECV_F0) for rank 0 to reach action 2 (0SEND_F0)")
+  -- the no-overlap inputs also hold under the stricter models
+  for _, m in ipairs { "buffered", "rendezvous" } do
+    lu.assertEquals({ load_csv(DEFER .. "v_2_rank_4_stage_no_overlap_input.csv"):validate { sends = m } },
+      { true }, m)
+  end
+  -- PyTorch's OVERLAP_F_B case is a fragment (micro-batch 1 never reaches
+  -- stage 2): refused when read, naming why
+  for _, which in ipairs { "input", "expected" } do
+    local f = DATA .. DEFER .. "v_2_rank_4_stage_overlap_f_b_" .. which .. ".csv"
+    local t, e = schedule.from_csv(f)
+    lu.assertNil(t)
+    lu.assertEquals(e, f .. ": stage 3 is at position 3 of micro-batch 0's route but at "
+      .. "position 2 of micro-batch 1's route (a route is the stages that forward a "
+      .. "micro-batch, in increasing id order)")
+  end
+end
+
+function test_pytorch_defer_recv_simulated_waits_at_use()
+  -- F = 1, I = W = 1 (B = 2): rank 0 posts 0RECV_B0 first and runs 0F0,
+  -- 0F1 at once; 0I0 waits for 1SEND_B0 (rank 1: 1F0 at 1, 1I0 at 2..3)
+  local s = load_csv(DEFER .. "simple_2_rank_2_stage_iw_split_input.csv")
+  local r = assert(s:simulate { F = 1, B = 2 })
+  local start = {}
+  for _, e in ipairs(r:events()) do start[e.text] = e.start end
+  lu.assertEquals(start["0F1"], 1)
+  lu.assertEquals(start["1F0"], 1)
+  lu.assertEquals(start["0I0"], 3)
+  lu.assertEquals(start["1F1"], 4)
+  lu.assertEquals(start["0I1"], 6)
+  lu.assertEquals(r:makespan(), 8)
+  -- PyTorch's deferred placement: the same timeline
+  local d = assert(load_csv(DEFER .. "simple_2_rank_2_stage_iw_split_expected.csv"):simulate { F = 1, B = 2 })
+  lu.assertEquals(d:makespan(), 8)
+end
+
+function test_sim_messages_leave_at_their_send()
+  -- rank 0 computes F1 before sending F0: rank 1's F0 starts at 2, not 1
+  local function sched(r0, r1)
+    return schedule.new { ranks = 2, stages = 2, microbatches = 2, actions = { [0] = r0, [1] = r1 } }
+  end
+  local late = sched({ "0F0", "0F1", "0SEND_F0", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1" },
+    { "1RECV_F0", "1RECV_F1", "1F0", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1" })
+  local r = assert(late:simulate { F = 1, B = 2 })
+  local start = {}
+  for _, e in ipairs(r:events()) do start[e.text] = e.start end
+  lu.assertEquals(start["1F0"], 2)
+  lu.assertEquals(start["0B0"], 5)
+  lu.assertEquals(r:makespan(), 10)
+  local sent = {}
+  for _, m in ipairs(r:messages()) do sent[m.text] = m.sent end
+  lu.assertEquals(sent["0F0"], 2)
+  lu.assertEquals(sent["1B0"], 5)
+  -- the same compute order without SEND/RECV: each message leaves when made
+  local bare = sched({ "0F0", "0F1", "0B0", "0B1" }, { "1F0", "1B0", "1F1", "1B1" })
+  lu.assertEquals(assert(bare:simulate { F = 1, B = 2 }):makespan(), 9)
+end
+
+function test_json_without_routes_takes_the_natural_route()
+  -- one virtual stage per model stage, listed out of stage order
+  local s = assert(schedule.from_json('{"ranks":2,"stages":2,"microbatches":2,'
+    .. '"virtual_stages":[{"id":0,"stage":1,"rank":1},{"id":1,"stage":0,"rank":0}],'
+    .. '"actions":[["1F0","1F1","1B0","1B1"],["0F0","0B0","0F1","0B1"]]}', "s.json"))
+  lu.assertEquals(s:route(0), { 1, 0 })
+  lu.assertEquals(s:route(1), { 1, 0 })
+  lu.assertEquals({ s:validate() }, { true })
+  -- no virtual_stages either: stage i on rank i, as schedule.new does
+  local t = assert(schedule.from_json('{"ranks":2,"stages":2,"microbatches":1,'
+    .. '"actions":[["0F0","0SEND_F0","0RECV_B0","0B0"],["1RECV_F0","1F0","1B0","1SEND_B0"]]}'))
+  lu.assertEquals(t:route(0), { 0, 1 })
+  lu.assertEquals({ t:validate() }, { true })
+  local VS2 = '"virtual_stages":[{"id":0,"stage":0,"rank":0},{"id":1,"stage":0,"rank":1}]'
+  for _, c in ipairs {
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS2 .. '}',
+      "routes is missing, and model stage 0 has two virtual stages (0 and 1): give each "
+      .. "micro-batch's route" },
+    { '{"ranks":2,"stages":3,"microbatches":2,"virtual_stages":[{"id":0,"stage":0,"rank":0},'
+      .. '{"id":1,"stage":1,"rank":1}]}',
+      "routes is missing, and model stage 2 has no virtual stage: the natural route needs one "
+      .. "virtual stage per model stage" },
+    { '{"ranks":2,"stages":2,"microbatches":2,"virtual_stages":[{"id":0,"stage":0,"rank":0},'
+      .. '{"id":1,"stage":5,"rank":1}]}',
+      "virtual_stages[1].stage is 5, but the schedule has stages 0..1" },
+    { '{"ranks":2,"stages":3,"microbatches":2}',
+      "virtual_stages is missing; without it stage i goes on rank i, which needs stages = "
+      .. "ranks (got 3 stages, 2 ranks)" },
+  } do
+    local x, err = schedule.from_json(c[1], "s.json")
+    lu.assertNil(x, c[1])
+    lu.assertEquals(err, "s.json: " .. c[2])
+  end
 end
 
 function test_old_spelling_with_comms()
@@ -68,13 +186,18 @@ function test_stage_actions_round_trip()
   lu.assertEquals(core.parse_action("3WAIT_REDUCE_GRAD").type, "WAIT_REDUCE_GRAD")
 end
 
-function test_lowered_families_valid_under_both_models()
+function test_lowered_families_valid_under_every_model()
   local schedules = require("luapipe.schedules")
   for _, name in ipairs(schedules.list()) do
     local s = schedules[name] { pp = 4, microbatches = 8 }
     local low = assert(s:lower())
     lu.assertEquals({ low:validate { sends = "buffered" } }, { true }, name)
     lu.assertEquals({ low:validate { sends = "rendezvous" } }, { true }, name)
+    lu.assertEquals({ low:validate { sends = "nonblocking" } }, { true }, name)
+    -- messages leave right after their producer: the simulator's timeline
+    -- is the compute-only schedule's
+    lu.assertEquals(assert(low:simulate { F = 1, B = 2, W = 1 }):makespan(),
+      assert(s:simulate { F = 1, B = 2, W = 1 }):makespan(), name)
   end
 end
 

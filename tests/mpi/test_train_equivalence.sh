@@ -5,7 +5,8 @@
 # trained 3 steps gives the reference's per-step losses and final
 # parameters within 1e-5 relative on every rank, and DualPipe's two copies
 # of each stage end bitwise equal (train_equivalence.lua); the same for a
-# small transformer LM with AdamW on 2 ranks (1f1b, zbv, dualpipe). Then the clear
+# small transformer LM with AdamW on 2 ranks (1f1b, zbv, dualpipe); PyTorch's
+# deferred-receive CSV schedules as written. Then the clear
 # errors: a schedule for 4 ranks on a 2-rank job, and a model with fewer
 # layers than the schedule's stages. Exits 77 (skipped) without mpirun.
 set -u
@@ -133,6 +134,24 @@ dualpipe 8 reduce 4 explicit REDUCE_GRAD actions
 dualpipe 8 wait 4 REDUCE_GRAD, WAIT_REDUCE_GRAD, UNSHARD, RESHARD
 dualpipe 8 hook 4 overlapped_fb hook
 LIST
+
+# PyTorch's test_defer_recv_ops schedules (explicit SEND/RECV, receives
+# posted early or deferred to their use, full B or I/W split) run as written
+# on 2 ranks: the reference's losses and parameters
+# (and the early-receive one with receives posted one compute action ahead)
+d=tests/lua/data/defer_recv
+for run in "$d"/*_no_overlap_*.csv "$d"/*_iw_split_*.csv "$d/simple_2_rank_2_stage_iw_split_input.csv mlp 1"; do
+  read -r f mode look <<<"$run"
+  t0=$(date +%s.%N)
+  "${mpirun[@]}" -np 2 "$luapipe" "$driver" "$f" 2 $mode $look >"$tmp/out" 2>"$tmp/err" </dev/null
+  rc=$?
+  t1=$(date +%s.%N)
+  echo "$(basename "$f") P=2 M=2${look:+ lookahead $look}: rc $rc in $(elapsed "$t0" "$t1") s"
+  if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok ' "$tmp/out")" -ne 2 ]; then
+    fail "$(basename "$f") on 2 ranks"
+    cat "$tmp/out" "$tmp/err"
+  fi
+done
 
 # a schedule for 4 ranks on a 2-rank job: one clear line, once, exit 2
 "${mpirun[@]}" -np 2 "$luapipe" "$driver" 1f1b 8 ranks >"$tmp/out" 2>&1

@@ -33,6 +33,8 @@
 -- data(), so the EP partners find their exchanges done at different times
 -- (the pairs poll, fill with weight-grads and wait differently on each);
 -- the results must not change.
+-- FAMILY may be a .csv schedule (PyTorch's format, with SEND/RECV): it runs
+-- as written, receives posted where the file says and waited for at use.
 -- mode "ranks": asks for pp = 4 on a smaller job (expects a clear error).
 -- mode "stages": a model with fewer layers than stages (expects an error).
 local nn = require("luapipe.nn")
@@ -68,6 +70,11 @@ elseif mode == "stages" then
 end
 
 local sched = family
+if family:match("%.csv$") then
+  -- a schedule file with explicit SEND/RECV (PyTorch's CSV), run as written
+  sched = assert(require("luapipe.schedule").from_csv(family))
+  assert(sched:info().lowered and sched:info().microbatches == M)
+end
 if mode == "reduce" or mode == "wait" or (mode or ""):match("_reduce") then
   sched = require("luapipe.schedule").build(family, { pp = PP, microbatches = M })
   for rk = 0, PP - 1 do

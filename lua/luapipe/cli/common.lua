@@ -25,9 +25,10 @@ function M.add_schedule_options(p)
   p:argument("schedule", "a family (" .. table.concat(schedule.families, ", ") ..
     "; any case), a .csv or .json schedule file, or a .lua file returning a schedule")
   M.add_count_options(p, "4", "8", "2", "model chunks per rank (interleaved1f1b)")
-  p:option("--sends", "send model the validation assumes: buffered (a send never waits "
-    .. "for its receive; the executor's) or rendezvous", "buffered")
-    :choices { "buffered", "rendezvous" }
+  p:option("--sends", "send model the validation assumes: nonblocking (SEND and RECV only "
+    .. "post, a compute waits for its inputs' sends: the executor's and PyTorch's), buffered "
+    .. "(a RECV waits for its send) or rendezvous (a send waits for its receive)", "nonblocking")
+    :choices { "nonblocking", "buffered", "rendezvous" }
 end
 
 -- Checks the size of what the counts ask for; nil or a message.

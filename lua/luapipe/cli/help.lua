@@ -22,7 +22,7 @@ M.topics = {
     { "s:push(rank, action | {actions})", "append actions to a rank's list" },
     { "s:actions(rank) / s:action(rank, i) / s:count(rank)", "read a rank's list" },
     { "s:info()", "{name, ranks, stages, vstages, microbatches}" },
-    { "s:validate()", "true, or nil, message naming rank, action and micro-batch" },
+    { "s:validate([{sends = \"nonblocking\" | \"buffered\" | \"rendezvous\"}])", "true, or nil, message naming rank, action and micro-batch; sends: how SEND/RECV wait (default nonblocking: both only post, a compute waits for its inputs' sends, as in the executor and PyTorch; buffered: a RECV blocks; rendezvous: a send blocks too)" },
     { "s:lower()", "a copy with SEND/RECV inserted" },
     { "s:simulate(cost)", "a SimResult (see `help sim`)" },
     { "s:memory(rank)", "{peak_live, param_stages, ...} per rank" },
@@ -85,6 +85,8 @@ M.topics = {
     { "model:build([seed]) / model:build_stage(part, stage, seed)", "a Layer (C), the whole model or one stage" },
     { "t:shape() / t:totable() / t:numel()", "Tensor contents" },
     { "layer:forward(x) / layer:params() / layer:set_params(p)", "run and read a Layer" },
+    { "layer:route(i, x)", "MoE layer i's routing of its input x, per token: {experts (0-based, in order), weights, scores}" },
+    { "layer:moe_bias(i) / layer:set_moe_bias(i, bias)", "MoE layer i's selection bias, one number per expert" },
   },
   {
     name = "train", summary = "pipeline-parallel training under mpirun (luapipe.train)",
