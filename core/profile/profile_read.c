@@ -527,6 +527,16 @@ static void yajl_line(yajl_handle h, const unsigned char *buf, size_t len, char 
 
 /* ---- one file --------------------------------------------------------- */
 
+/* gzerror's text without the "path: " zlib puts in front */
+static const char *gz_message(gzFile gz, const char *path) {
+  int zerr;
+  const char *m = gzerror(gz, &zerr);
+  if (!m || !*m) return "read error";
+  size_t n = strlen(path);
+  if (strncmp(m, path, n) == 0 && m[n] == ':' && m[n + 1] == ' ') m += n + 2;
+  return m;
+}
+
 static int ends_with(const char *s, const char *suf) {
   size_t a = strlen(s), b = strlen(suf);
   return a >= b && strcmp(s + a - b, suf) == 0;
@@ -588,9 +598,7 @@ static lp_status read_file(lp_profile *p, const char *path) {
   for (;;) {
     int n = gzread(gz, buf, RD_CHUNK);
     if (n < 0) {
-      int zerr;
-      const char *m = gzerror(gz, &zerr);
-      lp_errf(p->err, "%s: damaged gzip data: %s", path, m ? m : "read error");
+      lp_errf(p->err, "%s: damaged gzip data: %s", path, gz_message(gz, path));
       st = LP_ERR_PARSE;
       goto done;
     }
@@ -613,9 +621,9 @@ static lp_status read_file(lp_profile *p, const char *path) {
   }
   {
     int zerr = Z_OK;
-    const char *m = gzerror(gz, &zerr);
+    gzerror(gz, &zerr);
     if (zerr != Z_OK && zerr != Z_STREAM_END) {
-      lp_errf(p->err, "%s: damaged gzip data: %s", path, m ? m : "read error");
+      lp_errf(p->err, "%s: damaged gzip data: %s", path, gz_message(gz, path));
       st = LP_ERR_PARSE;
       goto done;
     }
