@@ -121,6 +121,8 @@ static int lb_profile_analyze(lua_State *L) {
     lua_setfield(L, -2, "busy_us");
     lb_set_number(L, "comm_overlap_us", us(r->overlap_ns));
     lb_set_number(L, "comm_exposed_us", us(r->exposed_ns));
+    lb_set_number(L, "comm_ops_us", us(r->comm_ops_ns));
+    lb_set_number(L, "comm_ops_overlap_us", us(r->comm_ops_overlap_ns));
     lb_set_integer(L, "ops", r->ops);
     lb_set_integer(L, "unattributed_ops", r->unattributed_ops);
     lua_createtable(L, r->nstreams, 0);

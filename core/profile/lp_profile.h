@@ -91,6 +91,10 @@ typedef struct lp_profile_rank {
   int64_t busy_ns[LP_PROFILE_NBUSY]; /* union per class, all streams; compute minus WAIT */
   int64_t overlap_ns;      /* |union(comm) ∩ union(compute)| */
   int64_t exposed_ns;      /* |union(comm)| - overlap */
+  /* per operation instead of per union: the summed durations of the
+   * communication operations and the summed |op ∩ union(compute)| of each
+   * (luapipe's training summary counts its exchanges' hidden time so) */
+  int64_t comm_ops_ns, comm_ops_overlap_ns;
   int64_t ops;             /* counted operations */
   int64_t unattributed_ops; /* operations no phase launched (when phases exist) */
   int nstreams;

@@ -196,6 +196,22 @@ static int64_t ivset_intersect_len(const ivset *a, const ivset *b) {
   return t;
 }
 
+/* |[s, e) ∩ a| */
+static int64_t ivset_cover(const ivset *a, int64_t s, int64_t e) {
+  int64_t lo = 0, hi = a->n; /* first interval ending after s */
+  while (lo < hi) {
+    int64_t mid = (lo + hi) / 2;
+    if (a->v[mid].e <= s) lo = mid + 1;
+    else hi = mid;
+  }
+  int64_t t = 0;
+  for (int64_t i = lo; i < a->n && a->v[i].s < e; i++) {
+    int64_t x = a->v[i].s > s ? a->v[i].s : s, y = a->v[i].e < e ? a->v[i].e : e;
+    if (y > x) t += y - x;
+  }
+  return t;
+}
+
 /* out = a minus b */
 static int ivset_subtract(const ivset *a, const ivset *b, ivset *out) {
   int64_t j = 0;
@@ -549,6 +565,12 @@ static lp_status analyze_rank(lp_profile *p, const phase_index *px, const opkey 
   r->busy_ns[LP_PROFILE_MEMORY] = ivset_len(&cls[LP_PROFILE_MEMORY]);
   r->overlap_ns = ivset_intersect_len(&cls[LP_PROFILE_COMM], &ceff);
   r->exposed_ns = r->busy_ns[LP_PROFILE_COMM] - r->overlap_ns;
+  for (int64_t k = 0; k < n; k++) {
+    const pf_op *o = &p->ops[keys[k].idx];
+    if (p->names.e[o->name].cls != LP_PROFILE_COMM) continue;
+    r->comm_ops_ns += o->end - o->start;
+    r->comm_ops_overlap_ns += ivset_cover(&ceff, o->start, o->end);
+  }
   if (ivset_union(&ceff, &cls[LP_PROFILE_COMM], &u1)) goto done;
   if (ivset_union(&u1, &cls[LP_PROFILE_MEMORY], &all)) goto done;
   r->idle_ns = r->span_ns - ivset_len(&all);

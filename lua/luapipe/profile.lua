@@ -29,6 +29,10 @@
 --   comm_overlap_ratio comm_overlap_us / busy_us.communication (HTA's
 --                      comp_comm_overlap_ratio, with our classes)
 --   comm_exposed_us    busy_us.communication - comm_overlap_us
+--   comm_ops_us, comm_ops_overlap_us  the same per operation: summed
+--                      durations of the communication operations, and the
+--                      summed |operation ∩ union(compute)| (the share
+--                      luapipe's training summary calls "hidden")
 --   phases             innermost user annotations (record_function
 --                      ranges containing no other annotation of their
 --                      thread), in CPU order: cpu_us = its duration,
@@ -184,7 +188,8 @@ end
 
 local orders = {
   rank = { "rank", "file", "span_us", "idle_us", "busy_us", "comm_overlap_us", "comm_exposed_us",
-    "comm_overlap_ratio", "streams", "phases", "phase_totals", "unclassified" },
+    "comm_overlap_ratio", "comm_ops_us", "comm_ops_overlap_us", "streams", "phases",
+    "phase_totals", "unclassified" },
   busy = { "compute", "communication", "memory" },
   stream = { "stream", "device", "busy_us", "ops" },
   phase = { "name", "cpu_us", "gpu_us", "ops" },
@@ -288,6 +293,10 @@ function M.text(rep, opts)
       pct(r.comm_exposed_us, r.busy_us.communication))
     add("  (overlapped/exposed: share of communication time; comm_overlap_ratio %.4f)",
       r.comm_overlap_ratio)
+    if r.comm_ops_us ~= r.busy_us.communication then
+      add("  per operation (summed, not a union): communication %s ms, %s of it overlapped",
+        ms(r.comm_ops_us), pct(r.comm_ops_overlap_us, r.comm_ops_us))
+    end
     add("  %-10s %12s %14s %10s %8s", "stream", "compute ms", "communication", "memory", "ops")
     for _, s in ipairs(r.streams) do
       add("  %-10s %12s %14s %10s %8d", (#r.streams > 0 and s.device ~= r.streams[1].device)
