@@ -545,6 +545,38 @@ static lp_status analyze_rank(lp_profile *p, const phase_index *px, const opkey 
       if (ru->e != INT64_MIN) r->streams[s].busy_ns[b] += ru->e - ru->s;
     }
   lp_free(runs);
+  /* streams in (device, stream) order */
+  if (r->nstreams > 1) {
+    int ns = r->nstreams;
+    int *perm = lp_malloc((size_t)ns * sizeof *perm), *inv = lp_malloc((size_t)ns * sizeof *inv);
+    lp_profile_stream *sorted = lp_malloc((size_t)ns * sizeof *sorted);
+    if (!perm || !inv || !sorted) {
+      lp_free(perm);
+      lp_free(inv);
+      lp_free(sorted);
+      goto done;
+    }
+    for (int a = 0; a < ns; a++) perm[a] = a;
+    for (int a = 1; a < ns; a++) { /* insertion sort: few streams */
+      int x = perm[a], b = a - 1;
+      while (b >= 0 && (r->streams[perm[b]].device > r->streams[x].device ||
+                        (r->streams[perm[b]].device == r->streams[x].device &&
+                         r->streams[perm[b]].stream > r->streams[x].stream))) {
+        perm[b + 1] = perm[b];
+        b--;
+      }
+      perm[b + 1] = x;
+    }
+    for (int a = 0; a < ns; a++) {
+      sorted[a] = r->streams[perm[a]];
+      inv[perm[a]] = a;
+    }
+    memcpy(r->streams, sorted, (size_t)ns * sizeof *sorted);
+    for (int64_t k = 0; k < n; k++) d->stream_ix[k] = inv[d->stream_ix[k]];
+    lp_free(perm);
+    lp_free(inv);
+    lp_free(sorted);
+  }
   if (r->ops == 0) { /* everything ignored */
     first = last = keys[0].start;
   }
@@ -599,7 +631,7 @@ lp_status lp_profile_analyze(lp_profile *p) {
     st = LP_ERR_NOMEM;
     goto done;
   }
-  qsort(p->calls, (size_t)p->ncalls, sizeof *p->calls, cmp_call);
+  if (p->ncalls > 1) qsort(p->calls, (size_t)p->ncalls, sizeof *p->calls, cmp_call);
   for (int64_t i = 0; i < p->nops; i++) {
     keys[i].start = p->ops[i].start;
     keys[i].end = p->ops[i].end;

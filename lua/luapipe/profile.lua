@@ -487,8 +487,16 @@ function M.svg(rep, r)
   if not ri then return nil, "svg: not a rank of this report" end
   local ops = rep.profile:ops(ri)
   local W, left, lane, top = 1600, 110, 28, 40
-  local span = math.max(r.span_us, 1e-9)
-  local scale = (W - left - 20) / span
+  -- time axis: from the earliest of the first GPU operation and the first
+  -- phase's CPU start (0 = the first GPU operation) to the latest end
+  local t0, t1 = 0, r.span_us
+  for _, ph in ipairs(r.phases) do
+    t0 = math.min(t0, ph.cpu_start_us)
+    t1 = math.max(t1, ph.cpu_start_us + ph.cpu_us)
+  end
+  local span = r.span_us
+  local scale = (W - left - 20) / math.max(t1 - t0, 1e-9)
+  left = left - t0 * scale
   local colour, legend = {}, {}
   for _, name in ipairs(r.phase_order) do
     colour[name] = palette[(#legend % #palette) + 1]
@@ -507,7 +515,7 @@ function M.svg(rep, r)
     ' ms; black outline: communication)</text>\n')
   local y0 = top
   if #r.phases > 0 then
-    put('<text x="10" y="', f2(y0 + lane * 0.65), '">CPU phases</text>\n')
+    put('<text x="10" y="', f2(y0 + lane * 0.65), '">CPU (phases)</text>\n')
     for _, ph in ipairs(r.phases) do
       local x = left + ph.cpu_start_us * scale
       local w = math.max(ph.cpu_us * scale, 0.5)
@@ -551,7 +559,7 @@ function M.svg(rep, r)
   for si in pairs(r.streams) do flush(si) end
   local ly = y0 + #r.streams * lane + 24
   for i, name in ipairs(legend) do
-    local x = left + ((i - 1) % 6) * 230
+    local x = 110 + ((i - 1) % 6) * 230
     local y = ly + math.floor((i - 1) / 6) * 18
     put('<rect x="', f2(x), '" y="', f2(y - 10), '" width="12" height="12" fill="', colour[name],
       '"/><text x="', f2(x + 16), '" y="', f2(y), '">', esc(name), '</text>\n')
