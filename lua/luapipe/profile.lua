@@ -391,8 +391,9 @@ end
 -- launched, in ms, per F&B pair (opts.pairs, default 1); F = its compute +
 -- exchanges (run alone, nothing hides them), B = I + W; FB = the measured
 -- overlapped pair: first start to last end of the operations of every
--- mapped phase. costs.sim is the cost table for s:simulate and
--- costs.text the --cost text.
+-- mapped phase. opts.exchanges = false leaves the exchanges out of F, I
+-- and W (as if every one were hidden). costs.sim is the cost table for
+-- s:simulate and costs.text the --cost text.
 function M.costs(r, opts)
   opts = opts or {}
   local pairs_ = opts.pairs or 1
@@ -428,13 +429,15 @@ function M.costs(r, opts)
   end
   local function v(x) return x / 1000 / pairs_ end
   local c = { rank = r.rank, pairs = pairs_, parts = {} }
-  for k, a in pairs(acc) do
+  for k, a in next, acc do
     c.parts[k] = { compute = v(a.compute), exchange = v(a.exchange), dispatch = v(a.dispatch),
       combine = v(a.combine), phases = a.phases }
   end
-  local F = v(acc.F.compute + acc.F.exchange)
-  local I = v(acc.I.compute + acc.I.exchange)
-  local W = v(acc.W.compute + acc.W.exchange)
+  local x = opts.exchanges == false and 0 or 1 -- false: as if every exchange were hidden
+  local F = v(acc.F.compute + x * acc.F.exchange)
+  local I = v(acc.I.compute + x * acc.I.exchange)
+  local W = v(acc.W.compute + x * acc.W.exchange)
+  c.exchanges = x == 1
   local FB = v(last - first)
   c.F, c.I, c.W, c.B, c.FB = F, I, W, I + W, FB
   local function r3(x) return math.floor(x * 1000 + 0.5) / 1000 end
@@ -460,8 +463,9 @@ function M.costs_text(c)
   add("  %-4s %10.3f  measured overlapped pair (first start to last end of its GPU work); "
     .. "F + B = %.3f, the pair takes %.1f%% of that", "FB", c.FB, c.F + c.B,
     c.F + c.B > 0 and 100 * c.FB / (c.F + c.B) or 0)
-  add("  (cost = compute + exchanges, as if nothing hid them; compute and exchanges are summed "
-    .. "operation durations)")
+  add(c.exchanges and "  (cost = compute + exchanges, as if nothing hid them; compute and exchanges "
+    .. "are summed operation durations)" or "  (cost = compute only, as if every exchange were "
+    .. "hidden (--no-exchanges); summed operation durations)")
   add("--cost %s", c.text)
   return table.concat(L, "\n") .. "\n"
 end

@@ -24,6 +24,8 @@ function M.parser(p)
     :convert(cli.int_option("--rank", 0, 1 << 30))
   p:flag("--costs", "print the cost table the phases give (F, B, I, W, FB in ms) for "
     .. "simulate, bubbles and search (--cost)")
+  p:flag("--no-exchanges", "--costs/--simulate: F, I, W without the exchanges' time (as if every "
+    .. "dispatch and combine were hidden)")
   p:option("--pairs", "F&B chunk pairs the trace holds (costs are per pair)", "1")
     :convert(cli.int_option("--pairs", 1, 1 << 20))
   p:option("--simulate", "simulate a schedule family (or 'all') with the trace's costs")
@@ -107,7 +109,8 @@ function M.run(args)
   end
   local cost
   if args.costs or args.simulate then
-    local c, cerr = profile.costs(rank, { mapping = mapping, pairs = args.pairs })
+    local c, cerr = profile.costs(rank, { mapping = mapping, pairs = args.pairs,
+      exchanges = not args.no_exchanges })
     if not c then return cli.fail("profile", cerr, 2) end
     cost = c
     if args.costs then out[#out + 1] = profile.costs_text(c) end
