@@ -655,6 +655,21 @@ static lp_status read_file(lp_profile *p, const char *path) {
     st = LP_ERR_PARSE;
     goto done;
   }
+  /* give back the growth slack of the arrays (the analysis allocates next) */
+  if (p->nops && p->nops < p->ops_cap) {
+    pf_op *o = lp_realloc(p->ops, (size_t)p->nops * sizeof *p->ops);
+    if (o) {
+      p->ops = o;
+      p->ops_cap = p->nops;
+    }
+  }
+  if (p->ncalls && p->ncalls < p->calls_cap) {
+    pf_call *c = lp_realloc(p->calls, (size_t)p->ncalls * sizeof *p->calls);
+    if (c) {
+      p->calls = c;
+      p->calls_cap = p->ncalls;
+    }
+  }
 done:
   if (h) yajl_free(h);
   if (gz) gzclose(gz);
