@@ -176,6 +176,29 @@ function TestProfileSmall:test_json_keys()
   lu.assertEquals(r.phase_totals["attn(F)"].count, 1)
 end
 
+-- a trace luapipe wrote (the simulator's): ranks from its processes, the
+-- actions' union is the simulator's busy time of each rank
+function TestProfileSmall:test_luapipe_sim_trace()
+  local schedule = require("luapipe.schedule")
+  local s = schedule.build("dualpipe", { pp = 4, microbatches = 8 })
+  local res = assert(s:simulate({ F = 1, B = 2, W = 1, FB = 2.5, latency = 0.25 }))
+  local base = os.tmpname()
+  local path = base .. ".json"
+  assert(res:write_trace(path))
+  local rep = read1(path)
+  os.remove(path)
+  os.remove(base)
+  local sr = res:ranks()
+  lu.assertEquals(#rep.ranks, 4)
+  for i, r in ipairs(rep.ranks) do
+    lu.assertEquals(r.rank, i - 1)
+    lu.assertAlmostEquals(r.busy_us.compute, sr[i].busy * 1000, 1e-6)
+    lu.assertTrue(r.busy_us.communication > 0) -- messages take the latency
+    lu.assertEquals(#r.phases, 0)
+    lu.assertEquals(#r.unclassified, 0)
+  end
+end
+
 -- ---- bad input: one line naming the file and the event ------------------
 
 TestProfileBad = {}
