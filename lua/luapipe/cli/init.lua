@@ -8,8 +8,8 @@ M.commands = {
   { name = "simulate", summary = "simulate a schedule under a cost model; text, JSON, SVG, trace" },
   { name = "bubbles", summary = "DualPipe's bubble table measured for every family" },
   { name = "eplb", summary = "expert placement (DeepSeek EPLB) from a load file" },
-  { name = "profile", summary = "read profiler traces: compute/communication overlap, phases, costs" },
   { name = "help", summary = "help on a command, or on environment variables (help env)" },
+  { name = "profile", summary = "read profiler traces: compute/communication overlap, phases, costs" },
 }
 
 local by_name = {}
