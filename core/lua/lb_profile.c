@@ -186,6 +186,94 @@ static int lb_profile_ops(lua_State *L) {
   return 1;
 }
 
+/* p:name_stats(i) -> {[name index (1-based)] = {ops=, us=}} for the names
+ * of rank table i's operations (one C pass; no table per operation). */
+static int lb_profile_name_stats(lua_State *L) {
+  lp_profile *p = check_profile(L, 1);
+  int i = lb_check_int(L, 2) - 1;
+  if (i < 0 || i >= lp_profile_rank_count(p)) luaL_argerror(L, 2, "no such rank (analyze first)");
+  int nn = lp_profile_name_count(p);
+  int64_t *cnt = lua_newuserdatauv(L, (size_t)(nn ? nn : 1) * 2 * sizeof(int64_t), 0);
+  memset(cnt, 0, (size_t)(nn ? nn : 1) * 2 * sizeof(int64_t));
+  int64_t n = lp_profile_rank_ops(p, i, 0, NULL);
+  for (int64_t j = 0; j < n; j++) {
+    lp_profile_op_view v;
+    lp_profile_rank_ops(p, i, j, &v);
+    cnt[2 * v.name]++;
+    cnt[2 * v.name + 1] += v.end_ns - v.start_ns;
+  }
+  lua_newtable(L);
+  for (int k = 0; k < nn; k++) {
+    if (!cnt[2 * k]) continue;
+    lua_createtable(L, 0, 2);
+    lb_set_integer(L, "ops", cnt[2 * k]);
+    lb_set_number(L, "us", us(cnt[2 * k + 1]));
+    lua_rawseti(L, -2, k + 1);
+  }
+  return 1;
+}
+
+/* p:runs(i, gap_us) -> {{start=, finish=, stream=, class=, phase=, ops=}}:
+ * rank table i's operations merged per stream into runs of the same class
+ * and phase whose gaps are under gap_us (a drawing's pixel), in order of
+ * their first operation. */
+static int lb_profile_runs(lua_State *L) {
+  lp_profile *p = check_profile(L, 1);
+  int i = lb_check_int(L, 2) - 1;
+  double gap = luaL_checknumber(L, 3);
+  if (i < 0 || i >= lp_profile_rank_count(p)) luaL_argerror(L, 2, "no such rank (analyze first)");
+  const lp_profile_rank *r = lp_profile_rank_at(p, i);
+  int ns = r->nstreams;
+  typedef struct run {
+    int64_t s, e, n;
+    int cls, phase, live;
+  } run;
+  run *cur = lua_newuserdatauv(L, (size_t)(ns ? ns : 1) * sizeof *cur, 0); /* [.., cur] */
+  memset(cur, 0, (size_t)(ns ? ns : 1) * sizeof *cur);
+  lua_newtable(L); /* [.., cur, out] */
+  lua_Integer k = 0;
+  int64_t gap_ns = (int64_t)(gap * 1000.0);
+  int64_t n = lp_profile_rank_ops(p, i, 0, NULL);
+  for (int64_t j = 0; j <= n; j++) {
+    lp_profile_op_view v;
+    if (j < n) {
+      lp_profile_rank_ops(p, i, j, &v);
+      if (v.cls == LP_PROFILE_IGNORE) continue;
+      run *u = &cur[v.stream];
+      if (u->live && u->cls == v.cls && u->phase == v.phase && v.start_ns - u->e < gap_ns) {
+        if (v.end_ns > u->e) u->e = v.end_ns;
+        u->n++;
+        continue;
+      }
+    }
+    for (int s = 0; s < ns; s++) { /* flush the stream's run (all of them at the end) */
+      if (j < n && s != v.stream) continue;
+      run *u = &cur[s];
+      if (u->live) {
+        lua_createtable(L, 0, 6);
+        lb_set_number(L, "start", us(u->s));
+        lb_set_number(L, "finish", us(u->e));
+        lb_set_integer(L, "stream", s + 1);
+        lua_pushstring(L, class_names[u->cls]);
+        lua_setfield(L, -2, "class");
+        if (u->phase >= 0) lb_set_integer(L, "phase", u->phase + 1);
+        lb_set_integer(L, "ops", u->n);
+        lua_rawseti(L, -2, ++k);
+      }
+      u->live = 0;
+      if (j < n) {
+        u->live = 1;
+        u->s = v.start_ns;
+        u->e = v.end_ns;
+        u->n = 1;
+        u->cls = v.cls;
+        u->phase = v.phase;
+      }
+    }
+  }
+  return 1;
+}
+
 /* p:stats() -> bytes of JSON read, events seen */
 static int lb_profile_stats(lua_State *L) {
   lp_profile *p = check_profile(L, 1);
@@ -201,6 +289,8 @@ void lb_open_profile(lua_State *L) {
                                      {"set_classes", lb_profile_set_classes},
                                      {"analyze", lb_profile_analyze},
                                      {"ops", lb_profile_ops},
+                                     {"name_stats", lb_profile_name_stats},
+                                     {"runs", lb_profile_runs},
                                      {"stats", lb_profile_stats},
                                      {"close", lb_profile_close},
                                      {NULL, NULL}};

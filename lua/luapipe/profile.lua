@@ -245,17 +245,12 @@ function M.read(paths, opts)
     r.phase_totals = setmetatable(totals, { __jsonorder = order })
     r.phase_order = order
     -- unclassified names of this rank's operations
-    local count, time = {}, {}
-    for _, op in ipairs(p:ops(ri)) do
-      if unnamed[op.name] then
-        count[op.name] = (count[op.name] or 0) + 1
-        time[op.name] = (time[op.name] or 0) + (op.finish - op.start)
-      end
-    end
     local un = {}
-    for i in pairs(count) do
-      un[#un + 1] = setmetatable({ name = names[i].name, count = count[i], gpu_us = time[i] },
-        { __jsonorder = { "name", "count", "gpu_us" } })
+    for i, st in pairs(p:name_stats(ri)) do
+      if unnamed[i] then
+        un[#un + 1] = setmetatable({ name = names[i].name, count = st.ops, gpu_us = st.us },
+          { __jsonorder = { "name", "count", "gpu_us" } })
+      end
     end
     table.sort(un, function(a, b)
       if a.gpu_us ~= b.gpu_us then return a.gpu_us > b.gpu_us end
@@ -489,7 +484,6 @@ function M.svg(rep, r)
   local ri
   for i, x in ipairs(rep.ranks) do if x == r then ri = i end end
   if not ri then return nil, "svg: not a rank of this report" end
-  local ops = rep.profile:ops(ri)
   local W, left, lane, top = 1600, 110, 28, 40
   -- time axis: from the earliest of the first GPU operation and the first
   -- phase's CPU start (0 = the first GPU operation) to the latest end
@@ -533,34 +527,17 @@ function M.svg(rep, r)
     local y = y0 + (si - 1) * lane
     put('<text x="10" y="', f2(y + lane * 0.65), '">stream ', tostring(s.stream), '</text>\n')
   end
-  -- merge per stream: a run of the same phase and class closer than a pixel
-  local runs = {}
-  local function flush(si)
-    local u = runs[si]
-    if not u then return end
-    local y = y0 + (si - 1) * lane
+  -- runs per stream of the same phase and class closer than a pixel (merged in C)
+  for _, u in ipairs(rep.profile:runs(ri, 1 / scale)) do
+    local y = y0 + (u.stream - 1) * lane
     local name = u.phase and r.phases[u.phase].name
     local fill = name and colour[name] or "#c8c8c8"
-    local x, w = left + u.s * scale, math.max((u.e - u.s) * scale, 0.5)
+    local x, w = left + u.start * scale, math.max((u.finish - u.start) * scale, 0.5)
     put('<rect x="', f2(x), '" y="', f2(y + 4), '" width="', f2(w), '" height="', f2(lane - 8),
       '" fill="', fill, '"', u.class == "communication" and ' stroke="black" stroke-width="0.8"' or "",
-      '><title>', esc(name or "no phase"), ' ', u.class, ' ', tostring(u.n), ' ops ',
-      string.format("%.3f", (u.e - u.s) / 1000), ' ms</title></rect>\n')
-    runs[si] = nil
+      '><title>', esc(name or "no phase"), ' ', u.class, ' ', tostring(u.ops), ' ops ',
+      string.format("%.3f", (u.finish - u.start) / 1000), ' ms</title></rect>\n')
   end
-  for _, op in ipairs(ops) do
-    if op.class ~= "ignore" then
-      local u = runs[op.stream]
-      if u and u.phase == op.phase and u.class == op.class and (op.start - u.e) * scale < 1 then
-        if op.finish > u.e then u.e = op.finish end
-        u.n = u.n + 1
-      else
-        flush(op.stream)
-        runs[op.stream] = { s = op.start, e = op.finish, phase = op.phase, class = op.class, n = 1 }
-      end
-    end
-  end
-  for si in pairs(r.streams) do flush(si) end
   local ly = y0 + #r.streams * lane + 24
   for i, name in ipairs(legend) do
     local x = 110 + ((i - 1) % 6) * 230
