@@ -52,6 +52,13 @@ expect_in "bad rules: message" "$tmp/err" "--rules: $tmp/rules.lua: rule 1: clas
 echo 'return { { match = "^compute_b$", class = "communication" } }' >"$tmp/rules.lua"
 expect_rc "rules file" 0 "$LP" profile "$small" --rules "$tmp/rules.lua" --format json
 expect_in "rules: compute_b is communication" "$tmp/out" '"communication":40.0,'
+cat >"$tmp/map.lua" <<'LUA'
+return { mapping = { ["mlp(B)"] = { kind = "W" } } } -- a user's phase mapping
+LUA
+expect_rc "mapping from a rules file" 0 "$LP" profile "$small" --rules "$tmp/map.lua" --costs
+expect_in "mapping: mlp(B) as W" "$tmp/out" "--cost F=0.060,B=0.009,W=0.009,FB=0.064"
+expect_rc "--no-exchanges" 0 "$LP" profile "$small" --costs --no-exchanges
+expect_in "--no-exchanges: F is compute only" "$tmp/out" "--cost F=0.025,B=0.009,W=0.000,FB=0.064"
 expect_rc "--rank absent" 2 "$LP" profile "$small" --rank 1 --costs
 expect_in "--rank: message" "$tmp/err" "--rank 1: the traces hold ranks 3"
 expect_rc "help profile" 0 "$LP" help profile
