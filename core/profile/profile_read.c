@@ -192,6 +192,20 @@ static void ev_reset(rd_event *e) {
 
 static int cat_is(const rd_event *e, const char *s) { return strcmp(e->cat, s) == 0; }
 
+/* Runtime calls that never put an operation on the GPU (event queries
+ * and waits, synchronisation): not kept. */
+static int never_launches(const char *name) {
+  static const char *const prefixes[] = {"cudaEvent",          "cudaStreamWaitEvent",
+                                         "cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                         "cudaStreamQuery",    "cudaGetLastError",
+                                         "cudaPeekAtLastError", "cudaGetDevice",
+                                         "cudaSetDevice",      "cudaStreamIsCapturing",
+                                         NULL};
+  for (int i = 0; prefixes[i]; i++)
+    if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0) return 1;
+  return 0;
+}
+
 /* A finished event: keeps what the analysis needs. */
 static int ev_finish(rd *r) {
   rd_event *e = &r->ev;
@@ -242,7 +256,8 @@ static int ev_finish(rd *r) {
     p->names.e[id].total += e->dur.v;
     return 1;
   }
-  if ((cat_is(e, "cuda_runtime") || cat_is(e, "cuda_driver")) && e->corr.state == 1) {
+  if ((cat_is(e, "cuda_runtime") || cat_is(e, "cuda_driver")) && e->corr.state == 1 &&
+      !never_launches(name)) {
     if (pf_grow((void **)&p->calls, &p->calls_cap, p->ncalls + 1, sizeof *p->calls))
       return nomem(r);
     pf_call *c = &p->calls[p->ncalls++];
