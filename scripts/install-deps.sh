@@ -10,6 +10,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libreadline-dev
+  libyajl-dev zlib1g-dev
 )
 # scripts/fuzz.sh also needs clang and libFuzzer (the build and tests do not)
 if [ "${LUAPIPE_DEPS_FUZZ:-0}" = 1 ]; then PACKAGES+=(clang libclang-rt-dev); fi

@@ -120,6 +120,22 @@ M.topics = {
     { "perf.format(summary)", "the text train prints" },
     { "perf.write_measured_svg(exec, sched, path)", "the measured last step as SVG" },
   },
+  {
+    name = "profile", summary = "profile traces in: overlap, phases, costs (luapipe.profile)",
+    intro = "Reads PyTorch profiler traces (.json, .json.gz, folders of per-rank traces) and "
+      .. "luapipe's own in C (yajl, zlib). A rule is {class=, cat=}, {class=, match=PATTERN}, "
+      .. "{class=, plain=TEXT} or function(name, cat) -> class; classes compute, communication, "
+      .. "memory, wait, ignore; first match wins; unnamed kernels count as compute and are listed.",
+    { "profile.read(paths, {rules=})", "a report {ranks = {...}}, or nil, message (file, event)" },
+    { "profile.rules", "the default rules (NCCL, DeepEP dispatch/combine/notify, memcpy/memset, ...)" },
+    { "profile.classify(name, cat, rules)", "the class a rule gives, or nil" },
+    { "profile.load_rules(path)", "a --rules file: rules (before the defaults), mapping" },
+    { "profile.text(report) / json(report)", "the table; JSON with stable keys" },
+    { "profile.mapping(name)", "phase -> {kind = F|I|W, exchange = dispatch|combine}" },
+    { "profile.costs(rank, {mapping=, pairs=})", "F, I, W, B, FB in ms and a --cost text" },
+    { "profile.costs_text(costs)", "the --costs table" },
+    { "profile.svg(report, rank)", "SVG timeline per stream, phases coloured" },
+  },
 }
 
 M.by_name = {}

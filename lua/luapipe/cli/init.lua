@@ -9,6 +9,7 @@ M.commands = {
   { name = "bubbles", summary = "DualPipe's bubble table measured for every family" },
   { name = "eplb", summary = "expert placement (DeepSeek EPLB) from a load file" },
   { name = "help", summary = "help on a command, or on environment variables (help env)" },
+  { name = "profile", summary = "read profiler traces: compute/communication overlap, phases, costs" },
 }
 
 local by_name = {}

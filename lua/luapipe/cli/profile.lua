@@ -1,0 +1,145 @@
+-- `luapipe profile`: read profile traces (PyTorch profiler, luapipe) and
+-- report, per rank, GPU busy time per class and stream, communication
+-- overlapped by computation, idle time and phases; optionally the costs
+-- they give the simulator, and what a schedule would do with them.
+local cli = require("luapipe.cli")
+local common = require("luapipe.cli.common")
+
+local M = {}
+
+function M.parser(p)
+  p:description("Read Chrome-format profile traces (.json, .json.gz, a folder of per-rank "
+    .. "traces, or a trace luapipe wrote) and report per rank: GPU busy time per class "
+    .. "(compute, communication, memory) and per stream as unions of intervals, communication "
+    .. "overlapped by computation and exposed, idle time, span, and phases (innermost "
+    .. "record_function annotations) with the GPU time of the kernels each launched. "
+    .. "Bad input: one line naming the file (and event), exit 2.")
+  p:argument("paths", "trace files or folders"):args("+")
+  p:option("--format -f", "text or json", "text"):choices { "text", "json" }
+  p:option("--output -o", "write the report to FILE instead of standard output")
+  p:option("--svg", "write the GPU timeline per stream, phases coloured, as SVG to FILE")
+  p:option("--rules", "a Lua file returning classification rules put before the defaults "
+    .. "(or {rules=, replace=true, mapping=}); see `luapipe help luapipe.profile`")
+  p:option("--rank", "the rank --costs, --simulate and --svg use (default: the first)")
+    :convert(cli.int_option("--rank", 0, 1 << 30))
+  p:flag("--costs", "print the cost table the phases give (F, B, I, W, FB in ms) for "
+    .. "simulate, bubbles and search (--cost)")
+  p:flag("--no-exchanges", "--costs/--simulate: F, I, W without the exchanges' time (as if every "
+    .. "dispatch and combine were hidden)")
+  p:option("--pairs", "F&B chunk pairs the trace holds (costs are per pair)", "1")
+    :convert(cli.int_option("--pairs", 1, 1 << 20))
+  p:option("--simulate", "simulate a schedule family (or 'all') with the trace's costs")
+  common.add_count_options(p, "16", "32", "2", "chunks per rank for interleaved1f1b")
+  p:epilog("Examples:\n"
+    .. "  luapipe profile ../shared/data/deepseek-profile/train.json\n"
+    .. "  luapipe profile traces/ --format json -o report.json\n"
+    .. "  luapipe profile train.json --costs --simulate dualpipe --pp 16 --microbatches 32\n"
+    .. "  luapipe profile train.json --svg timeline.svg")
+end
+
+local function fmt(x)
+  if x == nil then return "-" end
+  return string.format("%.3f", x)
+end
+
+-- The --simulate table: family, bubble, step, peak activations.
+local function simulate_text(cost, args)
+  local bubbles = require("luapipe.cli.bubbles")
+  local schedules = require("luapipe.schedules")
+  local fams
+  if args.simulate == "all" then
+    fams = schedules.list()
+  else
+    local name, ferr = common.family(args.simulate)
+    if not name or name:find("[./]") then
+      return nil, ferr or ("--simulate takes a family name or 'all', got '" .. args.simulate .. "'")
+    end
+    fams = { name }
+  end
+  local serr = common.check_size(args.pp, args.microbatches, args.chunks)
+  if serr then return nil, serr end
+  local L = {}
+  L[#L + 1] = string.format("simulated with these costs: P=%d ranks, M=%d micro-batches (ms)",
+    args.pp, args.microbatches)
+  L[#L + 1] = string.format("%-17s %10s %10s %8s %8s  %s", "schedule", "step", "bubble", "bubble%",
+    "params", "activations/rank (max)")
+  for _, fam in ipairs(fams) do
+    local row = bubbles.measure(fam, args.pp, args.microbatches, args.chunks, cost)
+    if row.error then
+      if #fams == 1 then return nil, row.error end
+      L[#L + 1] = string.format("%-17s not built: %s", row.label, row.error)
+    else
+      L[#L + 1] = string.format("%-17s %10s %10s %7.1f%% %7dx  %d", row.label, fmt(row.makespan),
+        fmt(row.bubble), 100 * row.bubble / row.makespan, row.param_stages, row.activations_max)
+    end
+  end
+  L[#L + 1] = "step = makespan; bubble = largest per-rank (makespan - busy); params = model-stage "
+    .. "copies per rank; activations = peak micro-batch activations per rank."
+  return table.concat(L, "\n") .. "\n"
+end
+
+function M.run(args)
+  local profile = require("luapipe.profile")
+  local rules, mapping
+  if args.rules then
+    local r, m = profile.load_rules(args.rules)
+    if not r then return cli.fail("profile", "--rules: " .. tostring(m), 2) end
+    rules, mapping = r, m
+  end
+  local rep, err = profile.read(args.paths, { rules = rules })
+  if not rep then return cli.fail("profile", err, 2) end
+  local rank = rep.ranks[1]
+  if args.rank then
+    rank = nil
+    for _, r in ipairs(rep.ranks) do
+      if r.rank == args.rank then rank = r end
+    end
+    if not rank then
+      local have = {}
+      for _, r in ipairs(rep.ranks) do have[#have + 1] = tostring(r.rank) end
+      return cli.fail("profile", string.format("--rank %d: the traces hold ranks %s", args.rank,
+        table.concat(have, ", ")), 2)
+    end
+  end
+  local out = {}
+  if args.format == "json" then
+    out[#out + 1] = profile.json(rep) .. "\n"
+  else
+    out[#out + 1] = profile.text(rep)
+  end
+  local cost
+  if args.costs or args.simulate then
+    local c, cerr = profile.costs(rank, { mapping = mapping, pairs = args.pairs,
+      exchanges = not args.no_exchanges })
+    if not c then return cli.fail("profile", cerr, 2) end
+    cost = c
+    if args.costs then out[#out + 1] = profile.costs_text(c) end
+  end
+  if args.simulate then
+    local text, serr = simulate_text(cost.sim, args)
+    if not text then return cli.fail("profile", "--simulate: " .. serr, 2) end
+    out[#out + 1] = text
+  end
+  local svg
+  if args.svg then
+    local s, serr = profile.svg(rep, rank)
+    if not s then return cli.fail("profile", serr, 1) end
+    svg = s
+  end
+  -- everything computed: now write (each file atomically)
+  local text = table.concat(out)
+  if args.output and args.output ~= "-" then
+    local ok, werr = require("luapipe.util").write_file(args.output, text)
+    if not ok then return cli.fail("profile", werr, 1) end
+  else
+    io.write(text)
+  end
+  if svg then
+    local ok, werr = require("luapipe.util").write_file(args.svg, svg)
+    if not ok then return cli.fail("profile", werr, 1) end
+    io.stderr:write("wrote SVG timeline of rank ", rank.rank, " to ", args.svg, "\n")
+  end
+  return 0
+end
+
+return M

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# test_profile_trace.sh LUAPIPE — a trace luapipe's own training wrote, read
+# back by `luapipe profile`, gives the share of all-to-all time hidden under
+# compute that the run's summary printed: examples/train_moe.lua on a
+# pp 2 x ep 2 grid (4 ranks, one step, an emulated link), its report's
+# a2a_hidden_pct against the profile's summed per-exchange overlap
+# (comm_ops_overlap_us / comm_ops_us over the ranks; pipeline messages
+# ignored by a rules file, as the summary counts all-to-alls only). The two
+# differ only by the executor's bookkeeping gaps (posting, polling): within
+# 1 percentage point. Exits 77 (skipped) without mpirun.
+set -u
+luapipe=${1:?usage: test_profile_trace.sh path/to/luapipe}
+command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+cat >"$tmp/rules.lua" <<'LUA'
+return { { cat = "comm", class = "ignore" } } -- pipeline messages: not all-to-all
+LUA
+cat >"$tmp/share.lua" <<'LUA'
+local json = require("luapipe.json")
+local f = assert(io.open(arg[1])); local v = assert(json.decode(f:read("a"))); f:close()
+local a, h = 0, 0
+for _, r in ipairs(v.ranks) do a = a + r.comm_ops_us; h = h + r.comm_ops_overlap_us end
+print(string.format("%.4f", a > 0 and 100 * h / a or -1))
+LUA
+for family in dualpipe 1f1b; do
+  timeout 180 mpirun --oversubscribe -np 4 "$luapipe" examples/train_moe.lua --schedule $family \
+    --pp 2 --ep 2 --steps 1 --link lat=50us,bw=2GB/s --trace "$tmp/t.json" --report "$tmp/rep" \
+    >"$tmp/out" 2>&1
+  rc=$?
+  [ "$rc" -eq 0 ] || { fail "$family: training rc $rc"; cat "$tmp/out"; continue; }
+  printed=$(sed -n 's/^all-to-all hidden: \([0-9.]*\)%$/\1/p' "$tmp/out")
+  summary=$(sed -n 's/^a2a_hidden_pct=//p' "$tmp/rep")
+  "$luapipe" profile "$tmp/t.json" --rules "$tmp/rules.lua" --format json -o "$tmp/p.json" 2>"$tmp/err" ||
+    { fail "$family: luapipe profile failed: $(cat "$tmp/err")"; continue; }
+  read_back=$("$luapipe" "$tmp/share.lua" "$tmp/p.json")
+  verdict=$(awk -v s="$summary" -v p="$read_back" 'BEGIN { d = s - p; if (d < 0) d = -d;
+    print (s != "" && p >= 0 && d <= 1.0) ? "ok" : "bad" }')
+  echo "$family: summary printed ${printed}% hidden (report $summary), trace read back $read_back%: $verdict"
+  [ "$verdict" = ok ] || fail "$family: hidden share read back $read_back% vs summary $summary%"
+done
+if [ "$fails" -ne 0 ]; then echo "test_profile_trace: $fails failure(s)"; exit 1; fi
+echo "test_profile_trace: all passed"
