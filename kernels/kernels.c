@@ -58,9 +58,11 @@ const char *lp_kernels_module_path(void) { return mod ? mod_path : NULL; }
 
 int lp_kernels_built_with_cuda(void) { return 1; }
 
+/* Does not load the module: before any call that does, there is no CUDA
+ * failure to tell. */
 const char *lp_kernels_last_error(void) {
-  if (lp_kernels_load() != LP_KERNELS_OK) return load_error;
-  return mod->last_error();
+  if (mod) return mod->last_error();
+  return load_error[0] ? load_error : "the CUDA module is not loaded yet";
 }
 
 #define LOADED (lp_kernels_load() == LP_KERNELS_OK)

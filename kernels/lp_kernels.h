@@ -6,7 +6,7 @@
  * kernels.c (in the program) opens on first use: the first call that needs
  * the device (lp_kernels_load, lp_kernels_device_count,
  * lp_tensor_backend_cuda, lp_kernels_bench_sgemm); the others never load
- * it. So a CPU run maps no CUDA library. Without nvcc every call answers
+ * it (those taking a backend only act on one the module made). So a CPU run maps no CUDA library. Without nvcc every call answers
  * "built without CUDA". Callers never see CUDA types or headers: streams
  * and events are opaque pointers. */
 #pragma once
@@ -46,7 +46,7 @@ int lp_kernels_device_count(void);
  * not load it). */
 int lp_kernels_built_with_cuda(void);
 /* Text of the last failure of this thread ("cuda:0: cublasSgemm: ..."),
- * or why the module cannot be loaded. */
+ * or why the module cannot be loaded (does not load it). */
 const char *lp_kernels_last_error(void);
 
 /* The CUDA tensor backend of device `device` (its name is "cuda:<device>"),

@@ -55,8 +55,10 @@ int main(void) {
     }
   check(none, "no CUDA library is mapped at start");
   check(lp_kernels_module_path() == NULL, "no module path before loading");
-  check(lp_kernels_cuda_device(NULL) == -1 && !mapped("luapipe_cuda"),
-        "a call that needs no device loads nothing");
+  lp_kernels_host_free(lp_kernels_host_alloc(64));
+  check(lp_kernels_cuda_device(NULL) == -1 && lp_kernels_last_error()[0] &&
+            !mapped("luapipe_cuda"),
+        "calls that need no device load nothing (device of NULL, last error, host memory)");
   int rc = lp_kernels_load();
   if (rc != LP_KERNELS_OK) printf("  %s\n", lp_kernels_last_error());
   check(rc == LP_KERNELS_OK, "the CUDA module loads");
