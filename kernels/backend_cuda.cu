@@ -1,5 +1,6 @@
-// backend_cuda.cu — the CUDA tensor backend (lp_tensor_backend_cuda):
-// a caching allocator over cudaMalloc, host<->device copies, cuBLAS GEMM and
+// backend_cuda.cu — the CUDA tensor backend (lp_tensor_backend_cuda, which
+// kernels.c forwards to lpk_backend here, in the module luapipe_cuda.so): a
+// caching allocator over cudaMalloc, host<->device copies, cuBLAS GEMM and
 // the element-wise and per-row kernels of the lp_tensor_backend table. All
 // work is queued on one compute stream per device. Reductions run in a
 // fixed order (no atomics), so results are reproducible run to run; they
@@ -34,10 +35,9 @@ lp_status lpk_cuda_fail(const char *where, const char *what, cudaError_t e) {
   return e == cudaErrorMemoryAllocation ? LP_ERR_NOMEM : LP_ERR_INTERNAL;
 }
 
-extern "C" const char *lp_kernels_last_error(void) { return last_error; }
-extern "C" int lp_kernels_built_with_cuda(void) { return 1; }
+extern "C" const char *lpk_last_error(void) { return last_error; }
 
-extern "C" int lp_kernels_device_count(void) {
+extern "C" int lpk_device_count(void) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
@@ -418,7 +418,7 @@ void *cu_alloc(const lp_tensor_backend *be, size_t bytes) {
     cudaError_t e = cudaMalloc(&p, sz);
     if (e == cudaErrorMemoryAllocation) { // give the cache back, try again
       (void)cudaGetLastError();
-      lp_kernels_cuda_empty_cache(be);
+      lpk_cuda_empty_cache(be);
       e = cudaMalloc(&p, sz);
     }
     if (e != cudaSuccess) {
@@ -753,8 +753,8 @@ Device *device_new(int index) {
   be->act_backward = cu_act_backward;
   be->softmax_rows = cu_softmax_rows;
   be->sum_rows = cu_sum_rows;
-  be->gather_rows = lp_kernels_cuda_gather_rows;
-  be->scatter_add_rows = lp_kernels_cuda_scatter_add_rows;
+  be->gather_rows = lpk_cuda_gather_rows;
+  be->scatter_add_rows = lpk_cuda_scatter_add_rows;
   be->add_rowvec = cu_add_rowvec;
   be->rmsnorm = cu_rmsnorm;
   be->rmsnorm_backward = cu_rmsnorm_backward;
@@ -766,7 +766,7 @@ Device *device_new(int index) {
   be->sq_error = cu_sq_error;
   be->sgd_step = cu_sgd_step;
   be->adamw_step = cu_adamw_step;
-  be->dot_rows = lp_kernels_cuda_dot_rows;
+  be->dot_rows = lpk_cuda_dot_rows;
   return d;
 }
 
@@ -825,7 +825,7 @@ lp_status upload(const lp_tensor_backend *be, const void *host, size_t bytes,
 
 } // namespace
 
-extern "C" lp_status lp_kernels_cuda_gather_rows(const lp_tensor_backend *be,
+extern "C" lp_status lpk_cuda_gather_rows(const lp_tensor_backend *be,
                                                  int64_t n, int64_t cols,
                                                  const float *x,
                                                  const int64_t *idx,
@@ -848,7 +848,7 @@ extern "C" lp_status lp_kernels_cuda_gather_rows(const lp_tensor_backend *be,
   return st;
 }
 
-extern "C" lp_status lp_kernels_cuda_dot_rows(const lp_tensor_backend *be,
+extern "C" lp_status lpk_cuda_dot_rows(const lp_tensor_backend *be,
                                               int64_t n, int64_t cols,
                                               const float *a,
                                               const int64_t *idx,
@@ -868,7 +868,7 @@ extern "C" lp_status lp_kernels_cuda_dot_rows(const lp_tensor_backend *be,
   return st;
 }
 
-extern "C" lp_status lp_kernels_cuda_scatter_add_rows(
+extern "C" lp_status lpk_cuda_scatter_add_rows(
     const lp_tensor_backend *be, int64_t n, int64_t cols, const float *x,
     const int64_t *idx, const float *scale, float *out) {
   if (!is_cuda(be) || n < 0 || cols < 0) return LP_ERR_ARG;
@@ -903,8 +903,8 @@ extern "C" lp_status lp_kernels_cuda_scatter_add_rows(
   return st;
 }
 
-extern "C" const lp_tensor_backend *lp_tensor_backend_cuda(int device) {
-  int n = lp_kernels_device_count();
+extern "C" const lp_tensor_backend *lpk_backend(int device) {
+  int n = lpk_device_count();
   if (n <= 0) {
     lpk_errorf("cuda:%d: no CUDA device is visible", device);
     return NULL;
@@ -921,11 +921,11 @@ extern "C" const lp_tensor_backend *lp_tensor_backend_cuda(int device) {
   return d ? &d->be : NULL;
 }
 
-extern "C" int lp_kernels_cuda_device(const lp_tensor_backend *be) {
+extern "C" int lpk_cuda_device(const lp_tensor_backend *be) {
   return is_cuda(be) ? dev_of(be)->index : -1;
 }
 
-extern "C" lp_status lp_kernels_cuda_sync(const lp_tensor_backend *be) {
+extern "C" lp_status lpk_cuda_sync(const lp_tensor_backend *be) {
   if (!is_cuda(be)) return LP_ERR_ARG;
   Device *d = dev_of(be);
   ENTER("synchronize");
@@ -934,7 +934,7 @@ extern "C" lp_status lp_kernels_cuda_sync(const lp_tensor_backend *be) {
   return LP_OK;
 }
 
-extern "C" void lp_kernels_cuda_memory(const lp_tensor_backend *be,
+extern "C" void lpk_cuda_memory(const lp_tensor_backend *be,
                                        size_t *in_use, size_t *cached) {
   size_t u = 0, c = 0;
   if (is_cuda(be)) {
@@ -947,7 +947,7 @@ extern "C" void lp_kernels_cuda_memory(const lp_tensor_backend *be,
   if (cached) *cached = c;
 }
 
-extern "C" void lp_kernels_cuda_empty_cache(const lp_tensor_backend *be) {
+extern "C" void lpk_cuda_empty_cache(const lp_tensor_backend *be) {
   if (!is_cuda(be)) return;
   Device *d = dev_of(be);
   std::vector<void *> blocks;
@@ -961,7 +961,7 @@ extern "C" void lp_kernels_cuda_empty_cache(const lp_tensor_backend *be) {
   for (void *p : blocks) cudaFree(p);
 }
 
-extern "C" void *lp_kernels_cuda_stream(const lp_tensor_backend *be) {
+extern "C" void *lpk_cuda_stream(const lp_tensor_backend *be) {
   return is_cuda(be) ? (void *)dev_of(be)->stream : NULL;
 }
 
@@ -969,11 +969,11 @@ extern "C" void *lp_kernels_cuda_stream(const lp_tensor_backend *be) {
 // staged comm path also runs, unpinned, on machines without a GPU).
 static int pinned_mode(void) {
   static int mode = -1;
-  if (mode < 0) mode = lp_kernels_device_count() > 0;
+  if (mode < 0) mode = lpk_device_count() > 0;
   return mode;
 }
 
-extern "C" void *lp_kernels_host_alloc(size_t bytes) {
+extern "C" void *lpk_host_alloc(size_t bytes) {
   if (!pinned_mode()) return lp_malloc(bytes ? bytes : 1);
   void *p = NULL;
   cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
@@ -985,8 +985,36 @@ extern "C" void *lp_kernels_host_alloc(size_t bytes) {
   return p;
 }
 
-extern "C" void lp_kernels_host_free(void *p) {
+extern "C" void lpk_host_free(void *p) {
   if (!p) return;
   if (!pinned_mode()) lp_free(p);
   else cudaFreeHost(p);
+}
+
+// ---- the module's entry ------------------------------------------------------
+
+static const lp_kernels_module module_table = {
+    LP_KERNELS_MODULE_ABI,
+    sizeof(lp_kernels_module),
+    sizeof(lp_tensor_backend),
+    lpk_device_count,
+    lpk_last_error,
+    lpk_backend,
+    lpk_cuda_device,
+    lpk_cuda_sync,
+    lpk_cuda_memory,
+    lpk_cuda_empty_cache,
+    lpk_cuda_stream,
+    lpk_cuda_gather_rows,
+    lpk_cuda_scatter_add_rows,
+    lpk_cuda_dot_rows,
+    lpk_host_alloc,
+    lpk_host_free,
+    lpk_bench_sgemm,
+};
+
+// The one exported symbol of luapipe_cuda.so (LP_KERNELS_MODULE_ENTRY).
+extern "C" __attribute__((visibility("default"))) const lp_kernels_module *
+lp_kernels_module_v1(void) {
+  return &module_table;
 }

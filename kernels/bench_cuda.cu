@@ -1,5 +1,5 @@
 // bench_cuda.cu — the raw cuBLAS reference the GEMM benchmark compares
-// luapipe's Linear against (lp_kernels_bench_sgemm).
+// luapipe's Linear against (lpk_bench_sgemm).
 #include "cuda_internal.cuh"
 
 #include <algorithm>
@@ -20,11 +20,11 @@ __global__ void k_rand(int64_t n, unsigned seed, float *x) {
 
 } // namespace
 
-extern "C" int lp_kernels_bench_sgemm(int device, int trans_a, int trans_b,
+extern "C" int lpk_bench_sgemm(int device, int trans_a, int trans_b,
                                       int64_t m, int64_t n, int64_t k,
                                       float beta, int iters, double *ms) {
   *ms = 0;
-  if (lp_kernels_device_count() <= device) return LP_KERNELS_NO_DEVICE;
+  if (lpk_device_count() <= device) return LP_KERNELS_NO_DEVICE;
   int rc = LP_KERNELS_OK;
   float *a = NULL, *b = NULL, *c = NULL, alpha = 1.0f;
   cudaStream_t st = NULL;

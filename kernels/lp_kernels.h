@@ -1,10 +1,14 @@
 /* lp_kernels.h — plain-C interface to luapipe's CUDA code: the CUDA tensor
  * backend (device memory through a caching allocator, cuBLAS GEMM, the
  * element-wise and per-row kernels of lp_tensor_backend) and the stream and
- * pinned-memory helpers the comm backends use. Built from the .cu files of
- * kernels/ when nvcc exists; otherwise kernels_stub.c answers "built without
- * CUDA". Callers never see CUDA types or headers: streams and events are
- * opaque pointers. */
+ * pinned-memory helpers the comm backends use. The .cu files of kernels/
+ * are built, when nvcc exists, into the module luapipe_cuda.so, which
+ * kernels.c (in the program) opens on first use: the first call that needs
+ * the device (lp_kernels_load, lp_kernels_device_count,
+ * lp_tensor_backend_cuda, lp_kernels_bench_sgemm); the others never load
+ * it (those taking a backend only act on one the module made). So a CPU run maps no CUDA library. Without nvcc every call answers
+ * "built without CUDA". Callers never see CUDA types or headers: streams
+ * and events are opaque pointers. */
 #pragma once
 
 #include <stddef.h>
@@ -21,13 +25,28 @@ extern "C" {
 
 #include "lp_tensor.h" /* C declarations (lp_base, the backend vtable) */
 
-/* Number of visible CUDA devices; 0 without a device, when the driver
- * fails, or without CUDA (lp_kernels_last_error then says why:
- * "cudaGetDeviceCount: <CUDA's text>"). */
+/* Opens the CUDA module once (luapipe_cuda.so, found by lp_module_open:
+ * next to the program or in <program dir>/../lib/luapipe), which maps
+ * cuBLAS, cuBLASLt and the CUDA runtime. LP_KERNELS_OK;
+ * LP_KERNELS_UNSUPPORTED without CUDA; LP_KERNELS_FAILED when the module
+ * is missing or cannot be loaded (lp_kernels_last_error: "CUDA backend:
+ * cannot load <path>: libcublas.so.13: cannot open shared object file: No
+ * such file or directory", "CUDA backend: module luapipe_cuda.so not found
+ * (looked in ...)"); a failure is final for the process. */
+int lp_kernels_load(void);
+/* The path of the loaded CUDA module; NULL before it is loaded or when it
+ * cannot be. */
+const char *lp_kernels_module_path(void);
+/* Number of visible CUDA devices (loads the module); 0 without a device,
+ * when the driver fails, when the module cannot be loaded, or without CUDA
+ * (lp_kernels_last_error then says why: "cudaGetDeviceCount: <CUDA's
+ * text>"). */
 int lp_kernels_device_count(void);
-/* 1 when the kernels were compiled with CUDA. */
+/* 1 when the kernels were compiled with CUDA (the module was built; does
+ * not load it). */
 int lp_kernels_built_with_cuda(void);
-/* Text of the last failure of this thread ("cuda:0: cublasSgemm: ..."). */
+/* Text of the last failure of this thread ("cuda:0: cublasSgemm: ..."),
+ * or why the module cannot be loaded (does not load it). */
 const char *lp_kernels_last_error(void);
 
 /* The CUDA tensor backend of device `device` (its name is "cuda:<device>"),
@@ -77,8 +96,11 @@ lp_status lp_kernels_cuda_dot_rows(const lp_tensor_backend *be, int64_t n,
                                    const int64_t *idx, const float *b,
                                    float *out);
 
-/* Page-locked host memory (for staging device buffers through MPI); NULL
- * on failure. lp_kernels_host_free(NULL) is a no-op. */
+/* Host memory for staging device buffers through MPI; NULL on failure.
+ * Page-locked when the CUDA module is loaded by the first call (a staged
+ * context is made after its device backend) and a device is visible;
+ * plain memory otherwise (decided by the first call, for the process).
+ * Never loads the module. lp_kernels_host_free(NULL) is a no-op. */
 void *lp_kernels_host_alloc(size_t bytes);
 void lp_kernels_host_free(void *p);
 
@@ -90,13 +112,6 @@ void lp_kernels_host_free(void *p);
 int lp_kernels_bench_sgemm(int device, int trans_a, int trans_b, int64_t m,
                            int64_t n, int64_t k, float beta, int iters,
                            double *ms);
-
-/* y[i] = alpha * x[i] + y[i] for i < n, on the device; x and y are host
- * arrays (copied in and out). A self-contained smoke test of the toolchain. */
-int lp_kernels_saxpy(size_t n, float alpha, const float *x, float *y);
-
-/* GELU forward (tanh approximation) of n floats, host arrays in and out. */
-int lp_kernels_gelu(size_t n, const float *x, float *y);
 
 #ifdef __cplusplus
 }

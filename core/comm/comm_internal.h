@@ -1,6 +1,6 @@
 /* comm_internal.h — the context and request structs shared by comm.c and
- * the backends (comm_self.c, comm_mpi.c). Nothing outside core/comm sees
- * them. */
+ * the backends (comm_self.c, comm_mpi.c, comm_staged.c, and comm_nccl.c in
+ * the NCCL module). Nothing outside core/comm sees them. */
 #pragma once
 
 #include "lp_comm.h"
@@ -56,3 +56,19 @@ void comm_set_world(lp_comm *c);
 
 size_t comm_dtype_size(lp_comm_dtype dt);
 const char *comm_dtype_name(lp_comm_dtype dt, size_t count); /* "float(s)" */
+
+/* ---- the NCCL module ------------------------------------------------------
+ * comm_nccl.c is built into luapipe_nccl.so (linked with libnccl and the
+ * CUDA runtime), which comm_nccl_load.c opens on the first
+ * lp_comm_nccl_new (lp_module_open), so that a CPU run maps no NCCL. Its
+ * one exported symbol, LP_COMM_NCCL_MODULE_ENTRY, returns this table; the
+ * loader refuses one whose sizes differ (a module of another build). */
+#define LP_COMM_NCCL_MODULE_ABI 1
+#define LP_COMM_NCCL_MODULE_ENTRY "lp_comm_nccl_module_v1"
+#define LP_COMM_NCCL_MODULE_FILE "luapipe_nccl.so"
+typedef struct comm_nccl_module {
+  int abi;                  /* LP_COMM_NCCL_MODULE_ABI */
+  size_t comm_size, req_size; /* sizeof(struct lp_comm), sizeof(struct lp_comm_req) */
+  /* lp_comm_nccl_new's work (see lp_comm_gpu.h) */
+  lp_status (*create)(lp_comm *boot, int device, lp_comm **out);
+} comm_nccl_module;

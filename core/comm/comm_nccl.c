@@ -2,7 +2,9 @@
  * NCCL on a communication stream, completion through CUDA events, point-to-
  * point batched into one NCCL group per flush, the watchdog through
  * ncclCommGetAsyncError + ncclCommAbort. The only file that includes
- * nccl.h; compiled when CMake finds NCCL (comm_nccl_stub.c otherwise). */
+ * nccl.h; compiled when CMake finds NCCL into the module luapipe_nccl.so
+ * (hidden visibility: only lp_comm_nccl_module_v1 is exported), which
+ * comm_nccl_load.c opens on first use. */
 #define _POSIX_C_SOURCE 200809L
 #include <nccl.h>
 #include <stdio.h>
@@ -411,9 +413,7 @@ static lp_status n_split(lp_comm *c, int color, int key, lp_comm **out) {
   return st;
 }
 
-int lp_comm_nccl_built(void) { return 1; }
-
-lp_status lp_comm_nccl_new(lp_comm *boot, int device, lp_comm **out) {
+static lp_status nccl_new(lp_comm *boot, int device, lp_comm **out) {
   *out = NULL;
   int rank = lp_comm_rank(boot), size = lp_comm_size(boot);
   ncclUniqueId id;
@@ -456,3 +456,14 @@ lp_status lp_comm_nccl_new(lp_comm *boot, int device, lp_comm **out) {
          size, NCCL_MAJOR, NCCL_MINOR, device);
   return LP_OK;
 }
+
+static const comm_nccl_module nccl_module = {
+    .abi = LP_COMM_NCCL_MODULE_ABI,
+    .comm_size = sizeof(struct lp_comm),
+    .req_size = sizeof(struct lp_comm_req),
+    .create = nccl_new,
+};
+
+/* The one exported symbol of luapipe_nccl.so (LP_COMM_NCCL_MODULE_ENTRY). */
+__attribute__((visibility("default"))) const comm_nccl_module *lp_comm_nccl_module_v1(void);
+const comm_nccl_module *lp_comm_nccl_module_v1(void) { return &nccl_module; }

@@ -1,5 +1,6 @@
 /* lp_comm_gpu.h — communication of device buffers: the "nccl" backend
- * (comm_nccl.c, built when NCCL is found; comm_nccl_stub.c otherwise) and
+ * (comm_nccl.c, built when NCCL is found into the module luapipe_nccl.so,
+ * which comm_nccl_load.c opens on first use) and
  * the "mpi-staged" wrapper that carries device buffers through pinned host
  * memory over any host context (several ranks on one GPU, which NCCL
  * refuses). Contexts made here take DEVICE pointers in every call (send and
@@ -9,8 +10,16 @@
 #include "lp_comm.h"
 #include "lp_tensor.h"
 
-/* 1 when luapipe was built with NCCL. */
+/* 1 when luapipe was built with NCCL (does not load the module). */
 int lp_comm_nccl_built(void);
+/* Opens the NCCL module once (luapipe_nccl.so, found like the CUDA module:
+ * next to the program or in <program dir>/../lib/luapipe; it maps libnccl
+ * and the CUDA runtime). LP_OK with its path in *text; LP_ERR_UNSUPPORTED
+ * without NCCL, LP_ERR_COMM when the module is missing or cannot be
+ * loaded, with the reason in *text ("NCCL backend: cannot load <path>:
+ * libnccl.so.2: cannot open shared object file: ..."). text may be NULL.
+ * lp_comm_nccl_new calls it. */
+lp_status lp_comm_nccl_load(const char **text);
 
 /* A new NCCL context over the ranks of `boot` (a host context, usually the
  * MPI world): rank 0 makes the NCCL unique id and broadcasts it over boot;
@@ -24,7 +33,9 @@ int lp_comm_nccl_built(void);
  * of a different length is not detected. The watchdog polls
  * ncclCommGetAsyncError; a failed or cancelled operation aborts the NCCL
  * communicator (ncclCommAbort) and the text names rank, operation and peer.
- * LP_ERR_UNSUPPORTED without NCCL; LP_ERR_COMM when NCCL cannot start
+ * LP_ERR_UNSUPPORTED without NCCL or when its module cannot be loaded
+ * (the text then says why and that LUAPIPE_COMM=mpi stages through MPI
+ * instead); LP_ERR_COMM when NCCL cannot start
  * (e.g. two ranks on one GPU), with text in boot's last error. Free with
  * lp_comm_free. */
 lp_status lp_comm_nccl_new(lp_comm *boot, int device, lp_comm **out);

@@ -322,11 +322,14 @@ static void touch(budget *b, int g, int *nt, double add) {
   b->delta[g] += add;
 }
 
-/* Max GPU load and sum of squares after setting cur[s[i]] = to[i]. */
+/* Max GPU load and sum of squares after setting cur[s[i]] = to[i] (nch
+ * changes, at most 4). */
 static void budget_eval(budget *b, const int *s, const int *to, int nch,
                         double *nmax, double *nsq) {
   const int k = b->d->k;
-  int ex[8], dc[8], nx = 0, nt = 0;
+  /* the experts the changes touch (ex), their copy-count change (dc), and
+   * where to[i] is among them (to_x) */
+  int ex[8], dc[8], to_x[4], nx = 0, nt = 0;
   b->stampv++;
   for (int i = 0; i < nch; i++) {
     int from = b->cur[s[i]], pair[2] = {from, to[i]}, sign[2] = {-1, 1};
@@ -338,6 +341,7 @@ static void budget_eval(budget *b, const int *s, const int *to, int nch,
         dc[nx++] = 0;
       }
       dc[x] += sign[q];
+      if (q == 1) to_x[i] = x;
     }
   }
   for (int x = 0; x < nx; x++) {
@@ -349,11 +353,8 @@ static void budget_eval(budget *b, const int *s, const int *to, int nch,
       touch(b, slot / k, &nt, changed ? -w / c : w / nc - w / c);
     }
   }
-  for (int i = 0; i < nch; i++) {
-    int x = 0;
-    while (ex[x] != to[i]) x++;
-    touch(b, s[i] / k, &nt, b->w[to[i]] / (b->cnt[to[i]] + dc[x]));
-  }
+  for (int i = 0; i < nch; i++)
+    touch(b, s[i] / k, &nt, b->w[to[i]] / (b->cnt[to[i]] + dc[to_x[i]]));
   double mx = 0, sq = b->sq;
   for (int t = 0; t < nt; t++) {
     int g = b->touched[t];

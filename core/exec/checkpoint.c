@@ -249,12 +249,15 @@ static void shape_text(int ndim, const int64_t *shape, char *buf, size_t n) {
   if (o < n) snprintf(buf + o, n - o, "]");
 }
 
-/* Appends "; " + text to a difference list. */
+/* Appends "; " + text to a difference list; a list cut short at cap ends
+ * in "...". */
 static void add_diff(char *dst, size_t cap, const char *fmt, const char *a, const char *b) {
   size_t o = strlen(dst);
   if (o >= cap - 1) return;
   if (o) o += (size_t)snprintf(dst + o, cap - o, "; ");
-  if (o < cap) snprintf(dst + o, cap - o, fmt, a, b);
+  int n = o < cap ? snprintf(dst + o, cap - o, fmt, a, b) : 0;
+  if ((o >= cap || (n >= 0 && (size_t)n >= cap - o)) && cap > 4)
+    memcpy(dst + cap - 4, "...", 4);
 }
 
 typedef struct load_ctx {

@@ -391,7 +391,10 @@ static int pmain(lua_State *L) {
     printf("luapipe %s (%s)\n", LP_VERSION, LUA_RELEASE);
     if (run_string(L, "local k = require('luapipe.core').kernels() "
                       "print(string.format('CUDA kernels: %s, %d device(s) visible', "
-                      "k.cuda and 'built' or 'not built', k.devices))",
+                      "k.cuda and 'built' or 'not built', k.devices)) "
+                      "if k.cuda then print(k.module and 'CUDA module: ' .. k.module or k.error) end "
+                      "if k.nccl then print(k.nccl_module and 'NCCL module: ' .. k.nccl_module "
+                      "or k.nccl_error) end",
                    "=version") != LUA_OK)
       return 0;
   }

@@ -216,7 +216,7 @@ static int device_backend(const char *dev, const lp_tensor_backend **be, char *e
     lp_errf(err, "device '%s' is not cpu, cuda or cuda:N", dev);
     return -1;
   }
-  if (!lp_kernels_built_with_cuda()) {
+  if (lp_kernels_load() != LP_KERNELS_OK) { /* not built, or its module is missing */
     lp_errf(err, "device '%s' requested but %s", dev, lp_kernels_last_error());
     return -1;
   }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "lb_internal.h"
+#include "lp_comm_gpu.h"
 #include "lp_kernels.h"
 
 int lp_lua_traceback(lua_State *L) {
@@ -97,13 +98,31 @@ static int lb_env_knobs(lua_State *L) {
   return 1;
 }
 
-/* core.kernels() -> {cuda = built with CUDA?, devices = visible devices} */
+/* core.kernels() -> {cuda = built with CUDA?, devices = visible devices,
+ * module = path of the CUDA module | nil, error = why it cannot be loaded
+ * | nil, nccl = built with NCCL?, nccl_module = path | nil, nccl_error =
+ * text | nil}. Opens both modules (when built): the -v listing. */
 static int lb_kernels(lua_State *L) {
-  lua_createtable(L, 0, 2);
-  lua_pushboolean(L, lp_kernels_built_with_cuda());
+  lua_createtable(L, 0, 7);
+  int cuda = lp_kernels_built_with_cuda();
+  lua_pushboolean(L, cuda);
   lua_setfield(L, -2, "cuda");
   lua_pushinteger(L, lp_kernels_device_count());
   lua_setfield(L, -2, "devices");
+  if (cuda) {
+    const char *path = lp_kernels_module_path();
+    lua_pushstring(L, path ? path : lp_kernels_last_error());
+    lua_setfield(L, -2, path ? "module" : "error");
+  }
+  int nccl = lp_comm_nccl_built();
+  lua_pushboolean(L, nccl);
+  lua_setfield(L, -2, "nccl");
+  if (nccl) {
+    const char *text = NULL;
+    lp_status st = lp_comm_nccl_load(&text);
+    lua_pushstring(L, text);
+    lua_setfield(L, -2, st == LP_OK ? "nccl_module" : "nccl_error");
+  }
   return 1;
 }
 

@@ -308,6 +308,30 @@ static void test_errors(void **state) {
                     "optimizer adamw in the checkpoint, sgd in this run", NULL);
   expect_load_error(good, "theirs", LP_NN_OPTIM_SGD, LP_ERR_INVALID, "schedule 'mine'",
                     "; optimizer adamw", NULL);
+  /* schedule names too long for one message: the difference list is cut
+   * short, the message still one bounded line naming the schedule */
+  {
+    char lname[2][400], ldir[300], lpath[400];
+    memset(lname[0], 'a', sizeof lname[0] - 1), lname[0][sizeof lname[0] - 1] = 0;
+    memset(lname[1], 'b', sizeof lname[1] - 1), lname[1][sizeof lname[1] - 1] = 0;
+    snprintf(ldir, sizeof ldir, "%s/long", tmpdir);
+    assert_int_equal(mkdir(ldir, 0777), 0);
+    lp_exec_checkpoint_path(ldir, 0, lpath, sizeof lpath);
+    lp_exec *l = new_exec(lname[0], LP_NN_OPTIM_ADAMW);
+    step(l, 1);
+    assert_int_equal(lp_exec_checkpoint_save(l, ldir, 1), LP_OK);
+    lp_exec_free(l);
+    lp_exec *m = new_exec(lname[1], LP_NN_OPTIM_SGD);
+    int64_t k = -7;
+    assert_int_equal(lp_exec_checkpoint_load(m, ldir, &k), LP_ERR_INVALID);
+    const char *msg = lp_exec_last_error(m);
+    assert_true(strlen(msg) < LP_ERRLEN);
+    assert_non_null(strstr(msg, "does not match this run: schedule 'aaaa"));
+    assert_null(strstr(msg, "optimizer")); /* did not fit */
+    lp_exec_free(m);
+    unlink(lpath);
+    assert_int_equal(rmdir(ldir), 0);
+  }
   /* another model: hidden size 8 instead of 7 */
   d_hidden = 8;
   expect_load_error(good, "mine", LP_NN_OPTIM_ADAMW, LP_ERR_INVALID, path,

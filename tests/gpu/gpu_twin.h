@@ -19,6 +19,10 @@ static inline const lp_tensor_backend *twin_device_or_skip(void) {
     printf("skip: built without CUDA\n");
     exit(77);
   }
+  if (lp_kernels_load() != LP_KERNELS_OK) { /* a broken build, not a skip */
+    printf("FAIL: %s\n", lp_kernels_last_error());
+    exit(1);
+  }
   if (lp_kernels_device_count() <= 0) {
     printf("skip: no CUDA device visible (cudaGetDeviceCount is 0 or fails)\n");
     exit(77);
