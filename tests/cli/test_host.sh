@@ -126,7 +126,10 @@ expect_in "piped error message" "$tmp/err" "piped boom"
 expect_rc "-e: arg[0] is the program" 0 "$LP" -e 'print("arg0=" .. arg[0], arg[1], arg[2])'
 expect_in "arg[0] not the code" "$tmp/out" "arg0=$LP	-e	print("
 
-pty() { TERM=xterm LUAPIPE_HISTORY= NO_COLOR= timeout 60 python3 "$(dirname "$0")/pty_run.py" "$@"; }
+# the terminal driver: tests/cli/pty_run.c, built beside luapipe
+PTY_RUN=$(dirname "$LP")/pty_run
+[ -x "$PTY_RUN" ] || { bad "no terminal driver at $PTY_RUN (build the pty_run target)"; finish; }
+pty() { TERM=xterm LUAPIPE_HISTORY= NO_COLOR= timeout 60 "$PTY_RUN" "$@"; }
 pty --timeout 30 --prompt "luapipe> " --prompt ">> " --send "1+1" \
   --send 's = luapipe.schedule.build("1f1b", {pp = 2, microbatches = 2})' --send "s:show()" \
   --send 'luapipe.help("schedules")' --send 'luapipe.help("nonsense")' \
@@ -153,7 +156,7 @@ pty -- "$LP" schedule 1f1b -f gantt >"$tmp/out" 2>&1
 grep -qF "$esc" "$tmp/out" && ok "colour on a terminal" || bad "no colour on a terminal"
 TERM=xterm "$LP" schedule 1f1b -f gantt >"$tmp/out" 2>&1
 grep -qF "$esc" "$tmp/out" && bad "colour into a pipe" || ok "no colour into a pipe"
-TERM=xterm NO_COLOR=1 timeout 60 python3 "$(dirname "$0")/pty_run.py" -- "$LP" schedule 1f1b -f gantt >"$tmp/out" 2>&1
+TERM=xterm NO_COLOR=1 timeout 60 "$PTY_RUN" -- "$LP" schedule 1f1b -f gantt >"$tmp/out" 2>&1
 grep -qF "$esc" "$tmp/out" && bad "colour despite NO_COLOR" || ok "NO_COLOR honoured"
 pty -- "$LP" --color=never schedule 1f1b -f gantt >"$tmp/out" 2>&1
 grep -qF "$esc" "$tmp/out" && bad "colour despite --color=never" || ok "--color=never"
