@@ -27,10 +27,19 @@
 local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 local json = require("luapipe.json")
+local util = require("luapipe.util")
 
 local M = {}
 
 local function fail(msg) error(msg, 0) end
+
+-- cfg must be what checkpoint.options returned (field: the one fn needs).
+local function check_cfg(fn, cfg, field)
+  if type(cfg) ~= "table" or type(cfg.resume) ~= "boolean" or (field and type(cfg[field]) ~= "string") then
+    util.raise(string.format("%s: cfg (argument 1) must be what checkpoint.options returned%s, got %s",
+      fn, field and " (with " .. field .. ")" or "", util.shown(cfg)))
+  end
+end
 
 local function step_dir(dir, step) return string.format("%s/step%d", dir, step) end
 
@@ -57,6 +66,7 @@ end
 -- Checks the options; nil when neither checkpoint nor resume is given, else
 -- {dir =, every =, resume =}. Raises on misuse (the same on every rank).
 function M.options(opts)
+  util.arg("checkpoint.options", 1, "opts", opts, "table", "the options table of train{}")
   local ck, resume = opts.checkpoint, opts.resume
   if ck == nil and not resume then return nil end
   local cfg = { every = nil, resume = false }
@@ -146,6 +156,8 @@ end
 -- none, when the marker is damaged, or when a rank's file is missing,
 -- corrupt or does not match.
 function M.resume(cfg, exec)
+  check_cfg("checkpoint.resume", cfg, "resume_dir")
+  util.arg("checkpoint.resume", 2, "exec", exec, "luapipe.Exec")
   local rank, size = comm.rank(), comm.size()
   local dir = cfg.resume_dir
   local marker = dir .. "/latest"
@@ -197,6 +209,10 @@ end
 -- be collective) giving a JSON-able table, the same on every rank, that
 -- rank 0 writes to step<k>/state.json (resume puts it in cfg.state).
 function M.after_step(cfg, exec, k, info, state)
+  if cfg ~= nil then check_cfg("checkpoint.after_step", cfg) end
+  util.arg("checkpoint.after_step", 2, "exec", exec, "luapipe.Exec")
+  util.arg("checkpoint.after_step", 3, "step", k, "integer")
+  util.arg("checkpoint.after_step", 5, "state", state, "?function")
   if not cfg or not cfg.every or k % cfg.every ~= 0 then return end
   if state then state = state() end
   local rank = comm.rank()

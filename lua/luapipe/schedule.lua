@@ -9,6 +9,7 @@
 -- A schedule is a luapipe.Schedule (C userdata); this module adds the
 -- idiomatic constructors and Lua-side methods (summary, tostring, files).
 local core = require("luapipe.core")
+local util = require("luapipe.util")
 
 local M = {}
 local Schedule = core.Schedule -- the methods table shared with the C binding
@@ -108,11 +109,11 @@ function M.new(opts)
   return s
 end
 
-local util = require("luapipe.util")
 local read_file, write_file = util.read_file, util.write_file
 
 -- schedule.from_csv(path) -> Schedule | nil, err
 function M.from_csv(path)
+  util.arg("schedule.from_csv", 1, "path", path, "string")
   local text, err = read_file(path)
   if not text then return nil, err end
   return core.schedule_from_csv(text, path)
@@ -120,6 +121,8 @@ end
 
 -- schedule.from_csv_text(text[, origin]) -> Schedule | nil, err
 function M.from_csv_text(text, origin)
+  util.arg("schedule.from_csv_text", 1, "text", text, "string")
+  util.arg("schedule.from_csv_text", 2, "origin", origin, "?string", "a name for messages")
   return core.schedule_from_csv(text, origin or "csv")
 end
 
@@ -203,6 +206,7 @@ end
 -- schedule.from_json(text[, origin]) -> Schedule | nil, err (the to_json
 -- format). Errors name the field: "s.json: virtual_stages[1] must be an object".
 function M.from_json(text, origin)
+  util.arg("schedule.from_json", 2, "origin", origin, "?string", "a name for messages")
   local json = require("luapipe.json")
   origin = origin or "json"
   if type(text) ~= "string" then return nil, origin .. ": expected JSON text, got " .. type(text) end
@@ -223,6 +227,8 @@ end
 -- schedule.build(name, opts) -> Schedule: a built-in family by name (any
 -- case, or an alias such as "zb-h1").
 function M.build(name, opts)
+  util.arg("schedule.build", 1, "name", name, "string", "a family name (" .. table.concat(M.families, ", ") .. ")")
+  util.arg("schedule.build", 2, "opts", opts, "table", "a table {pp =, microbatches =, chunks =}")
   local fam = schedules.canonical(name)
   if not fam then
     error(string.format("unknown schedule '%s' (families: %s)", tostring(name),
@@ -237,7 +243,8 @@ function M.is_family(name) return schedules.canonical(name) ~= nil end
 -- spec is a family name (opts: pp, microbatches, chunks), a .csv file, a
 -- .json file, or a .lua file returning a schedule (run with opts as `...`).
 function M.load(spec, opts)
-  opts = opts or {}
+  util.arg("schedule.load", 1, "spec", spec, "string", "a family name or a .csv, .json or .lua file name")
+  opts = util.arg("schedule.load", 2, "opts", opts, "?table", "a table {pp =, microbatches =, chunks =}") or {}
   if M.is_family(spec) then
     local ok, s = pcall(M.build, spec, opts)
     if not ok then return nil, (tostring(s):gsub("^[^:]*:%d+: ", "")) end
@@ -266,8 +273,14 @@ end
 -- ---- Lua-side methods of luapipe.Schedule ----
 
 -- s:ranks_list() is handy in loops: for r = 0, s:info().ranks - 1 ...
-function Schedule.write_csv(s, path) return write_file(path, s:to_csv()) end
-function Schedule.write_json(s, path) return write_file(path, s:to_json()) end
+function Schedule.write_csv(s, path)
+  util.arg("s:write_csv", 1, "path", path, "string", "a file name")
+  return write_file(path, s:to_csv())
+end
+function Schedule.write_json(s, path)
+  util.arg("s:write_json", 1, "path", path, "string", "a file name")
+  return write_file(path, s:to_json())
+end
 
 -- s:summary() -> one paragraph of text
 function Schedule.summary(s)

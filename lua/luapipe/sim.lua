@@ -18,6 +18,7 @@
 -- This module adds the Lua-side methods of luapipe.SimResult: summary,
 -- __tostring, show and gantt (the pictures live in luapipe.show).
 local core = require("luapipe.core")
+local util = require("luapipe.util")
 
 local M = {}
 package.loaded["luapipe.sim"] = M -- luapipe.show requires us back
@@ -71,6 +72,7 @@ end
 
 -- sim.format_cost(cost) -> "F=1 B=2 W=1" (the keys that are set, in order)
 function M.format_cost(cost)
+  util.arg("sim.format_cost", 1, "cost", cost, "?table", "a cost table {F =, B =, ...}")
   local parts = {}
   for _, k in ipairs(M.cost_keys) do
     if cost and cost[k] ~= nil then parts[#parts + 1] = string.format("%s=%g", k, cost[k]) end

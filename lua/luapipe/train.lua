@@ -106,6 +106,7 @@ local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 local schedule = require("luapipe.schedule")
 local checkpoint = require("luapipe.checkpoint")
+local util = require("luapipe.util")
 
 local M = {}
 
@@ -115,6 +116,9 @@ local M = {}
 -- slots take under `placements` ({[layer] = phys_to_log, 0-based ids}):
 -- an expert's tokens split evenly among its replicas.
 local function load_ratio(loads, placements, ep)
+  util.arg("train.load_ratio", 1, "loads", loads, "table", "a list of per-layer expert loads")
+  util.arg("train.load_ratio", 2, "placements", placements, "table", "a list of per-layer placements")
+  util.int_arg("train.load_ratio", 3, "ep", ep, 1)
   local sum, n = 0, 0
   for l, c in ipairs(loads) do
     local pl = placements[l]
@@ -254,6 +258,7 @@ end
 -- exits with status 2 (no traceback, no copy per rank); on one process it
 -- is an error printed as one line (a REPL session goes on).
 local function usage_fail(msg)
+  util.arg("train.usage_fail", 1, "msg", msg, "string", "a message")
   if comm.size() > 1 then
     if comm.rank() == 0 then
       io.stderr:write("luapipe: ", msg, "\n")
