@@ -13,6 +13,7 @@ local nn = require("luapipe.nn")
 local train = require("luapipe.train")
 local comm = require("luapipe.comm")
 local cli = require("luapipe.cli")
+local count = require("luapipe.util").count -- "1 rank", "2 ranks"
 -- options: the CLI's converters (a bad value is one line, exit 2)
 local int, INT32 = cli.int_option, 0x7fffffff
 local limits = require("luapipe.cli.common").limits
@@ -89,8 +90,9 @@ local function data(step, mb)
 end
 
 if comm.rank() == 0 then
-  print(string.format("train_char_lm: %s on %d ranks, vocab %d (ln V = %.3f), %d layers, %d micro-batches of %dx%d chars",
-    args.schedule, comm.size(), V, math.log(V), model:nlayers(), args.microbatches, args.batch, T))
+  print(string.format("train_char_lm: %s on %s, vocab %d (ln V = %.3f), %s, %s of %dx%d chars",
+    args.schedule, count(comm.size(), "rank"), V, math.log(V), count(model:nlayers(), "layer"),
+    count(args.microbatches, "micro-batch"), args.batch, T))
   if args.show then
     local s = require("luapipe.schedule").build(args.schedule, { pp = comm.size(),
       microbatches = args.microbatches, chunks = args.chunks })

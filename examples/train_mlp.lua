@@ -11,6 +11,7 @@ local nn = require("luapipe.nn")
 local train = require("luapipe.train")
 local comm = require("luapipe.comm")
 local cli = require("luapipe.cli")
+local count = require("luapipe.util").count -- "1 rank", "2 ranks"
 -- options: the CLI's converters (a bad value is one line, exit 2)
 local int, INT32 = cli.int_option, 0x7fffffff
 local limits = require("luapipe.cli.common").limits
@@ -34,6 +35,12 @@ parser:option("--checkpoint", "Save checkpoints (every rank's stages and optimiz
 parser:option("--every", "Steps between checkpoints.", "10"):convert(int("--every", 1, INT32))
 parser:flag("--resume", "Continue from the latest checkpoint in --checkpoint.")
 local args = cli.parse(parser, arg, "train_mlp.lua", comm.rank() ~= 0) or os.exit(2)
+if args.resume and not args.checkpoint then
+  if comm.rank() == 0 then
+    io.stderr:write("train_mlp.lua: --resume needs --checkpoint DIR, the directory the checkpoints were saved in\n")
+  end
+  os.exit(2)
+end
 
 local DIN, DOUT, W = 16, 4, args.width
 local specs = { nn.linear(DIN, W) }
@@ -72,8 +79,8 @@ local function data(step, mb)
 end
 
 if comm.rank() == 0 then
-  print(string.format("train_mlp: %s on %d ranks, %d micro-batches of %d, %d layers",
-    args.schedule, comm.size(), args.microbatches, args.batch, model:nlayers()))
+  print(string.format("train_mlp: %s on %s, %s of %d, %s", args.schedule, count(comm.size(), "rank"),
+    count(args.microbatches, "micro-batch"), args.batch, count(model:nlayers(), "layer")))
 end
 train { model = model, schedule = args.schedule, microbatches = args.microbatches,
   chunks = args.chunks, data = data, steps = args.steps, seed = args.seed,

@@ -72,11 +72,11 @@ function M.options(opts)
   local cfg = { every = nil, resume = false }
   if ck ~= nil then
     if type(ck) ~= "table" or type(ck.dir) ~= "string" or ck.dir == "" then
-      error("luapipe.train: 'checkpoint' must be {dir = \"path\", every = N}", 3)
+      util.raise("luapipe.train: 'checkpoint' must be {dir = \"path\", every = N}")
     end
     local every = ck.every or 1
     if math.type(every) ~= "integer" or every < 1 then
-      error("luapipe.train: checkpoint.every must be a positive integer", 3)
+      util.raise("luapipe.train: checkpoint.every must be a positive integer")
     end
     cfg.dir, cfg.every = ck.dir, every
   end
@@ -85,11 +85,11 @@ function M.options(opts)
       cfg.resume_dir = resume
     elseif resume == true then
       if not cfg.dir then
-        error("luapipe.train: resume = true needs checkpoint = {dir = \"path\"} (or resume = \"path\")", 3)
+        util.raise("luapipe.train: resume = true needs checkpoint = {dir = \"path\"} (or resume = \"path\")")
       end
       cfg.resume_dir = cfg.dir
     else
-      error("luapipe.train: 'resume' must be true or a checkpoint directory", 3)
+      util.raise("luapipe.train: 'resume' must be true or a checkpoint directory")
     end
     cfg.resume = true
   end
@@ -208,6 +208,7 @@ end
 -- state (optional): a function called on every rank when it saves (it may
 -- be collective) giving a JSON-able table, the same on every rank, that
 -- rank 0 writes to step<k>/state.json (resume puts it in cfg.state).
+-- Returns the checkpoint's directory (<dir>/step<k>) when it saved one.
 function M.after_step(cfg, exec, k, info, state)
   if cfg ~= nil then check_cfg("checkpoint.after_step", cfg) end
   util.arg("checkpoint.after_step", 2, "exec", exec, "luapipe.Exec")
@@ -265,6 +266,7 @@ function M.after_step(cfg, exec, k, info, state)
       os.remove(pdir) -- only when empty
     end
   end
+  return sdir
 end
 
 return M

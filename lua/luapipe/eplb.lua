@@ -305,7 +305,7 @@ local function check_counts(fname, counts, layers, experts)
   end
   local E = layers and experts or (type(counts[1]) == "table" and #counts[1] or -1)
   if layers and #counts ~= layers then
-    return nil, string.format("%s: %d layers, expected %d", fname, #counts, layers)
+    return nil, string.format("%s: %s, expected %d", fname, util.count(#counts, "layer"), layers)
   end
   for l = 1, #counts do
     local row = counts[l]
@@ -313,7 +313,7 @@ local function check_counts(fname, counts, layers, experts)
       return nil, string.format("%s: layer %d is a %s, not a table", fname, l - 1, type(row))
     end
     if #row ~= E or E == 0 then
-      return nil, string.format("%s: layer %d has %d experts, expected %d", fname, l - 1, #row, E)
+      return nil, string.format("%s: layer %d has %s, expected %d", fname, l - 1, util.count(#row, "expert"), E)
     end
     for e = 1, E do
       local v = row[e]

@@ -326,9 +326,9 @@ function Model:partition(opts)
     error("partition: 'stages' must be a positive integer, got " .. tostring(S), 2)
   end
   if S > n then
-    error(string.format("partition: the schedule wants %d model stages, but the model has only %d layers"
+    error(string.format("partition: the schedule wants %d model stages, but the model has only %s"
       .. " (each stage needs at least one layer): use a deeper model, or fewer stages (fewer ranks"
-      .. " or chunks)", S, n), 2)
+      .. " or chunks)", S, util.count(n, "layer")), 2)
   end
   local by = opts.by or "layers"
   local bounds, costs

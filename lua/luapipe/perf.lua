@@ -484,8 +484,9 @@ function M.write_measured_svg(exec, sched, path)
   local m = M.measured(exec, sched)
   if not m then return true end
   local info = sched:info()
-  local title = string.format("%s: measured last step on %d ranks, %d micro-batches: %.1f ms",
-    info.name ~= "" and info.name or "schedule", m.meta.ranks, m.meta.microbatches, m.T)
+  local title = string.format("%s: measured last step on %s, %s: %.1f ms",
+    info.name ~= "" and info.name or "schedule", util.count(m.meta.ranks, "rank"),
+    util.count(m.meta.microbatches, "micro-batch"), m.T)
   -- measured slices can be far shorter than the step's typical action:
   -- a fixed width (1200 px) keeps the picture about 3:1 (tooltips name them)
   return core.write_file(path, require("luapipe.show").svg(m, { title = title, unit = "ms",

@@ -288,9 +288,10 @@ function Schedule.summary(s)
   local n = 0
   for r = 0, i.ranks - 1 do n = n + s:count(r) end
   local ok, err = s:validate()
-  return string.format("schedule %s: %d ranks, %d stages (%d virtual), %d micro-batches, %d actions%s, %s",
-    i.name ~= "" and ("'" .. i.name .. "'") or "(unnamed)", i.ranks, i.stages, i.vstages,
-    i.microbatches, n, i.lowered and " (lowered)" or "",
+  return string.format("schedule %s: %s, %s (%d virtual), %s, %s%s, %s",
+    i.name ~= "" and ("'" .. i.name .. "'") or "(unnamed)", util.count(i.ranks, "rank"),
+    util.count(i.stages, "stage"), i.vstages, util.count(i.microbatches, "micro-batch"),
+    util.count(n, "action"), i.lowered and " (lowered)" or "",
     ok and "valid" or ("INVALID: " .. err))
 end
 

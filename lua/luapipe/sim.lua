@@ -101,10 +101,10 @@ function SimResult.summary(res)
   for _, r in ipairs(ranks) do
     if r.bubble > worst.bubble then worst = r end
   end
-  lines[1] = string.format("simulated %s: %d ranks, %d micro-batches: makespan %s, "
+  lines[1] = string.format("simulated %s: %s, %s: makespan %s, "
     .. "largest bubble %s (rank %d, %.1f%%)",
-    info.name ~= "" and ("'" .. info.name .. "'") or "schedule", info.ranks,
-    info.microbatches, num(res:makespan()), num(res:max_bubble()), worst and worst.rank or 0,
+    info.name ~= "" and ("'" .. info.name .. "'") or "schedule", util.count(info.ranks, "rank"),
+    util.count(info.microbatches, "micro-batch"), num(res:makespan()), num(res:max_bubble()), worst and worst.rank or 0,
     worst and 100 * worst.bubble_ratio or 0)
   lines[2] = string.format("%6s %10s %10s %10s %8s %12s %10s", "rank", "busy", "bubble",
     "bubble %", "finish", "activations", "pending W")

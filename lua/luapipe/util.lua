@@ -19,12 +19,14 @@ local here = debug.getinfo(1, "S").source:match("^@(.*[/\\])util%.lua$")
 local function internal(level)
   local info = debug.getinfo(level + 1, "S")
   if not info then return false end
+  if info.what == "C" then return debug.getinfo(level + 2, "S") ~= nil end -- pcall inside the library
   local src = info.source
   return here ~= nil and src:sub(1, 1) == "@" and src:sub(2, #here + 1) == here
 end
 
--- util.raise(msg): raises msg at the first caller outside the library (its
--- position is the user's line; none when that caller is C, e.g. pcall).
+-- util.raise(msg): raises msg at the first Lua caller outside the library
+-- (its position is the user's line), past the library's own frames and
+-- any C function (pcall) between them.
 function M.raise(msg)
   local level = 2 -- the caller of raise
   while internal(level) do level = level + 1 end
