@@ -272,6 +272,17 @@ end
 
 -- ---- Lua-side methods of luapipe.Schedule ----
 
+-- s:note() -> text or nil: what a family builder says about the schedule
+-- it built from these counts (interleaved1f1b with too few micro-batches
+-- for its steady state), shown by s:summary(), `luapipe schedule` /
+-- `simulate` and train{}. s:set_note(text) sets it (builders). Not kept
+-- by s:clone() or s:lower().
+local notes = setmetatable({}, { __mode = "k" })
+function Schedule.note(s) return notes[s] end
+function Schedule.set_note(s, text)
+  notes[s] = util.arg("s:set_note", 1, "text", text, "?string")
+end
+
 -- s:ranks_list() is handy in loops: for r = 0, s:info().ranks - 1 ...
 function Schedule.write_csv(s, path)
   util.arg("s:write_csv", 1, "path", path, "string", "a file name")
@@ -292,7 +303,7 @@ function Schedule.summary(s)
     i.name ~= "" and ("'" .. i.name .. "'") or "(unnamed)", util.count(i.ranks, "rank"),
     util.count(i.stages, "stage"), i.vstages, util.count(i.microbatches, "micro-batch"),
     util.count(n, "action"), i.lowered and " (lowered)" or "",
-    ok and "valid" or ("INVALID: " .. err))
+    ok and "valid" or ("INVALID: " .. err)) .. (notes[s] and ("\nnote: " .. notes[s]) or "")
 end
 
 local mt = getmetatable(core.schedule_new(1, 1, 1))

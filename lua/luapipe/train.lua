@@ -305,7 +305,17 @@ end
 -- Resolves opts.schedule to a validated compute-only schedule.
 local function get_schedule(opts)
   local s = opts.schedule
+  if opts.chunks ~= nil and type(s) ~= "string" then
+    usage_fail("luapipe.train: chunks applies to a family name (interleaved1f1b); this schedule is "
+      .. "built already")
+  end
   if type(s) == "string" then
+    local fam = require("luapipe.schedules").canonical(s)
+    if opts.chunks ~= nil and fam and fam ~= "interleaved1f1b" then
+      usage_fail(string.format("luapipe.train: chunks = %s applies to interleaved1f1b only; %s has a "
+        .. "fixed placement (%s)", tostring(opts.chunks), s, (fam == "zbv" or fam == "dualpipev")
+        and "two chunks per rank" or "one model stage per rank"))
+    end
     local pp = opts.pp or comm.size() // (opts.ep or 1)
     local ok, res = pcall(schedule.build, s, { pp = pp,
       microbatches = opts.microbatches or 2 * pp, chunks = opts.chunks })
@@ -324,6 +334,10 @@ local function get_schedule(opts)
   end
   local ok, err = s:validate()
   if not ok then fail("luapipe.train: the schedule is invalid: " .. tostring(err)) end
+  if s:note() and comm.rank() == 0 and not opts.quiet then
+    io.stderr:write("luapipe.train: note: ", s:note(), "\n")
+    io.stderr:flush()
+  end
   return s
 end
 

@@ -24,7 +24,8 @@ end
 function M.add_schedule_options(p)
   p:argument("schedule", "a family (" .. table.concat(schedule.families, ", ") ..
     "; any case), a .csv or .json schedule file, or a .lua file returning a schedule")
-  M.add_count_options(p, "4", "8", "2", "model chunks per rank (interleaved1f1b)")
+  M.add_count_options(p, "4", "8", nil, "model chunks per rank: interleaved1f1b only (default 2); "
+    .. "a .lua schedule file gets it in its options")
   p:option("--sends", "send model the validation assumes: buffered (a send never waits "
     .. "for its receive; the executor's) or rendezvous", "buffered")
     :choices { "buffered", "rendezvous" }
@@ -59,6 +60,11 @@ function M.load_schedule(args)
   local name, ferr = M.family(args.schedule)
   if not name then return nil, ferr, 2 end
   local fam = schedule.is_family(name)
+  if fam and args.chunks and name:lower() ~= "interleaved1f1b" and name:lower() ~= "interleaved" then
+    return nil, string.format("--chunks applies to interleaved1f1b only; %s has a fixed placement "
+      .. "(%s)", name, (name == "zbv" or name == "dualpipev") and "two chunks per rank"
+      or "one model stage per rank", name), 2
+  end
   local serr = fam and M.check_size(args.pp, args.microbatches,
     name:find("interleaved") and args.chunks or nil)
   if serr then return nil, serr, 2 end
@@ -67,6 +73,8 @@ function M.load_schedule(args)
   if not s then return nil, err, fam and 2 or 1 end
   local ok, verr = s:validate { sends = args.sends }
   if not ok then return nil, "invalid schedule: " .. verr, 1 end
+  -- the note: in the summary of the text formats, on stderr beside the others
+  if s:note() and args.format ~= "text" then io.stderr:write("luapipe: note: ", s:note(), "\n") end
   return s
 end
 
