@@ -241,7 +241,10 @@ function M.is_family(name) return schedules.canonical(name) ~= nil end
 
 -- schedule.load(spec, opts) -> Schedule | nil, err
 -- spec is a family name (opts: pp, microbatches, chunks), a .csv file, a
--- .json file, or a .lua file returning a schedule (run with opts as `...`).
+-- .json file, or a schedule file: a .lua file run with opts as its one
+-- argument (`local opts = ...`; the CLI passes {pp =, microbatches =,
+-- chunks =} as typed or defaulted) that returns a schedule
+-- (examples/eager_1f1b.lua).
 function M.load(spec, opts)
   util.arg("schedule.load", 1, "spec", spec, "string", "a family name or a .csv, .json or .lua file name")
   opts = util.arg("schedule.load", 2, "opts", opts, "?table", "a table {pp =, microbatches =, chunks =}") or {}
@@ -262,7 +265,10 @@ function M.load(spec, opts)
     local ok, s = xpcall(chunk, debug.traceback, opts)
     if not ok then return nil, s end
     if getmetatable(s) ~= getmetatable(core.schedule_new(1, 1, 1)) then
-      return nil, spec .. ": the script must return a schedule (got " .. type(s) .. ")"
+      return nil, string.format("%s: a schedule file must return its schedule, but it returned %s "
+        .. "(it is run with the options {pp =, microbatches =, chunks =} as `...` and must end with "
+        .. "`return s`; see examples/eager_1f1b.lua); a script that does something else runs as "
+        .. "`luapipe %s`", spec, s == nil and "nothing" or util.shown(s), spec)
     end
     return s
   end
