@@ -281,15 +281,18 @@ void lb_push_action(lua_State *L, const lp_action *a) {
   lua_setfield(L, -2, "text");
 }
 
-/* s:action(rank, i) -> decoded table (i is 1-based), or nil past the end */
+/* s:action(rank, i) -> decoded table of action i, or nil outside 0..count-1.
+ * i is 0-based, as ranks, stages and micro-batches are and as every message
+ * numbers actions ("rank 2, action 14 (5B3)"); s:actions(rank) is a Lua
+ * list, so action i is its entry i + 1. */
 static int lb_schedule_action(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   int rank = lb_check_int(L, 2);
   check_rank(L, s, 2, rank);
   int n, i = lb_check_int(L, 3);
   const lp_action *a = lp_schedule_actions(s, rank, &n);
-  if (i < 1 || i > n) return 0;
-  lb_push_action(L, &a[i - 1]);
+  if (i < 0 || i >= n) return 0;
+  lb_push_action(L, &a[i]);
   return 1;
 }
 

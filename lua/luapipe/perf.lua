@@ -456,7 +456,7 @@ function M.measured(exec, sched)
       local idx = math.floor(v[o + 1] + 0.5)
       local e
       if idx >= 0 then
-        e = sched:action(r, idx + 1) or { type = "?" }
+        e = sched:action(r, idx) or { type = "?" }
         e.text = texts[idx + 1] or "?"
       else
         e = { type = "optim", text = "optimizer", mb = "opt", stage = -1 }

@@ -55,4 +55,20 @@ function test_cli_chunks_and_note()
   lu.assertStrContains(run("schedule interleaved1f1b -p 4 -m 6 -f csv"), "luapipe: note: with 6 micro-batches")
 end
 
+-- Action numbers are 0-based everywhere, as ranks, stages and micro-batches
+-- are: the validator's "action 0 (0B0)" is s:action(0, 0).
+function test_action_numbers_are_zero_based()
+  local s = schedule.new { ranks = 2, stages = 2, microbatches = 1,
+    actions = { [0] = { "0B0", "0F0" }, [1] = { "1F0", "1B0" } } }
+  local ok, err = s:validate()
+  lu.assertNil(ok)
+  local rank, i, text = err:match("^rank (%d+), action (%d+) %(([^)]+)%)")
+  lu.assertEquals({ rank, i, text }, { "0", "0", "0B0" })
+  lu.assertEquals(s:action(tonumber(rank), tonumber(i)).text, text)
+  lu.assertEquals(s:action(1, 1).text, "1B0")
+  lu.assertNil(s:action(1, 2))  -- past the end
+  lu.assertNil(s:action(1, -1))
+  lu.assertEquals(s:actions(1)[1 + 1], "1B0") -- a Lua list: action i is entry i + 1
+end
+
 os.exit(lu.LuaUnit.run())
