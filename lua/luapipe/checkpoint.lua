@@ -269,4 +269,5 @@ function M.after_step(cfg, exec, k, info, state)
   return sdir
 end
 
-return M
+-- a mistyped name ("luapipe.checkpoint.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.checkpoint")

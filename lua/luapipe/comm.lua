@@ -117,4 +117,5 @@ M.parse_link = core.link_parse
 -- code 1). Does not return.
 M.abort = core.comm_abort
 
-return M
+-- a mistyped name ("luapipe.comm.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.comm")

@@ -455,4 +455,5 @@ function Balancer:step(step, counts)
   return self:plan()
 end
 
-return M
+-- a mistyped name ("luapipe.eplb.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.eplb")

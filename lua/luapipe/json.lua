@@ -199,4 +199,5 @@ function M.encode(v, opts)
   return table.concat(out)
 end
 
-return M
+-- a mistyped name ("luapipe.json.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.json")

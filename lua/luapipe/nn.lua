@@ -375,4 +375,5 @@ function Model:stage_input_shapes(part, input_shape)
 end
 
 M.Model = Model
-return M
+-- a mistyped name ("luapipe.nn.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.nn")

@@ -493,4 +493,5 @@ function M.write_measured_svg(exec, sched, path)
     scale = m.T > 0 and 1200 / m.T or nil }))
 end
 
-return M
+-- a mistyped name ("luapipe.perf.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.perf")

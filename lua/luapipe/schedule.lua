@@ -323,4 +323,5 @@ end
 -- the C classes (the binding never loads Lua modules itself).
 require("luapipe.sim")
 
-return M
+-- a mistyped name ("luapipe.schedule.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.schedule")

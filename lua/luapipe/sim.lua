@@ -129,4 +129,5 @@ end
 
 require("luapipe.show") -- installs the picture methods (svg, write_svg, Schedule:show)
 
-return M
+-- a mistyped name ("luapipe.sim.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.sim")

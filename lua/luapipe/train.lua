@@ -627,4 +627,5 @@ function M.reference(opts)
   return { losses = losses, layer = layer, params = function() return params_of(layer) end }
 end
 
-return setmetatable(M, { __call = function(_, opts) return M.run(opts) end })
+setmetatable(M, { __call = function(_, opts) return M.run(opts) end })
+return util.guard(M, "luapipe.train")

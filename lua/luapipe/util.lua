@@ -129,7 +129,7 @@ local function distance(a, b)
 end
 
 -- util.did_you_mean(word, names) -> the name closest to word (case
--- ignored) when it is close enough (at most 2 edits, and fewer than half
+-- ignored) when it is a plausible typo (at most 2 edits, and at most half
 -- the word), else nil.
 function M.did_you_mean(word, names)
   if type(word) ~= "string" or word == "" or type(names) ~= "table" then return nil end
@@ -139,8 +139,126 @@ function M.did_you_mean(word, names)
     local d = distance(lw, tostring(n):lower())
     if d < bd then best, bd = n, d end
   end
-  if best and bd <= 2 and bd * 2 < math.max(#word, 2) + 1 then return best end
+  if best and bd <= 2 and bd <= #word / 2 then return best end
   return nil
+end
+
+-- util.guard(t, name[, names]): indexing t with a missing key that is a
+-- plausible typo of one of its own (or names()) raises at the user's line
+-- "luapipe.schedule has no 'buld' (did you mean 'build'?)"; any other
+-- missing key is nil as usual. Keys starting with "_" are never guarded.
+-- Keeps an existing metatable's other fields (__call).
+function M.guard(t, name, names)
+  M.arg("util.guard", 1, "t", t, "table")
+  M.arg("util.guard", 2, "name", name, "string", "the table's name for messages")
+  M.arg("util.guard", 3, "names", names, "?function", "a function returning more names")
+  local mt = getmetatable(t) or {}
+  local inner = mt.__index
+  mt.__index = function(tbl, k)
+    if inner then
+      local v
+      if type(inner) == "function" then v = inner(tbl, k) else v = inner[k] end
+      if v ~= nil then return v end
+    end
+    if type(k) ~= "string" or k:sub(1, 1) == "_" then return nil end
+    local known = {}
+    for key in next, tbl do
+      if type(key) == "string" and key:sub(1, 1) ~= "_" then known[#known + 1] = key end
+    end
+    if names then for _, n in ipairs(names()) do known[#known + 1] = n end end
+    table.sort(known)
+    local near = M.did_you_mean(k, known)
+    if near and near ~= k then
+      M.raise(string.format("%s has no '%s' (did you mean '%s'?)", name, k, near))
+    end
+    return nil
+  end
+  return setmetatable(t, mt)
+end
+
+-- ---- pretty printing ----
+
+local function quote_string(v)
+  return '"' .. v:gsub('[%c"\\]', function(c)
+    local named = { ["\n"] = "\\n", ["\t"] = "\\t", ["\r"] = "\\r", ['"'] = '\\"', ["\\"] = "\\\\" }
+    return named[c] or string.format("\\%d", c:byte())
+  end) .. '"'
+end
+
+local function key_order(a, b)
+  local ta, tb = type(a), type(b)
+  if ta ~= tb then
+    if ta == "number" then return true end
+    if tb == "number" then return false end
+    if ta == "string" then return true end
+    if tb == "string" then return false end
+    return ta < tb
+  end
+  if ta == "number" or ta == "string" then return a < b end
+  return tostring(a) < tostring(b)
+end
+
+-- util.pretty(v[, opts]) -> text: v as a Lua constructor, the way the
+-- REPL shows a table: {1, 2, name = "x", sub = {a = 1}}; one line when it
+-- fits opts.width (80), else one entry per line, indented. Nested tables
+-- deeper than opts.depth (3) show as {...} with their entry count, at most
+-- opts.items (50) entries per table are shown, a table inside itself shows
+-- as <cycle>. Values with a __tostring (schedules, results, tensors) show
+-- as tostring gives them; other non-table values as Lua literals.
+function M.pretty(v, opts)
+  opts = M.arg("util.pretty", 2, "opts", opts, "?table", "a table {depth =, width =, items =}") or {}
+  local max_depth, width, max_items = opts.depth or 3, opts.width or 80, opts.items or 50
+  local on_path = {}
+  local function scalar(x)
+    local t = type(x)
+    if t == "string" then return quote_string(x) end
+    if t == "number" then
+      if math.type(x) == "float" and x == math.floor(x) and x > -1e15 and x < 1e15 then
+        return string.format("%.1f", x)
+      end
+      return tostring(x)
+    end
+    local mt = getmetatable(x)
+    if type(mt) == "table" and rawget(mt, "__tostring") then
+      local ok, text = pcall(tostring, x)
+      if ok and type(text) == "string" then return text end
+    end
+    return tostring(x)
+  end
+  local function render(x, depth, indent)
+    local mt = getmetatable(x)
+    if type(x) ~= "table" or (type(mt) == "table" and rawget(mt, "__tostring")) then return scalar(x) end
+    if on_path[x] then return "<cycle>" end
+    local keys, n = {}, 0
+    while rawget(x, n + 1) ~= nil do n = n + 1 end
+    local total = n
+    for k in next, x do
+      if not (math.type(k) == "integer" and k >= 1 and k <= n) then keys[#keys + 1] = k; total = total + 1 end
+    end
+    if total == 0 then return "{}" end
+    if depth >= max_depth then return string.format("{...} (%s)", M.count(total, "entry", "entries")) end
+    table.sort(keys, key_order)
+    on_path[x] = true
+    local parts = {}
+    local shown = 0
+    for i = 1, n do
+      if shown >= max_items then break end
+      parts[#parts + 1] = render(rawget(x, i), depth + 1, indent .. "  ")
+      shown = shown + 1
+    end
+    for _, k in ipairs(keys) do
+      if shown >= max_items then break end
+      local ks = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or ("[" .. scalar(k) .. "]")
+      parts[#parts + 1] = ks .. " = " .. render(rawget(x, k), depth + 1, indent .. "  ")
+      shown = shown + 1
+    end
+    if shown < total then parts[#parts + 1] = string.format("... (%d more)", total - shown) end
+    on_path[x] = nil
+    local one = "{" .. table.concat(parts, ", ") .. "}"
+    if #one + #indent <= width and not one:find("\n") then return one end
+    return "{\n" .. indent .. "  " .. table.concat(parts, ",\n" .. indent .. "  ") .. "\n" .. indent .. "}"
+  end
+  return render(v, 0, "")
 end
 
 -- ---- files ----

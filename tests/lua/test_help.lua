@@ -124,7 +124,58 @@ function TestHelp.test_luapipe_help_prints()
   local printed = table.concat(written)
   lu.assertStrContains(printed, "schedules.list()")
   lu.assertStrContains(printed, "unknown help topic 'no such thing'")
-  lu.assertStrContains(printed, "Lua API topics")
+  lu.assertStrContains(printed, "the Lua API, one topic per module")
+end
+
+-- The REPL's help is the Lua API's: a command name says it is a command and
+-- how to get its options; one function can be asked for; a typo gets a
+-- "did you mean".
+function TestHelp.test_repl_help_is_the_api()
+  local text = luapipe.help_text()
+  lu.assertStrContains(text, "  schedule   build, load, check and export schedules")
+  lu.assertStrContains(text, "`luapipe help <command>` in a shell")
+  lu.assertNil(text:find("usage: luapipe", 1, true))
+  text = luapipe.help_text("simulate")
+  lu.assertStrContains(text, "'simulate' is a command of the luapipe program, not a Lua API topic: "
+    .. "its options are `luapipe help simulate` in a shell")
+  lu.assertStrContains(text, "luapipe.help(\"sim\")")
+  lu.assertNil(text:find("--cost", 1, true))
+  lu.assertStrContains(luapipe.help_text("cli simulate"), "--cost")
+  lu.assertStrContains(luapipe.help_text("cli"), "Commands:")
+  lu.assertStrContains(luapipe.help_text("schedule"), "schedule.build(")
+  lu.assertStrContains(luapipe.help_text("luapipe.eplb"), "eplb.rebalance{")
+  lu.assertStrContains(luapipe.help_text("env"), "LUAPIPE_TIMEOUT")
+  lu.assertStrContains(luapipe.help_text("schedule.load"), "schedule.load(spec, opts)")
+  lu.assertStrContains(luapipe.help_text("validate"), "s:validate()")
+  local _, err = luapipe.help_text("schedul")
+  lu.assertStrContains(err, "unknown help topic 'schedul' (did you mean 'schedule'?)")
+  _, err = luapipe.help_text("schedule.laod")
+  lu.assertStrContains(err, "(did you mean 'schedule.load'?)")
+  _, err = luapipe.help_text(7)
+  lu.assertStrContains(err, "the topic must be a string")
+end
+
+-- A mistyped name of the library gets a "did you mean" where it is used;
+-- other missing names stay nil.
+function TestHelp.test_did_you_mean_on_names()
+  local function err_of(f)
+    local ok, e = pcall(f)
+    lu.assertFalse(ok)
+    return (tostring(e):gsub("^[^:]*:%d+: ", ""))
+  end
+  lu.assertEquals(err_of(function() return luapipe.schedul end), "luapipe has no 'schedul' (did you mean 'schedule'?)")
+  lu.assertEquals(err_of(function() return luapipe.schedule.buld end),
+    "luapipe.schedule has no 'buld' (did you mean 'build'?)")
+  lu.assertEquals(err_of(function() return require("luapipe.sim").parse_cots end),
+    "luapipe.sim has no 'parse_cots' (did you mean 'parse_cost'?)")
+  lu.assertEquals(err_of(function() return luapipe.schedules.dualpip end),
+    "luapipe.schedules has no 'dualpip' (did you mean 'dualpipe'?)")
+  lu.assertEquals(err_of(function() return luapipe.nn.lienar end), "luapipe.nn has no 'lienar' (did you mean 'linear'?)")
+  lu.assertEquals(err_of(function() return luapipe.train.refrence end),
+    "luapipe.train has no 'refrence' (did you mean 'reference'?)")
+  lu.assertNil(luapipe.frobnicate)
+  lu.assertNil(luapipe.schedule.something_else)
+  lu.assertEquals(type(luapipe.schedules.dualpipe), "function")
 end
 
 function TestHelp.test_suggest()

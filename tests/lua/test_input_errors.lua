@@ -103,7 +103,7 @@ function test_schedule_new_names_the_option()
   lu.assertEquals(new_err(base { placement = { { stage = 0, rank = 7 } } }),
     "schedule.new: virtual stage 0: rank 7 is out of range 0..1")
   lu.assertEquals(new_err(base { actions = { [1] = { "1F0", true } } }),
-    "schedule.new: rank 1: action 2 is not a string")
+    "schedule.new: rank 1: entry 2 of the list is a boolean, not an action string such as \"0F3\"")
   lu.assertEquals(new_err { ranks = 5000, stages = 2, microbatches = 1 },
     "schedule.new: ranks must be 1..4096, got 5000")
 end

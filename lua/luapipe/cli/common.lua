@@ -25,8 +25,7 @@ function M.add_schedule_options(p)
   p:argument("schedule", "a family (" .. table.concat(schedule.families, ", ") ..
     "; any case), a .csv or .json schedule file, or a schedule file: a .lua file that gets "
     .. "{pp =, microbatches =, chunks =} as `...` and returns a schedule (examples/eager_1f1b.lua)")
-  M.add_count_options(p, "4", "8", nil, "model chunks per rank: interleaved1f1b only (default 2); "
-    .. "a .lua schedule file gets it in its options")
+  M.add_count_options(p, "4", "8", nil, "model chunks per rank (interleaved1f1b only; default 2)")
   p:option("--sends", "send model the validation assumes: buffered (a send never waits "
     .. "for its receive; the executor's) or rendezvous", "buffered")
     :choices { "buffered", "rendezvous" }
