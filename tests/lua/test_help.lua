@@ -96,6 +96,26 @@ function TestHelp.test_topic_text()
   lu.assertStrContains(cli.help_text(), "checkpoint ")
 end
 
+-- What a user looks for is in the topics: MoE layers, optimizers, device
+-- and partition, the cost keys of links and exchanges, the summary's columns.
+function TestHelp.test_topics_cover_the_options()
+  local nn_text, train_text, sim_text = help.text("nn"), help.text("train"), help.text("sim")
+  for _, want in ipairs { "nn.moe{dim=, hidden=, experts=, topk=", "nn.moe_block{dim=, heads=" } do
+    lu.assertStrContains(nn_text, want)
+  end
+  for _, want in ipairs { 'optimizer = {kind = "sgd", lr=, momentum=, weight_decay=}',
+    'optimizer = {kind = "adamw", lr=, beta1=, beta2=, eps=, weight_decay=}',
+    'partition = "layers" | "cost"', 'device = "cpu" | "cuda" | "cuda:N"', "chunks for interleaved1f1b only" } do
+    lu.assertStrContains(train_text, want)
+  end
+  for _, want in ipairs { 'link = "lat=50us,bw=2GB/s"', "bytes = N", "exchanges = {[stage] = {F = {n =, "
+    .. "bytes_out =, bytes_in =}", "link_unit", "pending W (peak weight-grads waiting" } do
+    lu.assertStrContains(sim_text, want)
+  end
+  lu.assertStrContains(help.text("schedule"), "gets opts {pp=, microbatches=, chunks=} as `...`")
+  lu.assertStrContains(help.text("schedule"), "action i counts from 0")
+end
+
 function TestHelp.test_unknown_topics()
   local text, err = cli.help_text("schedulez", true)
   lu.assertNil(text)
