@@ -31,7 +31,20 @@ local util = require("luapipe.util")
 
 local M = {}
 
-local function fail(msg) error(msg, 0) end
+-- A failure every rank knows of (a marker every rank read, or one agree()
+-- told every rank of): on one process an error; under mpirun it is printed
+-- once, by `speaker` (the first rank that failed, with its own message;
+-- default rank 0), and every rank exits with status 1 (no copy and no
+-- traceback per rank).
+local function fail(msg, speaker)
+  if comm.size() == 1 then error(msg, 0) end
+  if comm.rank() == (speaker or 0) then
+    io.stderr:write("luapipe: ", msg, "\n")
+    io.stderr:flush()
+  end
+  comm.barrier("luapipe.train: every rank stops on a checkpoint error")
+  os.exit(1)
+end
 
 -- cfg must be what checkpoint.options returned (field: the one fn needs).
 local function check_cfg(fn, cfg, field)
@@ -43,8 +56,11 @@ end
 
 local function step_dir(dir, step) return string.format("%s/step%d", dir, step) end
 
+M.fail_all = fail -- (luapipe.train's own such failures: a state.json of other settings)
+
 -- Every rank passes whether its part worked; returns nil when all did,
--- else this rank's message (its own error, or which ranks failed).
+-- else this rank's message (its own error, or which ranks failed) and the
+-- first rank that failed.
 local function agree(ok, err, what)
   local size = comm.size()
   if size == 1 then return (not ok) and (err or what .. " failed") or nil end
@@ -53,14 +69,15 @@ local function agree(ok, err, what)
   if not ok then v[comm.rank() + 1] = 1 end
   local all, cerr = comm.allreduce(v, what)
   if not all then comm.abort(cerr) end
-  if not ok then return err or (what .. " failed") end
   local bad = {}
   for r = 1, size do
     if all[r] ~= 0 then bad[#bad + 1] = tostring(r - 1) end
   end
   if #bad == 0 then return nil end
+  local first = tonumber(bad[1])
+  if not ok then return err or (what .. " failed"), first end
   return string.format("%s failed on rank%s %s (see %s message)", what, #bad > 1 and "s" or "",
-    table.concat(bad, ", "), #bad > 1 and "their" or "its")
+    table.concat(bad, ", "), #bad > 1 and "their" or "its"), first
 end
 
 -- Checks the options; nil when neither checkpoint nor resume is given, else
@@ -185,8 +202,8 @@ function M.resume(cfg, exec)
     got, err = nil, string.format("rank %d: checkpoint %s/rank%d.ckpt holds step %d, but %s says %d",
       rank, sdir, rank, got, marker, step)
   end
-  local msg = agree(got ~= nil, err, "loading checkpoint " .. sdir)
-  if msg then fail("luapipe.train: " .. msg) end
+  local msg, first = agree(got ~= nil, err, "loading checkpoint " .. sdir)
+  if msg then fail("luapipe.train: " .. msg, first) end
   -- the training loop's state beside the rank files (optional)
   local sfile = sdir .. "/state.json"
   local f = io.open(sfile, "rb")
@@ -233,24 +250,24 @@ function M.after_step(cfg, exec, k, info, state)
     if ok then ok, err = core.mkdir_p(sdir) end
   end
   cfg.cleaned = true
-  local msg = agree(ok, err, "creating checkpoint directory " .. sdir)
-  if msg then fail("luapipe.train: " .. msg) end
+  local msg, first = agree(ok, err, "creating checkpoint directory " .. sdir)
+  if msg then fail("luapipe.train: " .. msg, first) end
   ok, err = exec:save_checkpoint(sdir, k)
-  msg = agree(ok, err, "saving checkpoint " .. sdir)
-  if msg then fail("luapipe.train: " .. msg) end
+  msg, first = agree(ok, err, "saving checkpoint " .. sdir)
+  if msg then fail("luapipe.train: " .. msg, first) end
   if rank == 0 and state and next(state) then
     ok, err = core.write_file(sdir .. "/state.json", json.encode(state) .. "\n")
   end
-  msg = agree(ok, err, "writing " .. sdir .. "/state.json")
-  if msg then fail("luapipe.train: " .. msg) end
+  msg, first = agree(ok, err, "writing " .. sdir .. "/state.json")
+  if msg then fail("luapipe.train: " .. msg, first) end
   if rank == 0 then
     ok, err = core.write_file(dir .. "/latest", string.format(
       '{"step": %d, "dir": "step%d", "ranks": %d, "schedule": %s, "time": %d}\n',
       k, k, comm.size(), json.quote(info and info.name or ""), os.time()))
     if ok then os.remove(dir .. "/pending") end
   end
-  msg = agree(ok, err, "writing " .. dir .. "/latest")
-  if msg then fail("luapipe.train: " .. msg) end
+  msg, first = agree(ok, err, "writing " .. dir .. "/latest")
+  if msg then fail("luapipe.train: " .. msg, first) end
   -- the new checkpoint is committed: drop the previous one
   local prev = cfg.saved
   cfg.saved = k

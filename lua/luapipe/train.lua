@@ -518,7 +518,7 @@ function M.run(opts)
   local balance = eplb_loop(exec, opts.eplb, ep)
   if ckpt and ckpt.state and ckpt.state.eplb then
     local rok, rerr = pcall(balance.restore, ckpt.state.eplb, ckpt.state_file)
-    if not rok then fail(tostring(rerr)) end
+    if not rok then checkpoint.fail_all(tostring(rerr)) end -- every rank read the same file
   end
   for k = first_step, steps do
     if opts.trace_steps and k == steps - opts.trace_steps + 1 and k > first_step then
