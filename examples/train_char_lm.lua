@@ -43,7 +43,7 @@ parser:flag("--show", "Print the schedule (simulated Gantt chart) before trainin
 parser:option("--log-every", "Print the progress line every N steps.", "1"):convert(int("--log-every", 1, INT32))
 parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
 parser:option("--report", "Write the end-of-training summary figures (key=value lines) to this file.")
-local args = cli.parse(parser, arg, "train_char_lm.lua", comm.rank() ~= 0) or os.exit(2)
+local args = cli.parse(parser, arg, "train_char_lm.lua", comm.rank() ~= 0) or cli.usage_exit("train_char_lm.lua")
 
 local f = assert(io.open(args.text, "rb"))
 local text = f:read("a")

@@ -35,12 +35,9 @@ parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: loc
 parser:option("--checkpoint", "Save checkpoints (every rank's stages and optimizer state) in this directory.")
 parser:option("--every", "Steps between checkpoints.", "10"):convert(int("--every", 1, INT32))
 parser:flag("--resume", "Continue from the latest checkpoint in --checkpoint.")
-local args = cli.parse(parser, arg, "train_mlp.lua", comm.rank() ~= 0) or os.exit(2)
+local args = cli.parse(parser, arg, "train_mlp.lua", comm.rank() ~= 0) or cli.usage_exit("train_mlp.lua")
 if args.resume and not args.checkpoint then
-  if comm.rank() == 0 then
-    io.stderr:write("train_mlp.lua: --resume needs --checkpoint DIR, the directory the checkpoints were saved in\n")
-  end
-  os.exit(2)
+  cli.usage_exit("train_mlp.lua", "--resume needs --checkpoint DIR, the directory the checkpoints were saved in")
 end
 
 local DIN, DOUT, W = 16, 4, args.width

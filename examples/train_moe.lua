@@ -61,7 +61,7 @@ parser:option("--fb-order", "Overlapped pairs: \"auto\" (the executor's default:
   .. "\"forward-first\" (fixed alternation, forward first); the last two by an overlapped_fb hook, for "
   .. "comparison.", "auto")
   :choices { "auto", "deepseek", "forward-first" }
-local args = cli.parse(parser, arg, "train_moe.lua", comm.rank() ~= 0) or os.exit(2)
+local args = cli.parse(parser, arg, "train_moe.lua", comm.rank() ~= 0) or cli.usage_exit("train_moe.lua")
 
 local ep = args.ep
 local pp = args.pp or math.max(1, comm.size() // ep)
@@ -73,14 +73,12 @@ local H, T, B = args.hidden, args.context, args.batch
 local Mb = args.microbatches or 2 * pp
 local lr = args.lr
 if K > E then
-  io.stderr:write(string.format("train_moe.lua: --topk %d is more than --experts %d\n", K, E))
-  os.exit(2)
+  cli.usage_exit("train_moe.lua", string.format("--topk %d is more than --experts %d", K, E))
 end
 
 local f = io.open(args.text, "rb")
 if not f then
-  io.stderr:write("train_moe.lua: cannot read the training text " .. args.text .. "\n")
-  os.exit(2)
+  cli.usage_exit("train_moe.lua", "cannot read the training text " .. args.text)
 end
 local text = f:read("a")
 f:close()
@@ -160,8 +158,7 @@ end
 
 if args.reference then
   if args.device ~= "cpu" then
-    io.stderr:write("train_moe.lua: --reference runs on the CPU only (got --device " .. args.device .. ")\n")
-    os.exit(2)
+    cli.usage_exit("train_moe.lua", "--reference runs on the CPU only (got --device " .. args.device .. ")")
   end
   print(string.format("train_moe (reference, one process): %s, %s top-%d, %s of %dx%d",
     count(blocks, "MoE block"), count(E, "expert"), K, count(Mb, "micro-batch"), B, T))

@@ -38,6 +38,16 @@ count "options error printed once" "$tmp/bad" "luapipe.train: 'steps' must be a 
 count "no traceback" "$tmp/bad" "stack traceback" 0
 check "named at the user's line" "$tmp/bad" "luapipe: (command line):2: luapipe.train: 'steps'"
 
+# the examples' own usage errors: once, exit 2 on every rank
+"${mpirun[@]}" -np 3 "$luapipe" "${mlp[@]}" --steps x >"$tmp/opt" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && ok "bad option under mpirun: exit 2" || fail "bad option under mpirun: exit $rc"
+count "bad option printed once" "$tmp/opt" "train_mlp.lua: --steps must be an integer" 1
+"${mpirun[@]}" -np 2 "$luapipe" examples/train_moe.lua --topk 9 >"$tmp/topk" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && ok "train_moe --topk 9 under mpirun: exit 2" || fail "train_moe --topk 9 under mpirun: exit $rc"
+count "train_moe --topk 9 printed once" "$tmp/topk" "train_moe.lua: --topk 9 is more than --experts 8" 1
+
 # --resume without --checkpoint, in the example's terms
 "${mpirun[@]}" -np 2 "$luapipe" "${mlp[@]}" --resume >"$tmp/resume" 2>&1
 rc=$?

@@ -175,6 +175,20 @@ function M.parse(parser, argv, prog, quiet)
   return nil, 2
 end
 
+-- For scripts under mpirun: a usage error every rank found alike. Rank 0
+-- writes "<prog>: <msg>" (none when msg is nil: cli.parse printed it
+-- already); every rank waits for the others (so that rank 0's line is out
+-- before mpirun takes the job down) and exits with status 2.
+function M.usage_exit(prog, msg)
+  local comm = require("luapipe.comm")
+  if msg and comm.rank() == 0 then
+    io.stderr:write(prog, ": ", msg, "\n")
+    io.stderr:flush()
+  end
+  if comm.size() > 1 then comm.barrier(prog .. ": every rank stops on a usage error") end
+  os.exit(2)
+end
+
 -- Runs `luapipe <argv[1]> argv[2..]`; returns the exit code.
 function M.main(argv)
   local name = argv[1]
