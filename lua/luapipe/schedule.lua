@@ -323,5 +323,8 @@ end
 -- the C classes (the binding never loads Lua modules itself).
 require("luapipe.sim")
 
+-- a mistyped method (s:valdate()) gets a "did you mean"
+util.guard(Schedule, "luapipe.Schedule")
+
 -- a mistyped name ("luapipe.schedule.x") gets a "did you mean"
 return require("luapipe.util").guard(M, "luapipe.schedule")

@@ -129,5 +129,8 @@ end
 
 require("luapipe.show") -- installs the picture methods (svg, write_svg, Schedule:show)
 
+-- a mistyped method (res:makspan()) gets a "did you mean"
+util.guard(SimResult, "luapipe.SimResult")
+
 -- a mistyped name ("luapipe.sim.x") gets a "did you mean"
 return require("luapipe.util").guard(M, "luapipe.sim")

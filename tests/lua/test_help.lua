@@ -193,6 +193,12 @@ function TestHelp.test_did_you_mean_on_names()
   lu.assertEquals(err_of(function() return luapipe.nn.lienar end), "luapipe.nn has no 'lienar' (did you mean 'linear'?)")
   lu.assertEquals(err_of(function() return luapipe.train.refrence end),
     "luapipe.train has no 'refrence' (did you mean 'reference'?)")
+  local s = luapipe.schedule.build("1f1b", { pp = 2, microbatches = 2 })
+  lu.assertEquals(err_of(function() return s:valdate() end),
+    "luapipe.Schedule has no 'valdate' (did you mean 'validate'?)")
+  local res = s:simulate()
+  lu.assertEquals(err_of(function() return res:makspan() end),
+    "luapipe.SimResult has no 'makspan' (did you mean 'makespan'?)")
   lu.assertNil(luapipe.frobnicate)
   lu.assertNil(luapipe.schedule.something_else)
   lu.assertEquals(type(luapipe.schedules.dualpipe), "function")
