@@ -130,7 +130,8 @@ end
 
 local function sweep(label, f, prefix_args, pre_self, method)
   local name = method or label:match("[^.:]+$")
-  local wrong = { 5, "x", {}, true, function() end }
+  -- (the string is a path nothing can be written to: write_csv("x") would write)
+  local wrong = { 5, "/nonexistent/luapipe-sweep", {}, true, function() end }
   local found = {}
   for _, v in ipairs(wrong) do
     for _, lead in ipairs({ false, true }) do
