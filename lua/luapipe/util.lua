@@ -1,5 +1,5 @@
--- luapipe.util: small helpers shared by the Lua layer: files, argument
--- checks, counted nouns, "did you mean".
+-- luapipe.util: small helpers shared by the Lua layer: argument checks,
+-- counted nouns, "did you mean", the REPL's pretty printer, files.
 local core = require("luapipe.core")
 
 local M = {}
@@ -7,8 +7,8 @@ local M = {}
 -- ---- argument checks ----
 -- Every public function of lua/luapipe/*.lua checks its arguments with
 -- these, so that misuse reads, at the user's line,
---   schedule.load: spec (argument 1) must be a string (a family name or a
---   .csv, .json or .lua file), got 5
+--   schedule.load: spec (argument 1) must be a family name or a .csv, .json
+--   or .lua file name, got 5
 -- and never as a Lua internal from inside the library ("attempt to index
 -- a number value (local 'spec')").
 
