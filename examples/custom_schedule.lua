@@ -1,34 +1,25 @@
--- Writing your own pipeline schedule: "eager 1F1B".
---
--- Plain 1F1B warms up with P-1-r forwards on rank r, so in the steady state
--- every forward waits for the message that just left the previous rank. An
--- eager 1F1B warms up with about twice as many, 2(P-1-r), so a forward's input
--- is already there when the rank gets to it: more activations held, fewer
--- idle gaps when messages take time. Run it:
+-- Writing your own pipeline schedule, and comparing it with a built-in one:
+-- "eager 1F1B" (examples/eager_1f1b.lua, a schedule file) against plain
+-- 1F1B, validated, simulated under one cost model with a message latency,
+-- and drawn. Run it:
 --
 --   ./build/luapipe examples/custom_schedule.lua
+--
+-- (This is a script. A schedule file returns its schedule and can be given
+-- to `luapipe schedule` / `luapipe simulate`: see examples/eager_1f1b.lua.
+-- Given to them, this script returns the eager schedule too.)
 local schedule = require("luapipe.schedule")
 
 local P, M = 4, 8 -- ranks (= model stages here) and micro-batches
 
-local function one_f_one_b(name, warmup_of)
-  -- stage i on rank i (the default placement); every micro-batch's route
-  -- is stages 0..P-1 (the default route)
-  local s = schedule.new { name = name, ranks = P, stages = P, microbatches = M }
-  for r = 0, P - 1 do
-    local warmup = math.min(warmup_of(r), M)
-    local f, b = 0, 0 -- next micro-batch to forward / to backward on this rank
-    local function F() s:push(r, string.format("%dF%d", r, f)); f = f + 1 end
-    local function B() s:push(r, string.format("%dB%d", r, b)); b = b + 1 end
-    for _ = 1, warmup do F() end            -- warm-up
-    for _ = 1, M - warmup do F(); B() end   -- steady state: one forward, one backward
-    for _ = 1, warmup do B() end            -- cool-down
-  end
-  return s
+-- the schedule file beside this script, run with the options as `...`
+local here = (debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./")
+local opts = ...
+if type(opts) == "table" then -- loaded as a schedule file: that schedule, no comparison
+  return assert(schedule.load(here .. "eager_1f1b.lua", opts))
 end
-
-local eager = one_f_one_b("eager-1f1b", function(r) return 2 * (P - 1 - r) end)
-local plain = one_f_one_b("1f1b", function(r) return P - 1 - r end)
+local eager = assert(schedule.load(here .. "eager_1f1b.lua", { pp = P, microbatches = M }))
+local plain = schedule.build("1f1b", { pp = P, microbatches = M })
 
 -- validate: nil plus a message naming rank, action and reason when wrong
 assert(eager:validate())

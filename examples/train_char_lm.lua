@@ -13,6 +13,7 @@ local nn = require("luapipe.nn")
 local train = require("luapipe.train")
 local comm = require("luapipe.comm")
 local cli = require("luapipe.cli")
+local count = require("luapipe.util").count -- "1 rank", "2 ranks"
 -- options: the CLI's converters (a bad value is one line, exit 2)
 local int, INT32 = cli.int_option, 0x7fffffff
 local limits = require("luapipe.cli.common").limits
@@ -23,7 +24,8 @@ parser:option("--schedule", "Schedule family (" .. table.concat(require("luapipe
 parser:option("--microbatches", "Micro-batches per step.", "8"):convert(int("--microbatches", 1, limits.microbatches))
 parser:option("--steps", "Training steps.", "150"):convert(int("--steps", 1, INT32))
 parser:option("--seed", "Seed for initialisation and data.", "1"):convert(int("--seed", 0, INT32))
-parser:option("--chunks", "Chunks per rank (interleaved1f1b).", "2"):convert(int("--chunks", 1, limits.chunks))
+parser:option("--chunks", "Chunks per rank (interleaved1f1b only; default 2).")
+  :convert(int("--chunks", 1, limits.chunks))
 parser:option("--blocks", "Transformer blocks.", "6"):convert(int("--blocks", 1, 4096))
 parser:option("--dim", "Model width.", "64"):convert(int("--dim", 1, 65536))
 parser:option("--heads", "Attention heads.", "4"):convert(int("--heads", 1, 65536))
@@ -41,7 +43,7 @@ parser:flag("--show", "Print the schedule (simulated Gantt chart) before trainin
 parser:option("--log-every", "Print the progress line every N steps.", "1"):convert(int("--log-every", 1, INT32))
 parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
 parser:option("--report", "Write the end-of-training summary figures (key=value lines) to this file.")
-local args = cli.parse(parser, arg, "train_char_lm.lua", comm.rank() ~= 0) or os.exit(2)
+local args = cli.parse(parser, arg, "train_char_lm.lua", comm.rank() ~= 0) or cli.usage_exit("train_char_lm.lua")
 
 local f = assert(io.open(args.text, "rb"))
 local text = f:read("a")
@@ -89,8 +91,9 @@ local function data(step, mb)
 end
 
 if comm.rank() == 0 then
-  print(string.format("train_char_lm: %s on %d ranks, vocab %d (ln V = %.3f), %d layers, %d micro-batches of %dx%d chars",
-    args.schedule, comm.size(), V, math.log(V), model:nlayers(), args.microbatches, args.batch, T))
+  print(string.format("train_char_lm: %s on %s, vocab %d (ln V = %.3f), %s, %s of %dx%d chars",
+    args.schedule, count(comm.size(), "rank"), V, math.log(V), count(model:nlayers(), "layer"),
+    count(args.microbatches, "micro-batch"), args.batch, T))
   if args.show then
     local s = require("luapipe.schedule").build(args.schedule, { pp = comm.size(),
       microbatches = args.microbatches, chunks = args.chunks })

@@ -11,6 +11,7 @@ local nn = require("luapipe.nn")
 local train = require("luapipe.train")
 local comm = require("luapipe.comm")
 local cli = require("luapipe.cli")
+local count = require("luapipe.util").count -- "1 rank", "2 ranks"
 -- options: the CLI's converters (a bad value is one line, exit 2)
 local int, INT32 = cli.int_option, 0x7fffffff
 local limits = require("luapipe.cli.common").limits
@@ -21,7 +22,8 @@ parser:option("--schedule", "Schedule family (" .. table.concat(require("luapipe
 parser:option("--microbatches", "Micro-batches per step.", "8"):convert(int("--microbatches", 1, limits.microbatches))
 parser:option("--steps", "Training steps.", "20"):convert(int("--steps", 1, INT32))
 parser:option("--seed", "Seed for initialisation and data.", "1"):convert(int("--seed", 0, INT32))
-parser:option("--chunks", "Chunks per rank (interleaved1f1b).", "2"):convert(int("--chunks", 1, limits.chunks))
+parser:option("--chunks", "Chunks per rank (interleaved1f1b only; default 2).")
+  :convert(int("--chunks", 1, limits.chunks))
 parser:option("--layers", "Residual MLP blocks.", "8"):convert(int("--layers", 1, 4096))
 parser:option("--width", "Model width.", "64"):convert(int("--width", 1, 65536))
 parser:option("--batch", "Samples per micro-batch.", "16"):convert(int("--batch", 1, 65536))
@@ -33,7 +35,10 @@ parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: loc
 parser:option("--checkpoint", "Save checkpoints (every rank's stages and optimizer state) in this directory.")
 parser:option("--every", "Steps between checkpoints.", "10"):convert(int("--every", 1, INT32))
 parser:flag("--resume", "Continue from the latest checkpoint in --checkpoint.")
-local args = cli.parse(parser, arg, "train_mlp.lua", comm.rank() ~= 0) or os.exit(2)
+local args = cli.parse(parser, arg, "train_mlp.lua", comm.rank() ~= 0) or cli.usage_exit("train_mlp.lua")
+if args.resume and not args.checkpoint then
+  cli.usage_exit("train_mlp.lua", "--resume needs --checkpoint DIR, the directory the checkpoints were saved in")
+end
 
 local DIN, DOUT, W = 16, 4, args.width
 local specs = { nn.linear(DIN, W) }
@@ -72,8 +77,8 @@ local function data(step, mb)
 end
 
 if comm.rank() == 0 then
-  print(string.format("train_mlp: %s on %d ranks, %d micro-batches of %d, %d layers",
-    args.schedule, comm.size(), args.microbatches, args.batch, model:nlayers()))
+  print(string.format("train_mlp: %s on %s, %s of %d, %s", args.schedule, count(comm.size(), "rank"),
+    count(args.microbatches, "micro-batch"), args.batch, count(model:nlayers(), "layer")))
 end
 train { model = model, schedule = args.schedule, microbatches = args.microbatches,
   chunks = args.chunks, data = data, steps = args.steps, seed = args.seed,

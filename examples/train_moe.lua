@@ -7,17 +7,20 @@
 --     --pp 2 --ep 2 --steps 20 --redundant 1 --eplb-every 5 --link lat=50us,bw=2GB/s
 --
 -- Rank 0 prints "step K loss X" per step, then the measured-vs-simulated
--- summary and, on lines of their own, "all-to-all hidden: P%" (the share of
--- all-to-all time overlapped by compute on the same rank) and "expert load
--- max/mean: A -> B" (the EP ranks' token load, max over mean, before and
--- after rebalancing; A -> A without EPLB). --reference trains the same
--- model in one process instead.
+-- summary, whose "all-to-all:" line gives the share of all-to-all time
+-- overlapped by compute on the same rank ("P% hidden under compute") and
+-- whose "expert load" line the EP ranks' token load, max over mean, before
+-- and after rebalancing (with EPLB). --report FILE writes these figures as
+-- key=value lines. --reference trains the same model in one process
+-- instead: give it the same options (--pp sets the micro-batch count,
+-- 2 x pp, as in the pipeline run) and it prints the same losses.
 local argparse = require("argparse")
 local nn = require("luapipe.nn")
 local train = require("luapipe.train")
 local comm = require("luapipe.comm")
 
 local cli = require("luapipe.cli")
+local count = require("luapipe.util").count -- "1 rank", "2 ranks"
 -- options: the CLI's converters (a bad value is one line, exit 2, once)
 local int, INT32 = cli.int_option, 0x7fffffff
 local limits = require("luapipe.cli.common").limits
@@ -58,7 +61,7 @@ parser:option("--fb-order", "Overlapped pairs: \"auto\" (the executor's default:
   .. "\"forward-first\" (fixed alternation, forward first); the last two by an overlapped_fb hook, for "
   .. "comparison.", "auto")
   :choices { "auto", "deepseek", "forward-first" }
-local args = cli.parse(parser, arg, "train_moe.lua", comm.rank() ~= 0) or os.exit(2)
+local args = cli.parse(parser, arg, "train_moe.lua", comm.rank() ~= 0) or cli.usage_exit("train_moe.lua")
 
 local ep = args.ep
 local pp = args.pp or math.max(1, comm.size() // ep)
@@ -70,14 +73,12 @@ local H, T, B = args.hidden, args.context, args.batch
 local Mb = args.microbatches or 2 * pp
 local lr = args.lr
 if K > E then
-  io.stderr:write(string.format("train_moe.lua: --topk %d is more than --experts %d\n", K, E))
-  os.exit(2)
+  cli.usage_exit("train_moe.lua", string.format("--topk %d is more than --experts %d", K, E))
 end
 
 local f = io.open(args.text, "rb")
 if not f then
-  io.stderr:write("train_moe.lua: cannot read the training text " .. args.text .. "\n")
-  os.exit(2)
+  cli.usage_exit("train_moe.lua", "cannot read the training text " .. args.text)
 end
 local text = f:read("a")
 f:close()
@@ -157,21 +158,21 @@ end
 
 if args.reference then
   if args.device ~= "cpu" then
-    io.stderr:write("train_moe.lua: --reference runs on the CPU only (got --device " .. args.device .. ")\n")
-    os.exit(2)
+    cli.usage_exit("train_moe.lua", "--reference runs on the CPU only (got --device " .. args.device .. ")")
   end
-  print(string.format("train_moe (reference, one process): %d MoE blocks, %d experts top-%d, %d micro-batches of %dx%d",
-    blocks, E, K, Mb, B, T))
+  print(string.format("train_moe (reference, one process): %s, %s top-%d, %s of %dx%d",
+    count(blocks, "MoE block"), count(E, "expert"), K, count(Mb, "micro-batch"), B, T))
   train.reference { model = model, data = data, steps = steps, microbatches = Mb, seed = seed,
     optimizer = optimizer, verbose = true }
   return
 end
 
 if comm.rank() == 0 then
-  print(string.format("train_moe: %s on pp %d x ep %d = %d ranks, %d MoE blocks, %d experts top-%d, "
-    .. "%d micro-batches of %dx%d chars%s", args.schedule, pp, ep, comm.size(), blocks, E, K, Mb, B, T,
-    every > 0 and string.format(", EPLB every %d steps with %d redundant slot(s) per EP rank", every,
-      redundant) or ""))
+  print(string.format("train_moe: %s on pp %d x ep %d = %s, %s, %s top-%d, "
+    .. "%s of %dx%d chars%s", args.schedule, pp, ep, count(comm.size(), "rank"), count(blocks, "MoE block"),
+    count(E, "expert"), K, count(Mb, "micro-batch"), B, T,
+    every > 0 and string.format(", EPLB every %s with %s per EP rank", count(every, "step"),
+      count(redundant, "redundant slot")) or ""))
 end
 local r = train { model = model, schedule = args.schedule, pp = pp, ep = ep, microbatches = Mb,
   data = data, steps = steps, seed = seed, optimizer = optimizer, link = args.link,
@@ -179,13 +180,8 @@ local r = train { model = model, schedule = args.schedule, pp = pp, ep = ep, mic
   partition = args.partition, device = args.device, overlapped_fb = overlapped_fb }
 if comm.rank() == 0 and r.summary then
   local s = r.summary
-  print(string.format("all-to-all hidden: %.1f%%", s.a2a_hidden_pct or 0))
   local e = s.eplb
-  if e then
-    print(string.format("expert load max/mean: %.3f -> %.3f", e.before, e.after))
-    print(string.format("weight bytes moved: %d (%d rebalance%s)", e.bytes, e.plans,
-      e.plans == 1 and "" or "s"))
-  end
+  -- (the summary above has the all-to-all and expert-load figures)
   if args.trace then print("measured Chrome/Perfetto trace written to " .. args.trace) end
   if args.report then
     local out = assert(io.open(args.report, "w"))

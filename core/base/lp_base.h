@@ -78,6 +78,8 @@ lp_status lp_write_file_atomic(const char *path, const void *data, size_t n,
  * allocates, so it works after an out-of-memory failure. A NULL dst is
  * allowed (the text is dropped). */
 #define LP_ERRLEN 512
+/* "s" unless n is 1: "%d rank%s", n, LP_PLURAL(n) reads "1 rank", "2 ranks". */
+#define LP_PLURAL(n) ((n) == 1 ? "" : "s")
 void lp_errf(char *dst, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

@@ -399,8 +399,8 @@ static lp_status moe_pass(load_ctx *c, rd *r, int nloc, int ep, moe_rec **out, i
       if (r->bad || spr < 1 || E < 1 || (int64_t)spr * ep > (int64_t)1 << 24) goto corrupt;
       if (E != myE) {
         lp_errf(c->msg, "checkpoint %s does not match the model: MoE layer %d of model stage %d "
-                "has %d experts in the checkpoint, %d in this model", c->path, mi + 1,
-                lp_exec_vstage_stage(e, i), E, myE);
+                "has %d expert%s in the checkpoint, %d in this model", c->path, mi + 1,
+                lp_exec_vstage_stage(e, i), E, LP_PLURAL(E), myE);
         st = LP_ERR_INVALID;
         break;
       }

@@ -20,8 +20,8 @@ lp_status ex_grid_new(lp_exec *e) {
     return LP_OK;
   }
   if (W % E != 0) {
-    lp_errf(e->err, "ep = %d does not divide the %d ranks mpirun started (pp x ep ranks are "
-            "needed)", E, W);
+    lp_errf(e->err, "ep = %d does not divide the %d rank%s mpirun started (pp x ep ranks are "
+            "needed)", E, W, LP_PLURAL(W));
     return LP_ERR_ARG;
   }
   e->ep_rank = e->rank % E;

@@ -520,8 +520,8 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     goto fail;
   }
   if (lp_comm_size(e->comm) != e->P) {
-    lp_errf(e->err, "schedule '%s' needs %d ranks, but this job has %d (run it with "
-            "mpirun -np %d)", sname, e->P, lp_comm_size(e->comm), e->P);
+    lp_errf(e->err, "schedule '%s' needs %d rank%s, but this job has %d (run it with "
+            "mpirun -np %d)", sname, e->P, LP_PLURAL(e->P), lp_comm_size(e->comm), e->P);
     st = LP_ERR_ARG;
     goto fail;
   }

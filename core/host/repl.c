@@ -1,5 +1,5 @@
 /* repl.c — the interactive REPL: readline editing and history, expressions
- * printed (`1+1` prints 2, `=x` too), statements continued while the parser
+ * printed (`1+1` prints 2, `=x` too; tables shown by luapipe.repl), statements continued while the parser
  * reports an unfinished chunk, errors printed with a traceback. */
 #define _GNU_SOURCE /* ppoll */
 #include <errno.h>
@@ -153,12 +153,26 @@ static int read_chunk(lua_State *L) {
   }
 }
 
-/* Prints every value left by the chunk with tostring. */
+/* Pushes the function that shows results: luapipe.repl's show (tables
+ * pretty-printed, depth-limited), or print when that module cannot load. */
+static void push_printer(lua_State *L) {
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "luapipe.repl");
+  if (host_docall(L, 1, 1) == LUA_OK && lua_istable(L, -1)) {
+    lua_getfield(L, -1, "show"); /* [repl, show] */
+    lua_remove(L, -2);
+    if (lua_isfunction(L, -1)) return;
+  }
+  lua_pop(L, 1);
+  lua_getglobal(L, "print");
+}
+
+/* Prints every value left by the chunk (see push_printer). */
 static void print_results(lua_State *L, int base) {
   int n = lua_gettop(L) - base;
   if (n <= 0) return;
   luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
-  lua_getglobal(L, "print");
+  push_printer(L);
   lua_insert(L, base + 1);
   int st = host_docall(L, n, 0);
   if (st != LUA_OK)

@@ -67,7 +67,7 @@ static void *read_matrix(lua_State *L, int idx, const char *what, int want_rows,
   }
   int n = (int)luaL_len(L, idx);
   if (want_rows >= 0 && n != want_rows) {
-    lp_errf(msg, "%s has %d layers, expected %d", what, n, want_rows);
+    lp_errf(msg, "%s has %d layer%s, expected %d", what, n, LP_PLURAL(n), want_rows);
     return NULL;
   }
   if (n == 0) {

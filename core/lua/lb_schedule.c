@@ -150,7 +150,8 @@ static void check_rank(lua_State *L, lp_schedule *s, int arg, int rank) {
                                           lp_schedule_ranks(s) - 1));
 }
 
-/* s:push(rank, "0F3" | {"0F3", "0I3", ...}) */
+/* s:push(rank, "0F3" | {"0F3", "0I3", ...}): appends to rank's list; returns
+ * nothing (so the REPL echoes nothing after each push). */
 static int lb_schedule_push(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   int rank = lb_check_int(L, 2);
@@ -160,15 +161,16 @@ static int lb_schedule_push(lua_State *L) {
     for (lua_Integer i = 1; i <= n; i++) {
       lua_geti(L, 3, i);
       const char *t = lua_tostring(L, -1);
-      if (!t) return luaL_error(L, "rank %d: action %d is not a string", rank, (int)i);
+      if (!t)
+        return luaL_error(L, "rank %d: entry %d of the list is a %s, not an action string "
+                          "such as \"0F3\"", rank, (int)i, luaL_typename(L, -1));
       check(L, s, lp_schedule_push_text(s, rank, t));
       lua_pop(L, 1);
     }
   } else {
     check(L, s, lp_schedule_push_text(s, rank, luaL_checkstring(L, 3)));
   }
-  lua_settop(L, 1);
-  return 1;
+  return 0;
 }
 
 /* Action type named `name` ("F", ..., "FB" or "OVERLAP_F_B"); -1 if none. */
@@ -280,15 +282,18 @@ void lb_push_action(lua_State *L, const lp_action *a) {
   lua_setfield(L, -2, "text");
 }
 
-/* s:action(rank, i) -> decoded table (i is 1-based), or nil past the end */
+/* s:action(rank, i) -> decoded table of action i, or nil outside 0..count-1.
+ * i is 0-based, as ranks, stages and micro-batches are and as every message
+ * numbers actions ("rank 2, action 14 (5B3)"); s:actions(rank) is a Lua
+ * list, so action i is its entry i + 1. */
 static int lb_schedule_action(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   int rank = lb_check_int(L, 2);
   check_rank(L, s, 2, rank);
   int n, i = lb_check_int(L, 3);
   const lp_action *a = lp_schedule_actions(s, rank, &n);
-  if (i < 1 || i > n) return 0;
-  lb_push_action(L, &a[i - 1]);
+  if (i < 0 || i >= n) return 0;
+  lb_push_action(L, &a[i]);
   return 1;
 }
 

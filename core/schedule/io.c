@@ -327,10 +327,10 @@ static lp_status infer_routes(csv_in *in, infer *f) {
     if (len < f->S) {
       int miss = 0;
       while (f->pos[miss] != len) miss++; /* exists: the longest route has one */
-      lp_errf(in->err, "%s: micro-batch %d is forwarded on %d stages but micro-batch %d "
+      lp_errf(in->err, "%s: micro-batch %d is forwarded on %d stage%s but micro-batch %d "
                        "on %d: it never reaches stage %d (or another copy of model "
                        "stage %d); every micro-batch must pass the same number of "
-                       "stages", in->origin, m, len, longest, f->S, miss, len);
+                       "stages", in->origin, m, len, LP_PLURAL(len), longest, f->S, miss, len);
       return LP_ERR_PARSE;
     }
   }

@@ -27,15 +27,40 @@
 local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 local json = require("luapipe.json")
+local util = require("luapipe.util")
 
 local M = {}
 
-local function fail(msg) error(msg, 0) end
+-- A failure every rank knows of (a marker every rank read, or one agree()
+-- told every rank of): on one process an error; under mpirun it is printed
+-- once, by `speaker` (the first rank that failed, with its own message;
+-- default rank 0), and every rank exits with status 1 (no copy and no
+-- traceback per rank).
+local function fail(msg, speaker)
+  if comm.size() == 1 then error(msg, 0) end
+  if comm.rank() == (speaker or 0) then
+    io.stderr:write("luapipe: ", msg, "\n")
+    io.stderr:flush()
+  end
+  comm.barrier("luapipe.train: every rank stops on a checkpoint error")
+  os.exit(1)
+end
+
+-- cfg must be what checkpoint.options returned (field: the one fn needs).
+local function check_cfg(fn, cfg, field)
+  if type(cfg) ~= "table" or type(cfg.resume) ~= "boolean" or (field and type(cfg[field]) ~= "string") then
+    util.raise(string.format("%s: cfg (argument 1) must be what checkpoint.options returned%s, got %s",
+      fn, field and " (with " .. field .. ")" or "", util.shown(cfg)))
+  end
+end
 
 local function step_dir(dir, step) return string.format("%s/step%d", dir, step) end
 
+M.fail_all = fail -- (luapipe.train's own such failures: a state.json of other settings)
+
 -- Every rank passes whether its part worked; returns nil when all did,
--- else this rank's message (its own error, or which ranks failed).
+-- else this rank's message (its own error, or which ranks failed) and the
+-- first rank that failed.
 local function agree(ok, err, what)
   local size = comm.size()
   if size == 1 then return (not ok) and (err or what .. " failed") or nil end
@@ -44,29 +69,31 @@ local function agree(ok, err, what)
   if not ok then v[comm.rank() + 1] = 1 end
   local all, cerr = comm.allreduce(v, what)
   if not all then comm.abort(cerr) end
-  if not ok then return err or (what .. " failed") end
   local bad = {}
   for r = 1, size do
     if all[r] ~= 0 then bad[#bad + 1] = tostring(r - 1) end
   end
   if #bad == 0 then return nil end
+  local first = tonumber(bad[1])
+  if not ok then return err or (what .. " failed"), first end
   return string.format("%s failed on rank%s %s (see %s message)", what, #bad > 1 and "s" or "",
-    table.concat(bad, ", "), #bad > 1 and "their" or "its")
+    table.concat(bad, ", "), #bad > 1 and "their" or "its"), first
 end
 
 -- Checks the options; nil when neither checkpoint nor resume is given, else
 -- {dir =, every =, resume =}. Raises on misuse (the same on every rank).
 function M.options(opts)
+  util.arg("checkpoint.options", 1, "opts", opts, "table", "the options table of train{}")
   local ck, resume = opts.checkpoint, opts.resume
   if ck == nil and not resume then return nil end
   local cfg = { every = nil, resume = false }
   if ck ~= nil then
     if type(ck) ~= "table" or type(ck.dir) ~= "string" or ck.dir == "" then
-      error("luapipe.train: 'checkpoint' must be {dir = \"path\", every = N}", 3)
+      util.raise("luapipe.train: 'checkpoint' must be {dir = \"path\", every = N}")
     end
     local every = ck.every or 1
     if math.type(every) ~= "integer" or every < 1 then
-      error("luapipe.train: checkpoint.every must be a positive integer", 3)
+      util.raise("luapipe.train: checkpoint.every must be a positive integer")
     end
     cfg.dir, cfg.every = ck.dir, every
   end
@@ -75,11 +102,11 @@ function M.options(opts)
       cfg.resume_dir = resume
     elseif resume == true then
       if not cfg.dir then
-        error("luapipe.train: resume = true needs checkpoint = {dir = \"path\"} (or resume = \"path\")", 3)
+        util.raise("luapipe.train: resume = true needs checkpoint = {dir = \"path\"} (or resume = \"path\")")
       end
       cfg.resume_dir = cfg.dir
     else
-      error("luapipe.train: 'resume' must be true or a checkpoint directory", 3)
+      util.raise("luapipe.train: 'resume' must be true or a checkpoint directory")
     end
     cfg.resume = true
   end
@@ -146,6 +173,8 @@ end
 -- none, when the marker is damaged, or when a rank's file is missing,
 -- corrupt or does not match.
 function M.resume(cfg, exec)
+  check_cfg("checkpoint.resume", cfg, "resume_dir")
+  util.arg("checkpoint.resume", 2, "exec", exec, "luapipe.Exec")
   local rank, size = comm.rank(), comm.size()
   local dir = cfg.resume_dir
   local marker = dir .. "/latest"
@@ -173,8 +202,8 @@ function M.resume(cfg, exec)
     got, err = nil, string.format("rank %d: checkpoint %s/rank%d.ckpt holds step %d, but %s says %d",
       rank, sdir, rank, got, marker, step)
   end
-  local msg = agree(got ~= nil, err, "loading checkpoint " .. sdir)
-  if msg then fail("luapipe.train: " .. msg) end
+  local msg, first = agree(got ~= nil, err, "loading checkpoint " .. sdir)
+  if msg then fail("luapipe.train: " .. msg, first) end
   -- the training loop's state beside the rank files (optional)
   local sfile = sdir .. "/state.json"
   local f = io.open(sfile, "rb")
@@ -196,7 +225,12 @@ end
 -- state (optional): a function called on every rank when it saves (it may
 -- be collective) giving a JSON-able table, the same on every rank, that
 -- rank 0 writes to step<k>/state.json (resume puts it in cfg.state).
+-- Returns the checkpoint's directory (<dir>/step<k>) when it saved one.
 function M.after_step(cfg, exec, k, info, state)
+  if cfg ~= nil then check_cfg("checkpoint.after_step", cfg) end
+  util.arg("checkpoint.after_step", 2, "exec", exec, "luapipe.Exec")
+  util.arg("checkpoint.after_step", 3, "step", k, "integer")
+  util.arg("checkpoint.after_step", 5, "state", state, "?function")
   if not cfg or not cfg.every or k % cfg.every ~= 0 then return end
   if state then state = state() end
   local rank = comm.rank()
@@ -216,24 +250,24 @@ function M.after_step(cfg, exec, k, info, state)
     if ok then ok, err = core.mkdir_p(sdir) end
   end
   cfg.cleaned = true
-  local msg = agree(ok, err, "creating checkpoint directory " .. sdir)
-  if msg then fail("luapipe.train: " .. msg) end
+  local msg, first = agree(ok, err, "creating checkpoint directory " .. sdir)
+  if msg then fail("luapipe.train: " .. msg, first) end
   ok, err = exec:save_checkpoint(sdir, k)
-  msg = agree(ok, err, "saving checkpoint " .. sdir)
-  if msg then fail("luapipe.train: " .. msg) end
+  msg, first = agree(ok, err, "saving checkpoint " .. sdir)
+  if msg then fail("luapipe.train: " .. msg, first) end
   if rank == 0 and state and next(state) then
     ok, err = core.write_file(sdir .. "/state.json", json.encode(state) .. "\n")
   end
-  msg = agree(ok, err, "writing " .. sdir .. "/state.json")
-  if msg then fail("luapipe.train: " .. msg) end
+  msg, first = agree(ok, err, "writing " .. sdir .. "/state.json")
+  if msg then fail("luapipe.train: " .. msg, first) end
   if rank == 0 then
     ok, err = core.write_file(dir .. "/latest", string.format(
       '{"step": %d, "dir": "step%d", "ranks": %d, "schedule": %s, "time": %d}\n',
       k, k, comm.size(), json.quote(info and info.name or ""), os.time()))
     if ok then os.remove(dir .. "/pending") end
   end
-  msg = agree(ok, err, "writing " .. dir .. "/latest")
-  if msg then fail("luapipe.train: " .. msg) end
+  msg, first = agree(ok, err, "writing " .. dir .. "/latest")
+  if msg then fail("luapipe.train: " .. msg, first) end
   -- the new checkpoint is committed: drop the previous one
   local prev = cfg.saved
   cfg.saved = k
@@ -249,6 +283,8 @@ function M.after_step(cfg, exec, k, info, state)
       os.remove(pdir) -- only when empty
     end
   end
+  return sdir
 end
 
-return M
+-- a mistyped name ("luapipe.checkpoint.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.checkpoint")

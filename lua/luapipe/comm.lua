@@ -14,6 +14,7 @@
 -- every rank down. Runtime failures return nil, message; misuse (a peer
 -- out of range, sending to oneself, a bad tag) raises an error.
 local core = require("luapipe.core")
+local util = require("luapipe.util")
 
 local M = {}
 
@@ -78,16 +79,29 @@ end
 -- Comm | nil, err. E.g. a pp x ep grid: world rank r = stage * ep + e,
 --   local ep_group = comm.split(r // ep)   -- the EP ranks of one stage
 --   local pp_group = comm.split(r % ep)    -- one EP index across stages
-function M.split(color, key) return M.world():split(color, key) end
+function M.split(color, key)
+  util.arg("comm.split", 1, "color", color, "integer")
+  util.arg("comm.split", 2, "key", key, "?integer")
+  return M.world():split(color, key)
+end
 
 -- alltoallv(lists [, what]): lists[p + 1] goes to rank p (size() lists of
 -- numbers, any may be empty); returns the size() lists received, entry
 -- p + 1 from rank p (as floats). lists | nil, err
-function M.alltoallv(lists, what) return M.world():alltoallv(lists, what) end
+function M.alltoallv(lists, what)
+  util.arg("comm.alltoallv", 1, "lists", lists, "table", "a list of one list of numbers per rank")
+  util.arg("comm.alltoallv", 2, "what", what, "?string", "a description for messages")
+  if #lists ~= M.size() then
+    util.raise(string.format("comm.alltoallv: lists (argument 1) must hold one list per rank (%d), got %d",
+      M.size(), #lists))
+  end
+  return M.world():alltoallv(lists, what)
+end
 
 -- set_link(text): emulated link of the world ("lat=50us,bw=2GB/s", "none";
 -- LUAPIPE_LINK sets it at start-up). link() gives it back as text.
 function M.set_link(text)
+  util.arg("comm.set_link", 1, "text", text, "string", "a link such as \"lat=50us,bw=2GB/s\" or \"none\"")
   local l, err = core.link_parse(text)
   if not l then error(err, 2) end -- raised at the caller's line
   return M.world():set_link(text)
@@ -103,4 +117,5 @@ M.parse_link = core.link_parse
 -- code 1). Does not return.
 M.abort = core.comm_abort
 
-return M
+-- a mistyped name ("luapipe.comm.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.comm")

@@ -11,6 +11,7 @@
 -- (wrong types, unknown options) raises; bad data and impossible
 -- configurations return nil, message.
 local core = require("luapipe.core")
+local util = require("luapipe.util")
 
 local M = {}
 
@@ -100,6 +101,11 @@ end
 -- Checks a configuration (layers defaults to 1), size limits included:
 -- true, or nil, message.
 function M.check(experts, replicas, groups, nodes, gpus, layers)
+  for i, a in ipairs { { "experts", experts }, { "replicas", replicas }, { "groups", groups },
+    { "nodes", nodes }, { "gpus", gpus } } do
+    util.arg("eplb.check", i, a[1], a[2], "integer")
+  end
+  util.arg("eplb.check", 6, "layers", layers, "?integer")
   return core.eplb_check(experts, replicas, groups, nodes, gpus, layers)
 end
 
@@ -307,8 +313,7 @@ local function check_counts(fname, counts, layers, experts)
   end
   local E = layers and experts or (type(counts[1]) == "table" and #counts[1] or -1)
   if layers and #counts ~= layers then
-    return nil, string.format("%s: %d layer%s, expected %d", fname, #counts,
-      #counts == 1 and "" or "s", layers)
+    return nil, string.format("%s: %s, expected %d", fname, util.count(#counts, "layer"), layers)
   end
   for l = 1, #counts do
     local row = counts[l]
@@ -316,7 +321,7 @@ local function check_counts(fname, counts, layers, experts)
       return nil, string.format("%s: layer %d is a %s, not a table", fname, l - 1, type(row))
     end
     if #row ~= E or E == 0 then
-      return nil, string.format("%s: layer %d has %d experts, expected %d", fname, l - 1, #row, E)
+      return nil, string.format("%s: layer %d has %s, expected %d", fname, l - 1, util.count(#row, "expert"), E)
     end
     for e = 1, E do
       local v = row[e]
@@ -332,13 +337,13 @@ end
 -- b:record(step, counts): the expert counts of one step (or window).
 -- Steps must increase. Misuse raises.
 function Balancer:record(step, counts)
-  if math.type(step) ~= "integer" then error("Balancer:record: step must be an integer", 2) end
+  if math.type(step) ~= "integer" then util.raise("Balancer:record: step must be an integer") end
   local last = self.history[#self.history]
   if last and step <= last.step then
-    error(string.format("Balancer:record: step %d after step %d", step, last.step), 2)
+    util.raise(string.format("Balancer:record: step %d after step %d", step, last.step))
   end
   local ok, err = check_counts("Balancer:record", counts, self.layers, self.experts)
-  if not ok then error(err, 2) end
+  if not ok then util.raise(err) end
   self.layers, self.experts = #counts, #counts[1]
   local copy = {}
   for l = 1, #counts do copy[l] = table.move(counts[l], 1, #counts[l], 1, {}) end
@@ -359,12 +364,12 @@ end
 
 function Balancer:import(t)
   if type(t) ~= "table" or type(t.history) ~= "table" then
-    error("Balancer:import: expected a table from Balancer:export", 2)
+    util.raise("Balancer:import: expected a table from Balancer:export")
   end
   local hist = {}
   for i, h in ipairs(t.history) do
     if math.type(h.step) ~= "integer" or type(h.counts) ~= "table" then
-      error("Balancer:import: history entry " .. i .. " is malformed", 2)
+      util.raise("Balancer:import: history entry " .. i .. " is malformed")
     end
     local counts = {}
     for l, row in ipairs(h.counts) do
@@ -372,7 +377,7 @@ function Balancer:import(t)
       for e, v in ipairs(row) do counts[l][e] = v + 0.0 end -- recorded counts are floats
     end
     local ok, err = check_counts("Balancer:import", counts, t.layers, t.experts)
-    if not ok then error(err, 2) end
+    if not ok then util.raise(err) end
     hist[i] = { step = h.step, counts = counts }
   end
   self.history, self.layers, self.experts = hist, t.layers, t.experts
@@ -462,4 +467,5 @@ function Balancer:step(step, counts)
   return self:plan()
 end
 
-return M
+-- a mistyped name ("luapipe.eplb.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.eplb")

@@ -16,6 +16,7 @@
 -- with indent, object members go on lines of their own. Non-finite numbers
 -- and json.null become null.
 local cjson = require("cjson.safe").new()
+local util = require("luapipe.util")
 cjson.decode_invalid_numbers(false)
 cjson.decode_max_depth(1000)
 
@@ -25,10 +26,15 @@ M.null = cjson.null
 
 -- Marks an (empty) table as an array for encode.
 local array_mt = { __jsonarray = true }
-function M.array(t) return setmetatable(t or {}, array_mt) end
+function M.array(t)
+  util.arg("json.array", 1, "t", t, "?table")
+  return setmetatable(t or {}, array_mt)
+end
 
 -- Line (1-based) of byte position pos of text.
 function M.line_of(text, pos)
+  util.arg("json.line_of", 1, "text", text, "string")
+  util.arg("json.line_of", 2, "pos", pos, "?integer", "a byte position")
   local line = 1
   local stop = math.min(pos or #text, #text + 1)
   local i = text:find("\n", 1, true)
@@ -92,7 +98,10 @@ local function quote(s)
     return escapes[c] or string.format("\\u%04x", c:byte())
   end) .. '"'
 end
-M.quote = quote
+function M.quote(s)
+  util.arg("json.quote", 1, "s", s, "string")
+  return quote(s)
+end
 
 local function number(v)
   if mtype(v) == "integer" then return string.format("%d", v) end
@@ -190,4 +199,5 @@ function M.encode(v, opts)
   return table.concat(out)
 end
 
-return M
+-- a mistyped name ("luapipe.json.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.json")

@@ -15,6 +15,7 @@
 -- of a model starts from the same numbers as the unsplit model.
 -- Tensors: nn.tensor(shape, values) (flat row-major list; nil = zeros).
 local core = require("luapipe.core")
+local util = require("luapipe.util")
 
 local M = {}
 
@@ -243,6 +244,8 @@ end
 
 -- model:build_layer(i, seed) -> luapipe.Layer for layer i (1-based)
 function Model:build_layer(i, seed)
+  util.int_arg("model:build_layer", 1, "i", i, 1, #self.layers)
+  util.arg("model:build_layer", 2, "seed", seed, "?number", "a number")
   return core.nn_layer(self.layers[i], "layers." .. (i - 1), seed or 0)
 end
 
@@ -255,11 +258,24 @@ local function chunk_of(self, first, last, seed, name)
 end
 
 -- model:build(seed) -> the whole model as one luapipe.Layer (a chunk)
-function Model:build(seed) return chunk_of(self, 1, #self.layers, seed, "model") end
+function Model:build(seed)
+  util.arg("model:build", 1, "seed", seed, "?number", "a number")
+  return chunk_of(self, 1, #self.layers, seed, "model")
+end
 
 -- model:build_stage(partition, stage, seed) -> luapipe.Layer of model stage
 -- `stage` (0-based)
+local function check_part(fn, part)
+  if type(part) ~= "table" or type(part.bounds) ~= "table" or math.type(part.stages) ~= "integer" then
+    util.raise(string.format("%s: partition (argument 1) must be a table from model:partition{...}, got %s",
+      fn, util.shown(part)))
+  end
+end
+
 function Model:build_stage(part, stage, seed)
+  check_part("model:build_stage", part)
+  util.arg("model:build_stage", 2, "stage", stage, "integer", "a model stage (0-based integer)")
+  util.arg("model:build_stage", 3, "seed", seed, "?number", "a number")
   local b = part.bounds[stage + 1]
   if not b then error(string.format("build_stage: no stage %d in a %d-stage partition", stage, part.stages), 2) end
   return chunk_of(self, b.first, b.last, seed, "stage." .. stage)
@@ -308,15 +324,15 @@ end
 -- rank gets the same partition. A model with fewer layers than stages is
 -- an error.
 function Model:partition(opts)
-  opts = opts or {}
+  opts = util.arg("model:partition", 1, "opts", opts, "?table", "a table {stages =, by =, input_shape =}") or {}
   local S, n = opts.stages, #self.layers
   if math.type(S) ~= "integer" or S < 1 then
     error("partition: 'stages' must be a positive integer, got " .. tostring(S), 2)
   end
   if S > n then
-    error(string.format("partition: the schedule wants %d model stages, but the model has only %d layers"
+    error(string.format("partition: the schedule wants %d model stages, but the model has only %s"
       .. " (each stage needs at least one layer): use a deeper model, or fewer stages (fewer ranks"
-      .. " or chunks)", S, n), 2)
+      .. " or chunks)", S, util.count(n, "layer")), 2)
   end
   local by = opts.by or "layers"
   local bounds, costs
@@ -355,6 +371,7 @@ end
 -- model:stage_input_shapes(partition, input_shape) -> {[s] = shape} for
 -- s = 1..S-1: the activation shape entering model stage s.
 function Model:stage_input_shapes(part, input_shape)
+  check_part("model:stage_input_shapes", part)
   local shapes = self:shapes(input_shape)
   local out = {}
   for s = 1, part.stages - 1 do out[s] = shapes[part.bounds[s + 1].first - 1] end
@@ -362,4 +379,5 @@ function Model:stage_input_shapes(part, input_shape)
 end
 
 M.Model = Model
-return M
+-- a mistyped name ("luapipe.nn.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.nn")

@@ -44,6 +44,7 @@
 --                  EP partner that starts late is not in the model)
 local core = require("luapipe.core")
 local comm = require("luapipe.comm")
+local util = require("luapipe.util")
 
 local M = {}
 
@@ -63,6 +64,8 @@ end
 -- delivery and wake-up time the simulator's latency stands for). Every rank gets the
 -- same figures (ranks of one host share the trace clock). Collective.
 function M.message_latency(exec, sched)
+  util.arg("perf.message_latency", 1, "exec", exec, "luapipe.Exec")
+  util.arg("perf.message_latency", 2, "sched", sched, "schedule", "the lowered luapipe.Schedule exec runs")
   local P, rank = comm.size(), comm.rank()
   local evs = exec:trace_events()
   -- message id from the structured fields: (step, sender, receiver, tag)
@@ -127,6 +130,9 @@ end
 -- the message latency to simulate with (default: measured by
 -- perf.message_latency when exec records trace events, else 0).
 function M.summary(exec, sched, opts)
+  util.arg("perf.summary", 1, "exec", exec, "luapipe.Exec")
+  util.arg("perf.summary", 2, "sched", sched, "schedule", "the lowered luapipe.Schedule exec runs")
+  util.arg("perf.summary", 3, "opts", opts, "?table", "a table {latency_ms =}")
   opts = opts or {}
   local lat_n
   if opts.latency_ms == nil then
@@ -334,6 +340,9 @@ local function f2(x) return string.format(math.abs(x) < 0.1 and x ~= 0 and "%.2g
 
 -- perf.format(summary) -> text (several lines)
 function M.format(s)
+  if type(s) ~= "table" or math.type(s.steps) ~= "integer" or type(s.step_ms) ~= "number" then
+    util.raise("perf.format: summary (argument 1) must be a table from perf.summary, got " .. util.shown(s))
+  end
   local L = {}
   L[#L + 1] = string.format("summary (%d measured step%s%s, %d rank%s):", s.steps,
     s.steps == 1 and "" or "s", s.skipped and ", first step skipped as warm-up" or "", s.ranks,
@@ -400,6 +409,8 @@ function Measured:events(r) return self.ev[r] or {} end
 -- rank, times in ms from the step's first slice; nil on other ranks.
 -- Needs exec built with trace = true. Collective.
 function M.measured(exec, sched)
+  util.arg("perf.measured", 1, "exec", exec, "luapipe.Exec")
+  util.arg("perf.measured", 2, "sched", sched, "schedule", "the lowered luapipe.Schedule exec runs")
   local P, rank = comm.size(), comm.rank()
   local evs = exec:trace_events()
   -- this rank's last step: the slices after its next-to-last optimizer slice
@@ -445,7 +456,7 @@ function M.measured(exec, sched)
       local idx = math.floor(v[o + 1] + 0.5)
       local e
       if idx >= 0 then
-        e = sched:action(r, idx + 1) or { type = "?" }
+        e = sched:action(r, idx) or { type = "?" }
         e.text = texts[idx + 1] or "?"
       else
         e = { type = "optim", text = "optimizer", mb = "opt", stage = -1 }
@@ -467,15 +478,20 @@ end
 -- (true elsewhere): the measured last step drawn like a simulated one, time
 -- in ms; grey slices are the optimizer step (in the legend). Collective.
 function M.write_measured_svg(exec, sched, path)
+  util.arg("perf.write_measured_svg", 1, "exec", exec, "luapipe.Exec")
+  util.arg("perf.write_measured_svg", 2, "sched", sched, "schedule", "the lowered luapipe.Schedule exec runs")
+  util.arg("perf.write_measured_svg", 3, "path", path, "string", "a file name")
   local m = M.measured(exec, sched)
   if not m then return true end
   local info = sched:info()
-  local title = string.format("%s: measured last step on %d ranks, %d micro-batches: %.1f ms",
-    info.name ~= "" and info.name or "schedule", m.meta.ranks, m.meta.microbatches, m.T)
+  local title = string.format("%s: measured last step on %s, %s: %.1f ms",
+    info.name ~= "" and info.name or "schedule", util.count(m.meta.ranks, "rank"),
+    util.count(m.meta.microbatches, "micro-batch"), m.T)
   -- measured slices can be far shorter than the step's typical action:
   -- a fixed width (1200 px) keeps the picture about 3:1 (tooltips name them)
   return core.write_file(path, require("luapipe.show").svg(m, { title = title, unit = "ms",
     scale = m.T > 0 and 1200 / m.T or nil }))
 end
 
-return M
+-- a mistyped name ("luapipe.perf.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.perf")

@@ -9,6 +9,7 @@
 -- A schedule is a luapipe.Schedule (C userdata); this module adds the
 -- idiomatic constructors and Lua-side methods (summary, tostring, files).
 local core = require("luapipe.core")
+local util = require("luapipe.util")
 
 local M = {}
 local Schedule = core.Schedule -- the methods table shared with the C binding
@@ -108,11 +109,11 @@ function M.new(opts)
   return s
 end
 
-local util = require("luapipe.util")
 local read_file, write_file = util.read_file, util.write_file
 
 -- schedule.from_csv(path) -> Schedule | nil, err
 function M.from_csv(path)
+  util.arg("schedule.from_csv", 1, "path", path, "string")
   local text, err = read_file(path)
   if not text then return nil, err end
   return core.schedule_from_csv(text, path)
@@ -120,6 +121,8 @@ end
 
 -- schedule.from_csv_text(text[, origin]) -> Schedule | nil, err
 function M.from_csv_text(text, origin)
+  util.arg("schedule.from_csv_text", 1, "text", text, "string")
+  util.arg("schedule.from_csv_text", 2, "origin", origin, "?string", "a name for messages")
   return core.schedule_from_csv(text, origin or "csv")
 end
 
@@ -236,6 +239,7 @@ end
 -- schedule.from_json(text[, origin]) -> Schedule | nil, err (the to_json
 -- format). Errors name the field: "s.json: virtual_stages[1] must be an object".
 function M.from_json(text, origin)
+  util.arg("schedule.from_json", 2, "origin", origin, "?string", "a name for messages")
   local json = require("luapipe.json")
   origin = origin or "json"
   if type(text) ~= "string" then return nil, origin .. ": expected JSON text, got " .. type(text) end
@@ -256,6 +260,8 @@ end
 -- schedule.build(name, opts) -> Schedule: a built-in family by name (any
 -- case, or an alias such as "zb-h1").
 function M.build(name, opts)
+  util.arg("schedule.build", 1, "name", name, "string", "a family name (" .. table.concat(M.families, ", ") .. ")")
+  util.arg("schedule.build", 2, "opts", opts, "table", "a table {pp =, microbatches =, chunks =}")
   local fam = schedules.canonical(name)
   if not fam then
     error(string.format("unknown schedule '%s' (families: %s)", tostring(name),
@@ -268,9 +274,13 @@ function M.is_family(name) return schedules.canonical(name) ~= nil end
 
 -- schedule.load(spec, opts) -> Schedule | nil, err
 -- spec is a family name (opts: pp, microbatches, chunks), a .csv file, a
--- .json file, or a .lua file returning a schedule (run with opts as `...`).
+-- .json file, or a schedule file: a .lua file run with opts as its one
+-- argument (`local opts = ...`; the CLI passes {pp =, microbatches =,
+-- chunks =} as typed or defaulted) that returns a schedule
+-- (examples/eager_1f1b.lua).
 function M.load(spec, opts)
-  opts = opts or {}
+  util.arg("schedule.load", 1, "spec", spec, "string", "a family name or a .csv, .json or .lua file name")
+  opts = util.arg("schedule.load", 2, "opts", opts, "?table", "a table {pp =, microbatches =, chunks =}") or {}
   if M.is_family(spec) then
     local ok, s = pcall(M.build, spec, opts)
     if not ok then return nil, (tostring(s):gsub("^[^:]*:%d+: ", "")) end
@@ -288,7 +298,10 @@ function M.load(spec, opts)
     local ok, s = xpcall(chunk, debug.traceback, opts)
     if not ok then return nil, s end
     if getmetatable(s) ~= getmetatable(core.schedule_new(1, 1, 1)) then
-      return nil, spec .. ": the script must return a schedule (got " .. type(s) .. ")"
+      return nil, string.format("%s: a schedule file must return its schedule, but it returned %s "
+        .. "(it is run with the options {pp =, microbatches =, chunks =} as `...` and must end with "
+        .. "`return s`; see examples/eager_1f1b.lua); a script that does something else runs as "
+        .. "`luapipe %s`", spec, s == nil and "nothing" or util.shown(s), spec)
     end
     return s
   end
@@ -298,9 +311,26 @@ end
 
 -- ---- Lua-side methods of luapipe.Schedule ----
 
+-- s:note() -> text or nil: what a family builder says about the schedule
+-- it built from these counts (interleaved1f1b with too few micro-batches
+-- for its steady state), shown by s:summary(), `luapipe schedule` /
+-- `simulate` and train{}. s:set_note(text) sets it (builders). Not kept
+-- by s:clone() or s:lower().
+local notes = setmetatable({}, { __mode = "k" })
+function Schedule.note(s) return notes[s] end
+function Schedule.set_note(s, text)
+  notes[s] = util.arg("s:set_note", 1, "text", text, "?string")
+end
+
 -- s:ranks_list() is handy in loops: for r = 0, s:info().ranks - 1 ...
-function Schedule.write_csv(s, path) return write_file(path, s:to_csv()) end
-function Schedule.write_json(s, path) return write_file(path, s:to_json()) end
+function Schedule.write_csv(s, path)
+  util.arg("s:write_csv", 1, "path", path, "string", "a file name")
+  return write_file(path, s:to_csv())
+end
+function Schedule.write_json(s, path)
+  util.arg("s:write_json", 1, "path", path, "string", "a file name")
+  return write_file(path, s:to_json())
+end
 
 -- s:summary() -> one paragraph of text
 function Schedule.summary(s)
@@ -308,10 +338,11 @@ function Schedule.summary(s)
   local n = 0
   for r = 0, i.ranks - 1 do n = n + s:count(r) end
   local ok, err = s:validate()
-  return string.format("schedule %s: %d ranks, %d stages (%d virtual), %d micro-batches, %d actions%s, %s",
-    i.name ~= "" and ("'" .. i.name .. "'") or "(unnamed)", i.ranks, i.stages, i.vstages,
-    i.microbatches, n, i.lowered and " (lowered)" or "",
-    ok and "valid" or ("INVALID: " .. err))
+  return string.format("schedule %s: %s, %s (%d virtual), %s, %s%s, %s",
+    i.name ~= "" and ("'" .. i.name .. "'") or "(unnamed)", util.count(i.ranks, "rank"),
+    util.count(i.stages, "stage"), i.vstages, util.count(i.microbatches, "micro-batch"),
+    util.count(n, "action"), i.lowered and " (lowered)" or "",
+    ok and "valid" or ("INVALID: " .. err)) .. (notes[s] and ("\nnote: " .. notes[s]) or "")
 end
 
 local mt = getmetatable(core.schedule_new(1, 1, 1))
@@ -325,4 +356,8 @@ end
 -- the C classes (the binding never loads Lua modules itself).
 require("luapipe.sim")
 
-return M
+-- a mistyped method (s:valdate()) gets a "did you mean"
+util.guard(Schedule, "luapipe.Schedule")
+
+-- a mistyped name ("luapipe.schedule.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.schedule")

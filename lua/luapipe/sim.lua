@@ -18,6 +18,7 @@
 -- This module adds the Lua-side methods of luapipe.SimResult: summary,
 -- __tostring, show and gantt (the pictures live in luapipe.show).
 local core = require("luapipe.core")
+local util = require("luapipe.util")
 
 local M = {}
 package.loaded["luapipe.sim"] = M -- luapipe.show requires us back
@@ -71,6 +72,7 @@ end
 
 -- sim.format_cost(cost) -> "F=1 B=2 W=1" (the keys that are set, in order)
 function M.format_cost(cost)
+  util.arg("sim.format_cost", 1, "cost", cost, "?table", "a cost table {F =, B =, ...}")
   local parts = {}
   for _, k in ipairs(M.cost_keys) do
     if cost and cost[k] ~= nil then parts[#parts + 1] = string.format("%s=%g", k, cost[k]) end
@@ -98,10 +100,10 @@ function SimResult.summary(res)
   for _, r in ipairs(ranks) do
     if r.bubble > worst.bubble then worst = r end
   end
-  lines[1] = string.format("simulated %s: %d ranks, %d micro-batches: makespan %s, "
+  lines[1] = string.format("simulated %s: %s, %s: makespan %s, "
     .. "largest bubble %s (rank %d, %.1f%%)",
-    info.name ~= "" and ("'" .. info.name .. "'") or "schedule", info.ranks,
-    info.microbatches, num(res:makespan()), num(res:max_bubble()), worst and worst.rank or 0,
+    info.name ~= "" and ("'" .. info.name .. "'") or "schedule", util.count(info.ranks, "rank"),
+    util.count(info.microbatches, "micro-batch"), num(res:makespan()), num(res:max_bubble()), worst and worst.rank or 0,
     worst and 100 * worst.bubble_ratio or 0)
   lines[2] = string.format("%6s %10s %10s %10s %8s %12s %10s", "rank", "busy", "bubble",
     "bubble %", "finish", "activations", "pending W")
@@ -126,4 +128,8 @@ end
 
 require("luapipe.show") -- installs the picture methods (svg, write_svg, Schedule:show)
 
-return M
+-- a mistyped method (res:makspan()) gets a "did you mean"
+util.guard(SimResult, "luapipe.SimResult")
+
+-- a mistyped name ("luapipe.sim.x") gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.sim")

@@ -106,6 +106,7 @@ local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 local schedule = require("luapipe.schedule")
 local checkpoint = require("luapipe.checkpoint")
+local util = require("luapipe.util")
 
 local M = {}
 
@@ -115,6 +116,9 @@ local M = {}
 -- slots take under `placements` ({[layer] = phys_to_log, 0-based ids}):
 -- an expert's tokens split evenly among its replicas.
 local function load_ratio(loads, placements, ep)
+  util.arg("train.load_ratio", 1, "loads", loads, "table", "a list of per-layer expert loads")
+  util.arg("train.load_ratio", 2, "placements", placements, "table", "a list of per-layer placements")
+  util.int_arg("train.load_ratio", 3, "ep", ep, 1)
   local sum, n = 0, 0
   for l, c in ipairs(loads) do
     local pl = placements[l]
@@ -254,6 +258,7 @@ end
 -- exits with status 2 (no traceback, no copy per rank); on one process it
 -- is an error printed as one line (a REPL session goes on).
 local function usage_fail(msg)
+  util.arg("train.usage_fail", 1, "msg", msg, "string", "a message")
   if comm.size() > 1 then
     if comm.rank() == 0 then
       io.stderr:write("luapipe: ", msg, "\n")
@@ -291,8 +296,8 @@ local function in_rank_terms(msg, fam, ranks, ep)
   end
   local need, m = msg:match("microbatches must be at least 2%*pp = (%d+), got (%d+)")
   if need then
-    return string.format("%s needs at least 2 micro-batches per rank: %s micro-batches on %d ranks, got %s",
-      name, need, ranks, m)
+    return string.format("%s needs at least 2 micro-batches per rank: %s micro-batches on %s, got %s",
+      name, need, util.count(ranks, "rank"), m)
   end
   return (msg:gsub("^" .. fam .. ": ", name .. ": "))
 end
@@ -300,7 +305,17 @@ end
 -- Resolves opts.schedule to a validated compute-only schedule.
 local function get_schedule(opts)
   local s = opts.schedule
+  if opts.chunks ~= nil and type(s) ~= "string" then
+    usage_fail("luapipe.train: chunks applies to a family name (interleaved1f1b); this schedule is "
+      .. "built already")
+  end
   if type(s) == "string" then
+    local fam = require("luapipe.schedules").canonical(s)
+    if opts.chunks ~= nil and fam and fam ~= "interleaved1f1b" then
+      usage_fail(string.format("luapipe.train: chunks = %s applies to interleaved1f1b only; %s has a "
+        .. "fixed placement (%s)", tostring(opts.chunks), s, (fam == "zbv" or fam == "dualpipev")
+        and "two chunks per rank" or "one model stage per rank"))
+    end
     local pp = opts.pp or comm.size() // (opts.ep or 1)
     local ok, res = pcall(schedule.build, s, { pp = pp,
       microbatches = opts.microbatches or 2 * pp, chunks = opts.chunks })
@@ -319,20 +334,24 @@ local function get_schedule(opts)
   end
   local ok, err = s:validate()
   if not ok then fail("luapipe.train: the schedule is invalid: " .. tostring(err)) end
+  if s:note() and comm.rank() == 0 and not opts.quiet then
+    io.stderr:write("luapipe.train: note: ", s:note(), "\n")
+    io.stderr:flush()
+  end
   return s
 end
 
 local function check_common(opts, who)
-  if type(opts) ~= "table" then error(who .. " expects a table of options", 3) end
+  if type(opts) ~= "table" then util.raise(who .. " expects a table of options, got " .. util.shown(opts)) end
   if type(opts.model) ~= "table" or getmetatable(opts.model) == nil or not opts.model.partition then
-    error(who .. ": 'model' must be a luapipe.nn model (nn.sequential{...})", 3)
+    util.raise(who .. ": 'model' must be a luapipe.nn model (nn.sequential{...}), got " .. util.shown(opts.model))
   end
   if type(opts.data) ~= "function" then
-    error(who .. ": 'data' must be a function(step, mb) -> input, target", 3)
+    util.raise(who .. ": 'data' must be a function(step, mb) -> input, target, got " .. util.shown(opts.data))
   end
   local steps = opts.steps or 1
   if math.type(steps) ~= "integer" or steps < 0 then
-    error(who .. ": 'steps' must be a non-negative integer", 3)
+    util.raise(who .. ": 'steps' must be a non-negative integer, got " .. util.shown(steps))
   end
   return steps
 end
@@ -351,10 +370,10 @@ local function params_of(layer)
   return out
 end
 
--- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
---   microbatches=, pp=, chunks=, partition = "layers" | "cost", trace=,
---   quiet=, lookahead=, overlapped_fb=, checkpoint = {dir=, every=}, resume=} -> result
-function M.run(opts)
+-- The checks of train{}'s options and everything decided before the
+-- executor exists (schedule, partition, shapes): the same on every rank.
+-- Returns what the run needs.
+local function configure(opts)
   local steps = check_common(opts, "luapipe.train")
   local ckpt = checkpoint.options(opts) -- nil without checkpoint / resume
   local model, seed = opts.model, opts.seed or 0
@@ -397,11 +416,11 @@ function M.run(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
   if ep > 1 and info.ranks * ep ~= size then
-    usage_fail(string.format("schedule '%s' runs on %d pipeline ranks; with ep = %d that is %d ranks,"
-      .. " but mpirun started %d", sname, info.ranks, ep, info.ranks * ep, size))
+    usage_fail(string.format("schedule '%s' runs on %s; with ep = %d that is %d ranks,"
+      .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), ep, info.ranks * ep, size))
   elseif ep == 1 and info.ranks ~= size then
-    usage_fail(string.format("schedule '%s' needs %d ranks, but %s (run it with mpirun -np %d)",
-      sname, info.ranks, size > 1 and "mpirun started " .. size or "this is one process", info.ranks))
+    usage_fail(string.format("schedule '%s' needs %s, but %s (run it with mpirun -np %d)",
+      sname, util.count(info.ranks, "rank"), size > 1 and "mpirun started " .. size or "this is one process", info.ranks))
   end
   local lowered = s
   if not info.lowered then
@@ -428,6 +447,50 @@ function M.run(opts)
     local lok, lerr = pcall(comm.set_link, opts.link)
     if not lok then usage_fail("luapipe.train: link: " .. tostring(lerr):gsub("^[^:]*:%d+: ", "")) end
   end
+  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep,
+    device = device, device_name = device_name, info = info, lowered = lowered, in_shape = in_shape,
+    part = part, act_shapes = act_shapes }
+end
+
+-- A mistake in train{}'s options is found on every rank alike (configure
+-- runs the same code on the same options): under mpirun it is printed
+-- once, by rank 0 (or, when rank 0 found none, by the first rank that
+-- did), and every rank exits with status 2; on one process it is raised
+-- as before. Every rank reaches the one all-reduce below whether its
+-- configure failed or not.
+local function configure_all(opts)
+  local size = comm.size()
+  if size == 1 then return configure(opts) end
+  local ok, c = pcall(configure, opts)
+  local flags = {}
+  for r = 1, size do flags[r] = 0 end
+  if not ok then flags[comm.rank() + 1] = 1 end
+  local all = comm.allreduce(flags, "luapipe.train: checking the options on every rank")
+  if not all then comm.abort("luapipe.train: the ranks could not agree that the options are valid") end
+  local first
+  for r = 1, size do
+    if all[r] ~= 0 then first = r - 1; break end
+  end
+  if not first then return c end
+  if comm.rank() == first then
+    local okm, msg = pcall(tostring, c)
+    msg = okm and msg or "luapipe.train: invalid options"
+    io.stderr:write("luapipe: ", first == 0 and "" or ("rank " .. first .. ": "), msg, "\n")
+    io.stderr:flush()
+  end
+  comm.barrier("luapipe.train: every rank stops on an error in the options")
+  os.exit(2)
+end
+
+-- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
+--   microbatches=, pp=, chunks=, partition = "layers" | "cost", trace=,
+--   quiet=, lookahead=, overlapped_fb=, checkpoint = {dir=, every=}, resume=} -> result
+function M.run(opts)
+  local c = configure_all(opts)
+  local steps, ckpt, model, seed, ep = c.steps, c.ckpt, c.model, c.seed, c.ep
+  local device, device_name, info, lowered = c.device, c.device_name, c.info, c.lowered
+  local in_shape, part, act_shapes = c.in_shape, c.part, c.act_shapes
+  local rank, size = comm.rank(), comm.size()
   local exec, err = core.exec_new(lowered, {
     build = function(stage) return model:build_stage(part, stage, seed) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
@@ -445,10 +508,17 @@ function M.run(opts)
   -- resume: every rank loads its file of the latest checkpoint, then the
   -- steps after it run with their true numbers
   local first_step = ckpt and ckpt.resume and checkpoint.resume(ckpt, exec) + 1 or 1
+  if first_step > 1 and rank == 0 and not quiet then
+    io.write(string.format("resumed from checkpoint %s/step%d (after step %d): %s\n", ckpt.resume_dir,
+      first_step - 1, first_step - 1, first_step <= steps
+        and string.format("running steps %d..%d", first_step, steps)
+        or string.format("no steps left to run (steps = %d)", steps)))
+    io.flush()
+  end
   local balance = eplb_loop(exec, opts.eplb, ep)
   if ckpt and ckpt.state and ckpt.state.eplb then
     local rok, rerr = pcall(balance.restore, ckpt.state.eplb, ckpt.state_file)
-    if not rok then fail(tostring(rerr)) end
+    if not rok then checkpoint.fail_all(tostring(rerr)) end -- every rank read the same file
   end
   for k = first_step, steps do
     if opts.trace_steps and k == steps - opts.trace_steps + 1 and k > first_step then
@@ -479,7 +549,13 @@ function M.run(opts)
       if size > 1 then comm.abort(tostring(eerr)) end
       fail(tostring(eerr))
     end
-    if ckpt then checkpoint.after_step(ckpt, exec, k, info, function() return { eplb = balance.state() } end) end
+    if ckpt then
+      local saved = checkpoint.after_step(ckpt, exec, k, info, function() return { eplb = balance.state() } end)
+      if saved and rank == 0 and not quiet then
+        io.write(string.format("checkpoint after step %d written to %s\n", k, saved))
+        io.flush()
+      end
+    end
   end
   local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec,
     device = device_name }
@@ -551,4 +627,5 @@ function M.reference(opts)
   return { losses = losses, layer = layer, params = function() return params_of(layer) end }
 end
 
-return setmetatable(M, { __call = function(_, opts) return M.run(opts) end })
+setmetatable(M, { __call = function(_, opts) return M.run(opts) end })
+return util.guard(M, "luapipe.train")

@@ -368,7 +368,7 @@ static void test_errors(void **state) {
   o.ep = 2;
   assert_int_equal(lp_exec_new(s, &o, &e, err), LP_ERR_ARG);
   assert_null(e);
-  assert_string_equal(err, "ep = 2 does not divide the 1 ranks mpirun started (pp x ep ranks are "
+  assert_string_equal(err, "ep = 2 does not divide the 1 rank mpirun started (pp x ep ranks are "
                            "needed)");
   lp_schedule_free(s);
 }

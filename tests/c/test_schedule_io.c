@@ -296,7 +296,7 @@ static void test_csv_errors(void **state) {
           "file.csv: stage 2 is at position 1 of micro-batch 0's route but at position 2 "
           "of micro-batch 1's route");
   csv_err("0F0,0F1,0B0,0B1\n1F0,1B0\n",
-          "file.csv: micro-batch 1 is forwarded on 1 stages but micro-batch 0 on 2: it "
+          "file.csv: micro-batch 1 is forwarded on 1 stage but micro-batch 0 on 2: it "
           "never reaches stage 1 (or another copy of model stage 1)");
   csv_err("0F0,0F2,0B0,0B2\n1F0,1F2,1B0,1B2\n",
           "file.csv: micro-batch 1 is never forwarded; micro-batch ids must be 0..2");

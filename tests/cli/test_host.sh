@@ -46,6 +46,20 @@ expect_in "REPL goes on after an error" "$tmp/out" "still here"
 printf 's = luapipe.schedule.new{ranks = 2, stages = 2, microbatches = 1}\ns\n' \
   | "$LP" -i >"$tmp/out" 2>"$tmp/err"
 expect_in "REPL prints a schedule summary" "$tmp/out" "schedule (unnamed): 2 ranks, 2 stages"
+# tables are shown (depth-limited, cycles safe), s:push echoes nothing, the
+# REPL's help is the Lua API's
+printf '%s\n' 't = {1, 2, x = {y = 3}}' 't' 'c = {}; c.me = c' 'c' '{a = {b = {c = {d = 1}}}}' \
+  's = luapipe.schedule.new{ranks = 1, stages = 1, microbatches = 1}' 's:push(0, "0F0")' \
+  's:push(0, {"0B0"})' 'print("pushed")' 's' 'luapipe.help("simulate")' 'luapipe.schedul' \
+  | "$LP" -i >"$tmp/out" 2>"$tmp/err"
+expect_in "REPL shows a table" "$tmp/out" "{1, 2, x = {y = 3}}"
+expect_in "REPL shows a cycle safely" "$tmp/out" "{me = <cycle>}"
+expect_in "REPL limits the depth" "$tmp/out" "{a = {b = {c = {...} (1 entry)}}}"
+grep -q "table: 0x" "$tmp/out" && bad "REPL printed a table address" || ok "no table addresses"
+grep -q "INVALID" "$tmp/out" && bad "s:push echoed the schedule" || ok "s:push echoes nothing"
+expect_in "the schedule after the pushes" "$tmp/out" "schedule (unnamed): 1 rank, 1 stage (1 virtual), 1 micro-batch, 2 actions, valid"
+expect_in "help(\"simulate\") says it is a command" "$tmp/out" "'simulate' is a command of the luapipe program, not a Lua API topic"
+expect_in "a mistyped name: did you mean" "$tmp/err" "luapipe has no 'schedul' (did you mean 'schedule'?)"
 
 # Ctrl-C interrupts a running chunk: in a script it exits 1 with
 # "interrupted!"; in the REPL the REPL goes on.
@@ -126,10 +140,15 @@ expect_in "piped error message" "$tmp/err" "piped boom"
 expect_rc "-e: arg[0] is the program" 0 "$LP" -e 'print("arg0=" .. arg[0], arg[1], arg[2])'
 expect_in "arg[0] not the code" "$tmp/out" "arg0=$LP	-e	print("
 
-pty() { TERM=xterm LUAPIPE_HISTORY= NO_COLOR= timeout 60 python3 "$(dirname "$0")/pty_run.py" "$@"; }
+# the terminal driver: tests/cli/pty_run.c, built beside luapipe
+PTY_RUN=$(dirname "$LP")/pty_run
+[ -x "$PTY_RUN" ] || { bad "no terminal driver at $PTY_RUN (build the pty_run target)"; finish; }
+pty() { TERM=xterm LUAPIPE_HISTORY= NO_COLOR= timeout 60 "$PTY_RUN" "$@"; }
 pty --timeout 30 --prompt "luapipe> " --prompt ">> " --send "1+1" \
   --send 's = luapipe.schedule.build("1f1b", {pp = 2, microbatches = 2})' --send "s:show()" \
   --send 'luapipe.help("schedules")' --send 'luapipe.help("nonsense")' \
+  --send 't = {1, "two", sub = {3}}' --send 't' --send 'p = luapipe.schedule.new{ranks = 1, stages = 1, microbatches = 1}' \
+  --send 'p:push(0, "0F0")' --send 'luapipe.help()' \
   --send "x = 1 +" --send "^C" --send 'print("after " .. "ctrl-c")' --send "^D" \
   -- "$LP" >"$tmp/out" 2>&1
 rc=$?
@@ -143,6 +162,9 @@ expect_in "s:show() draws" "$tmp/out" "r1 |"
 grep -q '^true$' "$tmp/out" && bad "s:show() echoed true" || ok "s:show() echoes nothing"
 expect_in "help(schedules) on a terminal" "$tmp/out" "schedules.list()"
 expect_in "help(unknown) names it" "$tmp/out" "unknown help topic 'nonsense'; topics:"
+expect_in "a table on a terminal" "$tmp/out" '{1, "two", sub = {3}}'
+grep -q "INVALID" "$tmp/out" && bad "s:push echoed on a terminal" || ok "s:push echoes nothing on a terminal"
+expect_in "help() lists the API and says where the commands' help is" "$tmp/out" "\`luapipe help <command>\` in a shell"
 expect_in "Ctrl-C at a continuation prompt drops the statement" "$tmp/out" "after ctrl-c"
 grep -q "stdin:.*unexpected symbol\|'=' expected" "$tmp/out" && bad "dropped statement was compiled" \
   || ok "no syntax error from the dropped statement"
@@ -153,7 +175,7 @@ pty -- "$LP" schedule 1f1b -f gantt >"$tmp/out" 2>&1
 grep -qF "$esc" "$tmp/out" && ok "colour on a terminal" || bad "no colour on a terminal"
 TERM=xterm "$LP" schedule 1f1b -f gantt >"$tmp/out" 2>&1
 grep -qF "$esc" "$tmp/out" && bad "colour into a pipe" || ok "no colour into a pipe"
-TERM=xterm NO_COLOR=1 timeout 60 python3 "$(dirname "$0")/pty_run.py" -- "$LP" schedule 1f1b -f gantt >"$tmp/out" 2>&1
+TERM=xterm NO_COLOR=1 timeout 60 "$PTY_RUN" -- "$LP" schedule 1f1b -f gantt >"$tmp/out" 2>&1
 grep -qF "$esc" "$tmp/out" && bad "colour despite NO_COLOR" || ok "NO_COLOR honoured"
 pty -- "$LP" --color=never schedule 1f1b -f gantt >"$tmp/out" 2>&1
 grep -qF "$esc" "$tmp/out" && bad "colour despite --color=never" || ok "--color=never"

@@ -123,7 +123,7 @@ function TestRebalance.test_bad_data_returns_nil_and_message()
     { { load = VECTOR, replicas = 16, groups = 8, nodes = 2, gpus = 8 }, "experts (12) must be a multiple of groups (8)" },
     { { load = VECTOR, replicas = 8, gpus = 8 }, "replicas (8) must be at least the number of experts (12)" },
     { { load = VECTOR, replicas = 16, gpus = 8, mode = "reference", spill = true }, "spill needs mode balanced" },
-    { { load = VECTOR, replicas = 16, gpus = 8, previous = { { 0 } } }, "previous has 1 layers, expected 2" },
+    { { load = VECTOR, replicas = 16, gpus = 8, previous = { { 0 } } }, "previous has 1 layer, expected 2" },
     { { load = {}, replicas = 16, gpus = 8 }, "load has no layers" },
   }
   for _, c in ipairs(cases) do

@@ -96,6 +96,26 @@ function TestHelp.test_topic_text()
   lu.assertStrContains(cli.help_text(), "checkpoint ")
 end
 
+-- What a user looks for is in the topics: MoE layers, optimizers, device
+-- and partition, the cost keys of links and exchanges, the summary's columns.
+function TestHelp.test_topics_cover_the_options()
+  local nn_text, train_text, sim_text = help.text("nn"), help.text("train"), help.text("sim")
+  for _, want in ipairs { "nn.moe{dim=, hidden=, experts=, topk=", "nn.moe_block{dim=, heads=" } do
+    lu.assertStrContains(nn_text, want)
+  end
+  for _, want in ipairs { 'optimizer = {kind = "sgd", lr=, momentum=, weight_decay=}',
+    'optimizer = {kind = "adamw", lr=, beta1=, beta2=, eps=, weight_decay=}',
+    'partition = "layers" | "cost"', 'device = "cpu" | "cuda" | "cuda:N"', "chunks for interleaved1f1b only" } do
+    lu.assertStrContains(train_text, want)
+  end
+  for _, want in ipairs { 'link = "lat=50us,bw=2GB/s"', "bytes = N", "exchanges = {[stage] = {F = {n =, "
+    .. "bytes_out =, bytes_in =}", "link_unit", "pending W (peak weight-grads waiting" } do
+    lu.assertStrContains(sim_text, want)
+  end
+  lu.assertStrContains(help.text("schedule"), "gets opts {pp=, microbatches=, chunks=} as `...`")
+  lu.assertStrContains(help.text("schedule"), "action i counts from 0")
+end
+
 function TestHelp.test_unknown_topics()
   local text, err = cli.help_text("schedulez", true)
   lu.assertNil(text)
@@ -124,7 +144,64 @@ function TestHelp.test_luapipe_help_prints()
   local printed = table.concat(written)
   lu.assertStrContains(printed, "schedules.list()")
   lu.assertStrContains(printed, "unknown help topic 'no such thing'")
-  lu.assertStrContains(printed, "Lua API topics")
+  lu.assertStrContains(printed, "the Lua API, one topic per module")
+end
+
+-- The REPL's help is the Lua API's: a command name says it is a command and
+-- how to get its options; one function can be asked for; a typo gets a
+-- "did you mean".
+function TestHelp.test_repl_help_is_the_api()
+  local text = luapipe.help_text()
+  lu.assertStrContains(text, "  schedule   build, load, check and export schedules")
+  lu.assertStrContains(text, "`luapipe help <command>` in a shell")
+  lu.assertNil(text:find("usage: luapipe", 1, true))
+  text = luapipe.help_text("simulate")
+  lu.assertStrContains(text, "'simulate' is a command of the luapipe program, not a Lua API topic: "
+    .. "its options are `luapipe help simulate` in a shell")
+  lu.assertStrContains(text, "luapipe.help(\"sim\")")
+  lu.assertNil(text:find("--cost", 1, true))
+  lu.assertStrContains(luapipe.help_text("cli simulate"), "--cost")
+  lu.assertStrContains(luapipe.help_text("cli"), "Commands:")
+  lu.assertStrContains(luapipe.help_text("schedule"), "schedule.build(")
+  lu.assertStrContains(luapipe.help_text("luapipe.eplb"), "eplb.rebalance{")
+  lu.assertStrContains(luapipe.help_text("env"), "LUAPIPE_TIMEOUT")
+  lu.assertStrContains(luapipe.help_text("schedule.load"), "schedule.load(spec, opts)")
+  lu.assertStrContains(luapipe.help_text("validate"), "s:validate()")
+  local _, err = luapipe.help_text("schedul")
+  lu.assertStrContains(err, "unknown help topic 'schedul' (did you mean 'schedule'?)")
+  _, err = luapipe.help_text("schedule.laod")
+  lu.assertStrContains(err, "(did you mean 'schedule.load'?)")
+  _, err = luapipe.help_text(7)
+  lu.assertStrContains(err, "the topic must be a string")
+end
+
+-- A mistyped name of the library gets a "did you mean" where it is used;
+-- other missing names stay nil.
+function TestHelp.test_did_you_mean_on_names()
+  local function err_of(f)
+    local ok, e = pcall(f)
+    lu.assertFalse(ok)
+    return (tostring(e):gsub("^[^:]*:%d+: ", ""))
+  end
+  lu.assertEquals(err_of(function() return luapipe.schedul end), "luapipe has no 'schedul' (did you mean 'schedule'?)")
+  lu.assertEquals(err_of(function() return luapipe.schedule.buld end),
+    "luapipe.schedule has no 'buld' (did you mean 'build'?)")
+  lu.assertEquals(err_of(function() return require("luapipe.sim").parse_cots end),
+    "luapipe.sim has no 'parse_cots' (did you mean 'parse_cost'?)")
+  lu.assertEquals(err_of(function() return luapipe.schedules.dualpip end),
+    "luapipe.schedules has no 'dualpip' (did you mean 'dualpipe'?)")
+  lu.assertEquals(err_of(function() return luapipe.nn.lienar end), "luapipe.nn has no 'lienar' (did you mean 'linear'?)")
+  lu.assertEquals(err_of(function() return luapipe.train.refrence end),
+    "luapipe.train has no 'refrence' (did you mean 'reference'?)")
+  local s = luapipe.schedule.build("1f1b", { pp = 2, microbatches = 2 })
+  lu.assertEquals(err_of(function() return s:valdate() end),
+    "luapipe.Schedule has no 'valdate' (did you mean 'validate'?)")
+  local res = s:simulate()
+  lu.assertEquals(err_of(function() return res:makspan() end),
+    "luapipe.SimResult has no 'makspan' (did you mean 'makespan'?)")
+  lu.assertNil(luapipe.frobnicate)
+  lu.assertNil(luapipe.schedule.something_else)
+  lu.assertEquals(type(luapipe.schedules.dualpipe), "function")
 end
 
 function TestHelp.test_suggest()

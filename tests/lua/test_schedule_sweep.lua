@@ -43,7 +43,7 @@ end
 local function compute_only(s, r)
   local out = {}
   for i = 1, s:count(r) do
-    local a = s:action(r, i)
+    local a = s:action(r, i - 1)
     if COST_OF[a.type] then out[#out + 1] = a.text end
   end
   return out
@@ -79,7 +79,7 @@ local function check(name, opts)
   lu.assertEquals(#ranks, info.ranks, what)
   for r = 0, info.ranks - 1 do
     local busy = 0
-    for i = 1, s:count(r) do busy = busy + COST_OF[s:action(r, i).type] end
+    for i = 1, s:count(r) do busy = busy + COST_OF[s:action(r, i - 1).type] end
     local x = ranks[r + 1]
     lu.assertAlmostEquals(x.busy, busy, 1e-9, what .. ", rank " .. r)
     lu.assertAlmostEquals(x.bubble, res:makespan() - busy, 1e-9, what .. ", rank " .. r)

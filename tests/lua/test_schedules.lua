@@ -51,7 +51,7 @@ local function reference_simulate(s, cost)
   local left = 0
   for r = 0, info.ranks - 1 do
     lists[r] = {}
-    for i = 1, s:count(r) do lists[r][i] = s:action(r, i) end
+    for i = 1, s:count(r) do lists[r][i] = s:action(r, i - 1) end
     at[r], clock[r], busy[r], live[r], peak[r] = 1, 0, 0, 0, 0
     left = left + #lists[r]
   end
@@ -104,7 +104,7 @@ local function assert_complete(s, what)
   local function add(k) n[k] = (n[k] or 0) + 1 end
   for r = 0, info.ranks - 1 do
     for i = 1, s:count(r) do
-      local a = s:action(r, i)
+      local a = s:action(r, i - 1)
       if a.type == "FB" then
         add("F" .. a.stage .. ":" .. a.mb)
         add("G" .. a.bstage .. ":" .. a.bmb)
@@ -256,7 +256,7 @@ function test_action_counts()
       local h = name == "dualpipe" and math.min(r, P - 1 - r) or r
       local n = { F = 0, B = 0, I = 0, W = 0, FB = 0 }
       for i = 1, s:count(r) do
-        local t = s:action(r, i).type
+        local t = s:action(r, i - 1).type
         n[t] = n[t] + 1
       end
       local fb = 2 * (N - 2 * H + h + 1) - (h == H - 1 and 1 or 0) + (H - h - 1)
@@ -336,7 +336,7 @@ end
 local function renamed(s, r, fv, fm)
   local out = {}
   for i = 1, s:count(r) do
-    local a = s:action(r, i)
+    local a = s:action(r, i - 1)
     if a.type == "FB" then
       out[i] = string.format("(%dF%d;%d%s%d)OVERLAP_F_B", fv(a.stage), fm(a.mb), fv(a.bstage), a.btype,
         fm(a.bmb))

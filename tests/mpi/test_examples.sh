@@ -99,8 +99,14 @@ same=$(awk 'FNR == NR && /^step [0-9]+ loss / { ref[$2] = $4; next }
   END { print ok + 0, n + 0 }' "$tmp/moe_ref" "$tmp/moe_ds")
 echo "train_moe --fb-order deepseek: rc $rc, losses equal to --reference: $same"
 [ "$rc" -eq 0 ] && [ "$same" = "4 4" ] || { fail "train_moe --fb-order deepseek"; cat "$tmp/moe_ds"; }
-grep -qE '^all-to-all hidden: [0-9.]+%$' "$tmp/moe" || fail "train_moe: no 'all-to-all hidden' line"
-grep -qE '^expert load max/mean: [0-9.]+ -> [0-9.]+$' "$tmp/moe" || fail "train_moe: no expert load line"
+grep -qE '^  all-to-all: [0-9]+ exchanges, .*, [0-9.]+% hidden under compute$' "$tmp/moe" ||
+  fail "train_moe: no all-to-all line in the summary"
+grep -qE '^  expert load \(.*\): [0-9.]+ -> [0-9.]+; [0-9]+ rebalances? moved [0-9]+ bytes' "$tmp/moe" ||
+  fail "train_moe: no expert load line in the summary"
+# the summary's figures are printed once (not again after the summary)
+[ "$(grep -c 'hidden' "$tmp/moe")" -eq 2 ] || fail "train_moe: the all-to-all figures are repeated"
+grep -qE '^(all-to-all hidden|expert load max/mean|weight bytes moved):' "$tmp/moe" &&
+  fail "train_moe: summary lines repeated after the summary"
 # the simulator models the exchanges too: its hidden share beside the measured one
 grep -qE '^    link model alone: [0-9.e-]+ ms per rank and step, [0-9.]+% hidden .*, step [0-9.e-]+ ms$' "$tmp/moe" ||
   fail "train_moe: no simulated all-to-all line in the summary"
@@ -113,7 +119,7 @@ echo "train_moe simulated vs measured exchange link time: $sim_x"
 [ "${sim_x%% *}" = ok ] || fail "train_moe: simulated exchange time off the measured link time ($sim_x)"
 # the measured trace: all-to-alls on every rank's comm track (odd tids)
 cat >"$tmp/a2a.lua" <<'LUA'
-  local json = require("dkjson")
+  local json = require("luapipe.json")
   local f = assert(io.open(arg[1])); local t = json.decode(f:read("a")); f:close()
   local per, bad = {}, 0
   for _, e in ipairs(t.traceEvents) do

@@ -164,7 +164,7 @@ echo "wrong rank count: rc $rc, reported $n time(s)"
 # more stages than layers: an error before anything runs
 "${mpirun[@]}" -np 2 "$luapipe" "$driver" zbv 4 stages >"$tmp/out" 2>&1
 rc=$?
-n=$(grep -c "the schedule wants 4 model stages, but the model has only 1 layers" "$tmp/out")
+n=$(grep -c "the schedule wants 4 model stages, but the model has only 1 layer (each stage" "$tmp/out")
 echo "too few layers: rc $rc, $n rank(s) reported it"
 { [ "$rc" -ne 0 ] && [ "$n" -ge 1 ]; } || { fail "too few layers"; cat "$tmp/out"; }
 

@@ -23,8 +23,9 @@ end
 -- Adds the options that pick a schedule: NAME plus --pp/--microbatches/--chunks.
 function M.add_schedule_options(p)
   p:argument("schedule", "a family (" .. table.concat(schedule.families, ", ") ..
-    "; any case), a .csv or .json schedule file, or a .lua file returning a schedule")
-  M.add_count_options(p, "4", "8", "2", "model chunks per rank (interleaved1f1b)")
+    "; any case), a .csv or .json schedule file, or a schedule file: a .lua file that gets "
+    .. "{pp =, microbatches =, chunks =} as `...` and returns a schedule (examples/eager_1f1b.lua)")
+  M.add_count_options(p, "4", "8", nil, "model chunks per rank (interleaved1f1b only; default 2)")
   p:option("--sends", "send model the validation assumes: nonblocking (SEND and RECV only "
     .. "post, a compute waits for its inputs' sends: the executor's and PyTorch's), buffered "
     .. "(a RECV waits for its send) or rendezvous (a send waits for its receive)", "nonblocking")
@@ -60,6 +61,11 @@ function M.load_schedule(args)
   local name, ferr = M.family(args.schedule)
   if not name then return nil, ferr, 2 end
   local fam = schedule.is_family(name)
+  if fam and args.chunks and name:lower() ~= "interleaved1f1b" and name:lower() ~= "interleaved" then
+    return nil, string.format("--chunks applies to interleaved1f1b only; %s has a fixed placement "
+      .. "(%s)", name, (name == "zbv" or name == "dualpipev") and "two chunks per rank"
+      or "one model stage per rank", name), 2
+  end
   local serr = fam and M.check_size(args.pp, args.microbatches,
     name:find("interleaved") and args.chunks or nil)
   if serr then return nil, serr, 2 end
@@ -68,6 +74,8 @@ function M.load_schedule(args)
   if not s then return nil, err, fam and 2 or 1 end
   local ok, verr = s:validate { sends = args.sends }
   if not ok then return nil, "invalid schedule: " .. verr, 1 end
+  -- the note: in the summary of the text formats, on stderr beside the others
+  if s:note() and args.format ~= "text" then io.stderr:write("luapipe: note: ", s:note(), "\n") end
   return s
 end
 

@@ -14,13 +14,15 @@ M.topics = {
       .. "a route per micro-batch and an ordered action list per rank (\"0F3\", \"5B3\", "
       .. "\"5I3\", \"5W3\", \"(0F7;7B3)OVERLAP_F_B\").",
     { "schedule.build(name, {pp=, microbatches=, chunks=})", "a built-in family by name" },
-    { "schedule.load(spec, opts)", "a family name, .csv, .json or .lua file; or nil, err" },
+    { "schedule.load(spec, opts)", "a family name, .csv, .json or schedule file; or nil, err" },
+    { "  a schedule file (.lua)", "gets opts {pp=, microbatches=, chunks=} as `...` and returns a Schedule (examples/eager_1f1b.lua)" },
     { "schedule.new{ranks=, stages=, microbatches=, placement=, routes=, actions=}", "an empty or hand-written schedule" },
     { "schedule.from_csv(path) / from_csv_text(text)", "PyTorch's CSV format" },
     { "schedule.from_json(text)", "luapipe's JSON format" },
     { "schedule.families", "the family names (see `help schedules`)" },
     { "s:push(rank, action | {actions})", "append actions to a rank's list" },
-    { "s:actions(rank) / s:action(rank, i) / s:count(rank)", "read a rank's list" },
+    { "s:actions(rank) / s:action(rank, i) / s:count(rank)", "read a rank's list: action i counts from 0, as in every message (s:actions is a Lua list: entry i + 1)" },
+    { "s:note()", "what a family builder says about its counts (interleaved1f1b with too few micro-batches), or nil" },
     { "s:info()", "{name, ranks, stages, vstages, microbatches}" },
     { "s:validate([{sends = \"nonblocking\" | \"buffered\" | \"rendezvous\"}])", "true, or nil, message naming rank, action and micro-batch; sends: how SEND/RECV wait (default nonblocking: both only post, a compute waits for its inputs' sends, as in the executor and PyTorch; buffered: a RECV blocks; rendezvous: a send blocks too)" },
     { "s:lower()", "a copy with SEND/RECV inserted" },
@@ -41,11 +43,18 @@ M.topics = {
   {
     name = "sim", summary = "cost models and simulation results (luapipe.sim)",
     intro = "Costs: F, B, I, W, FB (overlapped F&B pair), latency, and per model stage "
-      .. "stages = {[k] = {F = ...}}; B = I + W fills in what is not given.",
+      .. "stages = {[k] = {F = ...}}; B = I + W fills in what is not given. Links: link = "
+      .. "\"lat=50us,bw=2GB/s\" adds latency + bytes/bandwidth to every cross-rank message of "
+      .. "bytes = N bytes (times in seconds then). MoE exchanges: exchanges = {[stage] = {F = {n =, "
+      .. "bytes_out =, bytes_in =}, B = ..., I = ...}} (per action: how many all-to-all-v, this "
+      .. "rank's bytes to / from the other EP ranks in one), link_unit = cost units per second of "
+      .. "link time (1000 for ms). res:summary()'s columns: busy, bubble (makespan - busy), "
+      .. "bubble %, finish (its last action's end), activations (peak held: an F holds one until "
+      .. "its B or I) and pending W (peak weight-grads waiting: an I done whose W has not run).",
     { "sim.parse_cost(\"F=1,B=2,W=1,FB=2.5\")", "a cost table; F[3]=2 sets model stage 3" },
     { "sim.format_cost(cost)", "\"F=1 B=2 W=1\"" },
     { "res:makespan() / res:max_bubble()", "time to the last action; largest per-rank bubble" },
-    { "res:ranks()", "per rank: busy, bubble, bubble_ratio, finish, peak_live" },
+    { "res:ranks()", "per rank: busy, bubble, bubble_ratio, finish, peak_live, peak_pending_w, a2a (modelled exchange time), a2a_hidden" },
     { "res:events([rank])", "the timeline: {rank, text, start, finish}" },
     { "res:messages() / res:memory(rank)", "cross-rank messages; activations over time" },
     { "res:summary() / print(res)", "the per-rank table" },
@@ -80,8 +89,11 @@ M.topics = {
     { "nn.gelu() / nn.silu() / nn.rmsnorm(dim)", "layer specs" },
     { "nn.mlp_block(d, hidden) / nn.attention(d, heads) / nn.transformer_block(d, heads, hidden)", "blocks" },
     { "nn.residual(inner)", "x + inner(x)" },
+    { "nn.moe{dim=, hidden=, experts=, topk=, groups=, topk_groups=, shared=, route_scale=, bias_speed=, router=, balance_alpha=}",
+      "DeepSeek-V3 mixture of experts (SwiGLU experts; router \"sigmoid\" | \"softmax\")" },
+    { "nn.moe_block{dim=, heads=, hidden=, experts=, topk=, ...}", "x + attn(rmsnorm(x)), then x + moe(rmsnorm(x))" },
     { "nn.tensor(shape[, values])", "a Tensor (row-major values; nil = zeros)" },
-    { "model:partition{stages=, by = \"layers\" | \"cost\", input_shape=}", "split into model stages" },
+    { "model:partition{stages=, by = \"layers\" | \"cost\", input_shape=}", "split into model stages (train{partition=} picks by)" },
     { "model:build([seed]) / model:build_stage(part, stage, seed)", "a Layer (C), the whole model or one stage" },
     { "t:shape() / t:totable() / t:numel()", "Tensor contents" },
     { "layer:forward(x) / layer:params() / layer:set_params(p)", "run and read a Layer" },
@@ -92,6 +104,11 @@ M.topics = {
     name = "train", summary = "pipeline-parallel training under mpirun (luapipe.train)",
     intro = "Run one process per rank: mpirun -np 4 build/luapipe train_script.lua",
     { "train{model=, schedule=, microbatches=, data=, steps=, optimizer=, ...}", "train; returns {losses, summary, stage_params}" },
+    { "  optimizer = {kind = \"sgd\", lr=, momentum=, weight_decay=}", "SGD (defaults lr 0.01, momentum 0, weight_decay 0)" },
+    { "  optimizer = {kind = \"adamw\", lr=, beta1=, beta2=, eps=, weight_decay=}", "AdamW (defaults 1e-3, 0.9, 0.999, 1e-8, 0.01)" },
+    { "  partition = \"layers\" | \"cost\"", "split into model stages by layer count (default) or measured layer cost" },
+    { "  device = \"cpu\" | \"cuda\" | \"cuda:N\"", "where each rank's stages run (cuda: local rank modulo the GPUs)" },
+    { "  chunks=, seed=, quiet=, lookahead=", "chunks for interleaved1f1b only (refused otherwise); seed of init and data" },
     { "  trace=, svg=, trace_steps=, log_every=", "measured Chrome trace, SVG of the last step, progress" },
     { "  checkpoint = {dir=, every=}, resume = true", "save every N steps; continue from dir/latest" },
     { "  pp=, ep=, link=, eplb = {every=, redundant=}", "MoE: pp x ep grid of ranks, emulated link, EPLB in the loop" },

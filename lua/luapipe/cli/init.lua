@@ -40,31 +40,11 @@ local function make_parser(name)
   return p, cmd
 end
 
--- Levenshtein distance, for "did you mean".
-local function distance(a, b)
-  local prev = {}
-  for j = 0, #b do prev[j] = j end
-  for i = 1, #a do
-    local cur = { [0] = i }
-    for j = 1, #b do
-      local cost = a:byte(i) == b:byte(j) and 0 or 1
-      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
-    end
-    prev = cur
-  end
-  return prev[#b]
-end
-
 -- The candidate closest to word (case-insensitive) when it is a plausible
--- typo (at most 2 edits, and fewer than half the word); else nil.
+-- typo (at most 2 edits, and fewer than half the word); else nil. (The
+-- library's one "did you mean": luapipe.util.did_you_mean.)
 function M.suggest(word, candidates)
-  local best, bd
-  word = tostring(word):lower()
-  for _, c in ipairs(candidates) do
-    local d = distance(word, c:lower())
-    if (not bd or d < bd) and d <= 2 and d <= #word / 2 then best, bd = c, d end
-  end
-  return best
+  return require("luapipe.util").did_you_mean(tostring(word), candidates)
 end
 
 local function command_names()
@@ -218,6 +198,20 @@ function M.parse(parser, argv, prog, quiet)
     io.stderr:write(parser:get_usage(), "\n\nError: ", args, "\n")
   end
   return nil, 2
+end
+
+-- For scripts under mpirun: a usage error every rank found alike. Rank 0
+-- writes "<prog>: <msg>" (none when msg is nil: cli.parse printed it
+-- already); every rank waits for the others (so that rank 0's line is out
+-- before mpirun takes the job down) and exits with status 2.
+function M.usage_exit(prog, msg)
+  local comm = require("luapipe.comm")
+  if msg and comm.rank() == 0 then
+    io.stderr:write(prog, ": ", msg, "\n")
+    io.stderr:flush()
+  end
+  if comm.size() > 1 then comm.barrier(prog .. ": every rank stops on a usage error") end
+  os.exit(2)
 end
 
 -- Runs `luapipe <argv[1]> argv[2..]`; returns the exit code.

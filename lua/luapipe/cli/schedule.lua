@@ -15,7 +15,9 @@ function M.parser(p)
   p:option("--output -o", "write to FILE instead of standard output")
   p:epilog("Examples:\n  luapipe schedule dualpipe --pp 4 --microbatches 8\n"
     .. "  luapipe schedule 1f1b -p 4 -m 8 --format csv -o 1f1b.csv\n"
-    .. "  luapipe schedule my_schedule.lua --format gantt")
+    .. "  luapipe schedule examples/eager_1f1b.lua -p 4 -m 8 --format gantt\n"
+    .. "A schedule file (.lua) is run with the options {pp =, microbatches =, chunks =} as `...`\n"
+    .. "(--pp, --microbatches, --chunks as typed or defaulted) and returns the schedule.")
 end
 
 local function text_listing(s)

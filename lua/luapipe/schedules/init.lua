@@ -50,7 +50,7 @@ function M.label(name)
   return f and f.label or name
 end
 
-return setmetatable(M, {
+setmetatable(M, {
   __index = function(t, k)
     if by_name[k] then
       local builder = require("luapipe.schedules." .. k)
@@ -59,3 +59,5 @@ return setmetatable(M, {
     end
   end,
 })
+-- a mistyped family or function name gets a "did you mean"
+return require("luapipe.util").guard(M, "luapipe.schedules", M.list)

@@ -44,10 +44,13 @@ return function(opts)
   local s = schedule.new { name = opts.name or "interleaved1f1b", ranks = P, stages = P * v,
     microbatches = M, placement = placement }
 
+  local warmup_of = function(r, g) return (P - r - 1) * 2 + (v - 1) * g end
+  local gpipe_ranks = 0 -- ranks whose warm-up is every forward (no 1F1B steady state)
   for r = 0, P - 1 do
     local p = program.new(s, r)
     local total = M * v -- forwards (and backwards) this rank runs
-    local warmup = math.min((P - r - 1) * 2 + (v - 1) * G, total)
+    local warmup = math.min(warmup_of(r, G), total)
+    if warmup == total then gpipe_ranks = gpipe_ranks + 1 end
     -- the virtual stage of rank r that runs its k-th forward / k-th backward
     local function fwd(k) return ((k // G) % v) * P + r end
     local function bwd(k) return (v - 1 - (k // G) % v) * P + r end
@@ -59,6 +62,18 @@ return function(opts)
     end
     for k = total - warmup, total - 1 do p:B(bwd(k)) end -- cool-down
     p:finish()
+  end
+  if gpipe_ranks > 0 then
+    -- too few micro-batches for the steady state on the first ranks: say
+    -- so (the schedule is valid, as PyTorch's with the same counts), and
+    -- name the smallest multiple of pp that has one on every rank
+    local need = P
+    while warmup_of(0, P) >= need * v do need = need + P end
+    s:set_note(string.format("with %d micro-batches on %d ranks, %s every forward before any "
+      .. "backward (GPipe's order: no 1F1B steady state, all %d x %d activations held); "
+      .. "use %d micro-batches or more (a multiple of pp) for interleaved 1F1B's steady state",
+      M, P, gpipe_ranks == 1 and "rank 0 runs" or string.format("ranks 0-%d run", gpipe_ranks - 1),
+      M, v, need))
   end
   return s
 end
