@@ -181,7 +181,7 @@ static void print_results(lua_State *L, int base) {
 }
 
 void host_repl(lua_State *L) {
-  printf("luapipe %s, %s — the library is `luapipe`; try luapipe.help()\n",
+  printf("luapipe %s, %s: the library is `luapipe`; try luapipe.help()\n",
          LP_VERSION, LUA_RELEASE);
   history_open();
   rl_catch_signals = 0;
