@@ -18,6 +18,7 @@ local lazy = {
   nn = "luapipe.nn",
   train = "luapipe.train",
   cli = "luapipe.cli",
+  search = "luapipe.search",
 }
 
 setmetatable(M, {
