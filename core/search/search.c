@@ -766,6 +766,18 @@ lp_status lp_search_add_schedule(lp_search *S, lp_schedule *s, const char *label
     if (ok && peak[r] > S->limit[r] + EPS) ok = 0;
     if (peak_out) peak_out[r] = peak[r];
   }
+  /* the split and pairing rules of the search hold for given schedules too */
+  for (int r = 0; ok && r < P; r++) {
+    int n;
+    const lp_action *a = lp_schedule_actions(s, r, &n);
+    for (int i = 0; ok && i < n; i++) {
+      int bt = a[i].type == LP_ACT_FB ? a[i].btype : a[i].type;
+      if ((a[i].type == LP_ACT_FB && !S->pairs) ||
+          (bt == LP_ACT_I && S->split == LP_SEARCH_SPLIT_NEVER) ||
+          (bt == LP_ACT_B && S->split == LP_SEARCH_SPLIT_ALWAYS))
+        ok = 0;
+    }
+  }
   lp_search_eval e = {lp_sim_makespan(res), span, P, ev};
   double score = INF;
   st = search_score(S, &e, &score);
