@@ -69,7 +69,7 @@ function M.run(args)
   if not ok then
     return cli.fail("search", tostring(res):gsub("^[^:]*:%d+: ", ""):gsub("^search: ", ""), 2)
   end
-  if not res then return cli.fail("search", err) end
+  if not res then return cli.fail("search", (tostring(err):gsub("^search: ", ""))) end
   local s = res:schedule()
   if args.output then
     local text = args.output:match("%.csv$") and s:to_csv() or s:to_json()
