@@ -39,6 +39,10 @@ expect_rc "bad cost exits 2" 2 "$LP" search --cost F=x
 expect_in "cost message" "$tmp/err" "F=x"
 expect_rc "unwritable output exits 1" 1 "$LP" search -p 2 -m 2 --time 0.05 -o /nonexistent/dir/x.csv
 [ ! -e /nonexistent/dir/x.csv ] && ok "nothing half-written" || bad "file appeared"
+# the example: its own placement generator and objective
+expect_rc "examples/search_custom.lua" 0 "$LP" examples/search_custom.lua --time 0.1 -o "$tmp/w.csv"
+expect_in "example prints the W placement" "$tmp/out" "W (own generator)"
+expect_rc "example csv simulates" 0 "$LP" simulate "$tmp/w.csv" --no-gantt
 expect_rc "help search" 0 "$LP" help search
 expect_in "help names --w-share" "$tmp/out" "--w-share"
 finish
