@@ -68,6 +68,9 @@ elseif mode == "stages" then
 end
 
 local sched = family
+if family:match("%.csv$") then -- a schedule file (luapipe search -o found.csv)
+  sched = assert(require("luapipe.schedule").from_csv(family))
+end
 if mode == "reduce" or mode == "wait" or (mode or ""):match("_reduce") then
   sched = require("luapipe.schedule").build(family, { pp = PP, microbatches = M })
   for rk = 0, PP - 1 do

@@ -31,6 +31,7 @@ local formulas = {
   zbv = nil,
   dualpipe = { "(PP/2-1)(F&B+B-3W)", function(c, P) return (P / 2 - 1) * (c.FB + c.B - 3 * c.W) end },
   dualpipev = { "(PP/2-1)(F&B+B-3W), PP=2P", function(c, P) return (P - 1) * (c.FB + c.B - 3 * c.W) end },
+  chimera = { "(M/PP)(PP/2-1)(F+B), F=B", function(c, P, _, Mb) return Mb // P * (P / 2 - 1) * (c.F + c.B) end },
 }
 
 local schedules = require("luapipe.schedules")
@@ -70,7 +71,7 @@ function M.measure(family, P, Mb, v, cost)
   local f = formulas[family]
   if f then
     row.formula = f[1]
-    row.formula_value = f[2](cost, P, v)
+    row.formula_value = f[2](cost, P, v, Mb)
   end
   local amax, amin, params = 0, math.huge, 0
   for r = 0, P - 1 do
