@@ -176,23 +176,28 @@ static void choose(lp_search *S, const cand *c, int r) {
     return;
   }
   double T = tmin > D->free_at[r] ? tmin : D->free_at[r];
+  if (c->pair[r] & 2) T = INF; /* waiting: the best-keyed known head, however late */
   double best = INF;
   int bk = -1, bj = -1;
   for (int j = 0; j < n; j++) {
     int v = vs[j];
-    if (rf[j] >= 0 && rf[j] <= T && c->key[slot_of(S, v, mf[j], 0)] < best)
+    if (rf[j] >= 0 && rf[j] <= T && rf[j] < INF && c->key[slot_of(S, v, mf[j], 0)] < best)
       best = c->key[slot_of(S, v, mf[j], 0)], bk = 0, bj = j;
-    if (rb[j] >= 0 && rb[j] <= T && c->key[slot_of(S, v, mbk[j], 1)] < best)
+    if (rb[j] >= 0 && rb[j] <= T && rb[j] < INF && c->key[slot_of(S, v, mbk[j], 1)] < best)
       best = c->key[slot_of(S, v, mbk[j], 1)], bk = 1, bj = j;
-    if (rw[j] >= 0 && rw[j] <= T && c->key[slot_of(S, v, mw[j], 2)] < best)
+    if (rw[j] >= 0 && rw[j] <= T && rw[j] < INF && c->key[slot_of(S, v, mw[j], 2)] < best)
       best = c->key[slot_of(S, v, mw[j], 2)], bk = 2, bj = j;
+  }
+  if (T == INF) {
+    double at = bk == 0 ? rf[bj] : bk == 1 ? rb[bj] : rw[bj];
+    T = at > D->free_at[r] ? at : D->free_at[r];
   }
   D->T[r] = T;
   D->ch_kind[r] = bk;
   D->ch_v[r] = vs[bj];
   D->ch_m[r] = bk == 0 ? mf[bj] : bk == 1 ? mbk[bj] : mw[bj];
   D->ch_pv[r] = -1;
-  if (!c->pair[r] || bk == 2) return;
+  if (!(c->pair[r] & 1) || bk == 2) return;
   /* the partner: the best-keyed head of the other kind that is ready and
    * makes a cheaper pair */
   double pb = INF;
@@ -512,9 +517,11 @@ lp_status lp_search_seed_rules(lp_search *S) {
   static const char *names[] = {"seed: backward-first", "seed: forward-first",
                                 "seed: backward-first, W eager", "seed: 1F1B-like"};
   for (int k = 0; st == LP_OK && k < 4; k++) {
-    for (int wt = 0; st == LP_OK && wt < 2; wt++) {
+    for (int wt = 0; st == LP_OK && wt < 4; wt++) {
       cand_defaults(S, &c);
-      rule_keys(S, &c, orders[k], wt ? 0.5 : 1.0);
+      rule_keys(S, &c, orders[k], wt & 1 ? 0.5 : 1.0);
+      if (wt & 2)
+        for (int r = 0; r < S->P; r++) c.pair[r] |= 2;
       st = seed(S, &c, names[k]);
     }
   }
@@ -548,6 +555,10 @@ static void move(lp_search *S, cand *c) {
   }
   if (kind < 16 && S->pairs) {
     c->pair[rnd_int(S, S->P)] ^= 1;
+    return;
+  }
+  if (kind < 20) { /* a rank waits for its best-keyed head, or not */
+    c->pair[rnd_int(S, S->P)] ^= 2;
     return;
   }
   int r = rnd_int(S, S->P);
@@ -833,7 +844,7 @@ lp_status lp_search_add_schedule(lp_search *S, lp_schedule *s, const char *label
         }
         if (x->type == LP_ACT_W) c.key[slot_of(S, x->stage, x->mb, 2)] = i;
       }
-      c.pair[r] = S->pairs && paired;
+      c.pair[r] = (S->pairs && paired) | 2; /* as written: wait for the next */
     }
     char name[80];
     snprintf(name, sizeof name, "seed: %s's order", label);
