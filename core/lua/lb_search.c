@@ -279,6 +279,7 @@ static int lb_search_stats(lua_State *L) {
   lb_set_number(L, "lower_bound", s.lower_bound);
   lb_set_number(L, "gap", s.gap);
   lb_set_number(L, "zb_greedy", s.zb_greedy);
+  lb_set_number(L, "best_at", s.best_at);
   lua_pushboolean(L, s.from_schedule);
   lua_setfield(L, -2, "from_schedule");
   lua_pushstring(L, s.best_label);

@@ -86,6 +86,7 @@ typedef struct lp_search_stats {
   double lower_bound;    /* for the objective (custom: the makespan's) */
   double gap;            /* (best - lower_bound) / lower_bound; 0 when both 0 */
   int from_schedule;     /* 1: the best is a given schedule, as given */
+  double best_at;        /* seconds from lp_search_new to finding the best */
   double zb_greedy;       /* Zero Bubble's greedy as it orders, simulated (HUGE_VAL: not a
                           * linear placement, or nothing fits) */
   char best_label[64];   /* "annealing", "seed: zb-greedy", "1f1b", ... */

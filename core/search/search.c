@@ -450,6 +450,7 @@ static void consider(lp_search *S, const cand *c, const char *label) {
   lp_schedule_free(S->best_sched);
   S->best_sched = NULL;
   S->have_best = 1;
+  S->best_at = lp_now() - S->t0;
   snprintf(S->best_label, sizeof S->best_label, "%s", label);
   cand_copy(S, &S->best_c, c);
   S->since_best = 0;
@@ -641,6 +642,7 @@ void lp_search_stats_of(const lp_search *S, lp_search_stats *out) {
     out->gap = INF;
   }
   out->zb_greedy = S->zb_best;
+  out->best_at = S->best_at;
   out->from_schedule = S->best_is_sched;
   snprintf(out->best_label, sizeof out->best_label, "%s", S->best_label);
 }
@@ -809,6 +811,7 @@ lp_status lp_search_add_schedule(lp_search *S, lp_schedule *s, const char *label
         memcpy(S->best_peak, peak, (size_t)P * sizeof *peak);
         S->have_best = 1;
         S->best_is_sched = 1;
+        S->best_at = lp_now() - S->t0;
         snprintf(S->best_label, sizeof S->best_label, "%s", label);
       }
     }

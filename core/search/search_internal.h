@@ -77,6 +77,7 @@ struct lp_search {
   char best_label[64];
   lp_search_bounds bounds;
   double lb_obj;
+  double t0, best_at; /* creation time; seconds from it to the best */
   double zb_best; /* Zero Bubble's greedy, as it orders (simulated); HUGE_VAL none */
 };
 

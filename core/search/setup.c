@@ -112,6 +112,7 @@ lp_status search_setup(lp_search *S, const lp_search_problem *p, char *err) {
   S->rng = p->seed ? p->seed * 0x9E3779B97F4A7C15ULL + 1 : 0x9E3779B97F4A7C15ULL;
   S->best_score = INF;
   S->zb_best = INF;
+  S->t0 = lp_now();
   int bad = 0;
   size_t vm = (size_t)V * (size_t)M, pm = (size_t)P * (size_t)M;
   S->vs_stage = zalloc((size_t)V, sizeof(int), &bad);
