@@ -39,6 +39,26 @@ expect_rc "bad cost exits 2" 2 "$LP" search --cost F=x
 expect_in "cost message" "$tmp/err" "F=x"
 expect_rc "unwritable output exits 1" 1 "$LP" search -p 2 -m 2 --time 0.05 -o /nonexistent/dir/x.csv
 [ ! -e /nonexistent/dir/x.csv ] && ok "nothing half-written" || bad "file appeared"
+# Ctrl-C stops the search and keeps the best so far (script and CLI)
+"$LP" -e 'local r = luapipe.search{pp = 8, microbatches = 32, memory = 4, time = 60, progress = false}
+  print("kept", r:makespan(), r.interrupted)' >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+sleep 1.5
+kill -INT $pid
+wait $pid
+rc=$?
+[ "$rc" -eq 0 ] && ok "Ctrl-C ends luapipe.search (exit 0)" || { bad "Ctrl-C: exit $rc"; cat "$tmp/err"; }
+expect_in "the best so far is kept" "$tmp/out" "true"
+expect_in "the interrupt is said" "$tmp/err" "search interrupted: keeping the best so far"
+"$LP" search -p 8 -m 32 --memory 4 --time 60 >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+sleep 1.5
+kill -INT $pid
+wait $pid
+rc=$?
+[ "$rc" -eq 0 ] && ok "Ctrl-C ends luapipe search (exit 0)" || { bad "CLI Ctrl-C: exit $rc"; cat "$tmp/err"; }
+expect_in "CLI prints the best so far" "$tmp/out" "(interrupted: the best so far)"
+
 # the example: its own placement generator and objective
 expect_rc "examples/search_custom.lua" 0 "$LP" examples/search_custom.lua --time 0.1 -o "$tmp/w.csv"
 expect_in "example prints the W placement" "$tmp/out" "W (own generator)"
