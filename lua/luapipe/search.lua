@@ -35,6 +35,10 @@
 --   progress           true: a progress line on stderr (default: when stderr
 --                      is a terminal); Ctrl-C stops and keeps the best so far
 --   families           false: do not compare with (and seed from) families
+--   robust             true or {jitter = 0.1, samples = 20, candidates = 4}: run
+--                      `candidates` searches (seeds seed, seed+1, ...), re-score
+--                      each found schedule under per-stage cost jitter and keep
+--                      the one with the best 90th percentile (r.robust)
 local core = require("luapipe.core")
 local sim = require("luapipe.sim")
 
@@ -305,23 +309,88 @@ function M.search(opts)
   else
     candidates = { opts.placement or "linear" }
   end
+  local robust = opts.robust
+  if robust == true then robust = {} end
+  local rounds = robust and (robust.candidates or 4) or 1
   local best, lasterr
+  local found = {}
   local t0 = core.now()
-  for i, name in ipairs(candidates) do
-    local pl = M.placement(name, P, Mb)
-    local left = budget - (core.now() - t0)
-    local share = left / (#candidates - i + 1)
-    local r, err = run_one(pl, c, o, math.max(share, 0), progress)
-    if r then
-      if not best or r.stats.best < best.stats.best then best = r end
-      if r.interrupted then break end
-    else
-      lasterr = err
+  local stop = false
+  for round = 1, rounds do
+    o.seed = (opts.seed or 1) + round - 1
+    for i, name in ipairs(candidates) do
+      local pl = M.placement(name, P, Mb)
+      local left = budget - (core.now() - t0)
+      local share = left / ((rounds - round) * #candidates + #candidates - i + 1)
+      local r, err = run_one(pl, c, o, math.max(share, 0), progress)
+      if r then
+        r.cost = c
+        found[#found + 1] = r
+        if not best or r.stats.best < best.stats.best then best = r end
+        if r.interrupted then stop = true break end
+      else
+        lasterr = err
+      end
     end
+    if stop then break end
   end
   if not best then return nil, lasterr end
-  best.cost = c
+  if robust then best = M.robust_choice(found, c, opts, robust) end
   best.seconds_total = core.now() - t0
+  return best
+end
+
+-- The objective of result r's schedule under `samples` draws of per-stage
+-- costs, each time scaled by a factor uniform in 1 +- jitter (a fixed
+-- pseudo-random sequence: the same draws for every candidate). Returns the
+-- sorted values.
+function M.jittered(r, c, opts, jitter, samples)
+  local s = r:schedule()
+  local S = s:info().stages
+  local f = opts.pp / S
+  local state = 12345
+  local function unit()
+    state = (state * 1103515245 + 12345) % 2147483648
+    return state / 2147483648
+  end
+  local values = {}
+  for k = 1, samples do
+    local cost = { latency = c.latency, stages = {} }
+    for st = 0, S - 1 do
+      local u = 1 + jitter * (2 * unit() - 1)
+      cost.stages[st] = { F = c.F * f * u, B = c.B * f * u, I = c.I * f * u, W = c.W * f * u,
+        FB = c.FB and c.FB * f * u }
+    end
+    local res = assert(s:simulate(cost))
+    local first, span = {}, 0
+    local ranks = {}
+    for _, e in ipairs(res:events()) do
+      if not first[e.rank] or e.start < first[e.rank] then first[e.rank] = e.start end
+    end
+    for i, rk in ipairs(res:ranks()) do
+      span = math.max(span, rk.finish - (first[rk.rank] or 0))
+      ranks[i] = { rank = rk.rank, start = first[rk.rank] or 0, finish = rk.finish, busy = rk.busy,
+        peak_memory = r.peak[i] }
+    end
+    values[k] = objective_of(opts.objective, { makespan = res:makespan(), span = span, ranks = ranks })
+  end
+  table.sort(values)
+  return values
+end
+
+-- Among the results found, the one whose 90th percentile under cost jitter
+-- is the smallest (robust = {jitter = 0.1, samples = 20, candidates = 4});
+-- it carries robust = {p90 =, nominal =, jitter =, samples =, candidates =}.
+function M.robust_choice(found, c, opts, robust)
+  local jitter, samples = robust.jitter or 0.1, robust.samples or 20
+  local best, bp
+  for _, r in ipairs(found) do
+    local v = M.jittered(r, c, opts, jitter, samples)
+    local p90 = v[math.max(1, math.ceil(0.9 * #v))]
+    r.robust = { p90 = p90, nominal = r.stats.best, jitter = jitter, samples = samples,
+      candidates = #found }
+    if not bp or p90 < bp then best, bp = r, p90 end
+  end
   return best
 end
 

@@ -29,6 +29,9 @@ grep -q "makespan $(printf '%g' "$ms")," "$tmp/out" && ok "simulated makespan = 
   || bad "simulated makespan: $(grep makespan "$tmp/out") vs $ms"
 
 # errors: one line, exit 2 for usage
+expect_rc "search --robust" 0 "$LP" search -p 4 -m 8 --cost F=1,B=2,W=1,latency=0.2 --memory 5 --robust --time 0.3 --format json
+expect_in "robust p90 in json" "$tmp/out" '"p90":'
+
 expect_rc "memory below one micro-batch" 1 "$LP" search -p 4 -m 4 --memory 0.5 --time 0.1
 expect_in "memory message" "$tmp/err" "luapipe search: the memory limit of rank 0 (0.5 activations) is less than one micro-batch needs there (1)"
 expect_rc "bad placement exits 2" 2 "$LP" search --placement zigzag

@@ -101,6 +101,33 @@ function TestSearchValid:test_objective_error_is_reported()
   lu.assertStrContains(err, "boom")
 end
 
+function TestSearchValid:test_any_placement()
+  local opts = { pp = 4, microbatches = 8, cost = "F=1,B=2,W=1,FB=2.2", memory = 4, placement = "any",
+    time = 0.4, progress = false }
+  local r = assert(search.search(opts))
+  check(r, opts)
+  -- no single placement does better than "any" with its share of the time
+  for _, pl in ipairs { "linear", "v", "interleaved:2", "bidirectional" } do
+    local o = { pp = 4, microbatches = 8, cost = opts.cost, memory = 4, placement = pl, time = 0.02,
+      progress = false }
+    local one = search.search(o)
+    if one then lu.assertTrue(r:objective() <= one:objective() + 1e-9, pl) end
+  end
+end
+
+function TestSearchValid:test_robust_choice()
+  local opts = { pp = 4, microbatches = 8, cost = "F=1,B=2,W=1,latency=0.2", memory = 5,
+    w_share = 0.5, time = 0.3, progress = false, robust = { jitter = 0.1, samples = 15, candidates = 3 } }
+  local r = assert(search.search(opts))
+  check(r, opts)
+  lu.assertEquals(r.robust.candidates, 3)
+  local c = search.resolve_cost(require("luapipe.sim").parse_cost(opts.cost))
+  local v = search.jittered(r, c, opts, 0.1, 15)
+  lu.assertEquals(#v, 15)
+  lu.assertAlmostEquals(r.robust.p90, v[14], 1e-9) -- ceil(0.9 * 15) = 14th of 15
+  lu.assertTrue(v[1] < v[15]) -- the draws differ
+end
+
 TestSearchMemory = {}
 
 function TestSearchMemory:test_limit_one_activation()

@@ -28,6 +28,8 @@ function M.parser(p)
     :choices { "auto", "always", "never" }
   p:option("--time", "seconds of search", "1"):convert(cli.number_option("--time", 0, 86400))
   p:option("--seed", "random seed", "1"):convert(cli.int_option("--seed", 0, 2147483647))
+  p:flag("--robust", "run 4 searches, re-score each found schedule under +-10% per-stage cost "
+    .. "jitter (20 draws) and keep the best 90th percentile")
   p:option("--format -f", "text or json", "text"):choices { "text", "json" }
   p:option("--output -o", "write the found schedule to FILE (.csv: PyTorch CSV; else luapipe JSON)")
   p:option("--svg", "write the found schedule's simulated timeline as SVG to FILE")
@@ -63,7 +65,7 @@ function M.run(args)
   end
   local opts = { pp = args.pp, microbatches = args.microbatches, cost = cost, memory = args.memory,
     w_share = args.w_share, placement = placement, objective = args.objective, split = args.split,
-    time = args.time, seed = args.seed }
+    time = args.time, seed = args.seed, robust = args.robust or nil }
   if args.format == "json" then opts.progress = false end
   local ok, res, err = pcall(search.search, opts)
   if not ok then
@@ -93,9 +95,10 @@ function M.run(args)
       gap = st.gap, peak_memory = res:peak_memory(), placement = res.placement_name,
       objective = args.objective, schedule = sj, evaluations = st.evaluations,
       seconds = res:seconds(), best_from = st.label,
-      bounds = res.bounds, zb_greedy = st.zb_greedy ~= math.huge and st.zb_greedy or nil },
+      bounds = res.bounds, zb_greedy = st.zb_greedy ~= math.huge and st.zb_greedy or nil,
+      robust = res.robust },
       { indent = true, keyorder = { "makespan", "span", "lower_bound", "gap", "peak_memory",
-        "placement", "objective", "evaluations", "seconds", "best_from", "bounds", "zb_greedy",
+        "placement", "objective", "evaluations", "seconds", "best_from", "bounds", "zb_greedy", "robust",
         "schedule" } }), "\n")
   else
     local c = res.cost
@@ -139,6 +142,11 @@ function M.run(args)
     print(string.format("gap %.2f%%%s; %d evaluations in %.2f s; best from %s", 100 * st.gap,
       st.gap == 0 and " (optimal for this cost model)" or "", st.evaluations, res:seconds(),
       st.label))
+    if res.robust then
+      print(string.format("robust: kept the best 90th percentile under +-%g%% cost jitter of %d "
+        .. "candidates: p90 %s (nominal %s)", 100 * res.robust.jitter, res.robust.candidates,
+        num(res.robust.p90), num(res.robust.nominal)))
+    end
     if res.interrupted then print("(interrupted: the best so far)") end
   end
   local out = args.format == "json" and io.stderr or io.stdout
