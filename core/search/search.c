@@ -59,27 +59,23 @@ static int cmp_key(const void *a, const void *b, void *ctx) {
   if (key[x] != key[y]) return key[x] < key[y] ? -1 : 1;
   return x - y;
 }
-static void sort_slots(int *v, int n, const double *key) {
-  /* insertion into a simple merge sort: qsort_r is not portable */
+static void sort_slots(int *v, int *tmp, int n, const double *key) {
   if (n < 2) return;
   int h = n / 2;
-  sort_slots(v, h, key);
-  sort_slots(v + h, n - h, key);
-  int *tmp = lp_malloc((size_t)n * sizeof *tmp);
-  if (!tmp) return; /* left as two sorted halves: still a valid key order */
+  sort_slots(v, tmp, h, key);
+  sort_slots(v + h, tmp, n - h, key);
   int i = 0, j = h, k = 0;
   while (i < h && j < n) tmp[k++] = cmp_key(&v[i], &v[j], (void *)key) <= 0 ? v[i++] : v[j++];
   while (i < h) tmp[k++] = v[i++];
   while (j < n) tmp[k++] = v[j++];
   memcpy(v, tmp, (size_t)n * sizeof *v);
-  lp_free(tmp);
 }
 static void cand_normalize(lp_search *S, cand *c) {
   for (int r = 0; r < S->P; r++) {
     int n = S->rs_first[r + 1] - S->rs_first[r];
     int *v = S->rs_tmp;
     memcpy(v, S->rs_list + S->rs_first[r], (size_t)n * sizeof *v);
-    sort_slots(v, n, c->key);
+    sort_slots(v, S->sort_tmp, n, c->key);
     for (int k = 0; k < n; k++) c->key[v[k]] = k;
   }
 }

@@ -54,7 +54,7 @@ struct lp_search {
   const lp_sim_cost *cost;
   int *vm_first, *vm_list; /* mbs through v, in order */
   int *rv_first, *rv_list; /* virtual stages of a rank */
-  int *rs_first, *rs_list, *rs_tmp; /* slots of a rank */
+  int *rs_first, *rs_list, *rs_tmp, *sort_tmp; /* slots of a rank; sort space */
   int nslot;
   int *out_first;          /* [P + 1] */
   double *need, *maxneed;  /* [P * M], [P] */

@@ -93,7 +93,7 @@ static lp_status check_problem(const lp_search_problem *p, char *err) {
   return LP_OK;
 }
 
-static void bounds(lp_search *S);
+static lp_status bounds(lp_search *S);
 
 lp_status search_setup(lp_search *S, const lp_search_problem *p, char *err) {
   char local[LP_ERRLEN];
@@ -195,6 +195,7 @@ lp_status search_setup(lp_search *S, const lp_search_problem *p, char *err) {
   S->rs_first = zalloc((size_t)P + 1, sizeof(int), &bad);
   S->rs_list = zalloc((size_t)S->nslot, sizeof(int), &bad);
   S->rs_tmp = zalloc((size_t)S->nslot, sizeof(int), &bad);
+  S->sort_tmp = zalloc((size_t)S->nslot, sizeof(int), &bad);
   S->out_first = zalloc((size_t)P + 1, sizeof(int), &bad);
   if (bad) return LP_ERR_NOMEM;
   for (int r = 0; r < P; r++) {
@@ -258,7 +259,7 @@ lp_status search_setup(lp_search *S, const lp_search_problem *p, char *err) {
   S->best_n = zalloc((size_t)P, sizeof(int), &bad);
   if (bad) return LP_ERR_NOMEM;
   LP_CHECK(search_alloc_candidates(S));
-  bounds(S);
+  LP_CHECK(bounds(S));
   S->lb_obj = S->objective == LP_SEARCH_SPAN ? S->bounds.span : S->bounds.makespan;
   return LP_OK;
 }
@@ -268,7 +269,7 @@ void lp_search_free(lp_search *S) {
   decoder *D = &S->D;
   void *ptrs[] = {S->vs_stage, S->vs_rank, S->routes, S->mb_route, S->pos, S->t, S->fbset,
                   S->act, S->act_v, S->limit, S->vm_first, S->vm_list, S->rv_first, S->rv_list,
-                  S->rs_first, S->rs_list, S->rs_tmp, S->out_first, S->need, S->maxneed,
+                  S->rs_first, S->rs_list, S->rs_tmp, S->sort_tmp, S->out_first, S->need, S->maxneed,
                   S->f_asap, S->b_asap, S->stage_times, S->hist, S->best_peak, S->best_acts,
                   S->best_n, D->fend, D->bend, D->nf, D->nb, D->wq, D->wq_head, D->wq_tail,
                   D->use, D->rem, D->usage, D->peak, D->free_at, D->busy, D->start, D->T,
@@ -308,14 +309,18 @@ static double bfull_of(const lp_search *S, int v) {
                                              : dmin(S->t[v].b, S->t[v].i + S->t[v].w);
 }
 
-static void bounds(lp_search *S) {
+static lp_status bounds(lp_search *S) {
   int P = S->P, NS = S->S, M = S->M;
   lp_search_bounds *b = &S->bounds;
   memset(b, 0, sizeof *b);
   double *fm = lp_calloc((size_t)S->V, sizeof *fm), *bm = lp_calloc((size_t)S->V, sizeof *bm);
   double *hold = lp_calloc((size_t)S->V, sizeof *hold), *rt = lp_calloc((size_t)S->V, sizeof *rt);
   double *tailv = lp_calloc((size_t)S->V, sizeof *tailv);
-  if (!fm || !bm || !hold || !rt || !tailv) goto out; /* bounds stay 0: still sound */
+  lp_status st = LP_OK;
+  if (!fm || !bm || !hold || !rt || !tailv) {
+    st = LP_ERR_NOMEM;
+    goto out;
+  }
   for (int v = 0; v < S->V; v++) fm[v] = fmin_of(S, v), bm[v] = bmin_of(S, v);
   double wmin_last = S->split == LP_SEARCH_SPLIT_ALWAYS ? 1 : 0;
   for (int v = 0; v < S->V; v++) S->f_asap[v] = S->b_asap[v] = INF;
@@ -387,7 +392,6 @@ static void bounds(lp_search *S) {
   for (int r = 0; r < P; r++) {
     double base = 0, head = INF, tail = INF, at = 0, save = 0;
     int cnt_all = 0;
-    for (int j = S->rv_first[r]; j < S->rv_first[r + 1]; j++) cnt_all += 0;
     for (int j = S->rv_first[r]; j < S->rv_first[r + 1]; j++) {
       int v = S->rv_list[j];
       cnt_all += S->vm_first[v + 1] - S->vm_first[v];
@@ -431,4 +435,5 @@ out:
   lp_free(hold);
   lp_free(rt);
   lp_free(tailv);
+  return st;
 }

@@ -24,6 +24,7 @@ typedef struct zb {
   int *f, *b, *w;            /* [n] counts */
   lp_action *ord;            /* [n * 3M] */
   int *nord;                 /* [n] */
+  int *req;                  /* [n] forwards a stage is to run */
   double comm;
 } zb;
 
@@ -67,11 +68,8 @@ static void fill_w(zb *z, int j, double need, double at, int greedy) {
 
 static void order(zb *z, int bubble_ok, int b_first, int greedy) {
   int n = z->n, M = z->M;
-  double lim0 = 0;
-  (void)lim0;
   for (int j = 0; j < n; j++) z->e[j] = z->mem[j] = 0, z->f[j] = z->b[j] = z->w[j] = z->nord[j] = 0;
-  int *req = lp_calloc((size_t)n, sizeof *req);
-  if (!req) return;
+  int *req = z->req;
   for (int i = 0; i < M; i++) {
     if (i == 0) {
       for (int j = 0; j < n; j++) put(z, j, 0);
@@ -128,7 +126,6 @@ static void order(zb *z, int bubble_ok, int b_first, int greedy) {
   }
   for (int j = 0; j < n; j++)
     while (z->w[j] < z->b[j]) put(z, j, 2);
-  lp_free(req);
 }
 
 static int linear(const lp_search *S) {
@@ -157,8 +154,9 @@ lp_status search_zb_greedy(lp_search *S) {
   z.w = lp_calloc((size_t)z.n, sizeof *z.w);
   z.nord = lp_calloc((size_t)z.n, sizeof *z.nord);
   z.ord = lp_calloc(nm * 3, sizeof *z.ord);
+  z.req = lp_calloc((size_t)z.n, sizeof *z.req);
   lp_status st = LP_OK;
-  if (!z.e || !z.mem || !z.tf || !z.tb || !z.f || !z.b || !z.w || !z.nord || !z.ord) {
+  if (!z.e || !z.mem || !z.tf || !z.tb || !z.f || !z.b || !z.w || !z.nord || !z.ord || !z.req) {
     st = LP_ERR_NOMEM;
     goto out;
   }
@@ -176,7 +174,9 @@ lp_status search_zb_greedy(lp_search *S) {
       for (int k = 0; k < z.nord[j] && st == LP_OK; k++)
         st = lp_schedule_push(s, S->vs_rank[z.route[j]], &z.ord[j * 3 * z.M + k]);
     if (st == LP_OK) st = lp_schedule_set_name(s, "zb-greedy");
-    if (st == LP_OK && lp_schedule_validate(s) == LP_OK) {
+    lp_status vst = st == LP_OK ? lp_schedule_validate(s) : st;
+    if (vst == LP_ERR_NOMEM) st = vst;
+    if (st == LP_OK && vst == LP_OK) {
       int fits;
       double obj;
       char label[32];
@@ -196,5 +196,6 @@ out:
   lp_free(z.w);
   lp_free(z.nord);
   lp_free(z.ord);
+  lp_free(z.req);
   return st;
 }
