@@ -564,7 +564,23 @@ static void move(lp_search *S, cand *c) {
   int s = S->rs_list[S->rs_first[r] + rnd_int(S, n)];
   int nloc = S->rv_first[r + 1] - S->rv_first[r];
   int span = 6 * nloc + 2;
-  if (kind < 40) {
+  if (kind < 45) {
+    /* swap with the next slot of this rank in key order: one transposition
+     * of the priority list */
+    const int *slots = S->rs_list + S->rs_first[r];
+    int nxt = -1;
+    for (int q = 0; q < n; q++) {
+      int t = slots[q];
+      if (c->key[t] > c->key[s] && (nxt < 0 || c->key[t] < c->key[nxt])) nxt = t;
+    }
+    if (nxt >= 0) {
+      double k = c->key[s];
+      c->key[s] = c->key[nxt];
+      c->key[nxt] = k;
+    }
+    return;
+  }
+  if (kind < 60) {
     /* a block: this slot's kind on this virtual stage from this mb on */
     int v = s / 3 / S->M, m = s / 3 % S->M, k = s % 3;
     double d = (rnd_int(S, span) + 1) * (rnd(S) & 1 ? 1 : -1);
