@@ -48,7 +48,7 @@ static void cand_copy(lp_search *S, cand *dst, const cand *src) {
 /* The split bit's default: I + W when splitting is allowed. */
 static void cand_defaults(lp_search *S, cand *c) {
   memset(c->split, S->split == LP_SEARCH_SPLIT_NEVER ? 0 : 1, (size_t)S->V * (size_t)S->M);
-  memset(c->pair, S->pairs ? 1 : 0, (size_t)S->P);
+  memset(c->pair, S->pairs ? 1 | 4 : 0, (size_t)S->P); /* pair; a pair may take a full B */
 }
 
 /* Replaces every key by its rank among the keys of its rank's slots (ties
@@ -87,10 +87,17 @@ static double fb_cost(const lp_search *S, int vf, int vb, int split) {
   (void)split;
   return S->t[vf].fb;
 }
-static int pair_pays(const lp_search *S, int vf, int vb, int split) {
+static int pair_pays1(const lp_search *S, int vf, int vb, int split) {
   if (!S->pairs || !S->fbset[vf] || vf == vb) return 0;
   double part = split ? S->t[vb].i : S->t[vb].b;
   return fb_cost(S, vf, vb, split) < S->t[vf].f + part - EPS;
+}
+/* 1: the pair pays as the candidate splits; 2: only with a full B (the
+ * search chooses the split, so the pair takes B); 0: it does not pay */
+static int pair_pays(const lp_search *S, int vf, int vb, int split, int may_b) {
+  if (pair_pays1(S, vf, vb, split)) return 1;
+  if (may_b && split && S->split == LP_SEARCH_SPLIT_AUTO && pair_pays1(S, vf, vb, 0)) return 2;
+  return 0;
 }
 
 /* May rank r start the F of mb m on a virtual stage of a activation units
@@ -197,21 +204,24 @@ static void choose(lp_search *S, const cand *c, int r) {
   /* the partner: the best-keyed head of the other kind that is ready and
    * makes a cheaper pair */
   double pb = INF;
+  D->ch_forceb[r] = 0;
   for (int j = 0; j < n; j++) {
     if (j == bj) continue;
-    int v = vs[j];
+    int v = vs[j], pay;
     if (bk == 0 && rb[j] >= 0 && rb[j] <= T &&
-        pair_pays(S, vs[bj], v, c->split[v * S->M + mbk[j]]) &&
+        (pay = pair_pays(S, vs[bj], v, c->split[v * S->M + mbk[j]], c->pair[r] & 4)) &&
         c->key[slot_of(S, v, mbk[j], 1)] < pb) {
       pb = c->key[slot_of(S, v, mbk[j], 1)];
       D->ch_pv[r] = v;
       D->ch_pm[r] = mbk[j];
-    } else if (bk == 1 && rf[j] >= 0 && rf[j] <= T &&
-               pair_pays(S, v, vs[bj], c->split[vs[bj] * S->M + mbk[bj]]) &&
+      D->ch_forceb[r] = pay == 2;
+    } else if (bk == 1 && rf[j] >= 0 && rf[j] <= T && rf[j] < INF &&
+               (pay = pair_pays(S, v, vs[bj], c->split[vs[bj] * S->M + mbk[bj]], c->pair[r] & 4)) &&
                c->key[slot_of(S, v, mf[j], 0)] < pb) {
       pb = c->key[slot_of(S, v, mf[j], 0)];
       D->ch_pv[r] = v;
       D->ch_pm[r] = mf[j];
+      D->ch_forceb[r] = pay == 2;
     }
   }
 }
@@ -257,10 +267,9 @@ static void do_f(lp_search *S, int r, int v, int m, double t, double end) {
   mb_step(S, m);
 }
 
-static void do_b(lp_search *S, const cand *c, int r, int v, int m, double end) {
+static void do_b(lp_search *S, int split, int r, int v, int m, double end) {
   decoder *D = &S->D;
   double a = S->act_v[v];
-  int split = c->split[v * S->M + m];
   D->bend[v * S->M + m] = end;
   D->nb[v]++;
   D->use[r * S->M + m] -= a;
@@ -304,6 +313,11 @@ static int execute(lp_search *S, const cand *c, int r, int *touched) {
     return 0;
   }
   int split = vb >= 0 ? c->split[vb * S->M + mb] : 0;
+  if (vf >= 0 && vb >= 0 && D->ch_forceb[r] && split) {
+    split = 0; /* the pair takes a full B: its W is not to come */
+    D->left--;
+    mb_step(S, mb);
+  }
   double dur;
   if (vf >= 0 && vb >= 0) {
     a.type = LP_ACT_FB;
@@ -332,7 +346,7 @@ static int execute(lp_search *S, const cand *c, int r, int *touched) {
     if (p + 1 < S->S) touched[nt++] = S->vs_rank[S->routes[S->mb_route[mf] * S->S + p + 1]];
   }
   if (vb >= 0) {
-    do_b(S, c, r, vb, mb, end);
+    do_b(S, split, r, vb, mb, end);
     int p = S->pos[vb * S->M + mb];
     if (p > 0) touched[nt++] = S->vs_rank[S->routes[S->mb_route[mb] * S->S + p - 1]];
   }
@@ -370,23 +384,23 @@ static void decoder_reset(lp_search *S, const cand *c) {
 static lp_status decode(lp_search *S, cand *c) {
   decoder *D = &S->D;
   decoder_reset(S, c);
-  long long left = 0;
-  for (int m = 0; m < S->M; m++) left += D->mb_left[m];
+  D->left = 0;
+  for (int m = 0; m < S->M; m++) D->left += D->mb_left[m];
   for (int r = 0; r < S->P; r++) choose(S, c, r);
-  while (left > 0) {
+  while (D->left > 0) {
     int r = -1;
     double bt = INF;
     for (int q = 0; q < S->P; q++)
       if (D->T[q] < bt) bt = D->T[q], r = q;
     if (r < 0) {
       lp_errf(S->err, "search: the decoder stalled with %lld actions left (a bug: the memory gate "
-              "should keep every candidate deadlock-free)", left);
+              "should keep every candidate deadlock-free)", D->left);
       return LP_ERR_INTERNAL;
     }
     int touched[2];
     int pairwise = D->ch_pv[r] >= 0;
     int nt = execute(S, c, r, touched);
-    left -= pairwise ? 2 : 1;
+    D->left -= pairwise ? 2 : 1;
     choose(S, c, r);
     for (int k = 0; k < nt; k++)
       if (touched[k] != r) choose(S, c, touched[k]);
@@ -551,7 +565,7 @@ static void move(lp_search *S, cand *c) {
     return;
   }
   if (kind < 16 && S->pairs) {
-    c->pair[rnd_int(S, S->P)] ^= 1;
+    c->pair[rnd_int(S, S->P)] ^= rnd(S) & 1 ? 1 : 4;
     return;
   }
   if (kind < 20) { /* a rank waits for its best-keyed head, or not */

@@ -24,7 +24,8 @@ typedef struct decoder {
   double *use, *rem;        /* [P * M]: memory of mb on rank, F need still to come */
   double *usage, *peak;     /* [P] */
   double *free_at, *busy, *start, *T; /* [P] */
-  int *ch_kind, *ch_v, *ch_m, *ch_pv, *ch_pm; /* [P]: the choice */
+  int *ch_kind, *ch_v, *ch_m, *ch_pv, *ch_pm, *ch_forceb; /* [P]: the choice */
+  long long left;                     /* actions still to run */
   int *order, *ord_idx, nord, ord_lo; /* admission order; ord_idx -1 not yet, -2 done */
   int *mb_left;                       /* [M] actions left */
   lp_action *out;                     /* [nslot]: per rank at out_first[r] */

@@ -246,6 +246,7 @@ lp_status search_setup(lp_search *S, const lp_search_problem *p, char *err) {
   D->ch_m = zalloc((size_t)P, sizeof(int), &bad);
   D->ch_pv = zalloc((size_t)P, sizeof(int), &bad);
   D->ch_pm = zalloc((size_t)P, sizeof(int), &bad);
+  D->ch_forceb = zalloc((size_t)P, sizeof(int), &bad);
   D->order = zalloc((size_t)M, sizeof(int), &bad);
   D->ord_idx = zalloc((size_t)M, sizeof(int), &bad);
   D->mb_left = zalloc((size_t)M, sizeof(int), &bad);
@@ -273,7 +274,7 @@ void lp_search_free(lp_search *S) {
                   S->f_asap, S->b_asap, S->stage_times, S->hist, S->best_peak, S->best_acts,
                   S->best_n, D->fend, D->bend, D->nf, D->nb, D->wq, D->wq_head, D->wq_tail,
                   D->use, D->rem, D->usage, D->peak, D->free_at, D->busy, D->start, D->T,
-                  D->ch_kind, D->ch_v, D->ch_m, D->ch_pv, D->ch_pm, D->order, D->ord_idx,
+                  D->ch_kind, D->ch_v, D->ch_m, D->ch_pv, D->ch_pm, D->ch_forceb, D->order, D->ord_idx,
                   D->mb_left, D->out, D->out_start, D->out_end, D->out_n, D->ev_rank};
   for (size_t k = 0; k < sizeof ptrs / sizeof ptrs[0]; k++) lp_free(ptrs[k]);
   search_free_candidates(S);
