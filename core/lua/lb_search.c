@@ -253,6 +253,27 @@ static int lb_search_add_schedule(lua_State *L) {
   return 3;
 }
 
+/* s:seed_keys({key per slot}, label) -> true, or nil, message */
+static int lb_search_seed_keys(lua_State *L) {
+  search_box *b = check_box(L);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  const char *label = luaL_checkstring(L, 3);
+  lua_Integer n = luaL_checkinteger(L, 4);
+  if (n < 1 || n > (1 << 26)) return luaL_error(L, "seed_keys: bad slot count");
+  double *keys = lua_newuserdatauv(L, (size_t)n * sizeof *keys, 0);
+  for (lua_Integer k = 0; k < n; k++) {
+    lua_rawgeti(L, 2, k + 1);
+    keys[k] = lua_isnumber(L, -1) ? lua_tonumber(L, -1) : 1e15;
+    lua_pop(L, 1);
+  }
+  b->L = L;
+  lp_status st = lp_search_seed_keys(b->S, keys, NULL, label);
+  b->L = NULL;
+  if (st != LP_OK) return fail_run(L, b);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* s:run(seconds[, max_evals]) -> true, or nil, message */
 static int lb_search_run(lua_State *L) {
   search_box *b = check_box(L);
@@ -350,6 +371,7 @@ void lb_open_search(lua_State *L) {
   static const luaL_Reg methods[] = {{"seed_rules", lb_search_seed_rules},
                                      {"add_schedule", lb_search_add_schedule},
                                      {"run", lb_search_run},
+                                     {"seed_keys", lb_search_seed_keys},
                                      {"stats", lb_search_stats},
                                      {"bounds", lb_search_bounds},
                                      {"peak", lb_search_peak},

@@ -109,6 +109,12 @@ lp_status lp_search_seed_rules(lp_search *S);
  * it in the stats. Per-rank peak memory of s goes to peak (when not NULL). */
 lp_status lp_search_add_schedule(lp_search *S, lp_schedule *s, const char *label,
                                  int *fits, double *objective, double *peak);
+/* Seeds a candidate from keys[slot] (slot = (vstage * microbatches + mb)
+ * * 3 + kind, kind 0 F, 1 backward, 2 W; smaller runs first among the ready
+ * heads of a rank; slots of (vstage, mb) pairs off the route are ignored)
+ * and split[vstage * microbatches + mb] (NULL: the default). */
+lp_status lp_search_seed_keys(lp_search *S, const double *keys, const unsigned char *split,
+                              const char *label);
 /* Anneals for up to `seconds` (wall clock) or max_evals decodes (<= 0: no
  * limit); can be called again to continue. */
 lp_status lp_search_run(lp_search *S, double seconds, long long max_evals);

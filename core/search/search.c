@@ -552,6 +552,24 @@ lp_status lp_search_seed_rules(lp_search *S) {
   return st;
 }
 
+lp_status lp_search_seed_keys(lp_search *S, const double *keys, const unsigned char *split,
+                              const char *label) {
+  cand c;
+  memset(&c, 0, sizeof c);
+  lp_status st = cand_alloc(S, &c);
+  if (st == LP_OK) {
+    cand_defaults(S, &c);
+    memcpy(c.key, keys, (size_t)S->nslot * sizeof *c.key);
+    if (split && S->split == LP_SEARCH_SPLIT_AUTO)
+      for (int k = 0; k < S->V * S->M; k++) c.split[k] = split[k] != 0;
+    char name[80];
+    snprintf(name, sizeof name, "seed: %s", label);
+    st = seed(S, &c, name);
+  }
+  cand_free(&c);
+  return st;
+}
+
 /* ---- moves and the climb ---- */
 
 static void move(lp_search *S, cand *c) {

@@ -35,6 +35,10 @@
 --   progress           true: a progress line on stderr (default: when stderr
 --                      is a terminal); Ctrl-C stops and keeps the best so far
 --   families           false: do not compare with (and seed from) families
+--   priority           function(a) -> number: a seed of your own; a = {kind = "F" |
+--                      "B" (the backward) | "W", vstage, stage, rank, mb,
+--                      position (on the route)}; smaller runs first among
+--                      the actions ready on a rank
 --   robust             true or {jitter = 0.1, samples = 20, candidates = 4}: run
 --                      `candidates` searches (seeds seed, seed+1, ...), re-score
 --                      each found schedule under per-stage cost jitter and keep
@@ -243,6 +247,30 @@ local function run_one(pl, c, opts, budget, progress)
           if fits == nil then error(obj, 0) end
         end
       end
+    end
+    if opts.priority then -- a seed from the user's priority function
+      local keys, n, V = {}, 0, #pl.vstage_stage
+      local pos = {}
+      for k = 1, pl.nroutes do
+        for st = 0, pl.stages - 1 do pos[pl.routes[(k - 1) * pl.stages + st + 1]] = pos[pl.routes[(k - 1) * pl.stages + st + 1]] or st end
+      end
+      local kinds = { "F", "B", "W" }
+      for v = 0, V - 1 do
+        for m = 0, Mb - 1 do
+          for kind = 1, 3 do
+            n = n + 1
+            local key = opts.priority { kind = kinds[kind], vstage = v, stage = pl.vstage_stage[v + 1],
+              rank = pl.vstage_rank[v + 1], mb = m, position = pos[v] }
+            if type(key) ~= "number" then
+              error(string.format("priority must return a number, got %s for %s of micro-batch %d on "
+                .. "virtual stage %d", type(key), kinds[kind], m, v), 0)
+            end
+            keys[n] = key
+          end
+        end
+      end
+      local sok, serr = S:seed_keys(keys, "priority function", n)
+      if not sok then error(serr, 0) end
     end
     assert(S:seed_rules())
     local t0 = core.now()

@@ -94,6 +94,26 @@ function TestSearchValid:test_custom_objective_and_generator()
   check(r, { pp = 2 })
 end
 
+function TestSearchValid:test_priority_function_seed()
+  -- 1F1B-like priorities of our own: backward before forward, older first
+  local seen = 0
+  local opts = { pp = 4, microbatches = 8, cost = "F=1,B=2,W=1", memory = 4, time = 0, progress = false,
+    families = false, split = "never",
+    priority = function(a)
+      seen = seen + 1
+      return (a.kind == "F" and 1 or 0) * 1000 + a.mb
+    end }
+  local r = assert(search.search(opts))
+  lu.assertEquals(seen, 4 * 8 * 3)
+  check(r, opts)
+  lu.assertEquals(r:makespan(), 33) -- 1F1B's (M + P - 1)(F + B), the bound
+  lu.assertEquals(r.stats.label, "seed: priority function") -- decoded first, never beaten
+  local r2, err = search.search { pp = 2, microbatches = 2, progress = false,
+    priority = function() return "soon" end }
+  lu.assertNil(r2)
+  lu.assertStrContains(err, "priority must return a number, got string for F of micro-batch 0 on virtual stage 0")
+end
+
 function TestSearchValid:test_objective_error_is_reported()
   local r, err = search.search { pp = 2, microbatches = 2, time = 0.05, progress = false,
     objective = function() error("boom") end }

@@ -121,7 +121,8 @@ M.topics = {
       .. "search; a lower bound and the gap come with every result (docs/search.md). Ctrl-C keeps "
       .. "the best so far.",
     { "search.search{pp=, microbatches=, cost=, memory=, w_share=, placement=, objective=, time=, seed=}",
-      "a SearchResult, or nil, message (also luapipe.search{...})" },
+      "a SearchResult, or nil, message (also luapipe.search{...}); also split=, pairs=, act=, "
+        .. "priority=function(a), robust=, families=, progress=" },
     { "search.placement(name | {ranks} | fn, pp, microbatches)", "a placement: linear, interleaved:V, v, bidirectional" },
     { "search.families(opts, cost)", "every family scored under the same costs and limit" },
     { "search.SearchResult:schedule() / makespan() / span()", "the found schedule (validated); its figures" },
