@@ -323,7 +323,6 @@ static lp_status bounds(lp_search *S) {
     goto out;
   }
   for (int v = 0; v < S->V; v++) fm[v] = fmin_of(S, v), bm[v] = bmin_of(S, v);
-  double wmin_last = S->split == LP_SEARCH_SPLIT_ALWAYS ? 1 : 0;
   for (int v = 0; v < S->V; v++) S->f_asap[v] = S->b_asap[v] = INF;
   /* per route: earliest F start of each position (skew), round trip and
    * tail after each backward */
@@ -374,7 +373,14 @@ static lp_status bounds(lp_search *S) {
       if (S->pairs) own = dmin(own, bm[v]);
       double h = pre + own;
       hold[v] = hold[v] == 0 ? h : dmin(hold[v], h);
-      double r1 = pre + bm[v] + wmin_last * S->t[v].w;
+      /* ... to the end of its whole backward: B, or I then W (a pair with
+       * an F of another stage on the rank ends with the pair) */
+      double pairfb = INF;
+      if (S->pairs)
+        for (int u = 0; u < S->V; u++)
+          if (u != v && S->vs_rank[u] == S->vs_rank[v] && S->fbset[u]) pairfb = dmin(pairfb, S->t[u].fb);
+      if (pairfb < INF && S->split == LP_SEARCH_SPLIT_ALWAYS) pairfb += S->t[v].w;
+      double r1 = pre + dmin(bfull_of(S, v), pairfb);
       rt[v] = rt[v] == 0 ? r1 : dmin(rt[v], r1);
       /* tail: after v's backward, the backwards of positions below on
        * other ranks (0 when a W can be last) */
