@@ -658,8 +658,13 @@ lp_status lp_search_run(lp_search *S, double seconds, long long max_evals) {
       cand_copy(S, &S->cur, &S->trial);
     }
     if (S->cur.score < S->hist[i]) S->hist[i] = S->cur.score;
-    if (S->since_best > 4000) { /* restart from the best */
+    if (S->since_best > 4000) { /* restart from the best, kicked by a few random moves */
       cand_copy(S, &S->cur, &S->best_c);
+      int kick = 4 + rnd_int(S, 24);
+      for (int k = 0; k < kick; k++) move(S, &S->cur);
+      st = decode(S, &S->cur);
+      if (st != LP_OK) break;
+      consider(S, &S->cur, "annealing");
       for (int k = 0; k < S->nhist; k++) S->hist[k] = S->cur.score;
       S->since_best = 0;
     }
