@@ -155,5 +155,6 @@ int luaopen_luapipe_core(lua_State *L) {
   lb_open_nn(L);
   lb_open_exec(L);
   lb_open_profile(L);
+  lb_open_search(L);
   return 1;
 }

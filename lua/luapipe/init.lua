@@ -23,6 +23,7 @@ local lazy = {
   json = "luapipe.json",
   util = "luapipe.util",
   cli = "luapipe.cli",
+  search = "luapipe.search",
 }
 
 local function names()

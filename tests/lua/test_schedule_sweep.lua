@@ -33,6 +33,10 @@ local gen = {
     local P = math.random(1, 8)
     return { pp = P, microbatches = 2 * P + math.random(0, 10) }
   end,
+  chimera = function()
+    local P = 2 * math.random(1, 4)
+    return { pp = P, microbatches = P * math.random(1, 4) }
+  end,
 }
 
 local function describe(name, o)

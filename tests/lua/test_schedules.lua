@@ -151,9 +151,9 @@ local CASES = {
 
 function test_list_and_lazy_builders()
   lu.assertEquals(schedules.list(),
-    { "gpipe", "1f1b", "interleaved1f1b", "zb1p", "zbv", "dualpipe", "dualpipev" })
+    { "gpipe", "1f1b", "interleaved1f1b", "zb1p", "zbv", "dualpipe", "dualpipev", "chimera" })
   table.insert(schedules.list(), "x") -- a copy: the registry is unchanged
-  lu.assertEquals(#schedules.list(), 7)
+  lu.assertEquals(#schedules.list(), 8)
   for _, name in ipairs(schedules.list()) do
     lu.assertIsFunction(schedules[name], name)
     lu.assertIs(schedules[name], require("luapipe.schedules." .. name))

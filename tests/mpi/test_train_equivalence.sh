@@ -8,7 +8,9 @@
 # small transformer LM with AdamW on 2 ranks (1f1b, zbv, dualpipe); PyTorch's
 # deferred-receive CSV schedules as written. Then the clear
 # errors: a schedule for 4 ranks on a 2-rank job, and a model with fewer
-# layers than the schedule's stages. Exits 77 (skipped) without mpirun.
+# layers than the schedule's stages. Chimera is one of the families; schedules found by
+# `luapipe search` (linear, V, bidirectional) train from their CSV file the same way.
+# Exits 77 (skipped) without mpirun.
 set -u
 luapipe=${1:?usage: test_train_equivalence.sh path/to/luapipe}
 command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
@@ -23,7 +25,7 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
 for P in 2 4; do
-  for fam in gpipe 1f1b interleaved1f1b zb1p zbv dualpipe dualpipev; do
+  for fam in gpipe 1f1b interleaved1f1b zb1p zbv dualpipe dualpipev chimera; do
     M=$((2 * P))
     t0=$(date +%s.%N)
     "${mpirun[@]}" -np "$P" "$luapipe" "$driver" "$fam" "$M" >"$tmp/out" 2>"$tmp/err"
@@ -35,6 +37,24 @@ for P in 2 4; do
       cat "$tmp/out" "$tmp/err"
     fi
   done
+done
+
+# schedules found by `luapipe search` (linear, V and bidirectional placements,
+# F&B pairs, memory limits), written as CSV and trained from the file
+for case in "2 linear 2" "2 v 2" "4 linear 3" "4 v 4" "4 bidirectional 5"; do
+  read -r P pl mem <<<"$case"
+  M=$((2 * P))
+  "$luapipe" search --pp "$P" --microbatches "$M" --cost F=1,B=2,W=1,FB=2.4 --memory "$mem" \
+    --placement "$pl" --w-share 0.5 --time 0.2 -o "$tmp/found.csv" >"$tmp/sout" 2>&1 \
+    || { fail "search P=$P $pl"; cat "$tmp/sout"; continue; }
+  t0=$(date +%s.%N)
+  "${mpirun[@]}" -np "$P" "$luapipe" "$driver" "$tmp/found.csv" "$M" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  echo "searched ($pl, memory $mem) P=$P M=$M: rc $rc in $(elapsed "$t0" "$(date +%s.%N)") s"
+  if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok ' "$tmp/out")" -ne "$P" ]; then
+    fail "searched schedule ($pl) on $P ranks"
+    cat "$tmp/found.csv" "$tmp/out" "$tmp/err"
+  fi
 done
 
 # a small transformer LM (embedding, attention, cross-entropy, AdamW)

@@ -46,6 +46,7 @@ local formulas = {
   zbv = nil,
   dualpipe = { "(PP/2-1)(F&B+B-3W)", function(c, P) return (P / 2 - 1) * (c.FB + c.B - 3 * c.W) end },
   dualpipev = { "(PP/2-1)(F&B+B-3W), PP=2P", function(c, P) return (P - 1) * (c.FB + c.B - 3 * c.W) end },
+  chimera = { "(M/PP)(PP/2-1)(F+B), F=B", function(c, P, _, Mb) return Mb // P * (P / 2 - 1) * (c.F + c.B) end },
 }
 
 local schedules = require("luapipe.schedules")
@@ -101,7 +102,7 @@ function M.measure(family, P, Mb, v, cost, per_chunk)
   local fm = formulas[family]
   if fm then
     row.formula = fm[1]
-    row.formula_value = fm[2](chunk, P, family == "interleaved1f1b" and v or 1)
+    row.formula_value = fm[2](chunk, P, family == "interleaved1f1b" and v or 1, Mb)
   end
   -- params and activations in units of a rank's share (1/P of the model;
   -- per chunk: of a chunk)

@@ -153,6 +153,21 @@ M.topics = {
     { "profile.costs_text(costs)", "the --costs table" },
     { "profile.svg(report, rank)", "SVG timeline per stream, phases coloured" },
   },
+  {
+    name = "search", summary = "find a schedule for your costs and memory, with a bound (luapipe.search)",
+    intro = "Candidates (placement, per-rank priorities) decoded by a memory-gated list scheduler "
+      .. "over the simulator, seeded with the families and Zero Bubble's greedy, improved by local "
+      .. "search; a lower bound and the gap come with every result (docs/search.md). Ctrl-C keeps "
+      .. "the best so far.",
+    { "search.search{pp=, microbatches=, cost=, memory=, w_share=, placement=, objective=, time=, seed=}",
+      "a SearchResult, or nil, message (also luapipe.search{...}); also split=, pairs=, act=, "
+        .. "priority=function(a), robust=, families=, progress=" },
+    { "search.placement(name | {ranks} | fn, pp, microbatches)", "a placement: linear, interleaved:V, v, bidirectional" },
+    { "search.families(opts, cost)", "every family scored under the same costs and limit" },
+    { "search.SearchResult:schedule() / makespan() / span()", "the found schedule (validated); its figures" },
+    { "search.SearchResult:lower_bound() / gap() / peak_memory()", "bound, (found - bound) / bound, per-rank peak" },
+    { "search.SearchResult:evaluations() / seconds() / objective()", "work done; the objective's value" },
+  },
 }
 
 M.by_name = {}

@@ -8,6 +8,7 @@ M.commands = {
   { name = "simulate", summary = "simulate a schedule under a cost model; text, JSON, SVG, trace" },
   { name = "bubbles", summary = "DualPipe's bubble table measured for every family" },
   { name = "eplb", summary = "expert placement (DeepSeek EPLB) from a load file" },
+  { name = "search", summary = "search a schedule for your costs and memory; lower bound and gap" },
   { name = "help", summary = "help on a command, or on environment variables (help env)" },
   { name = "profile", summary = "read profiler traces: compute/communication overlap, phases, costs" },
 }

@@ -21,6 +21,7 @@ local families = {
   { name = "zbv", label = "ZB-V", aliases = { "zb-v" } },
   { name = "dualpipe", label = "DualPipe" },
   { name = "dualpipev", label = "DualPipeV", aliases = { "dualpipe-v" } },
+  { name = "chimera", label = "Chimera" },
 }
 
 local by_spelling, by_name = {}, {}
