@@ -44,5 +44,7 @@ void lb_new_class(lua_State *L, const char *tname, const char *field,
 /* The schedule inside the luapipe.Schedule at idx; raises "attempt to use a
  * closed luapipe.Schedule" when closed, a type error when not one. */
 lp_schedule *lb_check_schedule(lua_State *L, int idx);
+/* Pushes a new luapipe.Schedule box owning s (which must not be NULL). */
+void lb_push_schedule(lua_State *L, lp_schedule *s);
 /* Pushes {type=, stage=, mb=, [btype=, bstage=, bmb=], text=} for a. */
 void lb_push_action(lua_State *L, const lp_action *a);

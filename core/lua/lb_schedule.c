@@ -19,6 +19,7 @@ static sched_box *new_box(lua_State *L) {
   return lb_box_new(L, sizeof(sched_box), LB_SCHEDULE);
 }
 
+void lb_push_schedule(lua_State *L, lp_schedule *s) { new_box(L)->s = s; }
 
 static int lb_schedule_close(lua_State *L) {
   sched_box *b = luaL_checkudata(L, 1, LB_SCHEDULE);
