@@ -90,6 +90,7 @@ local function num(x)
   if x == math.floor(x) and math.abs(x) < 1e15 then return string.format("%d", x) end
   return (string.format("%.3f", x):gsub("0+$", ""):gsub("%.$", ""))
 end
+M.format_number = num -- (luapipe search prints its figures with it)
 
 -- res:summary() -> text: makespan, then one line per rank.
 function SimResult.summary(res)
