@@ -90,7 +90,12 @@ local function num(x)
   if x == math.floor(x) and math.abs(x) < 1e15 then return string.format("%d", x) end
   return (string.format("%.3f", x):gsub("0+$", ""):gsub("%.$", ""))
 end
-M.format_number = num -- (luapipe search prints its figures with it)
+-- sim.format_number(x) -> text: an integer as such, else up to 3 decimals
+-- (luapipe search prints its figures with it).
+function M.format_number(x)
+  util.arg("sim.format_number", 1, "x", x, "number")
+  return num(x)
+end
 
 -- res:summary() -> text: makespan, then one line per rank.
 function SimResult.summary(res)

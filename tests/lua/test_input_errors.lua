@@ -171,8 +171,7 @@ function test_every_public_function_checks_its_arguments()
     for k, v in pairs(mod) do if type(v) == "function" then keys[#keys + 1] = k end end
     table.sort(keys)
     for _, k in ipairs(keys) do
-      -- sim.format_number: dead code that another change removes
-      if not skip[name .. "." .. k] and not (name == "sim" and k == "format_number") then
+      if not skip[name .. "." .. k] then
         add(sweep(name .. "." .. k, mod[k], {}))
       end
     end
