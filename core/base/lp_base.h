@@ -175,5 +175,8 @@ void lp_link_format(const lp_link *l, char *buf, size_t size);
  * object file") when one exists but cannot be loaded. path (path_len
  * bytes, may be NULL) gets the file opened. */
 void *lp_module_open(const char *file, char *path, size_t path_len, char *err);
+/* The directory of the running program (from /proc/self/exe) into dir; ""
+ * when unknown. */
+void lp_program_dir(char *dir, size_t n);
 /* The address of symbol `name` of an opened module (NULL when missing). */
 void *lp_module_symbol(void *handle, const char *name);

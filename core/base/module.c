@@ -9,8 +9,7 @@
 
 #include "lp_base.h"
 
-/* The directory of the running program into dir ("" when unknown). */
-static void program_dir(char *dir, size_t n) {
+void lp_program_dir(char *dir, size_t n) {
   char exe[4096];
   dir[0] = '\0';
   ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -26,7 +25,7 @@ void *lp_module_open(const char *file, char *path, size_t path_len, char *err) {
   char dir[4096], cand[2][4200];
   if (path && path_len) path[0] = '\0';
   err[0] = '\0';
-  program_dir(dir, sizeof dir);
+  lp_program_dir(dir, sizeof dir);
   if (!dir[0]) {
     lp_errf(err, "module %s: cannot find the running program (/proc/self/exe)", file);
     return NULL;

@@ -133,15 +133,10 @@ static int dir_exists(const char *p) {
  * found from the running binary (so `cmake --install --prefix P` works for
  * any P, and the tree can be moved). Empty when not found. */
 static void exe_lua_dir(char *out, size_t n) {
-  char exe[4096];
+  char bin[4096];
+  lp_program_dir(bin, sizeof bin);
   out[0] = '\0';
-  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (len <= 0) return;
-  exe[len] = '\0';
-  char *slash = strrchr(exe, '/');
-  if (!slash) return;
-  *slash = '\0'; /* the bin directory */
-  snprintf(out, n, "%s/../share/luapipe/lua", exe);
+  if (bin[0]) snprintf(out, n, "%s/../share/luapipe/lua", bin);
 }
 
 /* package.path = <lua dir>/?.lua;<lua dir>/?/init.lua;<default>, where the
