@@ -42,8 +42,35 @@
 --                      interval on the same thread, else (the autograd
 --                      thread) on another thread of the same process
 local core = require("luapipe.core")
+local util = require("luapipe.util")
 
 local M = {}
+
+-- What M.read made and M.costs computed (weak keys): the functions that
+-- take a rank of a report or a costs table check their argument against
+-- these, so misuse says what is wanted instead of failing inside.
+local made_ranks = setmetatable({}, { __mode = "k" })
+local made_costs = setmetatable({}, { __mode = "k" })
+
+local function report_arg(fn, pos, rep)
+  local ok = type(rep) == "table" and type(rep.ranks) == "table"
+  if ok then
+    for _, r in ipairs(rep.ranks) do if not made_ranks[r] then ok = false end end
+  end
+  if not ok then
+    util.raise(string.format("%s: report (argument %d) must be a report from profile.read, got %s",
+      fn, pos, util.shown(rep)))
+  end
+  return rep
+end
+
+local function rank_arg(fn, pos, r)
+  if not made_ranks[r] then
+    util.raise(string.format("%s: rank (argument %d) must be a rank of a report from profile.read "
+      .. "(report.ranks[i]), got %s", fn, pos, util.shown(r)))
+  end
+  return r
+end
 
 M.classes = { "compute", "communication", "memory", "wait", "ignore" }
 local is_class = {}
@@ -117,6 +144,11 @@ function M.check_rules(rules)
       if r.match ~= nil and type(r.match) ~= "string" then
         return nil, string.format("rule %d: match must be a Lua pattern string", i)
       end
+      for _, k in ipairs({ "plain", "cat" }) do
+        if r[k] ~= nil and type(r[k]) ~= "string" then
+          return nil, string.format("rule %d: %s must be a string, got %s", i, k, util.shown(r[k]))
+        end
+      end
       if r.match then
         local ok, err = pcall(string.find, "", r.match)
         if not ok then return nil, string.format("rule %d: bad pattern '%s': %s", i, r.match,
@@ -129,11 +161,10 @@ function M.check_rules(rules)
   return rules
 end
 
--- M.classify(name, cat[, rules]) -> class, rule index; nil when no rule
--- names it (then it counts as compute). A function rule that fails or
--- returns something other than a class raises an error naming the rule.
-function M.classify(name, cat, rules)
-  rules = rules or M.rules
+-- classify(name, cat, rules) -> class, rule index; nil when no rule names
+-- it (then it counts as compute). A function rule that fails or returns
+-- something other than a class raises an error naming the rule.
+local function classify(name, cat, rules)
   local lname
   for i, r in ipairs(rules) do
     if type(r) == "function" then
@@ -159,11 +190,26 @@ function M.classify(name, cat, rules)
   return nil
 end
 
+-- M.classify(name, cat[, rules]) -> class, rule index, or nil (as
+-- classify above; rules default M.rules, checked as M.read checks them).
+function M.classify(name, cat, rules)
+  util.arg("profile.classify", 1, "name", name, "string", "an operation name")
+  util.arg("profile.classify", 2, "cat", cat, "?string", "a category such as \"kernel\"")
+  util.arg("profile.classify", 3, "rules", rules, "?table", "a list of rules")
+  rules = rules or M.rules
+  local ok, err = M.check_rules(rules)
+  if not ok then util.raise("profile.classify: rules (argument 3): " .. err) end
+  local cok, c, i = pcall(classify, name, cat, rules)
+  if not cok then util.raise("profile.classify: " .. tostring(c)) end
+  return c, i
+end
+
 -- Loads a rules file (`luapipe profile --rules FILE`): a Lua chunk that
 -- returns a list of rules put before the defaults, or a table
 -- {rules = {...}, replace = true (drop the defaults), mapping = {...}}.
 -- Returns rules, mapping or nil, message.
 function M.load_rules(path)
+  util.arg("profile.load_rules", 1, "path", path, "string", "a file name")
   local chunk, err = loadfile(path, "t")
   if not chunk then return nil, tostring(err) end
   local ok, t = pcall(chunk)
@@ -201,7 +247,16 @@ local function ordered(t, o) return setmetatable(t, { __jsonorder = orders[o] })
 -- files = paths, profile = the luapipe.Profile (for M.svg)}; each rank as
 -- in the JSON output (keys above), plus ops, t0_us, unattributed_ops.
 function M.read(paths, opts)
-  opts = opts or {}
+  if type(paths) == "string" then paths = { paths } end
+  local ok = type(paths) == "table" and #paths > 0
+  if ok then
+    for i = 1, #paths do if type(paths[i]) ~= "string" then ok = false end end
+  end
+  if not ok then
+    util.raise("profile.read: paths (argument 1) must be a list of trace file or folder names, got "
+      .. util.shown(paths))
+  end
+  opts = util.arg("profile.read", 2, "opts", opts, "?table", "a table {rules =}") or {}
   local rules = opts.rules or M.rules
   local cr, cerr = M.check_rules(rules)
   if not cr then return nil, cerr end
@@ -210,7 +265,7 @@ function M.read(paths, opts)
   local names = p:names()
   local classes, unnamed = {}, {}
   for i, n in ipairs(names) do
-    local ok, c = pcall(M.classify, n.name, n.cat, rules)
+    local ok, c = pcall(classify, n.name, n.cat, rules)
     if not ok then return nil, tostring(c) end
     classes[i] = c or "compute"
     if not c then unnamed[i] = true end
@@ -219,6 +274,7 @@ function M.read(paths, opts)
   local ranks, aerr = p:analyze()
   if not ranks then return nil, aerr end
   for ri, r in ipairs(ranks) do
+    made_ranks[r] = true
     ordered(r, "rank")
     ordered(r.busy_us, "busy")
     r.comm_overlap_ratio = r.busy_us.communication > 0
@@ -271,7 +327,11 @@ local function pct(a, b) return b > 0 and string.format("%.1f%%", 100 * a / b) o
 -- three decimals: exact microseconds). opts.unclassified: how many
 -- unclassified names to list (default 8).
 function M.text(rep, opts)
-  opts = opts or {}
+  report_arg("profile.text", 1, rep)
+  opts = util.arg("profile.text", 2, "opts", opts, "?table", "a table {unclassified =}") or {}
+  if opts.unclassified ~= nil then
+    util.int_arg("profile.text", 2, "opts.unclassified", opts.unclassified, 0)
+  end
   local L = {}
   local function add(...) L[#L + 1] = string.format(...) end
   for _, r in ipairs(rep.ranks) do
@@ -332,6 +392,7 @@ end
 
 -- M.json(report) -> JSON text with the stable keys (see the top).
 function M.json(rep)
+  report_arg("profile.json", 1, rep)
   local json = require("luapipe.json")
   local ranks = {}
   for i, r in ipairs(rep.ranks) do
@@ -364,6 +425,7 @@ end
 -- A table given to M.costs (or a rules file's `mapping`) is looked up
 -- first; a function(name) -> entry may replace it.
 function M.mapping(name)
+  util.arg("profile.mapping", 1, "name", name, "string", "a phase name")
   local part, k = name:match("^([%w_%.%- ]+)%(([FBIW])%)$")
   if not part then return nil end
   local kind = (k == "B" or k == "I") and "I" or k
@@ -372,12 +434,20 @@ function M.mapping(name)
 end
 
 local function lookup(mapping, name)
-  if type(mapping) == "function" then return mapping(name) end
-  if type(mapping) == "table" then
-    local m = mapping[name]
-    if m ~= nil then return m or nil end
+  local m
+  if type(mapping) == "function" then
+    m = mapping(name)
+  elseif type(mapping) == "table" and mapping[name] ~= nil then
+    m = mapping[name]
+  else
+    return M.mapping(name)
   end
-  return M.mapping(name)
+  if m == false or m == nil then return nil end
+  if type(m) ~= "table" then
+    return nil, string.format("mapping of phase '%s': must be a table {kind =, exchange =} or "
+      .. "false, got %s", name, util.shown(m))
+  end
+  return m
 end
 
 -- M.costs(rank[, opts]) -> costs | nil, message. From the phases of one
@@ -390,15 +460,23 @@ end
 -- and W (as if every one were hidden). costs.sim is the cost table for
 -- s:simulate and costs.text the --cost text.
 function M.costs(r, opts)
-  opts = opts or {}
-  local pairs_ = opts.pairs or 1
+  rank_arg("profile.costs", 1, r)
+  opts = util.arg("profile.costs", 2, "opts", opts, "?table", "a table {mapping =, pairs =, exchanges =}")
+    or {}
+  local pairs_ = opts.pairs == nil and 1 or util.int_arg("profile.costs", 2, "opts.pairs", opts.pairs, 1)
+  local mt = type(opts.mapping)
+  if opts.mapping ~= nil and mt ~= "table" and mt ~= "function" then
+    util.raise("profile.costs: opts.mapping (argument 2) must be a table {phase name = {kind =, "
+      .. "exchange =} or false} or a function(name), got " .. util.shown(opts.mapping))
+  end
   local acc = {}
   for _, k in ipairs({ "F", "I", "W" }) do
     acc[k] = { compute = 0, exchange = 0, dispatch = 0, combine = 0, phases = 0 }
   end
   local first, last
   for _, ph in ipairs(r.phases) do
-    local m = lookup(opts.mapping, ph.name)
+    local m, merr = lookup(opts.mapping, ph.name)
+    if merr then return nil, merr end
     if m then
       local a = acc[m.kind == "B" and "I" or m.kind]
       if not a then
@@ -438,11 +516,16 @@ function M.costs(r, opts)
   local function r3(x) return math.floor(x * 1000 + 0.5) / 1000 end
   c.sim = { F = r3(F), B = r3(I) + r3(W), W = r3(W), FB = r3(FB) }
   c.text = string.format("F=%.3f,B=%.3f,W=%.3f,FB=%.3f", c.sim.F, c.sim.B, c.sim.W, c.sim.FB)
+  made_costs[c] = true
   return c
 end
 
 -- M.costs_text(costs) -> the --costs table.
 function M.costs_text(c)
+  if not made_costs[c] then
+    util.raise("profile.costs_text: costs (argument 1) must be costs from profile.costs, got "
+      .. util.shown(c))
+  end
   local L = {}
   local function add(...) L[#L + 1] = string.format(...) end
   add("costs from rank %d's phases (ms per F&B pair%s; one simulator unit = 1 ms):", c.rank,
@@ -481,6 +564,10 @@ end
 -- phases' CPU intervals. Operations narrower than a pixel are merged with
 -- their neighbours of the same phase and class.
 function M.svg(rep, r)
+  report_arg("profile.svg", 1, rep)
+  util.arg("profile.svg", 1, "report.profile", rep.profile, "luapipe.Profile",
+    "the luapipe.Profile of a report from profile.read")
+  rank_arg("profile.svg", 2, r)
   local ri
   for i, x in ipairs(rep.ranks) do if x == r then ri = i end end
   if not ri then return nil, "svg: not a rank of this report" end

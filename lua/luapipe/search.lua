@@ -45,6 +45,7 @@
 --                      the one with the best 90th percentile (r.robust)
 local core = require("luapipe.core")
 local sim = require("luapipe.sim")
+local util = require("luapipe.util")
 
 local M = {}
 
@@ -52,20 +53,29 @@ local SearchResult = {}
 SearchResult.__index = SearchResult
 M.SearchResult = SearchResult
 
-local function fail(msg, level) error("search: " .. msg, (level or 1) + 1) end
+-- Helpers of the search, not the API (tests and scripts/bench/search reach
+-- them here; the argument sweep leaves them out): resolve_cost, score,
+-- jittered, robust_choice.
+M._internal = {}
+
+-- An option error (or a placement that cannot be built), raised at the
+-- user's line: "search: w_share must be a number in 0..1, got 2" (who:
+-- the function, default "search").
+local function fail(msg, who) util.raise((who or "search") .. ": " .. msg) end
 
 -- placement name -> {name=, stages=, vstage_stage=, vstage_rank=, routes=, mb_route=}
 -- (0-based ids; routes flat)
-function M.placement(spec, P, Mb)
+local function placement(spec, P, Mb, who)
   local pl = { vstage_stage = {}, vstage_rank = {}, routes = {}, mb_route = {} }
   local function single(ranks, name)
+    if #ranks == 0 then fail("placement: a table of ranks needs at least one model stage", who) end
     pl.name = name
     pl.stages = #ranks
     for k = 1, #ranks do
       local r = ranks[k]
       if math.type(r) ~= "integer" or r < 0 or r >= P then
         fail(string.format("placement: model stage %d is on rank %s, not one of 0..%d", k - 1,
-          tostring(r), P - 1), 3)
+          tostring(r), P - 1), who)
       end
       pl.vstage_stage[k], pl.vstage_rank[k], pl.routes[k] = k - 1, r, k - 1
     end
@@ -75,8 +85,8 @@ function M.placement(spec, P, Mb)
   end
   if type(spec) == "function" then
     local ok, t = pcall(spec, P)
-    if not ok then fail("placement generator: " .. tostring(t), 2) end
-    if type(t) ~= "table" or #t == 0 then fail("placement generator must return a table of ranks", 2) end
+    if not ok then fail("placement generator: " .. tostring(t), who) end
+    if type(t) ~= "table" or #t == 0 then fail("placement generator must return a table of ranks", who) end
     return single(t, "custom")
   elseif type(spec) == "table" then
     return single(spec, "custom")
@@ -92,12 +102,12 @@ function M.placement(spec, P, Mb)
     return single(t, "v")
   elseif type(spec) == "string" and spec:match("^interleaved") then
     local v = spec == "interleaved" and 2 or math.tointeger(tonumber(spec:match("^interleaved:(%d+)$")))
-    if not v or v < 1 or v > 8 then fail("placement: interleaved:V needs V in 1..8, got '" .. spec .. "'", 2) end
+    if not v or v < 1 or v > 8 then fail("placement: interleaved:V needs V in 1..8, got '" .. spec .. "'", who) end
     local t = {}
     for k = 0, v * P - 1 do t[k + 1] = k % P end
     return single(t, "interleaved:" .. v)
   elseif spec == "bidirectional" then
-    if Mb < 2 then fail("placement: bidirectional needs at least 2 micro-batches", 2) end
+    if Mb < 2 then fail("placement: bidirectional needs at least 2 micro-batches", who) end
     pl.name, pl.stages, pl.nroutes = "bidirectional", P, 2
     for v = 0, P - 1 do pl.vstage_stage[v + 1], pl.vstage_rank[v + 1] = v, v end
     for s = 0, P - 1 do pl.vstage_stage[P + s + 1], pl.vstage_rank[P + s + 1] = s, P - 1 - s end
@@ -106,11 +116,25 @@ function M.placement(spec, P, Mb)
     return pl
   end
   fail(string.format("placement '%s': expected linear, interleaved:V, v, bidirectional, any, a table "
-    .. "of ranks or a function", tostring(spec)), 2)
+    .. "of ranks or a function", tostring(spec)), who)
+end
+
+-- search.placement(spec, pp, microbatches) -> the placement (as above) of
+-- a name ("linear", "interleaved:V", "v", "bidirectional"), a table of
+-- ranks (rank of model stage 0, 1, ...) or a function(pp) returning one.
+function M.placement(spec, P, Mb)
+  local t = type(spec)
+  if t ~= "string" and t ~= "table" and t ~= "function" then
+    util.raise("search.placement: spec (argument 1) must be a placement name (linear, interleaved:V, "
+      .. "v, bidirectional), a table of ranks or a function(pp), got " .. util.shown(spec))
+  end
+  P = util.int_arg("search.placement", 2, "pp", P, 1, 256)
+  Mb = util.int_arg("search.placement", 3, "microbatches", Mb, 1, 4096)
+  return placement(spec, P, Mb, "search.placement")
 end
 
 -- The resolved cost of the user (B = I + W rules of the simulator).
-local function resolve(cost)
+local function resolve(cost, who)
   local c = { F = cost.F or 1, latency = cost.latency or 0, FB = cost.FB }
   local B, I, W = cost.B, cost.I, cost.W
   if B == nil and I and W then B = I + W end
@@ -121,30 +145,49 @@ local function resolve(cost)
   if B == nil and W and I == nil then I, B = W, 2 * W end
   c.B, c.I, c.W = B or 2, I or 1, W or 1
   if c.I < 0 or c.W < 0 then fail(string.format("cost: B = %g is less than %s (B = I + W)", c.B,
-    c.I < 0 and "W" or "I"), 3) end
+    c.I < 0 and "W" or "I"), who) end
   return c
 end
-M.resolve_cost = resolve
+M._internal.resolve_cost = resolve
+
+-- The user's cost (a table or a string as sim.parse_cost takes) resolved,
+-- every time checked by the core's rule.
+local function user_cost(cost, who)
+  if cost ~= nil and type(cost) ~= "table" and type(cost) ~= "string" then
+    fail("cost must be a table {F =, B =, W =, ...} or a string such as \"F=1,B=2,W=1\", got "
+      .. util.shown(cost), who)
+  end
+  local c = sim.to_cost(cost or {})
+  for _, k in ipairs { "F", "B", "I", "W", "FB", "latency" } do
+    local v = c[k]
+    if v ~= nil then
+      local ok, err = false, k .. " must be a number, got " .. util.shown(v)
+      if type(v) == "number" then ok, err = core.sim_check_time(k, v) end
+      if not ok then fail("cost: " .. tostring(err), who) end
+    end
+  end
+  return resolve(c, who)
+end
 
 local function scaled(c, f)
   return { F = c.F * f, B = c.B * f, I = c.I * f, W = c.W * f, FB = c.FB and c.FB * f,
     latency = c.latency }
 end
 
-local function per_rank(memory, P)
+local function per_rank(memory, P, who)
   if memory == nil then return nil end
   if type(memory) == "number" then
-    if not (memory > 0) then fail("memory must be a positive number of activations, got " .. memory, 3) end
+    if not (memory > 0) then fail("memory must be a positive number of activations, got " .. memory, who) end
     local t = {}
     for r = 1, P do t[r] = memory end
     return t
   end
   if type(memory) ~= "table" or #memory ~= P then
-    fail(string.format("memory must be a number or a table of %d limits (one per rank)", P), 3)
+    fail(string.format("memory must be a number or a table of %d limits (one per rank)", P), who)
   end
   for r = 1, P do
     if type(memory[r]) ~= "number" or not (memory[r] > 0) then
-      fail(string.format("memory of rank %d must be a positive number, got %s", r - 1, tostring(memory[r])), 3)
+      fail(string.format("memory of rank %d must be a positive number, got %s", r - 1, tostring(memory[r])), who)
     end
   end
   return memory
@@ -158,7 +201,7 @@ end
 
 -- Scores a built schedule under the options (its own stage scaling):
 -- {makespan=, span=, bubble= (largest per rank), peak= {...}, fits=, objective=}
-function M.score(s, c, opts)
+function M._internal.score(s, c, opts)
   local info = s:info()
   local f = opts.pp / info.stages
   local res, err = s:simulate(scaled(c, f))
@@ -185,34 +228,34 @@ end
 
 local split_codes = { auto = 0, always = 1, never = 2 }
 
-local function check_opts(opts)
-  if type(opts) ~= "table" then fail("expects a table of options {pp =, microbatches =, ...}", 3) end
+local function check_opts(opts, who)
+  local function fail(msg) util.raise((who or "search") .. ": " .. msg) end
   for _, k in ipairs { "pp", "microbatches" } do
     if math.type(opts[k]) ~= "integer" or opts[k] < 1 then
-      fail(string.format("%s must be a positive integer, got %s", k, tostring(opts[k])), 3)
+      fail(string.format("%s must be a positive integer, got %s", k, tostring(opts[k])))
     end
   end
-  if opts.pp > 256 then fail("pp must be at most 256 for a search, got " .. opts.pp, 3) end
+  if opts.pp > 256 then fail("pp must be at most 256 for a search, got " .. opts.pp) end
   if opts.microbatches > 4096 then
-    fail("microbatches must be at most 4096 for a search, got " .. opts.microbatches, 3)
+    fail("microbatches must be at most 4096 for a search, got " .. opts.microbatches)
   end
   local w = opts.w_share or 0
   if type(w) ~= "number" or not (w >= 0 and w <= 1) then
-    fail("w_share must be a number in 0..1, got " .. tostring(opts.w_share), 3)
+    fail("w_share must be a number in 0..1, got " .. tostring(opts.w_share))
   end
   local ob = opts.objective or "makespan"
   if ob ~= "makespan" and ob ~= "span" and type(ob) ~= "function" then
-    fail("objective must be 'makespan', 'span' or a function, got " .. tostring(ob), 3)
+    fail("objective must be 'makespan', 'span' or a function, got " .. tostring(ob))
   end
   if opts.split and not split_codes[opts.split] then
-    fail("split must be 'auto', 'always' or 'never', got " .. tostring(opts.split), 3)
+    fail("split must be 'auto', 'always' or 'never', got " .. tostring(opts.split))
   end
   local t = opts.time or 1
   if type(t) ~= "number" or not (t >= 0 and t <= 86400) then
-    fail("time must be a number of seconds in 0..86400, got " .. tostring(opts.time), 3)
+    fail("time must be a number of seconds in 0..86400, got " .. tostring(opts.time))
   end
   if opts.seed ~= nil and (math.type(opts.seed) ~= "integer" or opts.seed < 0) then
-    fail("seed must be a non-negative integer, got " .. tostring(opts.seed), 3)
+    fail("seed must be a non-negative integer, got " .. tostring(opts.seed))
   end
 end
 
@@ -321,9 +364,10 @@ end
 -- luapipe.search(opts) -> SearchResult (raises on bad options; returns nil,
 -- message when nothing can be found, e.g. a limit below one micro-batch's need)
 function M.search(opts)
+  util.arg("search.search", 1, "opts", opts, "table", "a table of options {pp =, microbatches =, ...}")
   check_opts(opts)
   local P, Mb = opts.pp, opts.microbatches
-  local c = resolve(sim.to_cost(opts.cost or {}))
+  local c = user_cost(opts.cost)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
   o.memory = per_rank(opts.memory, P)
@@ -347,7 +391,7 @@ function M.search(opts)
   for round = 1, rounds do
     o.seed = (opts.seed or 1) + round - 1
     for i, name in ipairs(candidates) do
-      local pl = M.placement(name, P, Mb)
+      local pl = placement(name, P, Mb)
       local left = budget - (core.now() - t0)
       local share = left / ((rounds - round) * #candidates + #candidates - i + 1)
       local r, err = run_one(pl, c, o, math.max(share, 0), progress)
@@ -363,7 +407,7 @@ function M.search(opts)
     if stop then break end
   end
   if not best then return nil, lasterr end
-  if robust then best = M.robust_choice(found, c, opts, robust) end
+  if robust then best = M._internal.robust_choice(found, c, opts, robust) end
   best.seconds_total = core.now() - t0
   return best
 end
@@ -372,7 +416,7 @@ end
 -- costs, each time scaled by a factor uniform in 1 +- jitter (a fixed
 -- pseudo-random sequence: the same draws for every candidate). Returns the
 -- sorted values.
-function M.jittered(r, c, opts, jitter, samples)
+function M._internal.jittered(r, c, opts, jitter, samples)
   local s = r:schedule()
   local S = s:info().stages
   local f = opts.pp / S
@@ -409,11 +453,11 @@ end
 -- Among the results found, the one whose 90th percentile under cost jitter
 -- is the smallest (robust = {jitter = 0.1, samples = 20, candidates = 4});
 -- it carries robust = {p90 =, nominal =, jitter =, samples =, candidates =}.
-function M.robust_choice(found, c, opts, robust)
+function M._internal.robust_choice(found, c, opts, robust)
   local jitter, samples = robust.jitter or 0.1, robust.samples or 20
   local best, bp
   for _, r in ipairs(found) do
-    local v = M.jittered(r, c, opts, jitter, samples)
+    local v = M._internal.jittered(r, c, opts, jitter, samples)
     local p90 = v[math.max(1, math.ceil(0.9 * #v))]
     r.robust = { p90 = p90, nominal = r.stats.best, jitter = jitter, samples = samples,
       candidates = #found }
@@ -422,13 +466,23 @@ function M.robust_choice(found, c, opts, robust)
   return best
 end
 
--- Families built for these options, scored as given: rows {family, label,
--- makespan, span, bubble, peak, fits} (rows for families that cannot be
+-- search.families(opts[, cost]) -> the families built for these options
+-- (those of search.search), scored under cost (default opts.cost; a table
+-- or a string as sim.parse_cost takes): rows {family, label, makespan,
+-- span, bubble, peak, fits, objective} (rows for families that cannot be
 -- built carry error).
 function M.families(opts, c)
+  util.arg("search.families", 1, "opts", opts, "table", "a table of options {pp =, microbatches =, ...}")
+  check_opts(opts, "search.families")
+  if c == nil then c = opts.cost end
+  if c ~= nil and type(c) ~= "table" and type(c) ~= "string" then
+    util.raise("search.families: cost (argument 2) must be a cost table {F =, B =, W =, ...} or a "
+      .. "string such as \"F=1,B=2,W=1\" (or nil: opts.cost), got " .. util.shown(c))
+  end
+  c = user_cost(c, "search.families")
   local schedules = require("luapipe.schedules")
   local rows = {}
-  local mem = per_rank(opts.memory, opts.pp)
+  local mem = per_rank(opts.memory, opts.pp, "search.families")
   local o = { pp = opts.pp, memory = mem, w_share = opts.w_share }
   for _, name in ipairs(schedules.list()) do
     local row = { family = name, label = schedules.label(name) }
@@ -436,7 +490,7 @@ function M.families(opts, c)
     if not ok then
       row.error = tostring(s):gsub("^[^:]*:%d+: ", "")
     else
-      local sc, err = M.score(s, c, o)
+      local sc, err = M._internal.score(s, c, o)
       if not sc then
         row.error = err
       else
@@ -449,19 +503,31 @@ function M.families(opts, c)
   return rows
 end
 
-function SearchResult:schedule() return self._schedule end
-function SearchResult:makespan() return self.stats.makespan end
-function SearchResult:span() return self.stats.span end
-function SearchResult:lower_bound() return self.stats.lower_bound end
-function SearchResult:gap() return self.stats.gap end
+-- The methods take no arguments; called on something else than a result
+-- (r.schedule() for r:schedule()) they say so.
+local function result(r, method)
+  if getmetatable(r) ~= SearchResult then
+    util.raise(string.format("r:%s: call it on a search result, r:%s(), got %s", method, method,
+      util.shown(r)))
+  end
+  return r
+end
+
+function SearchResult:schedule() return result(self, "schedule")._schedule end
+function SearchResult:makespan() return result(self, "makespan").stats.makespan end
+function SearchResult:span() return result(self, "span").stats.span end
+function SearchResult:lower_bound() return result(self, "lower_bound").stats.lower_bound end
+function SearchResult:gap() return result(self, "gap").stats.gap end
 function SearchResult:peak_memory()
   local t = {}
-  for i, v in ipairs(self.peak) do t[i] = v end
+  for i, v in ipairs(result(self, "peak_memory").peak) do t[i] = v end
   return t
 end
-function SearchResult:evaluations() return self.stats.evaluations end
-function SearchResult:seconds() return self.seconds_total or self.stats.seconds end
-function SearchResult:objective() return self.stats.best end
+function SearchResult:evaluations() return result(self, "evaluations").stats.evaluations end
+function SearchResult:seconds()
+  return result(self, "seconds").seconds_total or self.stats.seconds
+end
+function SearchResult:objective() return result(self, "objective").stats.best end
 
 function SearchResult:__tostring()
   local st, num = self.stats, sim.format_number

@@ -165,7 +165,7 @@ function test_every_public_function_checks_its_arguments()
   local bad = {}
   local function add(list) for _, x in ipairs(list) do bad[#bad + 1] = x end end
   local skip = { ["comm.abort"] = true }
-  for _, name in ipairs({ "schedule", "sim", "eplb", "nn", "train", "comm", "checkpoint", "perf", "json", "util" }) do
+  for _, name in ipairs({ "schedule", "sim", "eplb", "nn", "train", "comm", "checkpoint", "perf", "json", "util", "search", "profile" }) do
     local mod = require("luapipe." .. name)
     local keys = {}
     for k, v in pairs(mod) do if type(v) == "function" then keys[#keys + 1] = k end end
@@ -198,6 +198,26 @@ function test_every_public_function_checks_its_arguments()
   for _, k in ipairs({ "record", "due", "plan", "step", "predict", "balancedness", "import" }) do
     add(sweep("b:" .. k, b[k], {}, b, k))
   end
+  -- a search result's methods (every one; the module's helpers under
+  -- search._internal are not the API and are not swept)
+  local search = require("luapipe.search")
+  local r = assert(search.search { pp = 2, microbatches = 2, time = 0.01, progress = false,
+    families = false })
+  keys = {}
+  for k, v in pairs(search.SearchResult) do
+    if type(v) == "function" and not k:find("^__") then keys[#keys + 1] = k end
+  end
+  table.sort(keys)
+  lu.assertTrue(#keys >= 9, "SearchResult methods: " .. table.concat(keys, " "))
+  for _, k in ipairs(keys) do add(sweep("r:" .. k, search.SearchResult[k], {}, r, k)) end
+  -- a profile report's luapipe.Profile (the binding's methods)
+  local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+  local rep = assert(require("luapipe.profile").read({ here .. "../profile/small.json" }))
+  local pmethods = getmetatable(rep.profile).__index
+  keys = {}
+  for k, v in pairs(pmethods) do if type(v) == "function" and k ~= "close" then keys[#keys + 1] = k end end
+  table.sort(keys)
+  for _, k in ipairs(keys) do add(sweep("p:" .. k, pmethods[k], {}, rep.profile, k)) end
   lu.assertEquals(bad, {})
 end
 
@@ -228,6 +248,51 @@ function test_argument_errors_read_in_user_terms()
   lu.assertFalse(ok)
   lu.assertStrContains(err, "test_input_errors.lua:")
   lu.assertNotStrContains(err, "lua/luapipe/")
+end
+
+function test_search_and_profile_arguments_in_user_terms()
+  local search = require("luapipe.search")
+  lu.assertEquals(error_of(search.search, 5),
+    "search.search: opts (argument 1) must be a table of options {pp =, microbatches =, ...}, got 5")
+  lu.assertEquals(error_of(search.search, { pp = 2, microbatches = 2, cost = { F = "x" } }),
+    "search: cost: F must be a number, got \"x\"")
+  lu.assertEquals(error_of(search.search, { pp = 2, microbatches = 2, cost = { B = -1 } }),
+    "search: cost: B = -1 must be a number in 0..1e+15")
+  lu.assertEquals(error_of(search.placement, "linear", 2),
+    "search.placement: microbatches (argument 3) must be an integer from 1 to 4096, got nil")
+  lu.assertEquals(error_of(search.placement, {}, 2, 2),
+    "search.placement: placement: a table of ranks needs at least one model stage")
+  lu.assertEquals(error_of(search.families, { pp = 2, microbatches = 2 }, 7),
+    "search.families: cost (argument 2) must be a cost table {F =, B =, W =, ...} or a string "
+      .. "such as \"F=1,B=2,W=1\" (or nil: opts.cost), got 7")
+  lu.assertEquals(error_of(search.families, { pp = 2, microbatches = 2, memory = 0 }),
+    "search.families: memory must be a positive number of activations, got 0")
+  -- the cost defaults to opts.cost (and a string is taken as --cost is)
+  local rows = search.families({ pp = 2, microbatches = 2, cost = "F=1,B=2,W=1" })
+  lu.assertEquals(rows, search.families({ pp = 2, microbatches = 2 }, { F = 1, B = 2, W = 1 }))
+  local r = assert(search.search { pp = 2, microbatches = 2, time = 0.01, progress = false })
+  lu.assertEquals(error_of(r.gap), "r:gap: call it on a search result, r:gap(), got nil")
+  local profile = require("luapipe.profile")
+  lu.assertEquals(error_of(profile.text, { ranks = {} }, 3),
+    "profile.text: opts (argument 2) must be a table {unclassified =} (or nil), got 3")
+  lu.assertEquals(error_of(profile.costs, { phases = {} }),
+    "profile.costs: rank (argument 1) must be a rank of a report from profile.read "
+      .. "(report.ranks[i]), got a table")
+  lu.assertEquals(error_of(profile.read, { "a.json", 2 }),
+    "profile.read: paths (argument 1) must be a list of trace file or folder names, got a table")
+  lu.assertEquals(error_of(profile.classify, "x", "kernel", { { class = "compute", plain = 5 } }),
+    "profile.classify: rules (argument 3): rule 1: plain must be a string, got 5")
+  local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+  local rep = assert(profile.read(here .. "../profile/small.json")) -- one name: a list of one
+  lu.assertEquals(error_of(profile.costs, rep.ranks[1], { pairs = 0 }),
+    "profile.costs: opts.pairs (argument 2) must be a positive integer, got 0")
+  lu.assertEquals(error_of(profile.costs_text, {}),
+    "profile.costs_text: costs (argument 1) must be costs from profile.costs, got a table")
+  -- a mapping entry of the wrong kind: returned, as the mapping's other errors are
+  local c, err = profile.costs(rep.ranks[1], { mapping = { ["attn(F)"] = 5 } })
+  lu.assertNil(c)
+  lu.assertEquals(err, "mapping of phase 'attn(F)': must be a table {kind =, exchange =} or false, got 5")
+  lu.assertStrContains(profile.costs_text(assert(profile.costs(rep.ranks[1]))), "--cost F=")
 end
 
 function test_util_words()

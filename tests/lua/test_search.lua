@@ -141,8 +141,8 @@ function TestSearchValid:test_robust_choice()
   local r = assert(search.search(opts))
   check(r, opts)
   lu.assertEquals(r.robust.candidates, 3)
-  local c = search.resolve_cost(require("luapipe.sim").parse_cost(opts.cost))
-  local v = search.jittered(r, c, opts, 0.1, 15)
+  local c = search._internal.resolve_cost(require("luapipe.sim").parse_cost(opts.cost))
+  local v = search._internal.jittered(r, c, opts, 0.1, 15)
   lu.assertEquals(#v, 15)
   lu.assertAlmostEquals(r.robust.p90, v[14], 1e-9) -- ceil(0.9 * 15) = 14th of 15
   lu.assertTrue(v[1] < v[15]) -- the draws differ
