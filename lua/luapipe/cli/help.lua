@@ -163,7 +163,7 @@ M.topics = {
       "a SearchResult, or nil, message (also luapipe.search{...}); also split=, pairs=, act=, "
         .. "priority=function(a), robust=, families=, progress=" },
     { "search.placement(name | {ranks} | fn, pp, microbatches)", "a placement: linear, interleaved:V, v, bidirectional" },
-    { "search.families(opts, cost)", "every family scored under the same costs and limit" },
+    { "search.families(opts[, cost])", "every family scored under the same costs and limit" },
     { "search.SearchResult:schedule() / makespan() / span()", "the found schedule (validated); its figures" },
     { "search.SearchResult:lower_bound() / gap() / peak_memory()", "bound, (found - bound) / bound, per-rank peak" },
     { "search.SearchResult:evaluations() / seconds() / objective()", "work done; the objective's value" },
