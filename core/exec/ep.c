@@ -63,8 +63,9 @@ int ex_world(const lp_exec *e, int p) { return p * e->ep + e->ep_rank; }
 
 /* ---- the EP exchange ---- */
 
-static lp_status ep_start(void *ud, const float *send, const size_t *send_counts, float *recv,
-                          const size_t *recv_counts, void **handle) {
+static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
+                          const size_t *send_counts, float *recv, const size_t *recv_counts,
+                          void **handle) {
   lp_exec *e = ud;
   int E = e->ep;
   a2a *h = lp_calloc(1, sizeof *h);
@@ -85,9 +86,13 @@ static lp_status ep_start(void *ud, const float *send, const size_t *send_counts
       in += recv_counts[r];
     }
   }
-  h->half = e->adv_half;
-  h->v = e->hf[h->half].active ? e->hf[h->half].v : -1;
-  h->mb = e->hf[h->half].active ? e->hf[h->half].mb : -1;
+  /* whose exchange: the tag f_begin / b_begin gave the pass (its half) */
+  const half *hf = xi->tag;
+  h->half = hf == &e->hf[1];
+  h->kind = xi->kind;
+  h->layer = xi->layer;
+  h->v = hf && hf->active ? hf->v : -1;
+  h->mb = hf && hf->active ? hf->mb : -1;
   h->comm = h->half && e->ep_comm_b ? e->ep_comm_b : e->ep_comm;
   h->modelled = lp_link_alltoallv_time(lp_comm_link(h->comm), 4.0 * (double)out,
                                        4.0 * (double)in);
@@ -141,12 +146,13 @@ void ex_a2a_blocked(lp_exec *e, double t0, double t1) {
                -1, -1);
 }
 
-static lp_status ep_wait(void *ud, void *handle, const char *what) {
+static lp_status ep_wait(void *ud, void *handle) {
   lp_exec *e = ud;
   a2a *h = handle;
+  const char *k = lp_nn_xkind_text(h->kind);
   char w[256];
-  snprintf(w, sizeof w, "rank %d (EP rank %d of %d): %s", e->rank, e->ep_rank, e->ep,
-           what ? what : "an MoE exchange");
+  snprintf(w, sizeof w, "rank %d (EP rank %d of %d): moe %s %s", e->rank, e->ep_rank, e->ep,
+           h->layer ? h->layer : "?", k);
   if (e->half_x[h->half] == h) e->half_x[h->half] = NULL;
   double tw = lp_now();
   int ready = 0; /* finished while this rank computed? */
@@ -185,14 +191,8 @@ static lp_status ep_wait(void *ud, void *handle, const char *what) {
   e->a2a_n++;
   ex_trace_add(e, LP_TRACE_SEND, "all-to-all", "a2a", h->start, t1, h->v, h->mb, e->cur, -1, -1);
   /* the part this rank sat blocked in the wait (the exposed time), named
-   * by the exchange (the MoE layer's words: "dispatch count", "combine
-   * backward", ...) */
+   * by the exchange's kind ("dispatch count", "combine backward", ...) */
   if (blocked > 0) {
-    static const char *const kinds[] = {"dispatch count", "dispatch backward",
-                                        "combine backward", "dispatch", "combine"};
-    const char *k = "exchange";
-    for (size_t i = 0; what && i < sizeof kinds / sizeof *kinds; i++)
-      if (strstr(what, kinds[i])) { k = kinds[i]; break; }
     char name[64];
     snprintf(name, sizeof name, "all-to-all wait: %s", k);
     ex_trace_add(e, LP_TRACE_SEND, name, "a2a", tw, t1, h->v, h->mb, e->cur, -1, -1);

@@ -82,6 +82,7 @@ static lp_status f_begin(lp_exec *e, int v, int mb) {
   }
   if (!sl->ctx) LP_CHECK_GOTO(lp_nn_ctx_new(&sl->ctx), st, fail);
   ex_trace_memory(e, lp_now(), 1, 0); /* the activation is held from the start */
+  lp_nn_ctx_set_tag(sl->ctx, &e->hf[0]); /* its exchanges are the forward half's */
   st = lp_nn_forward_begin(vs->chunk, sl->ctx, x);
   if (st != LP_OK) { nnfail(e, sl, "forward", st); goto fail; }
   e->hf[0] = (half){1, LP_ACT_F, v, mb, x, tg, 0};
@@ -154,6 +155,7 @@ static lp_status b_begin(lp_exec *e, int v, int mb, int full) {
     int nv = e->route[mb][k + 1];
     LP_CHECK(ex_finish_recv(e, 0, v, mb, e->vstage[nv], e->vrank[nv], &dy));
   }
+  lp_nn_ctx_set_tag(sl->ctx, &e->hf[1]); /* its exchanges are the backward half's */
   lp_status st = lp_nn_input_grad_begin(vs->chunk, sl->ctx, dy);
   if (st != LP_OK) {
     lp_tensor_free(dy);
@@ -213,7 +215,6 @@ static lp_status half_advance(lp_exec *e, int which, int *done) {
   slot *sl = &e->vs[li].slots[h->mb];
   int want = which == 0 || e->kpos[li][h->mb] > 0;
   lp_tensor *out = NULL;
-  e->adv_half = which; /* the exchange it starts goes over this half's context */
   lp_status st = lp_nn_advance(e->vs[li].chunk, sl->ctx, done, want ? &out : NULL);
   if (st != LP_OK) {
     nnfail(e, sl, which ? "input-grad" : "forward", st);
@@ -229,6 +230,13 @@ static lp_status half_advance(lp_exec *e, int which, int *done) {
   return st;
 }
 
+/* The phase of half `which`'s next advance (LP_NN_PHASE_DONE: none runs). */
+static lp_nn_phase half_phase(const lp_exec *e, int which) {
+  const half *h = &e->hf[which];
+  if (!h->active) return LP_NN_PHASE_DONE;
+  return lp_nn_phase_of(e->vs[e->loc[h->v]].slots[h->mb].ctx);
+}
+
 static lp_status run_f(lp_exec *e, int v, int mb) {
   LP_CHECK(f_begin(e, v, mb));
   int done = 0;
@@ -236,10 +244,20 @@ static lp_status run_f(lp_exec *e, int v, int mb) {
   return LP_OK;
 }
 
+static lp_status bw_parts(lp_exec *e, int *ran);
+
+/* A lone backward; a full one runs the weight-grad pieces its input-grad
+ * has made ready while its exchanges fly (the experts' while
+ * dispatch-backward does, a finished block's while the next block's
+ * combine-backward does): bitwise the same gradients (each parameter's
+ * updates keep their order), less of the exchanges exposed. */
 static lp_status run_b(lp_exec *e, int v, int mb, int full) {
   LP_CHECK(b_begin(e, v, mb, full));
   int done = 0;
-  while (!done) LP_CHECK(half_advance(e, 1, &done));
+  while (!done) {
+    LP_CHECK(half_advance(e, 1, &done));
+    if (!done && full) LP_CHECK(bw_parts(e, NULL));
+  }
   return LP_OK;
 }
 
@@ -311,7 +329,7 @@ static lp_status run_fb_fixed(lp_exec *e) {
     if (!bd) LP_CHECK(half_advance(e, 1, &bd));
     LP_CHECK(bw_parts(e, NULL));
     if (!fd) LP_CHECK(half_advance(e, 0, &fd));
-    if (!fd && strcmp(lp_exec_half_phase(e, 0), "dispatch") == 0)
+    if (!fd && half_phase(e, 0) == LP_NN_PHASE_DISPATCH)
       LP_CHECK(half_advance(e, 0, &fd));
   }
   return LP_OK;
@@ -414,9 +432,7 @@ lp_status lp_exec_half_advance(lp_exec *e, int backward, int *done) {
 }
 
 const char *lp_exec_half_phase(const lp_exec *e, int backward) {
-  const half *h = &e->hf[backward ? 1 : 0];
-  if (!h->active) return "done";
-  return lp_nn_phase_name(e->vs[e->loc[h->v]].slots[h->mb].ctx);
+  return lp_nn_phase_text(half_phase(e, backward ? 1 : 0));
 }
 
 lp_status lp_exec_half_weight_grad_part(lp_exec *e, int *did) {

@@ -65,7 +65,9 @@ typedef struct half {
 typedef struct a2a {
   lp_comm_req *req;
   lp_comm *comm;  /* the EP context it runs on (ep_comm or ep_comm_b) */
-  int half;       /* the half (0 forward, 1 backward) whose advance started it */
+  int half;       /* the half (0 forward, 1 backward) whose pass started it */
+  lp_nn_xkind kind;
+  const char *layer; /* the MoE layer's name */
   int v, mb;      /* that half's virtual stage and micro-batch (-1: none) */
   size_t *displs; /* [2 * ep]: send then receive displacements */
   double start, modelled; /* lp_now() at start; the link model's time */
@@ -84,7 +86,6 @@ struct lp_exec {
                        * (when its backend lets ranks start operations on
                        * two contexts in any order), else NULL: then every
                        * exchange goes over ep_comm in one order */
-  int adv_half;       /* the half (0 / 1) whose advance is running */
   a2a *half_x[2];     /* each half's exchange in flight, NULL: none */
   int carry_v, carry_mb; /* a finished backward whose weight-grad an
                           * overlapped pair left for the next (-1: none) */

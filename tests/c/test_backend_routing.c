@@ -225,9 +225,11 @@ typedef struct xrank {
   int rank;
 } xrank;
 
-static lp_status x_start(void *ud, const float *send, const size_t *sc,
-                         float *recv, const size_t *rc, void **handle) {
+static lp_status x_start(void *ud, const lp_nn_xinfo *xi, const float *send,
+                         const size_t *sc, float *recv, const size_t *rc,
+                         void **handle) {
   xrank *me = ud;
+  (void)xi;
   int n = me->w->started[me->rank]++;
   assert_true(n < XMAX);
   xworld *w = me->w;
@@ -247,8 +249,8 @@ static lp_status x_start(void *ud, const float *send, const size_t *sc,
   return LP_OK;
 }
 
-static lp_status x_wait(void *ud, void *handle, const char *what) {
-  (void)ud, (void)what;
+static lp_status x_wait(void *ud, void *handle) {
+  (void)ud;
   /* both ranks started it before either waits (the driver's order) */
   assert_int_equal(((const xchg *)handle)->joined, 2);
   return LP_OK;
