@@ -251,7 +251,7 @@ static lp_status reduce_replicas(lp_exec *e, lp_nn_layer *moe) {
   int spr = lp_nn_moe_slots_per_rank(moe), E = o->experts, nslots = spr * e->ep;
   int *p2l = lp_malloc((size_t)nslots * sizeof *p2l);
   int *reps = lp_calloc((size_t)E, sizeof *reps);
-  float *rows = NULL;
+  float *rows = NULL, *g = NULL;
   lp_status st = LP_OK;
   if (!p2l || !reps) { st = LP_ERR_NOMEM; goto done; }
   LP_CHECK_GOTO(lp_nn_moe_placement(moe, p2l), st, done);
@@ -264,14 +264,18 @@ static lp_status reduce_replicas(lp_exec *e, lp_nn_layer *moe) {
   LP_CHECK_GOTO(lp_nn_moe_slot_params(moe, e->ep_rank * spr, &sp, &np), st, done);
   size_t q = 0;
   for (int j = 0; j < np; j++) q += (size_t)lp_tensor_numel(sp[j].grad);
+  /* the grads come to the host with lp_tensor_read (they may live on a
+   * device), are summed there, and go back with lp_tensor_write */
   rows = lp_calloc((size_t)E * q, sizeof *rows);
-  if (!rows) { st = LP_ERR_NOMEM; goto done; }
+  g = lp_malloc((q ? q : 1) * sizeof *g);
+  if (!rows || !g) { st = LP_ERR_NOMEM; goto done; }
   for (int s = e->ep_rank * spr; s < (e->ep_rank + 1) * spr; s++) {
     LP_CHECK_GOTO(lp_nn_moe_slot_params(moe, s, &sp, &np), st, done);
     float *row = rows + (size_t)p2l[s] * q;
     for (int j = 0; j < np; j++) {
       size_t c = (size_t)lp_tensor_numel(sp[j].grad);
-      for (size_t i = 0; i < c; i++) row[i] += sp[j].grad->data[i];
+      LP_CHECK_GOTO(lp_tensor_read(sp[j].grad, g), st, done);
+      for (size_t i = 0; i < c; i++) row[i] += g[i];
       row += c;
     }
   }
@@ -282,15 +286,15 @@ static lp_status reduce_replicas(lp_exec *e, lp_nn_layer *moe) {
     LP_CHECK_GOTO(lp_nn_moe_slot_params(moe, s, &sp, &np), st, done);
     const float *row = rows + (size_t)p2l[s] * q;
     for (int j = 0; j < np; j++) {
-      size_t c = (size_t)lp_tensor_numel(sp[j].grad);
-      memcpy(sp[j].grad->data, row, c * sizeof(float));
-      row += c;
+      LP_CHECK_GOTO(lp_tensor_write(sp[j].grad, row), st, done);
+      row += (size_t)lp_tensor_numel(sp[j].grad);
     }
   }
 done:
   lp_free(p2l);
   lp_free(reps);
   lp_free(rows);
+  lp_free(g);
   return st;
 }
 

@@ -892,12 +892,13 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   e->cur = e->nacts;
   LP_CHECK_GOTO(carry_w(e, NULL), st, fail);
   double te = lp_now();
-  /* ex_replicated stages without REDUCE_GRAD actions: reduce now */
+  /* replicated stages without REDUCE_GRAD actions: reduce now */
   for (int li = 0; li < e->nloc; li++)
     if (ex_replicated(e, e->vs[li].id) && !e->vs[li].reduced) {
       if (e->has_reduce) {
-        lp_errf(e->err, "rank %d: virtual stage %d is ex_replicated but has no REDUCE_GRAD action",
-                e->rank, e->vs[li].id);
+        lp_errf(e->err, "rank %d: virtual stage %d is a copy of model stage %d (replicated) but "
+                "has no REDUCE_GRAD action, while other stages have one: give every copy its "
+                "REDUCE_GRAD", e->rank, e->vs[li].id, e->vs[li].stage);
         st = LP_ERR_INVALID;
         goto fail;
       }

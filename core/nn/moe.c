@@ -965,6 +965,12 @@ static lp_status make_slot(const lp_nn_layer *l, int e, const lp_nn_param *from,
     int64_t r = i < 2 ? H : D, c = i < 2 ? D : H;
     float std = (float)(1.0 / sqrt((double)c));
     LP_CHECK(make_param(l, suffix, r, c, std, m->seed, &out[i]));
+    /* where the layer's parameters live (a device after lp_nn_layer_to) */
+    const lp_tensor_backend *be = lp_tensor_backend_of(l->params[0].value);
+    if (be != lp_tensor_backend_of(out[i].value)) {
+      LP_CHECK(lp_tensor_move(out[i].value, be));
+      LP_CHECK(lp_tensor_move(out[i].grad, be));
+    }
     if (from) LP_CHECK(lp_tensor_copy(out[i].value, from[i].value));
   }
   return LP_OK;

@@ -363,6 +363,37 @@ static void test_errors(void **state) {
   assert_int_equal(lp_exec_ep(e, NULL), 1);
   lp_exec_free(e);
 
+  /* two copies of each stage with REDUCE_GRAD for three of the four:
+   * the fourth is named at the end of the step */
+  {
+    lp_schedule *c = NULL;
+    assert_int_equal(lp_schedule_new(1, 2, MB, &c), LP_OK);
+    for (int k = 0; k < 2; k++) {
+      assert_int_equal(lp_schedule_add_vstage(c, 0, 0, NULL), LP_OK);
+      assert_int_equal(lp_schedule_add_vstage(c, 1, 0, NULL), LP_OK);
+    }
+    int ra[2] = {0, 1}, rb[2] = {2, 3};
+    for (int mb = 0; mb < MB; mb++)
+      assert_int_equal(lp_schedule_set_route(c, mb, mb < 2 ? ra : rb, 2), LP_OK);
+    const char *ca[] = {"0F0", "1F0", "1B0", "0B0", "0F1", "1F1", "1B1", "0B1", "2F2",
+                        "3F2", "3B2", "2B2", "2F3", "3F3", "3B3", "2B3", "0REDUCE_GRAD",
+                        "1REDUCE_GRAD", "2REDUCE_GRAD"};
+    for (int i = 0; i < 19; i++) assert_int_equal(lp_schedule_push_text(c, 0, ca[i]), LP_OK);
+    if (lp_schedule_validate(c) == LP_OK) {
+      lp_exec_opts oc = base_opts();
+      assert_int_equal(lp_exec_new(c, &oc, &e, err), LP_OK);
+      assert_int_equal(lp_exec_step(e, 1, &loss), LP_ERR_INVALID);
+      assert_string_equal(lp_exec_last_error(e),
+                          "rank 0: virtual stage 3 is a copy of model stage 1 (replicated) but "
+                          "has no REDUCE_GRAD action, while other stages have one: give every "
+                          "copy its REDUCE_GRAD");
+      lp_exec_free(e);
+    } else {
+      fail_msg("validation refused a missing REDUCE_GRAD: %s", lp_schedule_last_error(c));
+    }
+    lp_schedule_free(c);
+  }
+
   /* an EP group that does not divide the job */
   o = base_opts();
   o.ep = 2;
