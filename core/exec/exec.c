@@ -237,14 +237,29 @@ static lp_nn_phase half_phase(const lp_exec *e, int which) {
   return lp_nn_phase_of(e->vs[e->loc[h->v]].slots[h->mb].ctx);
 }
 
-static lp_status run_f(lp_exec *e, int v, int mb) {
-  LP_CHECK(f_begin(e, v, mb));
-  int done = 0;
-  while (!done) LP_CHECK(half_advance(e, 0, &done));
+static lp_status bw_parts(lp_exec *e, int *ran);
+static lp_status carry_w(lp_exec *e, int *ran);
+
+/* While half `which`'s exchange flies, pieces of a weight-grad carried
+ * from an overlapped pair run (another stage's: see run_action). */
+static lp_status fill_with_carry(lp_exec *e, int which) {
+  for (int ready = 0, did = 1; e->carry_v >= 0 && did;) {
+    LP_CHECK(ex_half_ready(e, which, 0, &ready));
+    if (ready) break;
+    LP_CHECK(carry_w(e, &did));
+  }
   return LP_OK;
 }
 
-static lp_status bw_parts(lp_exec *e, int *ran);
+static lp_status run_f(lp_exec *e, int v, int mb) {
+  LP_CHECK(f_begin(e, v, mb));
+  int done = 0;
+  while (!done) {
+    LP_CHECK(half_advance(e, 0, &done));
+    if (!done) LP_CHECK(fill_with_carry(e, 0));
+  }
+  return LP_OK;
+}
 
 /* A lone backward; a full one runs the weight-grad pieces its input-grad
  * has made ready while its exchanges fly (the experts' while
@@ -257,6 +272,7 @@ static lp_status run_b(lp_exec *e, int v, int mb, int full) {
   while (!done) {
     LP_CHECK(half_advance(e, 1, &done));
     if (!done && full) LP_CHECK(bw_parts(e, NULL));
+    if (!done) LP_CHECK(fill_with_carry(e, 1));
   }
   return LP_OK;
 }
@@ -375,8 +391,9 @@ static lp_status pair_wait(lp_exec *e, int fd, int bd, int *rf, int *rb) {
  * the halves one after the other: the two micro-batches touch disjoint
  * state, each half's exchanges keep their order, and the weight-grads run
  * in the order they would at the end. */
-static lp_status run_fb_any(lp_exec *e) {
-  int fd = 0, bd = 0;
+static lp_status run_fb_any(lp_exec *e, const lp_action *a, int *adopted_out) {
+  int fd = 0, bd = 0, adopted = !e->hf[1].keep_w;
+  *adopted_out = 0;
   while (!fd || !bd) {
     int rf = 0, rb = 0;
     if (!fd) LP_CHECK(ex_half_ready(e, 0, 0, &rf));
@@ -392,6 +409,14 @@ static lp_status run_fb_any(lp_exec *e) {
     int did = 0;
     LP_CHECK(carry_w(e, &did));
     if (!did) LP_CHECK(bw_parts(e, &did));
+    if (!did && bd && !adopted) {
+      /* the backward half ended and the older carry is done: its own
+       * weight-grad becomes the carry now, so its pieces fill the
+       * forward half's last waits (then the next pair's first ones) */
+      e->carry_v = a->bstage, e->carry_mb = a->bmb;
+      adopted = *adopted_out = 1;
+      LP_CHECK(carry_w(e, &did));
+    }
     if (did) continue;
     LP_CHECK(pair_wait(e, fd, bd, &rf, &rb));
     if (!rf && !rb) LP_CHECK(half_advance(e, bd ? 0 : 1, bd ? &fd : &bd));
@@ -407,8 +432,9 @@ static lp_status run_fb(lp_exec *e, const lp_action *a) {
   if (!e->ep_comm_b) return run_fb_fixed(e);
   int keep = a->btype == LP_ACT_B;
   e->hf[1].keep_w = keep;
-  lp_status st = run_fb_any(e);
-  if (st == LP_OK && keep) {
+  int adopted = 0;
+  lp_status st = run_fb_any(e, a, &adopted);
+  if (st == LP_OK && keep && !adopted) {
     LP_CHECK(carry_w(e, NULL)); /* the older one ends */
     e->carry_v = a->bstage, e->carry_mb = a->bmb;
   }
@@ -768,10 +794,14 @@ static const char *cat_of(const lp_action *a) {
 
 static lp_status run_action(lp_exec *e, const lp_action *a) {
   /* a weight-grad carried over from an overlapped pair ends before any
-   * other action but messages (only the executor's own pairs take it
-   * over; a REDUCE_GRAD must find the gradients complete) */
-  if (!lp_action_is_p2p(a->type) && (a->type != LP_ACT_FB || e->o.overlapped_fb))
-    LP_CHECK(carry_w(e, NULL));
+   * other action but messages, the executor's own pairs and lone
+   * forwards, input-grads and backwards of other stages (those fill
+   * their exchanges' waits with its pieces: they touch no gradient of
+   * its stage; a REDUCE_GRAD must find the gradients complete) */
+  int keeps = lp_action_is_p2p(a->type) || (a->type == LP_ACT_FB && !e->o.overlapped_fb) ||
+              a->type == LP_ACT_F ||
+              ((a->type == LP_ACT_B || a->type == LP_ACT_I) && a->stage != e->carry_v);
+  if (!keeps) LP_CHECK(carry_w(e, NULL));
   switch (a->type) {
   case LP_ACT_F: return run_f(e, a->stage, a->mb);
   case LP_ACT_B: return run_b(e, a->stage, a->mb, 1);
