@@ -701,6 +701,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     goto fail;
   }
   e->t0 = host[0] && strncmp(clk.host, host, sizeof host) == 0 ? clk.t0 : lp_now();
+  LP_CHECK_GOTO(ex_host_share_new(e), st, fail);
   *out = e;
   return LP_OK;
 fail:

@@ -3,7 +3,8 @@
  *   exec.c   construction, the compute halves and the action loop of a step
  *   msg.c    message plumbing: tags, posting receives ahead, sends, waits
  *   reduce.c gradient reduction of replicated stages
- *   timing.c always-on timing, measured trace events and their gathering */
+ *   timing.c always-on timing, measured trace events and their gathering
+ *   host.c   ranks and cores of this rank's host (does the prediction apply?) */
 #pragma once
 #define _POSIX_C_SOURCE 200809L
 #include "lp_exec.h"
@@ -149,6 +150,7 @@ struct lp_exec {
    * / in / larger direction, the halves run; the time the actions sat
    * blocked waiting for exchanges (an FB pair's under FB) */
   double *act_x;
+  int host_ranks, host_cores; /* host.c: ranks on this host, the cores they may use */
   char err[LP_ERRLEN];
 };
 
@@ -219,6 +221,11 @@ lp_status ex_shard(lp_exec *e, lp_tensor **t, const char *what, int mb);
  * summed over their holders; router biases from the loads of all ranks. */
 lp_status ex_ep_reduce(lp_exec *e);
 lp_status ex_moe_bias_update(lp_exec *e);
+
+/* ---- host.c ---- */
+/* Counts the ranks of this host and the cores their affinity allows
+ * (collective over e->world). */
+lp_status ex_host_share_new(lp_exec *e);
 
 /* ---- timing.c ---- */
 /* The exchange counters (EX_X_*) of the running compute action's kind and

@@ -207,6 +207,10 @@ lp_status lp_exec_restore_placement(lp_exec *e, int i, int moe, int slots_per_ra
                                     const int *phys_to_log);
 /* The EP group size (1: no EP) and this rank's index in it. */
 int lp_exec_ep(const lp_exec *e, int *ep_rank);
+/* Ranks of the job on this rank's host; *cores: the CPUs their affinity
+ * masks allow together. More ranks than cores: ranks also wait for a core,
+ * which the simulator does not model (its prediction does not apply). */
+int lp_exec_host_share(const lp_exec *e, int *cores);
 /* Floats of the messages this rank's model stage `stage` takes part in, for
  * the simulator's link model: *act the activation (and input-grad) message
  * into the stage (0 for stage 0), *grad the gradient-sum message of the

@@ -495,6 +495,15 @@ static int lb_exec_ep(lua_State *L) {
   return 2;
 }
 
+/* exec:host_share() -> ranks, cores: the job's ranks on this rank's host
+ * and the cores they may run on */
+static int lb_exec_host_share(lua_State *L) {
+  int cores = 0;
+  lua_pushinteger(L, lp_exec_host_share(check_exec(L, 1)->e, &cores));
+  lua_pushinteger(L, cores);
+  return 2;
+}
+
 /* exec:message_floats(stage) -> act, grad: floats of the activation message
  * into model stage `stage` (0-based; 0 for stage 0) and of its gradient-sum
  * message on this rank (0 unless it holds a copy of a replicated stage) */
@@ -633,6 +642,7 @@ void lb_open_exec(lua_State *L) {
                                      {"trace_clear", lb_exec_trace_clear},
                                      {"vstages", lb_exec_vstages},
                                      {"ep", lb_exec_ep},
+                                     {"host_share", lb_exec_host_share},
                                      {"message_floats", lb_exec_message_floats},
                                      {"expert_loads", lb_exec_expert_loads},
                                      {"set_placement", lb_exec_set_placement},

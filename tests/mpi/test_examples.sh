@@ -113,7 +113,7 @@ echo "train_moe simulated vs measured exchange link time: $sim_x"
 [ "${sim_x%% *}" = ok ] || fail "train_moe: simulated exchange time off the measured link time ($sim_x)"
 # the measured trace: all-to-alls on every rank's comm track (odd tids)
 cat >"$tmp/a2a.lua" <<'LUA'
-  local json = require("dkjson")
+  local json = require("luapipe.json")
   local f = assert(io.open(arg[1])); local t = json.decode(f:read("a")); f:close()
   local per, bad = {}, 0
   for _, e in ipairs(t.traceEvents) do
