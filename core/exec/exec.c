@@ -535,6 +535,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     lp_errf(err, "lp_exec_new: schedule, chunk and data are required");
     return LP_ERR_ARG;
   }
+  ex_keep_memory();
   lp_exec *e = lp_calloc(1, sizeof *e);
   if (!e) return LP_ERR_NOMEM;
   e->o = *opts;
@@ -670,6 +671,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     if (lp_action_is_compute(e->acts[i].type)) e->compute_idx[e->ncompute++] = i;
     if (e->acts[i].type == LP_ACT_REDUCE_GRAD) e->has_reduce = 1;
   }
+  ex_reduce_plan(e);
   e->act_s = lp_calloc((size_t)(2 * LP_EXEC_NKINDS * e->S), sizeof(double));
   e->act_n = lp_calloc((size_t)(2 * LP_EXEC_NKINDS * e->S), sizeof(int64_t));
   e->act_x = lp_calloc((size_t)(2 * EX_NX * LP_EXEC_NKINDS * e->S), sizeof(double));
@@ -918,6 +920,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     }
     /* only a backlog of sends is polled (see SEND_BACKLOG) */
     if (e->nps >= SEND_BACKLOG) LP_CHECK_GOTO(ex_poll_sends(e), st, fail);
+    /* a replicated stage whose gradients are final: its sums fly now */
+    if (comp) LP_CHECK_GOTO(ex_reduce_early(e), st, fail);
     e->t_post += lp_now() - t1; /* polling, trace recording */
   }
   e->cur = e->nacts;

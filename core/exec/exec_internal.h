@@ -42,6 +42,8 @@ typedef struct vst {
   float **peer_pack;     /* [V]: received packs of remote copies */
   lp_comm_req **red_req; /* [2V]: sends then receives */
   int reduced;           /* reduction started this step */
+  int last_grad;         /* index of the last action writing its grads
+                          * (-1: none), for an early start (ex_reduce_early) */
 } vst;
 
 typedef struct pending_send {
@@ -192,6 +194,14 @@ int ex_replicated(const lp_exec *e, int v);
 lp_status ex_reduce_start(lp_exec *e, int li);
 lp_status ex_reduce_wait(lp_exec *e, int li);
 lp_status ex_reduce_finish(lp_exec *e);
+/* Finds each local vstage's last action that writes its grads (B, W, an
+ * FB pair's full backward). */
+void ex_reduce_plan(lp_exec *e);
+/* Without REDUCE_GRAD actions: starts the reduction of every replicated
+ * local stage whose last grad-writing action (index <= e->cur) is done
+ * and whose weight-grad is not carried, so its messages fly under the
+ * rank's remaining actions. */
+lp_status ex_reduce_early(lp_exec *e);
 
 /* ---- ep.c ---- */
 /* Splits the job's comm into the pp x ep grid (rank = pipeline rank * ep +
@@ -226,6 +236,9 @@ lp_status ex_moe_bias_update(lp_exec *e);
 /* Counts the ranks of this host and the cores their affinity allows
  * (collective over e->world). */
 lp_status ex_host_share_new(lp_exec *e);
+/* Heap policy for repeated steps: freed activations stay mapped (once per
+ * process; glibc only). */
+void ex_keep_memory(void);
 
 /* ---- timing.c ---- */
 /* The exchange counters (EX_X_*) of the running compute action's kind and

@@ -82,6 +82,33 @@ lp_status ex_reduce_finish(lp_exec *e) {
   return LP_OK;
 }
 
+void ex_reduce_plan(lp_exec *e) {
+  for (int li = 0; li < e->nloc; li++) {
+    int v = e->vs[li].id;
+    e->vs[li].last_grad = -1;
+    for (int i = 0; i < e->nacts; i++) {
+      const lp_action *a = &e->acts[i];
+      int writes = ((a->type == LP_ACT_B || a->type == LP_ACT_W) && a->stage == v) ||
+                   (a->type == LP_ACT_FB && a->bstage == v && a->btype == LP_ACT_B);
+      if (writes) e->vs[li].last_grad = i;
+    }
+  }
+}
+
+lp_status ex_reduce_early(lp_exec *e) {
+  if (e->has_reduce) return LP_OK;
+  for (int li = 0; li < e->nloc; li++) {
+    vst *vs = &e->vs[li];
+    if (vs->reduced || !vs->red_req || vs->last_grad < 0 || vs->last_grad > e->cur ||
+        e->carry_v == vs->id)
+      continue;
+    /* its queued weight-grads (split backward) must have run too */
+    if (vs->wq_len) continue;
+    LP_CHECK(ex_reduce_start(e, li));
+  }
+  return LP_OK;
+}
+
 int ex_replicated(const lp_exec *e, int v) {
   for (int u = 0; u < e->V; u++)
     if (u != v && e->vstage[u] == e->vstage[v]) return 1;
