@@ -839,6 +839,7 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
 
 static void reset_step(lp_exec *e) {
   ex_halves_clear(e);
+  e->red_started = 0;
   for (int i = 0; i < e->nps; i++) {
     lp_comm_cancel(e->pcomm, &e->ps[i].req);
     lp_tensor_free(e->ps[i].t);
@@ -941,16 +942,6 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     }
   double tr = lp_now();
   e->t_post += tr - te;
-  double wait_before = e->t_wait;
-  LP_CHECK_GOTO(ex_reduce_finish(e), st, fail);
-  LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
-  LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
-  double to = lp_now();
-  e->t_reduce = (to - tr) - (e->t_wait - wait_before); /* summing reduced grads */
-  e->t_comp += e->t_reduce;
-  if (to - tr > 1e-6)
-    ex_trace_add(e, LP_TRACE_RECV, "reduce grads / finish sends", "comm", tr, to, -1, -1, -1,
-                 -1, -1);
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     if (vs->wq_len) {
@@ -958,11 +949,44 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       st = LP_ERR_INVALID;
       goto fail;
     }
-    LP_CHECK_GOTO(lp_nn_optim_step(vs->optim), st, fail);
   }
-  double t_opt = lp_now();
-  e->busy += t_opt - to;
-  e->t_optim += t_opt - to;
+  double wait_before = e->t_wait, to, t_opt, t_step = 0;
+  if (e->ep > 1 || e->moe_layers > 0) {
+    /* sums over the EP group (and of expert replicas) take every stage's
+     * reduced gradients at once */
+    LP_CHECK_GOTO(ex_reduce_finish(e), st, fail);
+    LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
+    LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
+    to = lp_now();
+    for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_step(e->vs[li].optim), st, fail);
+    t_opt = lp_now();
+    t_step = t_opt - to;
+  } else {
+    /* stage by stage, those without a reduction in flight first, then in
+     * the order their reductions started: the optimizer of one runs while
+     * the gradient sums of the next still fly (same numbers: each stage's
+     * step needs only its own sums) */
+    LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
+    to = lp_now();
+    for (int k = -1; k < e->red_started; k++)
+      for (int li = 0; li < e->nloc; li++) {
+        vst *vs = &e->vs[li];
+        if ((k < 0 && vs->reduced) || (k >= 0 && (!vs->reduced || vs->red_seq != k))) continue;
+        LP_CHECK_GOTO(ex_reduce_finish_one(e, li), st, fail);
+        double t = lp_now();
+        LP_CHECK_GOTO(lp_nn_optim_step(vs->optim), st, fail);
+        t_step += lp_now() - t;
+      }
+    t_opt = lp_now();
+  }
+  e->red_started = 0;
+  e->t_reduce = (t_opt - tr) - t_step - (e->t_wait - wait_before); /* summing reduced grads */
+  e->t_comp += e->t_reduce;
+  if (to - tr > 1e-6)
+    ex_trace_add(e, LP_TRACE_RECV, "reduce grads / finish sends", "comm", tr, to, -1, -1, -1,
+                 -1, -1);
+  e->busy += t_step;
+  e->t_optim += t_step;
   ex_trace_add(e, LP_TRACE_COMPUTE, "optimizer", "optim", to, t_opt, -1, -1, -1, -1, -1);
   LP_CHECK_GOTO(ex_moe_bias_update(e), st, fail);
   double sum = e->loss_sum;

@@ -42,6 +42,7 @@ typedef struct vst {
   float **peer_pack;     /* [V]: received packs of remote copies */
   lp_comm_req **red_req; /* [2V]: sends then receives */
   int reduced;           /* reduction started this step */
+  int red_seq;           /* order its reduction started in this step */
   int last_grad;         /* index of the last action writing its grads
                           * (-1: none), for an early start (ex_reduce_early) */
 } vst;
@@ -129,6 +130,7 @@ struct lp_exec {
   int *compute_idx; /* indices of compute actions */
   int ncompute;
   int has_reduce;
+  int red_started; /* reductions started this step (vst.red_seq) */
   int posted; /* RECV actions with index < posted are posted */
   pending_send *ps;
   int nps, cps;
@@ -194,6 +196,9 @@ int ex_replicated(const lp_exec *e, int v);
 lp_status ex_reduce_start(lp_exec *e, int li);
 lp_status ex_reduce_wait(lp_exec *e, int li);
 lp_status ex_reduce_finish(lp_exec *e);
+/* The same for local vstage li alone (nothing when its reduction did not
+ * start). */
+lp_status ex_reduce_finish_one(lp_exec *e, int li);
 /* Finds each local vstage's last action that writes its grads (B, W, an
  * FB pair's full backward). */
 void ex_reduce_plan(lp_exec *e);

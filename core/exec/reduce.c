@@ -13,6 +13,7 @@ lp_status ex_reduce_start(lp_exec *e, int li) {
   vst *vs = &e->vs[li];
   if (vs->reduced) return LP_OK;
   vs->reduced = 1;
+  vs->red_seq = e->red_started++;
   size_t n = ex_grad_numel(vs->chunk), off = 0, np;
   const lp_nn_param *p = lp_nn_params(vs->chunk, &np);
   for (size_t i = 0; i < np; i++) {
@@ -51,9 +52,15 @@ lp_status ex_reduce_wait(lp_exec *e, int li) {
 lp_status ex_reduce_finish(lp_exec *e) {
   for (int li = 0; li < e->nloc; li++)
     if (e->vs[li].reduced) LP_CHECK(ex_reduce_wait(e, li));
-  for (int li = 0; li < e->nloc; li++) {
+  for (int li = 0; li < e->nloc; li++) LP_CHECK(ex_reduce_finish_one(e, li));
+  return LP_OK;
+}
+
+lp_status ex_reduce_finish_one(lp_exec *e, int li) {
+  {
     vst *vs = &e->vs[li];
-    if (!vs->reduced) continue;
+    if (!vs->reduced) return LP_OK;
+    LP_CHECK(ex_reduce_wait(e, li));
     size_t n = ex_grad_numel(vs->chunk), np, off = 0;
     float *sum = NULL;
     int first = 1;
@@ -77,8 +84,8 @@ lp_status ex_reduce_finish(lp_exec *e) {
       LP_CHECK(lp_tensor_write(p[i].grad, sum + off));
       off += c;
     }
+    vs->reduced = 0;
   }
-  for (int li = 0; li < e->nloc; li++) e->vs[li].reduced = 0;
   return LP_OK;
 }
 
