@@ -190,8 +190,9 @@ lp_status lp_comm_recv(lp_comm *c, float *buf, size_t n, int peer, int tag,
 /* ---- collectives (every rank calls them in the same order) ---------------
  * Blocking, under the watchdog; `what` describes the caller for the
  * timeout message (may be NULL). A started collective cannot be cancelled:
- * after LP_ERR_TIMEOUT the context is unusable; call lp_comm_fatal (the MPI
- * backend also skips MPI_Finalize then, which could wait on it forever). */
+ * after LP_ERR_TIMEOUT the context is unusable; return the status up to
+ * lp_comm_on_failure, which ends the job (the MPI backend also skips
+ * MPI_Finalize then, which could wait on it forever). */
 lp_status lp_comm_allreduce_sum_float(lp_comm *c, float *buf, size_t n,
                                       const char *what);
 lp_status lp_comm_allreduce_sum_double(lp_comm *c, double *buf, size_t n,
@@ -241,6 +242,14 @@ _Noreturn void lp_comm_abort(lp_comm *c, int code);
 /* Prints "luapipe: rank R: <msg>" to stderr and aborts every rank with exit
  * code 1, so a failed or dead peer never leaves the job hanging. */
 _Noreturn void lp_comm_fatal(lp_comm *c, const char *msg);
+/* The job's policy for a failure a caller got back from a wait or a layer
+ * above (the executor returns them): after LP_ERR_TIMEOUT (the watchdog
+ * fired: a peer stopped or hung, and a started operation cannot be
+ * cancelled) every rank ends, with msg (lp_comm_fatal); any other status
+ * returns here, for the caller to report. The top of the program calls it
+ * (the Lua bindings do, when a step or a placement fails); library code
+ * returns instead. */
+void lp_comm_on_failure(lp_comm *c, lp_status st, const char *msg);
 
 /* ---- MPI bootstrap (the host calls these) --------------------------------- */
 

@@ -126,9 +126,10 @@ lp_status ex_half_ready(lp_exec *e, int which, int waiting, int *ready) {
   int done = 0;
   lp_status st = lp_comm_test(h->comm, &h->req, &done);
   if (st != LP_OK) {
-    lp_errf(e->err, "rank %d (EP rank %d of %d): an MoE exchange of the %s half: %s", e->rank,
-            e->ep_rank, e->ep, which ? "backward" : "forward", lp_comm_last_error(h->comm));
-    return st;
+    char what[128];
+    snprintf(what, sizeof what, "rank %d (EP rank %d of %d): an MoE exchange of the %s half",
+             e->rank, e->ep_rank, e->ep, which ? "backward" : "forward");
+    return ex_comm_fail(e, h->comm, st, what);
   }
   *ready = done;
   if (done) {
@@ -154,14 +155,23 @@ static lp_status ep_wait(void *ud, void *handle) {
   snprintf(w, sizeof w, "rank %d (EP rank %d of %d): moe %s %s", e->rank, e->ep_rank, e->ep,
            h->layer ? h->layer : "?", k);
   if (e->half_x[h->half] == h) e->half_x[h->half] = NULL;
+  if (e->broken) { /* a communication failed before: drop, do not wait */
+    lp_comm_cancel(h->comm, &h->req); /* its displacements are kept: a started
+                                       * all-to-all-v may still read them */
+    lp_free(h);
+    return e->broken;
+  }
   double tw = lp_now();
   int ready = 0; /* finished while this rank computed? */
   lp_status st = lp_comm_test(h->comm, &h->req, &ready);
   if (st == LP_OK && !ready) st = lp_comm_wait(h->comm, &h->req, w);
   double t1 = lp_now();
-  if (st == LP_ERR_TIMEOUT) lp_comm_fatal(h->comm, lp_comm_last_error(h->comm));
-  if (st != LP_OK)
-    lp_errf(e->err, "rank %d: %s: %s", e->rank, w, lp_comm_last_error(h->comm));
+  if (st != LP_OK) {
+    ex_comm_fail(e, h->comm, st, w);
+    lp_comm_cancel(h->comm, &h->req); /* displacements kept (see above) */
+    lp_free(h);
+    return st;
+  }
   /* found finished by an overlapped pair's poll (ex_half_ready): while the
    * rank waited for both halves, it ended then (that wait is already
    * counted as blocked); after compute, like any exchange found done */
@@ -279,9 +289,16 @@ static lp_status reduce_replicas(lp_exec *e, lp_nn_layer *moe) {
       row += c;
     }
   }
-  if (e->ep > 1 && lp_comm_allreduce_sum_float(e->ep_comm, rows, (size_t)E * q,
-                                               "summing replicated experts' gradients") != LP_OK)
-    lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
+  if (e->ep > 1) {
+    char what[128];
+    snprintf(what, sizeof what, "rank %d (EP rank %d of %d): summing replicated experts' gradients",
+             e->rank, e->ep_rank, e->ep);
+    st = lp_comm_allreduce_sum_float(e->ep_comm, rows, (size_t)E * q, what);
+    if (st != LP_OK) {
+      ex_comm_fail(e, e->ep_comm, st, what);
+      goto done;
+    }
+  }
   for (int s = e->ep_rank * spr; s < (e->ep_rank + 1) * spr; s++) {
     LP_CHECK_GOTO(lp_nn_moe_slot_params(moe, s, &sp, &np), st, done);
     const float *row = rows + (size_t)p2l[s] * q;
@@ -313,10 +330,15 @@ static lp_status reduce_dense(lp_exec *e) {
     }
     if (pass == 2) {
       double tw = lp_now();
-      if (lp_comm_allreduce_sum_float(e->ep_comm, buf, n,
-                                      "summing dense gradients over the EP group") != LP_OK)
-        lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
+      char what[128];
+      snprintf(what, sizeof what, "rank %d (EP rank %d of %d): summing dense gradients over the EP "
+               "group", e->rank, e->ep_rank, e->ep);
+      st = lp_comm_allreduce_sum_float(e->ep_comm, buf, n, what);
       e->t_wait += lp_now() - tw;
+      if (st != LP_OK) {
+        ex_comm_fail(e, e->ep_comm, st, what);
+        break;
+      }
     }
     size_t off = 0;
     for (int li = 0; li < e->nloc && st == LP_OK; li++) {
@@ -450,9 +472,15 @@ lp_status ex_moe_bias_update(lp_exec *e) {
       off += E;
     }
   }
-  if (lp_comm_allreduce_sum_double(e->world, e->moe_counts, e->moe_total,
-                                   "summing expert loads at the end of a step") != LP_OK)
-    lp_comm_fatal(e->world, lp_comm_last_error(e->world));
+  {
+    char what[96];
+    snprintf(what, sizeof what, "rank %d: summing expert loads at the end of a step", e->rank);
+    st = lp_comm_allreduce_sum_double(e->world, e->moe_counts, e->moe_total, what);
+    if (st != LP_OK) {
+      ex_comm_fail(e, e->world, st, what);
+      goto done;
+    }
+  }
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     size_t off = e->moe_off[vs->stage];

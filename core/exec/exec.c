@@ -14,7 +14,20 @@
 
 /* ---- compute halves ---- */
 
+lp_status ex_comm_fail(lp_exec *e, lp_comm *c, lp_status st, const char *what) {
+  if (!e->broken) { /* the first failure's text stays */
+    if (st == LP_ERR_TIMEOUT)
+      lp_errf(e->berr, "%s", lp_comm_last_error(c));
+    else
+      lp_errf(e->berr, "rank %d: %s: %s", e->rank, what, lp_comm_last_error(c));
+    e->broken = st;
+  }
+  lp_errf(e->err, "%s", e->berr);
+  return st;
+}
+
 static lp_status nnfail(lp_exec *e, slot *sl, const char *what, lp_status st) {
+  if (e->broken) return st; /* an exchange failed: its text is in e->err */
   char t[LP_ACTION_TEXT_MAX];
   lp_errf(e->err, "rank %d, action %d (%s): %s failed: %s", e->rank, e->cur,
           ex_act_text(e, e->cur, t, sizeof t), what,
@@ -857,6 +870,11 @@ static void reset_step(lp_exec *e) {
 
 lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   lp_status st = LP_OK;
+  if (e->broken) {
+    lp_errf(e->err, "rank %d: step %lld: the executor cannot go on after a failed "
+            "communication (%s)", e->rank, (long long)step, e->berr);
+    return e->broken;
+  }
   e->err[0] = '\0';
   e->step = step;
   e->carry_v = -1; /* (a failed step may have left one) */
@@ -990,9 +1008,15 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   ex_trace_add(e, LP_TRACE_COMPUTE, "optimizer", "optim", to, t_opt, -1, -1, -1, -1, -1);
   LP_CHECK_GOTO(ex_moe_bias_update(e), st, fail);
   double sum = e->loss_sum;
-  if (lp_comm_allreduce_sum_double(e->world, &sum, 1, "the loss all-reduce at the end of a step") != LP_OK) {
-    const char *m = lp_comm_last_error(e->world);
-    lp_comm_fatal(e->world, m);
+  {
+    char what[96];
+    snprintf(what, sizeof what, "rank %d: the loss all-reduce at the end of step %lld", e->rank,
+             (long long)step);
+    st = lp_comm_allreduce_sum_double(e->world, &sum, 1, what);
+    if (st != LP_OK) {
+      ex_comm_fail(e, e->world, st, what);
+      goto fail;
+    }
   }
   if (loss) *loss = sum / (e->M * e->ep);
   e->wall = t_opt - start;

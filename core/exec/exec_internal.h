@@ -154,10 +154,22 @@ struct lp_exec {
    * / in / larger direction, the halves run; the time the actions sat
    * blocked waiting for exchanges (an FB pair's under FB) */
   double *act_x;
+  lp_status broken; /* a communication failed (LP_ERR_TIMEOUT / _COMM): a
+                     * started operation may still be in flight, so the
+                     * executor refuses further steps (0: usable) */
+  char berr[LP_ERRLEN]; /* the failure's text (while broken) */
   int host_ranks, host_cores; /* host.c: ranks on this host, the cores they may use */
   char err[LP_ERRLEN];
 };
 
+
+/* ---- exec.c: communication failures ---- */
+/* Records a failed operation of comm c (status st) and returns st: after a
+ * timeout e->err is the watchdog's text (it names the rank, the operation
+ * and the peer, with `what`), else "rank R: what: <comm text>"; the
+ * executor is broken from then on. Nothing exits: the caller decides
+ * (lp_comm_on_failure holds the job's policy). */
+lp_status ex_comm_fail(lp_exec *e, lp_comm *c, lp_status st, const char *what);
 
 /* ---- msg.c ---- */
 /* Message tag of (kind, consumer vstage v, micro-batch mb). */
@@ -165,7 +177,7 @@ int ex_tag(const lp_exec *e, int kind, int v, int mb);
 /* Text of action i of this rank ("(end of step)" past the end) in buf. */
 const char *ex_act_text(const lp_exec *e, int i, char *buf, size_t n);
 /* Waits for *req (a request of e->comm / of c) under the watchdog; a
- * timeout takes the job down. */
+ * failure (a timeout included) is returned with its text (ex_comm_fail). */
 lp_status ex_wait(lp_exec *e, lp_comm_req **req, const char *what);
 lp_status ex_wait_on(lp_exec *e, lp_comm *c, lp_comm_req **req, const char *what);
 /* Makes e->pcomm for tensors on e->be (collective over e->comm). */

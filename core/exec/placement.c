@@ -148,7 +148,13 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
     char what[128];
     snprintf(what, sizeof what, "rank %d moves expert weights for a new placement", e->rank);
     st = lp_comm_waitall(e->ep_comm, reqs, nreq, what);
-    if (st == LP_ERR_TIMEOUT) lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
+    if (st != LP_OK) {
+      ex_comm_fail(e, e->ep_comm, st, what);
+      lp_free(reqs); /* a timed-out request stays with the comm (may still be in flight) */
+      for (int i = 0; i < spr; i++) lp_free(rbuf[i]);
+      lp_free(rbuf);
+      goto done;
+    }
   }
   for (int i = 0; i < nreq; i++) lp_comm_cancel(e->ep_comm, &reqs[i]);
   lp_free(reqs);

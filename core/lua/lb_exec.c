@@ -349,6 +349,8 @@ static int lb_exec_step(lua_State *L) {
   b->in_step = 1;
   lp_status st = lp_exec_step(b->e, k, &loss);
   b->in_step = 0;
+  /* the job's policy: a timeout ends every rank with the executor's text */
+  if (st != LP_OK) lp_comm_on_failure(lp_comm_world(), st, lp_exec_last_error(b->e));
   if (st != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
   lua_pushnumber(L, loss);
   return 1;
@@ -481,8 +483,11 @@ static int lb_exec_set_placement(lua_State *L) {
     lua_pop(L, 1);
   }
   int64_t bytes = 0;
-  if (lp_exec_set_placement(b->e, layer, spr, p2l, &bytes) != LP_OK)
+  lp_status st = lp_exec_set_placement(b->e, layer, spr, p2l, &bytes);
+  if (st != LP_OK) {
+    lp_comm_on_failure(lp_comm_world(), st, lp_exec_last_error(b->e));
     return lb_fail(L, lp_exec_last_error(b->e));
+  }
   lua_pushinteger(L, bytes);
   return 1;
 }
