@@ -26,20 +26,17 @@ lp_status ex_grid_new(lp_exec *e) {
   }
   e->ep_rank = e->rank % E;
   int p = e->rank / E;
-  if (lp_comm_split(e->world, e->ep_rank, p, &e->pp_own) != LP_OK ||
-      lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm) != LP_OK) {
-    lp_errf(e->err, "rank %d: forming the pp x ep grid: %s", e->rank,
-            lp_comm_last_error(e->world));
-    return LP_ERR_COMM;
-  }
+  lp_status st = lp_comm_split(e->world, e->ep_rank, p, &e->pp_own);
+  if (st == LP_OK) st = lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm);
   /* backward halves exchange over a context of their own, so an
    * overlapped pair can run whichever half's exchange finished first (each
    * context still sees one order of exchanges on every rank: its half's) */
-  if (lp_comm_any_order(e->ep_comm) &&
-      lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm_b) != LP_OK) {
+  if (st == LP_OK && lp_comm_any_order(e->ep_comm))
+    st = lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm_b);
+  if (st != LP_OK) {
     lp_errf(e->err, "rank %d: forming the pp x ep grid: %s", e->rank,
             lp_comm_last_error(e->world));
-    return LP_ERR_COMM;
+    return st;
   }
   e->comm = e->pp_own;
   e->prank = lp_comm_rank(e->comm);
@@ -408,11 +405,12 @@ lp_status ex_moe_loads_new(lp_exec *e) {
     sz[s] = (double)stage_loads(e, s);
     sz[e->S + s] = stage_experts(e, s);
   }
-  if (lp_comm_allreduce_sum_double(e->world, sz, 2 * (size_t)e->S,
-                                   "lp_exec_new: sizing the expert-load sums") != LP_OK) {
+  lp_status st = lp_comm_allreduce_sum_double(e->world, sz, 2 * (size_t)e->S,
+                                              "lp_exec_new: sizing the expert-load sums");
+  if (st != LP_OK) {
     lp_free(sz);
     lp_errf(e->err, "%s", lp_comm_last_error(e->world));
-    return LP_ERR_COMM;
+    return st;
   }
   size_t tot = 0;
   e->moe_layers = 0;

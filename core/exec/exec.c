@@ -550,7 +550,10 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   }
   ex_keep_memory();
   lp_exec *e = lp_calloc(1, sizeof *e);
-  if (!e) return LP_ERR_NOMEM;
+  if (!e) {
+    lp_errf(err, "lp_exec_new: %s", lp_strerror(LP_ERR_NOMEM));
+    return LP_ERR_NOMEM;
+  }
   e->o = *opts;
   e->world = opts->comm ? opts->comm : lp_comm_world();
   e->ep = opts->ep;
@@ -586,9 +589,9 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     st = LP_ERR_ARG;
     goto fail;
   }
-  if (lp_schedule_validate(e->s) != LP_OK) {
+  if ((st = lp_schedule_validate(e->s)) != LP_OK) {
     lp_errf(e->err, "schedule '%s' is invalid: %s", sname, lp_schedule_last_error(e->s));
-    st = LP_ERR_INVALID;
+    if (st != LP_ERR_NOMEM) st = LP_ERR_INVALID;
     goto fail;
   }
   if ((int64_t)K__N * e->V * e->M - 1 > lp_comm_tag_ub(e->comm)) {
@@ -703,16 +706,15 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   memset(&clk, 0, sizeof clk);
   char host[64] = "";
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  if (lp_comm_barrier(e->world, "lp_exec_new: aligning the trace clocks") != LP_OK) {
+  if ((st = lp_comm_barrier(e->world, "lp_exec_new: aligning the trace clocks")) != LP_OK) {
     lp_errf(e->err, "%s", lp_comm_last_error(e->world));
-    st = LP_ERR_COMM;
     goto fail;
   }
   clk.t0 = lp_now();
   memcpy(clk.host, host, sizeof clk.host);
-  if (lp_comm_bcast(e->world, &clk, sizeof clk, 0, "lp_exec_new: the trace clock") != LP_OK) {
+  if ((st = lp_comm_bcast(e->world, &clk, sizeof clk, 0, "lp_exec_new: the trace clock")) !=
+      LP_OK) {
     lp_errf(e->err, "%s", lp_comm_last_error(e->world));
-    st = LP_ERR_COMM;
     goto fail;
   }
   e->t0 = host[0] && strncmp(clk.host, host, sizeof host) == 0 ? clk.t0 : lp_now();

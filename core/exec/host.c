@@ -39,10 +39,11 @@ lp_status ex_host_share_new(lp_exec *e) {
     e->host_cores = CPU_COUNT(&set);
     return LP_OK;
   }
-  if (lp_comm_split(e->world, host_color(), lp_comm_rank(e->world), &hc) != LP_OK) {
+  lp_status sst = lp_comm_split(e->world, host_color(), lp_comm_rank(e->world), &hc);
+  if (sst != LP_OK) {
     lp_errf(e->err, "rank %d: lp_exec_new: grouping the ranks by host: %s", e->rank,
             lp_comm_last_error(e->world));
-    return LP_ERR_COMM;
+    return sst;
   }
   /* the union of the host's ranks' masks: a CPU any of them may use */
   double *use = lp_calloc((size_t)n + 1, sizeof *use);
@@ -59,7 +60,6 @@ lp_status ex_host_share_new(lp_exec *e) {
     for (int i = 0; i < n; i++) e->host_cores += use[i] > 0;
   } else {
     lp_errf(e->err, "rank %d: %s", e->rank, lp_comm_last_error(hc));
-    st = LP_ERR_COMM;
   }
   lp_free(use);
   lp_comm_free(hc);

@@ -25,6 +25,7 @@
 
 #include "comm_internal.h"
 #include "lp_exec.h"
+#include "lp_test_oom.h"
 
 enum { MB = 4, BATCH = 4, T = 4, D = 8, EP = 2 };
 
@@ -299,10 +300,45 @@ static void test_silent_partner(void **state) {
   lp_schedule_free(s);
 }
 
+/* lp_exec_new with EP (the grid's splits, MoE layers, the expert-load
+ * sums) under the out-of-memory loop: LP_ERR_NOMEM, nothing leaked. */
+static lp_schedule *oom_sched;
+
+static lp_status oom_new(void) {
+  delay_f = delay_b = 0, splits = 0;
+  world_state = (partner){0, 0};
+  lp_comm *w = NULL;
+  lp_status st = lp_comm_new(&partner_backend, 0, 2, 1 << 20, &world_state, &w);
+  if (st != LP_OK) return st;
+  lp_exec_opts o;
+  memset(&o, 0, sizeof o);
+  o.comm = w, o.chunk = chunk_fn, o.data = data_fn, o.loss = LP_NN_LOSS_MSE;
+  o.act_ndim = act_ndim, o.act_shape = act_shape, o.optim = LP_NN_OPTIM_ADAMW;
+  o.adamw = (lp_nn_adamw_opts){1e-2f, 0.9f, 0.999f, 1e-8f, 0.01f};
+  o.trace = 1, o.ep = EP;
+  lp_exec *e = NULL;
+  char err[LP_ERRLEN] = "";
+  st = lp_exec_new(oom_sched, &o, &e, err);
+  if (st == LP_OK) lp_exec_free(e);
+  else assert_true(*err != '\0');
+  lp_comm_free(w);
+  return st;
+}
+
+static void test_new_oom(void **state) {
+  (void)state;
+  oom_sched = pairs_schedule();
+  int points = lp_test_oom_points(oom_new, 20000);
+  printf("# lp_exec_new with ep = 2: %d allocation failure points\n", points);
+  assert_true(points > 50);
+  lp_schedule_free(oom_sched);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_decisions_and_numbers),
       cmocka_unit_test(test_silent_partner),
+      cmocka_unit_test(test_new_oom),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
