@@ -85,7 +85,7 @@ static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
   }
   /* whose exchange: the tag f_begin / b_begin gave the pass (its half) */
   const half *hf = xi->tag;
-  h->half = hf == &e->hf[1];
+  h->half = hf == &e->pr.hf[1];
   h->kind = xi->kind;
   h->layer = xi->layer;
   h->v = hf && hf->active ? hf->v : -1;
@@ -101,7 +101,7 @@ static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
     x[EX_X_MAX] += 4.0 * (double)(out > in ? out : in);
   }
   h->start = lp_now();
-  h->blocked0 = e->a2a_blocked + e->t_wait;
+  h->blocked0 = e->xc.blocked + e->t_wait;
   lp_status st = lp_comm_ialltoallv(h->comm, send, send_counts, h->displs, recv, recv_counts,
                                     h->displs + E, &h->req);
   if (st != LP_OK) {
@@ -111,13 +111,13 @@ static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
     lp_free(h);
     return st;
   }
-  e->half_x[h->half] = h;
+  e->xc.half_x[h->half] = h;
   *handle = h;
   return LP_OK;
 }
 
 lp_status ex_half_ready(lp_exec *e, int which, int waiting, int *ready) {
-  a2a *h = e->half_x[which];
+  a2a *h = e->xc.half_x[which];
   *ready = 1;
   if (!h || h->done_at > 0) return LP_OK;
   int done = 0;
@@ -137,7 +137,7 @@ lp_status ex_half_ready(lp_exec *e, int which, int waiting, int *ready) {
 }
 
 void ex_a2a_blocked(lp_exec *e, double t0, double t1) {
-  e->a2a_blocked += t1 - t0;
+  e->xc.blocked += t1 - t0;
   double *x = ex_action_x(e);
   if (x) x[EX_X_BLOCKED] += t1 - t0;
   ex_trace_add(e, LP_TRACE_SEND, "all-to-all wait: both halves", "a2a", t0, t1, -1, -1, e->cur,
@@ -151,12 +151,12 @@ static lp_status ep_wait(void *ud, void *handle) {
   char w[256];
   snprintf(w, sizeof w, "rank %d (EP rank %d of %d): moe %s %s", e->rank, e->ep_rank, e->ep,
            h->layer ? h->layer : "?", k);
-  if (e->half_x[h->half] == h) e->half_x[h->half] = NULL;
-  if (e->broken) { /* a communication failed before: drop, do not wait */
+  if (e->xc.half_x[h->half] == h) e->xc.half_x[h->half] = NULL;
+  if (e->fail.st) { /* a communication failed before: drop, do not wait */
     lp_comm_cancel(h->comm, &h->req); /* its displacements are kept: a started
                                        * all-to-all-v may still read them */
     lp_free(h);
-    return e->broken;
+    return e->fail.st;
   }
   double tw = lp_now();
   int ready = 0; /* finished while this rank computed? */
@@ -187,15 +187,15 @@ static lp_status ep_wait(void *ud, void *handle) {
   double blocked = ready ? 0 : t1 - tw;
   double before = tw - h->start;
   double took = ready ? (h->modelled < before ? h->modelled : before) : t1 - h->start;
-  double free = before - (e->a2a_blocked + e->t_wait - h->blocked0);
+  double free = before - (e->xc.blocked + e->t_wait - h->blocked0);
   double hidden = free < 0 ? 0 : free > took - blocked ? took - blocked : free;
-  e->a2a_s += took;
-  e->a2a_blocked += blocked;
+  e->xc.s += took;
+  e->xc.blocked += blocked;
   double *x = ex_action_x(e);
   if (x) x[EX_X_BLOCKED] += blocked;
-  e->a2a_hidden += hidden;
-  e->a2a_link += h->modelled;
-  e->a2a_n++;
+  e->xc.hidden += hidden;
+  e->xc.link += h->modelled;
+  e->xc.n++;
   ex_trace_add(e, LP_TRACE_SEND, "all-to-all", "a2a", h->start, t1, h->v, h->mb, e->cur, -1, -1);
   /* the part this rank sat blocked in the wait (the exposed time), named
    * by the exchange's kind ("dispatch count", "combine backward", ...) */

@@ -1,6 +1,7 @@
 /* exec_internal.h — what the executor's files share (not a public header):
  * the executor's state and the functions of its parts.
  *   exec.c   construction, the compute halves and the action loop of a step
+ *   pairs.c  overlapped F&B pairs, their waits and the weight-grad carry
  *   msg.c    message plumbing: tags, posting receives ahead, sends, waits
  *   reduce.c gradient reduction of replicated stages
  *   timing.c always-on timing, measured trace events and their gathering
@@ -80,6 +81,36 @@ typedef struct a2a {
   int found_waiting; /* ... while the rank polled for it (else: after compute) */
 } a2a;
 
+/* The executor's rooms: each part of struct lp_exec below that one file
+ * owns (writes); the others read it through that file's functions. */
+
+/* pairs.c (and exec.c's halves): the running forward / backward half and
+ * the weight-grad an overlapped pair's full backward left to the next */
+typedef struct ex_pairs {
+  half hf[2];
+  int carry_v, carry_mb; /* -1: none */
+} ex_pairs;
+
+/* ep.c: each half's exchange in flight and the step's all-to-all
+ * accounting: time (max of the blocked wait and the link model), the
+ * blocked part, the hidden part, the link model's time, the count */
+typedef struct ex_xchg {
+  a2a *half_x[2]; /* NULL: none */
+  double s, blocked, hidden, link;
+  int64_t n;
+} ex_xchg;
+
+/* host.c: the job's ranks on this host and the cores they may use */
+typedef struct ex_host {
+  int ranks, cores;
+} ex_host;
+
+/* exec.c (ex_comm_fail): a failed communication (0: none) and its text */
+typedef struct ex_fail {
+  lp_status st;
+  char text[LP_ERRLEN];
+} ex_fail;
+
 struct lp_exec {
   lp_schedule *s;
   lp_comm *comm;  /* the pipeline group: ranks of one EP index (the job's
@@ -90,9 +121,8 @@ struct lp_exec {
                        * (when its backend lets ranks start operations on
                        * two contexts in any order), else NULL: then every
                        * exchange goes over ep_comm in one order */
-  a2a *half_x[2];     /* each half's exchange in flight, NULL: none */
-  int carry_v, carry_mb; /* a finished backward whose weight-grad an
-                          * overlapped pair left for the next (-1: none) */
+  ex_pairs pr;         /* pairs.c */
+  ex_xchg xc;          /* ep.c */
   const lp_tensor_backend *be; /* where every chunk runs (opts.backend or the CPU) */
   lp_comm *pcomm; /* activations and gradients between pipeline ranks: comm
                    * itself for host tensors, else the device-capable
@@ -108,11 +138,7 @@ struct lp_exec {
   size_t *moe_off;    /* [S + 1]: offset of each model stage's counts */
   int moe_layers;     /* MoE layers of the whole model */
   int *moe_experts;   /* [moe_layers]: experts of each */
-  /* all-to-alls of the step: count, time (max of the
-   * blocked wait and the link model), blocked part */
-  double a2a_s, a2a_blocked, a2a_hidden, a2a_link;
   double t_reduce; /* step end: summing gradients, waits excluded */
-  int64_t a2a_n;
   int P, S, V, M;
   int nloc;
   vst *vs;      /* [nloc] */
@@ -141,7 +167,6 @@ struct lp_exec {
   double waited; /* seconds the running action spent waiting for receives */
   lp_trace *trace;
   int live, pending_w; /* trace counters of this rank */
-  half hf[2];          /* the running forward / backward half */
   /* always-on timing: this step's parts, the last step, the totals, and
    * per (kind, model stage) action times [2][LP_EXEC_NKINDS][S] (0: this
    * step, 1: since the reset) */
@@ -154,14 +179,38 @@ struct lp_exec {
    * / in / larger direction, the halves run; the time the actions sat
    * blocked waiting for exchanges (an FB pair's under FB) */
   double *act_x;
-  lp_status broken; /* a communication failed (LP_ERR_TIMEOUT / _COMM): a
-                     * started operation may still be in flight, so the
-                     * executor refuses further steps (0: usable) */
-  char berr[LP_ERRLEN]; /* the failure's text (while broken) */
-  int host_ranks, host_cores; /* host.c: ranks on this host, the cores they may use */
+  ex_fail fail; /* a communication failed (LP_ERR_TIMEOUT / _COMM): a started
+                 * operation may still be in flight, so the executor refuses
+                 * further steps */
+  ex_host host; /* host.c */
   char err[LP_ERRLEN];
 };
 
+
+/* ---- exec.c: the halves ---- */
+/* Begins the forward half of (v, mb) / the backward half (full: B, else I):
+ * inputs in hand (data, handoff or a finished receive), the pass begun. */
+lp_status ex_f_begin(lp_exec *e, int v, int mb);
+lp_status ex_b_begin(lp_exec *e, int v, int mb, int full);
+/* One advance of the running forward (which = 0) or backward (1) half;
+ * *done = 1 once its pass ended and the half finished. */
+lp_status ex_half_advance(lp_exec *e, int which, int *done);
+/* The phase of half `which`'s next advance (LP_NN_PHASE_DONE: none). */
+lp_nn_phase ex_half_phase(const lp_exec *e, int which);
+/* "rank R, action i (text): what failed: <nn text>"; returns st. */
+lp_status ex_nnfail(lp_exec *e, slot *sl, const char *what, lp_status st);
+
+/* ---- pairs.c ---- */
+/* Runs the FB action a (no hook) as an overlapped pair. */
+lp_status ex_run_fb(lp_exec *e, const lp_action *a);
+/* Weight-grad pieces the running full backward has made ready: all, or
+ * one when ran != NULL (*ran = 1 when one ran). */
+lp_status ex_bw_parts(lp_exec *e, int *ran);
+/* The carried weight-grad: one piece (ran != NULL) or all that is left
+ * (ran NULL: the carry ends). */
+lp_status ex_carry_w(lp_exec *e, int *ran);
+/* Pieces of the carry while half `which`'s exchange flies. */
+lp_status ex_fill_with_carry(lp_exec *e, int which);
 
 /* ---- exec.c: communication failures ---- */
 /* Records a failed operation of comm c (status st) and returns st: after a

@@ -25,8 +25,8 @@ static int host_color(void) {
 }
 
 lp_status ex_host_share_new(lp_exec *e) {
-  e->host_ranks = 1;
-  e->host_cores = 0;
+  e->host.ranks = 1;
+  e->host.cores = 0;
   cpu_set_t set;
   CPU_ZERO(&set);
   int n = CPU_SETSIZE;
@@ -36,7 +36,7 @@ lp_status ex_host_share_new(lp_exec *e) {
   }
   lp_comm *hc = NULL;
   if (lp_comm_size(e->world) == 1) {
-    e->host_cores = CPU_COUNT(&set);
+    e->host.cores = CPU_COUNT(&set);
     return LP_OK;
   }
   lp_status sst = lp_comm_split(e->world, host_color(), lp_comm_rank(e->world), &hc);
@@ -56,8 +56,8 @@ lp_status ex_host_share_new(lp_exec *e) {
   lp_status st = lp_comm_allreduce_sum_double(hc, use, (size_t)n + 1,
                                               "lp_exec_new: counting the ranks and cores of a host");
   if (st == LP_OK) {
-    e->host_ranks = (int)(use[n] + 0.5);
-    for (int i = 0; i < n; i++) e->host_cores += use[i] > 0;
+    e->host.ranks = (int)(use[n] + 0.5);
+    for (int i = 0; i < n; i++) e->host.cores += use[i] > 0;
   } else {
     lp_errf(e->err, "rank %d: %s", e->rank, lp_comm_last_error(hc));
   }
@@ -67,8 +67,8 @@ lp_status ex_host_share_new(lp_exec *e) {
 }
 
 int lp_exec_host_share(const lp_exec *e, int *cores) {
-  if (cores) *cores = e->host_cores;
-  return e->host_ranks;
+  if (cores) *cores = e->host.cores;
+  return e->host.ranks;
 }
 
 /* A step allocates and frees the same activations every time. glibc gives

@@ -107,7 +107,7 @@ lp_status ex_reduce_early(lp_exec *e) {
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     if (vs->reduced || !vs->red_req || vs->last_grad < 0 || vs->last_grad > e->cur ||
-        e->carry_v == vs->id)
+        e->pr.carry_v == vs->id)
       continue;
     /* its queued weight-grads (split backward) must have run too */
     if (vs->wq_len) continue;
