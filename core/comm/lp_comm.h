@@ -1,9 +1,15 @@
 /* lp_comm.h — the communication layer the executor runs schedules over: one
  * context type (lp_comm) in front of a backend vtable (Redis-engine style).
- * Point-to-point isend/irecv of float buffers, all-reduce, barrier,
- * broadcast, abort; every wait has a watchdog deadline (LUAPIPE_TIMEOUT).
- * Backends: "self" (one process, no MPI) and "mpi" (comm_mpi.c, the only
- * file besides the host bootstrap that sees mpi.h). Depends on lp_base. */
+ * Point-to-point isend/irecv of float buffers, all-reduce, all-to-all-v,
+ * barrier, broadcast, split, abort; every wait has a watchdog deadline
+ * (LUAPIPE_TIMEOUT): a wait past it returns LP_ERR_TIMEOUT with a message
+ * naming rank, operation and peer, and lp_comm_on_failure holds the job's
+ * policy (a timeout ends every rank). Backends: "self" (one process, no
+ * MPI), "mpi" (comm_mpi.c, the only file besides the host bootstrap that
+ * sees mpi.h), "nccl" (comm_nccl.c, device buffers; comm_nccl_stub.c
+ * without NCCL) and "mpi-staged" (comm_staged.c: device buffers through
+ * pinned host memory over an MPI context); the device ones through
+ * lp_comm_gpu.h. Depends on lp_base. */
 #pragma once
 
 #include <stddef.h>
@@ -90,7 +96,7 @@ void lp_comm_free(lp_comm *c);
 
 int lp_comm_rank(const lp_comm *c);
 int lp_comm_size(const lp_comm *c);
-const char *lp_comm_backend_name(const lp_comm *c); /* "self", "mpi" */
+const char *lp_comm_backend_name(const lp_comm *c); /* "self", "mpi", "nccl", "mpi-staged" */
 /* Largest tag usable with isend/irecv (at least 32767). */
 int lp_comm_tag_ub(const lp_comm *c);
 /* Text of the last failure on this context ("" when none). Fixed buffer,
