@@ -5,6 +5,7 @@
  * replicated experts' grads over their holders, expert loads over every
  * rank holding a stage (router bias). */
 #include "exec_internal.h"
+#include "lp_comm_gpu.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -43,7 +44,30 @@ lp_status ex_grid_new(lp_exec *e) {
   return LP_OK;
 }
 
+lp_status ex_ep_device_new(lp_exec *e) {
+  if (e->ep <= 1 || e->be->host_accessible) return LP_OK;
+  int own = 0;
+  lp_status st = lp_comm_for_backend(e->ep_comm, e->be, &e->ep_dcomm, &own);
+  if (st == LP_OK && !own) e->ep_dcomm = NULL; /* (a host backend: not here) */
+  if (st == LP_OK && e->ep_comm_b && e->ep_dcomm) {
+    if (lp_comm_any_order(e->ep_dcomm)) {
+      st = lp_comm_for_backend(e->ep_comm_b, e->be, &e->ep_dcomm_b, &own);
+      if (st == LP_OK && !own) e->ep_dcomm_b = NULL;
+    } else { /* one order on every rank: the fixed alternation (run_fb_fixed) */
+      lp_comm_free(e->ep_comm_b);
+      e->ep_comm_b = NULL;
+    }
+  }
+  if (st != LP_OK)
+    lp_errf(e->err, "rank %d: the EP group's context for tensors on %s: %s", e->rank, e->be->name,
+            lp_comm_last_error(e->ep_comm));
+  return st;
+}
+
 void ex_grid_free(lp_exec *e) {
+  lp_comm_free(e->ep_dcomm_b);
+  lp_comm_free(e->ep_dcomm);
+  e->ep_dcomm = e->ep_dcomm_b = NULL;
   lp_comm_free(e->ep_comm_b);
   lp_comm_free(e->ep_comm);
   lp_comm_free(e->pp_own);
@@ -91,6 +115,8 @@ static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
   h->v = hf && hf->active ? hf->v : -1;
   h->mb = hf && hf->active ? hf->mb : -1;
   h->comm = h->half && e->ep_comm_b ? e->ep_comm_b : e->ep_comm;
+  if (xi->be && !xi->be->host_accessible) /* device rows: the context for them */
+    h->comm = h->half && e->ep_dcomm_b ? e->ep_dcomm_b : e->ep_dcomm;
   h->modelled = lp_link_alltoallv_time(lp_comm_link(h->comm), 4.0 * (double)out,
                                        4.0 * (double)in);
   double *x = ex_half_x(e, h->half);
@@ -211,7 +237,7 @@ static lp_status ep_wait(void *ud, void *handle) {
 
 lp_status ex_ep_attach(lp_exec *e, vst *vs) {
   if (e->ep <= 1 || lp_nn_moe_count(vs->chunk) == 0) return LP_OK;
-  e->nnep = (lp_nn_ep){e->ep, e->ep_rank, e, ep_start, ep_wait};
+  e->nnep = (lp_nn_ep){e->ep, e->ep_rank, e, ep_start, ep_wait, e->ep_dcomm != NULL};
   lp_status st = lp_nn_set_ep(vs->chunk, &e->nnep);
   if (st != LP_OK)
     lp_errf(e->err, "rank %d: giving model stage %d the EP group of %d ranks failed (%s)",

@@ -394,6 +394,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   }
   LP_CHECK_GOTO(ex_grid_new(e), st, fail);
   e->be = opts->backend ? opts->backend : lp_tensor_backend_cpu();
+  LP_CHECK_GOTO(ex_ep_device_new(e), st, fail);
   if (e->ep > 1 && lp_comm_size(e->comm) != e->P) {
     lp_errf(e->err, "schedule '%s' needs pp = %d ranks per EP index: %d x %d = %d ranks, but "
             "this job has %d", sname, e->P, e->P, e->ep, e->P * e->ep, lp_comm_size(e->world));

@@ -117,6 +117,10 @@ struct lp_exec {
                    * comm when ep = 1) */
   lp_comm *world; /* the job's comm: pp x ep ranks */
   lp_comm *pp_own, *ep_comm; /* owned split contexts when ep > 1 */
+  lp_comm *ep_dcomm, *ep_dcomm_b; /* device rows of MoE exchanges (chunks off
+                                   * the host): contexts for e->be over
+                                   * ep_comm / ep_comm_b (staged or NCCL;
+                                   * owned), else NULL */
   lp_comm *ep_comm_b; /* the EP group again, for backward halves' exchanges
                        * (when its backend lets ranks start operations on
                        * two contexts in any order), else NULL: then every
@@ -287,6 +291,11 @@ lp_status ex_half_ready(lp_exec *e, int which, int waiting, int *ready);
  * overlapped pair: counted as exposed all-to-all time of the action, and
  * traced. */
 void ex_a2a_blocked(lp_exec *e, double t0, double t1);
+/* With chunks off the host: the EP group's contexts for device rows
+ * (lp_comm_for_backend over ep_comm and ep_comm_b; a backend that needs one
+ * order on every rank, NCCL, drops ep_comm_b: pairs then run in the fixed
+ * order). Collective over the EP group; nothing without EP or on the host. */
+lp_status ex_ep_device_new(lp_exec *e);
 /* Gives the chunk of vstage vs the EP group (MoE layers only). */
 lp_status ex_ep_attach(lp_exec *e, vst *vs);
 /* Sets up the step-end sum of expert loads (collective; after chunks). */

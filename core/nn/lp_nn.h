@@ -376,6 +376,10 @@ typedef struct lp_nn_xinfo {
   lp_nn_xkind kind;
   const char *layer; /* the MoE layer's name (valid while the layer lives) */
   void *tag;         /* lp_nn_ctx_tag of the pass that starts it */
+  /* where send and recv live: NULL for host memory (the count exchange,
+   * or rows staged on the host), else the rows' tensor backend (only when
+   * the lp_nn_ep has `device` set) */
+  const lp_tensor_backend *be;
 } lp_nn_xinfo;
 
 /* Expert parallelism, given by the caller (nn does not depend on comm).
@@ -383,7 +387,11 @@ typedef struct lp_nn_xinfo {
  * floats go to rank r (send displacements are their prefix sums),
  * recv_counts[r] floats arrive from rank r (likewise); *handle is finished
  * by wait. Every EP rank starts its exchanges of one tag in the same
- * order. */
+ * order. With `device` 0, start only ever gets host memory: rows of a
+ * layer on a device backend are staged through host buffers by the layer;
+ * with `device` 1 start takes them where they live (x->be says where: the
+ * executor moves them with a comm context for that backend, staged or
+ * NCCL). */
 typedef struct lp_nn_ep {
   int size, rank; /* EP group size and this rank's index in it */
   void *ud;
@@ -391,6 +399,7 @@ typedef struct lp_nn_ep {
                      const size_t *send_counts, float *recv,
                      const size_t *recv_counts, void **handle);
   lp_status (*wait)(void *ud, void *handle);
+  int device; /* 1: start takes buffers on any backend (see above) */
 } lp_nn_ep;
 
 /* Gives every MoE layer inside l the EP group (copied; NULL or size 1: no

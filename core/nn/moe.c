@@ -21,8 +21,10 @@
  * On any backend: the routing decisions are made on the host from the
  * [tokens, E] affinities read back (and the router's backward from the
  * [pairs] combine-weight grads of dot_rows); GEMMs, SwiGLU, gather/scatter
- * run on the backend; off the host the exchanges are staged through host
- * buffers (lp_nn_ep moves host memory).
+ * run on the backend; off the host the row exchanges go to the lp_nn_ep as
+ * device buffers when it moves device memory (lp_nn_ep.device: the
+ * executor's EP group, staged or NCCL through the comm layer), else they
+ * are staged through host buffers here.
  *
  * Params: [0] router, then shared w1, w3, w2 (when shared > 0), then w1,
  * w3, w2 of each local slot. */
@@ -167,11 +169,11 @@ const char *lp_nn_xkind_text(lp_nn_xkind k) {
 /* Starts an exchange of ctx; the ctx remembers it until finish. */
 static lp_status xstart(lp_nn_layer *l, lp_nn_ctx *ctx, const float *send,
                         const size_t *sc, float *recv, const size_t *rc,
-                        lp_nn_xkind kind) {
+                        lp_nn_xkind kind, const lp_tensor_backend *be) {
   const lp_nn_ep *ep = &l->moe->ep;
   route *rt = ctx->ext;
   void *h = NULL;
-  lp_nn_xinfo xi = {kind, l->name, lp_nn_ctx_tag(ctx)};
+  lp_nn_xinfo xi = {kind, l->name, lp_nn_ctx_tag(ctx), be};
   lp_status st = ep->start(ep->ud, &xi, send, sc, recv, rc, &h);
   if (st != LP_OK)
     return nn_fail(ctx, l, st, "starting the %s exchange failed: %s",
@@ -183,15 +185,19 @@ static lp_status xstart(lp_nn_layer *l, lp_nn_ctx *ctx, const float *send,
 }
 
 /* Starts the exchange of the rows of tensor `send` into tensor `recv` (both
- * dense, on the micro-batch's backend). Off the host the rows go through
- * host staging buffers: read before the start, written at xfinish. */
+ * dense, on the micro-batch's backend). Host rows, and device rows when
+ * the lp_nn_ep moves device memory itself (an executor, through the comm
+ * layer), go as they are; otherwise off the host they go through host
+ * staging buffers: read before the start, written at xfinish. */
 static lp_status xstart_rows(lp_nn_layer *l, lp_nn_ctx *ctx,
                              const lp_tensor *send, const size_t *sc,
                              lp_tensor *recv, const size_t *rc,
                              lp_nn_xkind kind) {
   route *rt = ctx->ext;
   if (rt->be->host_accessible)
-    return xstart(l, ctx, send->data, sc, recv->data, rc, kind);
+    return xstart(l, ctx, send->data, sc, recv->data, rc, kind, NULL);
+  if (l->moe->ep.device)
+    return xstart(l, ctx, send->data, sc, recv->data, rc, kind, rt->be);
   int64_t ns = lp_tensor_numel(send), nr = lp_tensor_numel(recv);
   lp_free(rt->stage_send), lp_free(rt->stage_recv);
   lp_tensor_free(rt->stage_dst);
@@ -204,7 +210,7 @@ static lp_status xstart_rows(lp_nn_layer *l, lp_nn_ctx *ctx,
   if (st != LP_OK)
     return nn_fail(ctx, l, st, "staging the %s exchange on the host failed: %s",
                    lp_nn_xkind_text(kind), lp_strerror(st));
-  return xstart(l, ctx, rt->stage_send, sc, rt->stage_recv, rc, kind);
+  return xstart(l, ctx, rt->stage_send, sc, rt->stage_recv, rc, kind, NULL);
 }
 
 /* Finishes the exchange in flight (none: nothing). */
@@ -542,7 +548,7 @@ static lp_status fwd_router(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   } else { /* the counts fly while the rows are gathered */
     *waiting = 1;
     LP_CHECK(xstart(l, ctx, rt->cnt_send, rt->cs, rt->cnt_recv, rt->cs,
-                    LP_NN_X_DISPATCH_COUNT));
+                    LP_NN_X_DISPATCH_COUNT, NULL));
   }
   LP_CHECK(new2(rt, rt->pairs, D, &send));
   nn_keep(ctx, M_SEND, send);

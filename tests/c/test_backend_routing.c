@@ -273,7 +273,7 @@ static void ep2_run(const lp_tensor_backend *be, const lp_tensor *x,
   lp_tensor *xs[2] = {NULL}, *dys[2] = {NULL};
   for (int r = 0; r < 2; r++) {
     xr[r] = (xrank){&w, r};
-    lp_nn_ep ep = {2, r, &xr[r], x_start, x_wait};
+    lp_nn_ep ep = {2, r, &xr[r], x_start, x_wait, 0};
     assert_int_equal(lp_nn_moe_block_new("b", H, &o, 5, &ls[r]), LP_OK);
     assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
     if (be) assert_int_equal(lp_nn_layer_to(ls[r], be), LP_OK);
