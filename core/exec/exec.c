@@ -765,7 +765,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     /* only a backlog of sends is polled (see SEND_BACKLOG) */
     if (e->nps >= SEND_BACKLOG) LP_CHECK_GOTO(ex_poll_sends(e), st, fail);
     /* a replicated stage whose gradients are final: its sums fly now */
-    if (comp) LP_CHECK_GOTO(ex_reduce_early(e), st, fail);
+    LP_CHECK_GOTO(ex_reduce_early(e), st, fail);
     e->t_post += lp_now() - t1; /* polling, trace recording */
   }
   e->cur = e->nacts;

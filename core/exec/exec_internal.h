@@ -265,7 +265,7 @@ lp_status ex_reduce_finish(lp_exec *e);
  * start). */
 lp_status ex_reduce_finish_one(lp_exec *e, int li);
 /* Finds each local vstage's last action that writes its grads (B, W, an
- * FB pair's full backward). */
+ * FB pair's full backward), or this rank's last send when that is later. */
 void ex_reduce_plan(lp_exec *e);
 /* Without REDUCE_GRAD actions: starts the reduction of every replicated
  * local stage whose last grad-writing action (index <= e->cur) is done
