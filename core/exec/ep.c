@@ -142,6 +142,11 @@ static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
   return LP_OK;
 }
 
+void ex_xchg_reset(lp_exec *e) {
+  e->xc.s = e->xc.blocked = e->xc.hidden = e->xc.link = 0;
+  e->xc.n = 0;
+}
+
 lp_status ex_half_ready(lp_exec *e, int which, int waiting, int *ready) {
   a2a *h = e->xc.half_x[which];
   *ready = 1;

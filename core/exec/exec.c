@@ -707,8 +707,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   e->busy = 0;
   e->posted = 0;
   e->t_wait = e->t_post = e->t_comp = e->t_optim = 0;
-  e->xc.s = e->xc.blocked = e->xc.hidden = e->xc.link = e->t_reduce = 0;
-  e->xc.n = 0;
+  e->t_reduce = 0;
+  ex_xchg_reset(e);
   memset(e->act_s, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_s);
   memset(e->act_n, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_n);
   memset(e->act_x, 0, (size_t)EX_NX * LP_EXEC_NKINDS * e->S * sizeof *e->act_x);

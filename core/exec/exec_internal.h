@@ -280,6 +280,8 @@ lp_status ex_reduce_early(lp_exec *e);
  * backend allows any order). */
 lp_status ex_grid_new(lp_exec *e);
 void ex_grid_free(lp_exec *e);
+/* A new step's exchange accounting (e->xc, which only ep.c writes). */
+void ex_xchg_reset(lp_exec *e);
 /* World rank of pipeline rank p in this rank's pipeline group. */
 int ex_world(const lp_exec *e, int p);
 /* *ready = 1 when half `which` (0 forward, 1 backward) has no exchange in
