@@ -184,8 +184,9 @@ static lp_status ep_wait(void *ud, void *handle) {
            h->layer ? h->layer : "?", k);
   if (e->xc.half_x[h->half] == h) e->xc.half_x[h->half] = NULL;
   if (e->fail.st) { /* a communication failed before: drop, do not wait */
-    lp_comm_cancel(h->comm, &h->req); /* its displacements are kept: a started
-                                       * all-to-all-v may still read them */
+    lp_comm_cancel(h->comm, &h->req); /* (backends copy the counts and
+                                       * displacements at the start) */
+    lp_free(h->displs);
     lp_free(h);
     return e->fail.st;
   }
@@ -196,7 +197,8 @@ static lp_status ep_wait(void *ud, void *handle) {
   double t1 = lp_now();
   if (st != LP_OK) {
     ex_comm_fail(e, h->comm, st, w);
-    lp_comm_cancel(h->comm, &h->req); /* displacements kept (see above) */
+    lp_comm_cancel(h->comm, &h->req);
+    lp_free(h->displs);
     lp_free(h);
     return st;
   }

@@ -150,7 +150,8 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
     st = lp_comm_waitall(e->ep_comm, reqs, nreq, what);
     if (st != LP_OK) {
       ex_comm_fail(e, e->ep_comm, st, what);
-      lp_free(reqs); /* a timed-out request stays with the comm (may still be in flight) */
+      for (int i = 0; i < nreq; i++) lp_comm_cancel(e->ep_comm, &reqs[i]); /* before the buffers go */
+      lp_free(reqs);
       for (int i = 0; i < spr; i++) lp_free(rbuf[i]);
       lp_free(rbuf);
       goto done;

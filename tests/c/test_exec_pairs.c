@@ -91,7 +91,9 @@ static lp_status p_split(lp_comm *c, int color, int key, lp_comm **out) {
   partner *p = calloc(1, sizeof *p);
   p->own = 1;
   p->delay = k == 2 ? delay_f : k == 3 ? delay_b : 0;
-  return lp_comm_new(&partner_backend, 0, 2, 1 << 20, p, out);
+  lp_status st = lp_comm_new(&partner_backend, 0, 2, 1 << 20, p, out);
+  if (st != LP_OK) free(p);
+  return st;
 }
 static lp_status p_test(lp_comm *c, lp_comm_req *r, int *done) {
   (void)c;
