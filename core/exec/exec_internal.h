@@ -5,7 +5,12 @@
  *   msg.c    message plumbing: tags, posting receives ahead, sends, waits
  *   reduce.c gradient reduction of replicated stages
  *   timing.c always-on timing, measured trace events and their gathering
- *   host.c   ranks and cores of this rank's host (does the prediction apply?) */
+ *   host.c   ranks and cores of this rank's host (does the prediction apply?)
+ *   ep.c     the pp x ep grid, the MoE exchanges (lp_nn_ep) and their
+ *            accounting, the step-end sums over the EP group
+ *   placement.c  EPLB: expert weights and optimizer state moved between ranks
+ *   checkpoint.c saving and loading each rank's stages
+ *   reference.c  the one-process reference step (tests, --reference) */
 #pragma once
 #define _POSIX_C_SOURCE 200809L
 #include "lp_exec.h"
