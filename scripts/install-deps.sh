@@ -10,6 +10,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libreadline-dev
+  iproute2 # tests/mpi/test_two_hosts.sh: network namespaces (ip netns)
 )
 # scripts/fuzz.sh also needs clang and libFuzzer (the build and tests do not)
 if [ "${LUAPIPE_DEPS_FUZZ:-0}" = 1 ]; then PACKAGES+=(clang libclang-rt-dev); fi
