@@ -192,6 +192,7 @@ if comm.rank() == 0 and r.summary then
     end
     if e then out:write(string.format("load_before=%s\nload_after=%s\nbytes_moved=%d\n", e.before, e.after, e.bytes)) end
     out:write(string.format("final_loss=%.6f\n", r.losses[#r.losses] or 0))
+    out:write(string.format("oversubscribed=%d\n", s.oversubscribed and 1 or 0))
     out:close()
   end
 end

@@ -11,6 +11,7 @@ PACKAGES=(
   libopenblas-dev
   libreadline-dev
   libyajl-dev zlib1g-dev
+  iproute2 # tests/mpi/test_two_hosts.sh: network namespaces (ip netns)
 )
 # scripts/fuzz.sh also needs clang and libFuzzer (the build and tests do not)
 if [ "${LUAPIPE_DEPS_FUZZ:-0}" = 1 ]; then PACKAGES+=(clang libclang-rt-dev); fi

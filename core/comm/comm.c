@@ -530,6 +530,10 @@ _Noreturn void lp_comm_abort(lp_comm *c, int code) {
   _exit(code); /* a backend abort that returned */
 }
 
+void lp_comm_on_failure(lp_comm *c, lp_status st, const char *msg) {
+  if (st == LP_ERR_TIMEOUT) lp_comm_fatal(c, msg);
+}
+
 _Noreturn void lp_comm_fatal(lp_comm *c, const char *msg) {
   if (!c) c = lp_comm_world();
   fprintf(stderr, "luapipe: rank %d: %s\n", c->rank,

@@ -277,6 +277,9 @@ static lp_status st_split(lp_comm *c, int color, int key, lp_comm **out);
 
 static const lp_comm_backend comm_staged_backend = {
     .name = "mpi-staged",
+    /* each staged context wraps its own host context (MPI, self), whose
+     * operations progress whatever order ranks started them in */
+    .any_order = 1,
     .isend = st_isend,
     .irecv = st_irecv,
     .iallreduce_sum = st_iallreduce,

@@ -1,9 +1,15 @@
 /* lp_comm.h — the communication layer the executor runs schedules over: one
  * context type (lp_comm) in front of a backend vtable (Redis-engine style).
- * Point-to-point isend/irecv of float buffers, all-reduce, barrier,
- * broadcast, abort; every wait has a watchdog deadline (LUAPIPE_TIMEOUT).
- * Backends: "self" (one process, no MPI) and "mpi" (comm_mpi.c, the only
- * file besides the host bootstrap that sees mpi.h). Depends on lp_base. */
+ * Point-to-point isend/irecv of float buffers, all-reduce, all-to-all-v,
+ * barrier, broadcast, split, abort; every wait has a watchdog deadline
+ * (LUAPIPE_TIMEOUT): a wait past it returns LP_ERR_TIMEOUT with a message
+ * naming rank, operation and peer, and lp_comm_on_failure holds the job's
+ * policy (a timeout ends every rank). Backends: "self" (one process, no
+ * MPI), "mpi" (comm_mpi.c, the only file besides the host bootstrap that
+ * sees mpi.h), "nccl" (comm_nccl.c, device buffers; comm_nccl_stub.c
+ * without NCCL) and "mpi-staged" (comm_staged.c: device buffers through
+ * pinned host memory over an MPI context); the device ones through
+ * lp_comm_gpu.h. Depends on lp_base. */
 #pragma once
 
 #include <stddef.h>
@@ -90,7 +96,7 @@ void lp_comm_free(lp_comm *c);
 
 int lp_comm_rank(const lp_comm *c);
 int lp_comm_size(const lp_comm *c);
-const char *lp_comm_backend_name(const lp_comm *c); /* "self", "mpi" */
+const char *lp_comm_backend_name(const lp_comm *c); /* "self", "mpi", "nccl", "mpi-staged" */
 /* Largest tag usable with isend/irecv (at least 32767). */
 int lp_comm_tag_ub(const lp_comm *c);
 /* Text of the last failure on this context ("" when none). Fixed buffer,
@@ -190,8 +196,9 @@ lp_status lp_comm_recv(lp_comm *c, float *buf, size_t n, int peer, int tag,
 /* ---- collectives (every rank calls them in the same order) ---------------
  * Blocking, under the watchdog; `what` describes the caller for the
  * timeout message (may be NULL). A started collective cannot be cancelled:
- * after LP_ERR_TIMEOUT the context is unusable; call lp_comm_fatal (the MPI
- * backend also skips MPI_Finalize then, which could wait on it forever). */
+ * after LP_ERR_TIMEOUT the context is unusable; return the status up to
+ * lp_comm_on_failure, which ends the job (the MPI backend also skips
+ * MPI_Finalize then, which could wait on it forever). */
 lp_status lp_comm_allreduce_sum_float(lp_comm *c, float *buf, size_t n,
                                       const char *what);
 lp_status lp_comm_allreduce_sum_double(lp_comm *c, double *buf, size_t n,
@@ -241,6 +248,14 @@ _Noreturn void lp_comm_abort(lp_comm *c, int code);
 /* Prints "luapipe: rank R: <msg>" to stderr and aborts every rank with exit
  * code 1, so a failed or dead peer never leaves the job hanging. */
 _Noreturn void lp_comm_fatal(lp_comm *c, const char *msg);
+/* The job's policy for a failure a caller got back from a wait or a layer
+ * above (the executor returns them): after LP_ERR_TIMEOUT (the watchdog
+ * fired: a peer stopped or hung, and a started operation cannot be
+ * cancelled) every rank ends, with msg (lp_comm_fatal); any other status
+ * returns here, for the caller to report. The top of the program calls it
+ * (the Lua bindings do, when a step or a placement fails); library code
+ * returns instead. */
+void lp_comm_on_failure(lp_comm *c, lp_status st, const char *msg);
 
 /* ---- MPI bootstrap (the host calls these) --------------------------------- */
 

@@ -5,6 +5,7 @@
  * replicated experts' grads over their holders, expert loads over every
  * rank holding a stage (router bias). */
 #include "exec_internal.h"
+#include "lp_comm_gpu.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -26,27 +27,47 @@ lp_status ex_grid_new(lp_exec *e) {
   }
   e->ep_rank = e->rank % E;
   int p = e->rank / E;
-  if (lp_comm_split(e->world, e->ep_rank, p, &e->pp_own) != LP_OK ||
-      lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm) != LP_OK) {
-    lp_errf(e->err, "rank %d: forming the pp x ep grid: %s", e->rank,
-            lp_comm_last_error(e->world));
-    return LP_ERR_COMM;
-  }
+  lp_status st = lp_comm_split(e->world, e->ep_rank, p, &e->pp_own);
+  if (st == LP_OK) st = lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm);
   /* backward halves exchange over a context of their own, so an
    * overlapped pair can run whichever half's exchange finished first (each
    * context still sees one order of exchanges on every rank: its half's) */
-  if (lp_comm_any_order(e->ep_comm) &&
-      lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm_b) != LP_OK) {
+  if (st == LP_OK && lp_comm_any_order(e->ep_comm))
+    st = lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm_b);
+  if (st != LP_OK) {
     lp_errf(e->err, "rank %d: forming the pp x ep grid: %s", e->rank,
             lp_comm_last_error(e->world));
-    return LP_ERR_COMM;
+    return st;
   }
   e->comm = e->pp_own;
   e->prank = lp_comm_rank(e->comm);
   return LP_OK;
 }
 
+lp_status ex_ep_device_new(lp_exec *e) {
+  if (e->ep <= 1 || e->be->host_accessible) return LP_OK;
+  int own = 0;
+  lp_status st = lp_comm_for_backend(e->ep_comm, e->be, &e->ep_dcomm, &own);
+  if (st == LP_OK && !own) e->ep_dcomm = NULL; /* (a host backend: not here) */
+  if (st == LP_OK && e->ep_comm_b && e->ep_dcomm) {
+    if (lp_comm_any_order(e->ep_dcomm)) {
+      st = lp_comm_for_backend(e->ep_comm_b, e->be, &e->ep_dcomm_b, &own);
+      if (st == LP_OK && !own) e->ep_dcomm_b = NULL;
+    } else { /* one order on every rank: the fixed alternation (run_fb_fixed) */
+      lp_comm_free(e->ep_comm_b);
+      e->ep_comm_b = NULL;
+    }
+  }
+  if (st != LP_OK)
+    lp_errf(e->err, "rank %d: the EP group's context for tensors on %s: %s", e->rank, e->be->name,
+            lp_comm_last_error(e->ep_comm));
+  return st;
+}
+
 void ex_grid_free(lp_exec *e) {
+  lp_comm_free(e->ep_dcomm_b);
+  lp_comm_free(e->ep_dcomm);
+  e->ep_dcomm = e->ep_dcomm_b = NULL;
   lp_comm_free(e->ep_comm_b);
   lp_comm_free(e->ep_comm);
   lp_comm_free(e->pp_own);
@@ -63,8 +84,9 @@ int ex_world(const lp_exec *e, int p) { return p * e->ep + e->ep_rank; }
 
 /* ---- the EP exchange ---- */
 
-static lp_status ep_start(void *ud, const float *send, const size_t *send_counts, float *recv,
-                          const size_t *recv_counts, void **handle) {
+static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
+                          const size_t *send_counts, float *recv, const size_t *recv_counts,
+                          void **handle) {
   lp_exec *e = ud;
   int E = e->ep;
   a2a *h = lp_calloc(1, sizeof *h);
@@ -85,10 +107,16 @@ static lp_status ep_start(void *ud, const float *send, const size_t *send_counts
       in += recv_counts[r];
     }
   }
-  h->half = e->adv_half;
-  h->v = e->hf[h->half].active ? e->hf[h->half].v : -1;
-  h->mb = e->hf[h->half].active ? e->hf[h->half].mb : -1;
+  /* whose exchange: the tag f_begin / b_begin gave the pass (its half) */
+  const half *hf = xi->tag;
+  h->half = hf == &e->pr.hf[1];
+  h->kind = xi->kind;
+  h->layer = xi->layer;
+  h->v = hf && hf->active ? hf->v : -1;
+  h->mb = hf && hf->active ? hf->mb : -1;
   h->comm = h->half && e->ep_comm_b ? e->ep_comm_b : e->ep_comm;
+  if (xi->be && !xi->be->host_accessible) /* device rows: the context for them */
+    h->comm = h->half && e->ep_dcomm_b ? e->ep_dcomm_b : e->ep_dcomm;
   h->modelled = lp_link_alltoallv_time(lp_comm_link(h->comm), 4.0 * (double)out,
                                        4.0 * (double)in);
   double *x = ex_half_x(e, h->half);
@@ -99,7 +127,7 @@ static lp_status ep_start(void *ud, const float *send, const size_t *send_counts
     x[EX_X_MAX] += 4.0 * (double)(out > in ? out : in);
   }
   h->start = lp_now();
-  h->blocked0 = e->a2a_blocked + e->t_wait;
+  h->blocked0 = e->xc.blocked + e->t_wait;
   lp_status st = lp_comm_ialltoallv(h->comm, send, send_counts, h->displs, recv, recv_counts,
                                     h->displs + E, &h->req);
   if (st != LP_OK) {
@@ -109,21 +137,27 @@ static lp_status ep_start(void *ud, const float *send, const size_t *send_counts
     lp_free(h);
     return st;
   }
-  e->half_x[h->half] = h;
+  e->xc.half_x[h->half] = h;
   *handle = h;
   return LP_OK;
 }
 
+void ex_xchg_reset(lp_exec *e) {
+  e->xc.s = e->xc.blocked = e->xc.hidden = e->xc.link = 0;
+  e->xc.n = 0;
+}
+
 lp_status ex_half_ready(lp_exec *e, int which, int waiting, int *ready) {
-  a2a *h = e->half_x[which];
+  a2a *h = e->xc.half_x[which];
   *ready = 1;
   if (!h || h->done_at > 0) return LP_OK;
   int done = 0;
   lp_status st = lp_comm_test(h->comm, &h->req, &done);
   if (st != LP_OK) {
-    lp_errf(e->err, "rank %d (EP rank %d of %d): an MoE exchange of the %s half: %s", e->rank,
-            e->ep_rank, e->ep, which ? "backward" : "forward", lp_comm_last_error(h->comm));
-    return st;
+    char what[128];
+    snprintf(what, sizeof what, "rank %d (EP rank %d of %d): an MoE exchange of the %s half",
+             e->rank, e->ep_rank, e->ep, which ? "backward" : "forward");
+    return ex_comm_fail(e, h->comm, st, what);
   }
   *ready = done;
   if (done) {
@@ -134,28 +168,40 @@ lp_status ex_half_ready(lp_exec *e, int which, int waiting, int *ready) {
 }
 
 void ex_a2a_blocked(lp_exec *e, double t0, double t1) {
-  e->a2a_blocked += t1 - t0;
+  e->xc.blocked += t1 - t0;
   double *x = ex_action_x(e);
   if (x) x[EX_X_BLOCKED] += t1 - t0;
   ex_trace_add(e, LP_TRACE_SEND, "all-to-all wait: both halves", "a2a", t0, t1, -1, -1, e->cur,
                -1, -1);
 }
 
-static lp_status ep_wait(void *ud, void *handle, const char *what) {
+static lp_status ep_wait(void *ud, void *handle) {
   lp_exec *e = ud;
   a2a *h = handle;
+  const char *k = lp_nn_xkind_text(h->kind);
   char w[256];
-  snprintf(w, sizeof w, "rank %d (EP rank %d of %d): %s", e->rank, e->ep_rank, e->ep,
-           what ? what : "an MoE exchange");
-  if (e->half_x[h->half] == h) e->half_x[h->half] = NULL;
+  snprintf(w, sizeof w, "rank %d (EP rank %d of %d): moe %s %s", e->rank, e->ep_rank, e->ep,
+           h->layer ? h->layer : "?", k);
+  if (e->xc.half_x[h->half] == h) e->xc.half_x[h->half] = NULL;
+  if (e->fail.st) { /* a communication failed before: drop, do not wait */
+    lp_comm_cancel(h->comm, &h->req); /* (backends copy the counts and
+                                       * displacements at the start) */
+    lp_free(h->displs);
+    lp_free(h);
+    return e->fail.st;
+  }
   double tw = lp_now();
   int ready = 0; /* finished while this rank computed? */
   lp_status st = lp_comm_test(h->comm, &h->req, &ready);
   if (st == LP_OK && !ready) st = lp_comm_wait(h->comm, &h->req, w);
   double t1 = lp_now();
-  if (st == LP_ERR_TIMEOUT) lp_comm_fatal(h->comm, lp_comm_last_error(h->comm));
-  if (st != LP_OK)
-    lp_errf(e->err, "rank %d: %s: %s", e->rank, w, lp_comm_last_error(h->comm));
+  if (st != LP_OK) {
+    ex_comm_fail(e, h->comm, st, w);
+    lp_comm_cancel(h->comm, &h->req);
+    lp_free(h->displs);
+    lp_free(h);
+    return st;
+  }
   /* found finished by an overlapped pair's poll (ex_half_ready): while the
    * rank waited for both halves, it ended then (that wait is already
    * counted as blocked); after compute, like any exchange found done */
@@ -174,29 +220,23 @@ static lp_status ep_wait(void *ud, void *handle, const char *what) {
   double blocked = ready ? 0 : t1 - tw;
   double before = tw - h->start;
   double took = ready ? (h->modelled < before ? h->modelled : before) : t1 - h->start;
-  double free = before - (e->a2a_blocked + e->t_wait - h->blocked0);
+  double free = before - (e->xc.blocked + e->t_wait - h->blocked0);
   double hidden = free < 0 ? 0 : free > took - blocked ? took - blocked : free;
-  e->a2a_s += took;
-  e->a2a_blocked += blocked;
+  e->xc.s += took;
+  e->xc.blocked += blocked;
   double *x = ex_action_x(e);
   if (x) x[EX_X_BLOCKED] += blocked;
-  e->a2a_hidden += hidden;
-  e->a2a_link += h->modelled;
-  e->a2a_n++;
+  e->xc.hidden += hidden;
+  e->xc.link += h->modelled;
+  e->xc.n++;
   /* the slice is the exchange's time as counted above (found done: the
    * link model's estimate), so that a profile of the trace reads the same
    * hidden share (luapipe profile) */
   ex_trace_add(e, LP_TRACE_SEND, "all-to-all", "a2a", h->start, h->start + took, h->v, h->mb,
                e->cur, -1, -1);
   /* the part this rank sat blocked in the wait (the exposed time), named
-   * by the exchange (the MoE layer's words: "dispatch count", "combine
-   * backward", ...) */
+   * by the exchange's kind ("dispatch count", "combine backward", ...) */
   if (blocked > 0) {
-    static const char *const kinds[] = {"dispatch count", "dispatch backward",
-                                        "combine backward", "dispatch", "combine"};
-    const char *k = "exchange";
-    for (size_t i = 0; what && i < sizeof kinds / sizeof *kinds; i++)
-      if (strstr(what, kinds[i])) { k = kinds[i]; break; }
     char name[64];
     snprintf(name, sizeof name, "all-to-all wait: %s", k);
     ex_trace_add(e, LP_TRACE_SEND, name, "a2a", tw, t1, h->v, h->mb, e->cur, -1, -1);
@@ -208,7 +248,7 @@ static lp_status ep_wait(void *ud, void *handle, const char *what) {
 
 lp_status ex_ep_attach(lp_exec *e, vst *vs) {
   if (e->ep <= 1 || lp_nn_moe_count(vs->chunk) == 0) return LP_OK;
-  e->nnep = (lp_nn_ep){e->ep, e->ep_rank, e, ep_start, ep_wait};
+  e->nnep = (lp_nn_ep){e->ep, e->ep_rank, e, ep_start, ep_wait, e->ep_dcomm != NULL};
   lp_status st = lp_nn_set_ep(vs->chunk, &e->nnep);
   if (st != LP_OK)
     lp_errf(e->err, "rank %d: giving model stage %d the EP group of %d ranks failed (%s)",
@@ -255,7 +295,7 @@ static lp_status reduce_replicas(lp_exec *e, lp_nn_layer *moe) {
   int spr = lp_nn_moe_slots_per_rank(moe), E = o->experts, nslots = spr * e->ep;
   int *p2l = lp_malloc((size_t)nslots * sizeof *p2l);
   int *reps = lp_calloc((size_t)E, sizeof *reps);
-  float *rows = NULL;
+  float *rows = NULL, *g = NULL;
   lp_status st = LP_OK;
   if (!p2l || !reps) { st = LP_ERR_NOMEM; goto done; }
   LP_CHECK_GOTO(lp_nn_moe_placement(moe, p2l), st, done);
@@ -268,33 +308,44 @@ static lp_status reduce_replicas(lp_exec *e, lp_nn_layer *moe) {
   LP_CHECK_GOTO(lp_nn_moe_slot_params(moe, e->ep_rank * spr, &sp, &np), st, done);
   size_t q = 0;
   for (int j = 0; j < np; j++) q += (size_t)lp_tensor_numel(sp[j].grad);
+  /* the grads come to the host with lp_tensor_read (they may live on a
+   * device), are summed there, and go back with lp_tensor_write */
   rows = lp_calloc((size_t)E * q, sizeof *rows);
-  if (!rows) { st = LP_ERR_NOMEM; goto done; }
+  g = lp_malloc((q ? q : 1) * sizeof *g);
+  if (!rows || !g) { st = LP_ERR_NOMEM; goto done; }
   for (int s = e->ep_rank * spr; s < (e->ep_rank + 1) * spr; s++) {
     LP_CHECK_GOTO(lp_nn_moe_slot_params(moe, s, &sp, &np), st, done);
     float *row = rows + (size_t)p2l[s] * q;
     for (int j = 0; j < np; j++) {
       size_t c = (size_t)lp_tensor_numel(sp[j].grad);
-      for (size_t i = 0; i < c; i++) row[i] += sp[j].grad->data[i];
+      LP_CHECK_GOTO(lp_tensor_read(sp[j].grad, g), st, done);
+      for (size_t i = 0; i < c; i++) row[i] += g[i];
       row += c;
     }
   }
-  if (e->ep > 1 && lp_comm_allreduce_sum_float(e->ep_comm, rows, (size_t)E * q,
-                                               "summing replicated experts' gradients") != LP_OK)
-    lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
+  if (e->ep > 1) {
+    char what[128];
+    snprintf(what, sizeof what, "rank %d (EP rank %d of %d): summing replicated experts' gradients",
+             e->rank, e->ep_rank, e->ep);
+    st = lp_comm_allreduce_sum_float(e->ep_comm, rows, (size_t)E * q, what);
+    if (st != LP_OK) {
+      ex_comm_fail(e, e->ep_comm, st, what);
+      goto done;
+    }
+  }
   for (int s = e->ep_rank * spr; s < (e->ep_rank + 1) * spr; s++) {
     LP_CHECK_GOTO(lp_nn_moe_slot_params(moe, s, &sp, &np), st, done);
     const float *row = rows + (size_t)p2l[s] * q;
     for (int j = 0; j < np; j++) {
-      size_t c = (size_t)lp_tensor_numel(sp[j].grad);
-      memcpy(sp[j].grad->data, row, c * sizeof(float));
-      row += c;
+      LP_CHECK_GOTO(lp_tensor_write(sp[j].grad, row), st, done);
+      row += (size_t)lp_tensor_numel(sp[j].grad);
     }
   }
 done:
   lp_free(p2l);
   lp_free(reps);
   lp_free(rows);
+  lp_free(g);
   return st;
 }
 
@@ -313,10 +364,15 @@ static lp_status reduce_dense(lp_exec *e) {
     }
     if (pass == 2) {
       double tw = lp_now();
-      if (lp_comm_allreduce_sum_float(e->ep_comm, buf, n,
-                                      "summing dense gradients over the EP group") != LP_OK)
-        lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
+      char what[128];
+      snprintf(what, sizeof what, "rank %d (EP rank %d of %d): summing dense gradients over the EP "
+               "group", e->rank, e->ep_rank, e->ep);
+      st = lp_comm_allreduce_sum_float(e->ep_comm, buf, n, what);
       e->t_wait += lp_now() - tw;
+      if (st != LP_OK) {
+        ex_comm_fail(e, e->ep_comm, st, what);
+        break;
+      }
     }
     size_t off = 0;
     for (int li = 0; li < e->nloc && st == LP_OK; li++) {
@@ -386,11 +442,12 @@ lp_status ex_moe_loads_new(lp_exec *e) {
     sz[s] = (double)stage_loads(e, s);
     sz[e->S + s] = stage_experts(e, s);
   }
-  if (lp_comm_allreduce_sum_double(e->world, sz, 2 * (size_t)e->S,
-                                   "lp_exec_new: sizing the expert-load sums") != LP_OK) {
+  lp_status st = lp_comm_allreduce_sum_double(e->world, sz, 2 * (size_t)e->S,
+                                              "lp_exec_new: sizing the expert-load sums");
+  if (st != LP_OK) {
     lp_free(sz);
     lp_errf(e->err, "%s", lp_comm_last_error(e->world));
-    return LP_ERR_COMM;
+    return st;
   }
   size_t tot = 0;
   e->moe_layers = 0;
@@ -450,9 +507,15 @@ lp_status ex_moe_bias_update(lp_exec *e) {
       off += E;
     }
   }
-  if (lp_comm_allreduce_sum_double(e->world, e->moe_counts, e->moe_total,
-                                   "summing expert loads at the end of a step") != LP_OK)
-    lp_comm_fatal(e->world, lp_comm_last_error(e->world));
+  {
+    char what[96];
+    snprintf(what, sizeof what, "rank %d: summing expert loads at the end of a step", e->rank);
+    st = lp_comm_allreduce_sum_double(e->world, e->moe_counts, e->moe_total, what);
+    if (st != LP_OK) {
+      ex_comm_fail(e, e->world, st, what);
+      goto done;
+    }
+  }
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     size_t off = e->moe_off[vs->stage];

@@ -14,7 +14,20 @@
 
 /* ---- compute halves ---- */
 
-static lp_status nnfail(lp_exec *e, slot *sl, const char *what, lp_status st) {
+lp_status ex_comm_fail(lp_exec *e, lp_comm *c, lp_status st, const char *what) {
+  if (!e->fail.st) { /* the first failure's text stays */
+    if (st == LP_ERR_TIMEOUT)
+      lp_errf(e->fail.text, "%s", lp_comm_last_error(c));
+    else
+      lp_errf(e->fail.text, "rank %d: %s: %s", e->rank, what, lp_comm_last_error(c));
+    e->fail.st = st;
+  }
+  lp_errf(e->err, "%s", e->fail.text);
+  return st;
+}
+
+lp_status ex_nnfail(lp_exec *e, slot *sl, const char *what, lp_status st) {
+  if (e->fail.st) return st; /* an exchange failed: its text is in e->err */
   char t[LP_ACTION_TEXT_MAX];
   lp_errf(e->err, "rank %d, action %d (%s): %s failed: %s", e->rank, e->cur,
           ex_act_text(e, e->cur, t, sizeof t), what,
@@ -49,18 +62,18 @@ static void half_clear(half *h) {
 }
 
 void ex_halves_clear(lp_exec *e) {
-  half_clear(&e->hf[0]);
-  half_clear(&e->hf[1]);
+  half_clear(&e->pr.hf[0]);
+  half_clear(&e->pr.hf[1]);
 }
 
-static lp_status f_begin(lp_exec *e, int v, int mb) {
+lp_status ex_f_begin(lp_exec *e, int v, int mb) {
   int li = e->loc[v];
   vst *vs = &e->vs[li];
   int k = e->kpos[li][mb], last = e->rlen[mb] - 1;
   slot *sl = &vs->slots[mb];
   lp_tensor *x = NULL, *tg = NULL;
   lp_status st = LP_OK;
-  if (e->hf[0].active) {
+  if (e->pr.hf[0].active) {
     lp_errf(e->err, "rank %d, action %d: a forward half is already running", e->rank, e->cur);
     return LP_ERR_INTERNAL;
   }
@@ -82,9 +95,10 @@ static lp_status f_begin(lp_exec *e, int v, int mb) {
   }
   if (!sl->ctx) LP_CHECK_GOTO(lp_nn_ctx_new(&sl->ctx), st, fail);
   ex_trace_memory(e, lp_now(), 1, 0); /* the activation is held from the start */
+  lp_nn_ctx_set_tag(sl->ctx, &e->pr.hf[0]); /* its exchanges are the forward half's */
   st = lp_nn_forward_begin(vs->chunk, sl->ctx, x);
-  if (st != LP_OK) { nnfail(e, sl, "forward", st); goto fail; }
-  e->hf[0] = (half){1, LP_ACT_F, v, mb, x, tg, 0};
+  if (st != LP_OK) { ex_nnfail(e, sl, "forward", st); goto fail; }
+  e->pr.hf[0] = (half){1, LP_ACT_F, v, mb, x, tg, 0};
   double *hx = ex_half_x(e, 0);
   if (hx) hx[EX_X_HALVES] += 1;
   return LP_OK;
@@ -132,13 +146,13 @@ out:
 }
 
 /* Full backward (full = 1) or input-grad only. */
-static lp_status b_begin(lp_exec *e, int v, int mb, int full) {
+lp_status ex_b_begin(lp_exec *e, int v, int mb, int full) {
   int li = e->loc[v];
   vst *vs = &e->vs[li];
   int k = e->kpos[li][mb], last = e->rlen[mb] - 1;
   slot *sl = &vs->slots[mb];
   lp_tensor *dy = NULL;
-  if (e->hf[1].active) {
+  if (e->pr.hf[1].active) {
     lp_errf(e->err, "rank %d, action %d: a backward half is already running", e->rank, e->cur);
     return LP_ERR_INTERNAL;
   }
@@ -154,12 +168,13 @@ static lp_status b_begin(lp_exec *e, int v, int mb, int full) {
     int nv = e->route[mb][k + 1];
     LP_CHECK(ex_finish_recv(e, 0, v, mb, e->vstage[nv], e->vrank[nv], &dy));
   }
+  lp_nn_ctx_set_tag(sl->ctx, &e->pr.hf[1]); /* its exchanges are the backward half's */
   lp_status st = lp_nn_input_grad_begin(vs->chunk, sl->ctx, dy);
   if (st != LP_OK) {
     lp_tensor_free(dy);
-    return nnfail(e, sl, "input-grad", st);
+    return ex_nnfail(e, sl, "input-grad", st);
   }
-  e->hf[1] = (half){1, full ? LP_ACT_B : LP_ACT_I, v, mb, dy, NULL, 0};
+  e->pr.hf[1] = (half){1, full ? LP_ACT_B : LP_ACT_I, v, mb, dy, NULL, 0};
   double *hx = ex_half_x(e, 1);
   if (hx) hx[EX_X_HALVES] += 1;
   return LP_OK;
@@ -173,7 +188,7 @@ static lp_status b_finish(lp_exec *e, half *h, lp_tensor *dx) {
   lp_status st = LP_OK;
   if (h->type == LP_ACT_B && !h->keep_w) {
     st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
-    if (st != LP_OK) { nnfail(e, sl, "weight-grad", st); goto out; }
+    if (st != LP_OK) { ex_nnfail(e, sl, "weight-grad", st); goto out; }
   } else if (h->type != LP_ACT_B) {
     vs->wq[(vs->wq_head + vs->wq_len) % e->M] = mb;
     vs->wq_len++;
@@ -201,8 +216,8 @@ out:
 
 /* One advance of the running forward (which = 0) or backward (1) half;
  * *done = 1 once its pass ended and the half finished. */
-static lp_status half_advance(lp_exec *e, int which, int *done) {
-  half *h = &e->hf[which];
+lp_status ex_half_advance(lp_exec *e, int which, int *done) {
+  half *h = &e->pr.hf[which];
   *done = 0;
   if (!h->active) {
     lp_errf(e->err, "rank %d, action %d: no %s half is running", e->rank, e->cur,
@@ -213,10 +228,9 @@ static lp_status half_advance(lp_exec *e, int which, int *done) {
   slot *sl = &e->vs[li].slots[h->mb];
   int want = which == 0 || e->kpos[li][h->mb] > 0;
   lp_tensor *out = NULL;
-  e->adv_half = which; /* the exchange it starts goes over this half's context */
   lp_status st = lp_nn_advance(e->vs[li].chunk, sl->ctx, done, want ? &out : NULL);
   if (st != LP_OK) {
-    nnfail(e, sl, which ? "input-grad" : "forward", st);
+    ex_nnfail(e, sl, which ? "input-grad" : "forward", st);
     half_clear(h);
     return st;
   }
@@ -229,172 +243,37 @@ static lp_status half_advance(lp_exec *e, int which, int *done) {
   return st;
 }
 
+/* The phase of half `which`'s next advance (LP_NN_PHASE_DONE: none runs). */
+lp_nn_phase ex_half_phase(const lp_exec *e, int which) {
+  const half *h = &e->pr.hf[which];
+  if (!h->active) return LP_NN_PHASE_DONE;
+  return lp_nn_phase_of(e->vs[e->loc[h->v]].slots[h->mb].ctx);
+}
+
 static lp_status run_f(lp_exec *e, int v, int mb) {
-  LP_CHECK(f_begin(e, v, mb));
+  LP_CHECK(ex_f_begin(e, v, mb));
   int done = 0;
-  while (!done) LP_CHECK(half_advance(e, 0, &done));
+  while (!done) {
+    LP_CHECK(ex_half_advance(e, 0, &done));
+    if (!done) LP_CHECK(ex_fill_with_carry(e, 0));
+  }
   return LP_OK;
 }
 
+/* A lone backward; a full one runs the weight-grad pieces its input-grad
+ * has made ready while its exchanges fly (the experts' while
+ * dispatch-backward does, a finished block's while the next block's
+ * combine-backward does): bitwise the same gradients (each parameter's
+ * updates keep their order), less of the exchanges exposed. */
 static lp_status run_b(lp_exec *e, int v, int mb, int full) {
-  LP_CHECK(b_begin(e, v, mb, full));
+  LP_CHECK(ex_b_begin(e, v, mb, full));
   int done = 0;
-  while (!done) LP_CHECK(half_advance(e, 1, &done));
-  return LP_OK;
-}
-
-/* Weight-grad pieces the running full-backward half's input-grad has made
- * ready (lp_nn_weight_grad_part): all of them, or just one when ran !=
- * NULL (*ran = 1 when it ran one). Nothing for an I half or none. */
-static lp_status bw_parts(lp_exec *e, int *ran) {
-  half *b = &e->hf[1];
-  if (ran) *ran = 0;
-  if (!b->active || b->type != LP_ACT_B) return LP_OK;
-  vst *vs = &e->vs[e->loc[b->v]];
-  slot *sl = &vs->slots[b->mb];
-  for (int did = 1; did;) {
-    lp_status st = lp_nn_weight_grad_part(vs->chunk, sl->ctx, &did);
-    if (st != LP_OK) return nnfail(e, sl, "weight-grad", st);
-    if (ran) {
-      *ran = did;
-      break;
-    }
+  while (!done) {
+    LP_CHECK(ex_half_advance(e, 1, &done));
+    if (!done && full) LP_CHECK(ex_bw_parts(e, NULL));
+    if (!done) LP_CHECK(ex_fill_with_carry(e, 1));
   }
   return LP_OK;
-}
-
-/* The weight-grad an overlapped pair's full backward leaves to the next
- * pair (run_fb): its pieces fill that pair's waits (often the first ones,
- * for an EP partner that starts the pair late) before the pair's own.
- * Per parameter the order of accumulation stays that of finishing each
- * weight-grad at once: the carry ends before any action but messages and
- * the executor's own pairs (a REDUCE_GRAD finds complete gradients),
- * before the next backward of its stage, when the next pair leaves its own
- * and at step end. One piece (*ran = 1) or, with ran NULL, all that is
- * left (the carry ends). */
-static lp_status carry_w(lp_exec *e, int *ran) {
-  if (ran) *ran = 0;
-  if (e->carry_v < 0) return LP_OK;
-  vst *vs = &e->vs[e->loc[e->carry_v]];
-  slot *sl = &vs->slots[e->carry_mb];
-  lp_status st;
-  if (ran) {
-    st = lp_nn_weight_grad_part(vs->chunk, sl->ctx, ran);
-    if (st == LP_OK && *ran) return LP_OK;
-  }
-  st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
-  e->carry_v = -1;
-  if (ran) *ran = st == LP_OK;
-  return st == LP_OK ? LP_OK : nnfail(e, sl, "weight-grad", st);
-}
-
-/* The overlapped pair in a fixed order, DeepSeek-V3's: both halves begun
- * (inputs in hand), then their phases alternate, backward first, so each
- * advance starts the next all-to-all of its half and returns while the
- * other half computes: per MoE layer, backward's combine-backward flies
- * under forward's attention, forward's dispatch under backward's experts,
- * backward's dispatch-backward under forward's experts, forward's combine
- * under backward's attention. The forward's count exchange (a few numbers
- * per expert, only the link's latency) is waited for at once, glued to the
- * attention phase that started it: the advance after it does no compute,
- * so giving the turn to the backward half there would leave the
- * backward's row exchange (started one advance before) with nothing to
- * fly under. After each backward advance, the weight-grads of the blocks
- * its input-grad has finished run at once (DeepSeek's MLP(W) and ATTN(W)
- * right after their B: more compute under the exchanges in flight). Every
- * rank of the EP group starts its exchanges in this same order (decided
- * by phase names only), as a backend without any_order (NCCL) needs; it
- * also runs every pair without EP exchanges. */
-static lp_status run_fb_fixed(lp_exec *e) {
-  int fd = 0, bd = 0;
-  while (!fd || !bd) {
-    if (!bd) LP_CHECK(half_advance(e, 1, &bd));
-    LP_CHECK(bw_parts(e, NULL));
-    if (!fd) LP_CHECK(half_advance(e, 0, &fd));
-    if (!fd && strcmp(lp_exec_half_phase(e, 0), "dispatch") == 0)
-      LP_CHECK(half_advance(e, 0, &fd));
-  }
-  return LP_OK;
-}
-
-/* Polls both running halves' exchanges until one has finished (*rf / *rb
- * say which), sleeping a little longer the longer it takes; the time is
- * the pair's exposed all-to-all time. After a second with neither, it
- * returns anyway: the next advance then blocks in its own wait, which has
- * the watchdog and the error text. */
-static lp_status pair_wait(lp_exec *e, int fd, int bd, int *rf, int *rb) {
-  double t0 = lp_now(), now = t0;
-  lp_status st = LP_OK;
-  for (unsigned polls = 0; st == LP_OK && now - t0 < 1.0; polls++) {
-    lp_comm_backoff(polls);
-    if (!bd) st = ex_half_ready(e, 1, 1, rb);
-    if (st == LP_OK && !fd) st = ex_half_ready(e, 0, 1, rf);
-    now = lp_now();
-    if (*rb || *rf) break;
-  }
-  ex_a2a_blocked(e, t0, now);
-  return st;
-}
-
-/* The overlapped pair where the EP group's backend lets the halves'
- * exchanges finish in any order (MPI; backward halves exchange over a
- * context of their own, so every context still sees one order on every
- * rank): whichever half can go on runs its next phase, the forward when
- * both can. The forward is the longer chain of exchanges (three per MoE
- * layer, each a meeting with the EP partners: counts, dispatch, combine;
- * the input-grad has two), so it goes first rather than be left running
- * its last ones alone after the backward finished, and its count
- * exchange's advance (no compute) starts the token exchange as soon as it
- * can. (Measured at pp = 2 x ep = 2, 32 micro-batches, before the carry:
- * 66% of all-to-all time hidden forward-first, 54% backward-first, 64% by
- * progress through each half's exchanges; scripts/bench/moe.) Neither can (both exchanges
- * in flight, e.g. the EP partner is late): a full backward runs a
- * weight-grad piece its input-grad has made ready (the experts' while
- * dispatch-backward flies, a block's once it finished: DeepSeek's MLP(W)
- * and ATTN(W) inside the pair; before them, what the previous pair's
- * backward left, carry_w), and only with nothing left to compute does the
- * rank wait, for whichever exchange ends first. Results equal running
- * the halves one after the other: the two micro-batches touch disjoint
- * state, each half's exchanges keep their order, and the weight-grads run
- * in the order they would at the end. */
-static lp_status run_fb_any(lp_exec *e) {
-  int fd = 0, bd = 0;
-  while (!fd || !bd) {
-    int rf = 0, rb = 0;
-    if (!fd) LP_CHECK(ex_half_ready(e, 0, 0, &rf));
-    if (rf) {
-      LP_CHECK(half_advance(e, 0, &fd));
-      continue;
-    }
-    if (!bd) LP_CHECK(ex_half_ready(e, 1, 0, &rb));
-    if (rb) {
-      LP_CHECK(half_advance(e, 1, &bd));
-      continue;
-    }
-    int did = 0;
-    LP_CHECK(carry_w(e, &did));
-    if (!did) LP_CHECK(bw_parts(e, &did));
-    if (did) continue;
-    LP_CHECK(pair_wait(e, fd, bd, &rf, &rb));
-    if (!rf && !rb) LP_CHECK(half_advance(e, bd ? 0 : 1, bd ? &fd : &bd));
-  }
-  return LP_OK;
-}
-
-static lp_status run_fb(lp_exec *e, const lp_action *a) {
-  /* a carried weight-grad of this backward's stage ends before it starts */
-  if (e->carry_v == a->bstage) LP_CHECK(carry_w(e, NULL));
-  LP_CHECK(f_begin(e, a->stage, a->mb));
-  LP_CHECK(b_begin(e, a->bstage, a->bmb, a->btype == LP_ACT_B));
-  if (!e->ep_comm_b) return run_fb_fixed(e);
-  int keep = a->btype == LP_ACT_B;
-  e->hf[1].keep_w = keep;
-  lp_status st = run_fb_any(e);
-  if (st == LP_OK && keep) {
-    LP_CHECK(carry_w(e, NULL)); /* the older one ends */
-    e->carry_v = a->bstage, e->carry_mb = a->bmb;
-  }
-  return st;
 }
 
 lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb) {
@@ -402,25 +281,23 @@ lp_status lp_exec_half_begin(lp_exec *e, int type, int v, int mb) {
       e->kpos[e->loc[v]][mb] < 0)
     return LP_ERR_ARG;
   switch (type) {
-  case LP_ACT_F: return f_begin(e, v, mb);
-  case LP_ACT_B: return b_begin(e, v, mb, 1);
-  case LP_ACT_I: return b_begin(e, v, mb, 0);
+  case LP_ACT_F: return ex_f_begin(e, v, mb);
+  case LP_ACT_B: return ex_b_begin(e, v, mb, 1);
+  case LP_ACT_I: return ex_b_begin(e, v, mb, 0);
   default: return LP_ERR_ARG;
   }
 }
 
 lp_status lp_exec_half_advance(lp_exec *e, int backward, int *done) {
-  return half_advance(e, backward ? 1 : 0, done);
+  return ex_half_advance(e, backward ? 1 : 0, done);
 }
 
 const char *lp_exec_half_phase(const lp_exec *e, int backward) {
-  const half *h = &e->hf[backward ? 1 : 0];
-  if (!h->active) return "done";
-  return lp_nn_phase_name(e->vs[e->loc[h->v]].slots[h->mb].ctx);
+  return lp_nn_phase_text(ex_half_phase(e, backward ? 1 : 0));
 }
 
 lp_status lp_exec_half_weight_grad_part(lp_exec *e, int *did) {
-  return bw_parts(e, did);
+  return ex_bw_parts(e, did);
 }
 
 static lp_status run_w(lp_exec *e, int v, int mb) {
@@ -446,7 +323,7 @@ static lp_status run_w(lp_exec *e, int v, int mb) {
   vs->wq_len--;
   slot *sl = &vs->slots[mb];
   lp_status st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
-  if (st != LP_OK) return nnfail(e, sl, "weight-grad", st);
+  if (st != LP_OK) return ex_nnfail(e, sl, "weight-grad", st);
   ex_trace_memory(e, lp_now(), 0, -1);
   return LP_OK;
 }
@@ -493,12 +370,16 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     lp_errf(err, "lp_exec_new: schedule, chunk and data are required");
     return LP_ERR_ARG;
   }
+  ex_keep_memory();
   lp_exec *e = lp_calloc(1, sizeof *e);
-  if (!e) return LP_ERR_NOMEM;
+  if (!e) {
+    lp_errf(err, "lp_exec_new: %s", lp_strerror(LP_ERR_NOMEM));
+    return LP_ERR_NOMEM;
+  }
   e->o = *opts;
   e->world = opts->comm ? opts->comm : lp_comm_world();
   e->ep = opts->ep;
-  e->carry_v = -1;
+  e->pr.carry_v = -1;
   e->s = lp_schedule_clone(s);
   if (!e->s) { st = LP_ERR_NOMEM; goto fail; }
   e->P = lp_schedule_ranks(s);
@@ -513,6 +394,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   }
   LP_CHECK_GOTO(ex_grid_new(e), st, fail);
   e->be = opts->backend ? opts->backend : lp_tensor_backend_cpu();
+  LP_CHECK_GOTO(ex_ep_device_new(e), st, fail);
   if (e->ep > 1 && lp_comm_size(e->comm) != e->P) {
     lp_errf(e->err, "schedule '%s' needs pp = %d ranks per EP index: %d x %d = %d ranks, but "
             "this job has %d", sname, e->P, e->P, e->ep, e->P * e->ep, lp_comm_size(e->world));
@@ -530,9 +412,9 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     st = LP_ERR_ARG;
     goto fail;
   }
-  if (lp_schedule_validate(e->s) != LP_OK) {
+  if ((st = lp_schedule_validate(e->s)) != LP_OK) {
     lp_errf(e->err, "schedule '%s' is invalid: %s", sname, lp_schedule_last_error(e->s));
-    st = LP_ERR_INVALID;
+    if (st != LP_ERR_NOMEM) st = LP_ERR_INVALID;
     goto fail;
   }
   if ((int64_t)K__N * e->V * e->M - 1 > lp_comm_tag_ub(e->comm)) {
@@ -628,6 +510,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     if (lp_action_is_compute(e->acts[i].type)) e->compute_idx[e->ncompute++] = i;
     if (e->acts[i].type == LP_ACT_REDUCE_GRAD) e->has_reduce = 1;
   }
+  ex_reduce_plan(e);
   e->act_s = lp_calloc((size_t)(2 * LP_EXEC_NKINDS * e->S), sizeof(double));
   e->act_n = lp_calloc((size_t)(2 * LP_EXEC_NKINDS * e->S), sizeof(int64_t));
   e->act_x = lp_calloc((size_t)(2 * EX_NX * LP_EXEC_NKINDS * e->S), sizeof(double));
@@ -646,19 +529,19 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   memset(&clk, 0, sizeof clk);
   char host[64] = "";
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  if (lp_comm_barrier(e->world, "lp_exec_new: aligning the trace clocks") != LP_OK) {
+  if ((st = lp_comm_barrier(e->world, "lp_exec_new: aligning the trace clocks")) != LP_OK) {
     lp_errf(e->err, "%s", lp_comm_last_error(e->world));
-    st = LP_ERR_COMM;
     goto fail;
   }
   clk.t0 = lp_now();
   memcpy(clk.host, host, sizeof clk.host);
-  if (lp_comm_bcast(e->world, &clk, sizeof clk, 0, "lp_exec_new: the trace clock") != LP_OK) {
+  if ((st = lp_comm_bcast(e->world, &clk, sizeof clk, 0, "lp_exec_new: the trace clock")) !=
+      LP_OK) {
     lp_errf(e->err, "%s", lp_comm_last_error(e->world));
-    st = LP_ERR_COMM;
     goto fail;
   }
   e->t0 = host[0] && strncmp(clk.host, host, sizeof host) == 0 ? clk.t0 : lp_now();
+  LP_CHECK_GOTO(ex_host_share_new(e), st, fail);
   *out = e;
   return LP_OK;
 fail:
@@ -752,10 +635,14 @@ static const char *cat_of(const lp_action *a) {
 
 static lp_status run_action(lp_exec *e, const lp_action *a) {
   /* a weight-grad carried over from an overlapped pair ends before any
-   * other action but messages (only the executor's own pairs take it
-   * over; a REDUCE_GRAD must find the gradients complete) */
-  if (!lp_action_is_p2p(a->type) && (a->type != LP_ACT_FB || e->o.overlapped_fb))
-    LP_CHECK(carry_w(e, NULL));
+   * other action but messages, the executor's own pairs and lone
+   * forwards, input-grads and backwards of other stages (those fill
+   * their exchanges' waits with its pieces: they touch no gradient of
+   * its stage; a REDUCE_GRAD must find the gradients complete) */
+  int keeps = lp_action_is_p2p(a->type) || (a->type == LP_ACT_FB && !e->o.overlapped_fb) ||
+              a->type == LP_ACT_F ||
+              ((a->type == LP_ACT_B || a->type == LP_ACT_I) && a->stage != e->pr.carry_v);
+  if (!keeps) LP_CHECK(ex_carry_w(e, NULL));
   switch (a->type) {
   case LP_ACT_F: return run_f(e, a->stage, a->mb);
   case LP_ACT_B: return run_b(e, a->stage, a->mb, 1);
@@ -764,14 +651,14 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
   case LP_ACT_FB:
     if (e->o.overlapped_fb) {
       LP_CHECK(e->o.overlapped_fb(e->o.ud, e, a));
-      if (e->hf[0].active || e->hf[1].active) {
+      if (e->pr.hf[0].active || e->pr.hf[1].active) {
         lp_errf(e->err, "rank %d, action %d: the overlapped_fb hook left a half unfinished",
                 e->rank, e->cur);
         return LP_ERR_ARG;
       }
       return LP_OK;
     }
-    return run_fb(e, a);
+    return ex_run_fb(e, a);
   case LP_ACT_SEND_F:
   case LP_ACT_SEND_B: return ex_send(e, a);
   case LP_ACT_RECV_F:
@@ -790,6 +677,7 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
 
 static void reset_step(lp_exec *e) {
   ex_halves_clear(e);
+  e->red_started = 0;
   for (int i = 0; i < e->nps; i++) {
     lp_comm_cancel(e->pcomm, &e->ps[i].req);
     lp_tensor_free(e->ps[i].t);
@@ -807,15 +695,20 @@ static void reset_step(lp_exec *e) {
 
 lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   lp_status st = LP_OK;
+  if (e->fail.st) {
+    lp_errf(e->err, "rank %d: step %lld: the executor cannot go on after a failed "
+            "communication (%s)", e->rank, (long long)step, e->fail.text);
+    return e->fail.st;
+  }
   e->err[0] = '\0';
   e->step = step;
-  e->carry_v = -1; /* (a failed step may have left one) */
+  e->pr.carry_v = -1; /* (a failed step may have left one) */
   e->loss_sum = 0;
   e->busy = 0;
   e->posted = 0;
   e->t_wait = e->t_post = e->t_comp = e->t_optim = 0;
-  e->a2a_s = e->a2a_blocked = e->a2a_hidden = e->a2a_link = e->t_reduce = 0;
-  e->a2a_n = 0;
+  e->t_reduce = 0;
+  ex_xchg_reset(e);
   memset(e->act_s, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_s);
   memset(e->act_n, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_n);
   memset(e->act_x, 0, (size_t)EX_NX * LP_EXEC_NKINDS * e->S * sizeof *e->act_x);
@@ -871,17 +764,20 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     }
     /* only a backlog of sends is polled (see SEND_BACKLOG) */
     if (e->nps >= SEND_BACKLOG) LP_CHECK_GOTO(ex_poll_sends(e), st, fail);
+    /* a replicated stage whose gradients are final: its sums fly now */
+    LP_CHECK_GOTO(ex_reduce_early(e), st, fail);
     e->t_post += lp_now() - t1; /* polling, trace recording */
   }
   e->cur = e->nacts;
-  LP_CHECK_GOTO(carry_w(e, NULL), st, fail);
+  LP_CHECK_GOTO(ex_carry_w(e, NULL), st, fail);
   double te = lp_now();
-  /* ex_replicated stages without REDUCE_GRAD actions: reduce now */
+  /* replicated stages without REDUCE_GRAD actions: reduce now */
   for (int li = 0; li < e->nloc; li++)
     if (ex_replicated(e, e->vs[li].id) && !e->vs[li].reduced) {
       if (e->has_reduce) {
-        lp_errf(e->err, "rank %d: virtual stage %d is ex_replicated but has no REDUCE_GRAD action",
-                e->rank, e->vs[li].id);
+        lp_errf(e->err, "rank %d: virtual stage %d is a copy of model stage %d (replicated) but "
+                "has no REDUCE_GRAD action, while other stages have one: give every copy its "
+                "REDUCE_GRAD", e->rank, e->vs[li].id, e->vs[li].stage);
         st = LP_ERR_INVALID;
         goto fail;
       }
@@ -889,16 +785,6 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     }
   double tr = lp_now();
   e->t_post += tr - te;
-  double wait_before = e->t_wait;
-  LP_CHECK_GOTO(ex_reduce_finish(e), st, fail);
-  LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
-  LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
-  double to = lp_now();
-  e->t_reduce = (to - tr) - (e->t_wait - wait_before); /* summing reduced grads */
-  e->t_comp += e->t_reduce;
-  if (to - tr > 1e-6)
-    ex_trace_add(e, LP_TRACE_RECV, "reduce grads / finish sends", "comm", tr, to, -1, -1, -1,
-                 -1, -1);
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     if (vs->wq_len) {
@@ -906,17 +792,56 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       st = LP_ERR_INVALID;
       goto fail;
     }
-    LP_CHECK_GOTO(lp_nn_optim_step(vs->optim), st, fail);
   }
-  double t_opt = lp_now();
-  e->busy += t_opt - to;
-  e->t_optim += t_opt - to;
+  double wait_before = e->t_wait, to, t_opt, t_step = 0;
+  if (e->ep > 1 || e->moe_layers > 0) {
+    /* sums over the EP group (and of expert replicas) take every stage's
+     * reduced gradients at once */
+    LP_CHECK_GOTO(ex_reduce_finish(e), st, fail);
+    LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
+    LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
+    to = lp_now();
+    for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_step(e->vs[li].optim), st, fail);
+    t_opt = lp_now();
+    t_step = t_opt - to;
+  } else {
+    /* stage by stage, those without a reduction in flight first, then in
+     * the order their reductions started: the optimizer of one runs while
+     * the gradient sums of the next still fly (same numbers: each stage's
+     * step needs only its own sums) */
+    LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
+    to = lp_now();
+    for (int k = -1; k < e->red_started; k++)
+      for (int li = 0; li < e->nloc; li++) {
+        vst *vs = &e->vs[li];
+        if ((k < 0 && vs->reduced) || (k >= 0 && (!vs->reduced || vs->red_seq != k))) continue;
+        LP_CHECK_GOTO(ex_reduce_finish_one(e, li), st, fail);
+        double t = lp_now();
+        LP_CHECK_GOTO(lp_nn_optim_step(vs->optim), st, fail);
+        t_step += lp_now() - t;
+      }
+    t_opt = lp_now();
+  }
+  e->red_started = 0;
+  e->t_reduce = (t_opt - tr) - t_step - (e->t_wait - wait_before); /* summing reduced grads */
+  e->t_comp += e->t_reduce;
+  if (to - tr > 1e-6)
+    ex_trace_add(e, LP_TRACE_RECV, "reduce grads / finish sends", "comm", tr, to, -1, -1, -1,
+                 -1, -1);
+  e->busy += t_step;
+  e->t_optim += t_step;
   ex_trace_add(e, LP_TRACE_COMPUTE, "optimizer", "optim", to, t_opt, -1, -1, -1, -1, -1);
   LP_CHECK_GOTO(ex_moe_bias_update(e), st, fail);
   double sum = e->loss_sum;
-  if (lp_comm_allreduce_sum_double(e->world, &sum, 1, "the loss all-reduce at the end of a step") != LP_OK) {
-    const char *m = lp_comm_last_error(e->world);
-    lp_comm_fatal(e->world, m);
+  {
+    char what[96];
+    snprintf(what, sizeof what, "rank %d: the loss all-reduce at the end of step %lld", e->rank,
+             (long long)step);
+    st = lp_comm_allreduce_sum_double(e->world, &sum, 1, what);
+    if (st != LP_OK) {
+      ex_comm_fail(e, e->world, st, what);
+      goto fail;
+    }
   }
   if (loss) *loss = sum / (e->M * e->ep);
   e->wall = t_opt - start;

@@ -1,9 +1,16 @@
 /* exec_internal.h — what the executor's files share (not a public header):
  * the executor's state and the functions of its parts.
  *   exec.c   construction, the compute halves and the action loop of a step
+ *   pairs.c  overlapped F&B pairs, their waits and the weight-grad carry
  *   msg.c    message plumbing: tags, posting receives ahead, sends, waits
  *   reduce.c gradient reduction of replicated stages
- *   timing.c always-on timing, measured trace events and their gathering */
+ *   timing.c always-on timing, measured trace events and their gathering
+ *   host.c   ranks and cores of this rank's host (does the prediction apply?)
+ *   ep.c     the pp x ep grid, the MoE exchanges (lp_nn_ep) and their
+ *            accounting, the step-end sums over the EP group
+ *   placement.c  EPLB: expert weights and optimizer state moved between ranks
+ *   checkpoint.c saving and loading each rank's stages
+ *   reference.c  the one-process reference step (tests, --reference) */
 #pragma once
 #define _POSIX_C_SOURCE 200809L
 #include "lp_exec.h"
@@ -41,6 +48,9 @@ typedef struct vst {
   float **peer_pack;     /* [V]: received packs of remote copies */
   lp_comm_req **red_req; /* [2V]: sends then receives */
   int reduced;           /* reduction started this step */
+  int red_seq;           /* order its reduction started in this step */
+  int last_grad;         /* index of the last action writing its grads
+                          * (-1: none), for an early start (ex_reduce_early) */
 } vst;
 
 typedef struct pending_send {
@@ -65,7 +75,9 @@ typedef struct half {
 typedef struct a2a {
   lp_comm_req *req;
   lp_comm *comm;  /* the EP context it runs on (ep_comm or ep_comm_b) */
-  int half;       /* the half (0 forward, 1 backward) whose advance started it */
+  int half;       /* the half (0 forward, 1 backward) whose pass started it */
+  lp_nn_xkind kind;
+  const char *layer; /* the MoE layer's name */
   int v, mb;      /* that half's virtual stage and micro-batch (-1: none) */
   size_t *displs; /* [2 * ep]: send then receive displacements */
   double start, modelled; /* lp_now() at start; the link model's time */
@@ -74,20 +86,52 @@ typedef struct a2a {
   int found_waiting; /* ... while the rank polled for it (else: after compute) */
 } a2a;
 
+/* The executor's rooms: each part of struct lp_exec below that one file
+ * owns (writes); the others read it through that file's functions. */
+
+/* pairs.c (and exec.c's halves): the running forward / backward half and
+ * the weight-grad an overlapped pair's full backward left to the next */
+typedef struct ex_pairs {
+  half hf[2];
+  int carry_v, carry_mb; /* -1: none */
+} ex_pairs;
+
+/* ep.c: each half's exchange in flight and the step's all-to-all
+ * accounting: time (max of the blocked wait and the link model), the
+ * blocked part, the hidden part, the link model's time, the count */
+typedef struct ex_xchg {
+  a2a *half_x[2]; /* NULL: none */
+  double s, blocked, hidden, link;
+  int64_t n;
+} ex_xchg;
+
+/* host.c: the job's ranks on this host and the cores they may use */
+typedef struct ex_host {
+  int ranks, cores;
+} ex_host;
+
+/* exec.c (ex_comm_fail): a failed communication (0: none) and its text */
+typedef struct ex_fail {
+  lp_status st;
+  char text[LP_ERRLEN];
+} ex_fail;
+
 struct lp_exec {
   lp_schedule *s;
   lp_comm *comm;  /* the pipeline group: ranks of one EP index (the job's
                    * comm when ep = 1) */
   lp_comm *world; /* the job's comm: pp x ep ranks */
   lp_comm *pp_own, *ep_comm; /* owned split contexts when ep > 1 */
+  lp_comm *ep_dcomm, *ep_dcomm_b; /* device rows of MoE exchanges (chunks off
+                                   * the host): contexts for e->be over
+                                   * ep_comm / ep_comm_b (staged or NCCL;
+                                   * owned), else NULL */
   lp_comm *ep_comm_b; /* the EP group again, for backward halves' exchanges
                        * (when its backend lets ranks start operations on
                        * two contexts in any order), else NULL: then every
                        * exchange goes over ep_comm in one order */
-  int adv_half;       /* the half (0 / 1) whose advance is running */
-  a2a *half_x[2];     /* each half's exchange in flight, NULL: none */
-  int carry_v, carry_mb; /* a finished backward whose weight-grad an
-                          * overlapped pair left for the next (-1: none) */
+  ex_pairs pr;         /* pairs.c */
+  ex_xchg xc;          /* ep.c */
   const lp_tensor_backend *be; /* where every chunk runs (opts.backend or the CPU) */
   lp_comm *pcomm; /* activations and gradients between pipeline ranks: comm
                    * itself for host tensors, else the device-capable
@@ -103,11 +147,7 @@ struct lp_exec {
   size_t *moe_off;    /* [S + 1]: offset of each model stage's counts */
   int moe_layers;     /* MoE layers of the whole model */
   int *moe_experts;   /* [moe_layers]: experts of each */
-  /* all-to-alls of the step: count, time (max of the
-   * blocked wait and the link model), blocked part */
-  double a2a_s, a2a_blocked, a2a_hidden, a2a_link;
   double t_reduce; /* step end: summing gradients, waits excluded */
-  int64_t a2a_n;
   int P, S, V, M;
   int nloc;
   vst *vs;      /* [nloc] */
@@ -125,6 +165,7 @@ struct lp_exec {
   int *compute_idx; /* indices of compute actions */
   int ncompute;
   int has_reduce;
+  int red_started; /* reductions started this step (vst.red_seq) */
   int posted; /* RECV actions with index < posted are posted */
   pending_send *ps;
   int nps, cps;
@@ -135,7 +176,6 @@ struct lp_exec {
   double waited; /* seconds the running action spent waiting for receives */
   lp_trace *trace;
   int live, pending_w; /* trace counters of this rank */
-  half hf[2];          /* the running forward / backward half */
   /* always-on timing: this step's parts, the last step, the totals, and
    * per (kind, model stage) action times [2][LP_EXEC_NKINDS][S] (0: this
    * step, 1: since the reset) */
@@ -148,9 +188,46 @@ struct lp_exec {
    * / in / larger direction, the halves run; the time the actions sat
    * blocked waiting for exchanges (an FB pair's under FB) */
   double *act_x;
+  ex_fail fail; /* a communication failed (LP_ERR_TIMEOUT / _COMM): a started
+                 * operation may still be in flight, so the executor refuses
+                 * further steps */
+  ex_host host; /* host.c */
   char err[LP_ERRLEN];
 };
 
+
+/* ---- exec.c: the halves ---- */
+/* Begins the forward half of (v, mb) / the backward half (full: B, else I):
+ * inputs in hand (data, handoff or a finished receive), the pass begun. */
+lp_status ex_f_begin(lp_exec *e, int v, int mb);
+lp_status ex_b_begin(lp_exec *e, int v, int mb, int full);
+/* One advance of the running forward (which = 0) or backward (1) half;
+ * *done = 1 once its pass ended and the half finished. */
+lp_status ex_half_advance(lp_exec *e, int which, int *done);
+/* The phase of half `which`'s next advance (LP_NN_PHASE_DONE: none). */
+lp_nn_phase ex_half_phase(const lp_exec *e, int which);
+/* "rank R, action i (text): what failed: <nn text>"; returns st. */
+lp_status ex_nnfail(lp_exec *e, slot *sl, const char *what, lp_status st);
+
+/* ---- pairs.c ---- */
+/* Runs the FB action a (no hook) as an overlapped pair. */
+lp_status ex_run_fb(lp_exec *e, const lp_action *a);
+/* Weight-grad pieces the running full backward has made ready: all, or
+ * one when ran != NULL (*ran = 1 when one ran). */
+lp_status ex_bw_parts(lp_exec *e, int *ran);
+/* The carried weight-grad: one piece (ran != NULL) or all that is left
+ * (ran NULL: the carry ends). */
+lp_status ex_carry_w(lp_exec *e, int *ran);
+/* Pieces of the carry while half `which`'s exchange flies. */
+lp_status ex_fill_with_carry(lp_exec *e, int which);
+
+/* ---- exec.c: communication failures ---- */
+/* Records a failed operation of comm c (status st) and returns st: after a
+ * timeout e->err is the watchdog's text (it names the rank, the operation
+ * and the peer, with `what`), else "rank R: what: <comm text>"; the
+ * executor is broken from then on. Nothing exits: the caller decides
+ * (lp_comm_on_failure holds the job's policy). */
+lp_status ex_comm_fail(lp_exec *e, lp_comm *c, lp_status st, const char *what);
 
 /* ---- msg.c ---- */
 /* Message tag of (kind, consumer vstage v, micro-batch mb). */
@@ -158,7 +235,7 @@ int ex_tag(const lp_exec *e, int kind, int v, int mb);
 /* Text of action i of this rank ("(end of step)" past the end) in buf. */
 const char *ex_act_text(const lp_exec *e, int i, char *buf, size_t n);
 /* Waits for *req (a request of e->comm / of c) under the watchdog; a
- * timeout takes the job down. */
+ * failure (a timeout included) is returned with its text (ex_comm_fail). */
 lp_status ex_wait(lp_exec *e, lp_comm_req **req, const char *what);
 lp_status ex_wait_on(lp_exec *e, lp_comm *c, lp_comm_req **req, const char *what);
 /* Makes e->pcomm for tensors on e->be (collective over e->comm). */
@@ -189,6 +266,17 @@ int ex_replicated(const lp_exec *e, int v);
 lp_status ex_reduce_start(lp_exec *e, int li);
 lp_status ex_reduce_wait(lp_exec *e, int li);
 lp_status ex_reduce_finish(lp_exec *e);
+/* The same for local vstage li alone (nothing when its reduction did not
+ * start). */
+lp_status ex_reduce_finish_one(lp_exec *e, int li);
+/* Finds each local vstage's last action that writes its grads (B, W, an
+ * FB pair's full backward), or this rank's last send when that is later. */
+void ex_reduce_plan(lp_exec *e);
+/* Without REDUCE_GRAD actions: starts the reduction of every replicated
+ * local stage whose last grad-writing action (index <= e->cur) is done
+ * and whose weight-grad is not carried, so its messages fly under the
+ * rank's remaining actions. */
+lp_status ex_reduce_early(lp_exec *e);
 
 /* ---- ep.c ---- */
 /* Splits the job's comm into the pp x ep grid (rank = pipeline rank * ep +
@@ -197,6 +285,8 @@ lp_status ex_reduce_finish(lp_exec *e);
  * backend allows any order). */
 lp_status ex_grid_new(lp_exec *e);
 void ex_grid_free(lp_exec *e);
+/* A new step's exchange accounting (e->xc, which only ep.c writes). */
+void ex_xchg_reset(lp_exec *e);
 /* World rank of pipeline rank p in this rank's pipeline group. */
 int ex_world(const lp_exec *e, int p);
 /* *ready = 1 when half `which` (0 forward, 1 backward) has no exchange in
@@ -208,6 +298,11 @@ lp_status ex_half_ready(lp_exec *e, int which, int waiting, int *ready);
  * overlapped pair: counted as exposed all-to-all time of the action, and
  * traced. */
 void ex_a2a_blocked(lp_exec *e, double t0, double t1);
+/* With chunks off the host: the EP group's contexts for device rows
+ * (lp_comm_for_backend over ep_comm and ep_comm_b; a backend that needs one
+ * order on every rank, NCCL, drops ep_comm_b: pairs then run in the fixed
+ * order). Collective over the EP group; nothing without EP or on the host. */
+lp_status ex_ep_device_new(lp_exec *e);
 /* Gives the chunk of vstage vs the EP group (MoE layers only). */
 lp_status ex_ep_attach(lp_exec *e, vst *vs);
 /* Sets up the step-end sum of expert loads (collective; after chunks). */
@@ -218,6 +313,14 @@ lp_status ex_shard(lp_exec *e, lp_tensor **t, const char *what, int mb);
  * summed over their holders; router biases from the loads of all ranks. */
 lp_status ex_ep_reduce(lp_exec *e);
 lp_status ex_moe_bias_update(lp_exec *e);
+
+/* ---- host.c ---- */
+/* Counts the ranks of this host and the cores their affinity allows
+ * (collective over e->world). */
+lp_status ex_host_share_new(lp_exec *e);
+/* Heap policy for repeated steps: freed activations stay mapped (once per
+ * process; glibc only). */
+void ex_keep_memory(void);
 
 /* ---- timing.c ---- */
 /* The exchange counters (EX_X_*) of the running compute action's kind and

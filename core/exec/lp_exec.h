@@ -2,8 +2,9 @@
  * rank: per virtual stage an nn chunk and a per-micro-batch context, receives
  * posted ahead of need, asynchronous sends, the loss at the end of each
  * route, gradient reduction of replicated stages (DualPipe), the optimizer
- * step, the watchdog (every wait under the comm timeout; a timeout takes the
- * job down naming rank, action and peer) and measured trace events
+ * step, the watchdog (every wait under the comm timeout; a timeout or any
+ * failed communication is returned naming rank, action and peer, and the
+ * caller applies the job's policy, lp_comm_on_failure) and measured trace events
  * (gathered on rank 0 over the comm). With expert parallelism (opts.ep) the
  * job is a pp x ep grid: MoE layers exchange tokens over the EP group by
  * all-to-all-v, overlapped pairs interleave the two micro-batches' phases,
@@ -101,8 +102,13 @@ const char *lp_exec_last_error(const lp_exec *e);
  * step when the schedule has none), the optimizer step of every virtual
  * stage, and one all-reduce of the loss. *loss (optional) gets the step's
  * loss: the mean over all micro-batches, the same on every rank. A wait
- * that passes the comm timeout calls lp_comm_fatal (every rank exits) with
- * a message naming this rank, the pending action and the peer; other
+ * that passes the comm timeout returns LP_ERR_TIMEOUT, another failed
+ * communication LP_ERR_COMM, with a message naming this rank, the pending
+ * action and the peer (lp_exec_last_error); nothing exits here: give the
+ * status to lp_comm_on_failure, which takes the job down after a timeout
+ * (a started operation cannot be cancelled and a silent peer would leave
+ * the others waiting). After a failed communication the executor refuses
+ * further steps (LP_ERR_TIMEOUT / _COMM, naming the first failure). Other
  * failures return a status with the text in lp_exec_last_error. */
 lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss);
 
@@ -207,6 +213,10 @@ lp_status lp_exec_restore_placement(lp_exec *e, int i, int moe, int slots_per_ra
                                     const int *phys_to_log);
 /* The EP group size (1: no EP) and this rank's index in it. */
 int lp_exec_ep(const lp_exec *e, int *ep_rank);
+/* Ranks of the job on this rank's host; *cores: the CPUs their affinity
+ * masks allow together. More ranks than cores: ranks also wait for a core,
+ * which the simulator does not model (its prediction does not apply). */
+int lp_exec_host_share(const lp_exec *e, int *cores);
 /* Floats of the messages this rank's model stage `stage` takes part in, for
  * the simulator's link model: *act the activation (and input-grad) message
  * into the stage (0 for stage 0), *grad the gradient-sum message of the

@@ -43,15 +43,12 @@ static void send_done(lp_exec *e, pending_send *p, double end) {
   p->t = NULL;
 }
 
-/* Waits for *req under the watchdog; a timeout takes the job down. */
+/* Waits for *req under the watchdog; a failure is returned (ex_comm_fail). */
 lp_status ex_wait_on(lp_exec *e, lp_comm *c, lp_comm_req **req, const char *what) {
   double tw = lp_now();
   lp_status st = lp_comm_wait(c, req, what);
   e->t_wait += lp_now() - tw;
-  if (st == LP_ERR_TIMEOUT) lp_comm_fatal(c, lp_comm_last_error(c));
-  if (st != LP_OK)
-    lp_errf(e->err, "rank %d: %s: %s", e->rank, what, lp_comm_last_error(c));
-  return st;
+  return st == LP_OK ? LP_OK : ex_comm_fail(e, c, st, what);
 }
 
 lp_status ex_wait(lp_exec *e, lp_comm_req **req, const char *what) {

@@ -101,9 +101,9 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
     if (!have[x].data) { st = LP_ERR_NOMEM; goto done; }
     float *d = have[x].data;
     for (int j = 0; j < 3; j++) {
-      size_t c = (size_t)lp_tensor_numel(sp[j].value);
-      memcpy(d, sp[j].value->data, c * sizeof(float));
-      d += c;
+      /* the values may live on a device: through lp_tensor_read */
+      LP_CHECK_GOTO(lp_tensor_read(sp[j].value, d), st, done);
+      d += (size_t)lp_tensor_numel(sp[j].value);
     }
     for (int part = 0; part < k; part++)
       for (int j = 0; j < 3; j++) {
@@ -148,7 +148,14 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
     char what[128];
     snprintf(what, sizeof what, "rank %d moves expert weights for a new placement", e->rank);
     st = lp_comm_waitall(e->ep_comm, reqs, nreq, what);
-    if (st == LP_ERR_TIMEOUT) lp_comm_fatal(e->ep_comm, lp_comm_last_error(e->ep_comm));
+    if (st != LP_OK) {
+      ex_comm_fail(e, e->ep_comm, st, what);
+      for (int i = 0; i < nreq; i++) lp_comm_cancel(e->ep_comm, &reqs[i]); /* before the buffers go */
+      lp_free(reqs);
+      for (int i = 0; i < spr; i++) lp_free(rbuf[i]);
+      lp_free(rbuf);
+      goto done;
+    }
   }
   for (int i = 0; i < nreq; i++) lp_comm_cancel(e->ep_comm, &reqs[i]);
   lp_free(reqs);
@@ -240,7 +247,7 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
         if (t < j) before += (size_t)lp_tensor_numel(ssp[t].value);
         vq += (size_t)lp_tensor_numel(ssp[t].value);
       }
-      memcpy(p[i].value->data, d + before, c * sizeof(float));
+      LP_CHECK_GOTO(lp_tensor_write(p[i].value, d + before), st, cleanup);
       for (int part = 0; part < k; part++)
         memcpy(nstate + (size_t)part * tot + off, d + vq * (size_t)(1 + part) + before,
                c * sizeof(float));

@@ -74,11 +74,11 @@ void ex_timing_commit(lp_exec *e) {
   t->wait += l->wait;
   t->post += l->post;
   t->overhead += l->overhead;
-  l->a2a_count = e->a2a_n;
-  l->a2a = e->a2a_s;
-  l->a2a_blocked = e->a2a_blocked;
-  l->a2a_hidden = e->a2a_hidden;
-  l->a2a_link = e->a2a_link;
+  l->a2a_count = e->xc.n;
+  l->a2a = e->xc.s;
+  l->a2a_blocked = e->xc.blocked;
+  l->a2a_hidden = e->xc.hidden;
+  l->a2a_link = e->xc.link;
   t->a2a_hidden += l->a2a_hidden;
   t->a2a_link += l->a2a_link;
   l->reduce = e->t_reduce;
@@ -127,7 +127,7 @@ double *ex_action_x(lp_exec *e) {
 }
 
 double *ex_half_x(lp_exec *e, int which) {
-  const half *h = &e->hf[which ? 1 : 0];
+  const half *h = &e->pr.hf[which ? 1 : 0];
   return h->active ? x_at(e, ex_kind_of(h->type), h->v) : NULL;
 }
 

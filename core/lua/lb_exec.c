@@ -21,6 +21,8 @@ typedef struct exec_box {
   int build_ref; /* registry ref of build(stage) during lp_exec_new */
   int fb_ref;    /* registry ref of overlapped_fb(exec, pair), or LUA_NOREF */
   int in_step;   /* 1 while exec:step runs (run_half is allowed) */
+  int self_ref;  /* registry ref of this box while exec:step runs (the
+                  * overlapped_fb hook's first argument), else LUA_NOREF */
   lua_State *L;
   int nstages;
   int (*ndim);
@@ -82,14 +84,14 @@ static lp_status build_chunk(void *ud, int stage, lp_nn_layer **out, char *err) 
 
 /* lp_exec_fb_fn over the Lua hook overlapped_fb(exec, pair): pair = {f_stage=,
  * f_mb=, b_type = "B" | "I", b_stage=, b_mb=, text=}; the hook runs both
- * halves with exec:run_half. Called inside exec:step, whose first argument
- * (stack index 1 of that C frame) is the exec box. */
+ * halves with exec:run_half. Called inside exec:step, which keeps a
+ * registry reference to its exec box for the hook (self_ref). */
 static lp_status lua_fb(void *ud, lp_exec *e, const lp_action *a) {
   exec_box *b = ud;
   lua_State *L = b->L;
   int top = lua_gettop(L);
   lua_rawgeti(L, LUA_REGISTRYINDEX, b->fb_ref);
-  lua_pushvalue(L, 1); /* the exec box (exec:step's self) */
+  lua_rawgeti(L, LUA_REGISTRYINDEX, b->self_ref); /* the exec box (exec:step's self) */
   lua_createtable(L, 0, 6);
   lb_set_integer(L, "f_stage", a->stage);
   lb_set_integer(L, "f_mb", a->mb);
@@ -256,6 +258,7 @@ static int lb_exec_new(lua_State *L) {
   b->data.ref = LUA_NOREF;
   b->build_ref = LUA_NOREF;
   b->fb_ref = LUA_NOREF;
+  b->self_ref = LUA_NOREF;
   int S = lp_schedule_stages(s);
   b->nstages = S;
   b->ndim = lp_calloc((size_t)S, sizeof(int));
@@ -345,10 +348,15 @@ static int lb_exec_step(lua_State *L) {
   b->L = L;
   b->data.L = L;
   double loss = 0;
-  lua_settop(L, 2); /* the hook finds the box at index 1 */
+  lua_pushvalue(L, 1);
+  b->self_ref = luaL_ref(L, LUA_REGISTRYINDEX); /* for the hook; dropped after the step */
   b->in_step = 1;
   lp_status st = lp_exec_step(b->e, k, &loss);
   b->in_step = 0;
+  luaL_unref(L, LUA_REGISTRYINDEX, b->self_ref);
+  b->self_ref = LUA_NOREF;
+  /* the job's policy: a timeout ends every rank with the executor's text */
+  if (st != LP_OK) lp_comm_on_failure(lp_comm_world(), st, lp_exec_last_error(b->e));
   if (st != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
   lua_pushnumber(L, loss);
   return 1;
@@ -481,8 +489,11 @@ static int lb_exec_set_placement(lua_State *L) {
     lua_pop(L, 1);
   }
   int64_t bytes = 0;
-  if (lp_exec_set_placement(b->e, layer, spr, p2l, &bytes) != LP_OK)
+  lp_status st = lp_exec_set_placement(b->e, layer, spr, p2l, &bytes);
+  if (st != LP_OK) {
+    lp_comm_on_failure(lp_comm_world(), st, lp_exec_last_error(b->e));
     return lb_fail(L, lp_exec_last_error(b->e));
+  }
   lua_pushinteger(L, bytes);
   return 1;
 }
@@ -492,6 +503,15 @@ static int lb_exec_ep(lua_State *L) {
   int r = 0;
   lua_pushinteger(L, lp_exec_ep(check_exec(L, 1)->e, &r));
   lua_pushinteger(L, r);
+  return 2;
+}
+
+/* exec:host_share() -> ranks, cores: the job's ranks on this rank's host
+ * and the cores they may run on */
+static int lb_exec_host_share(lua_State *L) {
+  int cores = 0;
+  lua_pushinteger(L, lp_exec_host_share(check_exec(L, 1)->e, &cores));
+  lua_pushinteger(L, cores);
   return 2;
 }
 
@@ -633,6 +653,7 @@ void lb_open_exec(lua_State *L) {
                                      {"trace_clear", lb_exec_trace_clear},
                                      {"vstages", lb_exec_vstages},
                                      {"ep", lb_exec_ep},
+                                     {"host_share", lb_exec_host_share},
                                      {"message_floats", lb_exec_message_floats},
                                      {"expert_loads", lb_exec_expert_loads},
                                      {"set_placement", lb_exec_set_placement},

@@ -54,14 +54,6 @@ void nn_keep(lp_nn_ctx *ctx, int i, lp_tensor *t) {
   ctx->saved[i] = t;
 }
 
-lp_status nn_keep_view(lp_nn_ctx *ctx, int i, const lp_tensor *t) {
-  if (!ctx) return LP_OK;
-  lp_tensor *v;
-  LP_CHECK(lp_tensor_view(t, &v));
-  nn_keep(ctx, i, v);
-  return LP_OK;
-}
-
 void nn_drop(lp_nn_ctx *ctx, int i) {
   if (!ctx) return;
   lp_tensor_free(ctx->saved[i]);
@@ -139,8 +131,7 @@ lp_status lp_nn_ctx_new(lp_nn_ctx **out) {
  * be freed. Its status no longer matters. */
 static void drain_exchange(lp_nn_ctx *ctx) {
   if (!ctx->xchg) return;
-  (void)ctx->xchg_ep->wait(ctx->xchg_ep->ud, ctx->xchg,
-                           "an exchange of a cleared context");
+  (void)ctx->xchg_ep->wait(ctx->xchg_ep->ud, ctx->xchg);
   ctx->xchg = NULL;
   ctx->xchg_ep = NULL;
 }
@@ -315,12 +306,32 @@ lp_status lp_nn_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
   return LP_OK;
 }
 
-const char *lp_nn_phase_name(const lp_nn_ctx *ctx) {
-  if (!ctx || ctx->pass == NN_PASS_NONE || !ctx->layer) return "done";
+lp_nn_phase lp_nn_phase_of(const lp_nn_ctx *ctx) {
+  if (!ctx || ctx->pass == NN_PASS_NONE || !ctx->layer) return LP_NN_PHASE_DONE;
   const lp_nn_layer *l = ctx->layer;
-  return l->phased && l->phased->phase_name ? l->phased->phase_name(l, ctx)
-                                            : "attn/dense";
+  return l->phased && l->phased->phase ? l->phased->phase(l, ctx)
+                                       : LP_NN_PHASE_DENSE;
 }
+
+const char *lp_nn_phase_text(lp_nn_phase p) {
+  switch (p) {
+  case LP_NN_PHASE_DENSE: return "attn/dense";
+  case LP_NN_PHASE_DISPATCH: return "dispatch";
+  case LP_NN_PHASE_EXPERTS: return "experts";
+  case LP_NN_PHASE_COMBINE: return "combine";
+  default: return "done";
+  }
+}
+
+const char *lp_nn_phase_name(const lp_nn_ctx *ctx) {
+  return lp_nn_phase_text(lp_nn_phase_of(ctx));
+}
+
+void lp_nn_ctx_set_tag(lp_nn_ctx *ctx, void *tag) {
+  if (ctx) ctx->root->tag = tag;
+}
+
+void *lp_nn_ctx_tag(const lp_nn_ctx *ctx) { return ctx ? ctx->root->tag : NULL; }
 
 int lp_nn_ctx_exchange_pending(const lp_nn_ctx *ctx) {
   if (!ctx) return 0;
@@ -657,19 +668,18 @@ static lp_status chunk_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
   return LP_OK;
 }
 
-/* The running child's phase; "attn/dense" between children. */
-static const char *chunk_phase(const lp_nn_layer *l, const lp_nn_ctx *ctx) {
-  if (ctx->pos >= l->nchild) return "attn/dense";
+/* The running child's phase; dense between children. */
+static lp_nn_phase chunk_phase(const lp_nn_layer *l, const lp_nn_ctx *ctx) {
+  if (ctx->pos >= l->nchild) return LP_NN_PHASE_DENSE;
   size_t k =
       ctx->pass == NN_PASS_FORWARD ? ctx->pos : l->nchild - 1 - ctx->pos;
   if (k >= ctx->nchild || ctx->child[k]->pass == NN_PASS_NONE)
-    return "attn/dense";
-  return lp_nn_phase_name(ctx->child[k]);
+    return LP_NN_PHASE_DENSE;
+  return lp_nn_phase_of(ctx->child[k]);
 }
 
-/* Not used: chunk passes go through chunk_advance. */
-static lp_status no_call(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *in,
-                         lp_tensor **out) {
+lp_status nn_no_call(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *in,
+                     lp_tensor **out) {
   (void)in, (void)out;
   return nn_fail(ctx, l, LP_ERR_ARG, "internal: a phased layer run directly");
 }
@@ -703,7 +713,7 @@ static lp_status chunk_weight_grad_part(lp_nn_layer *l, lp_nn_ctx *ctx, int *did
   return LP_OK;
 }
 
-static const nn_ops chunk_ops = {"chunk", no_call, no_call,
+static const nn_ops chunk_ops = {"chunk", nn_no_call, nn_no_call,
                                  chunk_weight_grad};
 static const nn_phased chunk_phased = {chunk_advance, chunk_phase,
                                        chunk_weight_grad_part};
@@ -776,17 +786,17 @@ static lp_status residual_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
   return st;
 }
 
-static const char *residual_phase(const lp_nn_layer *l, const lp_nn_ctx *ctx) {
+static lp_nn_phase residual_phase(const lp_nn_layer *l, const lp_nn_ctx *ctx) {
   (void)l;
-  if (!ctx->nchild || ctx->child[0]->pass == NN_PASS_NONE) return "attn/dense";
-  return lp_nn_phase_name(ctx->child[0]);
+  if (!ctx->nchild || ctx->child[0]->pass == NN_PASS_NONE) return LP_NN_PHASE_DENSE;
+  return lp_nn_phase_of(ctx->child[0]);
 }
 
 static lp_status residual_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   return lp_nn_weight_grad(l->child[0], ctx->child[0], NULL);
 }
 
-static const nn_ops residual_ops = {"residual", no_call, no_call,
+static const nn_ops residual_ops = {"residual", nn_no_call, nn_no_call,
                                     residual_weight_grad};
 static lp_status residual_weight_grad_part(lp_nn_layer *l, lp_nn_ctx *ctx, int *did) {
   if (!ctx->nchild || !ctx->child[0]) return LP_OK;

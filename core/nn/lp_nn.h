@@ -261,14 +261,33 @@ lp_status lp_nn_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
  * executor runs pieces while both halves of an overlapped pair wait for
  * exchanges. */
 lp_status lp_nn_weight_grad_part(lp_nn_layer *l, lp_nn_ctx *ctx, int *did);
-/* What the next advance of ctx's pass runs: "attn/dense" (dense compute up
- * to the next MoE dispatch or the end), "dispatch" (finish the count
- * exchange, start the token exchange), "experts" (finish the tokens'
- * exchange, run the local experts, start the next exchange), "combine"
+/* What the next advance of ctx's pass runs: LP_NN_PHASE_DENSE (dense
+ * compute up to the next MoE dispatch or the end), _DISPATCH (finish the
+ * count exchange, start the token exchange), _EXPERTS (finish the tokens'
+ * exchange, run the local experts, start the next exchange), _COMBINE
  * (finish the combine, go on with dense compute); in backward the order is
- * "attn/dense", "experts", "dispatch". "done" when no pass is running.
- * Static strings. */
+ * DENSE, EXPERTS, DISPATCH. _DONE when no pass is running. An advance
+ * also computes, after starting its exchange, what of the layer does not
+ * depend on it (the shared expert, the router's backward): see moe.c. */
+typedef enum lp_nn_phase {
+  LP_NN_PHASE_DONE = 0,
+  LP_NN_PHASE_DENSE,
+  LP_NN_PHASE_DISPATCH,
+  LP_NN_PHASE_EXPERTS,
+  LP_NN_PHASE_COMBINE
+} lp_nn_phase;
+lp_nn_phase lp_nn_phase_of(const lp_nn_ctx *ctx);
+/* Its text: "done", "attn/dense", "dispatch", "experts", "combine"
+ * (static strings, for hooks and traces; decide on the enum). */
+const char *lp_nn_phase_text(lp_nn_phase p);
+/* lp_nn_phase_text(lp_nn_phase_of(ctx)). */
 const char *lp_nn_phase_name(const lp_nn_ctx *ctx);
+/* An opaque tag of ctx (and its sub-contexts), set by whoever runs the
+ * pass (an executor: which of its halves the micro-batch is); every
+ * exchange the pass starts carries it (lp_nn_xinfo). NULL by default; a
+ * clear keeps it. */
+void lp_nn_ctx_set_tag(lp_nn_ctx *ctx, void *tag);
+void *lp_nn_ctx_tag(const lp_nn_ctx *ctx);
 /* 1 when an exchange started by this ctx (or a sub-context) is in flight. */
 int lp_nn_ctx_exchange_pending(const lp_nn_ctx *ctx);
 
@@ -338,18 +357,49 @@ lp_status lp_nn_moe_block_new(const char *name, int64_t n_heads,
                               const lp_nn_moe_opts *o, uint64_t seed,
                               lp_nn_layer **layer);
 
+/* The exchanges of an MoE layer, in the order a forward / input-grad pass
+ * starts them. */
+typedef enum lp_nn_xkind {
+  LP_NN_X_DISPATCH_COUNT = 0, /* pairs per destination slot (a few floats) */
+  LP_NN_X_DISPATCH,           /* token rows to their experts' ranks */
+  LP_NN_X_COMBINE,            /* expert outputs back */
+  LP_NN_X_COMBINE_BACKWARD,   /* weighted output-grad rows to the experts */
+  LP_NN_X_DISPATCH_BACKWARD,  /* input-grad rows back */
+  LP_NN_X__N
+} lp_nn_xkind;
+/* "dispatch count", "dispatch", "combine", "combine backward", "dispatch
+ * backward" (static). */
+const char *lp_nn_xkind_text(lp_nn_xkind k);
+
+/* What an exchange is, for the one who moves it. */
+typedef struct lp_nn_xinfo {
+  lp_nn_xkind kind;
+  const char *layer; /* the MoE layer's name (valid while the layer lives) */
+  void *tag;         /* lp_nn_ctx_tag of the pass that starts it */
+  /* where send and recv live: NULL for host memory (the count exchange,
+   * or rows staged on the host), else the rows' tensor backend (only when
+   * the lp_nn_ep has `device` set) */
+  const lp_tensor_backend *be;
+} lp_nn_xinfo;
+
 /* Expert parallelism, given by the caller (nn does not depend on comm).
  * start begins an all-to-all-v among the `size` EP ranks: send_counts[r]
  * floats go to rank r (send displacements are their prefix sums),
  * recv_counts[r] floats arrive from rank r (likewise); *handle is finished
- * by wait (what: text for a timeout message). Every EP rank starts its
- * exchanges in the same order. */
+ * by wait. Every EP rank starts its exchanges of one tag in the same
+ * order. With `device` 0, start only ever gets host memory: rows of a
+ * layer on a device backend are staged through host buffers by the layer;
+ * with `device` 1 start takes them where they live (x->be says where: the
+ * executor moves them with a comm context for that backend, staged or
+ * NCCL). */
 typedef struct lp_nn_ep {
   int size, rank; /* EP group size and this rank's index in it */
   void *ud;
-  lp_status (*start)(void *ud, const float *send, const size_t *send_counts,
-                     float *recv, const size_t *recv_counts, void **handle);
-  lp_status (*wait)(void *ud, void *handle, const char *what);
+  lp_status (*start)(void *ud, const lp_nn_xinfo *x, const float *send,
+                     const size_t *send_counts, float *recv,
+                     const size_t *recv_counts, void **handle);
+  lp_status (*wait)(void *ud, void *handle);
+  int device; /* 1: start takes buffers on any backend (see above) */
 } lp_nn_ep;
 
 /* Gives every MoE layer inside l the EP group (copied; NULL or size 1: no

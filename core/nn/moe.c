@@ -21,8 +21,10 @@
  * On any backend: the routing decisions are made on the host from the
  * [tokens, E] affinities read back (and the router's backward from the
  * [pairs] combine-weight grads of dot_rows); GEMMs, SwiGLU, gather/scatter
- * run on the backend; off the host the exchanges are staged through host
- * buffers (lp_nn_ep moves host memory).
+ * run on the backend; off the host the row exchanges go to the lp_nn_ep as
+ * device buffers when it moves device memory (lp_nn_ep.device: the
+ * executor's EP group, staged or NCCL through the comm layer), else they
+ * are staged through host buffers here.
  *
  * Params: [0] router, then shared w1, w3, w2 (when shared > 0), then w1,
  * w3, w2 of each local slot. */
@@ -117,6 +119,7 @@ typedef struct route {
   float *stage_send, *stage_recv;
   lp_tensor *stage_dst;
   int experts_w_done; /* the routed experts' weight-grads already ran */
+  lp_nn_xkind xkind;  /* the exchange in flight (ctx->xchg) */
 } route;
 
 static void route_free(void *p) {
@@ -157,31 +160,44 @@ static lp_status rows_of(const lp_tensor *t, int64_t a, int64_t n,
   return lp_tensor_rows(t, a, n, out);
 }
 
+const char *lp_nn_xkind_text(lp_nn_xkind k) {
+  static const char *const t[LP_NN_X__N] = {"dispatch count", "dispatch", "combine",
+                                            "combine backward", "dispatch backward"};
+  return k >= 0 && k < LP_NN_X__N ? t[k] : "exchange";
+}
+
 /* Starts an exchange of ctx; the ctx remembers it until finish. */
 static lp_status xstart(lp_nn_layer *l, lp_nn_ctx *ctx, const float *send,
                         const size_t *sc, float *recv, const size_t *rc,
-                        const char *what) {
+                        lp_nn_xkind kind, const lp_tensor_backend *be) {
   const lp_nn_ep *ep = &l->moe->ep;
+  route *rt = ctx->ext;
   void *h = NULL;
-  lp_status st = ep->start(ep->ud, send, sc, recv, rc, &h);
+  lp_nn_xinfo xi = {kind, l->name, lp_nn_ctx_tag(ctx), be};
+  lp_status st = ep->start(ep->ud, &xi, send, sc, recv, rc, &h);
   if (st != LP_OK)
-    return nn_fail(ctx, l, st, "starting the %s exchange failed: %s", what,
-                   lp_strerror(st));
+    return nn_fail(ctx, l, st, "starting the %s exchange failed: %s",
+                   lp_nn_xkind_text(kind), lp_strerror(st));
   ctx->xchg = h;
   ctx->xchg_ep = ep;
+  rt->xkind = kind;
   return LP_OK;
 }
 
 /* Starts the exchange of the rows of tensor `send` into tensor `recv` (both
- * dense, on the micro-batch's backend). Off the host the rows go through
- * host staging buffers: read before the start, written at xfinish. */
+ * dense, on the micro-batch's backend). Host rows, and device rows when
+ * the lp_nn_ep moves device memory itself (an executor, through the comm
+ * layer), go as they are; otherwise off the host they go through host
+ * staging buffers: read before the start, written at xfinish. */
 static lp_status xstart_rows(lp_nn_layer *l, lp_nn_ctx *ctx,
                              const lp_tensor *send, const size_t *sc,
                              lp_tensor *recv, const size_t *rc,
-                             const char *what) {
+                             lp_nn_xkind kind) {
   route *rt = ctx->ext;
   if (rt->be->host_accessible)
-    return xstart(l, ctx, send->data, sc, recv->data, rc, what);
+    return xstart(l, ctx, send->data, sc, recv->data, rc, kind, NULL);
+  if (l->moe->ep.device)
+    return xstart(l, ctx, send->data, sc, recv->data, rc, kind, rt->be);
   int64_t ns = lp_tensor_numel(send), nr = lp_tensor_numel(recv);
   lp_free(rt->stage_send), lp_free(rt->stage_recv);
   lp_tensor_free(rt->stage_dst);
@@ -193,22 +209,22 @@ static lp_status xstart_rows(lp_nn_layer *l, lp_nn_ctx *ctx,
   if (st == LP_OK) st = lp_tensor_view(recv, &rt->stage_dst);
   if (st != LP_OK)
     return nn_fail(ctx, l, st, "staging the %s exchange on the host failed: %s",
-                   what, lp_strerror(st));
-  return xstart(l, ctx, rt->stage_send, sc, rt->stage_recv, rc, what);
+                   lp_nn_xkind_text(kind), lp_strerror(st));
+  return xstart(l, ctx, rt->stage_send, sc, rt->stage_recv, rc, kind, NULL);
 }
 
-static lp_status xfinish(lp_nn_layer *l, lp_nn_ctx *ctx, const char *what) {
+/* Finishes the exchange in flight (none: nothing). */
+static lp_status xfinish(lp_nn_layer *l, lp_nn_ctx *ctx) {
   if (!ctx->xchg) return LP_OK;
   void *h = ctx->xchg;
+  route *rt = ctx->ext;
+  const char *what = lp_nn_xkind_text(rt->xkind);
   ctx->xchg = NULL;
   ctx->xchg_ep = NULL;
-  char buf[LP_ERRLEN];
-  snprintf(buf, sizeof buf, "moe %s %s", l->name, what);
-  lp_status st = l->moe->ep.wait(l->moe->ep.ud, h, buf);
+  lp_status st = l->moe->ep.wait(l->moe->ep.ud, h);
   if (st != LP_OK)
     return nn_fail(ctx, l, st, "the %s exchange failed: %s", what,
                    lp_strerror(st));
-  route *rt = ctx->ext;
   if (rt->stage_dst) { /* a staged exchange: the rows go to the device */
     st = lp_tensor_write(rt->stage_dst, rt->stage_recv);
     lp_tensor_free(rt->stage_dst);
@@ -443,6 +459,38 @@ static lp_status make_expert_order(struct nn_moe *m, route *rt) {
 
 /* ---- forward ---- */
 
+/* The shared expert in two pieces, each computed while an exchange of the
+ * layer flies (it depends on x only): its first half (a1 = x W1^T, a3 =
+ * x W3^T, h = silu(a1) * a3) after the dispatch has started, its output
+ * (h W2^T) after the combine has started. The same operations on the same
+ * tensors as swiglu_fwd at once: bitwise the same output. */
+static lp_status shared_fwd_in(lp_nn_layer *l, lp_nn_ctx *ctx) {
+  struct nn_moe *m = l->moe;
+  route *rt = ctx->ext;
+  if (m->o.shared <= 0) return LP_OK;
+  lp_tensor *sa1, *sa3, *sh;
+  LP_CHECK(new2(rt, rt->n, m->hs, &sa1));
+  nn_keep(ctx, M_SHA1, sa1);
+  LP_CHECK(new2(rt, rt->n, m->hs, &sa3));
+  nn_keep(ctx, M_SHA3, sa3);
+  LP_CHECK(new2(rt, rt->n, m->hs, &sh));
+  nn_keep(ctx, M_SHH, sh);
+  LP_CHECK(lp_tensor_gemm(sa1, 1.0f, ctx->saved[M_X], 0, P_SH(l, 0).value, 1, 0.0f));
+  LP_CHECK(lp_tensor_gemm(sa3, 1.0f, ctx->saved[M_X], 0, P_SH(l, 1).value, 1, 0.0f));
+  LP_CHECK(lp_tensor_act(sh, LP_TENSOR_ACT_SILU, sa1));
+  return lp_tensor_mul(sh, sh, sa3);
+}
+
+static lp_status shared_fwd_out(lp_nn_layer *l, lp_nn_ctx *ctx) {
+  struct nn_moe *m = l->moe;
+  route *rt = ctx->ext;
+  if (m->o.shared <= 0) return LP_OK;
+  lp_tensor *so;
+  LP_CHECK(new2(rt, rt->n, m->o.dim, &so));
+  nn_keep(ctx, M_SHOUT, so);
+  return lp_tensor_gemm(so, 1.0f, ctx->saved[M_SHH], 0, P_SH(l, 2).value, 1, 0.0f);
+}
+
 static lp_status fwd_router(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   struct nn_moe *m = l->moe;
   const lp_tensor *x = ctx->in;
@@ -495,34 +543,35 @@ static lp_status fwd_router(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
     m->aux = balance(m, rt, rt->s, NULL, f);
     lp_free(f);
   }
-  LP_CHECK(new2(rt, rt->pairs, D, &send));
-  nn_keep(ctx, M_SEND, send);
-  LP_CHECK(lp_tensor_gather_rows(send, x2, rt->tok, NULL));
   if (m->size == 1) {
     memcpy(rt->cnt_recv, rt->cnt_send, (size_t)m->spr * sizeof(float));
-    return LP_OK;
+  } else { /* the counts fly while the rows are gathered */
+    *waiting = 1;
+    LP_CHECK(xstart(l, ctx, rt->cnt_send, rt->cs, rt->cnt_recv, rt->cs,
+                    LP_NN_X_DISPATCH_COUNT, NULL));
   }
-  *waiting = 1;
-  return xstart(l, ctx, rt->cnt_send, rt->cs, rt->cnt_recv, rt->cs,
-                "dispatch count");
+  LP_CHECK(new2(rt, rt->pairs, D, &send));
+  nn_keep(ctx, M_SEND, send);
+  return lp_tensor_gather_rows(send, x2, rt->tok, NULL);
 }
 
 static lp_status fwd_counts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   struct nn_moe *m = l->moe;
   route *rt = ctx->ext;
   *waiting = 0;
-  LP_CHECK(xfinish(l, ctx, "dispatch count"));
+  LP_CHECK(xfinish(l, ctx));
   LP_CHECK(make_expert_order(m, rt));
   if (m->size == 1) {
     LP_CHECK(lp_tensor_view(ctx->saved[M_SEND], &ctx->saved[M_RECV]));
-    return LP_OK;
+    return shared_fwd_in(l, ctx);
   }
   lp_tensor *recv;
   LP_CHECK(new2(rt, rt->r, m->o.dim, &recv));
   nn_keep(ctx, M_RECV, recv);
   *waiting = 1;
-  return xstart_rows(l, ctx, ctx->saved[M_SEND], rt->sc, recv, rt->rc,
-                     "dispatch");
+  LP_CHECK(xstart_rows(l, ctx, ctx->saved[M_SEND], rt->sc, recv, rt->rc,
+                       LP_NN_X_DISPATCH));
+  return shared_fwd_in(l, ctx); /* while the rows travel */
 }
 
 static lp_status fwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
@@ -530,7 +579,7 @@ static lp_status fwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   route *rt = ctx->ext;
   int64_t D = m->o.dim, H = m->o.hidden, R = rt->r;
   *waiting = 0;
-  LP_CHECK(xfinish(l, ctx, "dispatch"));
+  LP_CHECK(xfinish(l, ctx));
   nn_drop(ctx, M_SEND);
   lp_tensor *xin, *a1, *a3, *h, *oute = NULL, *outr;
   LP_CHECK(new2(rt, R, D, &xin));
@@ -564,31 +613,22 @@ static lp_status fwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   if (st == LP_OK) st = lp_tensor_gather_rows(outr, oute, rt->rmap, NULL);
   lp_tensor_free(oute);
   LP_CHECK(st);
-  if (m->o.shared > 0) { /* the shared expert, while the rows travel */
-    lp_tensor *sa1, *sa3, *sh, *so;
-    LP_CHECK(new2(rt, rt->n, m->hs, &sa1));
-    nn_keep(ctx, M_SHA1, sa1);
-    LP_CHECK(new2(rt, rt->n, m->hs, &sa3));
-    nn_keep(ctx, M_SHA3, sa3);
-    LP_CHECK(new2(rt, rt->n, m->hs, &sh));
-    nn_keep(ctx, M_SHH, sh);
-    LP_CHECK(new2(rt, rt->n, D, &so));
-    nn_keep(ctx, M_SHOUT, so);
-    LP_CHECK(swiglu_fwd(ctx->saved[M_X], P_SH(l, 0).value, P_SH(l, 1).value,
-                        P_SH(l, 2).value, sa1, sa3, sh, so));
+  if (m->size == 1) {
+    LP_CHECK(lp_tensor_view(outr, &ctx->saved[M_COMB]));
+  } else {
+    lp_tensor *comb;
+    LP_CHECK(new2(rt, rt->pairs, D, &comb));
+    nn_keep(ctx, M_COMB, comb);
+    *waiting = 1;
+    LP_CHECK(xstart_rows(l, ctx, outr, rt->rc, comb, rt->sc, LP_NN_X_COMBINE));
   }
-  if (m->size == 1) return lp_tensor_view(outr, &ctx->saved[M_COMB]);
-  lp_tensor *comb;
-  LP_CHECK(new2(rt, rt->pairs, D, &comb));
-  nn_keep(ctx, M_COMB, comb);
-  *waiting = 1;
-  return xstart_rows(l, ctx, outr, rt->rc, comb, rt->sc, "combine");
+  return shared_fwd_out(l, ctx); /* while the outputs travel back */
 }
 
 static lp_status fwd_combine(lp_nn_layer *l, lp_nn_ctx *ctx, lp_tensor **y) {
   struct nn_moe *m = l->moe;
   route *rt = ctx->ext;
-  LP_CHECK(xfinish(l, ctx, "combine"));
+  LP_CHECK(xfinish(l, ctx));
   nn_drop(ctx, M_OUTR);
   lp_tensor *y2 = NULL;
   if (m->o.shared > 0) {
@@ -648,6 +688,21 @@ static lp_status bwd_dense(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   lp_tensor_free(dyd);
   LP_CHECK(st);
   nn_keep(ctx, M_DY, dy2);
+  /* the weighted dy rows go back to the experts first: the router's and
+   * the shared expert's backward (they need dy only) run while they fly */
+  LP_CHECK(new2(rt, rt->pairs, D, &dcomb));
+  nn_keep(ctx, M_DCOMB, dcomb);
+  LP_CHECK(lp_tensor_gather_rows(dcomb, dy2, rt->tok, rt->wsend));
+  if (m->size == 1) {
+    LP_CHECK(lp_tensor_view(dcomb, &ctx->saved[M_DOUTR]));
+  } else {
+    lp_tensor *doutr;
+    LP_CHECK(new2(rt, rt->r, D, &doutr));
+    nn_keep(ctx, M_DOUTR, doutr);
+    *waiting = 1;
+    LP_CHECK(xstart_rows(l, ctx, dcomb, rt->sc, doutr, rt->rc,
+                         LP_NN_X_COMBINE_BACKWARD));
+  }
   const lp_tensor *comb = ctx->saved[M_COMB];
 
   /* router: dg of each pair (dy row . expert output row, in double, on
@@ -710,19 +765,8 @@ static lp_status bwd_dense(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
     nn_drop(ctx, M_SHA1);
     nn_drop(ctx, M_SHA3);
   }
-
-  /* the weighted dy rows go back to the experts */
-  LP_CHECK(new2(rt, rt->pairs, D, &dcomb));
-  nn_keep(ctx, M_DCOMB, dcomb);
-  LP_CHECK(lp_tensor_gather_rows(dcomb, dy2, rt->tok, rt->wsend));
   nn_drop(ctx, M_COMB);
-  if (m->size == 1) return lp_tensor_view(dcomb, &ctx->saved[M_DOUTR]);
-  lp_tensor *doutr;
-  LP_CHECK(new2(rt, rt->r, D, &doutr));
-  nn_keep(ctx, M_DOUTR, doutr);
-  *waiting = 1;
-  return xstart_rows(l, ctx, dcomb, rt->sc, doutr, rt->rc,
-                     "combine backward");
+  return LP_OK;
 }
 
 static lp_status bwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
@@ -730,7 +774,7 @@ static lp_status bwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   route *rt = ctx->ext;
   int64_t D = m->o.dim, H = m->o.hidden, R = rt->r;
   *waiting = 0;
-  LP_CHECK(xfinish(l, ctx, "combine backward"));
+  LP_CHECK(xfinish(l, ctx));
   nn_drop(ctx, M_DCOMB);
   lp_tensor *dout, *da1, *da3, *dxe = NULL, *dxr;
   LP_CHECK(new2(rt, R, D, &dout));
@@ -771,12 +815,12 @@ static lp_status bwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   LP_CHECK(new2(rt, rt->pairs, D, &dxs));
   nn_keep(ctx, M_DXS, dxs);
   *waiting = 1;
-  return xstart_rows(l, ctx, dxr, rt->rc, dxs, rt->sc, "dispatch backward");
+  return xstart_rows(l, ctx, dxr, rt->rc, dxs, rt->sc, LP_NN_X_DISPATCH_BACKWARD);
 }
 
 static lp_status bwd_dispatch(lp_nn_layer *l, lp_nn_ctx *ctx, lp_tensor **dx) {
   route *rt = ctx->ext;
-  LP_CHECK(xfinish(l, ctx, "dispatch backward"));
+  LP_CHECK(xfinish(l, ctx));
   nn_drop(ctx, M_DXR);
   lp_tensor *d2 = ctx->saved[M_DX];
   LP_CHECK(lp_tensor_index_add_rows(d2, ctx->saved[M_DXS], rt->tok, NULL));
@@ -833,14 +877,15 @@ static lp_status moe_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
   }
 }
 
-static const char *moe_phase(const lp_nn_layer *l, const lp_nn_ctx *ctx) {
+static lp_nn_phase moe_phase(const lp_nn_layer *l, const lp_nn_ctx *ctx) {
   (void)l;
   if (ctx->pass == NN_PASS_FORWARD) {
-    static const char *const f[] = {"attn/dense", "dispatch", "experts",
-                                    "combine"};
+    static const lp_nn_phase f[] = {LP_NN_PHASE_DENSE, LP_NN_PHASE_DISPATCH,
+                                    LP_NN_PHASE_EXPERTS, LP_NN_PHASE_COMBINE};
     return f[ctx->phase];
   }
-  static const char *const b[] = {"attn/dense", "experts", "dispatch"};
+  static const lp_nn_phase b[] = {LP_NN_PHASE_DENSE, LP_NN_PHASE_EXPERTS,
+                                  LP_NN_PHASE_DISPATCH};
   return b[ctx->phase];
 }
 
@@ -898,14 +943,7 @@ static lp_status moe_weight_grad_part(lp_nn_layer *l, lp_nn_ctx *ctx, int *did) 
   return LP_OK;
 }
 
-/* Not used: moe passes go through moe_advance. */
-static lp_status moe_no_call(lp_nn_layer *l, lp_nn_ctx *ctx,
-                             const lp_tensor *in, lp_tensor **out) {
-  (void)in, (void)out;
-  return nn_fail(ctx, l, LP_ERR_ARG, "internal: a phased layer run directly");
-}
-
-static const nn_ops moe_ops = {"moe", moe_no_call, moe_no_call,
+static const nn_ops moe_ops = {"moe", nn_no_call, nn_no_call,
                                moe_weight_grad};
 static const nn_phased moe_phased = {moe_advance, moe_phase, moe_weight_grad_part};
 
@@ -933,6 +971,12 @@ static lp_status make_slot(const lp_nn_layer *l, int e, const lp_nn_param *from,
     int64_t r = i < 2 ? H : D, c = i < 2 ? D : H;
     float std = (float)(1.0 / sqrt((double)c));
     LP_CHECK(make_param(l, suffix, r, c, std, m->seed, &out[i]));
+    /* where the layer's parameters live (a device after lp_nn_layer_to) */
+    const lp_tensor_backend *be = lp_tensor_backend_of(l->params[0].value);
+    if (be != lp_tensor_backend_of(out[i].value)) {
+      LP_CHECK(lp_tensor_move(out[i].value, be));
+      LP_CHECK(lp_tensor_move(out[i].grad, be));
+    }
     if (from) LP_CHECK(lp_tensor_copy(out[i].value, from[i].value));
   }
   return LP_OK;

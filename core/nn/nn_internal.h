@@ -25,7 +25,7 @@ typedef struct nn_ops {
  * used for passes).
  *   advance:    one step of the pass begun on ctx (ctx->pass, input
  *               ctx->in, ctx->want_dx); see lp_nn_advance.
- *   phase_name: what the next advance runs (NULL: "attn/dense").
+ *   phase:      what the next advance runs (NULL: LP_NN_PHASE_DENSE).
  *   weight_grad_part: one piece of the weight-grad of ctx (ctx->layer ==
  *               l) that its input-grad pass has made ready, ahead of
  *               weight_grad (which then skips it); *did = 1 when one ran.
@@ -33,7 +33,7 @@ typedef struct nn_ops {
 typedef struct nn_phased {
   lp_status (*advance)(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
                        lp_tensor **out);
-  const char *(*phase_name)(const lp_nn_layer *l, const lp_nn_ctx *ctx);
+  lp_nn_phase (*phase)(const lp_nn_layer *l, const lp_nn_ctx *ctx);
   lp_status (*weight_grad_part)(lp_nn_layer *l, lp_nn_ctx *ctx, int *did);
 } nn_phased;
 
@@ -65,7 +65,8 @@ struct lp_nn_layer {
 #define NN_SLOTS 28
 
 struct lp_nn_ctx {
-  lp_nn_ctx *root;          /* where error text goes */
+  lp_nn_ctx *root;          /* where error text and the tag go */
+  void *tag;                /* root only: lp_nn_ctx_set_tag */
   const lp_nn_layer *layer; /* whose forward is stashed; NULL when EMPTY */
   lp_nn_ctx_stage stage;
   lp_tensor *saved[NN_SLOTS]; /* layer-specific meaning, owned */
@@ -100,6 +101,10 @@ lp_status nn_input_grad_begin(lp_nn_layer *l, lp_nn_ctx *ctx,
 /* Parameter lists changed somewhere (moe placement): composites collect
  * theirs again on next use. */
 void nn_params_changed(void);
+/* The forward / input_grad of a phased layer's nn_ops (its passes go
+ * through nn_phased.advance): an internal error if ever called. */
+lp_status nn_no_call(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *in,
+                     lp_tensor **out);
 /* Frees a moe's private state (moe.c). */
 void nn_moe_free(struct nn_moe *m);
 
@@ -110,8 +115,6 @@ lp_status nn_fail(lp_nn_ctx *ctx, const lp_nn_layer *l, lp_status st,
 /* Stores an owned tensor in slot i (freeing what was there). With a NULL
  * ctx the tensor is freed. */
 void nn_keep(lp_nn_ctx *ctx, int i, lp_tensor *t);
-/* Stores a new view of a borrowed tensor in slot i. */
-lp_status nn_keep_view(lp_nn_ctx *ctx, int i, const lp_tensor *t);
 /* Frees slot i. */
 void nn_drop(lp_nn_ctx *ctx, int i);
 /* A dense, owned tensor with x's values: a view when x is dense, else a

@@ -320,13 +320,6 @@ const int *lp_schedule_route(const lp_schedule *s, int mb, int *n) {
   return s->routes[mb];
 }
 
-int lp__route_pos(const lp_schedule *s, int mb, int v) {
-  if (mb < 0 || mb >= s->microbatches || !s->routes[mb]) return -1;
-  for (int k = 0; k < s->route_len[mb]; k++)
-    if (s->routes[mb][k] == v) return k;
-  return -1;
-}
-
 static int check_ref(lp_schedule *s, int rank, const lp_action *a, int v, int mb) {
   char t[LP_ACTION_TEXT_MAX];
   if (v < 0 || v >= s->nvst) {

@@ -25,8 +25,6 @@ struct lp_schedule {
   char err[LP_ERRLEN];
 };
 
-/* Position of vstage v in micro-batch mb's route, -1 when absent. */
-int lp__route_pos(const lp_schedule *s, int mb, int v);
 /* Formats action a into a static-size buffer for messages. */
 #define ACT_TEXT(a, buf) (lp_action_format((a), (buf), sizeof(buf)), (buf))
 

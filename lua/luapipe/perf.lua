@@ -23,6 +23,9 @@
 --                  largest over ranks
 --   makespan_ms    the simulated makespan alone (pipeline part)
 --   ratio          predicted_ms / step_ms
+--   oversubscribed {ranks =, cores =} when a host runs more ranks than the
+--                  cores their affinity allows (the most crowded host): the
+--                  prediction then does not apply (nil otherwise)
 --   bubble_pct     measured bubble: mean over ranks of 1 - busy / step time,
 --                  busy = compute actions + optimizer
 --   sim_bubble_pct the same from the simulation (sim busy + optimizer over
@@ -168,6 +171,15 @@ function M.summary(exec, sched, opts)
       v[i + 8] = a and a.x_halves or 0
     end
   end
+  -- ranks and cores of each rank's host (more ranks than cores: ranks
+  -- also wait for a core, which the simulator does not model)
+  local hbase = #v
+  local hr, hcores = 1, 0
+  if exec.host_share then hr, hcores = exec:host_share() end
+  for r = 0, P - 1 do
+    v[hbase + 2 * r + 1] = r == rank and hr or 0
+    v[hbase + 2 * r + 2] = r == rank and hcores or 0
+  end
   v[#v + 1] = st.steps
   v = allreduce(v, "luapipe.perf: gathering the measured timing")
   local steps = math.floor(v[#v] / P + 0.5)
@@ -189,6 +201,13 @@ function M.summary(exec, sched, opts)
   out.a2a_blocked_ms = v[8] / math.max(n * P, 1) * ms
   out.a2a_link_ms = v[11] / math.max(n * P, 1) * ms
   out.a2a_hidden_pct = v[7] > 0 and 100 * math.min(1, v[10] / v[7]) or nil
+  for r = 0, P - 1 do
+    local nr, nc = v[hbase + 2 * r + 1], v[hbase + 2 * r + 2]
+    if nc > 0 and nr > nc and (not out.oversubscribed or nr / nc > out.oversubscribed.ranks /
+        out.oversubscribed.cores) then
+      out.oversubscribed = { ranks = math.floor(nr + 0.5), cores = math.floor(nc + 0.5) }
+    end
+  end
   local rw, rc, ro = {}, {}, {}
   local step_s = 0
   for r = 0, P - 1 do
@@ -370,6 +389,11 @@ function M.format(s)
   L[#L + 1] = string.format("  step time: measured %s ms, simulator's prediction %s ms "
     .. "(makespan %s ms + optimizer; latency %s ms): predicted/measured %.3f",
     f1(s.step_ms), f1(s.predicted_ms), f1(s.makespan_ms), f2(s.latency_ms), s.ratio)
+  if s.oversubscribed then
+    L[#L + 1] = string.format("    the prediction does not apply here: %d ranks share %d core%s on one host, "
+      .. "so ranks also wait for a core, which the simulator does not model (run at most one rank per core)",
+      s.oversubscribed.ranks, s.oversubscribed.cores, s.oversubscribed.cores == 1 and "" or "s")
+  end
   L[#L + 1] = string.format("  bubble: measured %s%%, simulated %s%%", f1(s.bubble_pct),
     f1(s.sim_bubble_pct))
   if s.a2a_hidden_pct then

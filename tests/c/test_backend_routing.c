@@ -266,9 +266,11 @@ typedef struct xrank {
   int rank;
 } xrank;
 
-static lp_status x_start(void *ud, const float *send, const size_t *sc,
-                         float *recv, const size_t *rc, void **handle) {
+static lp_status x_start(void *ud, const lp_nn_xinfo *xi, const float *send,
+                         const size_t *sc, float *recv, const size_t *rc,
+                         void **handle) {
   xrank *me = ud;
+  (void)xi;
   int n = me->w->started[me->rank]++;
   assert_true(n < XMAX);
   xworld *w = me->w;
@@ -288,8 +290,8 @@ static lp_status x_start(void *ud, const float *send, const size_t *sc,
   return LP_OK;
 }
 
-static lp_status x_wait(void *ud, void *handle, const char *what) {
-  (void)ud, (void)what;
+static lp_status x_wait(void *ud, void *handle) {
+  (void)ud;
   /* both ranks started it before either waits (the driver's order) */
   assert_int_equal(((const xchg *)handle)->joined, 2);
   return LP_OK;
@@ -312,7 +314,7 @@ static void ep2_run(const lp_tensor_backend *be, const lp_tensor *x,
   lp_tensor *xs[2] = {NULL}, *dys[2] = {NULL};
   for (int r = 0; r < 2; r++) {
     xr[r] = (xrank){&w, r};
-    lp_nn_ep ep = {2, r, &xr[r], x_start, x_wait};
+    lp_nn_ep ep = {2, r, &xr[r], x_start, x_wait, 0};
     assert_int_equal(lp_nn_moe_block_new("b", H, &o, 5, &ls[r]), LP_OK);
     assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
     if (be) assert_int_equal(lp_nn_layer_to(ls[r], be), LP_OK);

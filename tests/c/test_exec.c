@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "lp_exec.h"
+#include "lp_test_oom.h"
 
 #define D_IN 5
 #define D_H 7
@@ -363,6 +364,37 @@ static void test_errors(void **state) {
   assert_int_equal(lp_exec_ep(e, NULL), 1);
   lp_exec_free(e);
 
+  /* two copies of each stage with REDUCE_GRAD for three of the four:
+   * the fourth is named at the end of the step */
+  {
+    lp_schedule *c = NULL;
+    assert_int_equal(lp_schedule_new(1, 2, MB, &c), LP_OK);
+    for (int k = 0; k < 2; k++) {
+      assert_int_equal(lp_schedule_add_vstage(c, 0, 0, NULL), LP_OK);
+      assert_int_equal(lp_schedule_add_vstage(c, 1, 0, NULL), LP_OK);
+    }
+    int ra[2] = {0, 1}, rb[2] = {2, 3};
+    for (int mb = 0; mb < MB; mb++)
+      assert_int_equal(lp_schedule_set_route(c, mb, mb < 2 ? ra : rb, 2), LP_OK);
+    const char *ca[] = {"0F0", "1F0", "1B0", "0B0", "0F1", "1F1", "1B1", "0B1", "2F2",
+                        "3F2", "3B2", "2B2", "2F3", "3F3", "3B3", "2B3", "0REDUCE_GRAD",
+                        "1REDUCE_GRAD", "2REDUCE_GRAD"};
+    for (int i = 0; i < 19; i++) assert_int_equal(lp_schedule_push_text(c, 0, ca[i]), LP_OK);
+    if (lp_schedule_validate(c) == LP_OK) {
+      lp_exec_opts oc = base_opts();
+      assert_int_equal(lp_exec_new(c, &oc, &e, err), LP_OK);
+      assert_int_equal(lp_exec_step(e, 1, &loss), LP_ERR_INVALID);
+      assert_string_equal(lp_exec_last_error(e),
+                          "rank 0: virtual stage 3 is a copy of model stage 1 (replicated) but "
+                          "has no REDUCE_GRAD action, while other stages have one: give every "
+                          "copy its REDUCE_GRAD");
+      lp_exec_free(e);
+    } else {
+      fail_msg("validation refused a missing REDUCE_GRAD: %s", lp_schedule_last_error(c));
+    }
+    lp_schedule_free(c);
+  }
+
   /* an EP group that does not divide the job */
   o = base_opts();
   o.ep = 2;
@@ -373,6 +405,49 @@ static void test_errors(void **state) {
   lp_schedule_free(s);
 }
 
+/* lp_exec_new under the out-of-memory loop: every allocation point of
+ * construction (chunks, optimizers, slots, copies' packs, timing, the
+ * trace) fails alone in turn; each returns LP_ERR_NOMEM and frees all. */
+static const lp_schedule *oom_sched;
+
+static lp_status oom_new(void) {
+  lp_exec_opts o = base_opts();
+  lp_exec *e = NULL;
+  char err[LP_ERRLEN] = "";
+  lp_status st = lp_exec_new(oom_sched, &o, &e, err);
+  if (st == LP_OK) {
+    assert_non_null(e);
+    lp_exec_free(e);
+  } else {
+    assert_null(e);
+    assert_true(*err != '\0');
+  }
+  return st;
+}
+
+static void test_new_oom(void **state) {
+  (void)state;
+  (void)lp_comm_world(); /* made once, outside the loop */
+  lp_schedule *s = NULL;
+  assert_int_equal(lp_schedule_new(1, 2, MB, &s), LP_OK);
+  for (int c = 0; c < 2; c++) { /* two copies of each stage: reduction packs too */
+    assert_int_equal(lp_schedule_add_vstage(s, 0, 0, NULL), LP_OK);
+    assert_int_equal(lp_schedule_add_vstage(s, 1, 0, NULL), LP_OK);
+  }
+  int ra[2] = {0, 1}, rb[2] = {2, 3};
+  for (int mb = 0; mb < MB; mb++)
+    assert_int_equal(lp_schedule_set_route(s, mb, mb < 2 ? ra : rb, 2), LP_OK);
+  const char *acts[] = {"0F0", "1F0", "1B0", "0B0", "0F1", "1F1", "1B1", "0B1",
+                        "2F2", "3F2", "3B2", "2B2", "2F3", "3F3", "3B3", "2B3"};
+  for (int i = 0; i < 16; i++) assert_int_equal(lp_schedule_push_text(s, 0, acts[i]), LP_OK);
+  assert_int_equal(lp_schedule_validate(s), LP_OK);
+  oom_sched = s;
+  int points = lp_test_oom_points(oom_new, 5000);
+  printf("# lp_exec_new: %d allocation failure points\n", points);
+  assert_true(points > 20);
+  lp_schedule_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fb_order),
@@ -380,6 +455,7 @@ int main(void) {
       cmocka_unit_test(test_overlapped_pairs),
       cmocka_unit_test(test_local_copies),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_new_oom),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

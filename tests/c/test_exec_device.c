@@ -257,6 +257,58 @@ static void test_one_rank(void **state) {
   }
 }
 
+/* Redundant expert slots and a rebalance with the MoE model on fake:0:
+ * the replicas' gradients are summed (ep.c reduce_replicas) and an EPLB
+ * move packs and unpacks expert weights (placement.c move_layer), both
+ * through lp_tensor_read / _write; the CPU twin takes the same placements:
+ * losses and parameters bitwise equal. */
+static void test_replicas_rebalance(void **state) {
+  (void)state;
+  if (lp_comm_size(W) != 1) skip();
+  const char *fb[] = {"0F0", "1F0", "1B0", "0B0", "0F1", "1F1", "1B1", "0B1",
+                      "0F2", "1F2", "1B2", "0B2", "0F3", "1F3", "1B3", "0B3"};
+  lp_schedule *s = two_stage(fb, 16, 1);
+  use_lm = 2;
+  lp_exec *c = exec_on(s, NULL), *f = exec_on(s, &fake);
+  const int redundant[6] = {0, 1, 2, 3, 0, 1}, rebalanced[6] = {3, 2, 2, 0, 1, 3};
+  for (int k = 1; k <= 4; k++) {
+    if (k == 1 || k == 3) {
+      const int *p2l = k == 1 ? redundant : rebalanced;
+      int64_t bc = -1, bf = -1;
+      if (lp_exec_set_placement(c, 0, 6, p2l, &bc) != LP_OK)
+        fail_msg("placement on the CPU: %s", lp_exec_last_error(c));
+      if (lp_exec_set_placement(f, 0, 6, p2l, &bf) != LP_OK)
+        fail_msg("placement on fake:0: %s", lp_exec_last_error(f));
+      assert_int_equal(bc, bf);
+      same_params(f, c, 1);
+    }
+    double lc = 0, lf = 0;
+    step(c, k, &lc);
+    step(f, k, &lf);
+    assert_true(isfinite(lc) && lc > 0);
+    if (memcmp(&lc, &lf, sizeof lc) != 0)
+      fail_msg("step %d: loss %.17g on fake:0, %.17g on the CPU", k, lf, lc);
+    same_params(f, c, 1);
+  }
+  /* the replicas of each expert stayed equal (their gradients summed) */
+  lp_nn_layer *m = lp_nn_moe_find(lp_exec_vstage_chunk(f, 0), 0);
+  for (int a = 0; a < 6; a++)
+    for (int b = a + 1; b < 6; b++) {
+      if (rebalanced[a] != rebalanced[b]) continue;
+      const lp_nn_param *pa, *pb;
+      int na, nb;
+      assert_int_equal(lp_nn_moe_slot_params(m, a, &pa, &na), LP_OK);
+      assert_int_equal(lp_nn_moe_slot_params(m, b, &pb, &nb), LP_OK);
+      for (int j = 0; j < na; j++)
+        if (!same(pa[j].value, pb[j].value)) fail_msg("slots %d and %d of expert %d differ", a, b,
+                                                      rebalanced[a]);
+    }
+  lp_exec_free(c);
+  lp_exec_free(f);
+  lp_schedule_free(s);
+  use_lm = 0;
+}
+
 /* Checkpoints of a device run: saved from fake:0 (parameters read back
  * from the device), loaded onto fake:0 and onto the CPU; the three then
  * take the same next step. */
@@ -346,6 +398,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_rank),
       cmocka_unit_test(test_checkpoint),
+      cmocka_unit_test(test_replicas_rebalance),
       cmocka_unit_test(test_two_ranks),
       cmocka_unit_test(test_dualpipe_four_ranks),
   };

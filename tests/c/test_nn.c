@@ -956,6 +956,8 @@ typedef struct fake_world {
   int started[FAKE_MAX];
   fake_coll coll[FAKE_COLLS];
   long floats_moved;
+  lp_nn_xkind kind[FAKE_MAX][FAKE_COLLS]; /* each rank's exchanges, in order */
+  void *tag[FAKE_MAX][FAKE_COLLS];
 } fake_world;
 
 typedef struct fake_rank {
@@ -970,12 +972,16 @@ static size_t displ(const size_t *counts, int upto) {
   return d;
 }
 
-static lp_status fake_start(void *ud, const float *send, const size_t *sc,
-                            float *recv, const size_t *rc, void **handle) {
+static lp_status fake_start(void *ud, const lp_nn_xinfo *xi, const float *send,
+                            const size_t *sc, float *recv, const size_t *rc,
+                            void **handle) {
   fake_rank *fr = ud;
   fake_world *w = fr->w;
   int n = w->started[fr->rank]++;
   assert_true(n < FAKE_COLLS);
+  assert_non_null(xi->layer);
+  w->kind[fr->rank][n] = xi->kind;
+  w->tag[fr->rank][n] = xi->tag;
   fake_coll *c = &w->coll[n];
   c->send[fr->rank] = send, c->sc[fr->rank] = sc;
   c->recv[fr->rank] = recv, c->rc[fr->rank] = rc;
@@ -993,10 +999,9 @@ static lp_status fake_start(void *ud, const float *send, const size_t *sc,
   return LP_OK;
 }
 
-static lp_status fake_wait(void *ud, void *handle, const char *what) {
+static lp_status fake_wait(void *ud, void *handle) {
   fake_rank *fr = ud;
   fake_coll *c = &fr->w->coll[(intptr_t)handle - 1];
-  assert_non_null(what);
   return c->joined == fr->w->k ? LP_OK : LP_ERR_ARG;
 }
 
@@ -1060,7 +1065,7 @@ static long ep_check(int k, int block, int spr, const int *p2l,
   w.k = k;
   for (int r = 0; r < k; r++) {
     fr[r] = (fake_rank){&w, r};
-    lp_nn_ep ep = {k, r, &fr[r], fake_start, fake_wait};
+    lp_nn_ep ep = {k, r, &fr[r], fake_start, fake_wait, 0};
     if (block)
       assert_int_equal(lp_nn_moe_block_new("b", 2, &o, 5, &ls[r]), LP_OK);
     else
@@ -1070,6 +1075,7 @@ static long ep_check(int k, int block, int spr, const int *p2l,
       assert_int_equal(
           lp_nn_moe_set_placement(lp_nn_moe_find(ls[r], 0), spr, p2l), LP_OK);
     assert_int_equal(lp_nn_ctx_new(&cs[r]), LP_OK);
+    lp_nn_ctx_set_tag(cs[r], &fr[r]); /* every exchange carries it */
     assert_int_equal(lp_tensor_rows(x, r * Bk, Bk, &xs[r]), LP_OK);
     assert_int_equal(lp_tensor_rows(dy, r * Bk, Bk, &dys[r]), LP_OK);
     assert_int_equal(lp_nn_forward_begin(ls[r], cs[r], xs[r]), LP_OK);
@@ -1087,6 +1093,15 @@ static long ep_check(int k, int block, int spr, const int *p2l,
   drive(ls, cs, k, dxs, names, sizeof names);
   printf("# ep=%d input-grad phases: %s\n", k, names);
   if (bwd_names) assert_string_equal(names, bwd_names);
+  /* one MoE layer: its five exchanges in pass order, each with the tag */
+  for (int r = 0; r < k && k > 1; r++) {
+    assert_int_equal(w.started[r], LP_NN_X__N);
+    for (int i = 0; i < LP_NN_X__N; i++) {
+      assert_int_equal(w.kind[r][i], (lp_nn_xkind)i);
+      assert_ptr_equal(w.tag[r][i], &fr[r]);
+    }
+  }
+  assert_string_equal(lp_nn_xkind_text(LP_NN_X_COMBINE_BACKWARD), "combine backward");
   for (int r = 0; r < k; r++) {
     double e = rel_rows(dxs[r], dx0, r * Bk * T);
     assert_true(e <= 1e-5);
@@ -1202,7 +1217,7 @@ static void test_moe_ep_idle_rank(void **state) {
   w.k = K;
   for (int r = 0; r < K; r++) {
     fr[r] = (fake_rank){&w, r};
-    lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
+    lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait, 0};
     assert_int_equal(lp_nn_moe_new("m", &o, 2, &ls[r]), LP_OK);
     assert_int_equal(lp_nn_moe_set_bias(ls[r], bias), LP_OK);
     assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
@@ -1264,7 +1279,7 @@ static void test_moe_overlapped_pair(void **state) {
     w.k = K;
     for (int r = 0; r < K; r++) {
       fr[r] = (fake_rank){&w, r};
-      lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
+      lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait, 0};
       assert_int_equal(lp_nn_moe_block_new("b", 2, &o, 5, &ls[r]), LP_OK);
       assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
       assert_int_equal(lp_nn_ctx_new(&c0[r]), LP_OK);
@@ -1348,7 +1363,7 @@ static void test_weight_grad_parts(void **state) {
     w.k = K;
     for (int r = 0; r < K; r++) {
       fr[r] = (fake_rank){&w, r};
-      lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
+      lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait, 0};
       lp_nn_layer *b[2];
       assert_int_equal(lp_nn_moe_block_new("b0", 2, &o, 5, &b[0]), LP_OK);
       assert_int_equal(lp_nn_moe_block_new("b1", 2, &o, 6, &b[1]), LP_OK);
@@ -1470,7 +1485,7 @@ static void test_moe_placement_move(void **state) {
   lp_tensor *saved[4][3] = {{NULL}};
   for (int r = 0; r < K; r++) {
     fr[r] = (fake_rank){&w, r};
-    lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
+    lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait, 0};
     assert_int_equal(lp_nn_moe_new("moe", &o, 9, &ls[r]), LP_OK);
     assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
     assert_int_equal(lp_nn_moe_set_placement(ls[r], 2, p1), LP_OK);
@@ -1640,7 +1655,7 @@ static void test_moe_bias_and_errors(void **state) {
   assert_int_equal(lp_nn_moe_set_placement(m, 4, missing), LP_ERR_ARG);
   const int out_of_range[] = {0, 1, 2, 4};
   assert_int_equal(lp_nn_moe_set_placement(m, 4, out_of_range), LP_ERR_ARG);
-  lp_nn_ep ep = {2, 2, NULL, fake_start, fake_wait}; /* rank >= size */
+  lp_nn_ep ep = {2, 2, NULL, fake_start, fake_wait, 0}; /* rank >= size */
   assert_int_equal(lp_nn_set_ep(m, &ep), LP_ERR_ARG);
   assert_null(lp_nn_moe_get_opts(NULL));
   assert_int_equal(lp_nn_moe_get_opts(m)->experts, 4);

@@ -3,7 +3,8 @@
 # small MLP trained on 4 ranks (mpirun) with 1f1b, zb1p and dualpipe; rank
 # 0 prints the summary after the progress lines, result.summary holds sane
 # figures on every rank (summary_check.lua), and train{svg=} draws the
-# measured last step. One step only: nothing skipped as warm-up. No timing
+# measured last step; with two ranks pinned to one core it says the
+# prediction does not apply, with one rank per core it does not. One step only: nothing skipped as warm-up. No timing
 # thresholds (scripts/bench/pipeline judges the figures). Exits 77
 # (skipped) without mpirun.
 set -u
@@ -41,6 +42,24 @@ run dualpipe 5 "$tmp/dualpipe.svg"
 grep -q 'skipped as warm-up' "$tmp/out" || fail "dualpipe: warm-up step not reported as skipped"
 run 1f1b 1 -
 grep -q 'skipped as warm-up' "$tmp/out" && fail "1 step: nothing should be skipped"
+
+# ranks that share cores: the summary says the prediction does not apply.
+# Both ranks pinned to CPU 0 (mpirun binds nothing, taskset gives the mask)
+if command -v taskset >/dev/null; then
+  timeout 120 mpirun --oversubscribe --bind-to none -np 2 taskset -c 0 "$luapipe" \
+    tests/mpi/summary_check.lua 1f1b 2 - >"$tmp/out" 2>"$tmp/err"
+  echo "1f1b, 2 ranks on CPU 0: rc $?"
+  grep -q '^    the prediction does not apply here: 2 ranks share 1 core on one host' "$tmp/out" ||
+    { fail "2 ranks on one core: no note that the prediction does not apply"; cat "$tmp/out" "$tmp/err"; }
+  # one rank per core (when the machine has two): no such note
+  if [ "$(nproc)" -ge 2 ]; then
+    timeout 120 mpirun --bind-to none -np 2 sh -c 'exec taskset -c "$OMPI_COMM_WORLD_RANK" "$@"' sh \
+      "$luapipe" tests/mpi/summary_check.lua 1f1b 2 - >"$tmp/out" 2>"$tmp/err"
+    echo "1f1b, 2 ranks on 2 cores: rc $?"
+    grep -q 'does not apply' "$tmp/out" && fail "one rank per core: the note should not appear"
+    grep -q '^  step time: measured' "$tmp/out" || { fail "2 ranks on 2 cores: no summary"; cat "$tmp/out" "$tmp/err"; }
+  fi
+fi
 
 if [ "$fails" -ne 0 ]; then
   echo "test_summary: $fails failure(s)"

@@ -133,6 +133,8 @@ M.topics = {
   },
   {
     name = "perf", summary = "measured against simulated (luapipe.perf)",
+    intro = "When a host runs more ranks than the cores their affinity allows, summary.oversubscribed = "
+      .. "{ranks =, cores =} and the text says the prediction does not apply (ranks also wait for a core).",
     { "perf.summary(exec, sched)", "step_ms, predicted_ms, ratio, bubbles (collective)" },
     { "perf.format(summary)", "the text train prints" },
     { "perf.write_measured_svg(exec, sched, path)", "the measured last step as SVG" },
