@@ -828,6 +828,10 @@ lp_status lp_search_add_schedule(lp_search *S, lp_schedule *s, const char *label
     if (ok && peak[r] > S->limit[r] + EPS) ok = 0;
     if (peak_out) peak_out[r] = peak[r];
   }
+  /* a schedule of another placement (interleaved's 2P stages on a V
+   * search) is scored, but is not the search's to return */
+  int same = same_placement(S, s);
+  if (!same) ok = 0;
   /* the split and pairing rules of the search hold for given schedules too */
   for (int r = 0; ok && r < P; r++) {
     int n;
@@ -868,7 +872,7 @@ lp_status lp_search_add_schedule(lp_search *S, lp_schedule *s, const char *label
   lp_free(peak);
   lp_free(ev);
   lp_sim_result_free(res);
-  if (st != LP_OK || !same_placement(S, s)) return st;
+  if (st != LP_OK || !same) return st;
   /* seed from its order: key = position on its rank */
   cand c;
   memset(&c, 0, sizeof c);
