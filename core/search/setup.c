@@ -436,8 +436,27 @@ static lp_status bounds(lp_search *S) {
      * first backward starts are unpaired and that backward starts at tb at
      * the earliest; the pairs left use the other cnt_all - k forwards */
     if (save > 0 && tb < INF) {
+      /* that backward needs every F of its micro-batch, those on r too:
+       * at least the fewest vstages of r on a route; and the k forwards'
+       * activations are all held at once: at most limit / least size */
+      int kmin = cnt_all, kmax = cnt_all;
+      double amin = INF;
+      for (int q = 0; q < S->NR; q++) {
+        int used = 0, on = 0;
+        for (int m = 0; m < M && !used; m++) used = S->mb_route[m] == q;
+        if (!used) continue;
+        for (int p = 0; p < NS; p++) on += S->vs_rank[S->routes[q * NS + p]] == r;
+        if (on < kmin) kmin = on;
+      }
+      for (int j = S->rv_first[r]; j < S->rv_first[r + 1]; j++)
+        if (S->act_v[S->rv_list[j]] > 0) amin = dmin(amin, S->act_v[S->rv_list[j]]);
+      if (S->limit[r] < INF && amin < INF) {
+        double km = floor((S->limit[r] + 1e-9) / amin);
+        if (km < kmax) kmax = (int)km;
+      }
+      if (kmin > kmax) kmin = kmax; /* (the limit is checked elsewhere) */
       double lb = INF;
-      for (int k = 0; k <= cnt_all; k++) {
+      for (int k = kmin; k <= kmax; k++) {
         double wait = dmax(tb - k * fmx, head);
         lb = dmin(lb, wait + base - dmin(save, (cnt_all - k) * sg) + tail);
         if (tb - k * fmx <= head) break; /* more k: less to save, same wait */

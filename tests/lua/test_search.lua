@@ -389,9 +389,11 @@ function TestSearchBounds:test_warmup_bound_below_exact_optimum_with_pairs()
   local r = assert(search.search { pp = 2, microbatches = 2, cost = "F=2,B=4,FB=3", placement = "v",
     split = "never", time = 0.3, progress = false })
   -- rank 1: its first backward starts at 5.5 (4 F + the pair-short backward
-  -- on stage 3) at the earliest; with k = 0 forwards before it all 4 pair
-  -- (4 x 1.5), and stage 0's backward (1.5) follows its last: 5.5 + 6 + 1.5
-  lu.assertEquals(r.bounds.warmup, 13)
+  -- on stage 3) at the earliest, after its own 2 forwards of that micro-batch
+  -- at least (unpaired, from 1); with k = 2 the other 2 forwards pair
+  -- (2 x 1.5 saved of 12) and stage 0's backward (1.5) follows its last:
+  -- (5.5 - 2) + 9 + 1.5 = 14
+  lu.assertEquals(r.bounds.warmup, 14)
   lu.assertTrue(r:lower_bound() <= opt + 1e-9)
   lu.assertEquals(r:objective(), opt)
 end
