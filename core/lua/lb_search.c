@@ -317,6 +317,7 @@ static int lb_search_bounds(lua_State *L) {
   lb_set_number(L, "skew", x.skew);
   lb_set_number(L, "path", x.path);
   lb_set_number(L, "memory_time", x.memory_time);
+  lb_set_number(L, "warmup", x.warmup);
   lb_set_number(L, "makespan", x.makespan);
   lb_set_number(L, "span", x.span);
   return 1;

@@ -74,8 +74,10 @@ typedef struct lp_search_bounds {
   double skew;        /* max over ranks of (earliest start + work + least tail) */
   double path;        /* one micro-batch's critical path */
   double memory_time; /* max over ranks of (least activation-time) / limit */
-  double makespan;    /* max of the four */
+  double makespan;    /* max of the five */
   double span;        /* max(work, memory_time, path) */
+  double warmup;      /* pairs: max over ranks of the least end when the forwards
+                         before a rank's first backward run unpaired */
 } lp_search_bounds;
 
 typedef struct lp_search_stats {

@@ -48,7 +48,9 @@ static void cand_copy(lp_search *S, cand *dst, const cand *src) {
 /* The split bit's default: I + W when splitting is allowed. */
 static void cand_defaults(lp_search *S, cand *c) {
   memset(c->split, S->split == LP_SEARCH_SPLIT_NEVER ? 0 : 1, (size_t)S->V * (size_t)S->M);
-  memset(c->pair, S->pairs ? 1 | 4 : 0, (size_t)S->P); /* pair; a pair may take a full B */
+  /* pair; a pair may take a full B when only that pays; a pair always
+   * takes a full B (an FB costs the same with I or B, so B saves the W) */
+  memset(c->pair, S->pairs ? 1 | 4 | 8 : 0, (size_t)S->P);
 }
 
 /* Replaces every key by its rank among the keys of its rank's slots (ties
@@ -214,14 +216,14 @@ static void choose(lp_search *S, const cand *c, int r) {
       pb = c->key[slot_of(S, v, mbk[j], 1)];
       D->ch_pv[r] = v;
       D->ch_pm[r] = mbk[j];
-      D->ch_forceb[r] = pay == 2;
+      D->ch_forceb[r] = pay == 2 || ((c->pair[r] & 8) && S->split == LP_SEARCH_SPLIT_AUTO);
     } else if (bk == 1 && rf[j] >= 0 && rf[j] <= T && rf[j] < INF &&
                (pay = pair_pays(S, v, vs[bj], c->split[vs[bj] * S->M + mbk[bj]], c->pair[r] & 4)) &&
                c->key[slot_of(S, v, mf[j], 0)] < pb) {
       pb = c->key[slot_of(S, v, mf[j], 0)];
       D->ch_pv[r] = v;
       D->ch_pm[r] = mf[j];
-      D->ch_forceb[r] = pay == 2;
+      D->ch_forceb[r] = pay == 2 || ((c->pair[r] & 8) && S->split == LP_SEARCH_SPLIT_AUTO);
     }
   }
 }
@@ -583,7 +585,8 @@ static void move(lp_search *S, cand *c) {
     return;
   }
   if (kind < 16 && S->pairs) {
-    c->pair[rnd_int(S, S->P)] ^= rnd(S) & 1 ? 1 : 4;
+    int bit = rnd_int(S, 3);
+    c->pair[rnd_int(S, S->P)] ^= bit == 0 ? 1 : bit == 1 ? 4 : 8;
     return;
   }
   if (kind < 20) { /* a rank waits for its best-keyed head, or not */
@@ -828,6 +831,10 @@ lp_status lp_search_add_schedule(lp_search *S, lp_schedule *s, const char *label
     if (ok && peak[r] > S->limit[r] + EPS) ok = 0;
     if (peak_out) peak_out[r] = peak[r];
   }
+  /* a schedule of another placement (interleaved's 2P stages on a V
+   * search) is scored, but is not the search's to return */
+  int same = same_placement(S, s);
+  if (!same) ok = 0;
   /* the split and pairing rules of the search hold for given schedules too */
   for (int r = 0; ok && r < P; r++) {
     int n;
@@ -868,7 +875,7 @@ lp_status lp_search_add_schedule(lp_search *S, lp_schedule *s, const char *label
   lp_free(peak);
   lp_free(ev);
   lp_sim_result_free(res);
-  if (st != LP_OK || !same_placement(S, s)) return st;
+  if (st != LP_OK || !same) return st;
   /* seed from its order: key = position on its rank */
   cand c;
   memset(&c, 0, sizeof c);

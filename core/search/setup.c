@@ -395,9 +395,10 @@ static lp_status bounds(lp_search *S) {
     }
     path = dmin(path, rt[route[0]]);
   }
-  double work = 0, skew = 0, memt = 0, span_path = 0;
+  double work = 0, skew = 0, memt = 0, span_path = 0, warm = 0;
   for (int r = 0; r < P; r++) {
     double base = 0, head = INF, tail = INF, at = 0, save = 0;
+    double tb = INF, fmx = 0, sg = 0; /* first backward's earliest start, largest F, saving */
     int cnt_all = 0;
     for (int j = S->rv_first[r]; j < S->rv_first[r + 1]; j++) {
       int v = S->rv_list[j];
@@ -410,6 +411,8 @@ static lp_status bounds(lp_search *S) {
       base += cnt * (S->t[v].f + bfull_of(S, v));
       head = dmin(head, S->f_asap[v]);
       tail = dmin(tail, tailv[v]);
+      tb = dmin(tb, S->b_asap[v]);
+      fmx = dmax(fmx, S->t[v].f);
       at += cnt * S->act_v[v] * hold[v];
       span_path = dmax(span_path, rt[v]);
       /* pairs: each F of v can pair with one backward of another stage */
@@ -422,19 +425,52 @@ static lp_status bounds(lp_search *S) {
           best = dmax(best, S->t[v].f + bfull_of(S, u) - S->t[v].fb);
         }
         save += (cnt < others ? cnt : others) * best;
+        sg = dmax(sg, best);
       }
     }
     if (head == INF) continue; /* an idle rank */
     double wr = dmax(0, base - save);
     work = dmax(work, wr);
     skew = dmax(skew, head + wr + tail);
+    /* warm-up (docs/search.md, bound 5): the k forwards r runs before its
+     * first backward starts are unpaired and that backward starts at tb at
+     * the earliest; the pairs left use the other cnt_all - k forwards */
+    if (save > 0 && tb < INF) {
+      /* that backward needs every F of its micro-batch, those on r too:
+       * at least the fewest vstages of r on a route; and the k forwards'
+       * activations are all held at once: at most limit / least size */
+      int kmin = cnt_all, kmax = cnt_all;
+      double amin = INF;
+      for (int q = 0; q < S->NR; q++) {
+        int used = 0, on = 0;
+        for (int m = 0; m < M && !used; m++) used = S->mb_route[m] == q;
+        if (!used) continue;
+        for (int p = 0; p < NS; p++) on += S->vs_rank[S->routes[q * NS + p]] == r;
+        if (on < kmin) kmin = on;
+      }
+      for (int j = S->rv_first[r]; j < S->rv_first[r + 1]; j++)
+        if (S->act_v[S->rv_list[j]] > 0) amin = dmin(amin, S->act_v[S->rv_list[j]]);
+      if (S->limit[r] < INF && amin < INF) {
+        double km = floor((S->limit[r] + 1e-9) / amin);
+        if (km < kmax) kmax = (int)km;
+      }
+      if (kmin > kmax) kmin = kmax; /* (the limit is checked elsewhere) */
+      double lb = INF;
+      for (int k = kmin; k <= kmax; k++) {
+        double wait = dmax(tb - k * fmx, head);
+        lb = dmin(lb, wait + base - dmin(save, (cnt_all - k) * sg) + tail);
+        if (tb - k * fmx <= head) break; /* more k: less to save, same wait */
+      }
+      warm = dmax(warm, lb);
+    }
     if (S->limit[r] < INF) memt = dmax(memt, at / S->limit[r]);
   }
   b->work = work;
   b->skew = skew;
   b->path = dmax(path == INF ? 0 : path, span_path);
   b->memory_time = memt;
-  b->makespan = dmax(dmax(work, skew), dmax(b->path, memt));
+  b->warmup = warm;
+  b->makespan = dmax(dmax(dmax(work, skew), dmax(b->path, memt)), warm);
   b->span = dmax(dmax(work, span_path), memt);
 out:
   lp_free(fm);

@@ -23,6 +23,30 @@ expect_rc "simulate accepts the costs" 0 "$LP" simulate 1f1b --pp 2 --microbatch
 expect_rc "bubbles accepts the costs" 0 "$LP" bubbles --pp 4 --microbatches 8 --cost "$cost"
 expect_rc "--simulate" 0 "$LP" profile "$small" --simulate dualpipe --pp 4 --microbatches 8
 expect_in "--simulate: the row" "$tmp/out" "DualPipe "
+# the best searched schedule: DualPipe's peak as the limit by default (the
+# search seeds with DualPipe, so it is never slower), --memory otherwise
+expect_rc "--simulate search" 0 "$LP" profile "$small" --simulate search --pp 4 --microbatches 8 --time 0.2
+expect_in "search: the note" "$tmp/out" "search: memory limit 5 activations per rank (DualPipe's peak), placement any, 0.2 s: lower bound 0.614, gap "
+row=$(grep '^search (' "$tmp/out")
+dp=$("$LP" profile "$small" --simulate dualpipe --pp 4 --microbatches 8 | awk '$1 == "DualPipe" { print $2 }')
+if [ -n "$row" ] && [ -n "$dp" ] \
+    && awk -v r="$row" -v dp="$dp" 'BEGIN { split(r, a, " +"); exit !(a[3] + 0 <= dp + 0 && a[7] + 0 <= 5 && a[3] + 0 >= 0.614) }'; then
+  ok "search: step within [bound, DualPipe's $dp], activations within 5 ($row)"
+else bad "search row: '$row' (DualPipe $dp)"; fi
+expect_rc "--simulate search --memory" 0 "$LP" profile "$small" --simulate search --pp 4 --microbatches 8 --time 0.2 --memory 3 --placement v
+expect_in "search --memory: the note" "$tmp/out" "search: memory limit 3 activations per rank (--memory), placement v, 0.2 s: lower bound "
+row=$(grep '^search (v) ' "$tmp/out")
+if [ -n "$row" ] && awk -v r="$row" 'BEGIN { split(r, a, " +"); exit !(a[7] + 0 <= 3) }'; then
+  ok "search --memory: activations within 3 ($row)"; else bad "search --memory row: '$row'"; fi
+expect_rc "--simulate all has the search" 0 "$LP" profile "$small" --simulate all --pp 4 --microbatches 8 --time 0.2
+expect_in "all: ZB-V row" "$tmp/out" "ZB-V "
+expect_in "all: search row" "$tmp/out" "search ("
+expect_rc "--simulate search: limit below one micro-batch" 2 "$LP" profile "$small" --simulate search --pp 4 --microbatches 8 --memory 0.5
+expect_in "search: limit message" "$tmp/err" "luapipe profile: --simulate: search: the memory limit of rank 0 (0.5 activations) is less than one micro-batch needs there (1)"
+expect_rc "--memory without the search" 2 "$LP" profile "$small" --simulate 1f1b --memory 3
+expect_in "--memory: message" "$tmp/err" "--memory, --placement and --time apply to --simulate search (or all)"
+expect_rc "--placement unknown" 2 "$LP" profile "$small" --simulate search --placement zigzag
+expect_in "--placement: message" "$tmp/err" "--placement 'zigzag': expected linear, interleaved:V, v, bidirectional or any"
 expect_rc "--simulate unknown family" 2 "$LP" profile "$small" --simulate dualpip
 expect_in "--simulate: suggestion" "$tmp/err" "did you mean 'dualpipe'"
 
@@ -75,6 +99,11 @@ if [ -f "$ds" ]; then
   expect_in "deepseek: idle" "$tmp/out" "  idle                                0.497     0.4%"
   expect_in "deepseek: phase totals" "$tmp/out" "  dispatch(F)                   4     26.761     67.808"
   expect_in "deepseek: costs" "$tmp/out" "--cost F=97.391,B=146.678,W=35.067,FB=129.012"
+  expect_rc "deepseek: search" 0 "$LP" profile "$ds" --simulate search --pp 16 --microbatches 32 --placement bidirectional --time 0.3
+  expect_in "deepseek: search note" "$tmp/out" "search: memory limit 17 activations per rank (DualPipe's peak), placement bidirectional, 0.3 s: lower bound 6485.583, gap "
+  row=$(grep '^search (bidirectional) ' "$tmp/out")
+  if [ -n "$row" ] && awk -v r="$row" 'BEGIN { split(r, a, " +"); exit !(a[3] + 0 <= 7434.165 && a[7] + 0 <= 17) }'; then
+    ok "deepseek: search no slower than DualPipe ($row)"; else bad "deepseek search row: '$row'"; fi
 else
   echo "skip DeepSeek's trace (absent: $ds)"
 fi

@@ -318,6 +318,117 @@ function TestSearchBounds:test_bound_below_exact_optimum()
   end
 end
 
+-- Pairs on a V (P = 2: stages 0 and 3 on rank 0, 1 and 2 on rank 1), M = 2,
+-- full backwards, chunk costs F = 1, B = 2, FB = 1.5: every interleaving of
+-- each rank's two micro-batch chains, with every way of merging adjacent F
+-- and B of different stages into an overlapped pair, simulated. The
+-- warm-up bound (rank 0: its first backward starts at 4 F = 4 at the
+-- earliest) must not exceed that optimum.
+local function v_pairs_optimum(cost)
+  local function act(kind, v, m) return { kind = kind, v = v, m = m, text = v .. kind .. m } end
+  local function interleavings(a, b)
+    local out = {}
+    local function rec(i, j, cur)
+      if i > #a and j > #b then out[#out + 1] = { table.unpack(cur) } return end
+      if i <= #a then cur[#cur + 1] = a[i]; rec(i + 1, j, cur); cur[#cur] = nil end
+      if j <= #b then cur[#cur + 1] = b[j]; rec(i, j + 1, cur); cur[#cur] = nil end
+    end
+    rec(1, 1, {})
+    return out
+  end
+  local function pairings(order)
+    local out = {}
+    local function rec(i, cur)
+      if i > #order then out[#out + 1] = { table.unpack(cur) } return end
+      cur[#cur + 1] = order[i].text
+      rec(i + 1, cur)
+      cur[#cur] = nil
+      local x, y = order[i], order[i + 1]
+      if y and x.kind ~= y.kind and x.v ~= y.v then
+        local f, b = x.kind == "F" and x or y, x.kind == "F" and y or x
+        cur[#cur + 1] = string.format("(%dF%d;%dB%d)OVERLAP_F_B", f.v, f.m, b.v, b.m)
+        rec(i + 2, cur)
+        cur[#cur] = nil
+      end
+    end
+    rec(1, {})
+    return out
+  end
+  local per = {}
+  for r = 0, 1 do
+    local lo, hi = r == 0 and 0 or 1, r == 0 and 3 or 2
+    local chains = {}
+    for m = 0, 1 do chains[m + 1] = { act("F", lo, m), act("F", hi, m), act("B", hi, m), act("B", lo, m) } end
+    per[r] = {}
+    for _, o in ipairs(interleavings(chains[1], chains[2])) do
+      for _, p in ipairs(pairings(o)) do per[r][#per[r] + 1] = p end
+    end
+  end
+  local placement = { { stage = 0, rank = 0 }, { stage = 1, rank = 1 }, { stage = 2, rank = 1 },
+    { stage = 3, rank = 0 } }
+  local best, valid = math.huge, 0
+  for _, a0 in ipairs(per[0]) do
+    for _, a1 in ipairs(per[1]) do
+      local s = schedule.new { ranks = 2, stages = 4, microbatches = 2, placement = placement,
+        actions = { [0] = a0, [1] = a1 } }
+      local res = s:simulate(cost)
+      if res then
+        valid = valid + 1
+        best = math.min(best, res:makespan())
+      end
+    end
+  end
+  return best, valid
+end
+
+function TestSearchBounds:test_warmup_bound_below_exact_optimum_with_pairs()
+  local opt, valid = v_pairs_optimum { F = 1, B = 2, FB = 1.5 }
+  lu.assertTrue(valid > 100)
+  lu.assertEquals(opt, 16)
+  -- search times are one rank's share: a V stage gets half of F=2,B=4,FB=3
+  local r = assert(search.search { pp = 2, microbatches = 2, cost = "F=2,B=4,FB=3", placement = "v",
+    split = "never", time = 0.3, progress = false })
+  -- rank 1: its first backward starts at 5.5 (4 F + the pair-short backward
+  -- on stage 3) at the earliest, after its own 2 forwards of that micro-batch
+  -- at least (unpaired, from 1); with k = 2 the other 2 forwards pair
+  -- (2 x 1.5 saved of 12) and stage 0's backward (1.5) follows its last:
+  -- (5.5 - 2) + 9 + 1.5 = 14
+  lu.assertEquals(r.bounds.warmup, 14)
+  lu.assertTrue(r:lower_bound() <= opt + 1e-9)
+  lu.assertEquals(r:objective(), opt)
+end
+
+-- The warm-up bound on DualPipeV's case of scripts/bench/search (V, P = 4,
+-- M = 16, F = I = W = 1, FB = 2.2, DualPipeV's 4.5 activations): rank 3
+-- starts at 1.5, its first backward at 5.5, so 8 unpaired forwards (4) and
+-- 24 pairs (26.4) + 8 backwards (8) leave 1.5 + 4 + 26.4 + 8 = 39.9.
+function TestSearchBounds:test_warmup_bound_dualpipev_case()
+  local r = assert(search.search { pp = 4, microbatches = 16, cost = "F=1,I=1,W=1,FB=2.2",
+    memory = 4.5, placement = "v", time = 0.3, progress = false })
+  lu.assertAlmostEquals(r.bounds.warmup, 39.9, 1e-9)
+  lu.assertAlmostEquals(r:lower_bound(), 39.9, 1e-9)
+  lu.assertTrue(r:objective() >= 39.9 - 1e-9)
+  lu.assertTrue(r:objective() <= 40.6 + 1e-9) -- DualPipeV's, a seed
+end
+
+-- A family of another placement with the same counts (interleaved1f1b's
+-- 2P stages on a V search) is not returned as the V search's result.
+function TestSearchBounds:test_result_keeps_the_placement()
+  local r = assert(search.search { pp = 2, microbatches = 2, cost = "F=2,B=4,FB=3", placement = "v",
+    split = "never", time = 0.2, progress = false })
+  local s = r:schedule()
+  lu.assertEquals(r.placement_name, "v")
+  -- rank 0 runs stages 0 and 3 (V), not 0 and 2 (interleaved)
+  local want = { [0] = { 0, 3 }, [1] = { 1, 2 } }
+  for rk = 0, 1 do
+    local seen = {}
+    for _, e in ipairs(assert(s:simulate { F = 1, B = 2, FB = 1.5 }):events()) do
+      if e.rank == rk then seen[e.stage] = true end
+    end
+    for _, st in ipairs(want[rk]) do lu.assertTrue(seen[st], "rank " .. rk .. " lacks stage " .. st) end
+  end
+end
+
 TestSearchErrors = {}
 
 function TestSearchErrors:test_bad_options()

@@ -28,12 +28,21 @@ function M.parser(p)
     .. "dispatch and combine were hidden)")
   p:option("--pairs", "F&B chunk pairs the trace holds (costs are per pair)", "1")
     :convert(cli.int_option("--pairs", 1, 1 << 20))
-  p:option("--simulate", "simulate a schedule family (or 'all') with the trace's costs")
+  p:option("--simulate", "simulate a schedule family, 'search' (the best schedule luapipe.search "
+    .. "finds for the trace's costs) or 'all' (every family and the search) with the trace's costs")
   common.add_count_options(p, "16", "32", "2", "chunks per rank for interleaved1f1b")
+  p:option("--memory", "--simulate search/all: the search's memory limit per rank in activations "
+    .. "(default: DualPipe's peak at this --pp and --microbatches, the schedule DeepSeek's pair "
+    .. "comes from)"):convert(cli.number_option("--memory", 1e-9, math.huge))
+  p:option("--placement", "--simulate search/all: the search's placement (linear, interleaved:V, "
+    .. "v, bidirectional or any)", "any")
+  p:option("--time", "--simulate search/all: seconds of search", "1")
+    :convert(cli.number_option("--time", 0, 86400))
   p:epilog("Examples:\n"
     .. "  luapipe profile ../shared/data/deepseek-profile/train.json\n"
     .. "  luapipe profile traces/ --format json -o report.json\n"
     .. "  luapipe profile train.json --costs --simulate dualpipe --pp 16 --microbatches 32\n"
+    .. "  luapipe profile train.json --simulate search --pp 16 --microbatches 32 --time 2\n"
     .. "  luapipe profile train.json --svg timeline.svg")
 end
 
@@ -42,39 +51,97 @@ local function fmt(x)
   return string.format("%.3f", x)
 end
 
+-- The row of the best searched schedule (luapipe.search with these costs
+-- at P, M): the row, and the note line under the table; or nil, message.
+local function search_row(cost, args, bubbles)
+  local search = require("luapipe.search")
+  local mem, why = args.memory, "--memory"
+  if not mem then
+    local dp = bubbles.measure("dualpipe", args.pp, args.microbatches, args.chunks, cost)
+    if dp.error then
+      why = "unlimited: DualPipe is not built here (" .. dp.error .. ")"
+    else
+      mem, why = dp.activations_max, "DualPipe's peak"
+    end
+  end
+  local ok, r, err = pcall(search.search, { pp = args.pp, microbatches = args.microbatches,
+    cost = cost, memory = mem, placement = args.placement, time = args.time })
+  if not ok then return nil, (tostring(r):gsub("^[^:]*:%d+: ", ""):gsub("^search: ", "")) end
+  if not r then return nil, (tostring(err):gsub("^search: ", "")) end
+  local s = r:schedule()
+  local f = args.pp / s:info().stages
+  local c = r.cost
+  local res = assert(s:simulate { F = c.F * f, B = c.B * f, I = c.I * f, W = c.W * f,
+    FB = c.FB and c.FB * f, latency = c.latency })
+  local params = 0
+  for rk = 0, args.pp - 1 do params = math.max(params, s:memory(rk).param_stages) end
+  local act = 0
+  for _, v in ipairs(r:peak_memory()) do act = math.max(act, v) end
+  local num = require("luapipe.sim").format_number
+  local row = string.format("%-22s %10s %10s %7.1f%% %7dx  %s", "search (" .. r.placement_name .. ")",
+    fmt(res:makespan()), fmt(res:max_bubble()), 100 * res:max_bubble() / res:makespan(),
+    params, num(act))
+  local note = string.format("search: memory limit %s activations per rank (%s), placement %s, "
+    .. "%s s: lower bound %s, gap %.1f%%, best from %s", mem and num(mem) or "none", why,
+    args.placement, num(args.time), fmt(r:lower_bound()), 100 * r:gap(), r.stats.label)
+  return row, note
+end
+
+local placements = { linear = true, v = true, bidirectional = true, any = true, interleaved = true }
+
 -- The --simulate table: family, bubble, step, peak activations.
 local function simulate_text(cost, args)
   local bubbles = require("luapipe.cli.bubbles")
   local schedules = require("luapipe.schedules")
-  local fams
+  local fams, with_search = {}, args.simulate == "search" or args.simulate == "all"
   if args.simulate == "all" then
     fams = schedules.list()
-  else
+  elseif args.simulate ~= "search" then
     local name, ferr = common.family(args.simulate)
     if not name or name:find("[./]") then
-      return nil, ferr or ("--simulate takes a family name or 'all', got '" .. args.simulate .. "'")
+      return nil, ferr or ("--simulate takes a family name, 'search' or 'all', got '"
+        .. args.simulate .. "'")
     end
     fams = { name }
+  end
+  if not with_search and (args.memory or args.placement ~= "any" or args.time ~= 1) then
+    return nil, "--memory, --placement and --time apply to --simulate search (or all)"
+  end
+  if with_search and not (placements[args.placement] or args.placement:match("^interleaved:%d+$")) then
+    return nil, string.format("--placement '%s': expected linear, interleaved:V, v, bidirectional "
+      .. "or any", args.placement)
   end
   local serr = common.check_size(args.pp, args.microbatches, args.chunks)
   if serr then return nil, serr end
   local L = {}
   L[#L + 1] = string.format("simulated with these costs: P=%d ranks, M=%d micro-batches (ms)",
     args.pp, args.microbatches)
-  L[#L + 1] = string.format("%-17s %10s %10s %8s %8s  %s", "schedule", "step", "bubble", "bubble%",
+  L[#L + 1] = string.format("%-22s %10s %10s %8s %8s  %s", "schedule", "step", "bubble", "bubble%",
     "params", "activations/rank (max)")
   for _, fam in ipairs(fams) do
     local row = bubbles.measure(fam, args.pp, args.microbatches, args.chunks, cost)
     if row.error then
-      if #fams == 1 then return nil, row.error end
-      L[#L + 1] = string.format("%-17s not built: %s", row.label, row.error)
+      if #fams == 1 and not with_search then return nil, row.error end
+      L[#L + 1] = string.format("%-22s not built: %s", row.label, row.error)
     else
-      L[#L + 1] = string.format("%-17s %10s %10s %7.1f%% %7dx  %d", row.label, fmt(row.makespan),
-        fmt(row.bubble), 100 * row.bubble / row.makespan, row.param_stages, row.activations_max)
+      L[#L + 1] = string.format("%-22s %10s %10s %7.1f%% %7dx  %s", row.label, fmt(row.makespan),
+        fmt(row.bubble), 100 * row.bubble / row.makespan, row.param_stages,
+        require("luapipe.sim").format_number(row.activations_max))
+    end
+  end
+  local note
+  if with_search then
+    local row, nerr = search_row(cost, args, bubbles)
+    if not row then
+      if #fams == 0 then return nil, "search: " .. nerr end
+      L[#L + 1] = string.format("%-22s none found: %s", "search", nerr)
+    else
+      L[#L + 1], note = row, nerr
     end
   end
   L[#L + 1] = "step = makespan; bubble = largest per-rank (makespan - busy); params = model-stage "
     .. "copies per rank; activations = peak micro-batch activations per rank."
+  if note then L[#L + 1] = note end
   return table.concat(L, "\n") .. "\n"
 end
 

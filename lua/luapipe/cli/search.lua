@@ -136,9 +136,9 @@ function M.run(args)
     end
     if #unfit > 0 then print("over the memory limit or not built: " .. table.concat(unfit, ", ")) end
     local b = res.bounds
-    print(string.format("lower bound (%s) %s: work %s, start skew %s, critical path %s, memory-time %s",
+    print(string.format("lower bound (%s) %s: work %s, start skew %s, critical path %s, memory-time %s%s",
       args.objective, num(st.lower_bound), num(b.work), num(b.skew), num(b.path),
-      num(b.memory_time)))
+      num(b.memory_time), (b.warmup or 0) > 0 and (", warm-up " .. num(b.warmup)) or ""))
     print(string.format("gap %.2f%%%s; %d evaluations in %.2f s; best from %s", 100 * st.gap,
       st.gap == 0 and " (optimal for this cost model)" or "", st.evaluations, res:seconds(),
       st.label))
