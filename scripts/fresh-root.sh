@@ -84,14 +84,21 @@ if [ ! -f "$base" ]; then
 fi
 
 root=$work/root.$$
+# everything mounted at or below the root (what the run mounts itself too, such as
+# /run/netns of `ip netns add`), innermost first
 unmount_all() {
   local m
-  for m in dev/shm dev/pts dev sys proc; do umount -l "$root/$m" 2>/dev/null || true; done
+  awk -v r="$root" '$2 == r || index($2, r "/") == 1 {print $2}' /proc/self/mounts | sort -r |
+    while read -r m; do umount -l "$m" 2>/dev/null || true; done
 }
 cleanup() { unmount_all; rm -rf --one-file-system "$root"; }
 trap cleanup EXIT
 mkdir -p "$root"
 tar -C "$root" -xf "$base"
+# the root is a mount point of its own (as / is on a real machine: `unshare -m`, `ip netns exec`
+# remount it), private so that nothing mounted inside shows on this machine
+mount --bind "$root" "$root"
+mount --make-private "$root"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 for m in proc sys dev dev/pts dev/shm; do
   mkdir -p "$root/$m"

@@ -44,6 +44,12 @@ if ! ip netns add "$nsa" 2>/dev/null || ! ip netns add "$nsb" 2>/dev/null; then
   echo "skip: cannot make network namespaces here"
   exit 77
 fi
+# entering a namespace remounts / (ip netns exec, unshare -m): a chroot whose root is not a
+# mount point cannot
+if ! ip netns exec "$nsa" unshare -m --propagation private true 2>"$work/probe"; then
+  echo "skip: cannot enter a network namespace with a mount namespace here: $(head -1 "$work/probe")"
+  exit 77
+fi
 ip link add "${id}va" type veth peer name "${id}vb" || { echo "skip: no veth pairs"; exit 77; }
 ip link set "${id}va" netns "$nsa"
 ip link set "${id}vb" netns "$nsb"
