@@ -241,6 +241,25 @@ function test_exec_new_build_error_is_returned()
     data = data, quiet = true }),
     "luapipe.train: rank 0: building model stage 1: the build function raised: stage 1 is broken")
 end
+
+-- a family constraint the job breaks, worded from schedules.problem's
+-- fields in terms of the processes mpirun started
+function test_in_rank_terms()
+  local schedules = require("luapipe.schedules")
+  local odd = schedules.problem("dualpipe", 3, 8)
+  lu.assertEquals(train.in_rank_terms(schedules.problem("dualpipe", 1, 8), 1, 1),
+    "DualPipe needs an even number of ranks; this is one process (start it with mpirun -np 2 or more)")
+  lu.assertEquals(train.in_rank_terms(odd, 3, 1), "DualPipe needs an even number of ranks; mpirun started 3")
+  lu.assertEquals(train.in_rank_terms(odd, 6, 2),
+    "DualPipe needs an even number of pipeline ranks; mpirun started 6 = pp 3 x ep 2")
+  lu.assertEquals(train.in_rank_terms(schedules.problem("dualpipev", 4, 6), 4, 1),
+    "DualPipeV needs at least 2 micro-batches per rank: 8 micro-batches on 4 ranks, got 6")
+  lu.assertEquals(train.in_rank_terms(schedules.problem("chimera", 4, 6), 4, 1),
+    "Chimera: microbatches must be a multiple of pp = 4, got 6")
+  -- and through luapipe.train on this one process
+  lu.assertEquals(error_of(train, { model = mlp(), schedule = "dualpipev", microbatches = 1, data = data,
+    quiet = true }), "DualPipeV needs at least 2 micro-batches per rank: 2 micro-batches on 1 rank, got 1")
+end
 -- ---- mixture of experts ----
 
 -- A small character-level MoE LM: two MoE transformer blocks (a sigmoid
