@@ -10,7 +10,6 @@
 #include <stdlib.h>
 
 #include "lb_nn.h"
-#include "lp_kernels.h"
 #include "lp_lua.h"
 
 #define LB_EXEC "luapipe.Exec"
@@ -248,64 +247,12 @@ static int lb_exec_phase(lua_State *L) {
   return 1;
 }
 
-/* This process's rank among the ranks of its node (mpirun's local rank),
- * 0 without a launcher that says. */
-static int local_rank(void) {
-  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                                     "SLURM_LOCALID", NULL};
-  for (int i = 0; vars[i]; i++) {
-    const char *v = getenv(vars[i]);
-    char *end = NULL;
-    long n = v ? strtol(v, &end, 10) : -1;
-    if (v && *v && !*end && n >= 0 && n < 1 << 20) return (int)n;
-  }
-  return 0;
-}
-
-/* The backend of a training device: "cpu" -> NULL (the CPU; chunks stay
- * where they are built), "cuda" -> the GPU of this rank (local rank modulo
- * the visible devices), "cuda:N" -> device N. 0, or -1 with one line in
- * err (LP_ERRLEN). */
-static int device_backend(const char *dev, const lp_tensor_backend **be, char *err) {
-  *be = NULL;
-  if (!strcmp(dev, "cpu")) return 0;
-  long n = -1;
-  if (!strncmp(dev, "cuda", 4) && dev[4] == ':') {
-    char *end = NULL;
-    n = strtol(dev + 5, &end, 10);
-    if (end == dev + 5 || *end || n < 0 || n > 1023) n = -2;
-  } else if (strcmp(dev, "cuda") != 0) {
-    n = -2;
-  }
-  if (n == -2) {
-    lp_errf(err, "device '%s' is not cpu, cuda or cuda:N", dev);
-    return -1;
-  }
-  if (lp_kernels_load() != LP_KERNELS_OK) { /* not built, or its module is missing */
-    lp_errf(err, "device '%s' requested but %s", dev, lp_kernels_last_error());
-    return -1;
-  }
-  int count = lp_kernels_device_count();
-  if (count <= 0) {
-    lp_errf(err, "device '%s' requested but no CUDA device is visible (%s)", dev,
-            lp_kernels_last_error());
-    return -1;
-  }
-  if (n < 0) n = local_rank() % count;
-  *be = lp_tensor_backend_cuda((int)n);
-  if (!*be) {
-    lp_errf(err, "device '%s': %s", dev, lp_kernels_last_error());
-    return -1;
-  }
-  return 0;
-}
-
 /* core.exec_device(device) -> name ("cpu", "cuda:N") | nil, message: what
  * exec_new's device option resolves to on this rank. */
 static int lb_exec_device(lua_State *L) {
   const lp_tensor_backend *be = NULL;
   char err[LP_ERRLEN];
-  if (device_backend(luaL_checkstring(L, 1), &be, err) != 0) return lb_fail(L, err);
+  if (lp_exec_device(luaL_checkstring(L, 1), &be, err) != LP_OK) return lb_fail(L, err);
   lua_pushstring(L, be ? be->name : "cpu");
   return 1;
 }
@@ -313,7 +260,7 @@ static int lb_exec_device(lua_State *L) {
 /* core.exec_new(schedule, {build=, data=, loss=, act_shapes=, optimizer=,
  * trace=, lookahead=, overlapped_fb=, ep=, device=}) -> Exec | nil, err.
  * device: "cpu" (default), "cuda" (this rank's GPU) or "cuda:N": the
- * whole model runs there (lp_exec_opts.backend). */
+ * whole model runs there (lp_exec_opts.backend; the rule is lp_exec_device). */
 static int lb_exec_new(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -372,7 +319,7 @@ static int lb_exec_new(lua_State *L) {
   if (!lua_isnil(L, -1)) {
     luaL_argcheck(L, lua_type(L, -1) == LUA_TSTRING, 2, "'device' must be \"cpu\", \"cuda\" or \"cuda:N\"");
     char derr[LP_ERRLEN];
-    if (device_backend(lua_tostring(L, -1), &o.backend, derr) != 0) {
+    if (lp_exec_device(lua_tostring(L, -1), &o.backend, derr) != LP_OK) {
       box_close(L, b);
       return lb_fail(L, derr);
     }
