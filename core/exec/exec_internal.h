@@ -10,7 +10,8 @@
  *            accounting, the step-end sums over the EP group
  *   placement.c  EPLB: expert weights and optimizer state moved between ranks
  *   checkpoint.c saving and loading each rank's stages
- *   reference.c  the one-process reference step (tests, --reference) */
+ *   reference.c  the one-process reference step (tests, --reference)
+ *   device.c     which device a rank trains on (lp_exec_device; no state) */
 #pragma once
 #define _POSIX_C_SOURCE 200809L
 #include "lp_exec.h"

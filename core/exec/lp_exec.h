@@ -343,3 +343,28 @@ lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
                                  lp_nn_loss_kind loss_kind, int M,
                                  lp_exec_data_fn data, void *ud, int64_t step,
                                  double *loss, char *err);
+
+/* ---- the training device (device.c) ----
+ * The rule that decides which device a rank trains on. A name is "cpu",
+ * "cuda" (this process's GPU: its local rank on the node modulo the visible
+ * devices) or "cuda:N" (device N, 0 <= N <= LP_DEVICE_MAX). */
+#define LP_DEVICE_CPU (-1)   /* parsed "cpu"; picked: no device */
+#define LP_DEVICE_LOCAL (-2) /* parsed "cuda": the local rank's device */
+#define LP_DEVICE_MAX 1023
+/* name -> *want (LP_DEVICE_CPU, LP_DEVICE_LOCAL or N); LP_ERR_ARG with
+ * "device 'x' is not cpu, cuda or cuda:N" in err (LP_ERRLEN). */
+lp_status lp_exec_device_parse(const char *name, int *want, char *err);
+/* The device index for a parsed want, given this process's local rank and
+ * the number of visible devices: *device = LP_DEVICE_CPU for the CPU, the
+ * index otherwise; LP_ERR_UNSUPPORTED when a device is wanted and none is
+ * visible. name is only for the message. Pure: no device is touched. */
+lp_status lp_exec_device_pick(const char *name, int want, int local_rank, int visible,
+                              int *device, char *err);
+/* This process's rank among the ranks of its node (OMPI_COMM_WORLD_LOCAL_RANK,
+ * MPI_LOCALRANKID or SLURM_LOCALID), 0 when no launcher says. */
+int lp_exec_local_rank(void);
+/* name -> the backend to train on (*be NULL for the CPU), loading the CUDA
+ * module when a device is wanted. LP_OK, or a status with one line in err
+ * naming the device and why it cannot be used (bad name, built without
+ * CUDA, no visible device, a device that does not exist). */
+lp_status lp_exec_device(const char *name, const lp_tensor_backend **be, char *err);

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 
 #include "lb_nn.h"
-#include "lp_kernels.h"
 #include "lp_lua.h"
 
 #define LB_EXEC "luapipe.Exec"
@@ -58,28 +57,94 @@ static lp_status exec_data(void *ud, int64_t step, int mb, lp_tensor **input,
   return lb_data_call(&((exec_box *)ud)->data, step, mb, input, target, err);
 }
 
-/* lp_exec_chunk_fn over build(stage) -> Layer (through the pcall choke point). */
+/* The callbacks below run inside the core (lp_exec_new, lp_exec_step): no
+ * Lua error may unwind through its C frames. Each one therefore does all
+ * its Lua work in a C function called through the pcall choke point
+ * (lp_lua_pcall); pushing that function and a light userdata cannot raise. */
+
+/* The error object on top of the stack as one line: the message of
+ * lp_lua_pcall without the traceback that it appends. */
+static int error_len(lua_State *L) {
+  const char *m = lua_tostring(L, -1);
+  const char *tb = m ? strstr(m, "\nstack traceback:") : NULL;
+  return m ? (tb ? (int)(tb - m) : (int)strlen(m)) : 0;
+}
+
+typedef struct build_call {
+  exec_box *b;
+  int stage;
+  lp_nn_layer *out;
+  const char *got; /* what it returned instead of an open Layer */
+} build_call;
+
+/* protected: build(stage) -> a luapipe.Layer that is still open */
+static int build_chunk_p(lua_State *L) {
+  build_call *c = lua_touserdata(L, 1);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c->b->build_ref);
+  lua_pushinteger(L, c->stage);
+  lua_call(L, 1, 1);
+  lp_nn_layer **p = luaL_testudata(L, -1, LB_LAYER);
+  if (!p) c->got = luaL_typename(L, -1); /* a static name */
+  else if (!*p) c->got = "a closed luapipe.Layer";
+  else c->out = lp_nn_layer_retain(*p);
+  return 0;
+}
+
+/* lp_exec_chunk_fn over build(stage) -> Layer: LP_ERR_ARG with "the build
+ * function raised: <its error>" (one line) or "... must return a
+ * luapipe.Layer, got <type>"; the core names the rank and stage. */
 static lp_status build_chunk(void *ud, int stage, lp_nn_layer **out, char *err) {
   exec_box *b = ud;
   lua_State *L = b->L;
+  build_call c = {b, stage, NULL, NULL};
   int top = lua_gettop(L);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, b->build_ref);
-  lua_pushinteger(L, stage);
+  if (!lua_checkstack(L, 8)) {
+    lp_errf(err, "the build function: Lua stack overflow");
+    return LP_ERR_NOMEM;
+  }
+  lua_pushcfunction(L, build_chunk_p);
+  lua_pushlightuserdata(L, &c);
+  int rc = lp_lua_pcall(L, 1, 0);
   lp_status st = LP_OK;
-  if (lp_lua_pcall(L, 1, 1) != LUA_OK) {
-    lp_errf(err, "build(%d) failed: %s", stage, lua_tostring(L, -1));
+  if (rc == LUA_ERRMEM) {
+    lp_errf(err, "the build function ran out of memory");
+    st = LP_ERR_NOMEM;
+  } else if (rc != LUA_OK) {
+    lp_errf(err, "the build function raised: %.*s", error_len(L), lua_tostring(L, -1));
+    st = LP_ERR_ARG;
+  } else if (c.got) {
+    lp_errf(err, "the build function must return a luapipe.Layer, got %s", c.got);
     st = LP_ERR_ARG;
   } else {
-    void *p = luaL_testudata(L, -1, LB_LAYER);
-    if (!p) {
-      lp_errf(err, "build(%d) must return a luapipe.Layer, got %s", stage, luaL_typename(L, -1));
-      st = LP_ERR_ARG;
-    } else {
-      *out = lp_nn_layer_retain(lb_check_layer(L, -1));
-    }
+    *out = c.out;
   }
   lua_settop(L, top);
   return st;
+}
+
+typedef struct fb_call {
+  exec_box *b;
+  const lp_action *a;
+  const char *text;
+} fb_call;
+
+/* protected: overlapped_fb(exec, pair) */
+static int lua_fb_p(lua_State *L) {
+  fb_call *c = lua_touserdata(L, 1);
+  const lp_action *a = c->a;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c->b->fb_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c->b->self_ref); /* the exec box (exec:step's self) */
+  lua_createtable(L, 0, 6);
+  lb_set_integer(L, "f_stage", a->stage);
+  lb_set_integer(L, "f_mb", a->mb);
+  lua_pushstring(L, a->btype == LP_ACT_I ? "I" : "B");
+  lua_setfield(L, -2, "b_type");
+  lb_set_integer(L, "b_stage", a->bstage);
+  lb_set_integer(L, "b_mb", a->bmb);
+  lua_pushstring(L, c->text);
+  lua_setfield(L, -2, "text");
+  lua_call(L, 2, 0);
+  return 0;
 }
 
 /* lp_exec_fb_fn over the Lua hook overlapped_fb(exec, pair): pair = {f_stage=,
@@ -89,24 +154,21 @@ static lp_status build_chunk(void *ud, int stage, lp_nn_layer **out, char *err) 
 static lp_status lua_fb(void *ud, lp_exec *e, const lp_action *a) {
   exec_box *b = ud;
   lua_State *L = b->L;
-  int top = lua_gettop(L);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, b->fb_ref);
-  lua_rawgeti(L, LUA_REGISTRYINDEX, b->self_ref); /* the exec box (exec:step's self) */
-  lua_createtable(L, 0, 6);
-  lb_set_integer(L, "f_stage", a->stage);
-  lb_set_integer(L, "f_mb", a->mb);
-  lua_pushstring(L, a->btype == LP_ACT_I ? "I" : "B");
-  lua_setfield(L, -2, "b_type");
-  lb_set_integer(L, "b_stage", a->bstage);
-  lb_set_integer(L, "b_mb", a->bmb);
   char t[LP_ACTION_TEXT_MAX];
   lp_action_format(a, t, sizeof t);
-  lua_pushstring(L, t);
-  lua_setfield(L, -2, "text");
+  fb_call c = {b, a, t};
+  int top = lua_gettop(L);
+  char msg[LP_ERRLEN];
+  if (!lua_checkstack(L, 8)) {
+    lp_errf(msg, "overlapped_fb hook on %s: Lua stack overflow", t);
+    lp_exec_set_error(e, msg);
+    return LP_ERR_NOMEM;
+  }
+  lua_pushcfunction(L, lua_fb_p);
+  lua_pushlightuserdata(L, &c);
   lp_status st = LP_OK;
-  if (lp_lua_pcall(L, 2, 0) != LUA_OK) {
-    char msg[LP_ERRLEN];
-    lp_errf(msg, "overlapped_fb hook failed on %s: %s", t, lua_tostring(L, -1));
+  if (lp_lua_pcall(L, 1, 0) != LUA_OK) {
+    lp_errf(msg, "overlapped_fb hook failed on %s: %.*s", t, error_len(L), lua_tostring(L, -1));
     lp_exec_set_error(e, msg);
     st = LP_ERR_ARG;
   }
@@ -185,64 +247,12 @@ static int lb_exec_phase(lua_State *L) {
   return 1;
 }
 
-/* This process's rank among the ranks of its node (mpirun's local rank),
- * 0 without a launcher that says. */
-static int local_rank(void) {
-  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                                     "SLURM_LOCALID", NULL};
-  for (int i = 0; vars[i]; i++) {
-    const char *v = getenv(vars[i]);
-    char *end = NULL;
-    long n = v ? strtol(v, &end, 10) : -1;
-    if (v && *v && !*end && n >= 0 && n < 1 << 20) return (int)n;
-  }
-  return 0;
-}
-
-/* The backend of a training device: "cpu" -> NULL (the CPU; chunks stay
- * where they are built), "cuda" -> the GPU of this rank (local rank modulo
- * the visible devices), "cuda:N" -> device N. 0, or -1 with one line in
- * err (LP_ERRLEN). */
-static int device_backend(const char *dev, const lp_tensor_backend **be, char *err) {
-  *be = NULL;
-  if (!strcmp(dev, "cpu")) return 0;
-  long n = -1;
-  if (!strncmp(dev, "cuda", 4) && dev[4] == ':') {
-    char *end = NULL;
-    n = strtol(dev + 5, &end, 10);
-    if (end == dev + 5 || *end || n < 0 || n > 1023) n = -2;
-  } else if (strcmp(dev, "cuda") != 0) {
-    n = -2;
-  }
-  if (n == -2) {
-    lp_errf(err, "device '%s' is not cpu, cuda or cuda:N", dev);
-    return -1;
-  }
-  if (lp_kernels_load() != LP_KERNELS_OK) { /* not built, or its module is missing */
-    lp_errf(err, "device '%s' requested but %s", dev, lp_kernels_last_error());
-    return -1;
-  }
-  int count = lp_kernels_device_count();
-  if (count <= 0) {
-    lp_errf(err, "device '%s' requested but no CUDA device is visible (%s)", dev,
-            lp_kernels_last_error());
-    return -1;
-  }
-  if (n < 0) n = local_rank() % count;
-  *be = lp_tensor_backend_cuda((int)n);
-  if (!*be) {
-    lp_errf(err, "device '%s': %s", dev, lp_kernels_last_error());
-    return -1;
-  }
-  return 0;
-}
-
 /* core.exec_device(device) -> name ("cpu", "cuda:N") | nil, message: what
  * exec_new's device option resolves to on this rank. */
 static int lb_exec_device(lua_State *L) {
   const lp_tensor_backend *be = NULL;
   char err[LP_ERRLEN];
-  if (device_backend(luaL_checkstring(L, 1), &be, err) != 0) return lb_fail(L, err);
+  if (lp_exec_device(luaL_checkstring(L, 1), &be, err) != LP_OK) return lb_fail(L, err);
   lua_pushstring(L, be ? be->name : "cpu");
   return 1;
 }
@@ -250,7 +260,7 @@ static int lb_exec_device(lua_State *L) {
 /* core.exec_new(schedule, {build=, data=, loss=, act_shapes=, optimizer=,
  * trace=, lookahead=, overlapped_fb=, ep=, device=}) -> Exec | nil, err.
  * device: "cpu" (default), "cuda" (this rank's GPU) or "cuda:N": the
- * whole model runs there (lp_exec_opts.backend). */
+ * whole model runs there (lp_exec_opts.backend; the rule is lp_exec_device). */
 static int lb_exec_new(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -309,7 +319,7 @@ static int lb_exec_new(lua_State *L) {
   if (!lua_isnil(L, -1)) {
     luaL_argcheck(L, lua_type(L, -1) == LUA_TSTRING, 2, "'device' must be \"cpu\", \"cuda\" or \"cuda:N\"");
     char derr[LP_ERRLEN];
-    if (device_backend(lua_tostring(L, -1), &o.backend, derr) != 0) {
+    if (lp_exec_device(lua_tostring(L, -1), &o.backend, derr) != LP_OK) {
       box_close(L, b);
       return lb_fail(L, derr);
     }

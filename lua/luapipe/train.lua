@@ -275,32 +275,35 @@ M.usage_fail = usage_fail
 -- a usage error.
 local device_fail = usage_fail
 
--- family names as users read them
-local display = { gpipe = "GPipe", ["1f1b"] = "1F1B", interleaved1f1b = "Interleaved 1F1B",
-  zb1p = "ZB1P", zbv = "ZB-V", dualpipe = "DualPipe", dualpipev = "DualPipeV" }
-
--- A family builder's complaint about pp, in the words of someone who only
--- chose how many processes mpirun starts.
-local function in_rank_terms(msg, fam, ranks, ep)
-  local name = display[fam] or fam
-  msg = msg:gsub("^[^:]*:%d+: ", "")
-  local got = msg:match("pp must be even, got (%d+)")
-  if got and comm.size() == 1 then
-    return string.format("%s needs an even number of ranks; this is one process (start it with "
-      .. "mpirun -np 2 or more)", name)
-  elseif got and ep > 1 then
-    return string.format("%s needs an even number of pipeline ranks; mpirun started %d = pp %s x ep %d",
-      name, comm.size(), got, ep)
-  elseif got then
-    return string.format("%s needs an even number of ranks; mpirun started %s", name, got)
+-- A family's constraint on pp or microbatches that the job breaks
+-- (schedules.problem's fields), in the words of someone who only chose how
+-- many processes mpirun starts: nprocs processes, ep of them per pipeline
+-- rank. The text is built from the fields, never parsed from a message.
+local function in_rank_terms(p, nprocs, ep)
+  util.arg("train.in_rank_terms", 1, "problem", p, "table", "a table from schedules.problem")
+  util.arg("train.in_rank_terms", 2, "nprocs", nprocs, "integer", "the number of processes")
+  util.arg("train.in_rank_terms", 3, "ep", ep, "integer", "the expert-parallel degree")
+  if type(p.label) ~= "string" or type(p.text) ~= "string" then
+    util.raise("train.in_rank_terms: problem (argument 1) must be a table from schedules.problem, got "
+      .. util.shown(p))
   end
-  local need, m = msg:match("microbatches must be at least 2%*pp = (%d+), got (%d+)")
-  if need then
-    return string.format("%s needs at least 2 micro-batches per rank: %s micro-batches on %s, got %s",
-      name, need, util.count(ranks, "rank"), m)
+  local name = p.label
+  if p.field == "pp" and p.rule == "even" then
+    if nprocs == 1 then
+      return string.format("%s needs an even number of ranks; this is one process (start it with "
+        .. "mpirun -np 2 or more)", name)
+    elseif ep > 1 then
+      return string.format("%s needs an even number of pipeline ranks; mpirun started %d = pp %d x ep %d",
+        name, nprocs, p.got, ep)
+    end
+    return string.format("%s needs an even number of ranks; mpirun started %d", name, p.got)
+  elseif p.field == "microbatches" and p.rule == "at_least" then
+    return string.format("%s needs at least %d micro-batches per rank: %d micro-batches on %s, got %d",
+      name, p.per_pp, p.need, util.count(p.need // p.per_pp, "rank"), p.got)
   end
-  return (msg:gsub("^" .. fam .. ": ", name .. ": "))
+  return name .. ": " .. p.text
 end
+M.in_rank_terms = in_rank_terms
 
 -- Resolves opts.schedule to a validated compute-only schedule.
 local function get_schedule(opts)
@@ -316,17 +319,20 @@ local function get_schedule(opts)
         .. "fixed placement (%s)", tostring(opts.chunks), s, (fam == "zbv" or fam == "dualpipev")
         and "two chunks per rank" or "one model stage per rank"))
     end
-    local pp = opts.pp or comm.size() // (opts.ep or 1)
-    local ok, res = pcall(schedule.build, s, { pp = pp,
-      microbatches = opts.microbatches or 2 * pp, chunks = opts.chunks })
+    local ep = opts.ep or 1
+    local pp = opts.pp or comm.size() // ep
+    local mb = opts.microbatches or 2 * pp
+    -- pp is the job's (derived, or what the job's size gives): a broken
+    -- family constraint is a mistake in how it was started
+    local by_job = opts.pp == nil or pp * ep == comm.size()
+    local bad = fam and math.type(pp) == "integer" and pp >= 1 and math.type(mb) == "integer" and mb >= 1
+      and require("luapipe.schedules").problem(fam, pp, mb)
+    if bad and by_job then usage_fail(in_rank_terms(bad, comm.size(), ep)) end
+    local ok, res = pcall(schedule.build, s, { pp = pp, microbatches = mb, chunks = opts.chunks })
     if not ok then
-      local msg = tostring(res)
-      -- pp is the job's (derived, or what the job's size gives): a mistake
-      -- in how it was started
-      if opts.pp == nil or pp * (opts.ep or 1) == comm.size() then
-        usage_fail(in_rank_terms(msg, s:lower(), pp, opts.ep or 1))
-      end
-      fail("luapipe.train: " .. msg:gsub("^[^:]*:%d+: ", ""))
+      local msg = tostring(res):gsub("^[^:]*:%d+: ", "") -- the position is ours, not the user's
+      if by_job then usage_fail(msg) end
+      fail("luapipe.train: " .. msg)
     end
     s = res
   elseif s == nil then

@@ -200,6 +200,66 @@ function test_exec_new_error_releases_build()
   lu.assertTrue(collected, "the build function stayed referenced after the error")
 end
 
+
+-- a chunk builder that raises (or returns no open Layer) after another
+-- chunk was built: exec_new returns its message with the stage, frees the
+-- half-built executor (the ASan run checks), and the process goes on
+function test_exec_new_build_error_is_returned()
+  local schedule = require("luapipe.schedule")
+  local s = schedule.build("zbv", { pp = 1, microbatches = 2 }) -- two chunks on this rank
+  local m = mlp()
+  local part = m:partition { stages = 2, input_shape = { 3, 4 } }
+  local shapes = { [1] = { 3, 8 } }
+  local function exec_with(build)
+    return core.exec_new(s, { build = build, data = data, loss = "mse", act_shapes = shapes })
+  end
+  local closed = m:build_stage(part, 1, 1)
+  closed:close()
+  local cases = {
+    { function() error("stage 1 is broken", 0) end, "rank 0: building model stage 1: the build function raised: stage 1 is broken" },
+    { function() error({ code = 7 }) end, "the build function raised: (error object is a table value)" },
+    { function() return 42 end, "rank 0: building model stage 1: the build function must return a luapipe.Layer, got number" },
+    { function() return closed end, "the build function must return a luapipe.Layer, got a closed luapipe.Layer" },
+  }
+  for _, c in ipairs(cases) do
+    local exec, err = exec_with(function(stage)
+      if stage == 0 then return m:build_stage(part, 0, 1) end
+      return c[1]()
+    end)
+    lu.assertNil(exec)
+    lu.assertStrContains(err, c[2])
+    lu.assertNil(err:find("\n"), "one line: " .. err)
+  end
+  -- and through luapipe.train, in the train layer's words
+  local broken = mlp()
+  local orig = broken.build_stage
+  broken.build_stage = function(self, p, stage, seed)
+    if stage == 1 then error("stage 1 is broken", 0) end
+    return orig(self, p, stage, seed)
+  end
+  lu.assertEquals(error_of(train, { model = broken, schedule = "zbv", pp = 1, microbatches = 2,
+    data = data, quiet = true }),
+    "luapipe.train: rank 0: building model stage 1: the build function raised: stage 1 is broken")
+end
+
+-- a family constraint the job breaks, worded from schedules.problem's
+-- fields in terms of the processes mpirun started
+function test_in_rank_terms()
+  local schedules = require("luapipe.schedules")
+  local odd = schedules.problem("dualpipe", 3, 8)
+  lu.assertEquals(train.in_rank_terms(schedules.problem("dualpipe", 1, 8), 1, 1),
+    "DualPipe needs an even number of ranks; this is one process (start it with mpirun -np 2 or more)")
+  lu.assertEquals(train.in_rank_terms(odd, 3, 1), "DualPipe needs an even number of ranks; mpirun started 3")
+  lu.assertEquals(train.in_rank_terms(odd, 6, 2),
+    "DualPipe needs an even number of pipeline ranks; mpirun started 6 = pp 3 x ep 2")
+  lu.assertEquals(train.in_rank_terms(schedules.problem("dualpipev", 4, 6), 4, 1),
+    "DualPipeV needs at least 2 micro-batches per rank: 8 micro-batches on 4 ranks, got 6")
+  lu.assertEquals(train.in_rank_terms(schedules.problem("chimera", 4, 6), 4, 1),
+    "Chimera: microbatches must be a multiple of pp = 4, got 6")
+  -- and through luapipe.train on this one process
+  lu.assertEquals(error_of(train, { model = mlp(), schedule = "dualpipev", microbatches = 1, data = data,
+    quiet = true }), "DualPipeV needs at least 2 micro-batches per rank: 2 micro-batches on 1 rank, got 1")
+end
 -- ---- mixture of experts ----
 
 -- A small character-level MoE LM: two MoE transformer blocks (a sigmoid

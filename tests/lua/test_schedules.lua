@@ -535,6 +535,25 @@ function test_errors_dualpipe()
   lu.assertEquals(schedules.dualpipev { pp = 1, microbatches = 2 }:info().ranks, 1)
 end
 
+-- the families' constraints as data: what luapipe.train words in ranks
+-- (the builders raise the same text; test_errors_dualpipe)
+function test_problem_fields()
+  lu.assertEquals(schedules.problem("dualpipe", 3, 8), { family = "dualpipe", label = "DualPipe",
+    field = "pp", rule = "even", need = 2, got = 3, text = "pp must be even, got 3" })
+  lu.assertEquals(schedules.problem("DualPipe", 4, 9).text, "microbatches must be even, got 9")
+  lu.assertEquals(schedules.problem("dualpipe-v", 4, 7), { family = "dualpipev", label = "DualPipeV",
+    field = "microbatches", rule = "at_least", need = 8, per_pp = 2, got = 7,
+    text = "microbatches must be at least 2*pp = 8, got 7" })
+  lu.assertEquals(schedules.problem("chimera", 4, 6), { family = "chimera", label = "Chimera",
+    field = "microbatches", rule = "multiple_of", need = 4, got = 6,
+    text = "microbatches must be a multiple of pp = 4, got 6" })
+  lu.assertEquals(error_of(schedules.chimera, { pp = 4, microbatches = 6 }),
+    "chimera: microbatches must be a multiple of pp = 4, got 6")
+  lu.assertNil(schedules.problem("dualpipe", 2, 4))
+  lu.assertNil(schedules.problem("1f1b", 3, 1)) -- no constraint beyond positive counts
+  lu.assertNil(schedules.problem("nosuchfamily", 3, 1))
+end
+
 function test_errors_interleaved()
   lu.assertEquals(error_of(schedules.interleaved1f1b, { pp = 4, microbatches = 8, chunks = 1 }),
     "interleaved1f1b: chunks must be an integer >= 2 (use 1f1b for one chunk), got 1")

@@ -71,10 +71,7 @@ end
 return function(opts)
   local program = require("luapipe.schedules.program")
   local P, M = program.args("chimera", opts, 2)
-  if P % 2 ~= 0 then error(string.format("chimera: pp must be even, got %d", P), 2) end
-  if M % P ~= 0 then
-    error(string.format("chimera: microbatches must be a multiple of pp = %d, got %d", P, M), 2)
-  end
+  require("luapipe.schedules").check("chimera", P, M, 2) -- pp even, microbatches a multiple of pp
   local placement, down, up = {}, {}, {}
   for v = 0, P - 1 do placement[#placement + 1] = { stage = v, rank = v }; down[#down + 1] = v end
   for k = 0, P - 1 do placement[#placement + 1] = { stage = k, rank = P - 1 - k }; up[#up + 1] = P + k end

@@ -17,11 +17,7 @@ local steps = require("luapipe.schedules.dualpipe_steps")
 
 return function(opts)
   local P, M = program.args("dualpipe", opts, 3)
-  if P % 2 ~= 0 then error(string.format("dualpipe: pp must be even, got %d", P), 2) end
-  if M % 2 ~= 0 then error(string.format("dualpipe: microbatches must be even, got %d", M), 2) end
-  if M < 2 * P then
-    error(string.format("dualpipe: microbatches must be at least 2*pp = %d, got %d", 2 * P, M), 2)
-  end
+  require("luapipe.schedules").check("dualpipe", P, M, 2) -- pp even, microbatches even and >= 2*pp
   local placement, down, up = {}, {}, {}
   for v = 0, P - 1 do placement[#placement + 1] = { stage = v, rank = v }; down[#down + 1] = v end
   for k = 0, P - 1 do placement[#placement + 1] = { stage = k, rank = P - 1 - k }; up[#up + 1] = P + k end

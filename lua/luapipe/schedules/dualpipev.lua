@@ -14,9 +14,7 @@ local steps = require("luapipe.schedules.dualpipe_steps")
 
 return function(opts)
   local P, M = program.args("dualpipev", opts, 6)
-  if M < 2 * P then
-    error(string.format("dualpipev: microbatches must be at least 2*pp = %d, got %d", 2 * P, M), 2)
-  end
+  require("luapipe.schedules").check("dualpipev", P, M, 2) -- microbatches >= 2*pp
   local placement = {}
   for k = 0, 2 * P - 1 do placement[k + 1] = { stage = k, rank = k < P and k or 2 * P - 1 - k } end
   local s = schedule.new { name = opts.name or "dualpipev", ranks = P, stages = 2 * P,
