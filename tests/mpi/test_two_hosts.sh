@@ -61,13 +61,32 @@ ip -n "$nsb" link set "${id}vb" up
 mkdir -p "$work/hosta" "$work/hostb"
 chmod 1777 "$work/hosta" "$work/hostb"
 
-# host NS DIR CMD...: runs CMD in namespace NS with DIR as its /tmp
-cat >"$work/host" <<'EOF'
+# What the jobs need from under /tmp (the repository and the build, when a clone lives there,
+# as CI's does) stays visible on both hosts at its own path: moved aside, the private /tmp
+# mounted, then put back.
+keep=
+for p in "$PWD" "$(dirname "$luapipe")"; do
+  case $p in /tmp/*) ;; *) continue ;; esac
+  inside=0
+  for k in $keep; do case "$p/" in "$k"/*) inside=1 ;; esac; done
+  [ "$inside" -eq 1 ] || keep="$keep $p"
+done
+# enter DIR CMD... (inside a new mount namespace): DIR becomes /tmp, the kept paths stay
+cat >"$work/enter" <<EOF
 #!/bin/sh
-ns=$1 dir=$2
+dir=\$1
+shift
+for p in $keep; do mkdir -p "$work/keep\$p" && mount --bind "\$p" "$work/keep\$p" || exit 1; done
+mount --bind "\$dir" /tmp || exit 1
+for p in $keep; do mkdir -p "\$p" && mount --bind "$work/keep\$p" "\$p" || exit 1; done
+exec "\$@"
+EOF
+# host NS DIR CMD...: runs CMD in namespace NS with DIR as its /tmp
+cat >"$work/host" <<EOF
+#!/bin/sh
+ns=\$1 dir=\$2
 shift 2
-exec ip netns exec "$ns" unshare -m --propagation private sh -c \
-  'mount --bind "$0" /tmp && exec "$@"' "$dir" "$@"
+exec ip netns exec "\$ns" unshare -m --propagation private "$work/enter" "\$dir" "\$@"
 EOF
 # Open MPI's launcher for the second host: "agent HOST COMMAND..."
 cat >"$work/agent" <<EOF
@@ -75,7 +94,7 @@ cat >"$work/agent" <<EOF
 shift
 exec "$work/host" "$nsb" "$work/hostb" sh -c "\$*"
 EOF
-chmod +x "$work/host" "$work/agent"
+chmod +x "$work/enter" "$work/host" "$work/agent"
 
 mpi=(timeout -k 5 180 "$work/host" "$nsa" "$work/hosta" mpirun --host "$ipa:2,$ipb:2" -np 4
   --mca plm_rsh_agent "$work/agent" --mca btl tcp,self --mca btl_tcp_if_include "$net.0/24"
