@@ -37,8 +37,15 @@ cleanup() {
     [ -n "$pids" ] && kill -9 $pids 2>/dev/null
     ip netns del "$ns" 2>/dev/null
   done
+  # `ip netns add` mounts /run/netns when it is not yet: undo that when no namespace is left
+  if [ "$netns_mounted" -eq 0 ] && mountpoint -q /run/netns 2>/dev/null &&
+    [ -z "$(ip netns list 2>/dev/null)" ]; then
+    umount /run/netns 2>/dev/null
+  fi
   rm -rf "$work"
 }
+netns_mounted=0
+mountpoint -q /run/netns 2>/dev/null && netns_mounted=1
 trap cleanup EXIT
 if ! ip netns add "$nsa" 2>/dev/null || ! ip netns add "$nsb" 2>/dev/null; then
   echo "skip: cannot make network namespaces here"
