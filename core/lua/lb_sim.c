@@ -408,6 +408,26 @@ static int lb_sim_check_time(lua_State *L) {
   return 1;
 }
 
+/* core.sim_resolve_cost{F=, B=, I=, W=, FB=} -> {F, B, I, W[, FB]} as the
+ * simulator fills in what is not given (lp_sim_cost_resolve: B = I + W,
+ * only B: I = W = B/2, ...), or nil, message (e.g. B less than W) */
+static int lb_sim_resolve_cost(lua_State *L) {
+  char err[LP_ERRLEN];
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lp_sim_cost c;
+  lp_sim_cost_init(&c);
+  read_times(L, 1, &c.t, "sim.resolve_cost");
+  lp_sim_times t;
+  if (lp_sim_cost_resolve(&c, -1, &t, err) != LP_OK) return lb_fail(L, err);
+  lua_createtable(L, 0, 5);
+  lb_set_number(L, "F", t.f);
+  lb_set_number(L, "B", t.b);
+  lb_set_number(L, "I", t.i);
+  lb_set_number(L, "W", t.w);
+  if (t.fb != LP_SIM_UNSET) lb_set_number(L, "FB", t.fb);
+  return 1;
+}
+
 /* core.isatty(fd) -> boolean */
 static int lb_isatty(lua_State *L) {
   lua_pushboolean(L, isatty(lb_check_int(L, 1)) == 1);
@@ -446,7 +466,8 @@ void lb_open_sim(lua_State *L) {
                                   {NULL, NULL}};
   static const luaL_Reg funcs[] = {
       {"isatty", lb_isatty}, {"terminal_columns", lb_terminal_columns},
-      {"sim_check_time", lb_sim_check_time}, {NULL, NULL}};
+      {"sim_check_time", lb_sim_check_time}, {"sim_resolve_cost", lb_sim_resolve_cost},
+      {NULL, NULL}};
   luaL_setfuncs(L, funcs, 0);
   /* The Lua layer (luapipe.sim, luapipe.show) adds its methods to these
    * tables when it loads; the binding never requires it. */

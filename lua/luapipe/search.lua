@@ -133,19 +133,13 @@ function M.placement(spec, P, Mb)
   return placement(spec, P, Mb, "search.placement")
 end
 
--- The resolved cost of the user (B = I + W rules of the simulator).
+-- The resolved cost of the user (the simulator's B = I + W rules,
+-- sim.resolve_cost); FB stays nil when not given.
 local function resolve(cost, who)
-  local c = { F = cost.F or 1, latency = cost.latency or 0, FB = cost.FB }
-  local B, I, W = cost.B, cost.I, cost.W
-  if B == nil and I and W then B = I + W end
-  if B and W and I == nil then I = B - W end
-  if B and I and W == nil then W = B - I end
-  if B and I == nil and W == nil then I, W = B / 2, B / 2 end
-  if B == nil and I and W == nil then W, B = I, 2 * I end
-  if B == nil and W and I == nil then I, B = W, 2 * W end
-  c.B, c.I, c.W = B or 2, I or 1, W or 1
-  if c.I < 0 or c.W < 0 then fail(string.format("cost: B = %g is less than %s (B = I + W)", c.B,
-    c.I < 0 and "W" or "I"), who) end
+  local c = sim.resolve_cost(cost)
+  if not c then -- only B with I or W larger than it
+    fail(string.format("cost: B = %g is less than %s (B = I + W)", cost.B, cost.W and "W" or "I"), who)
+  end
   return c
 end
 M._internal.resolve_cost = resolve

@@ -90,6 +90,19 @@ local function num(x)
   if x == math.floor(x) and math.abs(x) < 1e15 then return string.format("%d", x) end
   return (string.format("%.3f", x):gsub("0+$", ""):gsub("%.$", ""))
 end
+-- sim.resolve_cost(cost) -> {F, B, I, W, FB?, latency}: the model-level
+-- times as the simulator fills in what is not given (B = I + W; only B:
+-- I = W = B/2; only I or W: the other equal, B their sum; nothing: F=1,
+-- B=2, I=W=1); FB only when given; or nil, message when B is less than
+-- the I or W given.
+function M.resolve_cost(cost)
+  util.arg("sim.resolve_cost", 1, "cost", cost, "table", "a cost table {F =, B =, ...}")
+  local c, err = core.sim_resolve_cost(cost)
+  if not c then return nil, err end
+  c.latency = cost.latency or 0
+  return c
+end
+
 -- sim.format_number(x) -> text: an integer as such, else up to 3 decimals
 -- (luapipe search prints its figures with it).
 function M.format_number(x)

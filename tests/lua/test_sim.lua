@@ -62,4 +62,20 @@ function TestDualPipeSpec:test_latency_only_adds()
   end
 end
 
+-- The simulator's fill-in rule, one implementation (C) for every caller
+TestResolveCost = {}
+function TestResolveCost:test_fill_in()
+  local sim = require("luapipe.sim")
+  local function times(c) return { c.F, c.B, c.I, c.W, c.FB, c.latency } end
+  lu.assertEquals(times(sim.resolve_cost{}), { 1, 2, 1, 1, nil, 0 })
+  lu.assertEquals(times(sim.resolve_cost{ B = 3 }), { 1, 3, 1.5, 1.5, nil, 0 })
+  lu.assertEquals(times(sim.resolve_cost{ B = 3, W = 1 }), { 1, 3, 2, 1, nil, 0 })
+  lu.assertEquals(times(sim.resolve_cost{ I = 3 }), { 1, 6, 3, 3, nil, 0 })
+  lu.assertEquals(times(sim.resolve_cost{ F = 2, I = 1, W = 2, FB = 4, latency = 0.5 }),
+    { 2, 3, 1, 2, 4, 0.5 })
+  local c, err = sim.resolve_cost{ B = 1, W = 2 }
+  lu.assertNil(c)
+  lu.assertStrContains(err, "B = 1 is less than W = 2")
+end
+
 os.exit(lu.LuaUnit.run())

@@ -6,6 +6,7 @@
 local cli = require("luapipe.cli")
 local common = require("luapipe.cli.common")
 local schedule = require("luapipe.schedule")
+local sim = require("luapipe.sim")
 
 local M = {}
 
@@ -119,18 +120,6 @@ function M.measure(family, P, Mb, v, cost, per_chunk)
   return row
 end
 
--- The cost model's defaults, as the simulator applies them (B = I + W).
-local function resolve_cost(c)
-  local r = { F = c.F or 1, latency = c.latency or 0 }
-  local B, I, W = c.B, c.I, c.W
-  if B == nil and I and W then B = I + W end
-  if B and W and I == nil then I = B - W end
-  if B and I and W == nil then W = B - I end
-  if B and I == nil and W == nil then I, W = B / 2, B / 2 end
-  r.B, r.I, r.W = B or 2, I or 1, W or 1
-  r.FB = c.FB or (r.F + r.B)
-  return r
-end
 
 function M.run(args)
   local cost, cerr = common.parse_cost(args.cost)
@@ -139,12 +128,13 @@ function M.run(args)
     return cli.fail("bubbles", "--cost: per-stage costs (such as B[3]=...) do not apply here: the "
       .. "table compares one cost per kind with the published formulas", 2)
   end
-  local full = resolve_cost(cost)
-  if full.I < 0 or full.W < 0 then
+  local full = sim.resolve_cost(cost)
+  if not full then -- only B with I or W larger than it
     local k = cost.W and "W" or "I"
     return cli.fail("bubbles", string.format("--cost: B = %s is less than %s = %s (B = I + W)",
-      fmt(full.B), k, fmt(full[k])), 2)
+      fmt(cost.B), k, fmt(cost[k])), 2)
   end
+  full.FB = full.FB or (full.F + full.B)
   if args.link then
     local l, lerr = require("luapipe.comm").parse_link(args.link)
     if not l then return cli.fail("bubbles", "--link: " .. lerr, 2) end

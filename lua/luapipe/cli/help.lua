@@ -53,6 +53,7 @@ M.topics = {
       .. "its B or I) and pending W (peak weight-grads waiting: an I done whose W has not run).",
     { "sim.parse_cost(\"F=1,B=2,W=1,FB=2.5\")", "a cost table; F[3]=2 sets model stage 3" },
     { "sim.format_cost(cost)", "\"F=1 B=2 W=1\"" },
+    { "sim.resolve_cost(cost)", "{F, B, I, W, FB?, latency} as the simulator fills in what is not given (B = I + W), or nil, message" },
     { "res:makespan() / res:max_bubble()", "time to the last action; largest per-rank bubble" },
     { "res:ranks()", "per rank: busy, bubble, bubble_ratio, finish, peak_live, peak_pending_w, a2a (modelled exchange time), a2a_hidden" },
     { "res:events([rank])", "the timeline: {rank, text, start, finish}" },
