@@ -17,17 +17,9 @@
 # checkpoint resumed at pp=2 x ep=1 (EP size named), a format-version-1
 # file (refused naming both versions). Exits 77 (skipped)
 # without mpirun.
-set -u
-luapipe=${1:?usage: test_checkpoint.sh path/to/luapipe}
-command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OPENBLAS_NUM_THREADS=1
+. "$(dirname "$0")/lib.sh"
 mpirun=(timeout -k 5 60 mpirun --oversubscribe)
 driver=tests/mpi/checkpoint_check.lua
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 T0=$(date +%s.%N)
 

@@ -7,16 +7,8 @@
 # the description, and the whole job ends non-zero instead of hanging;
 # comm.abort on one rank ends ranks that wait in recv.
 # Exits 77 (skipped) without mpirun.
-set -u
-luapipe=${1:?usage: test_comm.sh path/to/luapipe}
-command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OPENBLAS_NUM_THREADS=1
+. "$(dirname "$0")/lib.sh"
 mpirun=(timeout -k 5 60 mpirun --oversubscribe)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
 # 1. without mpirun: the self backend, no MPI_Init

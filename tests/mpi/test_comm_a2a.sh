@@ -8,16 +8,8 @@
 # groups (grid); the watchdog when a rank never joins an all-to-all-v
 # (a2a_silent) or a split (split_silent); a malformed LUAPIPE_LINK stops
 # the job with the parser's message. Exits 77 (skipped) without mpirun.
-set -u
-luapipe=${1:?usage: test_comm_a2a.sh path/to/luapipe}
-command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OPENBLAS_NUM_THREADS=1
+. "$(dirname "$0")/lib.sh"
 mpirun=(timeout -k 5 60 mpirun --oversubscribe)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # 1. without mpirun: all-to-all-v on the self backend is the copy
 out=$(env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK "$luapipe" -e '

@@ -5,16 +5,8 @@
 # "step K loss X" on rank 0 only, and the last loss is clearly below the
 # first. Also --trace writes one Chrome trace with every rank's events.
 # Exits 77 (skipped) without mpirun.
-set -u
-luapipe=${1:?usage: test_examples.sh path/to/luapipe}
-command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OPENBLAS_NUM_THREADS=1
+. "$(dirname "$0")/lib.sh"
 mpirun=(timeout 120 mpirun --oversubscribe)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
 # learns: the last "step K loss X" is below ratio * the first

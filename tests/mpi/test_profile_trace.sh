@@ -8,14 +8,7 @@
 # ignored by a rules file, as the summary counts all-to-alls only). The two
 # differ only by the executor's bookkeeping gaps (posting, polling): within
 # 1 percentage point. Exits 77 (skipped) without mpirun.
-set -u
-luapipe=${1:?usage: test_profile_trace.sh path/to/luapipe}
-command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
 cat >"$tmp/rules.lua" <<'LUA'
 return { { cat = "comm", class = "ignore" } } -- pipeline messages: not all-to-all
 LUA

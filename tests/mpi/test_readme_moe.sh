@@ -5,15 +5,7 @@
 # (within 1e-5 relative). The two commands are taken from README.md itself,
 # with build/luapipe replaced by the program under test. Exits 77 without
 # mpirun.
-set -u
-luapipe=${1:?usage: test_readme_moe.sh path/to/luapipe}
-command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OPENBLAS_NUM_THREADS=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
 
 # the snippet: the mpirun line (with its continuation) and the --reference line
 awk '/^mpirun .*examples\/train_moe\.lua/ { cmd = $0; while (cmd ~ /\\$/) { sub(/\\$/, "", cmd); getline more; cmd = cmd more }

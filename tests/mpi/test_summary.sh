@@ -7,15 +7,7 @@
 # prediction does not apply, with one rank per core it does not. One step only: nothing skipped as warm-up. No timing
 # thresholds (scripts/bench/pipeline judges the figures). Exits 77
 # (skipped) without mpirun.
-set -u
-luapipe=${1:?usage: test_summary.sh path/to/luapipe}
-command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OPENBLAS_NUM_THREADS=1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
 
 run() { # family steps svg
   timeout 120 mpirun --oversubscribe -np 4 "$luapipe" tests/mpi/summary_check.lua "$@" \

@@ -11,17 +11,9 @@
 # layers than the schedule's stages. Chimera is one of the families; schedules found by
 # `luapipe search` (linear, V, bidirectional) train from their CSV file the same way.
 # Exits 77 (skipped) without mpirun.
-set -u
-luapipe=${1:?usage: test_train_equivalence.sh path/to/luapipe}
-command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OPENBLAS_NUM_THREADS=1
+. "$(dirname "$0")/lib.sh"
 mpirun=(timeout 60 mpirun --oversubscribe)
 driver=tests/mpi/train_equivalence.lua
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
 for P in 2 4; do

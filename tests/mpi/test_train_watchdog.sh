@@ -6,17 +6,10 @@
 # itself, its pending action and the silent peer (exactly, on 2 ranks);
 # the last rank kills itself ("kill") — the job ends non-zero within
 # seconds. Exits 77 (skipped) without mpirun.
-set -u
-luapipe=${1:?usage: test_train_watchdog.sh path/to/luapipe}
-command -v mpirun >/dev/null || { echo "skip: no mpirun"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OPENBLAS_NUM_THREADS=1 LUAPIPE_TIMEOUT=3
+. "$(dirname "$0")/lib.sh"
+export LUAPIPE_TIMEOUT=3
 mpirun=(timeout 60 mpirun --oversubscribe -x LUAPIPE_TIMEOUT)
 driver=tests/mpi/train_watchdog.lua
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
 run() { # np mode
