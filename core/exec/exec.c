@@ -515,6 +515,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   e->act_n = lp_calloc((size_t)(2 * LP_EXEC_NKINDS * e->S), sizeof(int64_t));
   e->act_x = lp_calloc((size_t)(2 * EX_NX * LP_EXEC_NKINDS * e->S), sizeof(double));
   if (!e->act_s || !e->act_n || !e->act_x) { st = LP_ERR_NOMEM; goto fail; }
+  LP_CHECK_GOTO(ex_hist_new(e), st, fail);
   if (opts->trace) {
     e->trace = lp_trace_new();
     if (!e->trace) { st = LP_ERR_NOMEM; goto fail; }
@@ -607,6 +608,7 @@ void lp_exec_free(lp_exec *e) {
   lp_free(e->act_s);
   lp_free(e->act_n);
   lp_free(e->act_x);
+  ex_hist_free(e);
   lp_trace_free(e->trace);
   if (e->pcomm_own) lp_comm_free(e->pcomm);
   ex_grid_free(e);
@@ -712,6 +714,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   memset(e->act_s, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_s);
   memset(e->act_n, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_n);
   memset(e->act_x, 0, (size_t)EX_NX * LP_EXEC_NKINDS * e->S * sizeof *e->act_x);
+  ex_hist_begin(e);
   double start = lp_now();
   e->live = e->pending_w = 0;
   if (e->trace) {
@@ -754,6 +757,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
         e->act_s[k * e->S + ms] += c;
         e->act_n[k * e->S + ms]++;
       }
+      ex_hist_action(e, e->cur, c);
       ci++;
       char name[LP_ACTION_TEXT_MAX];
       lp_action_format(a, name, sizeof name);

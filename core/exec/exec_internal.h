@@ -111,6 +111,14 @@ typedef struct ex_host {
   int ranks, cores;
 } ex_host;
 
+/* timing.c: each compute action's time in the running step (cur) and in
+ * the last LP_EXEC_HISTORY steps (ring: row = wall, after, nacts times;
+ * len rows kept, the newest at head - 1) */
+typedef struct ex_hist {
+  double *cur, *ring;
+  int head, len;
+} ex_hist;
+
 /* exec.c (ex_comm_fail): a failed communication (0: none) and its text */
 typedef struct ex_fail {
   lp_status st;
@@ -193,6 +201,7 @@ struct lp_exec {
                  * operation may still be in flight, so the executor refuses
                  * further steps */
   ex_host host; /* host.c */
+  ex_hist hist; /* timing.c */
   char err[LP_ERRLEN];
 };
 
@@ -339,5 +348,12 @@ int ex_trace_add(lp_exec *e, int kind, const char *name, const char *cat, double
 void ex_trace_memory(lp_exec *e, double at, int dlive, int dpw);
 /* LP_EXEC_K_* of an action type, -1 for a non-compute one. */
 int ex_kind_of(int type);
-/* The finished step's timing becomes the last step's and joins the totals. */
+/* The finished step's timing becomes the last step's and joins the totals
+ * (and its action times a kept step). */
 void ex_timing_commit(lp_exec *e);
+/* The step history (e->hist) for e->nacts actions; freed with it. */
+lp_status ex_hist_new(lp_exec *e);
+void ex_hist_free(lp_exec *e);
+/* A new step's action times (all 0) / compute action i took c seconds. */
+void ex_hist_begin(lp_exec *e);
+void ex_hist_action(lp_exec *e, int i, double c);

@@ -176,8 +176,22 @@ typedef struct lp_exec_exchanges {
 } lp_exec_exchanges;
 lp_status lp_exec_action_exchanges(const lp_exec *e, int total, int kind, int stage,
                                    lp_exec_exchanges *out);
-/* Clears the totals (e.g. after a warm-up step). */
+/* Clears the totals (e.g. after a warm-up step) and the kept steps. */
 void lp_exec_timing_reset(lp_exec *e);
+/* Each compute action's time in the last steps (always on): up to
+ * LP_EXEC_HISTORY successful steps since lp_exec_timing_reset are kept, the
+ * oldest dropped; lp_exec_step_times_count says how many. Step k (0: the
+ * oldest kept): *wall_s its wall time, *after_s what followed the last
+ * action (the optimizer with the gradient sums of replicated stages and
+ * the EP group: lp_exec_timing's optim + reduce), *times one entry per
+ * action of this rank's list (*n of them): seconds in the action, waits
+ * for its receives excluded (as lp_exec_action_time), 0 for a non-compute
+ * action. Borrowed until the next step. LP_ERR_ARG for a bad k. What
+ * perf.summary replays (each step simulated with its own action times). */
+enum { LP_EXEC_HISTORY = 64 };
+int lp_exec_step_times_count(const lp_exec *e);
+lp_status lp_exec_step_times(const lp_exec *e, int k, double *wall_s, double *after_s,
+                             const double **times, int *n);
 
 /* This rank's virtual stages: count, and the id / model stage / chunk of
  * the i-th (borrowed). */

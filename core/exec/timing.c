@@ -57,6 +57,54 @@ int ex_kind_of(int type) {
   }
 }
 
+lp_status ex_hist_new(lp_exec *e) {
+  size_t row = (size_t)e->nacts + 2;
+  e->hist.cur = lp_calloc(row, sizeof(double));
+  e->hist.ring = lp_calloc(row * LP_EXEC_HISTORY, sizeof(double));
+  e->hist.head = e->hist.len = 0;
+  return e->hist.cur && e->hist.ring ? LP_OK : LP_ERR_NOMEM;
+}
+
+void ex_hist_free(lp_exec *e) {
+  lp_free(e->hist.cur);
+  lp_free(e->hist.ring);
+  e->hist.cur = e->hist.ring = NULL;
+}
+
+void ex_hist_begin(lp_exec *e) {
+  memset(e->hist.cur, 0, ((size_t)e->nacts + 2) * sizeof(double));
+}
+
+void ex_hist_action(lp_exec *e, int i, double c) {
+  if (i >= 0 && i < e->nacts) e->hist.cur[2 + i] = c;
+}
+
+/* The finished step's action times become the newest kept step. */
+static void hist_commit(lp_exec *e, double wall, double after) {
+  ex_hist *h = &e->hist;
+  size_t row = (size_t)e->nacts + 2;
+  h->cur[0] = wall;
+  h->cur[1] = after;
+  memcpy(h->ring + row * (size_t)h->head, h->cur, row * sizeof(double));
+  h->head = (h->head + 1) % LP_EXEC_HISTORY;
+  if (h->len < LP_EXEC_HISTORY) h->len++;
+}
+
+int lp_exec_step_times_count(const lp_exec *e) { return e->hist.len; }
+
+lp_status lp_exec_step_times(const lp_exec *e, int k, double *wall_s, double *after_s,
+                             const double **times, int *n) {
+  const ex_hist *h = &e->hist;
+  if (k < 0 || k >= h->len) return LP_ERR_ARG;
+  int at = (h->head - h->len + k + LP_EXEC_HISTORY) % LP_EXEC_HISTORY;
+  const double *r = h->ring + ((size_t)e->nacts + 2) * (size_t)at;
+  if (wall_s) *wall_s = r[0];
+  if (after_s) *after_s = r[1];
+  if (times) *times = r + 2;
+  if (n) *n = e->nacts;
+  return LP_OK;
+}
+
 /* The finished step's timing becomes the last step's and joins the totals. */
 void ex_timing_commit(lp_exec *e) {
   lp_exec_timing *l = &e->tlast, *t = &e->ttotal;
@@ -92,6 +140,7 @@ void ex_timing_commit(lp_exec *e) {
     e->act_n[nk + i] += e->act_n[i];
   }
   for (size_t i = 0; i < EX_NX * nk; i++) e->act_x[EX_NX * nk + i] += e->act_x[i];
+  hist_commit(e, l->wall, l->optim + l->reduce);
 }
 
 void lp_exec_last_timing(const lp_exec *e, double *wall_s, double *busy_s) {
@@ -151,6 +200,7 @@ void lp_exec_timing_reset(lp_exec *e) {
   memset(e->act_s + nk, 0, nk * sizeof *e->act_s);
   memset(e->act_n + nk, 0, nk * sizeof *e->act_n);
   memset(e->act_x + EX_NX * nk, 0, EX_NX * nk * sizeof *e->act_x);
+  e->hist.head = e->hist.len = 0;
 }
 
 lp_trace *lp_exec_trace(lp_exec *e) { return e->trace; }

@@ -445,6 +445,33 @@ static int lb_exec_timing_stats(lua_State *L) {
   return 1;
 }
 
+/* exec:step_times() -> {{wall =, after =, actions = {[i] = seconds}}, ...}:
+ * the kept steps, oldest first (lp_exec_step_times; compute actions only,
+ * 0-based action indices) */
+static int lb_exec_step_times(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  int K = lp_exec_step_times_count(b->e);
+  lua_createtable(L, K, 0);
+  for (int k = 0; k < K; k++) {
+    double wall = 0, after = 0;
+    const double *t = NULL;
+    int n = 0;
+    if (lp_exec_step_times(b->e, k, &wall, &after, &t, &n) != LP_OK) break;
+    lua_createtable(L, 0, 3);
+    lb_set_number(L, "wall", wall);
+    lb_set_number(L, "after", after);
+    lua_createtable(L, 0, n);
+    for (int i = 0; i < n; i++)
+      if (t[i] > 0) {
+        lua_pushnumber(L, t[i]);
+        lua_rawseti(L, -2, i);
+      }
+    lua_setfield(L, -2, "actions");
+    lua_rawseti(L, -2, k + 1);
+  }
+  return 1;
+}
+
 /* exec:trace_clear(): drops the measured events recorded so far */
 static int lb_exec_trace_clear(lua_State *L) {
   if (lp_exec_trace_clear(check_exec(L, 1)->e) != LP_OK) return luaL_error(L, "out of memory");
@@ -659,6 +686,7 @@ void lb_open_exec(lua_State *L) {
   static const luaL_Reg methods[] = {{"step", lb_exec_step},
                                      {"timing", lb_exec_timing},
                                      {"timing_stats", lb_exec_timing_stats},
+                                     {"step_times", lb_exec_step_times},
                                      {"timing_reset", lb_exec_timing_reset},
                                      {"trace_clear", lb_exec_trace_clear},
                                      {"vstages", lb_exec_vstages},

@@ -201,22 +201,89 @@ static void read_exchanges(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c
   c->nexchange_stages = S;
 }
 
+/* Per-action times: cost.actions = {[rank] = {[index] = time, ...}} (ranks
+ * and action indices 0-based, as messages and s:action print them; only
+ * compute actions) into a userdata left on the stack: [P] row pointers,
+ * then each rank's row, LP_SIM_UNSET where none is given. */
+static void read_actions(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
+  if (lua_getfield(L, idx, "actions") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (!lua_istable(L, -1))
+    luaL_error(L, "simulate: actions must be a table {[rank] = {[action index] = time, ...}}");
+  int P = lp_schedule_ranks(s);
+  size_t total = 0;
+  for (int r = 0; r < P; r++) {
+    int n = 0;
+    lp_schedule_actions(s, r, &n);
+    total += (size_t)n;
+  }
+  size_t head = (size_t)(P > 0 ? P : 1) * sizeof(double *);
+  void *ud = lua_newuserdatauv(L, head + (total ? total : 1) * sizeof(double), 0);
+  double **rows = ud;
+  double *cell = (double *)((char *)ud + head);
+  for (int r = 0; r < P; r++) {
+    int n = 0;
+    lp_schedule_actions(s, r, &n);
+    rows[r] = cell;
+    for (int i = 0; i < n; i++) cell[i] = LP_SIM_UNSET;
+    cell += n;
+  }
+  lua_pushnil(L);
+  while (lua_next(L, -3)) { /* [actions, ud, rank, row] */
+    int isint;
+    lua_Integer r = lua_tointegerx(L, -2, &isint);
+    if (!isint || lua_type(L, -2) != LUA_TNUMBER || r < 0 || r >= P)
+      luaL_error(L, "simulate: actions key %s is not a rank 0..%d", luaL_tolstring(L, -2, NULL),
+                 P - 1);
+    if (!lua_istable(L, -1))
+      luaL_error(L, "simulate: actions[%d] must be a table {[action index] = time, ...}", (int)r);
+    int n = 0;
+    const lp_action *acts = lp_schedule_actions(s, (int)r, &n);
+    lua_pushnil(L);
+    while (lua_next(L, -2)) { /* [..., row, index, time] */
+      lua_Integer i = lua_tointegerx(L, -2, &isint);
+      if (!isint || lua_type(L, -2) != LUA_TNUMBER || i < 0 || i >= n)
+        luaL_error(L, "simulate: actions[%d] key %s is not an action of rank %d (0..%d)", (int)r,
+                   luaL_tolstring(L, -2, NULL), (int)r, n - 1);
+      char text[LP_ACTION_TEXT_MAX], ctx[LP_ACTION_TEXT_MAX + 64];
+      lp_action_format(&acts[i], text, sizeof text);
+      snprintf(ctx, sizeof ctx, "simulate: actions[%d][%d] (%s)", (int)r, (int)i, text);
+      if (!lp_action_is_compute(acts[i].type))
+        luaL_error(L, "%s: only compute actions (F, B, I, W, FB) take time", ctx);
+      int isnum;
+      lua_Number v = lua_tonumberx(L, -1, &isnum);
+      char err[LP_ERRLEN];
+      if (!isnum) luaL_error(L, "%s must be a number >= 0, got %s", ctx, luaL_typename(L, -1));
+      if (lp_sim_time_check("its time", (double)v, err) != LP_OK) luaL_error(L, "%s: %s", ctx, err);
+      rows[r][i] = (double)v;
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_remove(L, -2); /* [ud] stays on the stack */
+  c->durations = (const double *const *)rows;
+  c->nduration_ranks = P;
+}
+
 /* Fills c from the cost table at idx (absent or nil: defaults). Stage
  * overrides live in a userdata left on the stack (collected with it). */
 static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
   static const char *const top_keys[] = {"F",  "B",       "I",      "W",
                                          "FB", "latency", "stages", "link",
-                                         "bytes", "exchanges", "link_unit", NULL};
+                                         "bytes", "exchanges", "link_unit", "actions", NULL};
   lp_sim_cost_init(c);
   if (lua_isnoneornil(L, idx)) return;
   luaL_checktype(L, idx, LUA_TTABLE);
   idx = lua_absindex(L, idx);
   check_keys(L, idx, top_keys, "simulate",
-             "F, B, I, W, FB, latency, stages, link, bytes, exchanges, link_unit");
+             "F, B, I, W, FB, latency, stages, link, bytes, exchanges, link_unit, actions");
   read_times(L, idx, &c->t, "simulate");
   get_time(L, idx, "latency", &c->latency, "simulate");
   read_link(L, idx, c);
   read_exchanges(L, idx, s, c);
+  read_actions(L, idx, s, c);
   if (lua_getfield(L, idx, "stages") == LUA_TNIL) {
     lua_pop(L, 1);
     return;

@@ -62,6 +62,15 @@ typedef struct lp_sim_cost {
    *            longer than it is exposed (max-style overlap). */
   const lp_sim_exchanges *exchanges;
   int nexchange_stages;
+  /* Per-action times (each measured action of one step, say): durations[r]
+   * holds one entry per action of rank r's list; a set entry replaces the
+   * whole time of that compute action (an FB pair's, exchanges included:
+   * they are reported as modelled, none hidden), LP_SIM_UNSET keeps the
+   * model's. Ranks r >= nduration_ranks or with durations[r] NULL keep the
+   * model. A set entry on a non-compute action is an error (LP_ERR_ARG).
+   * Borrowed, only read during lp_sim_run. */
+  const double *const *durations;
+  int nduration_ranks;
   int nstages;    /* entries in `stages` (0: no overrides) */
   /* [model stage]: overrides, LP_SIM_UNSET = inherit; borrowed, only
    * read during lp_sim_run */

@@ -51,6 +51,8 @@ void lp_sim_cost_init(lp_sim_cost *c) {
   c->link_unit = 1;
   c->exchanges = NULL;
   c->nexchange_stages = 0;
+  c->durations = NULL;
+  c->nduration_ranks = 0;
   c->nstages = 0;
   c->stages = NULL;
 }
@@ -229,6 +231,7 @@ typedef struct run {
   lp_sim_times *times;    /* [S] resolved */
   int *fb_set;            /* [S]: FB given for this F-half stage */
   double *xt;             /* [3 S]: exchange time per F, B, I half */
+  const lp_sim_cost *cost; /* its per-action times (durations), or NULL */
   char *err;
 } run;
 
@@ -373,6 +376,48 @@ static double xchg_time(run *R, int v, int type) {
   return h < 0 ? 0 : R->xt[3 * lp_schedule_vstage_stage(R->s, v) + h];
 }
 
+/* The time cost.durations gives action i of rank r, LP_SIM_UNSET: none. */
+static double action_time(const run *R, int r, int i) {
+  const lp_sim_cost *c = R->cost;
+  if (!c || !c->durations || r >= c->nduration_ranks || !c->durations[r]) return LP_SIM_UNSET;
+  return c->durations[r][i];
+}
+
+/* Every per-action time is a time, and only compute actions have one. */
+static lp_status check_durations(run *R) {
+  const lp_sim_cost *c = R->cost;
+  if (!c || c->nduration_ranks <= 0) return LP_OK;
+  if (!c->durations) {
+    lp_errf(R->err, "cost model: per-action times for %d ranks given without an array",
+            c->nduration_ranks);
+    return LP_ERR_ARG;
+  }
+  for (int r = 0; r < c->nduration_ranks; r++) {
+    if (!c->durations[r]) continue;
+    if (r >= R->P) {
+      lp_errf(R->err, "cost model: per-action times for rank %d, but the schedule has ranks "
+              "0..%d", r, R->P - 1);
+      return LP_ERR_ARG;
+    }
+    for (int i = 0; i < R->nacts[r]; i++) {
+      double t = c->durations[r][i];
+      if (!is_set(t)) continue;
+      char text[LP_ACTION_TEXT_MAX], why[LP_ERRLEN];
+      act_text(&R->acts[r][i], text, sizeof text);
+      if (!lp_action_is_compute(R->acts[r][i].type)) {
+        lp_errf(R->err, "cost model: a time for rank %d, action %d (%s): only compute "
+                "actions (F, B, I, W, FB) take time", r, i, text);
+        return LP_ERR_ARG;
+      }
+      if (lp_sim_time_check("time", t, why) != LP_OK) {
+        lp_errf(R->err, "cost model: rank %d, action %d (%s): %s", r, i, text, why);
+        return LP_ERR_ARG;
+      }
+    }
+  }
+  return LP_OK;
+}
+
 /* Pass 2: inputs and duration of every action. */
 static lp_status build_nodes(run *R) {
   for (int r = 0; r < R->P; r++) {
@@ -415,6 +460,11 @@ static lp_status build_nodes(run *R) {
       default:
         n->dur = 0; /* SEND/RECV and the stage actions: no rank time */
         break;
+      }
+      double given = action_time(R, r, i);
+      if (is_set(given)) {
+        n->dur = given;
+        n->a2a_hidden = 0;
       }
     }
   }
@@ -730,6 +780,8 @@ static lp_status setup(run *R, const lp_sim_cost *cost) {
     LP_CHECK(lp_sim_cost_resolve(cost, k, &R->times[k], R->err));
     R->fb_set[k] = is_set(R->times[k].fb);
   }
+  R->cost = cost;
+  LP_CHECK(check_durations(R));
   return cost ? exchange_times(R, cost, S) : LP_OK;
 }
 

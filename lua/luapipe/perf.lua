@@ -22,6 +22,12 @@
 --                  done, and their gradient sums crossed the link); the
 --                  largest over ranks
 --   makespan_ms    the simulated makespan alone (pipeline part)
+--   replay_ms, replay_step_ms, replay_ratio, replay_steps  the last
+--                  steps (up to 64) each simulated with its own measured
+--                  action times and optimizer times, against the measured
+--                  time of the same steps: what mean costs miss (times that
+--                  vary, on a schedule without slack) is in it, so the
+--                  ratio's distance from 1 is the runtime's own waiting
 --   ratio          predicted_ms / step_ms
 --   oversubscribed {ranks =, cores =} when a host runs more ranks than the
 --                  cores their affinity allows (the most crowded host): the
@@ -126,6 +132,81 @@ function M.message_latency(exec, sched)
     end
   end
   return n > 0 and sum / n / 1000 or 0, n
+end
+
+-- The replay (part of perf.summary; collective): each of the last measured
+-- steps (exec:step_times(), up to 64) simulated with its own measured action
+-- times (an action of a pipeline rank: the mean over its EP ranks) and its
+-- ranks' own optimizer times, against the measured time of the same step
+-- (the largest over ranks). Mean costs leave out how action times vary
+-- from step to step and from one position in the step to another; where
+-- a schedule has no slack to absorb that (DualPipe's), the step is longer
+-- than the mean costs say although the runtime adds nothing. The replay
+-- keeps that in, so what is left between it and the measured step is the
+-- runtime's own: waiting beyond the schedule's dependencies and latency.
+-- Sets out.replay_ms, out.replay_step_ms (measured, same steps),
+-- out.replay_ratio, out.replay_steps; nothing when no step was kept.
+local function replay(exec, sched, cost, predict, out)
+  if not exec.step_times then return end
+  local P, rank, ep = comm.size(), comm.rank(), exec:ep()
+  local hist = exec:step_times()
+  local counts = {}
+  for r = 0, P - 1 do counts[r + 1] = r == rank and #hist or 0 end
+  counts = allreduce(counts, "luapipe.perf: counting the kept steps")
+  local K = math.huge
+  for r = 1, P do K = math.min(K, math.floor(counts[r] + 0.5)) end
+  if K < 1 or K == math.huge then return end
+  -- one vector: per world rank, K rows of (wall, after, one time per action)
+  local nact, off, total = {}, {}, 0
+  for w = 0, P - 1 do
+    nact[w] = sched:count(w // ep)
+    off[w] = total
+    total = total + K * (nact[w] + 2)
+  end
+  local v = {}
+  for i = 1, total do v[i] = 0 end
+  local first = #hist - K -- this rank's oldest kept step used
+  for k = 1, K do
+    local h = hist[first + k]
+    local o = off[rank] + (k - 1) * (nact[rank] + 2)
+    v[o + 1], v[o + 2] = h.wall, h.after
+    for i, t in pairs(h.actions) do v[o + 3 + i] = t end
+  end
+  v = allreduce(v, "luapipe.perf: gathering each step's action times")
+  local ms = 1000
+  local sum_pred, sum_meas = 0, 0
+  local base = {}
+  for k2, val in pairs(cost) do base[k2] = val end
+  for k = 1, K do
+    local acts, opt, meas = {}, {}, 0
+    for w = 0, P - 1 do
+      local o = off[w] + (k - 1) * (nact[w] + 2)
+      meas = math.max(meas, v[o + 1])
+      opt[w] = v[o + 2]
+    end
+    for p = 0, sched:info().ranks - 1 do
+      local row = {}
+      for i = 0, sched:count(p) - 1 do
+        local t, n = 0, 0
+        for j = 0, ep - 1 do
+          local w = p * ep + j
+          local x = v[off[w] + (k - 1) * (nact[w] + 2) + 3 + i]
+          if x > 0 then t, n = t + x, n + 1 end
+        end
+        if n > 0 then row[i] = t / n * ms end
+      end
+      acts[p] = row
+    end
+    base.actions = acts
+    local ok, res = pcall(sched.simulate, sched, base)
+    if not ok or not res then return end
+    sum_pred = sum_pred + predict(res, opt)
+    sum_meas = sum_meas + meas * ms
+  end
+  out.replay_steps = K
+  out.replay_ms = sum_pred / K
+  out.replay_step_ms = sum_meas / K
+  out.replay_ratio = sum_meas > 0 and sum_pred / sum_meas or 0
 end
 
 -- perf.summary(exec, sched[, opts]) -> summary table (see above), the same
@@ -298,15 +379,17 @@ function M.summary(exec, sched, opts)
   end
   -- The step a simulated timeline predicts: each pipeline rank's finish
   -- (after its replicated stages' copies and their gradient sums), plus the
-  -- slowest of its EP ranks' measured optimizer time; and each rank's busy.
-  local function predict(res)
+  -- slowest of its EP ranks' measured optimizer time (opt_of: per world
+  -- rank, seconds; default the mean over steps); and each rank's busy.
+  local function predict(res, opt_of)
+    opt_of = opt_of or ro
     local finish = {}
     for _, rr in ipairs(res:ranks()) do finish[rr.rank] = rr.finish end
     local pred, busy = 0, {}
     for _, rr in ipairs(res:ranks()) do
       local opt, rl = 0, 0
       for j = 0, ep - 1 do
-        opt = math.max(opt, ro[rr.rank * ep + j] or 0)
+        opt = math.max(opt, opt_of[rr.rank * ep + j] or 0)
         rl = math.max(rl, red[rr.rank * ep + j + 1] or 0)
       end
       opt = opt * ms
@@ -351,6 +434,7 @@ function M.summary(exec, sched, opts)
   out.sim_bubble_pct = 100 * sb / PS
   out.ratio = out.step_ms > 0 and pred / out.step_ms or 0
   out.sim = res
+  replay(exec, sched, cost, predict, out)
   return out
 end
 
@@ -389,6 +473,16 @@ function M.format(s)
   L[#L + 1] = string.format("  step time: measured %s ms, simulator's prediction %s ms "
     .. "(makespan %s ms + optimizer; latency %s ms): predicted/measured %.3f",
     f1(s.step_ms), f1(s.predicted_ms), f1(s.makespan_ms), f2(s.latency_ms), s.ratio)
+  if s.replay_ms then
+    local miss = s.replay_step_ms > 0 and 100 * (s.replay_ms - s.predicted_ms) / s.replay_step_ms or 0
+    L[#L + 1] = string.format("    replaying each step's own measured action times (last %s): %s ms against "
+      .. "%s ms measured: %.3f", util.count(s.replay_steps, "step"), f1(s.replay_ms),
+      f1(s.replay_step_ms), s.replay_ratio)
+    if miss > 2 then
+      L[#L + 1] = string.format("    (mean costs miss %s%% of the step here: action times vary from step to step "
+        .. "and with their place in the step, and this schedule has little slack to absorb that)", f1(miss))
+    end
+  end
   if s.oversubscribed then
     L[#L + 1] = string.format("    the prediction does not apply here: %d ranks share %d core%s on one host, "
       .. "so ranks also wait for a core, which the simulator does not model (run at most one rank per core)",

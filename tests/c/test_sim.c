@@ -1,6 +1,6 @@
 /* test_sim.c — the simulator on hand-built schedules: exact timings for
  * 1F1B, latency, overlapped pairs, MoE exchanges and their overlap, per-stage overrides, the B = I + W
- * rules, memory counters, determinism, refusal of invalid schedules, and
+ * rules, per-action times (a replay), memory counters, determinism, refusal of invalid schedules, and
  * out-of-memory paths through the allocation hook. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -502,6 +502,86 @@ static void test_lowered_comm_ignored(void **state) {
   lp_schedule_free(s);
 }
 
+/* Per-action times: a set entry replaces that action's whole time, the
+ * others keep the model's; the replay follows the dependencies (rank 1's
+ * F waits for rank 0's longer F); an FB pair's time replaces the pair's;
+ * a time on a SEND / RECV or a bad value is refused with the action named. */
+static void test_action_times(void **state) {
+  (void)state;
+  lp_schedule *s = linear(2, 1);
+  const char *r0[] = {"0F0", "0SEND_F0", "0RECV_B0", "0B0"};
+  const char *r1[] = {"1RECV_F0", "1F0", "1B0", "1SEND_B0"};
+  for (int i = 0; i < 4; i++) {
+    push(s, 0, "%s", r0[i]);
+    push(s, 1, "%s", r1[i]);
+  }
+  lp_sim_cost c = cost_fb(1, 2);
+  double t0[4] = {3, LP_SIM_UNSET, LP_SIM_UNSET, LP_SIM_UNSET};
+  double t1[4] = {LP_SIM_UNSET, LP_SIM_UNSET, 0.5, LP_SIM_UNSET};
+  const double *rows[2] = {t0, t1};
+  c.durations = rows;
+  c.nduration_ranks = 2;
+  lp_sim_result *r = run_ok(s, &c);
+  check_event(r, 0, 0, "0F0", 0, 3);
+  check_event(r, 1, 1, "1F0", 3, 4);
+  check_event(r, 1, 2, "1B0", 4, 4.5);
+  check_event(r, 0, 3, "0B0", 4.5, 6.5);
+  assert_near(lp_sim_makespan(r), 6.5);
+  lp_sim_result_free(r);
+  /* only rank 1 given (rank 0's row NULL): rank 0 keeps the model */
+  rows[0] = NULL;
+  r = run_ok(s, &c);
+  check_event(r, 0, 0, "0F0", 0, 1);
+  check_event(r, 1, 2, "1B0", 2, 2.5);
+  lp_sim_result_free(r);
+  char err[LP_ERRLEN];
+  lp_sim_result *bad = NULL;
+  t1[0] = 1; /* 1RECV_F0 */
+  rows[0] = t0;
+  assert_int_equal(lp_sim_run(s, &c, &bad, err), LP_ERR_ARG);
+  assert_null(bad);
+  assert_string_equal(err, "cost model: a time for rank 1, action 0 (1RECV_F0): only compute "
+                      "actions (F, B, I, W, FB) take time");
+  t1[0] = LP_SIM_UNSET;
+  t0[3] = -2;
+  assert_int_equal(lp_sim_run(s, &c, &bad, err), LP_ERR_ARG);
+  assert_non_null(strstr(err, "rank 0, action 3 (0B0): time = -2 must be a number"));
+  c.durations = NULL;
+  assert_int_equal(lp_sim_run(s, &c, &bad, err), LP_ERR_ARG);
+  assert_string_equal(err, "cost model: per-action times for 2 ranks given without an array");
+  lp_schedule_free(s);
+  /* an FB pair's given time is the pair's (exchanges included) */
+  s = dualpipe_p2();
+  lp_sim_cost d = cost_fb(1, 2);
+  lp_sim_result *m = run_ok(s, &d);
+  int n0 = 0, fb = -1;
+  const lp_action *a0 = lp_schedule_actions(s, 0, &n0);
+  for (int i = 0; i < n0 && fb < 0; i++)
+    if (a0[i].type == LP_ACT_FB) fb = i;
+  assert_true(fb >= 0);
+  double *row = malloc((size_t)n0 * sizeof *row);
+  for (int i = 0; i < n0; i++) row[i] = LP_SIM_UNSET;
+  row[fb] = 10;
+  const double *rows2[1] = {row};
+  d.durations = rows2;
+  d.nduration_ranks = 1;
+  lp_sim_result *g = run_ok(s, &d);
+  int ne;
+  const lp_sim_event *ev = lp_sim_rank_events(g, 0, &ne);
+  int found = 0;
+  for (int i = 0; i < ne; i++)
+    if (ev[i].index == fb) {
+      assert_near(ev[i].end - ev[i].start, 10);
+      found = 1;
+    }
+  assert_true(found);
+  assert_true(lp_sim_makespan(g) > lp_sim_makespan(m));
+  free(row);
+  lp_sim_result_free(g);
+  lp_sim_result_free(m);
+  lp_schedule_free(s);
+}
+
 static int same_results(const lp_sim_result *a, const lp_sim_result *b) {
   int na, nb;
   const lp_sim_event *ea = lp_sim_events(a, &na), *eb = lp_sim_events(b, &nb);
@@ -624,6 +704,7 @@ int main(void) {
       cmocka_unit_test(test_stage_overrides),
       cmocka_unit_test(test_b_equals_i_plus_w),
       cmocka_unit_test(test_lowered_comm_ignored),
+      cmocka_unit_test(test_action_times),
       cmocka_unit_test(test_determinism),
       cmocka_unit_test(test_invalid_refused),
       cmocka_unit_test(test_out_of_memory),

@@ -78,4 +78,42 @@ function TestResolveCost:test_fill_in()
   lu.assertStrContains(err, "B = 1 is less than W = 2")
 end
 
+-- cost.actions: each action's own time (0-based ranks and indices, as
+-- s:action prints them); the rest keeps the model; bad entries named
+TestActionTimes = {}
+function TestActionTimes:test_replay_and_errors()
+  local schedule = require("luapipe.schedule")
+  local s = schedule.build("1f1b", { pp = 2, microbatches = 2 }):lower()
+  local base = assert(s:simulate({ F = 1, B = 2 }))
+  lu.assertAlmostEquals(base:makespan(), 9, 1e-12)
+  -- rank 0's first F takes 4 instead of 1: everything after it moves by 3
+  local first
+  for i = 0, s:count(0) - 1 do
+    if s:action(0, i).text == "0F0" then first = i end
+  end
+  local res = assert(s:simulate({ F = 1, B = 2, actions = { [0] = { [first] = 4 } } }))
+  lu.assertAlmostEquals(res:makespan(), 12, 1e-12)
+  local ev = res:events(0)[1]
+  lu.assertEquals(ev.text, "0F0")
+  lu.assertAlmostEquals(ev.finish - ev.start, 4, 1e-12)
+  local send
+  for i = 0, s:count(0) - 1 do
+    if s:action(0, i).text:match("SEND") then send = send or i end
+  end
+  local function err(cost)
+    local ok, e = pcall(s.simulate, s, cost)
+    lu.assertFalse(ok)
+    return tostring(e)
+  end
+  lu.assertStrContains(err({ actions = { [0] = { [send] = 1 } } }),
+    string.format("simulate: actions[0][%d] (%s): only compute actions (F, B, I, W, FB) take time",
+      send, s:action(0, send).text))
+  lu.assertStrContains(err({ actions = { [2] = {} } }), "simulate: actions key 2 is not a rank 0..1")
+  lu.assertStrContains(err({ actions = { [1] = { [99] = 1 } } }),
+    string.format("simulate: actions[1] key 99 is not an action of rank 1 (0..%d)", s:count(1) - 1))
+  lu.assertStrContains(err({ actions = { [0] = { [first] = -1 } } }),
+    "simulate: actions[0][" .. first .. "] (0F0): its time = -1 must be a number in 0..")
+  lu.assertStrContains(err({ actions = 3 }), "simulate: actions must be a table")
+end
+
 os.exit(lu.LuaUnit.run())

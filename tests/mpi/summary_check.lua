@@ -109,8 +109,38 @@ for st = 0, S - 1 do
 end
 local mok, merr = pcall(r.exec.message_floats, r.exec, S)
 check(not mok and tostring(merr):find("no such model stage", 1, true), "message_floats(S) must fail")
+-- the kept steps (exec:step_times): one per measured step, a time for
+-- every compute action of this rank and none for the others, and the
+-- parts within the step's wall time (waits are excluded from them)
+local hist = r.exec:step_times()
+check(#hist == tot.steps, string.format("step_times kept %d steps, expected %d", #hist, tot.steps))
+local acts = r.schedule:actions(rank) -- (no EP here: the pipeline rank is the rank)
+for k, h in ipairs(hist) do
+  local sum = h.after
+  for i = 0, #acts - 1 do
+    local compute = not acts[i + 1]:match("SEND") and not acts[i + 1]:match("RECV")
+      and not acts[i + 1]:match("REDUCE")
+    local t = h.actions[i]
+    check(compute == (t ~= nil) and (t == nil or num(t) and t > 0),
+      string.format("step_times[%d] action %d (%s): %s", k, i, acts[i + 1], tostring(t)))
+    sum = sum + (t or 0)
+  end
+  check(num(h.wall) and h.after > 0 and sum <= h.wall * (1 + 1e-9),
+    string.format("step_times[%d]: actions + after %.6g > wall %.6g", k, sum, h.wall))
+end
+-- the replay of those steps: present, and the same on every rank
+if type(s) == "table" then
+  check(s.replay_steps == tot.steps, "summary.replay_steps " .. tostring(s.replay_steps))
+  check(num(s.replay_ms) and s.replay_ms > 0 and num(s.replay_step_ms) and s.replay_step_ms > 0
+    and num(s.replay_ratio) and s.replay_ratio > 0, "replay figures missing")
+  if num(s.replay_ms) then
+    local t = assert(comm.allreduce({ s.replay_ms }))
+    check(math.abs(t[1] - P * s.replay_ms) < 1e-9 * P * s.replay_ms, "replay differs between ranks")
+  end
+end
 r.exec:timing_reset()
 check(r.exec:timing_stats().steps == 0, "timing_reset")
+check(#r.exec:step_times() == 0, "timing_reset keeps no step times")
 
 -- trace_steps = 2: only the last two steps' events are kept
 if svg ~= "-" then

@@ -48,7 +48,9 @@ M.topics = {
       .. "bytes = N bytes (times in seconds then). MoE exchanges: exchanges = {[stage] = {F = {n =, "
       .. "bytes_out =, bytes_in =}, B = ..., I = ...}} (per action: how many all-to-all-v, this "
       .. "rank's bytes to / from the other EP ranks in one), link_unit = cost units per second of "
-      .. "link time (1000 for ms). res:summary()'s columns: busy, bubble (makespan - busy), "
+      .. "link time (1000 for ms). Per action: actions = {[rank] = {[i] = time}} (0-based, as "
+      .. "s:action(rank, i); compute actions only) replaces those actions' whole time, e.g. one "
+      .. "measured step's (the training summary's replay). res:summary()'s columns: busy, bubble (makespan - busy), "
       .. "bubble %, finish (its last action's end), activations (peak held: an F holds one until "
       .. "its B or I) and pending W (peak weight-grads waiting: an I done whose W has not run).",
     { "sim.parse_cost(\"F=1,B=2,W=1,FB=2.5\")", "a cost table; F[3]=2 sets model stage 3" },
