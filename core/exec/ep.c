@@ -3,7 +3,10 @@
  * timed for the summary and traced on the comm track), each EP rank's share
  * of a micro-batch, and the step-end sums: dense grads over the EP group,
  * replicated experts' grads over their holders, expert loads over every
- * rank holding a stage (router bias). */
+ * rank holding a stage (router bias). It owns the grid (set at
+ * construction), e->xc (ex_xchg: the exchanges in flight and the step's
+ * all-to-all accounting, in one place) and e->moe (ex_moe: the device
+ * contexts, the lp_nn_ep, the expert-load sums). */
 #include "exec_internal.h"
 #include "lp_comm_gpu.h"
 
@@ -47,12 +50,12 @@ lp_status ex_grid_new(lp_exec *e) {
 lp_status ex_ep_device_new(lp_exec *e) {
   if (e->ep <= 1 || e->be->host_accessible) return LP_OK;
   int own = 0;
-  lp_status st = lp_comm_for_backend(e->ep_comm, e->be, &e->ep_dcomm, &own);
-  if (st == LP_OK && !own) e->ep_dcomm = NULL; /* (a host backend: not here) */
-  if (st == LP_OK && e->ep_comm_b && e->ep_dcomm) {
-    if (lp_comm_any_order(e->ep_dcomm)) {
-      st = lp_comm_for_backend(e->ep_comm_b, e->be, &e->ep_dcomm_b, &own);
-      if (st == LP_OK && !own) e->ep_dcomm_b = NULL;
+  lp_status st = lp_comm_for_backend(e->ep_comm, e->be, &e->moe.dcomm, &own);
+  if (st == LP_OK && !own) e->moe.dcomm = NULL; /* (a host backend: not here) */
+  if (st == LP_OK && e->ep_comm_b && e->moe.dcomm) {
+    if (lp_comm_any_order(e->moe.dcomm)) {
+      st = lp_comm_for_backend(e->ep_comm_b, e->be, &e->moe.dcomm_b, &own);
+      if (st == LP_OK && !own) e->moe.dcomm_b = NULL;
     } else { /* one order on every rank: the fixed alternation (run_fb_fixed) */
       lp_comm_free(e->ep_comm_b);
       e->ep_comm_b = NULL;
@@ -65,19 +68,19 @@ lp_status ex_ep_device_new(lp_exec *e) {
 }
 
 void ex_grid_free(lp_exec *e) {
-  lp_comm_free(e->ep_dcomm_b);
-  lp_comm_free(e->ep_dcomm);
-  e->ep_dcomm = e->ep_dcomm_b = NULL;
+  lp_comm_free(e->moe.dcomm_b);
+  lp_comm_free(e->moe.dcomm);
+  e->moe.dcomm = e->moe.dcomm_b = NULL;
   lp_comm_free(e->ep_comm_b);
   lp_comm_free(e->ep_comm);
   lp_comm_free(e->pp_own);
   e->ep_comm = e->pp_own = e->ep_comm_b = NULL;
-  lp_free(e->moe_counts);
-  lp_free(e->moe_off);
-  lp_free(e->moe_experts);
-  e->moe_counts = NULL;
-  e->moe_off = NULL;
-  e->moe_experts = NULL;
+  lp_free(e->moe.counts);
+  lp_free(e->moe.off);
+  lp_free(e->moe.experts);
+  e->moe.counts = NULL;
+  e->moe.off = NULL;
+  e->moe.experts = NULL;
 }
 
 int ex_world(const lp_exec *e, int p) { return p * e->ep + e->ep_rank; }
@@ -116,7 +119,7 @@ static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
   h->mb = hf && hf->active ? hf->mb : -1;
   h->comm = h->half && e->ep_comm_b ? e->ep_comm_b : e->ep_comm;
   if (xi->be && !xi->be->host_accessible) /* device rows: the context for them */
-    h->comm = h->half && e->ep_dcomm_b ? e->ep_dcomm_b : e->ep_dcomm;
+    h->comm = h->half && e->moe.dcomm_b ? e->moe.dcomm_b : e->moe.dcomm;
   h->modelled = lp_link_alltoallv_time(lp_comm_link(h->comm), 4.0 * (double)out,
                                        4.0 * (double)in);
   double *x = ex_half_x(e, h->half);
@@ -127,7 +130,7 @@ static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
     x[EX_X_MAX] += 4.0 * (double)(out > in ? out : in);
   }
   h->start = lp_now();
-  h->blocked0 = e->xc.blocked + e->t_wait;
+  h->blocked0 = e->xc.blocked + e->tm.wait;
   lp_status st = lp_comm_ialltoallv(h->comm, send, send_counts, h->displs, recv, recv_counts,
                                     h->displs + E, &h->req);
   if (st != LP_OK) {
@@ -220,7 +223,7 @@ static lp_status ep_wait(void *ud, void *handle) {
   double blocked = ready ? 0 : t1 - tw;
   double before = tw - h->start;
   double took = ready ? (h->modelled < before ? h->modelled : before) : t1 - h->start;
-  double free = before - (e->xc.blocked + e->t_wait - h->blocked0);
+  double free = before - (e->xc.blocked + e->tm.wait - h->blocked0);
   double hidden = free < 0 ? 0 : free > took - blocked ? took - blocked : free;
   e->xc.s += took;
   e->xc.blocked += blocked;
@@ -248,8 +251,8 @@ static lp_status ep_wait(void *ud, void *handle) {
 
 lp_status ex_ep_attach(lp_exec *e, vst *vs) {
   if (e->ep <= 1 || lp_nn_moe_count(vs->chunk) == 0) return LP_OK;
-  e->nnep = (lp_nn_ep){e->ep, e->ep_rank, e, ep_start, ep_wait, e->ep_dcomm != NULL};
-  lp_status st = lp_nn_set_ep(vs->chunk, &e->nnep);
+  e->moe.nnep = (lp_nn_ep){e->ep, e->ep_rank, e, ep_start, ep_wait, e->moe.dcomm != NULL};
+  lp_status st = lp_nn_set_ep(vs->chunk, &e->moe.nnep);
   if (st != LP_OK)
     lp_errf(e->err, "rank %d: giving model stage %d the EP group of %d ranks failed (%s)",
             e->rank, vs->stage, e->ep, lp_strerror(st));
@@ -368,7 +371,7 @@ static lp_status reduce_dense(lp_exec *e) {
       snprintf(what, sizeof what, "rank %d (EP rank %d of %d): summing dense gradients over the EP "
                "group", e->rank, e->ep_rank, e->ep);
       st = lp_comm_allreduce_sum_float(e->ep_comm, buf, n, what);
-      e->t_wait += lp_now() - tw;
+      ex_time_wait(e, lp_now() - tw);
       if (st != LP_OK) {
         ex_comm_fail(e, e->ep_comm, st, what);
         break;
@@ -433,8 +436,8 @@ lp_status ex_moe_loads_new(lp_exec *e) {
    * write theirs, the sum is divided by the holder count (copies x EP
    * ranks) */
   double *sz = lp_calloc(2 * (size_t)e->S, sizeof *sz);
-  e->moe_off = lp_calloc((size_t)e->S + 1, sizeof *e->moe_off);
-  if (!sz || !e->moe_off) {
+  e->moe.off = lp_calloc((size_t)e->S + 1, sizeof *e->moe.off);
+  if (!sz || !e->moe.off) {
     lp_free(sz);
     return LP_ERR_NOMEM;
   }
@@ -450,19 +453,19 @@ lp_status ex_moe_loads_new(lp_exec *e) {
     return st;
   }
   size_t tot = 0;
-  e->moe_layers = 0;
+  e->moe.layers = 0;
   for (int s = 0; s < e->S; s++) {
     int copies = 0;
     for (int v = 0; v < e->V; v++) copies += e->vstage[v] == s;
-    e->moe_off[s] = tot;
+    e->moe.off[s] = tot;
     size_t n = (size_t)(sz[s] / (copies * e->ep) + 0.5);
     int ex = (int)(sz[e->S + s] / (copies * e->ep) + 0.5);
     tot += n;
-    if (ex > 0) e->moe_layers += (int)(n / (size_t)ex);
+    if (ex > 0) e->moe.layers += (int)(n / (size_t)ex);
   }
-  e->moe_off[e->S] = tot;
-  e->moe_experts = lp_calloc((size_t)(e->moe_layers ? e->moe_layers : 1), sizeof(int));
-  if (!e->moe_experts) {
+  e->moe.off[e->S] = tot;
+  e->moe.experts = lp_calloc((size_t)(e->moe.layers ? e->moe.layers : 1), sizeof(int));
+  if (!e->moe.experts) {
     lp_free(sz);
     return LP_ERR_NOMEM;
   }
@@ -471,27 +474,27 @@ lp_status ex_moe_loads_new(lp_exec *e) {
     for (int v = 0; v < e->V; v++) copies += e->vstage[v] == s;
     int ex = (int)(sz[e->S + s] / (copies * e->ep) + 0.5);
     if (ex <= 0) continue;
-    for (size_t k = 0; k < (e->moe_off[s + 1] - e->moe_off[s]) / (size_t)ex; k++)
-      e->moe_experts[l++] = ex;
+    for (size_t k = 0; k < (e->moe.off[s + 1] - e->moe.off[s]) / (size_t)ex; k++)
+      e->moe.experts[l++] = ex;
   }
   lp_free(sz);
-  e->moe_total = tot;
+  e->moe.total = tot;
   if (tot) {
-    e->moe_counts = lp_calloc(tot, sizeof *e->moe_counts);
-    if (!e->moe_counts) return LP_ERR_NOMEM;
+    e->moe.counts = lp_calloc(tot, sizeof *e->moe.counts);
+    if (!e->moe.counts) return LP_ERR_NOMEM;
   }
   return LP_OK;
 }
 
 lp_status ex_moe_bias_update(lp_exec *e) {
-  if (!e->moe_total) return LP_OK;
-  memset(e->moe_counts, 0, e->moe_total * sizeof *e->moe_counts);
+  if (!e->moe.total) return LP_OK;
+  memset(e->moe.counts, 0, e->moe.total * sizeof *e->moe.counts);
   int64_t *c = NULL;
   size_t cap = 0;
   lp_status st = LP_OK;
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
-    size_t off = e->moe_off[vs->stage];
+    size_t off = e->moe.off[vs->stage];
     int nm = lp_nn_moe_count(vs->chunk);
     for (int i = 0; i < nm; i++) {
       lp_nn_layer *m = lp_nn_moe_find(vs->chunk, i);
@@ -503,14 +506,14 @@ lp_status ex_moe_bias_update(lp_exec *e) {
         cap = E;
       }
       LP_CHECK_GOTO(lp_nn_moe_expert_load(m, c), st, done);
-      for (size_t x = 0; x < E; x++) e->moe_counts[off + x] += (double)c[x];
+      for (size_t x = 0; x < E; x++) e->moe.counts[off + x] += (double)c[x];
       off += E;
     }
   }
   {
     char what[96];
     snprintf(what, sizeof what, "rank %d: summing expert loads at the end of a step", e->rank);
-    st = lp_comm_allreduce_sum_double(e->world, e->moe_counts, e->moe_total, what);
+    st = lp_comm_allreduce_sum_double(e->world, e->moe.counts, e->moe.total, what);
     if (st != LP_OK) {
       ex_comm_fail(e, e->world, st, what);
       goto done;
@@ -518,12 +521,12 @@ lp_status ex_moe_bias_update(lp_exec *e) {
   }
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
-    size_t off = e->moe_off[vs->stage];
+    size_t off = e->moe.off[vs->stage];
     int nm = lp_nn_moe_count(vs->chunk);
     for (int i = 0; i < nm; i++) {
       lp_nn_layer *m = lp_nn_moe_find(vs->chunk, i);
       size_t E = (size_t)lp_nn_moe_get_opts(m)->experts;
-      for (size_t x = 0; x < E; x++) c[x] = (int64_t)(e->moe_counts[off + x] + 0.5);
+      for (size_t x = 0; x < E; x++) c[x] = (int64_t)(e->moe.counts[off + x] + 0.5);
       LP_CHECK_GOTO(lp_nn_moe_update_bias(m, c), st, done);
       lp_nn_moe_load_reset(m);
       off += E;
@@ -536,8 +539,8 @@ done:
 
 lp_status lp_exec_expert_loads(const lp_exec *e, int *layers, const int **experts,
                                const double **counts) {
-  *layers = e->moe_layers;
-  *experts = e->moe_experts;
-  *counts = e->moe_total ? e->moe_counts : NULL;
+  *layers = e->moe.layers;
+  *experts = e->moe.experts;
+  *counts = e->moe.total ? e->moe.counts : NULL;
   return LP_OK;
 }

@@ -10,7 +10,6 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 /* ---- compute halves ---- */
 
@@ -487,61 +486,17 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
       for (int k = 0; k < e->rlen[mb]; k++)
         if (e->route[mb][k] == v) e->kpos[li][mb] = k;
     }
-    if (ex_replicated(e, v)) {
-      size_t n = ex_grad_numel(vs->chunk);
-      vs->pack = lp_malloc((n ? n : 1) * sizeof(float));
-      vs->peer_pack = lp_calloc((size_t)e->V, sizeof(float *));
-      vs->red_req = lp_calloc((size_t)(2 * e->V), sizeof(lp_comm_req *));
-      if (!vs->pack || !vs->peer_pack || !vs->red_req) { st = LP_ERR_NOMEM; goto fail; }
-      for (int u = 0; u < e->V; u++) {
-        if (e->vstage[u] != vs->stage) continue;
-        if (u != v && e->vrank[u] == e->prank) continue; /* local copy: its own pack */
-        vs->peer_pack[u] = lp_malloc((n ? n : 1) * sizeof(float));
-        if (!vs->peer_pack[u]) { st = LP_ERR_NOMEM; goto fail; }
-      }
-    }
+    LP_CHECK_GOTO(ex_reduce_new(e, vs), st, fail);
   }
   LP_CHECK_GOTO(ex_moe_loads_new(e), st, fail);
   LP_CHECK_GOTO(ex_pcomm_new(e), st, fail);
   e->acts = lp_schedule_actions(e->s, e->prank, &e->nacts);
   e->compute_idx = lp_malloc((size_t)(e->nacts + 1) * sizeof(int));
   if (!e->compute_idx) { st = LP_ERR_NOMEM; goto fail; }
-  for (int i = 0; i < e->nacts; i++) {
+  for (int i = 0; i < e->nacts; i++)
     if (lp_action_is_compute(e->acts[i].type)) e->compute_idx[e->ncompute++] = i;
-    if (e->acts[i].type == LP_ACT_REDUCE_GRAD) e->has_reduce = 1;
-  }
   ex_reduce_plan(e);
-  e->act_s = lp_calloc((size_t)(2 * LP_EXEC_NKINDS * e->S), sizeof(double));
-  e->act_n = lp_calloc((size_t)(2 * LP_EXEC_NKINDS * e->S), sizeof(int64_t));
-  e->act_x = lp_calloc((size_t)(2 * EX_NX * LP_EXEC_NKINDS * e->S), sizeof(double));
-  if (!e->act_s || !e->act_n || !e->act_x) { st = LP_ERR_NOMEM; goto fail; }
-  LP_CHECK_GOTO(ex_hist_new(e), st, fail);
-  if (opts->trace) {
-    e->trace = lp_trace_new();
-    if (!e->trace) { st = LP_ERR_NOMEM; goto fail; }
-  }
-  /* the common trace clock: rank 0's start time. Ranks on rank 0's host
-   * share its monotonic clock and take the time itself; others take the
-   * moment the broadcast arrives (off by its latency). */
-  struct {
-    double t0;
-    char host[64];
-  } clk;
-  memset(&clk, 0, sizeof clk);
-  char host[64] = "";
-  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  if ((st = lp_comm_barrier(e->world, "lp_exec_new: aligning the trace clocks")) != LP_OK) {
-    lp_errf(e->err, "%s", lp_comm_last_error(e->world));
-    goto fail;
-  }
-  clk.t0 = lp_now();
-  memcpy(clk.host, host, sizeof clk.host);
-  if ((st = lp_comm_bcast(e->world, &clk, sizeof clk, 0, "lp_exec_new: the trace clock")) !=
-      LP_OK) {
-    lp_errf(e->err, "%s", lp_comm_last_error(e->world));
-    goto fail;
-  }
-  e->t0 = host[0] && strncmp(clk.host, host, sizeof host) == 0 ? clk.t0 : lp_now();
+  LP_CHECK_GOTO(ex_timing_new(e), st, fail);
   LP_CHECK_GOTO(ex_host_share_new(e), st, fail);
   *out = e;
   return LP_OK;
@@ -565,11 +520,7 @@ static void clear_slot(lp_exec *e, slot *sl) {
 void lp_exec_free(lp_exec *e) {
   if (!e) return;
   ex_halves_clear(e);
-  for (int i = 0; i < e->nps; i++) {
-    lp_comm_cancel(e->pcomm, &e->ps[i].req);
-    lp_tensor_free(e->ps[i].t);
-  }
-  lp_free(e->ps);
+  ex_sends_drop(e);
   if (e->vs) {
     for (int li = 0; li < e->nloc; li++) {
       vst *vs = &e->vs[li];
@@ -581,13 +532,7 @@ void lp_exec_free(lp_exec *e) {
       }
       lp_free(vs->slots);
       lp_free(vs->wq);
-      if (vs->red_req)
-        for (int u = 0; u < 2 * e->V; u++) lp_comm_cancel(e->comm, &vs->red_req[u]);
-      lp_free(vs->red_req);
-      if (vs->peer_pack)
-        for (int u = 0; u < e->V; u++) lp_free(vs->peer_pack[u]);
-      lp_free(vs->peer_pack);
-      lp_free(vs->pack);
+      ex_reduce_free(e, vs);
       lp_nn_optim_free(vs->optim);
       lp_nn_layer_release(vs->chunk);
     }
@@ -605,12 +550,8 @@ void lp_exec_free(lp_exec *e) {
   lp_free(e->ndim);
   lp_free(e->numel);
   lp_free(e->compute_idx);
-  lp_free(e->act_s);
-  lp_free(e->act_n);
-  lp_free(e->act_x);
-  ex_hist_free(e);
-  lp_trace_free(e->trace);
-  if (e->pcomm_own) lp_comm_free(e->pcomm);
+  ex_timing_free(e);
+  ex_msg_free(e);
   ex_grid_free(e);
   lp_schedule_free(e->s);
   lp_free(e);
@@ -679,19 +620,13 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
 
 static void reset_step(lp_exec *e) {
   ex_halves_clear(e);
-  e->red_started = 0;
-  for (int i = 0; i < e->nps; i++) {
-    lp_comm_cancel(e->pcomm, &e->ps[i].req);
-    lp_tensor_free(e->ps[i].t);
-  }
-  e->nps = 0;
+  ex_reduce_reset(e);
+  ex_sends_drop(e);
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     for (int mb = 0; mb < e->M; mb++) clear_slot(e, &vs->slots[mb]);
     vs->wq_head = vs->wq_len = 0;
-    if (vs->red_req)
-      for (int u = 0; u < 2 * e->V; u++) lp_comm_cancel(e->comm, &vs->red_req[u]);
-    vs->reduced = 0;
+    ex_reduce_drop(e, vs);
   }
 }
 
@@ -706,24 +641,11 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   e->step = step;
   e->pr.carry_v = -1; /* (a failed step may have left one) */
   e->loss_sum = 0;
-  e->busy = 0;
-  e->posted = 0;
-  e->t_wait = e->t_post = e->t_comp = e->t_optim = 0;
-  e->t_reduce = 0;
+  ex_msg_reset(e);
   ex_xchg_reset(e);
-  memset(e->act_s, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_s);
-  memset(e->act_n, 0, (size_t)LP_EXEC_NKINDS * e->S * sizeof *e->act_n);
-  memset(e->act_x, 0, (size_t)EX_NX * LP_EXEC_NKINDS * e->S * sizeof *e->act_x);
-  ex_hist_begin(e);
-  double start = lp_now();
-  e->live = e->pending_w = 0;
-  if (e->trace) {
-    lp_trace_marker mk = {e->rank, "", (start - e->t0) * 1e6};
-    snprintf(mk.name, sizeof mk.name, "step %lld", (long long)step);
-    lp_trace_add_marker(e->trace, &mk); /* a marker lost to NOMEM is only cosmetic */
-  }
+  double start = ex_time_step_begin(e);
   for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_zero_grad(e->vs[li].optim), st, fail);
-  e->t_optim += lp_now() - start;
+  ex_time_zero_grad(e, lp_now() - start);
   int L = e->o.recv_lookahead == 0 ? 4 : e->o.recv_lookahead;
   int ci = 0; /* compute actions before e->cur */
   for (e->cur = 0; e->cur < e->nacts; e->cur++) {
@@ -733,9 +655,9 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     double tp = lp_now();
     LP_CHECK_GOTO(ex_post_upto(e, limit), st, fail);
     int comp = lp_action_is_compute(a->type);
-    e->waited = 0;
+    ex_time_action_begin(e);
     double t0 = lp_now();
-    e->t_post += t0 - tp;
+    ex_time_post(e, t0 - tp);
     st = run_action(e, a);
     if (st != LP_OK) {
       if (!*e->err) {
@@ -749,36 +671,28 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     if (comp) {
       /* busy time excludes waits for receives; the slice starts after them
        * (an FB pair's second wait is folded into its start as well) */
-      double c = t1 - t0 - e->waited;
-      e->busy += c;
-      e->t_comp += c;
-      int k = ex_kind_of(a->type), ms = e->vstage[a->stage];
-      if (k >= 0 && ms >= 0 && ms < e->S) {
-        e->act_s[k * e->S + ms] += c;
-        e->act_n[k * e->S + ms]++;
-      }
-      ex_hist_action(e, e->cur, c);
+      ex_time_compute(e, e->cur, t1 - t0 - e->tm.waited);
       ci++;
       char name[LP_ACTION_TEXT_MAX];
       lp_action_format(a, name, sizeof name);
-      ex_trace_add(e, LP_TRACE_COMPUTE, name, cat_of(a), t0 + e->waited, t1, a->stage, a->mb,
+      ex_trace_add(e, LP_TRACE_COMPUTE, name, cat_of(a), t0 + e->tm.waited, t1, a->stage, a->mb,
                    e->cur, -1, -1);
     } else {
-      e->t_post += t1 - t0 - e->waited; /* SEND_*, RECV_* (posted ahead), REDUCE_GRAD */
+      ex_time_post(e, t1 - t0 - e->tm.waited); /* SEND_*, RECV_* (posted ahead), REDUCE_GRAD */
     }
-    /* only a backlog of sends is polled (see SEND_BACKLOG) */
-    if (e->nps >= SEND_BACKLOG) LP_CHECK_GOTO(ex_poll_sends(e), st, fail);
+    /* only a backlog of sends is polled (see SEND_BACKLOG in msg.c) */
+    LP_CHECK_GOTO(ex_poll_sends(e), st, fail);
     /* a replicated stage whose gradients are final: its sums fly now */
     LP_CHECK_GOTO(ex_reduce_early(e), st, fail);
-    e->t_post += lp_now() - t1; /* polling, trace recording */
+    ex_time_post(e, lp_now() - t1); /* polling, trace recording */
   }
   e->cur = e->nacts;
   LP_CHECK_GOTO(ex_carry_w(e, NULL), st, fail);
   double te = lp_now();
   /* replicated stages without REDUCE_GRAD actions: reduce now */
   for (int li = 0; li < e->nloc; li++)
-    if (ex_replicated(e, e->vs[li].id) && !e->vs[li].reduced) {
-      if (e->has_reduce) {
+    if (ex_replicated(e, e->vs[li].id) && !e->vs[li].rd.started) {
+      if (e->rd.has_actions) {
         lp_errf(e->err, "rank %d: virtual stage %d is a copy of model stage %d (replicated) but "
                 "has no REDUCE_GRAD action, while other stages have one: give every copy its "
                 "REDUCE_GRAD", e->rank, e->vs[li].id, e->vs[li].stage);
@@ -788,7 +702,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       LP_CHECK_GOTO(ex_reduce_start(e, li), st, fail);
     }
   double tr = lp_now();
-  e->t_post += tr - te;
+  ex_time_post(e, tr - te);
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     if (vs->wq_len) {
@@ -797,8 +711,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       goto fail;
     }
   }
-  double wait_before = e->t_wait, to, t_opt, t_step = 0;
-  if (e->ep > 1 || e->moe_layers > 0) {
+  double wait_before = e->tm.wait, to, t_opt, t_step = 0;
+  if (e->ep > 1 || e->moe.layers > 0) {
     /* sums over the EP group (and of expert replicas) take every stage's
      * reduced gradients at once */
     LP_CHECK_GOTO(ex_reduce_finish(e), st, fail);
@@ -815,10 +729,11 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
      * step needs only its own sums) */
     LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
     to = lp_now();
-    for (int k = -1; k < e->red_started; k++)
+    for (int k = -1; k < e->rd.nstarted; k++)
       for (int li = 0; li < e->nloc; li++) {
         vst *vs = &e->vs[li];
-        if ((k < 0 && vs->reduced) || (k >= 0 && (!vs->reduced || vs->red_seq != k))) continue;
+        if ((k < 0 && vs->rd.started) || (k >= 0 && (!vs->rd.started || vs->rd.seq != k)))
+          continue;
         LP_CHECK_GOTO(ex_reduce_finish_one(e, li), st, fail);
         double t = lp_now();
         LP_CHECK_GOTO(lp_nn_optim_step(vs->optim), st, fail);
@@ -826,14 +741,13 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       }
     t_opt = lp_now();
   }
-  e->red_started = 0;
-  e->t_reduce = (t_opt - tr) - t_step - (e->t_wait - wait_before); /* summing reduced grads */
-  e->t_comp += e->t_reduce;
+  ex_reduce_reset(e);
+  /* summing reduced grads */
+  ex_time_reduce(e, (t_opt - tr) - t_step - (e->tm.wait - wait_before));
   if (to - tr > 1e-6)
     ex_trace_add(e, LP_TRACE_RECV, "reduce grads / finish sends", "comm", tr, to, -1, -1, -1,
                  -1, -1);
-  e->busy += t_step;
-  e->t_optim += t_step;
+  ex_time_optim(e, t_step);
   ex_trace_add(e, LP_TRACE_COMPUTE, "optimizer", "optim", to, t_opt, -1, -1, -1, -1, -1);
   LP_CHECK_GOTO(ex_moe_bias_update(e), st, fail);
   double sum = e->loss_sum;
@@ -848,8 +762,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     }
   }
   if (loss) *loss = sum / (e->M * e->ep);
-  e->wall = t_opt - start;
-  ex_timing_commit(e);
+  ex_timing_commit(e, t_opt - start);
   return LP_OK;
 fail:
   if (!*e->err) lp_errf(e->err, "rank %d: step %lld failed: %s", e->rank, (long long)step, lp_strerror(st));

@@ -11,20 +11,43 @@
  *   placement.c  EPLB: expert weights and optimizer state moved between ranks
  *   checkpoint.c saving and loading each rank's stages
  *   reference.c  the one-process reference step (tests, --reference)
- *   device.c     which device a rank trains on (lp_exec_device; no state) */
+ *   device.c     which device a rank trains on (lp_exec_device; no state)
+ *
+ * Who writes what in struct lp_exec (its rooms; construction in lp_exec_new
+ * included, which calls each file's *_new): every other file reads a part
+ * directly or through its owner's functions, and writes it only through
+ * those functions.
+ *   pr    pairs.c (and exec.c's halves): the running halves, the carry
+ *   xc    ep.c: MoE exchanges in flight and the step's all-to-all accounting
+ *   moe   ep.c: the EP group's device contexts, the lp_nn_ep of MoE layers,
+ *         the step-end sum of expert loads (placement.c reads its layout)
+ *   tm    timing.c: the trace clock, the trace, the step's times and the
+ *         totals; others add through ex_time_* and, to the exchange
+ *         counters, through the slots ex_action_x / ex_half_x hand out
+ *   msg   msg.c: the context for activations and gradients, receives
+ *         posted ahead, sends in flight
+ *   rd    reduce.c, with vst.rd of every local vstage: gradient reduction
+ *   host  host.c: the ranks and cores of this host
+ *   fail  exec.c (ex_comm_fail): the first failed communication
+ *   the grid (world, comm, pp_own, ep_comm, ep_comm_b, rank, prank, ep,
+ *         ep_rank): ep.c's ex_grid_new / ex_ep_device_new, at construction
+ *   the plan (s, o, be, P, S, V, M, nloc, vs, loc, vrank, vstage, kpos,
+ *         route, rlen, shape, ndim, numel, acts, nacts, compute_idx,
+ *         ncompute): exec.c at construction, read-only after (kept flat:
+ *         every file reads it). Within vs[li]: chunk (exec.c), optim
+ *         (exec.c; placement.c rebuilds it for a new expert placement),
+ *         slots (exec.c's halves; msg.c's receive targets and requests),
+ *         wq (exec.c), rd (reduce.c)
+ *   step, cur, loss_sum: exec.c's action loop; err: the text of what a
+ *         function of any file returns
+ * checkpoint.c, reference.c and device.c use the public functions only
+ * (lp_exec.h), not this header. */
 #pragma once
 #define _POSIX_C_SOURCE 200809L
 #include "lp_exec.h"
 
 enum { K_F = 0, K_B = 1, K_RED = 2, K__N = 3 };
 
-/* pending sends kept before the step loop polls them (poll_sends); the
- * rest complete at the end of the step (wait_sends). Polling after every
- * action measured 3-18% of the char-LM step on 4 oversubscribed CPU ranks
- * (an unsuccessful MPI_Test yields the CPU there) and gained nothing: every
- * wait drives the comm library, and the receiver copies large messages
- * (single-copy shared memory). The limit only bounds the memory held. */
-enum { SEND_BACKLOG = 64 };
 /* the counters of one (kind, model stage) in act_x */
 enum { EX_X_N, EX_X_OUT, EX_X_IN, EX_X_MAX, EX_X_BLOCKED, EX_X_HALVES, EX_NX };
 
@@ -37,6 +60,18 @@ typedef struct slot {
   lp_tensor *fout, *bout; /* outputs waiting for SEND_F / SEND_B */
 } slot;
 
+/* reduce.c: the gradient reduction of one local vstage (buffers only when
+ * its model stage is replicated) */
+typedef struct vst_reduce {
+  float *pack;         /* this copy's grads, flat */
+  float **peer_pack;   /* [V]: received packs of remote copies */
+  lp_comm_req **req;   /* [2V]: sends then receives */
+  int started;         /* its reduction started this step */
+  int seq;             /* order its reduction started in this step */
+  int last_grad;       /* index of the last action writing its grads
+                        * (-1: none), for an early start (ex_reduce_early) */
+} vst_reduce;
+
 typedef struct vst {
   int id, stage;
   lp_nn_layer *chunk;
@@ -44,14 +79,7 @@ typedef struct vst {
   slot *slots; /* [M] */
   int *wq;     /* FIFO of micro-batches waiting for W */
   int wq_head, wq_len;
-  /* gradient reduction of a replicated stage */
-  float *pack;           /* this copy's grads, flat */
-  float **peer_pack;     /* [V]: received packs of remote copies */
-  lp_comm_req **red_req; /* [2V]: sends then receives */
-  int reduced;           /* reduction started this step */
-  int red_seq;           /* order its reduction started in this step */
-  int last_grad;         /* index of the last action writing its grads
-                          * (-1: none), for an early start (ex_reduce_early) */
+  vst_reduce rd; /* reduce.c */
 } vst;
 
 typedef struct pending_send {
@@ -88,7 +116,8 @@ typedef struct a2a {
 } a2a;
 
 /* The executor's rooms: each part of struct lp_exec below that one file
- * owns (writes); the others read it through that file's functions. */
+ * owns (writes); the others read it, directly or through that file's
+ * functions (see the top of this header). */
 
 /* pairs.c (and exec.c's halves): the running forward / backward half and
  * the weight-grad an overlapped pair's full backward left to the next */
@@ -106,10 +135,19 @@ typedef struct ex_xchg {
   int64_t n;
 } ex_xchg;
 
-/* host.c: the job's ranks on this host and the cores they may use */
-typedef struct ex_host {
-  int ranks, cores;
-} ex_host;
+/* ep.c: what MoE layers get of the EP group, and the step-end sum of
+ * expert loads (router biases, EPLB's records) */
+typedef struct ex_moe {
+  lp_comm *dcomm, *dcomm_b; /* device rows of MoE exchanges (chunks off the
+                             * host): contexts for e->be over ep_comm /
+                             * ep_comm_b (staged or NCCL; owned), else NULL */
+  lp_nn_ep nnep;            /* given to every chunk with MoE layers */
+  double *counts;  /* [total]: expert loads by stage, for the step-end sum */
+  size_t total;
+  size_t *off;     /* [S + 1]: offset of each model stage's counts */
+  int layers;      /* MoE layers of the whole model */
+  int *experts;    /* [layers]: experts of each */
+} ex_moe;
 
 /* timing.c: each compute action's time in the running step (cur) and in
  * the last LP_EXEC_HISTORY steps (ring: row = wall, after, nacts times;
@@ -119,6 +157,53 @@ typedef struct ex_hist {
   int head, len;
 } ex_hist;
 
+/* timing.c: the trace clock and the measured trace, and the always-on
+ * timing: this step's parts, the last step, the totals, and per (kind,
+ * model stage) action times [2][LP_EXEC_NKINDS][S] (0: this step, 1: since
+ * the reset). The other files add to it with ex_time_* and read it. */
+typedef struct ex_timing {
+  double t0;           /* the common trace clock: rank 0's start (lp_now()) */
+  lp_trace *trace;     /* NULL: tracing is off */
+  int live, pending_w; /* trace counters of this rank */
+  /* this step: waits for messages and collectives, posting and other
+   * work between actions, compute (summing reduced grads included),
+   * optimizer (zeroing grads included), summing reduced grads */
+  double wait, post, comp, optim, reduce;
+  double waited;       /* seconds the running action spent waiting for receives */
+  double wall, busy;   /* the last step: wall time, compute and optimizer
+                        * steps without waits */
+  lp_exec_timing last, total;
+  double *act_s;
+  int64_t *act_n;
+  /* per (kind, model stage), same layout x EX_NX (EX_X_*): MoE exchanges
+   * the F / B / I halves started (lone or in an FB pair), their bytes out
+   * / in / larger direction, the halves run; the time the actions sat
+   * blocked waiting for exchanges (an FB pair's under FB) */
+  double *act_x;
+  ex_hist hist; /* the kept steps' action times (lp_exec_step_times) */
+} ex_timing;
+
+/* msg.c: activations and gradients between pipeline ranks */
+typedef struct ex_msg {
+  lp_comm *pcomm; /* comm itself for host tensors, else the device-capable
+                   * context of lp_comm_for_backend (NCCL or MPI-staged) */
+  int pcomm_own;  /* pcomm was made here (freed with the executor) */
+  int posted;     /* RECV actions with index < posted are posted */
+  pending_send *ps; /* [nps] sends in flight, oldest first (room for cps) */
+  int nps, cps;
+} ex_msg;
+
+/* reduce.c (with vst.rd): the step's gradient reductions */
+typedef struct ex_reduce {
+  int has_actions; /* the schedule has REDUCE_GRAD actions */
+  int nstarted;    /* reductions started this step (vst_reduce.seq) */
+} ex_reduce;
+
+/* host.c: the job's ranks on this host and the cores they may use */
+typedef struct ex_host {
+  int ranks, cores;
+} ex_host;
+
 /* exec.c (ex_comm_fail): a failed communication (0: none) and its text */
 typedef struct ex_fail {
   lp_status st;
@@ -126,37 +211,23 @@ typedef struct ex_fail {
 } ex_fail;
 
 struct lp_exec {
-  lp_schedule *s;
+  /* the grid: ep.c (ex_grid_new, ex_ep_device_new), at construction */
   lp_comm *comm;  /* the pipeline group: ranks of one EP index (the job's
                    * comm when ep = 1) */
   lp_comm *world; /* the job's comm: pp x ep ranks */
   lp_comm *pp_own, *ep_comm; /* owned split contexts when ep > 1 */
-  lp_comm *ep_dcomm, *ep_dcomm_b; /* device rows of MoE exchanges (chunks off
-                                   * the host): contexts for e->be over
-                                   * ep_comm / ep_comm_b (staged or NCCL;
-                                   * owned), else NULL */
   lp_comm *ep_comm_b; /* the EP group again, for backward halves' exchanges
                        * (when its backend lets ranks start operations on
                        * two contexts in any order), else NULL: then every
                        * exchange goes over ep_comm in one order */
-  ex_pairs pr;         /* pairs.c */
-  ex_xchg xc;          /* ep.c */
-  const lp_tensor_backend *be; /* where every chunk runs (opts.backend or the CPU) */
-  lp_comm *pcomm; /* activations and gradients between pipeline ranks: comm
-                   * itself for host tensors, else the device-capable
-                   * context of lp_comm_for_backend (NCCL or MPI-staged) */
-  int pcomm_own;  /* pcomm was made here (freed with the executor) */
-  lp_exec_opts o;
   int rank;      /* in world: messages and traces name it */
   int prank;     /* in the pipeline group: the schedule's rank */
   int ep, ep_rank; /* EP group size (1: none) and this rank's index in it */
-  lp_nn_ep nnep;
-  double *moe_counts; /* [moe_total]: expert loads by stage, for the step-end sum */
-  size_t moe_total;
-  size_t *moe_off;    /* [S + 1]: offset of each model stage's counts */
-  int moe_layers;     /* MoE layers of the whole model */
-  int *moe_experts;   /* [moe_layers]: experts of each */
-  double t_reduce; /* step end: summing gradients, waits excluded */
+
+  /* the plan: exec.c, at construction; read-only after */
+  lp_schedule *s;
+  lp_exec_opts o;
+  const lp_tensor_backend *be; /* where every chunk runs (opts.backend or the CPU) */
   int P, S, V, M;
   int nloc;
   vst *vs;      /* [nloc] */
@@ -173,35 +244,23 @@ struct lp_exec {
   int nacts;
   int *compute_idx; /* indices of compute actions */
   int ncompute;
-  int has_reduce;
-  int red_started; /* reductions started this step (vst.red_seq) */
-  int posted; /* RECV actions with index < posted are posted */
-  pending_send *ps;
-  int nps, cps;
+
+  /* the rooms */
+  ex_pairs pr;  /* pairs.c */
+  ex_xchg xc;   /* ep.c */
+  ex_moe moe;   /* ep.c */
+  ex_timing tm; /* timing.c */
+  ex_msg msg;   /* msg.c */
+  ex_reduce rd; /* reduce.c */
+  ex_host host; /* host.c */
+  ex_fail fail; /* exec.c: a communication failed (LP_ERR_TIMEOUT / _COMM): a
+                 * started operation may still be in flight, so the executor
+                 * refuses further steps */
+
+  /* exec.c's action loop */
   int64_t step;
   int cur; /* index of the action running */
   double loss_sum;
-  double t0, wall, busy;
-  double waited; /* seconds the running action spent waiting for receives */
-  lp_trace *trace;
-  int live, pending_w; /* trace counters of this rank */
-  /* always-on timing: this step's parts, the last step, the totals, and
-   * per (kind, model stage) action times [2][LP_EXEC_NKINDS][S] (0: this
-   * step, 1: since the reset) */
-  double t_wait, t_post, t_comp, t_optim;
-  lp_exec_timing tlast, ttotal;
-  double *act_s;
-  int64_t *act_n;
-  /* per (kind, model stage), same layout x EX_NX (EX_X_*): MoE exchanges
-   * the F / B / I halves started (lone or in an FB pair), their bytes out
-   * / in / larger direction, the halves run; the time the actions sat
-   * blocked waiting for exchanges (an FB pair's under FB) */
-  double *act_x;
-  ex_fail fail; /* a communication failed (LP_ERR_TIMEOUT / _COMM): a started
-                 * operation may still be in flight, so the executor refuses
-                 * further steps */
-  ex_host host; /* host.c */
-  ex_hist hist; /* timing.c */
   char err[LP_ERRLEN];
 };
 
@@ -248,13 +307,23 @@ const char *ex_act_text(const lp_exec *e, int i, char *buf, size_t n);
  * failure (a timeout included) is returned with its text (ex_comm_fail). */
 lp_status ex_wait(lp_exec *e, lp_comm_req **req, const char *what);
 lp_status ex_wait_on(lp_exec *e, lp_comm *c, lp_comm_req **req, const char *what);
-/* Makes e->pcomm for tensors on e->be (collective over e->comm). */
+/* Makes e->msg.pcomm for tensors on e->be (collective over e->comm). */
 lp_status ex_pcomm_new(lp_exec *e);
+/* A new step: no receive of it is posted yet. */
+void ex_msg_reset(lp_exec *e);
+/* Cancels the sends in flight and drops what they kept alive (a failed
+ * step, the executor's end). */
+void ex_sends_drop(lp_exec *e);
+/* Frees msg.c's part (after ex_sends_drop and every slot's receives). */
+void ex_msg_free(lp_exec *e);
 /* Drops a pending receive of a slot (cancel, free its target). */
 void ex_recv_drop(lp_exec *e, lp_comm_req **req, lp_tensor **buf);
 /* The input of a first stage (data source) on e->be; replaces *t. */
 lp_status ex_to_backend(lp_exec *e, lp_tensor **t);
+/* Past a backlog of sends (SEND_BACKLOG), drops the finished ones; nothing
+ * below it. */
 lp_status ex_poll_sends(lp_exec *e);
+/* Step end: waits for every send in flight. */
 lp_status ex_wait_sends(lp_exec *e);
 /* Posts every RECV action before index `limit`. */
 lp_status ex_post_upto(lp_exec *e, int limit);
@@ -273,14 +342,26 @@ void ex_halves_clear(lp_exec *e);
 size_t ex_grad_numel(const lp_nn_layer *l);
 /* 1 when model stage of vstage v has another copy. */
 int ex_replicated(const lp_exec *e, int v);
+/* Buffers of local vstage vs's reduction when its model stage is
+ * replicated (after its chunk is built); nothing otherwise. */
+lp_status ex_reduce_new(lp_exec *e, vst *vs);
+/* The buffers follow vs's parameter list's size (a new expert placement). */
+lp_status ex_reduce_resize(lp_exec *e, vst *vs);
+/* Cancels vs's reduction messages and frees its buffers. */
+void ex_reduce_free(lp_exec *e, vst *vs);
+/* A failed step: vs's reduction messages cancelled, none started. */
+void ex_reduce_drop(lp_exec *e, vst *vs);
+/* The step's reductions are over: the next step numbers its own from 0. */
+void ex_reduce_reset(lp_exec *e);
 lp_status ex_reduce_start(lp_exec *e, int li);
 lp_status ex_reduce_wait(lp_exec *e, int li);
 lp_status ex_reduce_finish(lp_exec *e);
 /* The same for local vstage li alone (nothing when its reduction did not
  * start). */
 lp_status ex_reduce_finish_one(lp_exec *e, int li);
-/* Finds each local vstage's last action that writes its grads (B, W, an
- * FB pair's full backward), or this rank's last send when that is later. */
+/* Whether the schedule has REDUCE_GRAD actions, and each local vstage's
+ * last action that writes its grads (B, W, an FB pair's full backward), or
+ * this rank's last send when that is later. */
 void ex_reduce_plan(lp_exec *e);
 /* Without REDUCE_GRAD actions: starts the reduction of every replicated
  * local stage whose last grad-writing action (index <= e->cur) is done
@@ -333,6 +414,29 @@ lp_status ex_host_share_new(lp_exec *e);
 void ex_keep_memory(void);
 
 /* ---- timing.c ---- */
+/* The action-time tables, the trace (opts.trace) and the common trace
+ * clock (collective over e->world). */
+lp_status ex_timing_new(lp_exec *e);
+void ex_timing_free(lp_exec *e);
+/* A new step's timing (the step's marker in the trace); returns its start
+ * (lp_now()). */
+double ex_time_step_begin(lp_exec *e);
+/* The parts of a step, in seconds: a wait for a message or a collective;
+ * posting and other work between actions; compute action i of this
+ * rank's list (busy time, this step's time of its kind and model stage,
+ * its own time in the kept steps); the step end's summing of reduced
+ * grads (compute); zeroing grads (optimizer time); optimizer steps (busy
+ * optimizer time). */
+void ex_time_wait(lp_exec *e, double s);
+void ex_time_post(lp_exec *e, double s);
+void ex_time_compute(lp_exec *e, int i, double s);
+void ex_time_reduce(lp_exec *e, double s);
+void ex_time_zero_grad(lp_exec *e, double s);
+void ex_time_optim(lp_exec *e, double s);
+/* The running action's waits for receives (tm.waited): from 0 at its
+ * start (ex_time_action_begin), each adds s. */
+void ex_time_action_begin(lp_exec *e);
+void ex_time_recv_wait(lp_exec *e, double s);
 /* The exchange counters (EX_X_*) of the running compute action's kind and
  * model stage (an FB pair's on its F half's stage), NULL outside one; of
  * half `which` (its kind and model stage), NULL when none runs. */
@@ -348,12 +452,6 @@ int ex_trace_add(lp_exec *e, int kind, const char *name, const char *cat, double
 void ex_trace_memory(lp_exec *e, double at, int dlive, int dpw);
 /* LP_EXEC_K_* of an action type, -1 for a non-compute one. */
 int ex_kind_of(int type);
-/* The finished step's timing becomes the last step's and joins the totals
- * (and its action times a kept step). */
-void ex_timing_commit(lp_exec *e);
-/* The step history (e->hist) for e->nacts actions; freed with it. */
-lp_status ex_hist_new(lp_exec *e);
-void ex_hist_free(lp_exec *e);
-/* A new step's action times (all 0) / compute action i took c seconds. */
-void ex_hist_begin(lp_exec *e);
-void ex_hist_action(lp_exec *e, int i, double c);
+/* The finished step (wall seconds) becomes the last step and joins the
+ * totals (and its action times a kept step). */
+void ex_timing_commit(lp_exec *e, double wall);

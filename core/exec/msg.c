@@ -2,18 +2,28 @@
  * need, asynchronous sends polled past a backlog, waits under the watchdog.
  * Activations and gradients stay on the model's backend: receives land in
  * tensors made there and sends read the chunk's output in place, over
- * e->pcomm (the pipeline comm for host tensors; for device tensors NCCL or
- * MPI staged through pinned host memory, see lp_comm_gpu.h).
+ * e->msg.pcomm (the pipeline comm for host tensors; for device tensors NCCL
+ * or MPI staged through pinned host memory, see lp_comm_gpu.h).
  * A receive is posted at its RECV action or up to recv_lookahead compute
  * actions earlier, never later, and waited for only by the F, B or I that
  * consumes it (ex_finish_recv); a SEND never waits: the non-blocking model
- * lp_schedule_validate proves deadlock-free (LP_SENDS_NONBLOCKING). */
+ * lp_schedule_validate proves deadlock-free (LP_SENDS_NONBLOCKING).
+ * It owns e->msg (ex_msg): that context, the receives posted ahead, the
+ * sends in flight; the waits' time goes to timing.c (ex_time_wait). */
 #include "exec_internal.h"
 
 #include "lp_comm_gpu.h"
 
 #include <stdio.h>
 #include <string.h>
+
+/* pending sends kept before a poll after an action looks at them
+ * (ex_poll_sends); the rest complete at the end of the step (wait_sends). Polling after every
+ * action measured 3-18% of the char-LM step on 4 oversubscribed CPU ranks
+ * (an unsuccessful MPI_Test yields the CPU there) and gained nothing: every
+ * wait drives the comm library, and the receiver copies large messages
+ * (single-copy shared memory). The limit only bounds the memory held. */
+enum { SEND_BACKLOG = 64 };
 
 /* ---- small helpers ---- */
 
@@ -33,7 +43,7 @@ const char *ex_act_text(const lp_exec *e, int i, char *buf, size_t n) {
 /* Records the slice of a finished send: from its isend to `end` (when this
  * rank saw it complete), and releases what it kept alive. */
 static void send_done(lp_exec *e, pending_send *p, double end) {
-  if (e->trace) {
+  if (e->tm.trace) {
     char name[LP_TRACE_NAME_MAX];
     snprintf(name, sizeof name, "send %d%s%d", p->v, p->fwd ? "F" : "B", p->mb);
     ex_trace_add(e, LP_TRACE_SEND, name, "comm", p->posted, end, p->v, p->mb, p->index,
@@ -47,7 +57,7 @@ static void send_done(lp_exec *e, pending_send *p, double end) {
 lp_status ex_wait_on(lp_exec *e, lp_comm *c, lp_comm_req **req, const char *what) {
   double tw = lp_now();
   lp_status st = lp_comm_wait(c, req, what);
-  e->t_wait += lp_now() - tw;
+  ex_time_wait(e, lp_now() - tw);
   return st == LP_OK ? LP_OK : ex_comm_fail(e, c, st, what);
 }
 
@@ -57,22 +67,41 @@ lp_status ex_wait(lp_exec *e, lp_comm_req **req, const char *what) {
 
 lp_status ex_pcomm_new(lp_exec *e) {
   if (lp_comm_size(e->comm) == 1) { /* no messages between pipeline ranks */
-    e->pcomm = e->comm;
-    e->pcomm_own = 0;
+    e->msg.pcomm = e->comm;
+    e->msg.pcomm_own = 0;
     return LP_OK;
   }
-  lp_status st = lp_comm_for_backend(e->comm, e->be, &e->pcomm, &e->pcomm_own);
+  lp_status st = lp_comm_for_backend(e->comm, e->be, &e->msg.pcomm, &e->msg.pcomm_own);
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d: a communicator for tensors on %s: %s", e->rank, e->be->name,
             lp_comm_last_error(e->comm));
-    e->pcomm = NULL;
-    e->pcomm_own = 0;
+    e->msg.pcomm = NULL;
+    e->msg.pcomm_own = 0;
   }
   return st;
 }
 
+void ex_msg_reset(lp_exec *e) { e->msg.posted = 0; }
+
+void ex_sends_drop(lp_exec *e) {
+  for (int i = 0; i < e->msg.nps; i++) {
+    lp_comm_cancel(e->msg.pcomm, &e->msg.ps[i].req);
+    lp_tensor_free(e->msg.ps[i].t);
+  }
+  e->msg.nps = 0;
+}
+
+void ex_msg_free(lp_exec *e) {
+  lp_free(e->msg.ps);
+  e->msg.ps = NULL;
+  e->msg.cps = 0;
+  if (e->msg.pcomm_own) lp_comm_free(e->msg.pcomm);
+  e->msg.pcomm = NULL;
+  e->msg.pcomm_own = 0;
+}
+
 void ex_recv_drop(lp_exec *e, lp_comm_req **req, lp_tensor **buf) {
-  if (*req) lp_comm_cancel(e->pcomm, req);
+  if (*req) lp_comm_cancel(e->msg.pcomm, req);
   lp_tensor_free(*buf);
   *buf = NULL;
 }
@@ -93,55 +122,56 @@ lp_status ex_to_backend(lp_exec *e, lp_tensor **t) {
   return LP_OK;
 }
 
-/* Drops finished sends (non-blocking), oldest first, stopping at the first
- * one still in flight: one test that finds nothing done costs a progress
- * call of the comm library (and, under MPI with more ranks than cores, a
- * yield of the CPU), so a poll makes at most one such call; the rest
- * complete at later polls or at the end of the step. */
+/* Past the backlog, drops finished sends (non-blocking), oldest first,
+ * stopping at the first one still in flight: one test that finds nothing
+ * done costs a progress call of the comm library (and, under MPI with more
+ * ranks than cores, a yield of the CPU), so a poll makes at most one such
+ * call; the rest complete at later polls or at the end of the step. */
 lp_status ex_poll_sends(lp_exec *e) {
+  if (e->msg.nps < SEND_BACKLOG) return LP_OK;
   int i = 0;
-  for (; i < e->nps; i++) {
-    pending_send *p = &e->ps[i];
+  for (; i < e->msg.nps; i++) {
+    pending_send *p = &e->msg.ps[i];
     int done = 0;
-    lp_status st = lp_comm_test(e->pcomm, &p->req, &done);
+    lp_status st = lp_comm_test(e->msg.pcomm, &p->req, &done);
     if (st != LP_OK) {
       lp_errf(e->err, "rank %d: a send failed: %s", e->rank,
-              lp_comm_last_error(e->pcomm));
+              lp_comm_last_error(e->msg.pcomm));
       return st;
     }
     if (!done) break;
     send_done(e, p, lp_now());
   }
   if (i > 0) {
-    memmove(e->ps, e->ps + i, (size_t)(e->nps - i) * sizeof *e->ps);
-    e->nps -= i;
+    memmove(e->msg.ps, e->msg.ps + i, (size_t)(e->msg.nps - i) * sizeof *e->msg.ps);
+    e->msg.nps -= i;
   }
   return LP_OK;
 }
 
 static lp_status push_send(lp_exec *e, const pending_send *ps) {
-  if (e->nps == e->cps) {
-    int nc = e->cps ? 2 * e->cps : 16;
-    pending_send *np = lp_realloc(e->ps, (size_t)nc * sizeof *np);
+  if (e->msg.nps == e->msg.cps) {
+    int nc = e->msg.cps ? 2 * e->msg.cps : 16;
+    pending_send *np = lp_realloc(e->msg.ps, (size_t)nc * sizeof *np);
     if (!np) return LP_ERR_NOMEM;
-    e->ps = np;
-    e->cps = nc;
+    e->msg.ps = np;
+    e->msg.cps = nc;
   }
-  e->ps[e->nps++] = *ps;
+  e->msg.ps[e->msg.nps++] = *ps;
   return LP_OK;
 }
 
 lp_status ex_wait_sends(lp_exec *e) {
-  for (int i = 0; i < e->nps; i++) {
-    pending_send *p = &e->ps[i];
+  for (int i = 0; i < e->msg.nps; i++) {
+    pending_send *p = &e->msg.ps[i];
     char what[160];
     snprintf(what, sizeof what,
              "rank %d at the end of step %lld waits for its sends to complete",
              e->rank, (long long)e->step);
-    LP_CHECK(ex_wait_on(e, e->pcomm, &p->req, what));
+    LP_CHECK(ex_wait_on(e, e->msg.pcomm, &p->req, what));
     send_done(e, p, lp_now());
   }
-  e->nps = 0;
+  e->msg.nps = 0;
   return LP_OK;
 }
 
@@ -166,11 +196,11 @@ static lp_status post_recv(lp_exec *e, const lp_action *a) {
   }
   /* the message lands in a tensor of the model's backend (no copy after) */
   LP_CHECK(lp_tensor_empty(e->be, e->ndim[st_in], e->shape[st_in], buf));
-  lp_status st = lp_comm_irecv(e->pcomm, (*buf)->data, n, e->vrank[peer_v],
+  lp_status st = lp_comm_irecv(e->msg.pcomm, (*buf)->data, n, e->vrank[peer_v],
                                ex_tag(e, fwd ? K_F : K_B, v, mb), req);
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d: posting a receive: %s", e->rank,
-            lp_comm_last_error(e->pcomm));
+            lp_comm_last_error(e->msg.pcomm));
     lp_tensor_free(*buf);
     *buf = NULL;
   }
@@ -180,8 +210,8 @@ static lp_status post_recv(lp_exec *e, const lp_action *a) {
 /* Posts every RECV action before index `limit`. */
 lp_status ex_post_upto(lp_exec *e, int limit) {
   if (limit > e->nacts) limit = e->nacts;
-  for (; e->posted < limit; e->posted++) {
-    const lp_action *a = &e->acts[e->posted];
+  for (; e->msg.posted < limit; e->msg.posted++) {
+    const lp_action *a = &e->acts[e->msg.posted];
     if (a->type == LP_ACT_RECV_F || a->type == LP_ACT_RECV_B)
       LP_CHECK(post_recv(e, a));
   }
@@ -207,9 +237,9 @@ lp_status ex_finish_recv(lp_exec *e, int fwd, int v, int mb, int stin,
            e->rank, e->cur, ex_act_text(e, e->cur, t, sizeof t),
            fwd ? "RECV_F (activation)" : "RECV_B (gradient)", mb, peer);
   double t0 = lp_now();
-  LP_CHECK(ex_wait_on(e, e->pcomm, req, what));
+  LP_CHECK(ex_wait_on(e, e->msg.pcomm, req, what));
   double t1 = lp_now();
-  e->waited += t1 - t0;
+  ex_time_recv_wait(e, t1 - t0);
   char name[LP_TRACE_NAME_MAX];
   snprintf(name, sizeof name, "recv %d%s%d", v, fwd ? "F" : "B", mb);
   ex_trace_add(e, LP_TRACE_RECV, name, "comm", t0, t1, v, mb, e->cur, peer,
@@ -240,18 +270,18 @@ lp_status ex_send(lp_exec *e, const lp_action *a) {
     lp_tensor_free(*t);
     *t = d;
   }
-  lp_status st = lp_comm_isend(e->pcomm, (*t)->data, (size_t)lp_tensor_numel(*t),
+  lp_status st = lp_comm_isend(e->msg.pcomm, (*t)->data, (size_t)lp_tensor_numel(*t),
                                e->vrank[u], ex_tag(e, fwd ? K_F : K_B, u, mb), &req);
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d, action %d (%s): %s", e->rank, e->cur,
-            ex_act_text(e, e->cur, tx, sizeof tx), lp_comm_last_error(e->pcomm));
+            ex_act_text(e, e->cur, tx, sizeof tx), lp_comm_last_error(e->msg.pcomm));
     return st;
   }
   pending_send ps = {req, *t, lp_now(), v, mb, fwd, e->cur, ex_world(e, e->vrank[u]),
                      ex_tag(e, fwd ? K_F : K_B, u, mb)};
   st = push_send(e, &ps);
   if (st != LP_OK) {
-    lp_comm_cancel(e->pcomm, &req);
+    lp_comm_cancel(e->msg.pcomm, &req);
     return st;
   }
   *t = NULL;

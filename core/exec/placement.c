@@ -20,9 +20,9 @@ typedef struct expert_pack {
  * layers); -1 when out of range. */
 static int layer_stage(const lp_exec *e, int layer, int *idx) {
   for (int s = 0, l = 0; s < e->S; s++) {
-    size_t n = e->moe_off[s + 1] - e->moe_off[s];
+    size_t n = e->moe.off[s + 1] - e->moe.off[s];
     if (!n) continue;
-    int per = (int)(n / (size_t)e->moe_experts[l]);
+    int per = (int)(n / (size_t)e->moe.experts[l]);
     if (layer < l + per) {
       *idx = layer - l;
       return s;
@@ -37,22 +37,6 @@ static size_t pack_numel(const lp_nn_param *sp, int k) {
   size_t q = 0;
   for (int j = 0; j < 3; j++) q += (size_t)lp_tensor_numel(sp[j].value);
   return q * (size_t)(1 + k);
-}
-
-/* A replicated stage's grad buffers follow its parameter list's size. */
-static lp_status resize_packs(lp_exec *e, vst *vs) {
-  if (!vs->pack) return LP_OK;
-  size_t n = ex_grad_numel(vs->chunk);
-  float *np_ = lp_realloc(vs->pack, (n ? n : 1) * sizeof(float));
-  if (!np_) return LP_ERR_NOMEM;
-  vs->pack = np_;
-  for (int u = 0; u < e->V; u++) {
-    if (!vs->peer_pack[u]) continue;
-    float *pp = lp_realloc(vs->peer_pack[u], (n ? n : 1) * sizeof(float));
-    if (!pp) return LP_ERR_NOMEM;
-    vs->peer_pack[u] = pp;
-  }
-  return LP_OK;
 }
 
 /* Moves one MoE layer m of vstage vs to (spr, p2l). */
@@ -279,7 +263,7 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
   }
   lp_nn_optim_free(old);
   vs->optim = no;
-  st = resize_packs(e, vs);
+  st = ex_reduce_resize(e, vs);
 cleanup:
   for (size_t i = 0; dnames && i < onp; i++) lp_free(dnames[i]);
   lp_free(dnames);
@@ -304,13 +288,13 @@ done:
 lp_status lp_exec_set_placement(lp_exec *e, int layer, int slots_per_rank,
                                 const int *phys_to_log, int64_t *bytes_moved) {
   e->err[0] = '\0';
-  int idx = 0, s = layer >= 0 && layer < e->moe_layers ? layer_stage(e, layer, &idx) : -1;
+  int idx = 0, s = layer >= 0 && layer < e->moe.layers ? layer_stage(e, layer, &idx) : -1;
   if (s < 0 || slots_per_rank < 1) {
     lp_errf(e->err, "set_placement: no MoE layer %d (the model has %d) or bad slots per rank %d",
-            layer, e->moe_layers, slots_per_rank);
+            layer, e->moe.layers, slots_per_rank);
     return LP_ERR_ARG;
   }
-  int E = e->moe_experts[layer];
+  int E = e->moe.experts[layer];
   for (int i = 0; i < slots_per_rank * e->ep; i++)
     if (phys_to_log[i] < 0 || phys_to_log[i] >= E) {
       lp_errf(e->err, "set_placement: slot %d of MoE layer %d names expert %d (the layer has %d)",
@@ -358,7 +342,7 @@ lp_status lp_exec_restore_placement(lp_exec *e, int i, int moe, int slots_per_ra
   if (st == LP_OK) {
     lp_nn_optim_free(vs->optim);
     vs->optim = no;
-    st = resize_packs(e, vs);
+    st = ex_reduce_resize(e, vs);
   }
   if (st != LP_OK)
     lp_errf(e->err, "rank %d: rebuilding the optimizer of model stage %d for a restored expert "
