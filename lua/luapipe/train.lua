@@ -107,6 +107,7 @@ local comm = require("luapipe.comm")
 local schedule = require("luapipe.schedule")
 local checkpoint = require("luapipe.checkpoint")
 local util = require("luapipe.util")
+local nn = require("luapipe.nn")
 
 local M = {}
 
@@ -444,9 +445,31 @@ local function configure(opts)
     in_shape = { table.unpack(in_shape) }
     in_shape[1] = in_shape[1] // ep
   end
-  local ok, part = pcall(model.partition, model, { stages = info.stages, by = opts.partition or "layers",
-    input_shape = in_shape, seed = seed })
+  local by = opts.partition or "cost"
+  if by ~= "cost" and by ~= "layers" then
+    fail("luapipe.train: 'partition' must be \"cost\" or \"layers\", got " .. util.shown(by))
+  end
+  -- resume: the partition the checkpoint was written with, whatever this
+  -- run would measure (its rank files hold those stages' layers)
+  local recorded = ckpt and ckpt.resume and checkpoint.recorded_partition(ckpt, info.stages, model:nlayers())
+  local popts = { stages = info.stages, by = by, input_shape = in_shape, seed = seed }
+  if recorded then popts.by, popts.bounds = recorded.by, recorded.bounds end
+  local ok, part = pcall(model.partition, model, popts)
   if not ok then fail("luapipe.train: " .. tostring(part):gsub("^[^:]*:%d+: ", "")) end
+  if recorded then
+    part.recorded = recorded.file
+    if opts.partition and opts.partition ~= recorded.by and comm.rank() == 0 and not opts.quiet then
+      io.stderr:write(string.format("luapipe.train: note: resuming with the partition %s records"
+        .. " (by %s: layers %s), not partition = %q\n", recorded.file, recorded.by,
+        nn.bounds_text(part.bounds), opts.partition))
+      io.stderr:flush()
+    end
+  elseif ckpt and ckpt.resume then
+    ckpt.load_hint = string.format(" (the checkpoint records no partition, as an older luapipe wrote it,"
+      .. " and this run split the model by %s as layers %s: if it was written with another split,"
+      .. " resume with that partition, e.g. partition = \"layers\", the old default)", by,
+      nn.bounds_text(part.bounds))
+  end
   local ok2, act_shapes = pcall(model.stage_input_shapes, model, part, in_shape)
   if not ok2 then fail("luapipe.train: " .. tostring(act_shapes)) end
   if opts.link then
@@ -521,6 +544,16 @@ function M.run(opts)
         or string.format("no steps left to run (steps = %d)", steps)))
     io.flush()
   end
+  if ckpt and ckpt.state and type(ckpt.state.partition) == "table" then
+    -- the checkpoint loaded is the one whose partition configure used
+    local rec = ckpt.state.partition
+    local b = nn.check_bounds(rec.bounds, part.stages, model:nlayers())
+    if not b or nn.bounds_text(b) ~= nn.bounds_text(part.bounds) then
+      checkpoint.fail_all(string.format("luapipe.train: checkpoint %s does not match this run: the"
+        .. " model was split as layers %s in the checkpoint, %s in this run", ckpt.state_file,
+        b and nn.bounds_text(b) or "(unreadable)", nn.bounds_text(part.bounds)))
+    end
+  end
   local balance = eplb_loop(exec, opts.eplb, ep)
   if ckpt and ckpt.state and ckpt.state.eplb then
     local rok, rerr = pcall(balance.restore, ckpt.state.eplb, ckpt.state_file)
@@ -556,7 +589,9 @@ function M.run(opts)
       fail(tostring(eerr))
     end
     if ckpt then
-      local saved = checkpoint.after_step(ckpt, exec, k, info, function() return { eplb = balance.state() } end)
+      local saved = checkpoint.after_step(ckpt, exec, k, info, function()
+        return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()) }
+      end)
       if saved and rank == 0 and not quiet then
         io.write(string.format("checkpoint after step %d written to %s\n", k, saved))
         io.flush()
