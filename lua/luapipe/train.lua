@@ -17,8 +17,11 @@
 --     checkpoint = { dir = "ckpt", every = 100 },  -- optional: save every 100 steps
 --     resume = true,                 -- optional: continue from ckpt's latest checkpoint
 --     device = "cuda",               -- optional: "cpu" (default), "cuda" (this rank's GPU), "cuda:N"
+--     partition = "layers",          -- optional: equal layer counts per model stage; the
+--                                    -- default "cost" balances measured layer costs
 --   }
 --   r.losses[k]       -- loss of step k (the same on every rank)
+--   r.partition       -- {by =, bounds = {{first =, last =}, ...}, costs =, seconds =}
 --   r.stage_params()  -- {{id =, stage =, params = {[name] = {values}}}, ...} of this rank
 --   r.summary         -- measured vs simulated, the same on every rank (luapipe.perf):
 --                     -- step_ms, predicted_ms, ratio, bubble_pct, sim_bubble_pct,
@@ -38,6 +41,17 @@
 -- never stopped. A missing, truncated or corrupt file, or one written for
 -- another schedule, rank count, model or optimizer, fails on every rank
 -- with a message naming the file and what differs. All ranks must see dir.
+-- Partition: by "cost" (the default) every rank measures each layer's
+-- forward + backward time on its micro-batch shape (model:partition: one
+-- layer built at a time, the best of 3 runs, averaged over the ranks and
+-- rank 0's figures used by all), then the model is split into contiguous
+-- model stages minimising the costliest; "layers" gives equal layer
+-- counts. <dir>/step<k>/state.json records the partition, and a resume
+-- uses the recorded one (rank 0 reads it, every rank gets it) instead of
+-- measuring: the rank files hold those stages. A checkpoint with no record
+-- (an older luapipe's) is loaded with this run's split; a mismatch then
+-- fails naming the parameters, with a hint to pass the partition it was
+-- written with.
 -- With MoE layers each rank's file also holds every MoE layer's router
 -- bias and expert placement (restored before the parameters are read), and
 -- <dir>/step<k>/state.json holds the EPLB loop's state (placements, the
@@ -512,7 +526,7 @@ local function configure_all(opts)
 end
 
 -- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
---   microbatches=, pp=, chunks=, partition = "layers" | "cost", trace=,
+--   microbatches=, pp=, chunks=, partition = "cost" | "layers", trace=,
 --   quiet=, lookahead=, overlapped_fb=, checkpoint = {dir=, every=}, resume=} -> result
 function M.run(opts)
   local c = configure_all(opts)
