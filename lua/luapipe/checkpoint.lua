@@ -222,6 +222,10 @@ end
 function M.partition_record(part, nlayers)
   util.arg("checkpoint.partition_record", 1, "part", part, "table", "a model:partition{...} result")
   util.arg("checkpoint.partition_record", 2, "nlayers", nlayers, "integer")
+  if type(part.bounds) ~= "table" then
+    util.raise("checkpoint.partition_record: part (argument 1) must be a model:partition{...} result, got "
+      .. util.shown(part))
+  end
   local bounds = {}
   for s, b in ipairs(part.bounds) do bounds[s] = { b.first, b.last } end
   return { by = part.by, layers = nlayers, bounds = bounds }

@@ -317,15 +317,18 @@ end
 -- Measures each layer's forward + backward seconds on a zero input of
 -- input_shape, building, timing and closing one layer at a time (the
 -- next layer's input is this one's output), so that at most one layer and
--- its activations exist at once. Under mpirun every rank measures, the
+-- its activations exist at once, after an untimed warm-up of up to
+-- WARMUP_S seconds over the first layers. Under mpirun every rank measures, the
 -- costs are averaged over ranks, and rank 0's averages are broadcast, so
 -- every rank splits the very same numbers. -> costs, seconds spent
-local function measure_costs(self, input_shape, seed, reps)
-  local t0 = core.now()
-  local n = #self.layers
-  local costs = {}
+local WARMUP_S = 0.02
+
+-- One pass over the layers, each built, run `reps` times and closed;
+-- stops after `stop_s` seconds when given (the warm-up). -> {seconds...}
+local function layer_pass(self, input_shape, seed, reps, stop_s)
+  local t0, costs = core.now(), {}
   local x = core.tensor(input_shape)
-  for i = 1, n do
+  for i = 1, #self.layers do
     local l = self:build_layer(i, seed)
     local t, y = core.nn_time_layer(l, x, reps, i > 1)
     l:close()
@@ -335,8 +338,20 @@ local function measure_costs(self, input_shape, seed, reps)
         self.layers[i].kind, tostring(y)), 0)
     end
     costs[i], x = t, y
+    if stop_s and core.now() - t0 >= stop_s then break end
   end
   x:close()
+  return costs
+end
+
+local function measure_costs(self, input_shape, seed, reps)
+  local t0 = core.now()
+  local n = #self.layers
+  -- a process's first milliseconds of compute run slow (measured: the
+  -- first transformer block of the char-LM a quarter over its twins):
+  -- warm up on the first layers, untimed
+  layer_pass(self, input_shape, seed, 1, WARMUP_S)
+  local costs = layer_pass(self, input_shape, seed, reps)
   local comm = require("luapipe.comm")
   if comm.size() > 1 then
     local sum, err = comm.allreduce(costs, "partition: averaging layer costs")
@@ -357,7 +372,8 @@ end
 -- contiguous groups of (almost) equal layer counts, the earlier stages
 -- taking the extra layers. "cost": contiguous groups minimising the
 -- largest stage cost, where a layer's cost is its measured forward +
--- backward time (the best of `reps` runs) on a zero input of input_shape
+-- backward time (the best of `reps` runs, after an untimed warm-up) on a
+-- zero input of input_shape
 -- (or the given `costs`); the layers are built, timed and closed one at a
 -- time, and `seconds` is how long measuring took. Measuring is collective
 -- under mpirun (call it on every rank): the costs are averaged over ranks
@@ -411,6 +427,8 @@ end
 -- bounds ({{first, last}, ...} or {{first =, last =}, ...}) as S
 -- contiguous, non-empty groups covering layers 1..n.
 function M.check_bounds(bounds, S, n)
+  util.arg("nn.check_bounds", 2, "S", S, "integer")
+  util.arg("nn.check_bounds", 3, "n", n, "integer")
   if type(bounds) ~= "table" then return nil, "not a list of {first, last}" end
   if #bounds ~= S then
     return nil, string.format("%s for %s", util.count(#bounds, "stage"), util.count(S, "model stage"))
@@ -439,8 +457,12 @@ end
 -- nn.bounds_text(bounds) -> "1-3 | 4-8": a partition's layers per stage
 -- (1-based, as in the model's spec list)
 function M.bounds_text(bounds)
+  util.arg("nn.bounds_text", 1, "bounds", bounds, "table", "a partition's bounds {{first =, last =}, ...}")
   local t = {}
   for s, b in ipairs(bounds) do
+    if type(b) ~= "table" or math.type(b.first) ~= "integer" or math.type(b.last) ~= "integer" then
+      util.raise(string.format("nn.bounds_text: bounds (argument 1): stage %d is not {first =, last =}", s - 1))
+    end
     t[s] = b.first == b.last and tostring(b.first) or string.format("%d-%d", b.first, b.last)
   end
   return table.concat(t, " | ")
