@@ -472,10 +472,10 @@ local function configure(opts)
   if not ok then fail("luapipe.train: " .. tostring(part):gsub("^[^:]*:%d+: ", "")) end
   if recorded then
     part.recorded = recorded.file
-    if opts.partition and opts.partition ~= recorded.by and comm.rank() == 0 and not opts.quiet then
+    if recorded.by ~= by and comm.rank() == 0 and not opts.quiet then
       io.stderr:write(string.format("luapipe.train: note: resuming with the partition %s records"
-        .. " (by %s: layers %s), not partition = %q\n", recorded.file, recorded.by,
-        nn.bounds_text(part.bounds), opts.partition))
+        .. " (by %s: layers %s), not partition = %q%s\n", recorded.file, recorded.by,
+        nn.bounds_text(part.bounds), by, opts.partition and "" or " (the default)"))
       io.stderr:flush()
     end
   elseif ckpt and ckpt.resume then
