@@ -317,11 +317,11 @@ end
 -- Measures each layer's forward + backward seconds on a zero input of
 -- input_shape, building, timing and closing one layer at a time (the
 -- next layer's input is this one's output), so that at most one layer and
--- its activations exist at once, after an untimed warm-up of up to
--- WARMUP_S seconds over the first layers. Under mpirun every rank measures, the
--- costs are averaged over ranks, and rank 0's averages are broadcast, so
--- every rank splits the very same numbers. -> costs, seconds spent
-local WARMUP_S = 0.02
+-- its activations exist at once, after an untimed warm-up pass (cut short
+-- after WARMUP_S seconds). Under mpirun every rank measures and each
+-- layer's cost is its fastest rank's, the same numbers on every rank.
+-- -> costs, seconds spent
+local WARMUP_S = 0.1
 
 -- One pass over the layers, each built, run `reps` times and closed;
 -- stops after `stop_s` seconds when given (the warm-up). -> {seconds...}
@@ -347,22 +347,28 @@ end
 local function measure_costs(self, input_shape, seed, reps)
   local t0 = core.now()
   local n = #self.layers
-  -- a process's first milliseconds of compute run slow (measured: the
-  -- first transformer block of the char-LM a quarter over its twins):
-  -- warm up on the first layers, untimed
+  local comm = require("luapipe.comm")
+  -- a process's first pass runs slow (measured on the char-LM: its first
+  -- transformer block a quarter over its five twins): one untimed pass
+  -- first, cut short after WARMUP_S for a big model
   layer_pass(self, input_shape, seed, 1, WARMUP_S)
   local costs = layer_pass(self, input_shape, seed, reps)
-  local comm = require("luapipe.comm")
   if comm.size() > 1 then
-    local sum, err = comm.allreduce(costs, "partition: averaging layer costs")
-    if not sum then error("partition: " .. tostring(err), 0) end
-    for i = 1, n do costs[i] = sum[i] / comm.size() end
-    -- an all-reduce need not round alike on every rank: take rank 0's
-    local same, berr = comm.world():bcast(costs, 0, "partition: rank 0's layer costs")
-    if not same then error("partition: " .. tostring(berr), 0) end
-    costs = same
+    -- every rank timed the same work; interference (other ranks sharing a
+    -- core, one still starting up) only adds time: take each layer's
+    -- fastest rank. Every rank gathers the same lists (as floats) and the
+    -- minimum is exact, so every rank gets the very same numbers and split.
+    local lists = {}
+    for r = 1, comm.size() do lists[r] = costs end
+    local all, err = comm.alltoallv(lists, "partition: gathering layer costs")
+    if not all then error("partition: " .. tostring(err), 0) end
+    for i = 1, n do
+      local m = all[1][i]
+      for r = 2, comm.size() do m = math.min(m, all[r][i]) end
+      costs[i] = m
+    end
   end
-  return costs, (core.now()) - t0
+  return costs, core.now() - t0
 end
 
 -- model:partition{stages = S, by = "layers" | "cost", input_shape = {...},
@@ -376,8 +382,9 @@ end
 -- zero input of input_shape
 -- (or the given `costs`); the layers are built, timed and closed one at a
 -- time, and `seconds` is how long measuring took. Measuring is collective
--- under mpirun (call it on every rank): the costs are averaged over ranks
--- and rank 0's averages broadcast, so every rank gets the same partition;
+-- under mpirun (call it on every rank): a layer's cost is that of its
+-- fastest rank (the same work everywhere; sharing a core only adds time),
+-- exactly the same on every rank, so every rank gets the same partition;
 -- ties go to the earliest cut. `bounds` ({{first, last}, ...} or
 -- {{first =, last =}, ...}, e.g. a checkpoint's) gives the split itself
 -- (checked: contiguous, covering every layer, S stages). A model with

@@ -43,8 +43,8 @@
 -- with a message naming the file and what differs. All ranks must see dir.
 -- Partition: by "cost" (the default) every rank measures each layer's
 -- forward + backward time on its micro-batch shape (model:partition: one
--- layer built at a time, the best of 3 runs, averaged over the ranks and
--- rank 0's figures used by all), then the model is split into contiguous
+-- layer built at a time, the best of 3 runs, the fastest rank's time, the
+-- same figures on every rank), then the model is split into contiguous
 -- model stages minimising the costliest; "layers" gives equal layer
 -- counts. <dir>/step<k>/state.json records the partition, and a resume
 -- uses the recorded one (rank 0 reads it, every rank gets it) instead of
