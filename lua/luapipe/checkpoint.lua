@@ -176,10 +176,10 @@ local BY_NAME = { "layers", "cost" }
 -- with (collective; read by rank 0 and broadcast, so every rank gets the
 -- same answer): {by =, bounds = {{first =, last =}, ...}, file =} when
 -- step<N>/state.json records one of `stages` stages over `nlayers` layers;
--- nil when there is no checkpoint, no record (one an older luapipe wrote)
--- or one of another stage or layer count: then the load itself names what
--- differs (schedule, ranks, model). A damaged marker or state.json is left
--- for resume to report.
+-- else nil and "none" (no checkpoint, or no record: one an older luapipe
+-- wrote) or "other" (a record of another stage or layer count: the load
+-- itself then names what differs: schedule, ranks, model). A damaged
+-- marker or state.json is left for resume to report.
 function M.recorded_partition(cfg, stages, nlayers)
   check_cfg("checkpoint.recorded_partition", cfg, "resume_dir")
   util.arg("checkpoint.recorded_partition", 2, "stages", stages, "integer")
@@ -192,6 +192,7 @@ function M.recorded_partition(cfg, stages, nlayers)
     local st = f and json.decode(f:read("a") or "")
     if f then f:close() end
     local p = type(st) == "table" and st.partition
+    if p ~= nil and p ~= false then v[1] = 2 end
     if type(p) == "table" and BY_CODE[p.by] and math.tointeger(p.layers) == nlayers
         and type(p.bounds) == "table" and #p.bounds == stages then
       local nn = require("luapipe.nn")
@@ -207,7 +208,7 @@ function M.recorded_partition(cfg, stages, nlayers)
     if not all then comm.abort(err) end
     v = all
   end
-  if v[1] ~= 1 then return nil end
+  if v[1] ~= 1 then return nil, v[1] == 2 and "other" or "none" end
   local bounds, first = {}, 1
   for s = 1, stages do
     local last = math.tointeger(v[3 + s])

@@ -465,7 +465,10 @@ local function configure(opts)
   end
   -- resume: the partition the checkpoint was written with, whatever this
   -- run would measure (its rank files hold those stages' layers)
-  local recorded = ckpt and ckpt.resume and checkpoint.recorded_partition(ckpt, info.stages, model:nlayers())
+  local recorded, unrecorded
+  if ckpt and ckpt.resume then
+    recorded, unrecorded = checkpoint.recorded_partition(ckpt, info.stages, model:nlayers())
+  end
   local popts = { stages = info.stages, by = by, input_shape = in_shape, seed = seed }
   if recorded then popts.by, popts.bounds = recorded.by, recorded.bounds end
   local ok, part = pcall(model.partition, model, popts)
@@ -478,7 +481,7 @@ local function configure(opts)
         nn.bounds_text(part.bounds), by, opts.partition and "" or " (the default)"))
       io.stderr:flush()
     end
-  elseif ckpt and ckpt.resume then
+  elseif unrecorded == "none" then
     ckpt.load_hint = string.format(" (the checkpoint records no partition, as an older luapipe wrote it,"
       .. " and this run split the model by %s as layers %s: if it was written with another split,"
       .. " resume with that partition, e.g. partition = \"layers\", the old default)", by,

@@ -5,19 +5,21 @@
 # rank gets the same bounds; a checkpoint written with partition = "layers"
 # records its split in state.json, and a resume whose fresh split by cost
 # would differ (costs forced: the last layer alone) uses the recorded one,
-# says so once, and is bitwise the uninterrupted run; a checkpoint without
+# says so once, and is bitwise the uninterrupted run; resumed on 2 ranks the
+# load names the rank counts (not a missing record); a checkpoint without
 # the record (state.json removed, as an older luapipe wrote) resumed with
 # another split fails once, clearly, naming the split and the way out.
 # Exits 77 (skipped) without mpirun.
 . "$(dirname "$0")/lib.sh"
-mpirun=(timeout -k 5 60 mpirun --oversubscribe -np 4)
+mpirun=(timeout -k 5 60 mpirun --oversubscribe)
 driver=tests/mpi/partition_check.lua
 
-# run MODE: one job; its rc in $rc, stdout in $tmp/out, stderr in $tmp/err
+# run MODE [NP]: one job (4 ranks by default); its rc in $rc, stdout in
+# $tmp/out, stderr in $tmp/err
 run() {
-  "${mpirun[@]}" "$luapipe" "$driver" "$1" "$tmp" >"$tmp/out" 2>"$tmp/err" </dev/null
+  "${mpirun[@]}" -np "${2:-4}" "$luapipe" "$driver" "$1" "$tmp" >"$tmp/out" 2>"$tmp/err" </dev/null
   rc=$?
-  echo "$1: rc $rc"
+  echo "$1 on ${2:-4} ranks: rc $rc"
 }
 
 run cost
@@ -48,6 +50,13 @@ n=$(grep -c "luapipe.train: note: resuming with the partition $tmp/ckpt/step2/st
 [ "$n" -eq 1 ] || { fail "the note on the recorded partition ($n times)"; cat "$tmp/err"; }
 grep -q '"bounds":\[\[1,2\],\[3,4\],\[5,6\],\[7,8\]\]' "$tmp/ckpt/step4/state.json" ||
   fail "the resumed run's checkpoint does not keep the partition"
+
+# a record of another stage count (4 ranks' checkpoint, 2 ranks now): the
+# load names the difference, with no word of a missing record
+run error 2
+n=$(grep -c "4 ranks in the checkpoint, 2 in this run" "$tmp/err")
+{ [ "$rc" -ne 0 ] && [ "$n" -eq 1 ] && ! grep -q "records no partition" "$tmp/err"; } ||
+  { fail "resuming a 4-stage record on 2 ranks ($n ranks said it)"; cat "$tmp/out" "$tmp/err"; }
 
 # a checkpoint without the record, resumed with another split
 rm -rf "$tmp/ckpt"
