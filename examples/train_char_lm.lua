@@ -33,7 +33,8 @@ parser:option("--context", "Characters per sequence.", "64"):convert(int("--cont
 parser:option("--batch", "Sequences per micro-batch.", "4"):convert(int("--batch", 1, 65536))
 parser:option("--lr", "AdamW learning rate.", "0.005"):convert(cli.number_option("--lr", 0, math.huge))
 parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
-parser:option("--partition", "Split the model by \"layers\" or measured \"cost\" (the default: stages of balanced measured cost).", "cost")
+parser:option("--partition", "Split the model into stages of balanced measured \"cost\" or of equal"
+  .. " \"layers\" counts.", "cost")
   :choices { "layers", "cost" }
 parser:option("--trace", "Write the measured Chrome trace (all ranks) to this file.")
 parser:option("--svg", "Draw the measured last step (all ranks) as an SVG timeline in this file.")

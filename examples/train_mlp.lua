@@ -28,7 +28,8 @@ parser:option("--layers", "Residual MLP blocks.", "8"):convert(int("--layers", 1
 parser:option("--width", "Model width.", "64"):convert(int("--width", 1, 65536))
 parser:option("--batch", "Samples per micro-batch.", "16"):convert(int("--batch", 1, 65536))
 parser:option("--lr", "AdamW learning rate.", "0.003"):convert(cli.number_option("--lr", 0, math.huge))
-parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
+parser:option("--partition", "Split the model into stages of balanced measured \"cost\" or of equal"
+  .. " \"layers\" counts.", "cost")
   :choices { "layers", "cost" }
 parser:option("--trace", "Write the measured Chrome trace (all ranks) to this file.")
 parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")

@@ -53,7 +53,8 @@ parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
 parser:option("--trace", "Write the measured Chrome trace (all ranks, all-to-alls on the comm track) here.")
 parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
 parser:option("--report", "Write the summary figures (key=value lines) to this file.")
-parser:option("--partition", "Split the model by \"layers\" or measured \"cost\".", "layers")
+parser:option("--partition", "Split the model into stages of balanced measured \"cost\" or of equal"
+  .. " \"layers\" counts.", "cost")
   :choices { "layers", "cost" }
 parser:flag("--reference", "Train the same model in one process (no pipeline, no EP).")
 parser:option("--fb-order", "Overlapped pairs: \"auto\" (the executor's default: whichever half can go "

@@ -837,63 +837,53 @@ static int lb_nn_reference_step(lua_State *L) {
   return 1;
 }
 
-/* core.nn_time_layers({Layer...}, input, reps) -> {seconds...}: forward +
- * backward time of each layer, chained (layer i's input is layer i-1's
- * output), the best of `reps` runs. */
-static int lb_nn_time_layers(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TTABLE);
+/* core.nn_time_layer(layer, input, reps [, input_grad]) -> seconds, output |
+ * nil, err: forward + backward time of one layer on `input`, the best of
+ * `reps` runs, and its forward output (the next layer's input: a model is
+ * measured one layer at a time, so only one layer need exist at once).
+ * One untimed run goes first (first-touch pages, allocator and BLAS
+ * set-up would otherwise count against the first layers measured). The
+ * backward starts from a constant output gradient and computes the input
+ * gradient when input_grad is true (every layer but the first). */
+static int lb_nn_time_layer(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
   lp_tensor *input = lb_check_tensor(L, 2);
   int reps = (int)luaL_optinteger(L, 3, 3);
-  int n = (int)luaL_len(L, 1);
-  lp_nn_layer **ls = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *ls, 0);
-  for (int i = 0; i < n; i++) {
-    lua_geti(L, 1, i + 1);
-    ls[i] = lb_check_layer(L, -1);
-    lua_pop(L, 1);
-  }
-  double *best = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *best, 0);
-  for (int i = 0; i < n; i++) best[i] = 1e30;
+  luaL_argcheck(L, reps >= 1, 3, "at least one run");
+  int input_grad = lua_toboolean(L, 4);
+  tensor_box *out = new_tensor_box(L); /* owned by Lua (freed by the GC if something raises) */
+  double best = 1e30;
   lp_status st = LP_OK;
-  /* scratch owned by Lua (freed by the GC even if something raises) */
-  lp_nn_ctx **ctx = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *ctx, 0);
-  lp_tensor **xs = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *xs, 0);
-  double *tf = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof *tf, 0);
-  for (int r = 0; r < reps && st == LP_OK; r++) {
-    memset(xs, 0, (size_t)(n + 1) * sizeof *xs);
-    memset(ctx, 0, (size_t)(n + 1) * sizeof *ctx);
-    st = lp_tensor_view(input, &xs[0]);
-    int m = 0; /* layers whose forward ran */
-    for (int i = 0; i < n && st == LP_OK; i++, m++) {
-      st = lp_nn_ctx_new(&ctx[i]);
-      double t0 = lp_now();
-      if (st == LP_OK) st = lp_nn_forward(ls[i], ctx[i], xs[i], &xs[i + 1]);
-      tf[i] = lp_now() - t0;
-    }
-    lp_tensor *dy = NULL;
+  for (int r = -1; r < reps && st == LP_OK; r++) { /* r = -1: the warm-up */
+    lp_nn_ctx *ctx = NULL;
+    lp_tensor *x = NULL, *y = NULL, *dy = NULL, *dx = NULL;
+    st = lp_tensor_view(input, &x);
+    if (st == LP_OK) st = lp_nn_ctx_new(&ctx);
+    double t0 = lp_now(), tf = 0;
+    if (st == LP_OK) st = lp_nn_forward(l, ctx, x, &y);
+    tf = lp_now() - t0;
+    if (st == LP_OK) st = lp_tensor_empty_like(y, &dy);
+    if (st == LP_OK) st = lp_tensor_fill(dy, 1.0f / (float)lp_tensor_numel(y));
     if (st == LP_OK) {
-      st = lp_tensor_empty_like(xs[n], &dy);
-      if (st == LP_OK) st = lp_tensor_fill(dy, 1.0f / (float)lp_tensor_numel(xs[n]));
+      t0 = lp_now();
+      st = lp_nn_backward(l, ctx, dy, input_grad ? &dx : NULL);
+      double t = tf + lp_now() - t0;
+      if (st == LP_OK && r >= 0 && t < best) best = t;
     }
-    for (int i = n - 1; i >= 0 && st == LP_OK; i--) {
-      lp_tensor *dx = NULL;
-      double t0 = lp_now();
-      st = lp_nn_backward(ls[i], ctx[i], dy, i > 0 ? &dx : NULL);
-      double t = tf[i] + lp_now() - t0;
-      if (t < best[i]) best[i] = t;
-      lp_tensor_free(dy);
-      dy = dx;
-    }
+    lp_tensor_free(dx);
     lp_tensor_free(dy);
-    for (int i = 0; i <= n; i++) lp_tensor_free(xs[i]);
-    for (int i = 0; i < m; i++) lp_nn_ctx_free(ctx[i]);
+    lp_tensor_free(x);
+    lp_nn_ctx_free(ctx);
+    if (st == LP_OK && r == reps - 1) {
+      out->t = y;
+    } else {
+      lp_tensor_free(y);
+    }
   }
   if (st != LP_OK) return lb_fail(L, lp_strerror(st));
-  lua_createtable(L, n, 0);
-  for (int i = 0; i < n; i++) {
-    lua_pushnumber(L, best[i] < 1e29 ? best[i] : 0);
-    lua_rawseti(L, -2, i + 1);
-  }
-  return 1;
+  lua_pushnumber(L, best);
+  lua_insert(L, -2); /* seconds, output */
+  return 2;
 }
 
 void lb_open_nn(lua_State *L) {
@@ -937,7 +927,7 @@ void lb_open_nn(lua_State *L) {
                                    {"nn_optim", lb_nn_optim},
                                    {"nn_reference_step", lb_nn_reference_step},
                                    {"nn_loss_names", lb_nn_loss_names},
-                                   {"nn_time_layers", lb_nn_time_layers},
+                                   {"nn_time_layer", lb_nn_time_layer},
                                    {NULL, NULL}};
   lb_new_class(L, LB_TENSOR, "Tensor", tensor_methods, tensor_meta);
   lb_new_class(L, LB_LAYER, "Layer", layer_methods, layer_meta);

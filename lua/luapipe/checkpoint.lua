@@ -5,8 +5,9 @@
 --                                parameters and optimizer state after step
 --                                N (C format, see core/exec/lp_exec.h)
 --   <dir>/step<N>/state.json     what luapipe.train keeps beside the ranks'
---                                files (the EPLB loop's state), written by
---                                rank 0 before latest names step N
+--                                files (the model's partition into stages,
+--                                the EPLB loop's state), written by rank 0
+--                                before latest names step N
 --   <dir>/latest                 {"step": N, "dir": "step<N>", ...}: the
 --                                newest complete checkpoint
 --   <dir>/pending                {"step": N, "ranks": P}: a save in progress
@@ -168,6 +169,69 @@ local function clean_stale(dir, committed, ranks)
   os.remove(dir .. "/pending")
 end
 
+local BY_CODE = { layers = 1, cost = 2 }
+local BY_NAME = { "layers", "cost" }
+
+-- The model partition the latest checkpoint in cfg.resume_dir was written
+-- with (collective; read by rank 0 and broadcast, so every rank gets the
+-- same answer): {by =, bounds = {{first =, last =}, ...}, file =} when
+-- step<N>/state.json records one of `stages` stages over `nlayers` layers;
+-- else nil and "none" (no checkpoint, or no record: one an older luapipe
+-- wrote) or "other" (a record of another stage or layer count: the load
+-- itself then names what differs: schedule, ranks, model). A damaged
+-- marker or state.json is left for resume to report.
+function M.recorded_partition(cfg, stages, nlayers)
+  check_cfg("checkpoint.recorded_partition", cfg, "resume_dir")
+  util.arg("checkpoint.recorded_partition", 2, "stages", stages, "integer")
+  util.arg("checkpoint.recorded_partition", 3, "nlayers", nlayers, "integer")
+  local v = { 0, 0, 0 } -- found, by code, step; then the last layer of each stage
+  for s = 1, stages do v[3 + s] = 0 end
+  if comm.rank() == 0 then
+    local t = read_marker(cfg.resume_dir .. "/latest")
+    local f = t and io.open(step_dir(cfg.resume_dir, t.step) .. "/state.json", "rb")
+    local st = f and json.decode(f:read("a") or "")
+    if f then f:close() end
+    local p = type(st) == "table" and st.partition
+    if p ~= nil and p ~= false then v[1] = 2 end
+    if type(p) == "table" and BY_CODE[p.by] and math.tointeger(p.layers) == nlayers
+        and type(p.bounds) == "table" and #p.bounds == stages then
+      local nn = require("luapipe.nn")
+      local b = nn.check_bounds(p.bounds, stages, nlayers)
+      if b then
+        v[1], v[2], v[3] = 1, BY_CODE[p.by], t.step
+        for s = 1, stages do v[3 + s] = b[s].last end
+      end
+    end
+  end
+  if comm.size() > 1 then
+    local all, err = comm.world():bcast(v, 0, "resume: the partition recorded in " .. cfg.resume_dir)
+    if not all then comm.abort(err) end
+    v = all
+  end
+  if v[1] ~= 1 then return nil, v[1] == 2 and "other" or "none" end
+  local bounds, first = {}, 1
+  for s = 1, stages do
+    local last = math.tointeger(v[3 + s])
+    bounds[s] = { first = first, last = last }
+    first = last + 1
+  end
+  return { by = BY_NAME[math.tointeger(v[2])], bounds = bounds,
+    file = step_dir(cfg.resume_dir, math.tointeger(v[3])) .. "/state.json" }
+end
+
+-- The record of a partition that state.json keeps (see recorded_partition).
+function M.partition_record(part, nlayers)
+  util.arg("checkpoint.partition_record", 1, "part", part, "table", "a model:partition{...} result")
+  util.arg("checkpoint.partition_record", 2, "nlayers", nlayers, "integer")
+  if type(part.bounds) ~= "table" then
+    util.raise("checkpoint.partition_record: part (argument 1) must be a model:partition{...} result, got "
+      .. util.shown(part))
+  end
+  local bounds = {}
+  for s, b in ipairs(part.bounds) do bounds[s] = { b.first, b.last } end
+  return { by = part.by, layers = nlayers, bounds = bounds }
+end
+
 -- Loads the latest checkpoint into exec on every rank (collective); returns
 -- the step it holds. Fails with a clear message on every rank when there is
 -- none, when the marker is damaged, or when a rank's file is missing,
@@ -202,6 +266,7 @@ function M.resume(cfg, exec)
     got, err = nil, string.format("rank %d: checkpoint %s/rank%d.ckpt holds step %d, but %s says %d",
       rank, sdir, rank, got, marker, step)
   end
+  if not got and cfg.load_hint then err = tostring(err) .. cfg.load_hint end
   local msg, first = agree(got ~= nil, err, "loading checkpoint " .. sdir)
   if msg then fail("luapipe.train: " .. msg, first) end
   -- the training loop's state beside the rank files (optional)

@@ -7,7 +7,8 @@
 --     -- LMs nn.moe_block{dim =, heads =, hidden =, experts =, topk =, ...}
 --     loss = "mse",                       -- or "cross_entropy"
 --   }
---   local part = model:partition { stages = 4, by = "layers", input_shape = {8, 16} }
+--   local part = model:partition { stages = 4, by = "cost", input_shape = {8, 16} }
+--   -- (by = "layers", the default here: equal layer counts; train{} uses "cost")
 --   local chunk = model:build_stage(part, 2, seed)   -- a luapipe.Layer
 --
 -- Layer i (1-based in the spec list) is named "layers.<i-1>", and its
@@ -313,16 +314,81 @@ local function balanced_bounds(c, S)
   return bounds
 end
 
+-- Measures each layer's forward + backward seconds on a zero input of
+-- input_shape, building, timing and closing one layer at a time (the
+-- next layer's input is this one's output), so that at most one layer and
+-- its activations exist at once, after an untimed warm-up pass (cut short
+-- after WARMUP_S seconds). Under mpirun every rank measures and each
+-- layer's cost is its fastest rank's, the same numbers on every rank.
+-- -> costs, seconds spent
+local WARMUP_S = 0.1
+
+-- One pass over the layers, each built, run `reps` times and closed;
+-- stops after `stop_s` seconds when given (the warm-up). -> {seconds...}
+local function layer_pass(self, input_shape, seed, reps, stop_s)
+  local t0, costs = core.now(), {}
+  local x = core.tensor(input_shape)
+  for i = 1, #self.layers do
+    local l = self:build_layer(i, seed)
+    local t, y = core.nn_time_layer(l, x, reps, i > 1)
+    l:close()
+    x:close()
+    if not t then
+      error(string.format("partition: measuring the cost of model layer %d (%s) failed: %s", i,
+        self.layers[i].kind, tostring(y)), 0)
+    end
+    costs[i], x = t, y
+    if stop_s and core.now() - t0 >= stop_s then break end
+  end
+  x:close()
+  return costs
+end
+
+local function measure_costs(self, input_shape, seed, reps)
+  local t0 = core.now()
+  local n = #self.layers
+  local comm = require("luapipe.comm")
+  -- a process's first pass runs slow (measured on the char-LM: its first
+  -- transformer block a quarter over its five twins): one untimed pass
+  -- first, cut short after WARMUP_S for a big model
+  layer_pass(self, input_shape, seed, 1, WARMUP_S)
+  local costs = layer_pass(self, input_shape, seed, reps)
+  if comm.size() > 1 then
+    -- every rank timed the same work; interference (other ranks sharing a
+    -- core, one still starting up) only adds time: take each layer's
+    -- fastest rank. Every rank gathers the same lists (as floats) and the
+    -- minimum is exact, so every rank gets the very same numbers and split.
+    local lists = {}
+    for r = 1, comm.size() do lists[r] = costs end
+    local all, err = comm.alltoallv(lists, "partition: gathering layer costs")
+    if not all then error("partition: " .. tostring(err), 0) end
+    for i = 1, n do
+      local m = all[1][i]
+      for r = 2, comm.size() do m = math.min(m, all[r][i]) end
+      costs[i] = m
+    end
+  end
+  return costs, core.now() - t0
+end
+
 -- model:partition{stages = S, by = "layers" | "cost", input_shape = {...},
---                 costs = {...}, reps = 3}
---   -> {stages = S, by =, bounds = {{first =, last =}, ...}, costs = ...}
--- "layers": contiguous groups of (almost) equal layer counts, the earlier
--- stages taking the extra layers. "cost": contiguous groups minimising the
+--                 costs = {...}, reps = 3, bounds = {...}}
+--   -> {stages = S, by =, bounds = {{first =, last =}, ...}, costs =, seconds =}
+-- "layers" (the default here; luapipe.train{} defaults to "cost"):
+-- contiguous groups of (almost) equal layer counts, the earlier stages
+-- taking the extra layers. "cost": contiguous groups minimising the
 -- largest stage cost, where a layer's cost is its measured forward +
--- backward time on a zero input of input_shape (or the given `costs`).
--- Under mpirun the measured costs are averaged over ranks so that every
--- rank gets the same partition. A model with fewer layers than stages is
--- an error.
+-- backward time (the best of `reps` runs, after an untimed warm-up) on a
+-- zero input of input_shape
+-- (or the given `costs`); the layers are built, timed and closed one at a
+-- time, and `seconds` is how long measuring took. Measuring is collective
+-- under mpirun (call it on every rank): a layer's cost is that of its
+-- fastest rank (the same work everywhere; sharing a core only adds time),
+-- exactly the same on every rank, so every rank gets the same partition;
+-- ties go to the earliest cut. `bounds` ({{first, last}, ...} or
+-- {{first =, last =}, ...}, e.g. a checkpoint's) gives the split itself
+-- (checked: contiguous, covering every layer, S stages). A model with
+-- fewer layers than stages is an error.
 function Model:partition(opts)
   opts = util.arg("model:partition", 1, "opts", opts, "?table", "a table {stages =, by =, input_shape =}") or {}
   local S, n = opts.stages, #self.layers
@@ -335,8 +401,12 @@ function Model:partition(opts)
       .. " or chunks)", S, util.count(n, "layer")), 2)
   end
   local by = opts.by or "layers"
-  local bounds, costs
-  if by == "layers" then
+  local bounds, costs, seconds
+  if opts.bounds ~= nil then
+    local why
+    bounds, why = M.check_bounds(opts.bounds, S, n)
+    if not bounds then error("partition: bounds: " .. why, 2) end
+  elseif by == "layers" then
     bounds = {}
     local base, extra, first = n // S, n % S, 1
     for s = 1, S do
@@ -349,23 +419,60 @@ function Model:partition(opts)
     if not costs then
       if not opts.input_shape then error("partition: by = \"cost\" needs input_shape (or costs)", 2) end
       self:shapes(opts.input_shape)
-      local ls = {}
-      for i = 1, n do ls[i] = self:build_layer(i, opts.seed or 0) end
-      local err
-      costs, err = core.nn_time_layers(ls, core.tensor(opts.input_shape), opts.reps or 3)
-      for _, l in ipairs(ls) do l:close() end
-      if not costs then error("partition: measuring layer costs failed: " .. tostring(err), 2) end
-      local comm = require("luapipe.comm")
-      if comm.size() > 1 then
-        local sum = assert(comm.allreduce(costs, "partition: averaging layer costs"))
-        for i = 1, n do costs[i] = sum[i] / comm.size() end
-      end
+      local ok, c, t = pcall(measure_costs, self, opts.input_shape, opts.seed or 0, opts.reps or 3)
+      if not ok then error(c, 2) end
+      costs, seconds = c, t
     end
     bounds = balanced_bounds(costs, S)
   else
     error("partition: 'by' must be \"layers\" or \"cost\", got " .. tostring(by), 2)
   end
-  return { stages = S, by = by, bounds = bounds, costs = costs }
+  return { stages = S, by = by, bounds = bounds, costs = costs, seconds = seconds }
+end
+
+-- nn.check_bounds(bounds, S, n) -> {{first =, last =}, ...} | nil, why:
+-- bounds ({{first, last}, ...} or {{first =, last =}, ...}) as S
+-- contiguous, non-empty groups covering layers 1..n.
+function M.check_bounds(bounds, S, n)
+  util.arg("nn.check_bounds", 2, "S", S, "integer")
+  util.arg("nn.check_bounds", 3, "n", n, "integer")
+  if type(bounds) ~= "table" then return nil, "not a list of {first, last}" end
+  if #bounds ~= S then
+    return nil, string.format("%s for %s", util.count(#bounds, "stage"), util.count(S, "model stage"))
+  end
+  local out, next_first = {}, 1
+  for s, b in ipairs(bounds) do
+    local f = type(b) == "table" and (b.first or b[1])
+    local l = type(b) == "table" and (b.last or b[2])
+    if math.type(f) ~= "integer" or math.type(l) ~= "integer" then
+      return nil, string.format("stage %d is not {first, last}", s - 1)
+    end
+    if f ~= next_first or l < f then
+      return nil, string.format("stage %d holds layers %d..%d, but it must start at layer %d and"
+        .. " hold at least one", s - 1, f, l, next_first)
+    end
+    out[s] = { first = f, last = l }
+    next_first = l + 1
+  end
+  if next_first ~= n + 1 then
+    return nil, string.format("the stages end at layer %d, but the model has %s", next_first - 1,
+      util.count(n, "layer"))
+  end
+  return out
+end
+
+-- nn.bounds_text(bounds) -> "1-3 | 4-8": a partition's layers per stage
+-- (1-based, as in the model's spec list)
+function M.bounds_text(bounds)
+  util.arg("nn.bounds_text", 1, "bounds", bounds, "table", "a partition's bounds {{first =, last =}, ...}")
+  local t = {}
+  for s, b in ipairs(bounds) do
+    if type(b) ~= "table" or math.type(b.first) ~= "integer" or math.type(b.last) ~= "integer" then
+      util.raise(string.format("nn.bounds_text: bounds (argument 1): stage %d is not {first =, last =}", s - 1))
+    end
+    t[s] = b.first == b.last and tostring(b.first) or string.format("%d-%d", b.first, b.last)
+  end
+  return table.concat(t, " | ")
 end
 
 -- model:stage_input_shapes(partition, input_shape) -> {[s] = shape} for

@@ -17,8 +17,11 @@
 --     checkpoint = { dir = "ckpt", every = 100 },  -- optional: save every 100 steps
 --     resume = true,                 -- optional: continue from ckpt's latest checkpoint
 --     device = "cuda",               -- optional: "cpu" (default), "cuda" (this rank's GPU), "cuda:N"
+--     partition = "layers",          -- optional: equal layer counts per model stage; the
+--                                    -- default "cost" balances measured layer costs
 --   }
 --   r.losses[k]       -- loss of step k (the same on every rank)
+--   r.partition       -- {by =, bounds = {{first =, last =}, ...}, costs =, seconds =}
 --   r.stage_params()  -- {{id =, stage =, params = {[name] = {values}}}, ...} of this rank
 --   r.summary         -- measured vs simulated, the same on every rank (luapipe.perf):
 --                     -- step_ms, predicted_ms, ratio, bubble_pct, sim_bubble_pct,
@@ -38,6 +41,17 @@
 -- never stopped. A missing, truncated or corrupt file, or one written for
 -- another schedule, rank count, model or optimizer, fails on every rank
 -- with a message naming the file and what differs. All ranks must see dir.
+-- Partition: by "cost" (the default) every rank measures each layer's
+-- forward + backward time on its micro-batch shape (model:partition: one
+-- layer built at a time, the best of 3 runs, the fastest rank's time, the
+-- same figures on every rank), then the model is split into contiguous
+-- model stages minimising the costliest; "layers" gives equal layer
+-- counts. <dir>/step<k>/state.json records the partition, and a resume
+-- uses the recorded one (rank 0 reads it, every rank gets it) instead of
+-- measuring: the rank files hold those stages. A checkpoint with no record
+-- (an older luapipe's) is loaded with this run's split; a mismatch then
+-- fails naming the parameters, with a hint to pass the partition it was
+-- written with.
 -- With MoE layers each rank's file also holds every MoE layer's router
 -- bias and expert placement (restored before the parameters are read), and
 -- <dir>/step<k>/state.json holds the EPLB loop's state (placements, the
@@ -107,6 +121,7 @@ local comm = require("luapipe.comm")
 local schedule = require("luapipe.schedule")
 local checkpoint = require("luapipe.checkpoint")
 local util = require("luapipe.util")
+local nn = require("luapipe.nn")
 
 local M = {}
 
@@ -444,9 +459,34 @@ local function configure(opts)
     in_shape = { table.unpack(in_shape) }
     in_shape[1] = in_shape[1] // ep
   end
-  local ok, part = pcall(model.partition, model, { stages = info.stages, by = opts.partition or "layers",
-    input_shape = in_shape, seed = seed })
+  local by = opts.partition or "cost"
+  if by ~= "cost" and by ~= "layers" then
+    fail("luapipe.train: 'partition' must be \"cost\" or \"layers\", got " .. util.shown(by))
+  end
+  -- resume: the partition the checkpoint was written with, whatever this
+  -- run would measure (its rank files hold those stages' layers)
+  local recorded, unrecorded
+  if ckpt and ckpt.resume then
+    recorded, unrecorded = checkpoint.recorded_partition(ckpt, info.stages, model:nlayers())
+  end
+  local popts = { stages = info.stages, by = by, input_shape = in_shape, seed = seed }
+  if recorded then popts.by, popts.bounds = recorded.by, recorded.bounds end
+  local ok, part = pcall(model.partition, model, popts)
   if not ok then fail("luapipe.train: " .. tostring(part):gsub("^[^:]*:%d+: ", "")) end
+  if recorded then
+    part.recorded = recorded.file
+    if recorded.by ~= by and comm.rank() == 0 and not opts.quiet then
+      io.stderr:write(string.format("luapipe.train: note: resuming with the partition %s records"
+        .. " (by %s: layers %s), not partition = %q%s\n", recorded.file, recorded.by,
+        nn.bounds_text(part.bounds), by, opts.partition and "" or " (the default)"))
+      io.stderr:flush()
+    end
+  elseif unrecorded == "none" then
+    ckpt.load_hint = string.format(" (the checkpoint records no partition, as an older luapipe wrote it,"
+      .. " and this run split the model by %s as layers %s: if it was written with another split,"
+      .. " resume with that partition, e.g. partition = \"layers\", the old default)", by,
+      nn.bounds_text(part.bounds))
+  end
   local ok2, act_shapes = pcall(model.stage_input_shapes, model, part, in_shape)
   if not ok2 then fail("luapipe.train: " .. tostring(act_shapes)) end
   if opts.link then
@@ -489,7 +529,7 @@ local function configure_all(opts)
 end
 
 -- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
---   microbatches=, pp=, chunks=, partition = "layers" | "cost", trace=,
+--   microbatches=, pp=, chunks=, partition = "cost" | "layers", trace=,
 --   quiet=, lookahead=, overlapped_fb=, checkpoint = {dir=, every=}, resume=} -> result
 function M.run(opts)
   local c = configure_all(opts)
@@ -520,6 +560,16 @@ function M.run(opts)
         and string.format("running steps %d..%d", first_step, steps)
         or string.format("no steps left to run (steps = %d)", steps)))
     io.flush()
+  end
+  if ckpt and ckpt.state and type(ckpt.state.partition) == "table" then
+    -- the checkpoint loaded is the one whose partition configure used
+    local rec = ckpt.state.partition
+    local b = nn.check_bounds(rec.bounds, part.stages, model:nlayers())
+    if not b or nn.bounds_text(b) ~= nn.bounds_text(part.bounds) then
+      checkpoint.fail_all(string.format("luapipe.train: checkpoint %s does not match this run: the"
+        .. " model was split as layers %s in the checkpoint, %s in this run", ckpt.state_file,
+        b and nn.bounds_text(b) or "(unreadable)", nn.bounds_text(part.bounds)))
+    end
   end
   local balance = eplb_loop(exec, opts.eplb, ep)
   if ckpt and ckpt.state and ckpt.state.eplb then
@@ -556,7 +606,9 @@ function M.run(opts)
       fail(tostring(eerr))
     end
     if ckpt then
-      local saved = checkpoint.after_step(ckpt, exec, k, info, function() return { eplb = balance.state() } end)
+      local saved = checkpoint.after_step(ckpt, exec, k, info, function()
+        return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()) }
+      end)
       if saved and rank == 0 and not quiet then
         io.write(string.format("checkpoint after step %d written to %s\n", k, saved))
         io.flush()

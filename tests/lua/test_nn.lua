@@ -1,6 +1,7 @@
 -- luapipe.nn and luapipe.train on one process: tensors, layers and their
--- parameters as Lua tables, shape checks, partitioning (by layers, by cost,
--- and the too-many-stages error), split-independent initialisation, and
+-- parameters as Lua tables, shape checks, partitioning (by layers, by cost
+-- measured one layer at a time, given bounds, train{}'s cost default, and
+-- the too-many-stages error), split-independent initialisation, and
 -- single-rank training against the reference.
 local lu = require("luaunit")
 local nn = require("luapipe.nn")
@@ -101,6 +102,67 @@ function test_partition_by_cost()
   lu.assertEquals(q.bounds[1].first, 1)
   lu.assertEquals(q.bounds[4].last, 8)
   for s = 2, 4 do lu.assertEquals(q.bounds[s].first, q.bounds[s - 1].last + 1) end
+end
+
+-- by = "cost" builds, times and closes one layer at a time: when layer i
+-- is built, layer i-1 is already closed (peak memory = one layer)
+function test_partition_by_cost_builds_one_layer_at_a_time()
+  local m = mlp()
+  local built, order, open_before = {}, {}, 0
+  m.build_layer = function(self, i, seed)
+    for _, l in ipairs(built) do
+      if pcall(l.numel, l) then open_before = open_before + 1 end
+    end
+    local l = nn.Model.build_layer(self, i, seed)
+    built[#built + 1], order[#order + 1] = l, i
+    return l
+  end
+  local p = m:partition { stages = 3, by = "cost", input_shape = { 3, 4 }, reps = 2 }
+  -- the warm-up (up to all 8 layers of this small model), then the timed pass
+  lu.assertTrue(#built > 8 and #built <= 16, "built " .. #built .. " layers")
+  lu.assertEquals(table.move(order, #order - 7, #order, 1, {}), { 1, 2, 3, 4, 5, 6, 7, 8 })
+  lu.assertEquals(open_before, 0, "a layer was still open when the next was built")
+  for _, l in ipairs(built) do lu.assertFalse(pcall(l.numel, l), "a measured layer was left open") end
+  lu.assertEquals(#p.costs, 8)
+  for i = 1, 8 do lu.assertTrue(p.costs[i] > 0, "layer " .. i .. " has no measured cost") end
+  lu.assertTrue(p.seconds >= 0 and p.seconds < 10)
+  -- one layer's timing: seconds and its output (the next layer's input)
+  local l = m:build_layer(1, 0)
+  local t, y = core.nn_time_layer(l, nn.tensor({ 3, 4 }), 1, false)
+  lu.assertTrue(t > 0)
+  lu.assertEquals(y:shape(), { 3, 8 })
+  l:close()
+end
+
+-- given bounds (a checkpoint's) are used as they are, and checked
+function test_partition_given_bounds()
+  local m = mlp()
+  local p = m:partition { stages = 2, by = "cost", bounds = { { 1, 6 }, { 7, 8 } } }
+  lu.assertEquals(p.bounds, { { first = 1, last = 6 }, { first = 7, last = 8 } })
+  lu.assertEquals(p.by, "cost")
+  lu.assertNil(p.costs) -- nothing measured
+  lu.assertEquals(nn.bounds_text(p.bounds), "1-6 | 7-8")
+  lu.assertEquals(error_of(m.partition, m, { stages = 2, bounds = { { 1, 6 }, { 8, 8 } } }),
+    "partition: bounds: stage 1 holds layers 8..8, but it must start at layer 7 and hold at least one")
+  lu.assertEquals(error_of(m.partition, m, { stages = 3, bounds = { { 1, 6 }, { 7, 8 } } }),
+    "partition: bounds: 2 stages for 3 model stages")
+  lu.assertEquals(error_of(m.partition, m, { stages = 2, bounds = { { 1, 3 }, { 4, 7 } } }),
+    "partition: bounds: the stages end at layer 7, but the model has 8 layers")
+end
+
+-- train{} splits by measured cost unless told partition = "layers"
+function test_train_partition_default_is_cost()
+  local m = mlp()
+  local r = train { model = m, schedule = "gpipe", pp = 1, microbatches = 1, data = data, steps = 1,
+    quiet = true }
+  lu.assertEquals(r.partition.by, "cost")
+  lu.assertEquals(#r.partition.costs, 8)
+  local q = train { model = m, schedule = "gpipe", pp = 1, microbatches = 1, data = data, steps = 1,
+    quiet = true, partition = "layers" }
+  lu.assertEquals(q.partition.by, "layers")
+  lu.assertNil(q.partition.costs)
+  lu.assertEquals(error_of(train, { model = m, schedule = "gpipe", pp = 1, microbatches = 1, data = data,
+    partition = "flops" }), "luapipe.train: 'partition' must be \"cost\" or \"layers\", got \"flops\"")
 end
 
 -- Every stage of the partition starts with the full model's numbers.

@@ -43,8 +43,11 @@ if variant:match("^moe") then
   -- arg[5] == "noeplb": the same without EPLB (a mismatching resume)
   if arg[5] == "noeplb" then eplb = nil end
 end
+-- partition = "layers": the full run's per-stage dump must hold the very
+-- stages of the checkpointed run (a split by measured cost may differ from
+-- job to job; test_partition_resume.sh covers resuming one)
 local base = { model = model, schedule = family, microbatches = M, data = data, seed = SEED,
-  optimizer = optimizer, quiet = true, ep = EP > 1 and EP or nil, eplb = eplb }
+  optimizer = optimizer, quiet = true, ep = EP > 1 and EP or nil, eplb = eplb, partition = "layers" }
 local function run(extra)
   local o = {}
   for k, v in pairs(base) do o[k] = v end
