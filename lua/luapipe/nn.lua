@@ -314,6 +314,91 @@ local function balanced_bounds(c, S)
   return bounds
 end
 
+-- With a score (score(stage_costs) -> number, e.g. the simulated step of
+-- the schedule that will run; luapipe.train gives one), the split that
+-- minimises the largest stage can still lose: where ranks run several
+-- stages (interleaved, V shapes) it can leave one rank with twice
+-- another's work. This one minimises the score first, then the largest
+-- stage: every split when there are few (C(n-1, S-1) <= 2000), else moves
+-- of one boundary by one layer from the balanced split while that
+-- improves. -> bounds
+local function scored_bounds(c, S, score, start)
+  local n = #c
+  local pre = { [0] = 0 }
+  for i = 1, n do pre[i] = pre[i - 1] + c[i] end
+  local function eval(cuts) -- cuts[s]: last layer of stage s (cuts[S] = n)
+    local costs, worst, first = {}, 0, 1
+    for st = 1, S do
+      costs[st] = pre[cuts[st]] - pre[first - 1]
+      worst = math.max(worst, costs[st])
+      first = cuts[st] + 1
+    end
+    local v = score(costs)
+    if type(v) ~= "number" or v ~= v then
+      error("partition: score must return a number, got " .. util.shown(v), 0)
+    end
+    return v, worst
+  end
+  local function better(a1, a2, b1, b2)
+    local e1, e2 = 1e-9 * (math.abs(b1) + 1e-30), 1e-12 * (pre[n] + 1e-30)
+    return a1 < b1 - e1 or (a1 <= b1 + e1 and a2 < b2 - e2)
+  end
+  local cuts = {}
+  for st = 1, S do cuts[st] = start[st].last end
+  local b1, b2 = eval(cuts)
+  local count, lim = 1, 2000
+  for k = 1, S - 1 do -- C(n-1, S-1), stopping once past the limit
+    count = count * (n - k) / k
+    if count > lim then break end
+  end
+  if count <= lim then
+    local cur = {}
+    local function rec(st, lo)
+      if st == S then
+        cur[S] = n
+        local x1, x2 = eval(cur)
+        if better(x1, x2, b1, b2) then
+          b1, b2 = x1, x2
+          for k = 1, S do cuts[k] = cur[k] end
+        end
+        return
+      end
+      for last = lo, n - (S - st) do
+        cur[st] = last
+        rec(st + 1, last + 1)
+      end
+    end
+    rec(1, 1)
+  else
+    local improved = true
+    while improved do
+      improved = false
+      for st = 1, S - 1 do
+        for _, d in ipairs({ -1, 1 }) do
+          local v = cuts[st] + d
+          local lo = st > 1 and cuts[st - 1] + 1 or 1
+          if v >= lo and v < cuts[st + 1] then
+            local old = cuts[st]
+            cuts[st] = v
+            local x1, x2 = eval(cuts)
+            if better(x1, x2, b1, b2) then
+              b1, b2, improved = x1, x2, true
+            else
+              cuts[st] = old
+            end
+          end
+        end
+      end
+    end
+  end
+  local bounds, first = {}, 1
+  for st = 1, S do
+    bounds[st] = { first = first, last = cuts[st] }
+    first = cuts[st] + 1
+  end
+  return bounds
+end
+
 -- Measures each layer's forward + backward seconds on a zero input of
 -- input_shape, building, timing and closing one layer at a time (the
 -- next layer's input is this one's output), so that at most one layer and
@@ -385,7 +470,11 @@ end
 -- under mpirun (call it on every rank): a layer's cost is that of its
 -- fastest rank (the same work everywhere; sharing a core only adds time),
 -- exactly the same on every rank, so every rank gets the same partition;
--- ties go to the earliest cut. `bounds` ({{first, last}, ...} or
+-- ties go to the earliest cut. With `score` (a function of the stage
+-- costs {c1, ..., cS} returning a number; luapipe.train gives the
+-- schedule's simulated step) the split minimises the score first, then the
+-- largest stage: a rank that holds two stages of a V shape or of an
+-- interleaved schedule gets their sum balanced. `bounds` ({{first, last}, ...} or
 -- {{first =, last =}, ...}, e.g. a checkpoint's) gives the split itself
 -- (checked: contiguous, covering every layer, S stages). A model with
 -- fewer layers than stages is an error.
@@ -424,6 +513,14 @@ function Model:partition(opts)
       costs, seconds = c, t
     end
     bounds = balanced_bounds(costs, S)
+    if opts.score ~= nil then
+      if type(opts.score) ~= "function" then
+        error("partition: score must be a function(stage_costs) -> number, got " .. util.shown(opts.score), 2)
+      end
+      local ok, b = pcall(scored_bounds, costs, S, opts.score, bounds)
+      if not ok then error(b, 2) end
+      bounds = b
+    end
   else
     error("partition: 'by' must be \"layers\" or \"cost\", got " .. tostring(by), 2)
   end

@@ -469,7 +469,17 @@ local function configure(opts)
   if ckpt and ckpt.resume then
     recorded, unrecorded = checkpoint.recorded_partition(ckpt, info.stages, model:nlayers())
   end
-  local popts = { stages = info.stages, by = by, input_shape = in_shape, seed = seed }
+  -- a cost split is judged by the step it gives this schedule (simulated:
+  -- a stage's F a third of its measured forward + backward, B two thirds,
+  -- I and W a third each), so ranks that hold several stages (interleaved,
+  -- V shapes) get balanced loads, not only balanced stages
+  local function score(stage_costs)
+    local st = {}
+    for k, c in ipairs(stage_costs) do st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 } end
+    local ok, res = pcall(s.simulate, s, { stages = st })
+    return ok and res and res:makespan() or math.huge
+  end
+  local popts = { stages = info.stages, by = by, input_shape = in_shape, seed = seed, score = score }
   if recorded then popts.by, popts.bounds = recorded.by, recorded.bounds end
   local ok, part = pcall(model.partition, model, popts)
   if not ok then fail("luapipe.train: " .. tostring(part):gsub("^[^:]*:%d+: ", "")) end

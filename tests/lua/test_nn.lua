@@ -104,6 +104,76 @@ function test_partition_by_cost()
   for s = 2, 4 do lu.assertEquals(q.bounds[s].first, q.bounds[s - 1].last + 1) end
 end
 
+-- by = "cost" with a score (what luapipe.train gives: the schedule's
+-- simulated step): on ZB-V (rank 0 holds stages 0 and 3, rank 1 stages 1
+-- and 2) a char-LM-like model (a free embedding, six equal blocks, a light
+-- head) split for the largest stage leaves rank 1 four blocks and rank 0
+-- two; the scored split is the best of every split (enumerated here) and
+-- gives each rank three
+function test_partition_by_cost_with_a_score()
+  local schedule = require("luapipe.schedule")
+  local s = schedule.build("zbv", { pp = 2, microbatches = 8 })
+  local costs = { 0.01, 3, 3, 3, 3, 3, 3, 0.02, 0.2 }
+  local m = nn.sequential { nn.linear(2, 2), nn.linear(2, 2), nn.linear(2, 2), nn.linear(2, 2),
+    nn.linear(2, 2), nn.linear(2, 2), nn.linear(2, 2), nn.linear(2, 2), nn.linear(2, 2) }
+  local function step(stage_costs)
+    local st = {}
+    for k, c in ipairs(stage_costs) do st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 } end
+    return assert(s:simulate({ stages = st })):makespan()
+  end
+  local function of(bounds)
+    local sc = {}
+    for k, b in ipairs(bounds) do
+      sc[k] = 0
+      for i = b.first, b.last do sc[k] = sc[k] + costs[i] end
+    end
+    return sc
+  end
+  local plain = m:partition { stages = 4, by = "cost", costs = costs }
+  local scored = m:partition { stages = 4, by = "cost", costs = costs, score = step }
+  local best = math.huge
+  for a = 1, 6 do
+    for b = a + 1, 7 do
+      for c = b + 1, 8 do
+        best = math.min(best, step(of({ { first = 1, last = a }, { first = a + 1, last = b },
+          { first = b + 1, last = c }, { first = c + 1, last = 9 } })))
+      end
+    end
+  end
+  lu.assertAlmostEquals(step(of(scored.bounds)), best, 1e-12)
+  lu.assertTrue(step(of(scored.bounds)) < 0.9 * step(of(plain.bounds)),
+    string.format("scored %.3f, plain %.3f", step(of(scored.bounds)), step(of(plain.bounds))))
+  local sc = of(scored.bounds)
+  lu.assertAlmostEquals(sc[1] + sc[4], 9.22, 0.5) -- rank 0: three blocks (and the light layers)
+  lu.assertAlmostEquals(sc[2] + sc[3], 9, 0.5)    -- rank 1: three blocks
+  -- too many splits to try them all (C(23, 7)): moves from the balanced
+  -- split, never worse than it
+  local s4 = schedule.build("zbv", { pp = 4, microbatches = 8 })
+  local big, layers = {}, {}
+  for i = 1, 24 do big[i], layers[i] = (i % 5 == 0) and 0.1 or 1, nn.linear(2, 2) end
+  local function step4(stage_costs)
+    local st = {}
+    for k, c in ipairs(stage_costs) do st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 } end
+    return assert(s4:simulate({ stages = st })):makespan()
+  end
+  local function of4(bounds)
+    local sc = {}
+    for k, b in ipairs(bounds) do
+      sc[k] = 0
+      for i = b.first, b.last do sc[k] = sc[k] + big[i] end
+    end
+    return sc
+  end
+  local m24 = nn.sequential(layers)
+  local p24 = m24:partition { stages = 8, by = "cost", costs = big }
+  local q24 = m24:partition { stages = 8, by = "cost", costs = big, score = step4 }
+  lu.assertTrue(step4(of4(q24.bounds)) <= step4(of4(p24.bounds)) + 1e-12)
+  lu.assertEquals(error_of(m.partition, m, { stages = 4, by = "cost", costs = costs, score = 3 }),
+    "partition: score must be a function(stage_costs) -> number, got 3")
+  lu.assertStrContains(error_of(m.partition, m, { stages = 4, by = "cost", costs = costs,
+    score = function() return "x" end }), "partition: score must return a number, got \"x\"")
+end
+
 -- by = "cost" builds, times and closes one layer at a time: when layer i
 -- is built, layer i-1 is already closed (peak memory = one layer)
 function test_partition_by_cost_builds_one_layer_at_a_time()
