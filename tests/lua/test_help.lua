@@ -105,7 +105,7 @@ function TestHelp.test_topics_cover_the_options()
   end
   for _, want in ipairs { 'optimizer = {kind = "sgd", lr=, momentum=, weight_decay=}',
     'optimizer = {kind = "adamw", lr=, beta1=, beta2=, eps=, weight_decay=}',
-    'partition = "cost" | "layers"', "balanced measured layer cost (default", "or equal layer counts", 'device = "cpu" | "cuda" | "cuda:N"', "chunks for interleaved1f1b only" } do
+    'partition = "cost" | "layers"', "measured layer", "whose simulated", "or equal layer counts", 'device = "cpu" | "cuda" | "cuda:N"', "chunks for interleaved1f1b only" } do
     lu.assertStrContains(train_text, want)
   end
   for _, want in ipairs { 'link = "lat=50us,bw=2GB/s"', "bytes = N", "exchanges = {[stage] = {F = {n =, "
