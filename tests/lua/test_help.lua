@@ -13,7 +13,7 @@ local eplb = require("luapipe.eplb")
 local model = nn.sequential { nn.linear(2, 2), loss = "mse" }
 local balancer = eplb.balancer { replicas = 4, gpus = 2, on_warning = function() end }
 local receivers = {
-  s = core.Schedule, res = core.SimResult, t = core.Tensor, layer = core.Layer,
+  s = core.Schedule, res = core.SimResult, t = core.Tensor, layer = core.Layer, exec = core.Exec,
   model = model, b = balancer,
 }
 
