@@ -478,7 +478,7 @@ function M.format(s)
     L[#L + 1] = string.format("    replaying each step's own measured action times (last %s): %s ms against "
       .. "%s ms measured: %.3f", util.count(s.replay_steps, "step"), f1(s.replay_ms),
       f1(s.replay_step_ms), s.replay_ratio)
-    if miss > 2 then
+    if miss > 2 and not s.oversubscribed then
       L[#L + 1] = string.format("    (mean costs miss %s%% of the step here: action times vary from step to step "
         .. "and with their place in the step, and this schedule has little slack to absorb that)", f1(miss))
     end
