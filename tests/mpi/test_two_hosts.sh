@@ -12,8 +12,9 @@
 # hosts see (a cluster's shared file system), once under each host's
 # private /tmp (one path, two directories: each host its own disk), where
 # each host's copy must hold only its own ranks' files (and rank 0's host
-# the markers and state.json), and what a killed save left on either host
-# (planted before the resume) must be gone after it; then
+# the markers and state.json); in both, what a killed save left (planted
+# before the resume, on either host) must be gone after it, and with
+# private disks a rank file missing on host b is named; then
 # examples/train_moe.lua with --trace: the measured trace, gathered on
 # rank 0 over the comm, holds compute slices of all 4 ranks. Ends every
 # namespace and process it made. Exits 77 (skipped) when not root, without
@@ -124,6 +125,8 @@ run() { # what ARGS...: one job; rc in $rc, output in $work/out
 "$work/host" "$nsa" "$work/hosta" sh -c 'echo a >/tmp/only-a'
 "$work/host" "$nsb" "$work/hostb" sh -c '[ ! -e /tmp/only-a ]' || fail "the hosts share /tmp"
 
+# tree DIR: what DIR holds, as sorted relative paths on one line
+tree() { (cd "$1" 2>/dev/null && find . -mindepth 1 | sed 's|^\./||' | sort | tr '\n' ' '); }
 # checkpoints go to a directory both hosts see (as a cluster's shared file
 # system): every rank's file, rank 0's markers and state.json in one place
 d=$work/shared/moe
@@ -136,6 +139,11 @@ run "2 steps with a checkpoint" "$luapipe" tests/mpi/checkpoint_check.lua 1f1b:m
 [ "$rc" -eq 0 ] || { fail "the checkpointed run"; cat "$work/out"; }
 [ "$(ls "$d"/ckpt/step2/rank*.ckpt 2>/dev/null | wc -l)" -eq 4 ] ||
   { fail "the step-2 checkpoint lacks ranks"; ls -R "$d"; }
+# what a save of step 3 killed mid-way leaves (pending, a finished and a half-written file)
+mkdir -p "$d/ckpt/step3"
+printf '{"step": 3, "ranks": 4}\n' >"$d/ckpt/pending"
+echo x >"$d/ckpt/step3/rank2.ckpt"
+echo x >"$d/ckpt/step3/rank3.ckpt.tmp"
 run "resumed for steps 3..6" "$luapipe" tests/mpi/checkpoint_check.lua 1f1b:moe2 resume "$d" 6
 if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok resume' "$work/out")" -ne 4 ]; then
   fail "the resumed run differs from the unbroken one"
@@ -143,12 +151,13 @@ if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok resume' "$work/out")" -ne 4 ]; then
 else
   grep -m1 ': ok resume' "$work/out"
 fi
+want="latest step6 step6/rank0.ckpt step6/rank1.ckpt step6/rank2.ckpt step6/rank3.ckpt step6/state.json "
+[ "$(tree "$d/ckpt")" = "$want" ] ||
+  fail "after the resume the shared checkpoint holds '$(tree "$d/ckpt")', want '$want'"
 
 # checkpoints under each host's private /tmp: /tmp/moe/ckpt is a different directory on
 # each host (ranks 0, 1 on host a, 2, 3 on host b). The unbroken run's results above go,
 # each rank's, to its host.
-# tree DIR: what DIR holds, as sorted relative paths on one line
-tree() { (cd "$1" 2>/dev/null && find . -mindepth 1 | sed 's|^\./||' | sort | tr '\n' ' '); }
 ha=$work/hosta/moe hb=$work/hostb/moe
 mkdir -p "$ha" "$hb"
 cp "$d"/full.rank[01].lua "$ha"/ && cp "$d"/full.rank[23].lua "$hb"/
