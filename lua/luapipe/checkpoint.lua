@@ -12,19 +12,40 @@
 --                                newest complete checkpoint
 --   <dir>/pending                {"step": N, "ranks": P}: a save in progress
 --
+-- The hosts need not share dir: every host may have its own copy at the
+-- same path (its local disk), or all may see one shared directory (one
+-- host, or a shared file system); both work alike. Each rank reads and
+-- writes only its own rank<R>.ckpt; everything else is rank 0's: the
+-- markers (latest, pending) and state.json are written and read by rank 0
+-- alone, on rank 0's host, and what it read reaches the other ranks over
+-- the comm (the step of latest and pending, state.json's text). So with
+-- local disks, rank 0's host holds latest, pending (during a save) and
+-- step<N>/state.json beside its ranks' files, and every other host holds
+-- only step<N>/rank<R>.ckpt of the ranks it runs: no marker, and any
+-- latest or pending found there (one of an earlier job) is never read. A
+-- resume must therefore place every rank on the host that holds its file
+-- (the same host list, in the same order); a rank whose file is not on
+-- its host fails naming the rank and the file.
+--
 -- Saving after step N: rank 0 writes <dir>/pending and creates
--- <dir>/step<N>; every rank writes its file (rank<R>.ckpt.tmp, fsync,
--- rename); once every rank has finished, rank 0 replaces <dir>/latest (also
--- write-then-rename), removes pending, and only then the files of the
--- previous checkpoint are removed. A job that dies at any point leaves
--- `latest` naming a complete checkpoint; what a killed save left behind
--- (pending's step directory unless latest names it, *.tmp files) is removed
--- at the next resume or save. A `latest` that does not parse, or whose
--- step and directory disagree, is an error naming the file and the fault,
--- never read as some other step. Every step between is
+-- <dir>/step<N>; every rank creates <dir>/step<N> on its host (if its host
+-- has none yet) and writes its file (rank<R>.ckpt.tmp, fsync, rename);
+-- once every rank has finished, rank 0 writes state.json, then replaces
+-- <dir>/latest (both write-then-rename), removes pending, and only then
+-- the previous checkpoint is removed: each rank removes its own file (rank
+-- 0 also state.json), and then every rank removes the step directory on
+-- its host when it is empty. A job that dies at any point leaves `latest`
+-- naming a complete checkpoint; what a killed save left behind is removed
+-- at the next resume or save: rank 0 tells every rank the step of latest
+-- and of pending, each rank removes its own leftovers (its *.ckpt.tmp in
+-- both steps, its rank<R>.ckpt in pending's step unless latest names it),
+-- rank 0 also the markers' .tmp files, pending's state.json and the files
+-- of ranks a larger killed job had, and every rank then removes pending's
+-- step directory on its host when empty. A `latest` that does not parse,
+-- or whose step and directory disagree, is an error naming the file and
+-- the fault, never read as some other step. Every step between is
 -- collective (all ranks call it after the same step), so a failure on one
--- rank is reported on every rank. All ranks must see the same file system
--- (one host, or a shared directory), as for traces.
+-- rank is reported on every rank.
 local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 local json = require("luapipe.json")
@@ -146,27 +167,98 @@ local function damaged(path, why)
     .. "{\"step\": N, \"dir\": \"stepN\", ...}. Restore it, or remove it to start afresh", path, why)
 end
 
--- Removes what a killed save left in dir (rank 0, while no rank saves):
--- latest.tmp, pending.tmp, rank files being written (*.ckpt.tmp) in the
--- committed step and in pending's, and pending's whole step unless latest
--- names it. Failures to remove are harmless (nothing there).
-local function clean_stale(dir, committed, ranks)
-  os.remove(dir .. "/latest.tmp")
-  os.remove(dir .. "/pending.tmp")
-  local p = read_marker(dir .. "/pending")
-  local n = math.max(ranks or 1, comm.size(), p and p.ranks or 1)
-  for _, step in ipairs({ committed or false, p and p.step or false }) do
+-- Rank 0's list of numbers on every rank (collective; the others pass a
+-- list of the same length, whose values are ignored).
+local function share(v, what)
+  if comm.size() == 1 then return v end
+  local all, err = comm.world():bcast(v, 0, what)
+  if not all then comm.abort(err) end
+  for i, x in ipairs(all) do all[i] = math.tointeger(x) or x end
+  return all
+end
+
+-- Rank 0's text (a string, or nil) on every rank (collective; the other
+-- ranks pass nil): its length, then its bytes six to a number (exact in a
+-- double).
+local function share_text(text, what)
+  if comm.size() == 1 then return text end
+  local rank0 = comm.rank() == 0
+  local n = share({ rank0 and (text and #text or -1) or 0 }, what)[1]
+  if n < 0 then return nil end
+  if n == 0 then return "" end
+  local words, v = (n + 5) // 6, {}
+  if rank0 then
+    local padded = text .. string.rep("\0", words * 6 - n)
+    for i = 1, words do v[i] = (string.unpack("<I6", padded, 6 * i - 5)) end
+  else
+    for i = 1, words do v[i] = 0 end
+  end
+  v = share(v, what)
+  if rank0 then return text end
+  for i = 1, words do v[i] = string.pack("<I6", v[i]) end
+  return table.concat(v):sub(1, n)
+end
+
+local function barrier(what)
+  if comm.size() == 1 then return end
+  local ok, err = comm.barrier(what)
+  if not ok then comm.abort(err) end
+end
+
+-- What rank 0 reads of dir's markers for clean_stale, on every rank
+-- (collective): the step latest names (else `committed`, or nil), and
+-- pending's step and rank count (nil when there is no pending).
+local function stale_steps(dir, committed)
+  local v = { -1, -1, 0 }
+  if comm.rank() == 0 then
+    local t = read_marker(dir .. "/latest")
+    local p = read_marker(dir .. "/pending")
+    v[1] = t and t.step or committed or -1
+    if p then v[2], v[3] = p.step, p.ranks or 0 end
+    v[3] = math.max(v[3], t and t.ranks or 0)
+  end
+  v = share(v, "checkpoint: the steps of " .. dir .. "/latest and pending")
+  return v[1] >= 0 and v[1] or nil, v[2] >= 0 and v[2] or nil, v[3]
+end
+
+-- Removes what a killed save left in dir (collective, while no rank
+-- saves): committed is the step latest names (or nil), pending pending's
+-- step (or nil), ranks the most ranks either marker names. Each rank
+-- removes its own rank files being written (*.ckpt.tmp) in both steps and
+-- its rank<R>.ckpt in pending's step unless latest names it; rank 0 also
+-- latest.tmp, pending.tmp, pending's state.json and the files of ranks
+-- beyond this job's (a larger job's killed save); then every rank removes
+-- pending's step directory on its host (only when empty: on a shared
+-- directory only the last try succeeds), and rank 0 removes pending.
+-- Failures to remove are harmless (nothing there).
+local function clean_stale(dir, committed, pending, ranks)
+  local rank, size = comm.rank(), comm.size()
+  local mine = { rank }
+  if rank == 0 then
+    os.remove(dir .. "/latest.tmp")
+    os.remove(dir .. "/pending.tmp")
+    for r = size, (ranks or 1) - 1 do mine[#mine + 1] = r end
+  end
+  for _, step in ipairs({ committed or false, pending or false }) do
     if step then
       local sdir = step_dir(dir, step)
-      for r = 0, n - 1 do
+      for _, r in ipairs(mine) do
         os.remove(string.format("%s/rank%d.ckpt.tmp", sdir, r))
         if step ~= committed then os.remove(string.format("%s/rank%d.ckpt", sdir, r)) end
       end
-      if step ~= committed then os.remove(sdir .. "/state.json") end
-      if step ~= committed then os.remove(sdir) end -- only when empty
+      if rank == 0 then
+        os.remove(sdir .. "/state.json.tmp")
+        if step ~= committed then os.remove(sdir .. "/state.json") end
+      end
     end
   end
-  os.remove(dir .. "/pending")
+  if pending and pending ~= committed then
+    barrier("checkpoint: removing what a killed save left in " .. step_dir(dir, pending))
+    os.remove(step_dir(dir, pending)) -- only when empty
+  end
+  -- no rank creates a step directory before every rank has removed its own
+  barrier("checkpoint: cleaning " .. dir)
+  if rank == 0 then os.remove(dir .. "/pending") end
 end
 
 local BY_CODE = { layers = 1, cost = 2 }
@@ -239,26 +331,32 @@ end
 function M.resume(cfg, exec)
   check_cfg("checkpoint.resume", cfg, "resume_dir")
   util.arg("checkpoint.resume", 2, "exec", exec, "luapipe.Exec")
-  local rank, size = comm.rank(), comm.size()
+  local rank = comm.rank()
   local dir = cfg.resume_dir
   local marker = dir .. "/latest"
-  local step = 0
+  -- rank 0 reads latest (only its host need hold it) and tells every rank
+  local v, why = { 0, -1, 0 }, nil
   if rank == 0 then
-    local t, why = read_marker(marker)
-    step = t and t.step or (why and -2 or -1)
-    if t and cfg.resume_dir == cfg.dir then clean_stale(dir, t.step, t.ranks) end
+    local t
+    t, why = read_marker(marker)
+    v[1] = t and t.step or (why and -2 or -1)
+    if t and cfg.resume_dir == cfg.dir then
+      local p = read_marker(dir .. "/pending")
+      if p then v[2] = p.step end
+      v[3] = math.max(t.ranks or 0, p and p.ranks or 0)
+    end
   end
-  if size > 1 then
-    local all, err = comm.allreduce({ step }, "resume: reading " .. marker)
-    if not all then comm.abort(err) end
-    step = math.tointeger(all[1])
-  end
+  v = share(v, "resume: reading " .. marker)
+  local step = v[1]
   if step == -1 then
     fail(string.format("luapipe.train: resume = true, but there is no checkpoint in '%s' (%s "
       .. "does not exist)", dir, marker))
   elseif step == -2 then
-    local _, why = read_marker(marker)
-    fail(damaged(marker, why or "it changed while being read"))
+    fail(damaged(marker, why or "it changed while being read")) -- (rank 0's message is printed)
+  end
+  if cfg.resume_dir == cfg.dir then
+    clean_stale(dir, step, v[2] >= 0 and v[2] or nil, v[3])
+    cfg.cleaned = true
   end
   local sdir = step_dir(dir, step)
   local got, err = exec:load_checkpoint(sdir)
@@ -269,13 +367,20 @@ function M.resume(cfg, exec)
   if not got and cfg.load_hint then err = tostring(err) .. cfg.load_hint end
   local msg, first = agree(got ~= nil, err, "loading checkpoint " .. sdir)
   if msg then fail("luapipe.train: " .. msg, first) end
-  -- the training loop's state beside the rank files (optional)
+  -- the training loop's state beside the rank files (optional): rank 0
+  -- reads it and every rank gets its text
   local sfile = sdir .. "/state.json"
-  local f = io.open(sfile, "rb")
-  if f then
-    local text = f:read("a")
-    f:close()
-    local t, _, jerr = json.decode(text or "")
+  local text
+  if rank == 0 then
+    local f = io.open(sfile, "rb")
+    if f then
+      text = f:read("a") or ""
+      f:close()
+    end
+  end
+  text = share_text(text, "resume: reading " .. sfile)
+  if text then
+    local t, _, jerr = json.decode(text)
     if type(t) ~= "table" then
       fail(string.format("luapipe.train: checkpoint %s is damaged: %s", sfile,
         t == nil and "it is not complete JSON (" .. tostring(jerr) .. ")" or "not a JSON object"))
@@ -300,13 +405,13 @@ function M.after_step(cfg, exec, k, info, state)
   if state then state = state() end
   local rank = comm.rank()
   local dir, sdir = cfg.dir, step_dir(cfg.dir, k)
+  if not cfg.cleaned then
+    -- a save killed in an earlier job: drop its leftovers first
+    clean_stale(dir, stale_steps(dir, cfg.saved))
+    cfg.cleaned = true
+  end
   local ok, err = true, nil
   if rank == 0 then
-    if not cfg.cleaned then
-      -- a save killed in an earlier job: drop its leftovers first
-      local t = read_marker(dir .. "/latest")
-      clean_stale(dir, t and t.step or cfg.saved, t and t.ranks)
-    end
     ok, err = core.mkdir_p(dir)
     if ok then
       ok, err = core.write_file(dir .. "/pending", string.format('{"step": %d, "ranks": %d}\n', k,
@@ -314,10 +419,15 @@ function M.after_step(cfg, exec, k, info, state)
     end
     if ok then ok, err = core.mkdir_p(sdir) end
   end
-  cfg.cleaned = true
   local msg, first = agree(ok, err, "creating checkpoint directory " .. sdir)
   if msg then fail("luapipe.train: " .. msg, first) end
-  ok, err = exec:save_checkpoint(sdir, k)
+  -- pending is written: every rank makes the step's directory on its host
+  -- (a no-op where rank 0's host, or a shared directory, has it)
+  if rank ~= 0 then
+    ok, err = core.mkdir_p(sdir)
+    if not ok then err = string.format("rank %d: %s", rank, err) end
+  end
+  if ok then ok, err = exec:save_checkpoint(sdir, k) end
   msg, first = agree(ok, err, "saving checkpoint " .. sdir)
   if msg then fail("luapipe.train: " .. msg, first) end
   if rank == 0 and state and next(state) then
@@ -339,14 +449,9 @@ function M.after_step(cfg, exec, k, info, state)
   if prev and prev ~= k then
     local pdir = step_dir(dir, prev)
     os.remove(string.format("%s/rank%d.ckpt", pdir, rank))
-    if comm.size() > 1 then
-      local bok, berr = comm.barrier("checkpoint: removing " .. pdir)
-      if not bok then comm.abort(berr) end
-    end
-    if rank == 0 then
-      os.remove(pdir .. "/state.json")
-      os.remove(pdir) -- only when empty
-    end
+    if rank == 0 then os.remove(pdir .. "/state.json") end
+    barrier("checkpoint: removing " .. pdir)
+    os.remove(pdir) -- on every host, only when empty
   end
   return sdir
 end

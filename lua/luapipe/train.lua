@@ -40,7 +40,10 @@
 -- steps only and r.first_step = k+1. The result is bitwise the run that
 -- never stopped. A missing, truncated or corrupt file, or one written for
 -- another schedule, rank count, model or optimizer, fails on every rank
--- with a message naming the file and what differs. All ranks must see dir.
+-- with a message naming the file and what differs. dir need not be shared:
+-- each host may have its own copy at the same path (its ranks' files; rank
+-- 0's host also latest and state.json, which rank 0 reads and shares; see
+-- luapipe.checkpoint).
 -- Partition: by "cost" (the default) every rank measures each layer's
 -- forward + backward time on its micro-batch shape (model:partition: one
 -- layer built at a time, the best of 3 runs, the fastest rank's time, the
@@ -584,7 +587,7 @@ function M.run(opts)
   local balance = eplb_loop(exec, opts.eplb, ep)
   if ckpt and ckpt.state and ckpt.state.eplb then
     local rok, rerr = pcall(balance.restore, ckpt.state.eplb, ckpt.state_file)
-    if not rok then checkpoint.fail_all(tostring(rerr)) end -- every rank read the same file
+    if not rok then checkpoint.fail_all(tostring(rerr)) end -- every rank has rank 0's state.json
   end
   for k = first_step, steps do
     if opts.trace_steps and k == steps - opts.trace_steps + 1 and k > first_step then

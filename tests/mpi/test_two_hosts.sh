@@ -3,13 +3,18 @@
 # first, on two emulated hosts (run from the repo root): two network
 # namespaces joined by a veth pair (addresses of a private /24 that only
 # these namespaces hold), each with its own /tmp (a private mount of a
-# per-host directory: nothing shared there; checkpoints go to a directory
-# both see, as on a cluster's shared file system), 2 ranks on each, Open MPI over
+# per-host directory: nothing shared there), 2 ranks on each, Open MPI over
 # TCP only (btl tcp,self; its daemon on the second host started through a
 # launcher that enters that namespace). MoE at pp = 2 x ep = 2 with EPLB:
 # 6 steps unbroken, 2 steps with a checkpoint, then a new job resumed for
 # steps 3..6, losses and final parameters bitwise the unbroken run's
-# (checkpoint_check.lua); then
+# (checkpoint_check.lua): once with the checkpoints in a directory both
+# hosts see (a cluster's shared file system), once under each host's
+# private /tmp (one path, two directories: each host its own disk), where
+# each host's copy must hold only its own ranks' files (and rank 0's host
+# the markers and state.json); in both, what a killed save left (planted
+# before the resume, on either host) must be gone after it, and with
+# private disks a rank file missing on host b is named; then
 # examples/train_moe.lua with --trace: the measured trace, gathered on
 # rank 0 over the comm, holds compute slices of all 4 ranks. Ends every
 # namespace and process it made. Exits 77 (skipped) when not root, without
@@ -120,8 +125,10 @@ run() { # what ARGS...: one job; rc in $rc, output in $work/out
 "$work/host" "$nsa" "$work/hosta" sh -c 'echo a >/tmp/only-a'
 "$work/host" "$nsb" "$work/hostb" sh -c '[ ! -e /tmp/only-a ]' || fail "the hosts share /tmp"
 
+# tree DIR: what DIR holds, as sorted relative paths on one line
+tree() { (cd "$1" 2>/dev/null && find . -mindepth 1 | sed 's|^\./||' | sort | tr '\n' ' '); }
 # checkpoints go to a directory both hosts see (as a cluster's shared file
-# system): rank 0 makes each step's folder and its state.json there
+# system): every rank's file, rank 0's markers and state.json in one place
 d=$work/shared/moe
 mkdir -p "$d"
 run "MoE pp 2 x ep 2 over two hosts, 6 steps" "$luapipe" tests/mpi/checkpoint_check.lua 1f1b:moe2 \
@@ -132,12 +139,74 @@ run "2 steps with a checkpoint" "$luapipe" tests/mpi/checkpoint_check.lua 1f1b:m
 [ "$rc" -eq 0 ] || { fail "the checkpointed run"; cat "$work/out"; }
 [ "$(ls "$d"/ckpt/step2/rank*.ckpt 2>/dev/null | wc -l)" -eq 4 ] ||
   { fail "the step-2 checkpoint lacks ranks"; ls -R "$d"; }
+# what a save of step 3 killed mid-way leaves (pending, a finished and a half-written file)
+mkdir -p "$d/ckpt/step3"
+printf '{"step": 3, "ranks": 4}\n' >"$d/ckpt/pending"
+echo x >"$d/ckpt/step3/rank2.ckpt"
+echo x >"$d/ckpt/step3/rank3.ckpt.tmp"
 run "resumed for steps 3..6" "$luapipe" tests/mpi/checkpoint_check.lua 1f1b:moe2 resume "$d" 6
 if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok resume' "$work/out")" -ne 4 ]; then
   fail "the resumed run differs from the unbroken one"
   cat "$work/out"
 else
   grep -m1 ': ok resume' "$work/out"
+fi
+want="latest step6 step6/rank0.ckpt step6/rank1.ckpt step6/rank2.ckpt step6/rank3.ckpt step6/state.json "
+[ "$(tree "$d/ckpt")" = "$want" ] ||
+  fail "after the resume the shared checkpoint holds '$(tree "$d/ckpt")', want '$want'"
+
+# checkpoints under each host's private /tmp: /tmp/moe/ckpt is a different directory on
+# each host (ranks 0, 1 on host a, 2, 3 on host b). The unbroken run's results above go,
+# each rank's, to its host.
+ha=$work/hosta/moe hb=$work/hostb/moe
+mkdir -p "$ha" "$hb"
+cp "$d"/full.rank[01].lua "$ha"/ && cp "$d"/full.rank[23].lua "$hb"/
+run "2 steps with a checkpoint on each host's own disk" "$luapipe" tests/mpi/checkpoint_check.lua \
+  1f1b:moe2 part /tmp/moe
+if [ "$rc" -ne 0 ]; then
+  fail "the checkpointed run on private disks"
+  cat "$work/out"
+else
+  want_a="latest step2 step2/rank0.ckpt step2/rank1.ckpt step2/state.json "
+  want_b="step2 step2/rank2.ckpt step2/rank3.ckpt "
+  [ "$(tree "$ha/ckpt")" = "$want_a" ] ||
+    fail "host a's checkpoint holds '$(tree "$ha/ckpt")', want '$want_a'"
+  [ "$(tree "$hb/ckpt")" = "$want_b" ] ||
+    fail "host b's checkpoint holds '$(tree "$hb/ckpt")', want '$want_b'"
+  # what a save of step 3 killed mid-way leaves: pending and rank 0's file on host a, a
+  # finished and a half-written rank file on host b, and a half-written step-2 file there
+  printf '{"step": 3, "ranks": 4}\n' >"$ha/ckpt/pending"
+  mkdir -p "$ha/ckpt/step3" "$hb/ckpt/step3"
+  echo x >"$ha/ckpt/step3/rank0.ckpt"
+  echo x >"$hb/ckpt/step3/rank2.ckpt"
+  echo x >"$hb/ckpt/step3/rank3.ckpt.tmp"
+  echo x >"$hb/ckpt/step2/rank3.ckpt.tmp"
+  run "resumed for steps 3..6 from each host's own disk" "$luapipe" tests/mpi/checkpoint_check.lua \
+    1f1b:moe2 resume /tmp/moe 6
+  if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok resume' "$work/out")" -ne 4 ]; then
+    fail "the run resumed from private disks differs from the unbroken one"
+    cat "$work/out"
+  else
+    grep -m1 ': ok resume' "$work/out"
+  fi
+  # step 6 replaced step 2 (and 4) on both hosts; the killed save's leftovers are gone
+  want_a="latest step6 step6/rank0.ckpt step6/rank1.ckpt step6/state.json "
+  want_b="step6 step6/rank2.ckpt step6/rank3.ckpt "
+  [ "$(tree "$ha/ckpt")" = "$want_a" ] ||
+    fail "after the resume host a's checkpoint holds '$(tree "$ha/ckpt")', want '$want_a'"
+  [ "$(tree "$hb/ckpt")" = "$want_b" ] ||
+    fail "after the resume host b's checkpoint holds '$(tree "$hb/ckpt")', want '$want_b'"
+  # a rank whose file is not on its host is named, with the file
+  rm "$hb/ckpt/step6/rank3.ckpt"
+  run "resumed with rank 3's file gone from host b" "$luapipe" tests/mpi/checkpoint_check.lua \
+    1f1b:moe2 error /tmp/moe 8
+  n=$(grep -c "rank 3: .*/tmp/moe/ckpt/step6/rank3.ckpt" "$work/out")
+  if [ "$rc" -ne 0 ] && [ "$n" -eq 1 ]; then
+    grep -m1 "rank 3: " "$work/out"
+  else
+    fail "a missing rank file on host b ($n ranks said it)"
+    cat "$work/out"
+  fi
 fi
 
 # the measured trace, gathered on rank 0 (host a) over the comm
