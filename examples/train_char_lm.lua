@@ -115,7 +115,7 @@ if comm.rank() == 0 then
     local s = result.summary
     for _, k in ipairs({ "steps", "step_ms", "predicted_ms", "makespan_ms", "ratio", "bubble_pct",
       "sim_bubble_pct", "overhead_pct", "wait_pct", "post_pct", "latency_ms", "replay_ms", "replay_step_ms",
-      "replay_ratio" }) do
+      "replay_ratio", "spread_ms", "spread_ratio" }) do
       r:write(string.format("%s=%s\n", k, tostring(s[k])))
     end
     r:write(string.format("final_loss=%.6f\n", result.losses[#result.losses] or 0))

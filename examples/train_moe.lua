@@ -188,7 +188,8 @@ if comm.rank() == 0 and r.summary then
     local out = assert(io.open(args.report, "w"))
     for _, k in ipairs({ "steps", "step_ms", "predicted_ms", "ratio", "bubble_pct", "sim_bubble_pct",
       "compute_pct", "wait_pct", "a2a_count", "a2a_ms", "a2a_blocked_ms", "a2a_link_ms", "a2a_hidden_pct",
-      "sim_a2a_ms", "sim_a2a_hidden_pct", "model_ms", "replay_ms", "replay_step_ms", "replay_ratio" }) do
+      "sim_a2a_ms", "sim_a2a_hidden_pct", "model_ms", "replay_ms", "replay_step_ms", "replay_ratio",
+      "spread_ms", "spread_ratio" }) do
       out:write(string.format("%s=%s\n", k, tostring(s[k])))
     end
     if e then out:write(string.format("load_before=%s\nload_after=%s\nbytes_moved=%d\n", e.before, e.after, e.bytes)) end

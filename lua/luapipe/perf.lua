@@ -22,6 +22,10 @@
 --                  done, and their gradient sums crossed the link); the
 --                  largest over ranks
 --   makespan_ms    the simulated makespan alone (pipeline part)
+--   spread_ms, spread_ratio, spread_draws  the prediction with the
+--                  measured spread: 32 simulations, each action's time drawn
+--                  from the kept times of its kind and model stage (see
+--                  spread below), against step_ms
 --   replay_ms, replay_step_ms, replay_ratio, replay_steps  the last
 --                  steps (up to 64) each simulated with its own measured
 --                  action times and optimizer times, against the measured
@@ -146,6 +150,73 @@ end
 -- runtime's own: waiting beyond the schedule's dependencies and latency.
 -- Sets out.replay_ms, out.replay_step_ms (measured, same steps),
 -- out.replay_ratio, out.replay_steps; nothing when no step was kept.
+-- The prediction with the measured spread (part of perf.summary, after the
+-- replay, from the same kept steps): SPREAD_DRAWS simulations in which
+-- every compute action takes a time drawn from all the kept times of its
+-- kind (F, B, I, W, FB) and model stage (an FB pair's: its F half's), on
+-- any rank and in any step, and every rank's optimizer a time drawn from its
+-- own kept ones; the mean of the predicted steps. Unlike the replay it is a
+-- model, not the measured steps again: what it keeps of the measurement is
+-- each kind's distribution (the variation a schedule without slack pays for,
+-- and, pooled into it, the cost of an action's place in the step), not
+-- which action was slow when. The draws are deterministic (their own
+-- generator, seeded the same on every rank). Sets out.spread_ms,
+-- out.spread_ratio (against step_ms), out.spread_draws.
+local SPREAD_DRAWS = 32
+local function spread(sched, base, predict, kept, P, out)
+  local PS = sched:info().ranks
+  local key, pool = {}, {}
+  for p = 0, PS - 1 do
+    key[p] = {}
+    for i = 0, sched:count(p) - 1 do
+      local a = sched:action(p, i)
+      local kind = a.type == "FB" and "FB" or a.type
+      if kind == "F" or kind == "B" or kind == "I" or kind == "W" or kind == "FB" then
+        local st = sched:vstage(a.stage)
+        key[p][i] = kind .. st
+      end
+    end
+  end
+  for _, k in ipairs(kept) do
+    for p = 0, PS - 1 do
+      for i, t in pairs(k.acts[p]) do
+        local kk = key[p][i]
+        if kk then
+          pool[kk] = pool[kk] or {}
+          pool[kk][#pool[kk] + 1] = t
+        end
+      end
+    end
+  end
+  local state = 0x9E3779B97F4A7C15
+  local function draw(n) -- xorshift64*, 1..n
+    state = state ~ (state >> 12)
+    state = state ~ (state << 25)
+    state = state ~ (state >> 27)
+    return ((state * 0x2545F4914F6CDD1D) >> 33) % n + 1
+  end
+  local sum = 0
+  for _ = 1, SPREAD_DRAWS do
+    local acts, opt = {}, {}
+    for p = 0, PS - 1 do
+      local row = {}
+      for i, kk in pairs(key[p]) do
+        local pl = pool[kk]
+        if pl then row[i] = pl[draw(#pl)] end
+      end
+      acts[p] = row
+    end
+    for w = 0, P - 1 do opt[w] = kept[draw(#kept)].opt[w] end
+    base.actions = acts
+    local ok, res = pcall(sched.simulate, sched, base)
+    if not ok or not res then return end
+    sum = sum + predict(res, opt)
+  end
+  out.spread_draws = SPREAD_DRAWS
+  out.spread_ms = sum / SPREAD_DRAWS
+  out.spread_ratio = out.step_ms > 0 and out.spread_ms / out.step_ms or 0
+end
+
 local function replay(exec, sched, cost, predict, out)
   if not exec.step_times then return end
   local P, rank, ep = comm.size(), comm.rank(), exec:ep()
@@ -177,6 +248,7 @@ local function replay(exec, sched, cost, predict, out)
   local sum_pred, sum_meas = 0, 0
   local base = {}
   for k2, val in pairs(cost) do base[k2] = val end
+  local kept = {} -- [k] = {acts = {[p] = {[i] = ms}}, opt = {[w] = s}}
   for k = 1, K do
     local acts, opt, meas = {}, {}, 0
     for w = 0, P - 1 do
@@ -202,11 +274,13 @@ local function replay(exec, sched, cost, predict, out)
     if not ok or not res then return end
     sum_pred = sum_pred + predict(res, opt)
     sum_meas = sum_meas + meas * ms
+    kept[k] = { acts = acts, opt = opt }
   end
   out.replay_steps = K
   out.replay_ms = sum_pred / K
   out.replay_step_ms = sum_meas / K
   out.replay_ratio = sum_meas > 0 and sum_pred / sum_meas or 0
+  spread(sched, base, predict, kept, P, out)
 end
 
 -- perf.summary(exec, sched[, opts]) -> summary table (see above), the same
@@ -478,6 +552,10 @@ function M.format(s)
     L[#L + 1] = string.format("    replaying each step's own measured action times (last %s): %s ms against "
       .. "%s ms measured: %.3f", util.count(s.replay_steps, "step"), f1(s.replay_ms),
       f1(s.replay_step_ms), s.replay_ratio)
+    if s.spread_ms then
+      L[#L + 1] = string.format("    with the measured spread of action times (%d draws from each kind and stage's "
+        .. "times): %s ms: predicted/measured %.3f", s.spread_draws, f1(s.spread_ms), s.spread_ratio)
+    end
     if miss > 2 and not s.oversubscribed then
       L[#L + 1] = string.format("    (mean costs miss %s%% of the step here: action times vary from step to step "
         .. "and with their place in the step, and this schedule has little slack to absorb that)", f1(miss))

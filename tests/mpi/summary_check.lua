@@ -133,9 +133,12 @@ if type(s) == "table" then
   check(s.replay_steps == tot.steps, "summary.replay_steps " .. tostring(s.replay_steps))
   check(num(s.replay_ms) and s.replay_ms > 0 and num(s.replay_step_ms) and s.replay_step_ms > 0
     and num(s.replay_ratio) and s.replay_ratio > 0, "replay figures missing")
+  check(s.spread_draws == 32 and num(s.spread_ms) and s.spread_ms > 0 and num(s.spread_ratio)
+    and s.spread_ratio > 0, "spread figures missing")
   if num(s.replay_ms) then
-    local t = assert(comm.allreduce({ s.replay_ms }))
+    local t = assert(comm.allreduce({ s.replay_ms, s.spread_ms or 0 }))
     check(math.abs(t[1] - P * s.replay_ms) < 1e-9 * P * s.replay_ms, "replay differs between ranks")
+    check(math.abs(t[2] - P * (s.spread_ms or 0)) < 1e-9 * P * (s.spread_ms or 0), "spread differs between ranks")
   end
 end
 r.exec:timing_reset()
