@@ -137,13 +137,14 @@ M.topics = {
   {
     name = "perf", summary = "measured against simulated (luapipe.perf)",
     intro = "The prediction simulates the schedule with the measured mean costs of every model stage; "
-      .. "the replay simulates each of the last steps (up to 64) with its own measured action times "
+      .. "the spread does so 32 times with each action's time drawn from the measured times of its "
+      .. "kind and stage (a model of how they vary); the replay simulates each of the last steps (up to 64) with its own measured action times "
       .. "(exec:step_times()), so what it leaves between it and the measured step is the runtime's "
       .. "own waiting, while mean costs also miss how action times vary (a schedule without slack, "
       .. "DualPipe's, pays for that in full). When a host runs more ranks than the cores their "
       .. "affinity allows, summary.oversubscribed = {ranks =, cores =} and the text says the "
       .. "prediction does not apply (ranks also wait for a core).",
-    { "perf.summary(exec, sched)", "step_ms, predicted_ms, ratio, replay_ms, replay_ratio, bubbles (collective)" },
+    { "perf.summary(exec, sched)", "step_ms, predicted_ms, ratio, spread_ms, spread_ratio, replay_ms, replay_ratio, bubbles (collective)" },
     { "exec:step_times()", "the kept steps, oldest first: {wall =, after =, actions = {[i] = seconds}}" },
     { "perf.format(summary)", "the text train prints" },
     { "perf.write_measured_svg(exec, sched, path)", "the measured last step as SVG" },
