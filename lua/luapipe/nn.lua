@@ -321,8 +321,10 @@ end
 -- another's work. This one minimises the score first, then the largest
 -- stage: every split when there are few (C(n-1, S-1) <= 2000), else moves
 -- of one boundary by one layer from the balanced split while that
--- improves. -> bounds
-local function scored_bounds(c, S, score, start)
+-- improves; either way for at most `budget` seconds (then the best found:
+-- never worse than the balanced split). -> bounds
+local function scored_bounds(c, S, score, start, budget)
+  local t_end = core.now() + budget
   local n = #c
   local pre = { [0] = 0 }
   for i = 1, n do pre[i] = pre[i - 1] + c[i] end
@@ -354,6 +356,7 @@ local function scored_bounds(c, S, score, start)
   if count <= lim then
     local cur = {}
     local function rec(st, lo)
+      if core.now() > t_end then return end
       if st == S then
         cur[S] = n
         local x1, x2 = eval(cur)
@@ -371,10 +374,11 @@ local function scored_bounds(c, S, score, start)
     rec(1, 1)
   else
     local improved = true
-    while improved do
+    while improved and core.now() <= t_end do
       improved = false
       for st = 1, S - 1 do
         for _, d in ipairs({ -1, 1 }) do
+          if core.now() > t_end then goto done end
           local v = cuts[st] + d
           local lo = st > 1 and cuts[st - 1] + 1 or 1
           if v >= lo and v < cuts[st + 1] then
@@ -391,6 +395,7 @@ local function scored_bounds(c, S, score, start)
       end
     end
   end
+  ::done::
   local bounds, first = {}, 1
   for st = 1, S do
     bounds[st] = { first = first, last = cuts[st] }
@@ -474,7 +479,8 @@ end
 -- costs {c1, ..., cS} returning a number; luapipe.train gives the
 -- schedule's simulated step) the split minimises the score first, then the
 -- largest stage: a rank that holds two stages of a V shape or of an
--- interleaved schedule gets their sum balanced. `bounds` ({{first, last}, ...} or
+-- interleaved schedule gets their sum balanced; the search stops after
+-- score_seconds (default 1) with the best split found. `bounds` ({{first, last}, ...} or
 -- {{first =, last =}, ...}, e.g. a checkpoint's) gives the split itself
 -- (checked: contiguous, covering every layer, S stages). A model with
 -- fewer layers than stages is an error.
@@ -517,7 +523,7 @@ function Model:partition(opts)
       if type(opts.score) ~= "function" then
         error("partition: score must be a function(stage_costs) -> number, got " .. util.shown(opts.score), 2)
       end
-      local ok, b = pcall(scored_bounds, costs, S, opts.score, bounds)
+      local ok, b = pcall(scored_bounds, costs, S, opts.score, bounds, opts.score_seconds or 1)
       if not ok then error(b, 2) end
       bounds = b
     end

@@ -475,12 +475,29 @@ local function configure(opts)
   -- a cost split is judged by the step it gives this schedule (simulated:
   -- a stage's F a third of its measured forward + backward, B two thirds,
   -- I and W a third each), so ranks that hold several stages (interleaved,
-  -- V shapes) get balanced loads, not only balanced stages
-  local function score(stage_costs)
-    local st = {}
-    for k, c in ipairs(stage_costs) do st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 } end
-    local ok, res = pcall(s.simulate, s, { stages = st })
-    return ok and res and res:makespan() or math.huge
+  -- V shapes, DualPipe's two directions) get balanced loads, not only
+  -- balanced stages. With one stage per rank the balanced split is already
+  -- the one (no score). A family with many micro-batches is judged on the
+  -- same family with fewer (2 per virtual stage: the same placement and
+  -- shape, a much shorter simulation; a large schedule takes tens of ms
+  -- per simulation and the search tries hundreds of splits).
+  local score
+  if (info.vstages or 0) > info.ranks then
+    local judge = s
+    local fam = type(opts.schedule) == "string" and require("luapipe.schedules").canonical(opts.schedule)
+    local few = 2 * info.vstages
+    if fam and info.microbatches > few then
+      few = few + (-few) % info.ranks -- a multiple of the ranks (interleaved1f1b wants one)
+      local ok, small = pcall(schedule.build, opts.schedule, { pp = info.ranks, microbatches = few,
+        chunks = opts.chunks })
+      if ok and small and small:info().stages == info.stages then judge = small end
+    end
+    score = function(stage_costs)
+      local st = {}
+      for k, c in ipairs(stage_costs) do st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 } end
+      local ok, res = pcall(judge.simulate, judge, { stages = st })
+      return ok and res and res:makespan() or math.huge
+    end
   end
   local popts = { stages = info.stages, by = by, input_shape = in_shape, seed = seed, score = score }
   if recorded then popts.by, popts.bounds = recorded.by, recorded.bounds end

@@ -168,6 +168,11 @@ function test_partition_by_cost_with_a_score()
   local p24 = m24:partition { stages = 8, by = "cost", costs = big }
   local q24 = m24:partition { stages = 8, by = "cost", costs = big, score = step4 }
   lu.assertTrue(step4(of4(q24.bounds)) <= step4(of4(p24.bounds)) + 1e-12)
+  -- out of time at once: the balanced split, as it is
+  local z24 = m24:partition { stages = 8, by = "cost", costs = big, score = step4, score_seconds = 0 }
+  lu.assertEquals(z24.bounds, p24.bounds)
+  local z = m:partition { stages = 4, by = "cost", costs = costs, score = step, score_seconds = 0 }
+  lu.assertEquals(z.bounds, plain.bounds)
   lu.assertEquals(error_of(m.partition, m, { stages = 4, by = "cost", costs = costs, score = 3 }),
     "partition: score must be a function(stage_costs) -> number, got 3")
   lu.assertStrContains(error_of(m.partition, m, { stages = 4, by = "cost", costs = costs,
