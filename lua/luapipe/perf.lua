@@ -148,7 +148,9 @@ end
 -- than the mean costs say although the runtime adds nothing. The replay
 -- keeps that in, so what is left between it and the measured step is the
 -- runtime's own: waiting beyond the schedule's dependencies and latency.
--- Sets out.replay_ms, out.replay_step_ms (measured, same steps),
+-- A large job replays fewer steps: the gathered times stay under
+-- REPLAY_FLOATS numbers (a million: 8 MB, on 64 ranks of 4,000 actions 3
+-- steps). Sets out.replay_ms, out.replay_step_ms (measured, same steps),
 -- out.replay_ratio, out.replay_steps; nothing when no step was kept.
 -- The prediction with the measured spread (part of perf.summary, after the
 -- replay, from the same kept steps): SPREAD_DRAWS simulations in which
@@ -217,6 +219,7 @@ local function spread(sched, base, predict, kept, P, out)
   out.spread_ratio = out.step_ms > 0 and out.spread_ms / out.step_ms or 0
 end
 
+local REPLAY_FLOATS = 1000000
 local function replay(exec, sched, cost, predict, out)
   if not exec.step_times then return end
   local P, rank, ep = comm.size(), comm.rank(), exec:ep()
@@ -227,10 +230,15 @@ local function replay(exec, sched, cost, predict, out)
   local K = math.huge
   for r = 1, P do K = math.min(K, math.floor(counts[r] + 0.5)) end
   if K < 1 or K == math.huge then return end
-  -- one vector: per world rank, K rows of (wall, after, one time per action)
-  local nact, off, total = {}, {}, 0
+  -- one vector: per world rank, K rows of (wall, after, one time per action);
+  -- a large job gathers fewer steps (at most REPLAY_FLOATS numbers in all)
+  local nact, off, total, per_step = {}, {}, 0, 0
   for w = 0, P - 1 do
     nact[w] = sched:count(w // ep)
+    per_step = per_step + nact[w] + 2
+  end
+  K = math.max(1, math.min(K, REPLAY_FLOATS // per_step))
+  for w = 0, P - 1 do
     off[w] = total
     total = total + K * (nact[w] + 2)
   end
