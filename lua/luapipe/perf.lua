@@ -172,7 +172,7 @@ local function spread(sched, base, predict, kept, P, out)
     key[p] = {}
     for i = 0, sched:count(p) - 1 do
       local a = sched:action(p, i)
-      local kind = a.type == "FB" and "FB" or a.type
+      local kind = a.type
       if kind == "F" or kind == "B" or kind == "I" or kind == "W" or kind == "FB" then
         local st = sched:vstage(a.stage)
         key[p][i] = kind .. st

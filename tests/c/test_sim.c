@@ -476,9 +476,9 @@ static void test_b_equals_i_plus_w(void **state) {
   lp_schedule_free(s);
 }
 
-/* SEND/RECV in a lowered schedule take no time; timings are unchanged. */
-static void test_lowered_comm_ignored(void **state) {
-  (void)state;
+/* Two ranks, one micro-batch, with explicit SEND/RECV: rank 0 runs
+ * 0F0 0SEND_F0 0RECV_B0 0B0, rank 1 1RECV_F0 1F0 1B0 1SEND_B0. */
+static lp_schedule *lowered_pair(void) {
   lp_schedule *s = linear(2, 1);
   const char *r0[] = {"0F0", "0SEND_F0", "0RECV_B0", "0B0"};
   const char *r1[] = {"1RECV_F0", "1F0", "1B0", "1SEND_B0"};
@@ -486,6 +486,13 @@ static void test_lowered_comm_ignored(void **state) {
     push(s, 0, "%s", r0[i]);
     push(s, 1, "%s", r1[i]);
   }
+  return s;
+}
+
+/* SEND/RECV in a lowered schedule take no time; timings are unchanged. */
+static void test_lowered_comm_ignored(void **state) {
+  (void)state;
+  lp_schedule *s = lowered_pair();
   lp_sim_cost c = cost_fb(1, 2);
   c.latency = 0.25;
   lp_sim_result *r = run_ok(s, &c);
@@ -508,13 +515,7 @@ static void test_lowered_comm_ignored(void **state) {
  * a time on a SEND / RECV or a bad value is refused with the action named. */
 static void test_action_times(void **state) {
   (void)state;
-  lp_schedule *s = linear(2, 1);
-  const char *r0[] = {"0F0", "0SEND_F0", "0RECV_B0", "0B0"};
-  const char *r1[] = {"1RECV_F0", "1F0", "1B0", "1SEND_B0"};
-  for (int i = 0; i < 4; i++) {
-    push(s, 0, "%s", r0[i]);
-    push(s, 1, "%s", r1[i]);
-  }
+  lp_schedule *s = lowered_pair();
   lp_sim_cost c = cost_fb(1, 2);
   double t0[4] = {3, LP_SIM_UNSET, LP_SIM_UNSET, LP_SIM_UNSET};
   double t1[4] = {LP_SIM_UNSET, LP_SIM_UNSET, 0.5, LP_SIM_UNSET};

@@ -104,6 +104,28 @@ function test_partition_by_cost()
   for s = 2, 4 do lu.assertEquals(q.bounds[s].first, q.bounds[s - 1].last + 1) end
 end
 
+-- The score luapipe.train gives a split: schedule s's simulated step with
+-- a stage's F a third of its cost, B two thirds, I and W a third each.
+local function simulated_step(s)
+  return function(stage_costs)
+    local st = {}
+    for k, c in ipairs(stage_costs) do st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 } end
+    return assert(s:simulate({ stages = st })):makespan()
+  end
+end
+
+-- bounds -> each stage's summed layer costs
+local function stage_sums(costs)
+  return function(bounds)
+    local sc = {}
+    for k, b in ipairs(bounds) do
+      sc[k] = 0
+      for i = b.first, b.last do sc[k] = sc[k] + costs[i] end
+    end
+    return sc
+  end
+end
+
 -- by = "cost" with a score (what luapipe.train gives: the schedule's
 -- simulated step): on ZB-V (rank 0 holds stages 0 and 3, rank 1 stages 1
 -- and 2) a char-LM-like model (a free embedding, six equal blocks, a light
@@ -116,19 +138,7 @@ function test_partition_by_cost_with_a_score()
   local costs = { 0.01, 3, 3, 3, 3, 3, 3, 0.02, 0.2 }
   local m = nn.sequential { nn.linear(2, 2), nn.linear(2, 2), nn.linear(2, 2), nn.linear(2, 2),
     nn.linear(2, 2), nn.linear(2, 2), nn.linear(2, 2), nn.linear(2, 2), nn.linear(2, 2) }
-  local function step(stage_costs)
-    local st = {}
-    for k, c in ipairs(stage_costs) do st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 } end
-    return assert(s:simulate({ stages = st })):makespan()
-  end
-  local function of(bounds)
-    local sc = {}
-    for k, b in ipairs(bounds) do
-      sc[k] = 0
-      for i = b.first, b.last do sc[k] = sc[k] + costs[i] end
-    end
-    return sc
-  end
+  local step, of = simulated_step(s), stage_sums(costs)
   local plain = m:partition { stages = 4, by = "cost", costs = costs }
   local scored = m:partition { stages = 4, by = "cost", costs = costs, score = step }
   local best = math.huge
@@ -151,19 +161,7 @@ function test_partition_by_cost_with_a_score()
   local s4 = schedule.build("zbv", { pp = 4, microbatches = 8 })
   local big, layers = {}, {}
   for i = 1, 24 do big[i], layers[i] = (i % 5 == 0) and 0.1 or 1, nn.linear(2, 2) end
-  local function step4(stage_costs)
-    local st = {}
-    for k, c in ipairs(stage_costs) do st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 } end
-    return assert(s4:simulate({ stages = st })):makespan()
-  end
-  local function of4(bounds)
-    local sc = {}
-    for k, b in ipairs(bounds) do
-      sc[k] = 0
-      for i = b.first, b.last do sc[k] = sc[k] + big[i] end
-    end
-    return sc
-  end
+  local step4, of4 = simulated_step(s4), stage_sums(big)
   local m24 = nn.sequential(layers)
   local p24 = m24:partition { stages = 8, by = "cost", costs = big }
   local q24 = m24:partition { stages = 8, by = "cost", costs = big, score = step4 }
