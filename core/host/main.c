@@ -420,6 +420,13 @@ static int pmain(lua_State *L) {
 }
 
 int main(int argc, char **argv) {
+  /* stderr line-buffered: a message written in pieces (Lua's
+   * io.stderr:write("luapipe: ", msg, "\n"), fprintf) leaves as one write,
+   * so mpirun, which forwards each rank's stdout and stderr separately,
+   * cannot put a line of stdout inside it. A line without its newline
+   * (a progress line) is flushed by its writer. */
+  static char errbuf[BUFSIZ];
+  setvbuf(stderr, errbuf, _IOLBF, sizeof errbuf);
   host_sigint_install();
   char env_err[LP_ERRLEN];
   if (lp_env_check(env_err) != LP_OK) { /* before MPI: nothing to undo */

@@ -328,7 +328,7 @@ local function run_one(pl, c, opts, budget, progress)
       if st.best <= st.lower_bound * (1 + 1e-12) and type(opts.objective) ~= "function" then break end
     end
   end)
-  if progress then io.stderr:write("\r\27[K") end
+  if progress then io.stderr:write("\r\27[K"); io.stderr:flush() end
   if not ok then
     if tostring(perr):find("interrupted!", 1, true) then
       interrupted = true
