@@ -251,7 +251,7 @@ static lp_status ep_wait(void *ud, void *handle) {
 
 lp_status ex_ep_attach(lp_exec *e, vst *vs) {
   if (e->ep <= 1 || lp_nn_moe_count(vs->chunk) == 0) return LP_OK;
-  e->moe.nnep = (lp_nn_ep){e->ep, e->ep_rank, e, ep_start, ep_wait, e->moe.dcomm != NULL};
+  e->moe.nnep = (lp_nn_ep){e->ep, e->ep_rank, e, ep_start, ep_wait};
   lp_status st = lp_nn_set_ep(vs->chunk, &e->moe.nnep);
   if (st != LP_OK)
     lp_errf(e->err, "rank %d: giving model stage %d the EP group of %d ranks failed (%s)",

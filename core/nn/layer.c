@@ -150,7 +150,7 @@ void lp_nn_ctx_clear(lp_nn_ctx *ctx) {
   ctx->ext = NULL;
   ctx->ext_free = NULL;
   ctx->pass = NN_PASS_NONE;
-  ctx->phase = 0;
+  ctx->phase = LP_NN_PHASE_DONE;
   ctx->pos = 0;
   ctx->wdone = 0;
   ctx->layer = NULL;
@@ -216,7 +216,7 @@ static lp_status start_pass(lp_nn_layer *l, lp_nn_ctx *ctx,
   ctx->layer = l;
   ctx->pass = pass;
   ctx->want_dx = want_dx;
-  ctx->phase = 0;
+  ctx->phase = LP_NN_PHASE_DENSE;
   ctx->pos = 0;
   ctx->wdone = 0;
   return LP_OK;
@@ -432,7 +432,7 @@ void lp_nn_layer_release(lp_nn_layer *l) {
     for (size_t i = 0; i < l->nparams; i++)
       nn_param_free(&l->params[i]);
   lp_free(l->params);
-  nn_moe_free(l->moe);
+  if (l->sub_free) l->sub_free(l->sub);
   for (size_t i = 0; i < l->nchild; i++)
     lp_nn_layer_release(l->child[i]);
   lp_free(l->child);

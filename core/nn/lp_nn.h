@@ -306,6 +306,14 @@ int lp_nn_ctx_exchange_pending(const lp_nn_ctx *ctx);
  * route_scale * s_e / sum of the selected s. Shared experts: one SwiGLU of
  * hidden size shared * hidden applied to every token.
  *
+ * That is DeepSeek's Gate (DeepSeek-V3 inference/model.py) with a bias,
+ * except that softmax weights are normalised too. Two options give the
+ * rest of the Gate: no_bias (a Gate without a bias, as DeepSeek-V2's):
+ * selection on s alone and each group scored by its best s; no_norm_topk:
+ * g_e = route_scale * s_e, not divided by the selected sum (the Gate's
+ * softmax weights; HF's norm_topk_prob = false). The Gate's names:
+ * score_func = router, n_groups = groups, topk_groups, route_scale.
+ *
  * balance_alpha > 0 adds DeepSeek-V3's sequence-wise balance loss
  * alpha * sum_i f_i P_i for every sequence (x [batch, seq, dim]: each
  * batch row is a sequence; x [tokens, dim]: one sequence), f_i = E/(K T) *
@@ -343,6 +351,9 @@ typedef struct lp_nn_moe_opts {
   float bias_speed;    /* lp_nn_moe_update_bias step (0: bias stays 0) */
   lp_nn_router_kind router;
   float balance_alpha; /* sequence-wise balance loss weight (0: off) */
+  int no_bias;         /* 1: no selection bias (bias_speed must be 0): top-k
+                        * on s, groups scored by their best s */
+  int no_norm_topk;    /* 1: weights route_scale * s_e, not normalised */
 } lp_nn_moe_opts;
 
 /* An MoE layer with the default placement (one slot per expert, all on
@@ -377,8 +388,8 @@ typedef struct lp_nn_xinfo {
   const char *layer; /* the MoE layer's name (valid while the layer lives) */
   void *tag;         /* lp_nn_ctx_tag of the pass that starts it */
   /* where send and recv live: NULL for host memory (the count exchange,
-   * or rows staged on the host), else the rows' tensor backend (only when
-   * the lp_nn_ep has `device` set) */
+   * or the rows of a layer on a host backend), else the rows' tensor
+   * backend (device memory: the lp_nn_ep moves it there) */
   const lp_tensor_backend *be;
 } lp_nn_xinfo;
 
@@ -387,11 +398,9 @@ typedef struct lp_nn_xinfo {
  * floats go to rank r (send displacements are their prefix sums),
  * recv_counts[r] floats arrive from rank r (likewise); *handle is finished
  * by wait. Every EP rank starts its exchanges of one tag in the same
- * order. With `device` 0, start only ever gets host memory: rows of a
- * layer on a device backend are staged through host buffers by the layer;
- * with `device` 1 start takes them where they live (x->be says where: the
- * executor moves them with a comm context for that backend, staged or
- * NCCL). */
+ * order. The rows go where they live: on a device backend send and recv
+ * are device memory (x->be says which: the executor moves them with a
+ * comm context for that backend, staged or NCCL). */
 typedef struct lp_nn_ep {
   int size, rank; /* EP group size and this rank's index in it */
   void *ud;
@@ -399,7 +408,6 @@ typedef struct lp_nn_ep {
                      const size_t *send_counts, float *recv,
                      const size_t *recv_counts, void **handle);
   lp_status (*wait)(void *ud, void *handle);
-  int device; /* 1: start takes buffers on any backend (see above) */
 } lp_nn_ep;
 
 /* Gives every MoE layer inside l the EP group (copied; NULL or size 1: no
@@ -436,9 +444,11 @@ const lp_nn_moe_opts *lp_nn_moe_get_opts(const lp_nn_layer *moe);
 lp_status lp_nn_moe_expert_load(const lp_nn_layer *moe, int64_t *counts);
 void lp_nn_moe_load_reset(lp_nn_layer *moe);
 /* Aux-loss-free balancing, at step end with the EP-group-summed counts:
- * bias_e += bias_speed * sign(mean - counts_e). */
+ * bias_e += bias_speed * sign(mean - counts_e) (nothing with no_bias). */
 lp_status lp_nn_moe_update_bias(lp_nn_layer *moe, const int64_t *global_counts);
-/* The selection bias (E floats), read / write (checkpoints, tests). */
+/* The selection bias (E floats), read / write (checkpoints, tests); a
+ * layer built with no_bias reads zeros and takes only zeros (else
+ * LP_ERR_ARG). */
 lp_status lp_nn_moe_get_bias(const lp_nn_layer *moe, float *bias);
 lp_status lp_nn_moe_set_bias(lp_nn_layer *moe, const float *bias);
 /* The router's decisions for x ([tokens, dim] or [batch, seq, dim], on
@@ -447,7 +457,8 @@ lp_status lp_nn_moe_set_bias(lp_nn_layer *moe, const float *bias);
  * dims): experts[t*topk + k] the k-th selected logical expert (highest
  * biased affinity first; within the eligible groups when the layer has
  * groups), weights[t*topk + k] its combine weight (route_scale * its
- * affinity / the sum of the selected affinities: the bias only selects),
+ * affinity / the sum of the selected affinities, or without the division
+ * with no_norm_topk: the bias only selects),
  * scores[t*E + e] the affinity of expert e (sigmoid, or softmax, of the
  * router logits). The caller sizes the arrays (tokens * topk, tokens * E).
  * LP_ERR_ARG for a shape that is not [..., dim]. */

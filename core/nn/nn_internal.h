@@ -37,8 +37,6 @@ typedef struct nn_phased {
   lp_status (*weight_grad_part)(lp_nn_layer *l, lp_nn_ctx *ctx, int *did);
 } nn_phased;
 
-struct nn_moe; /* moe.c */
-
 struct lp_nn_layer {
   const nn_ops *ops;
   const nn_phased *phased; /* NULL for one-call layers */
@@ -57,7 +55,10 @@ struct lp_nn_layer {
   int64_t heads;   /* attention */
   float eps;       /* rmsnorm */
   lp_tensor_act_kind act;
-  struct nn_moe *moe; /* moe: config, placement, bias, load (owned) */
+  /* state of a kind the generic layer does not know (moe: config,
+   * placement, bias, load), owned: freed by sub_free on release */
+  void *sub;
+  void (*sub_free)(void *sub);
   /* composites: the param generation their list was collected at */
   unsigned param_gen;
 };
@@ -75,7 +76,8 @@ struct lp_nn_ctx {
   /* a pass in progress (lp_nn_*_begin .. the advance that finishes it) */
   int pass;        /* NN_PASS_* */
   int want_dx;     /* input-grad: the caller wants dx */
-  int phase;       /* layer-specific step of the pass */
+  lp_nn_phase phase; /* phased leaves (moe): what the next advance runs
+                      * (LP_NN_PHASE_DENSE when a pass begins) */
   size_t pos;      /* composites: the child being advanced */
   size_t wdone;    /* chunks: children whose weight-grad already ran (the
                     * last wdone, in backward order: lp_nn_weight_grad_part) */
@@ -105,9 +107,6 @@ void nn_params_changed(void);
  * through nn_phased.advance): an internal error if ever called. */
 lp_status nn_no_call(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *in,
                      lp_tensor **out);
-/* Frees a moe's private state (moe.c). */
-void nn_moe_free(struct nn_moe *m);
-
 /* Records "layer <name> (<kind>): <message>" in ctx's root (no-op when ctx
  * is NULL) and returns st. */
 lp_status nn_fail(lp_nn_ctx *ctx, const lp_nn_layer *l, lp_status st,

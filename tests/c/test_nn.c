@@ -1065,7 +1065,7 @@ static long ep_check(int k, int block, int spr, const int *p2l,
   w.k = k;
   for (int r = 0; r < k; r++) {
     fr[r] = (fake_rank){&w, r};
-    lp_nn_ep ep = {k, r, &fr[r], fake_start, fake_wait, 0};
+    lp_nn_ep ep = {k, r, &fr[r], fake_start, fake_wait};
     if (block)
       assert_int_equal(lp_nn_moe_block_new("b", 2, &o, 5, &ls[r]), LP_OK);
     else
@@ -1217,7 +1217,7 @@ static void test_moe_ep_idle_rank(void **state) {
   w.k = K;
   for (int r = 0; r < K; r++) {
     fr[r] = (fake_rank){&w, r};
-    lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait, 0};
+    lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
     assert_int_equal(lp_nn_moe_new("m", &o, 2, &ls[r]), LP_OK);
     assert_int_equal(lp_nn_moe_set_bias(ls[r], bias), LP_OK);
     assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
@@ -1279,7 +1279,7 @@ static void test_moe_overlapped_pair(void **state) {
     w.k = K;
     for (int r = 0; r < K; r++) {
       fr[r] = (fake_rank){&w, r};
-      lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait, 0};
+      lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
       assert_int_equal(lp_nn_moe_block_new("b", 2, &o, 5, &ls[r]), LP_OK);
       assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
       assert_int_equal(lp_nn_ctx_new(&c0[r]), LP_OK);
@@ -1363,7 +1363,7 @@ static void test_weight_grad_parts(void **state) {
     w.k = K;
     for (int r = 0; r < K; r++) {
       fr[r] = (fake_rank){&w, r};
-      lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait, 0};
+      lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
       lp_nn_layer *b[2];
       assert_int_equal(lp_nn_moe_block_new("b0", 2, &o, 5, &b[0]), LP_OK);
       assert_int_equal(lp_nn_moe_block_new("b1", 2, &o, 6, &b[1]), LP_OK);
@@ -1485,7 +1485,7 @@ static void test_moe_placement_move(void **state) {
   lp_tensor *saved[4][3] = {{NULL}};
   for (int r = 0; r < K; r++) {
     fr[r] = (fake_rank){&w, r};
-    lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait, 0};
+    lp_nn_ep ep = {K, r, &fr[r], fake_start, fake_wait};
     assert_int_equal(lp_nn_moe_new("moe", &o, 9, &ls[r]), LP_OK);
     assert_int_equal(lp_nn_set_ep(ls[r], &ep), LP_OK);
     assert_int_equal(lp_nn_moe_set_placement(ls[r], 2, p1), LP_OK);
@@ -1655,7 +1655,7 @@ static void test_moe_bias_and_errors(void **state) {
   assert_int_equal(lp_nn_moe_set_placement(m, 4, missing), LP_ERR_ARG);
   const int out_of_range[] = {0, 1, 2, 4};
   assert_int_equal(lp_nn_moe_set_placement(m, 4, out_of_range), LP_ERR_ARG);
-  lp_nn_ep ep = {2, 2, NULL, fake_start, fake_wait, 0}; /* rank >= size */
+  lp_nn_ep ep = {2, 2, NULL, fake_start, fake_wait}; /* rank >= size */
   assert_int_equal(lp_nn_set_ep(m, &ep), LP_ERR_ARG);
   assert_null(lp_nn_moe_get_opts(NULL));
   assert_int_equal(lp_nn_moe_get_opts(m)->experts, 4);
