@@ -156,44 +156,28 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
     lp_errf(e->err, "rank %d: moving expert weights: %s", e->rank, lp_comm_last_error(e->ep_comm));
     goto done;
   }
-  /* the dense parameters' state by name, then the new slots */
+  /* the other parameters' state goes with their tensors (the same
+   * objects in the new list), then the new slots */
   const lp_nn_param *op = p;
   size_t onp = np;
   float *dense = state; /* old list's state, still valid: read below */
   lp_nn_optim *old = vs->optim;
-  const char **onames = lp_malloc((onp ? onp : 1) * sizeof *onames);
+  /* oval[i]: the old param's value tensor, NULL for this layer's routed
+   * experts (theirs travel in the packs; their tensors may be freed) */
+  const lp_tensor **oval = lp_malloc((onp ? onp : 1) * sizeof *oval);
   size_t *ooff = lp_malloc((onp ? onp : 1) * sizeof *ooff);
-  if (!onames || !ooff) {
-    lp_free(onames);
-    lp_free(ooff);
+  roles = lp_malloc((onp ? onp : 1) * sizeof *roles);
+  if (!oval || !ooff || !roles) {
     st = LP_ERR_NOMEM;
-    goto done;
+    goto cleanup;
   }
-  for (size_t i = 0, off = 0; i < onp; i++) {
-    onames[i] = op[i].name;
+  size_t otot = tot;
+  st = lp_nn_param_roles(vs->chunk, roles, onp);
+  for (size_t i = 0, off = 0; i < onp && st == LP_OK; i++) {
+    oval[i] = roles[i].moe == mi && roles[i].slot >= 0 ? NULL : op[i].value;
     ooff[i] = off;
     off += (size_t)lp_tensor_numel(op[i].value);
   }
-  size_t otot = tot;
-  /* dense names copied (set_placement rebuilds the list) */
-  int *is_exp = lp_calloc((onp ? onp : 1), sizeof *is_exp);
-  roles = lp_malloc((onp ? onp : 1) * sizeof *roles);
-  if (!is_exp || !roles) {
-    lp_free(onames);
-    lp_free(ooff);
-    lp_free(is_exp);
-    st = LP_ERR_NOMEM;
-    goto done;
-  }
-  st = lp_nn_param_roles(vs->chunk, roles, onp);
-  /* is_exp[i]: the old param's slot + 1 (0: not a routed expert), so a
-   * param of another MoE layer is found again by (name, layer, slot) */
-  for (size_t i = 0; i < onp && st == LP_OK; i++)
-    is_exp[i] = roles[i].moe == mi && roles[i].slot >= 0 ? -1 : roles[i].slot + 1;
-  char **dnames = lp_calloc((onp ? onp : 1), sizeof *dnames);
-  for (size_t i = 0; dnames && i < onp; i++)
-    if (is_exp[i] >= 0 && !(dnames[i] = lp_strdup(onames[i]))) st = LP_ERR_NOMEM;
-  if (st == LP_OK && !dnames) st = LP_ERR_NOMEM;
   if (st == LP_OK) st = lp_nn_moe_set_placement(m, spr, p2l);
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d: the new expert placement of model stage %d was refused (%s)",
@@ -237,8 +221,7 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
                c * sizeof(float));
     } else {
       size_t oi = 0;
-      while (oi < onp && (is_exp[oi] != roles[i].slot + 1 || strcmp(dnames[oi], p[i].name) != 0))
-        oi++;
+      while (oi < onp && oval[oi] != p[i].value) oi++;
       if (oi == onp) {
         lp_errf(e->err, "rank %d: parameter %s lost its optimizer state in a new placement",
                 e->rank, p[i].name);
@@ -265,11 +248,8 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
   vs->optim = no;
   st = ex_reduce_resize(e, vs);
 cleanup:
-  for (size_t i = 0; dnames && i < onp; i++) lp_free(dnames[i]);
-  lp_free(dnames);
-  lp_free(onames);
+  lp_free(oval);
   lp_free(ooff);
-  lp_free(is_exp);
 done:
   if (have)
     for (int x = 0; x < E; x++) lp_free(have[x].data);
