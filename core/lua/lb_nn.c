@@ -231,6 +231,15 @@ static float field_num(lua_State *L, int idx, const char *k, float deflt, const 
   return (float)v;
 }
 
+static int field_bool(lua_State *L, int idx, const char *k, int deflt, const char *kind) {
+  lua_getfield(L, idx, k);
+  int t = lua_type(L, -1), v = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  if (t == LUA_TNIL) return deflt;
+  if (t != LUA_TBOOLEAN) luaL_error(L, "layer '%s': field '%s' must be true or false", kind, k);
+  return v;
+}
+
 /* The MoE options of an nn.moe / nn.moe_block spec at idx. */
 static lp_nn_moe_opts moe_opts(lua_State *L, int idx, const char *kind) {
   lp_nn_moe_opts o = {0};
@@ -253,6 +262,12 @@ static lp_nn_moe_opts moe_opts(lua_State *L, int idx, const char *kind) {
   else if (r && strcmp(r, "sigmoid") != 0)
     luaL_error(L, "layer '%s': router must be \"sigmoid\" or \"softmax\", got \"%s\"", kind, r);
   lua_pop(L, 1);
+  /* DeepSeek's Gate without a correction bias, or with raw weights */
+  o.no_bias = !field_bool(L, idx, "correction_bias", 1, kind);
+  o.no_norm_topk = !field_bool(L, idx, "norm_topk", 1, kind);
+  if (o.no_bias && o.bias_speed > 0.0f)
+    luaL_error(L, "layer '%s': bias_speed = %g moves a correction bias the layer does not have "
+               "(correction_bias = false)", kind, (double)o.bias_speed);
   if (o.topk > o.experts)
     luaL_error(L, "layer '%s': topk (%d) is more than experts (%d)", kind, o.topk, o.experts);
   if (o.experts % o.groups)
@@ -580,6 +595,10 @@ static int lb_layer_set_moe_bias(lua_State *L) {
       return luaL_error(L, "set_moe_bias: bias[%d] (expert %d) must be a finite number, got %s",
                         e + 1, e, ok ? lua_tostring(L, -1) : luaL_typename(L, -1));
     b[e] = (float)x;
+    if (b[e] != 0.0f && lp_nn_moe_get_opts(m)->no_bias)
+      return luaL_error(L, "set_moe_bias: MoE layer %d of '%s' has no correction bias "
+                           "(correction_bias = false), but bias[%d] is %s", (int)lua_tointeger(L, 2),
+                        lp_nn_layer_name(l), e + 1, lua_tostring(L, -1));
     lua_pop(L, 1);
   }
   lp_nn_moe_set_bias(m, b);

@@ -115,7 +115,7 @@ function M.residual(inner)
 end
 
 local moe_fields = { "dim", "hidden", "experts", "topk", "groups", "topk_groups", "shared",
-  "route_scale", "bias_speed", "router", "balance_alpha", "heads" }
+  "route_scale", "bias_speed", "router", "balance_alpha", "correction_bias", "norm_topk", "heads" }
 
 local function moe_spec(kind, t, level)
   if type(t) ~= "table" then raise("nn." .. kind .. " expects a table of options") end
@@ -142,6 +142,15 @@ local function moe_spec(kind, t, level)
     raise(string.format("nn.%s: router must be \"sigmoid\" or \"softmax\", got \"%s\"", kind,
       tostring(spec.router)))
   end
+  for _, k in ipairs({ "correction_bias", "norm_topk" }) do
+    if t[k] ~= nil and type(t[k]) ~= "boolean" then
+      raise(string.format("nn.%s: '%s' must be true or false, got %s", kind, k, shown(t[k])))
+    end
+  end
+  if t.correction_bias == false and (t.bias_speed or 0) > 0 then
+    raise(string.format("nn.%s: bias_speed = %s moves a correction bias the layer does not have "
+      .. "(correction_bias = false)", kind, tostring(t.bias_speed)))
+  end
   if spec.topk > spec.experts then
     raise(string.format("nn.%s: topk (%d) is more than experts (%d)", kind, spec.topk, spec.experts))
   end
@@ -151,7 +160,14 @@ end
 -- DeepSeek-V3-style mixture of experts, x [..., dim] -> same shape:
 -- nn.moe{dim =, hidden =, experts =, topk = 1, groups = 1, topk_groups = groups,
 --        shared = 0, route_scale = 1, bias_speed = 0, router = "sigmoid" | "softmax",
---        balance_alpha = 0}
+--        balance_alpha = 0, correction_bias = true, norm_topk = true}
+-- The router is DeepSeek's Gate (DeepSeek-V3 inference/model.py; its
+-- score_func = router, n_groups = groups): the correction bias (nudged by
+-- bias_speed) only selects; with groups, a group scores the sum of its two
+-- best biased affinities and topk_groups groups are eligible. Without a
+-- bias (correction_bias = false, as DeepSeek-V2) a group scores its best
+-- affinity. Weights: route_scale * the chosen affinities / their sum;
+-- norm_topk = false leaves out the division (the Gate's softmax weights).
 -- (routed experts: SwiGLU FFNs of `hidden`; `shared` shared experts;
 -- balance_alpha > 0 adds the sequence-wise balance loss, alpha times its
 -- mean over the step's sequences, however train{} splits the batch into

@@ -912,6 +912,151 @@ static void test_moe_balance_scale(void **state) {
   lp_nn_layer_release(l);
 }
 
+/* Gradient checks of DeepSeek's Gate modes (model.py): without a
+ * correction bias (groups scored by their best affinity), softmax weights
+ * not normalised (with and without a bias), sigmoid weights not
+ * normalised; with groups, route scales, the balance loss. */
+static void test_grad_moe_gate(void **state) {
+  (void)state;
+  g_eps = 2e-3f;
+  for (int variant = 0; variant < 4; variant++) {
+    lp_nn_moe_opts o = moe_opts(6, 5, 8, 2);
+    o.groups = 4, o.topk_groups = 2;
+    if (variant == 0) { /* sigmoid Gate without a bias */
+      o.no_bias = 1, o.shared = 1, o.route_scale = 2.5f;
+    } else if (variant == 1) { /* softmax Gate without a bias (V2) */
+      o.router = LP_NN_ROUTER_SOFTMAX, o.no_bias = 1, o.no_norm_topk = 1;
+      o.route_scale = 16.0f, o.balance_alpha = 0.3f;
+    } else if (variant == 2) { /* softmax Gate with a bias */
+      o.router = LP_NN_ROUTER_SOFTMAX, o.no_norm_topk = 1, o.topk_groups = 3;
+    } else { /* sigmoid, raw weights */
+      o.no_norm_topk = 1, o.groups = 0, o.topk_groups = 0, o.route_scale = 1.5f;
+    }
+    probe p = {0};
+    assert_int_equal(lp_nn_moe_new("moe", &o, 13, &p.l), LP_OK);
+    if (!o.no_bias) {
+      float bias[8] = {0.05f, -0.1f, 0.0f, 0.2f, -0.05f, 0.1f, 0.0f, -0.2f};
+      assert_int_equal(lp_nn_moe_set_bias(p.l, bias), LP_OK);
+    }
+    p.x = randn(3, SH(2, 3, 6), 41 + (uint64_t)variant);
+    if (o.balance_alpha > 0.0f) p.aux = p.l;
+    const char *labels[4] = {"gate sigmoid, no bias, groups", "gate softmax, no bias, raw w",
+                             "gate softmax, bias, raw w", "gate sigmoid, raw w"};
+    gradcheck(labels[variant], &p, 1);
+    probe_done(&p);
+  }
+  g_eps = EPS;
+}
+
+/* An MoE layer whose router gives logits = x (dim = experts, router
+ * weight the identity). */
+static lp_nn_layer *gate_layer(const lp_nn_moe_opts *o) {
+  lp_nn_layer *l = NULL;
+  assert_int_equal(lp_nn_moe_new("gate", o, 1, &l), LP_OK);
+  const lp_nn_param *ps = lp_nn_params(l, NULL);
+  lp_tensor *w = ps[0].value;
+  assert_int_equal(lp_tensor_fill(w, 0.0f), LP_OK);
+  for (int e = 0; e < o->experts; e++)
+    w->data[e * o->experts + e] = 1.0f;
+  return l;
+}
+
+/* The Gate's selection computed by hand. Six experts in three groups of
+ * two, one eligible group, top-2, sigmoid affinities
+ *   group 0: 0.9 0.1   best 0.9, two best 1.0
+ *   group 1: 0.8 0.7   best 0.8, two best 1.5
+ *   group 2: 0.2 0.3   best 0.3, two best 0.5
+ * Without a bias a group scores its best: group 0, experts 0, 1, weights
+ * 0.9, 0.1 (/ 1.0). With a (zero) bias it scores its two best: group 1,
+ * experts 2, 3, weights 0.8/1.5, 0.7/1.5. A bias of 0.7 on group 2 makes
+ * it 0.9 + 1.0: experts 5 then 4 (best biased first), weights from the
+ * unbiased affinities 0.3/0.5, 0.2/0.5. The forward routes the same way
+ * (its loads). Softmax weights without normalisation are the chosen
+ * affinities times route_scale. */
+static void test_moe_gate_selection(void **state) {
+  (void)state;
+  const double p[6] = {0.9, 0.1, 0.8, 0.7, 0.2, 0.3};
+  lp_tensor *x = NULL;
+  assert_int_equal(lp_tensor_empty(NULL, 2, SH(1, 6), &x), LP_OK);
+  for (int e = 0; e < 6; e++)
+    x->data[e] = (float)log(p[e] / (1.0 - p[e])); /* sigmoid(x) = p */
+  lp_nn_moe_opts o = moe_opts(6, 3, 6, 2);
+  o.groups = 3, o.topk_groups = 1, o.route_scale = 2.0f;
+  struct {
+    int no_bias;
+    float bias4;
+    int want[2];
+    double w[2];
+  } cases[3] = {
+      {1, 0.0f, {0, 1}, {0.9 / 1.0, 0.1 / 1.0}},
+      {0, 0.0f, {2, 3}, {0.8 / 1.5, 0.7 / 1.5}},
+      {0, 0.7f, {5, 4}, {0.3 / 0.5, 0.2 / 0.5}},
+  };
+  for (int c = 0; c < 3; c++) {
+    o.no_bias = cases[c].no_bias;
+    lp_nn_layer *l = gate_layer(&o);
+    const float bias[6] = {0, 0, 0, 0, cases[c].bias4, cases[c].bias4};
+    assert_int_equal(lp_nn_moe_set_bias(l, bias), LP_OK);
+    int ex[2];
+    float w[2], sc[6];
+    assert_int_equal(lp_nn_moe_route(l, x, ex, w, sc), LP_OK);
+    for (int e = 0; e < 6; e++)
+      assert_float_equal(sc[e], p[e], 1e-6);
+    for (int k = 0; k < 2; k++) {
+      assert_int_equal(ex[k], cases[c].want[k]);
+      assert_float_equal(w[k], 2.0 * cases[c].w[k], 1e-5);
+    }
+    lp_tensor *y = NULL;
+    int64_t load[6];
+    assert_int_equal(lp_nn_forward(l, NULL, x, &y), LP_OK);
+    assert_int_equal(lp_nn_moe_expert_load(l, load), LP_OK);
+    for (int e = 0; e < 6; e++)
+      assert_int_equal(load[e], e == cases[c].want[0] || e == cases[c].want[1]);
+    lp_tensor_free(y);
+    lp_nn_layer_release(l);
+  }
+  /* softmax, raw weights: route_scale * the chosen affinities */
+  o.no_bias = 1, o.router = LP_NN_ROUTER_SOFTMAX, o.no_norm_topk = 1;
+  o.groups = 0, o.topk_groups = 0;
+  lp_nn_layer *l = gate_layer(&o);
+  int ex[2];
+  float w[2], sc[6];
+  assert_int_equal(lp_nn_moe_route(l, x, ex, w, sc), LP_OK);
+  double z = 0.0, sm[6];
+  for (int e = 0; e < 6; e++)
+    z += exp((double)x->data[e]);
+  for (int e = 0; e < 6; e++)
+    sm[e] = exp((double)x->data[e]) / z;
+  assert_int_equal(ex[0], 0); /* logits 2.20, 0.85, 1.39 (e2) ... */
+  assert_int_equal(ex[1], 2);
+  assert_float_equal(w[0], 2.0 * sm[0], 1e-6);
+  assert_float_equal(w[1], 2.0 * sm[2], 1e-6);
+  lp_nn_layer_release(l);
+  lp_tensor_free(x);
+}
+
+/* A layer without a correction bias: bias_speed refused, its bias reads
+ * zeros, takes only zeros, and the balancing step leaves it at zero. */
+static void test_moe_no_bias(void **state) {
+  (void)state;
+  lp_nn_moe_opts o = moe_opts(6, 3, 4, 2);
+  o.no_bias = 1, o.bias_speed = 0.01f;
+  lp_nn_layer *l = NULL;
+  assert_int_equal(lp_nn_moe_new("m", &o, 1, &l), LP_ERR_ARG);
+  assert_null(l);
+  o.bias_speed = 0.0f;
+  assert_int_equal(lp_nn_moe_new("m", &o, 1, &l), LP_OK);
+  const float zero[4] = {0}, some[4] = {0, 0.5f, 0, 0};
+  float b[4] = {1, 1, 1, 1};
+  assert_int_equal(lp_nn_moe_set_bias(l, some), LP_ERR_ARG);
+  assert_int_equal(lp_nn_moe_set_bias(l, zero), LP_OK);
+  const int64_t counts[4] = {10, 2, 5, 5};
+  assert_int_equal(lp_nn_moe_update_bias(l, counts), LP_OK);
+  assert_int_equal(lp_nn_moe_get_bias(l, b), LP_OK);
+  assert_memory_equal(b, zero, sizeof b);
+  lp_nn_layer_release(l);
+}
+
 /* The MoE transformer block (attention + MoE, pre-norm residuals). */
 static void test_grad_moe_block(void **state) {
   (void)state;
@@ -1781,6 +1926,9 @@ int main(void) {
       cmocka_unit_test(test_oom),
       cmocka_unit_test(test_grad_moe),
       cmocka_unit_test(test_grad_moe_block),
+      cmocka_unit_test(test_grad_moe_gate),
+      cmocka_unit_test(test_moe_gate_selection),
+      cmocka_unit_test(test_moe_no_bias),
       cmocka_unit_test(test_moe_ep_equivalence),
       cmocka_unit_test(test_moe_ep_idle_rank),
       cmocka_unit_test(test_moe_overlapped_pair),

@@ -490,23 +490,35 @@ function test_moe_layer_params_and_loads()
 end
 
 -- DeepSeek-V3's gate (its inference/model.py Gate.forward), written out
--- here from its definition: scores = sigmoid(x W^T); the bias only
--- selects (scores + bias); with groups, a group scores the sum of its two
--- best biased scores and the topk_groups best groups stay eligible; the
--- top-k eligible experts by biased score, highest first; weights = their
--- unbiased scores over the selected scores' sum, times route_scale.
--- x: list of rows, W: list of E rows of D, bias: E numbers.
+-- here from its definition: scores = sigmoid(x W^T) (softmax with
+-- o.router = "softmax"); the bias only selects (scores + bias); with
+-- groups, a group scores the sum of its two best biased scores (its best
+-- score when bias is nil: a Gate without one) and the topk_groups best
+-- groups stay eligible; the top-k eligible experts by biased score,
+-- highest first; weights = their unbiased scores over the selected
+-- scores' sum (not divided with o.norm_topk = false), times route_scale.
+-- x: list of rows, W: list of E rows of D, bias: E numbers or nil.
 local function deepseek_gate(x, W, bias, o)
   local E, G = #W, o.groups or 1
   local gs, TG = E // G, o.topk_groups or G
   local out = {}
   for t, row in ipairs(x) do
-    local s, v = {}, {}
+    local s, v, zmax = {}, {}, -math.huge
     for e = 1, E do
       local z = 0
       for d = 1, #row do z = z + row[d] * W[e][d] end
-      s[e] = 1 / (1 + math.exp(-z))
-      v[e] = s[e] + bias[e]
+      s[e] = z
+      zmax = math.max(zmax, z)
+    end
+    local zsum = 0
+    for e = 1, E do zsum = zsum + math.exp(s[e] - zmax) end
+    for e = 1, E do
+      if o.router == "softmax" then
+        s[e] = math.exp(s[e] - zmax) / zsum
+      else
+        s[e] = 1 / (1 + math.exp(-s[e]))
+      end
+      v[e] = s[e] + (bias and bias[e] or 0)
     end
     local eligible = {}
     if G > 1 then
@@ -515,7 +527,7 @@ local function deepseek_gate(x, W, bias, o)
         local vals = {}
         for e = (g - 1) * gs + 1, g * gs do vals[#vals + 1] = v[e] end
         table.sort(vals, function(a, b) return a > b end)
-        gscore[g] = vals[1] + (vals[2] or 0)
+        gscore[g] = bias and vals[1] + (vals[2] or 0) or vals[1]
         order[g] = g
       end
       table.sort(order, function(a, b)
@@ -536,6 +548,7 @@ local function deepseek_gate(x, W, bias, o)
     end)
     local experts, weights, sum = {}, {}, 0
     for k = 1, o.topk do sum = sum + s[cand[k]] end
+    if o.norm_topk == false then sum = 1 end
     for k = 1, o.topk do
       experts[k] = cand[k] - 1 -- 0-based ids, as DeepSeek's indices
       weights[k] = (o.route_scale or 1) * s[cand[k]] / sum
@@ -668,6 +681,71 @@ function test_moe_route_matches_deepseek_v3_gate()
     lu.assertAlmostEquals(t.weights[1] + t.weights[2], 2, 1e-5)
     lu.assertTrue(t.scores[t.experts[1] + 1] >= t.scores[t.experts[2] + 1])
   end
+end
+
+-- The Gate's other modes through nn.moe's options: without a correction
+-- bias (groups scored by their best score: DeepSeek-V2's softmax gate with
+-- raw weights), softmax with a bias and raw weights, sigmoid without a
+-- bias; each against the written-out gate, and the group rule matters here
+function test_moe_route_gate_options()
+  local rows, flat = {}, {}
+  for t = 1, 24 do
+    rows[t] = {}
+    for d = 1, 6 do
+      local v = 3 * math.sin(1.3 * t + 0.7 * d)
+      rows[t][d] = v
+      flat[#flat + 1] = v
+    end
+  end
+  local bias = {}
+  for e = 1, 16 do bias[e] = 0.02 * math.cos(1.9 * e) end
+  local base = { dim = 6, hidden = 4, experts = 16, topk = 3, groups = 4, topk_groups = 2 }
+  local modes = {
+    { router = "softmax", correction_bias = false, norm_topk = false, route_scale = 16 },
+    { router = "softmax", norm_topk = false, route_scale = 2.5 },
+    { correction_bias = false, route_scale = 2.5 },
+  }
+  for i, mode in ipairs(modes) do
+    local opts = {}
+    for k, v in pairs(base) do opts[k] = v end
+    for k, v in pairs(mode) do opts[k] = v end
+    local l = core.nn_layer(nn.moe(opts), "layers.2", 7)
+    local W, Wv = {}, l:params()[1].value
+    for e = 1, 16 do
+      W[e] = {}
+      for d = 1, 6 do W[e][d] = Wv[(e - 1) * 6 + d] end
+    end
+    local b = nil
+    if mode.correction_bias ~= false then
+      l:set_moe_bias(1, bias)
+      b = l:moe_bias(1)
+    end
+    local got = l:route(1, nn.tensor({ 24, 6 }, flat))
+    assert_routes_equal(got, deepseek_gate(rows, W, b, opts), 1e-5)
+    if not b then
+      -- the other group rule (two best) would route some tokens elsewhere
+      local zero = {}
+      for e = 1, 16 do zero[e] = 0 end
+      local other, n = deepseek_gate(rows, W, zero, opts), 0
+      for t = 1, 24 do
+        if table.concat(other[t].experts, ",") ~= table.concat(got[t].experts, ",") then n = n + 1 end
+      end
+      lu.assertTrue(n > 0, "mode " .. i .. ": the group rule changed no token")
+    end
+  end
+  -- a layer without a bias takes only zeros; bad values are one line
+  local l = core.nn_layer(nn.moe { dim = 4, hidden = 3, experts = 4, topk = 2,
+    correction_bias = false }, "layers.1", 5)
+  l:set_moe_bias(1, { 0, 0, 0, 0 })
+  lu.assertEquals(error_of(l.set_moe_bias, l, 1, { 0, 0.5, 0, 0 }),
+    "set_moe_bias: MoE layer 1 of 'layers.1' has no correction bias (correction_bias = false), "
+      .. "but bias[2] is 0.5")
+  lu.assertEquals(error_of(nn.moe, { dim = 4, hidden = 3, experts = 4, norm_topk = 1 }),
+    "nn.moe: 'norm_topk' must be true or false, got 1")
+  lu.assertEquals(error_of(nn.moe, { dim = 4, hidden = 3, experts = 4, correction_bias = false,
+    bias_speed = 0.01 }),
+    "nn.moe: bias_speed = 0.01 moves a correction bias the layer does not have "
+      .. "(correction_bias = false)")
 end
 
 function test_moe_route_errors()
