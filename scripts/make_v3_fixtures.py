@@ -19,7 +19,6 @@ Same inputs, same torch: the same bytes (one thread, fixed seeds).
 """
 
 import argparse
-import dataclasses
 import hashlib
 import importlib.util
 import json
