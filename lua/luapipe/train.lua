@@ -605,6 +605,10 @@ function M.run(opts)
   -- resume: every rank loads its file of the latest checkpoint, then the
   -- steps after it run with their true numbers
   local first_step = ckpt and ckpt.resume and checkpoint.resume(ckpt, exec) + 1 or 1
+  if ckpt and ckpt.fresh and rank == 0 and not quiet then
+    io.write(string.format("no checkpoint in %s yet: starting at step 1\n", ckpt.dir))
+    io.flush()
+  end
   if first_step > 1 and rank == 0 and not quiet then
     io.write(string.format("resumed from checkpoint %s/step%d (after step %d): %s\n", ckpt.resume_dir,
       first_step - 1, first_step - 1, first_step <= steps
