@@ -12,6 +12,7 @@ PACKAGES=(
   libreadline-dev
   libyajl-dev zlib1g-dev
   iproute2 # tests/mpi/test_two_hosts.sh: network namespaces (ip netns)
+  munge slurmctld slurmd slurm-client # tests/cluster/test_slurm.sh: a real Slurm (as root)
 )
 # scripts/fuzz.sh also needs clang and libFuzzer (the build and tests do not)
 if [ "${LUAPIPE_DEPS_FUZZ:-0}" = 1 ]; then PACKAGES+=(clang libclang-rt-dev); fi

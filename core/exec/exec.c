@@ -8,6 +8,8 @@
  * REDUCE, so every message of a step has its own tag per peer pair. */
 #include "exec_internal.h"
 
+#include <math.h>
+
 #include <stdio.h>
 #include <string.h>
 
@@ -369,6 +371,11 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     lp_errf(err, "lp_exec_new: schedule, chunk and data are required");
     return LP_ERR_ARG;
   }
+  if (!(opts->clip >= 0) || isinf(opts->clip)) {
+    lp_errf(err, "gradient clipping at %g: it takes a positive finite norm (0: off)",
+            (double)opts->clip);
+    return LP_ERR_ARG;
+  }
   ex_keep_memory();
   lp_exec *e = lp_calloc(1, sizeof *e);
   if (!e) {
@@ -712,12 +719,13 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     }
   }
   double wait_before = e->tm.wait, to, t_opt, t_step = 0;
-  if (e->ep > 1 || e->moe.layers > 0) {
+  if (e->ep > 1 || e->moe.layers > 0 || e->o.clip > 0) {
     /* sums over the EP group (and of expert replicas) take every stage's
-     * reduced gradients at once */
+     * reduced gradients at once; so does the global norm of clipping */
     LP_CHECK_GOTO(ex_reduce_finish(e), st, fail);
     LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
-    LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
+    if (e->ep > 1 || e->moe.layers > 0) LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
+    LP_CHECK_GOTO(ex_clip(e), st, fail);
     to = lp_now();
     for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_step(e->vs[li].optim), st, fail);
     t_opt = lp_now();

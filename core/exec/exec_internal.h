@@ -4,6 +4,7 @@
  *   pairs.c  overlapped F&B pairs, their waits and the weight-grad carry
  *   msg.c    message plumbing: tags, posting receives ahead, sends, waits
  *   reduce.c gradient reduction of replicated stages
+ *   clip.c   global gradient-norm clipping at the end of a step
  *   timing.c always-on timing, measured trace events and their gathering
  *   host.c   ranks and cores of this rank's host (does the prediction apply?)
  *   ep.c     the pp x ep grid, the MoE exchanges (lp_nn_ep) and their
@@ -27,6 +28,7 @@
  *   msg   msg.c: the context for activations and gradients, receives
  *         posted ahead, sends in flight
  *   rd    reduce.c, with vst.rd of every local vstage: gradient reduction
+ *   cl    clip.c: the last step's gradient norm (global clipping)
  *   host  host.c: the ranks and cores of this host
  *   fail  exec.c (ex_comm_fail): the first failed communication
  *   the grid (world, comm, pp_own, ep_comm, ep_comm_b, rank, prank, ep,
@@ -204,6 +206,12 @@ typedef struct ex_host {
   int ranks, cores;
 } ex_host;
 
+/* clip.c: the gradient norm of the last step, before clipping (-1: not
+ * computed, clipping off) */
+typedef struct ex_clip_room {
+  double norm;
+} ex_clip_room;
+
 /* exec.c (ex_comm_fail): a failed communication (0: none) and its text */
 typedef struct ex_fail {
   lp_status st;
@@ -253,6 +261,7 @@ struct lp_exec {
   ex_msg msg;   /* msg.c */
   ex_reduce rd; /* reduce.c */
   ex_host host; /* host.c */
+  ex_clip_room cl; /* clip.c */
   ex_fail fail; /* exec.c: a communication failed (LP_ERR_TIMEOUT / _COMM): a
                  * started operation may still be in flight, so the executor
                  * refuses further steps */
@@ -289,6 +298,14 @@ lp_status ex_bw_parts(lp_exec *e, int *ran);
 lp_status ex_carry_w(lp_exec *e, int *ran);
 /* Pieces of the carry while half `which`'s exchange flies. */
 lp_status ex_fill_with_carry(lp_exec *e, int which);
+
+/* ---- clip.c ---- */
+/* With o.clip > 0: the global gradient norm (every parameter once: the
+ * first copy of a replicated stage, dense ones on EP index 0, a routed
+ * expert on its first slot), summed over the world, then every local
+ * gradient scaled by min(1, clip / (norm + 1e-6)). Call after every
+ * gradient sum of the step, before any optimizer step. */
+lp_status ex_clip(lp_exec *e);
 
 /* ---- exec.c: communication failures ---- */
 /* Records a failed operation of comm c (status st) and returns st: after a

@@ -79,6 +79,10 @@ typedef struct lp_exec_opts {
    * lp_tensor_read / _write, and so do an MoE layer's EP exchanges (its
    * routing decisions are made on the host). */
   const lp_tensor_backend *backend;
+  /* > 0: global gradient-norm clipping at this norm, as
+   * torch.nn.utils.clip_grad_norm_ over the whole model (every parameter
+   * counted once however many ranks hold it); 0: off */
+  float clip;
 } lp_exec_opts;
 
 /* Creates the executor of this rank (lp_comm_rank of opts->comm) for
@@ -111,6 +115,13 @@ const char *lp_exec_last_error(const lp_exec *e);
  * further steps (LP_ERR_TIMEOUT / _COMM, naming the first failure). Other
  * failures return a status with the text in lp_exec_last_error. */
 lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss);
+
+/* The gradient norm of the last step over the whole model, before
+ * clipping (the same on every rank); -1 when clipping is off. */
+double lp_exec_grad_norm(const lp_exec *e);
+/* Sets the learning rate of every optimizer of this rank (from the next
+ * step on; a schedule calls it before each step). */
+void lp_exec_set_lr(lp_exec *e, float lr);
 
 /* Timing of the last step on this rank: wall time of the step and time
  * spent in compute actions (F, B, I, W, FB), in seconds. */
@@ -357,6 +368,15 @@ lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
                                  lp_nn_loss_kind loss_kind, int M,
                                  lp_exec_data_fn data, void *ud, int64_t step,
                                  double *loss, char *err);
+/* The same with global gradient-norm clipping at `clip` (0: off) before
+ * the optimizer step, as torch.nn.utils.clip_grad_norm_ over every
+ * parameter of model; *gnorm (optional) gets the norm before clipping (-1
+ * when off). A negative or non-finite clip is LP_ERR_ARG. */
+lp_status lp_exec_reference_step_clip(lp_nn_layer *model, lp_nn_optim *optim,
+                                      lp_nn_loss_kind loss_kind, int M,
+                                      lp_exec_data_fn data, void *ud, int64_t step,
+                                      float clip, double *loss, double *gnorm,
+                                      char *err);
 
 /* ---- the training device (device.c) ----
  * The rule that decides which device a rank trains on. A name is "cpu",

@@ -2,10 +2,45 @@
  * training step the executor is checked against (see lp_exec.h). */
 #include "lp_exec.h"
 
+#include <math.h>
+
+/* torch.nn.utils.clip_grad_norm_ over every parameter of model: *norm the
+ * norm before clipping; gradients scaled by min(1, clip / (norm + 1e-6)). */
+static lp_status clip_grads(lp_nn_layer *model, float clip, double *norm) {
+  size_t np;
+  const lp_nn_param *p = lp_nn_params(model, &np);
+  double sum = 0;
+  for (size_t i = 0; i < np; i++) {
+    double d = 0;
+    LP_CHECK(lp_tensor_dot(p[i].grad, p[i].grad, &d));
+    sum += d;
+  }
+  *norm = sqrt(sum);
+  double coef = (double)clip / (*norm + 1e-6);
+  if (coef < 1.0)
+    for (size_t i = 0; i < np; i++) LP_CHECK(lp_tensor_scale(p[i].grad, (float)coef));
+  return LP_OK;
+}
+
 lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
                                  lp_nn_loss_kind loss_kind, int M,
                                  lp_exec_data_fn data, void *ud, int64_t step,
                                  double *loss, char *err) {
+  return lp_exec_reference_step_clip(model, optim, loss_kind, M, data, ud, step, 0, loss,
+                                     NULL, err);
+}
+
+lp_status lp_exec_reference_step_clip(lp_nn_layer *model, lp_nn_optim *optim,
+                                      lp_nn_loss_kind loss_kind, int M,
+                                      lp_exec_data_fn data, void *ud, int64_t step,
+                                      float clip, double *loss, double *gnorm,
+                                      char *err) {
+  if (gnorm) *gnorm = -1;
+  if (!(clip >= 0) || isinf(clip)) {
+    lp_errf(err, "gradient clipping at %g: it takes a positive finite norm (0: off)",
+            (double)clip);
+    return LP_ERR_ARG;
+  }
   if (!model || !optim || !data || M < 1) {
     lp_errf(err, "reference step: model, optimizer, data and M >= 1 are required");
     return LP_ERR_ARG;
@@ -55,6 +90,11 @@ lp_status lp_exec_reference_step(lp_nn_layer *model, lp_nn_optim *optim,
     }
   }
   lp_nn_ctx_free(ctx);
+  if (clip > 0) {
+    double n = 0;
+    LP_CHECK(clip_grads(model, clip, &n));
+    if (gnorm) *gnorm = n;
+  }
   st = lp_nn_optim_step(optim);
   if (st != LP_OK) return st;
   /* MoE router biases from this step's expert loads (as the executor does

@@ -3,6 +3,7 @@
  * step that fails, a file that cannot be written) return nil, message. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -314,6 +315,10 @@ static int lb_exec_new(lua_State *L) {
   lua_pop(L, 1);
   lua_getfield(L, 2, "lookahead");
   o.recv_lookahead = (int)luaL_optinteger(L, -1, 0);
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "clip");
+  o.clip = (float)luaL_optnumber(L, -1, 0);
+  luaL_argcheck(L, o.clip >= 0, 2, "'clip' must be a positive number (0: off)");
   lua_pop(L, 1);
   lua_getfield(L, 2, "device");
   if (!lua_isnil(L, -1)) {
@@ -682,8 +687,28 @@ static int lb_exec_trace_events(lua_State *L) {
   return 1;
 }
 
+/* exec:grad_norm() -> the last step's gradient norm before clipping (the
+ * same on every rank), or nil when clipping is off */
+static int lb_exec_grad_norm(lua_State *L) {
+  double n = lp_exec_grad_norm(check_exec(L, 1)->e);
+  if (n < 0) lua_pushnil(L);
+  else lua_pushnumber(L, n);
+  return 1;
+}
+
+/* exec:set_lr(lr): every optimizer of this rank, from the next step on */
+static int lb_exec_set_lr(lua_State *L) {
+  lp_exec *e = check_exec(L, 1)->e;
+  lua_Number lr = luaL_checknumber(L, 2);
+  luaL_argcheck(L, lr >= 0 && lr < HUGE_VAL, 2, "a learning rate >= 0");
+  lp_exec_set_lr(e, (float)lr);
+  return 0;
+}
+
 void lb_open_exec(lua_State *L) {
   static const luaL_Reg methods[] = {{"step", lb_exec_step},
+                                     {"grad_norm", lb_exec_grad_norm},
+                                     {"set_lr", lb_exec_set_lr},
                                      {"timing", lb_exec_timing},
                                      {"timing_stats", lb_exec_timing_stats},
                                      {"step_times", lb_exec_step_times},

@@ -686,6 +686,15 @@ static lp_nn_optim *check_optim(lua_State *L, int idx) {
   return ((optim_box *)lb_box_check(L, idx, LB_OPTIM))->o;
 }
 
+/* optim:set_lr(lr): from the next step on */
+static int lb_optim_set_lr(lua_State *L) {
+  lp_nn_optim *o = check_optim(L, 1);
+  lua_Number lr = luaL_checknumber(L, 2);
+  luaL_argcheck(L, lr >= 0 && lr < HUGE_VAL, 2, "a learning rate >= 0");
+  lp_nn_optim_set_lr(o, (float)lr);
+  return 0;
+}
+
 static int lb_optim_close(lua_State *L) {
   optim_box *b = luaL_checkudata(L, 1, LB_OPTIM);
   lp_nn_optim_free(b->o);
@@ -836,7 +845,8 @@ static int lb_nn_loss_names(lua_State *L) {
   return 1;
 }
 
-/* core.nn_reference_step(layer, optim, loss, M, data, step) -> loss | nil, err */
+/* core.nn_reference_step(layer, optim, loss, M, data, step [, clip])
+ * -> loss, gnorm (-1 without clipping) | nil, err */
 static int lb_nn_reference_step(lua_State *L) {
   lp_nn_layer *l = lb_check_layer(L, 1);
   lp_nn_optim *o = check_optim(L, 2);
@@ -845,15 +855,18 @@ static int lb_nn_reference_step(lua_State *L) {
   luaL_argcheck(L, M >= 1, 4, "at least one micro-batch");
   luaL_checktype(L, 5, LUA_TFUNCTION);
   int64_t step = luaL_checkinteger(L, 6);
+  float clip = (float)luaL_optnumber(L, 7, 0);
   lua_pushvalue(L, 5);
   lb_data d = {L, luaL_ref(L, LUA_REGISTRYINDEX)};
   char err[LP_ERRLEN] = "";
-  double loss = 0;
-  lp_status st = lp_exec_reference_step(l, o, lk, M, lb_data_call, &d, step, &loss, err);
+  double loss = 0, gnorm = -1;
+  lp_status st = lp_exec_reference_step_clip(l, o, lk, M, lb_data_call, &d, step, clip, &loss,
+                                             &gnorm, err);
   luaL_unref(L, LUA_REGISTRYINDEX, d.ref);
   if (st != LP_OK) return lb_fail(L, *err ? err : lp_strerror(st));
   lua_pushnumber(L, loss);
-  return 1;
+  lua_pushnumber(L, gnorm);
+  return 2;
 }
 
 /* core.nn_time_layer(layer, input, reps [, input_grad]) -> seconds, output |
@@ -935,6 +948,7 @@ void lb_open_nn(lua_State *L) {
                                         {NULL, NULL}};
   static const luaL_Reg optim_methods[] = {{"step", lb_optim_step},
                                            {"zero_grad", lb_optim_zero_grad},
+                                           {"set_lr", lb_optim_set_lr},
                                            {"close", lb_optim_close},
                                            {NULL, NULL}};
   static const luaL_Reg optim_meta[] = {{"__gc", lb_optim_close}, {"__close", lb_optim_close},

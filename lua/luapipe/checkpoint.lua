@@ -120,7 +120,14 @@ function M.options(opts)
     cfg.dir, cfg.every = ck.dir, every
   end
   if resume then
-    if type(resume) == "string" then
+    if resume == "auto" then
+      -- a job that restarts itself: resume when there is a checkpoint, else
+      -- start fresh (a folder named auto is "./auto")
+      if not cfg.dir then
+        util.raise("luapipe.train: resume = \"auto\" needs checkpoint = {dir = \"path\"}")
+      end
+      cfg.resume_dir, cfg.auto = cfg.dir, true
+    elseif type(resume) == "string" then
       cfg.resume_dir = resume
     elseif resume == true then
       if not cfg.dir then
@@ -128,7 +135,7 @@ function M.options(opts)
       end
       cfg.resume_dir = cfg.dir
     else
-      util.raise("luapipe.train: 'resume' must be true or a checkpoint directory")
+      util.raise("luapipe.train: 'resume' must be true, \"auto\" or a checkpoint directory")
     end
     cfg.resume = true
   end
@@ -348,7 +355,10 @@ function M.resume(cfg, exec)
   end
   v = share(v, "resume: reading " .. marker)
   local step = v[1]
-  if step == -1 then
+  if step == -1 and cfg.auto then
+    cfg.fresh = true -- resume = "auto" and no checkpoint yet: a fresh start
+    return 0
+  elseif step == -1 then
     fail(string.format("luapipe.train: resume = true, but there is no checkpoint in '%s' (%s "
       .. "does not exist)", dir, marker))
   elseif step == -2 then

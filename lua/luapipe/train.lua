@@ -125,6 +125,7 @@ local schedule = require("luapipe.schedule")
 local checkpoint = require("luapipe.checkpoint")
 local util = require("luapipe.util")
 local nn = require("luapipe.nn")
+local lr = require("luapipe.lr")
 
 local M = {}
 
@@ -397,6 +398,25 @@ end
 -- The checks of train{}'s options and everything decided before the
 -- executor exists (schedule, partition, shapes): the same on every rank.
 -- Returns what the run needs.
+-- The recipe's options: clip (the largest global gradient norm) and
+-- lr_schedule (luapipe.lr) -> clip (0: off), lr_at (nil: the optimizer's
+-- fixed rate). A mistake is the user's: one line, exit 2.
+local function check_recipe(opts, steps, who)
+  local clip = opts.clip
+  if clip ~= nil and (type(clip) ~= "number" or not (clip > 0) or clip == math.huge) then
+    usage_fail(who .. ": 'clip' must be a positive number (the largest gradient norm), got " .. util.shown(clip))
+  end
+  local lr_at
+  if opts.lr_schedule ~= nil then
+    local bad = lr.check(opts.lr_schedule, "lr_schedule")
+    if bad then usage_fail(who .. ": " .. bad) end
+    local o = type(opts.optimizer) == "table" and opts.optimizer or {}
+    local base = o.lr or (o.kind == "adamw" and 1e-3 or 0.01)
+    lr_at = lr.at(opts.lr_schedule, base, math.max(steps, 1), "lr_schedule")
+  end
+  return clip or 0, lr_at
+end
+
 local function configure(opts)
   local steps = check_common(opts, "luapipe.train")
   local ckpt = checkpoint.options(opts) -- nil without checkpoint / resume
@@ -430,6 +450,7 @@ local function configure(opts)
       fail("luapipe.train: eplb.redundant must be a non-negative integer, got " .. tostring(e.redundant))
     end
   end
+  local clip, lr_at = check_recipe(opts, steps, "luapipe.train")
   local device = opts.device or "cpu"
   if type(device) ~= "string" then
     fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got " .. tostring(device))
@@ -523,7 +544,7 @@ local function configure(opts)
     local lok, lerr = pcall(comm.set_link, opts.link)
     if not lok then usage_fail("luapipe.train: link: " .. tostring(lerr):gsub("^[^:]*:%d+: ", "")) end
   end
-  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep,
+  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep, clip = clip, lr_at = lr_at,
     device = device, device_name = device_name, info = info, lowered = lowered, in_shape = in_shape,
     part = part, act_shapes = act_shapes }
 end
@@ -571,7 +592,7 @@ function M.run(opts)
     build = function(stage) return model:build_stage(part, stage, seed) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
     optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
-    overlapped_fb = opts.overlapped_fb, ep = ep, device = device,
+    overlapped_fb = opts.overlapped_fb, ep = ep, device = device, clip = c.clip,
   })
   if not exec then
     if size > 1 then comm.abort("luapipe.train: " .. err) end
@@ -579,11 +600,15 @@ function M.run(opts)
   end
   local M_ = info.microbatches
   local samples = M_ * (in_shape[1] or 1) * ep -- whole micro-batches (each EP rank has a share)
-  local losses, timing = {}, {}
+  local losses, timing, gnorms, rates = {}, {}, {}, {}
   local quiet = opts.quiet
   -- resume: every rank loads its file of the latest checkpoint, then the
   -- steps after it run with their true numbers
   local first_step = ckpt and ckpt.resume and checkpoint.resume(ckpt, exec) + 1 or 1
+  if ckpt and ckpt.fresh and rank == 0 and not quiet then
+    io.write(string.format("no checkpoint in %s yet: starting at step 1\n", ckpt.dir))
+    io.flush()
+  end
   if first_step > 1 and rank == 0 and not quiet then
     io.write(string.format("resumed from checkpoint %s/step%d (after step %d): %s\n", ckpt.resume_dir,
       first_step - 1, first_step - 1, first_step <= steps
@@ -610,12 +635,24 @@ function M.run(opts)
     if opts.trace_steps and k == steps - opts.trace_steps + 1 and k > first_step then
       exec:trace_clear() -- keep the events of the last trace_steps steps only
     end
+    local rate
+    if c.lr_at then
+      local rok, r = pcall(c.lr_at, k)
+      if not rok then
+        if size > 1 then comm.abort(tostring(r)) end
+        fail(tostring(r))
+      end
+      rate = r
+      exec:set_lr(rate)
+    end
     local loss, serr = exec:step(k)
     if not loss then
       if size > 1 then comm.abort(serr) end
       fail(serr)
     end
     losses[k] = loss
+    gnorms[k] = exec:grad_norm()
+    rates[k] = rate
     local wall, busy = exec:timing()
     if k == first_step and steps > k then exec:timing_reset() end -- the first step is warm-up
     local wall_max, busy_sum = wall, busy
@@ -626,8 +663,10 @@ function M.run(opts)
     local bubble = wall_max > 0 and math.max(0, 100 * (1 - busy_sum / (size * wall_max))) or 0
     timing[k] = { wall = wall_max, bubble = bubble, samples_per_s = samples / math.max(wall_max, 1e-9) }
     if rank == 0 and not quiet and (k % (opts.log_every or 1) == 0 or k == first_step or k == steps) then
-      io.write(string.format("step %d loss %.6f  (%.1f samples/s, bubble %.1f%%)\n", k, loss,
-        timing[k].samples_per_s, bubble))
+      local extra = (rate and string.format(", lr %.3g", rate) or "")
+        .. (exec:grad_norm() and string.format(", gnorm %.4g", exec:grad_norm()) or "")
+      io.write(string.format("step %d loss %.6f  (%.1f samples/s, bubble %.1f%%%s)\n", k, loss,
+        timing[k].samples_per_s, bubble, extra))
       io.flush()
     end
     local eok, eerr = pcall(balance.after_step, k)
@@ -646,7 +685,7 @@ function M.run(opts)
     end
   end
   local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec,
-    device = device_name }
+    device = device_name, grad_norms = gnorms, lrs = rates }
   result.first_step = first_step -- > 1 after resume: losses[k] for k = first_step..steps
   -- {{id =, stage =, params = {[name] = values}}, ...} for this rank's virtual stages
   function result.stage_params()
@@ -705,14 +744,21 @@ function M.reference(opts)
   model:shapes(input_shape_of(opts.data))
   local layer = model:build(opts.seed or 0)
   local optim = core.nn_optim(layer, opts.optimizer)
-  local losses = {}
+  local clip, lr_at = check_recipe(opts, steps, "luapipe.train.reference")
+  local losses, gnorms, rates = {}, {}, {}
   for k = 1, steps do
-    local loss, err = core.nn_reference_step(layer, optim, model.loss, Mb, opts.data, k)
+    if lr_at then
+      rates[k] = lr_at(k)
+      optim:set_lr(rates[k])
+    end
+    local loss, err = core.nn_reference_step(layer, optim, model.loss, Mb, opts.data, k, clip)
     if not loss then error("luapipe.train.reference: " .. err, 2) end
     losses[k] = loss
+    if err >= 0 then gnorms[k] = err end
     if opts.verbose then io.write(string.format("step %d loss %.6f\n", k, loss)) end
   end
-  return { losses = losses, layer = layer, params = function() return params_of(layer) end }
+  return { losses = losses, grad_norms = gnorms, lrs = rates, layer = layer,
+    params = function() return params_of(layer) end }
 end
 
 setmetatable(M, { __call = function(_, opts) return M.run(opts) end })

@@ -42,6 +42,12 @@ local train = require("luapipe.train")
 local comm = require("luapipe.comm")
 
 local family, M, mode, lookahead = arg[1], tonumber(arg[2]), arg[3], tonumber(arg[4])
+-- a mode ending in "+recipe" also clips the global gradient norm (at a
+-- norm the steps exceed) and follows a learning-rate schedule (warmup,
+-- then cosine decay): the norms of every step must equal the reference's
+local recipe = mode and mode:match("%+recipe$") ~= nil
+if recipe then mode = mode:gsub("%+recipe$", "") end
+if mode == "mlp" or mode == "" then mode = nil end
 local rank, P = comm.rank(), comm.size()
 local STEPS, SEED = 3, 1234
 
@@ -141,13 +147,16 @@ if (mode or ""):match("skew") then
   end
 end
 
+local CLIP = 0.05
+local lr_schedule = recipe and { warmup = 1, decay = "cosine", steps = STEPS, min_lr = 0.1 * optimizer.lr } or nil
 local r = train { model = model, schedule = sched, overlapped_fb = hook, microbatches = M, data = tdata,
+  clip = recipe and CLIP or nil, lr_schedule = lr_schedule,
   link = link,
   steps = STEPS, seed = SEED, optimizer = optimizer, quiet = true, lookahead = lookahead,
   partition = mode == "cost" and "cost" or "layers", ep = EP,
   eplb = (mode or ""):match("eplb") and { every = 1, redundant = 1 } or nil }
 local ref = train.reference { model = model, microbatches = M, data = data, steps = STEPS,
-  seed = SEED, optimizer = optimizer }
+  seed = SEED, optimizer = optimizer, clip = recipe and CLIP or nil, lr_schedule = lr_schedule }
 
 local fails = {}
 local function check(what, got, want)
@@ -158,6 +167,19 @@ local function check(what, got, want)
 end
 
 for k = 1, STEPS do check("loss of step " .. k, r.losses[k], ref.losses[k]) end
+if recipe then
+  local clipped = false
+  for k = 1, STEPS do
+    if not r.grad_norms[k] or not ref.grad_norms[k] then
+      fails[#fails + 1] = "no gradient norm for step " .. k
+    else
+      check("gradient norm of step " .. k, r.grad_norms[k], ref.grad_norms[k])
+      if ref.grad_norms[k] > CLIP then clipped = true end
+    end
+    check("learning rate of step " .. k, r.lrs[k], ref.lrs[k])
+  end
+  if not clipped then fails[#fails + 1] = "no step's norm exceeded the clip: the test clips nothing" end
+end
 
 local want = ref.params()
 local V = r.schedule:info().vstages
