@@ -24,6 +24,7 @@ local lazy = {
   util = "luapipe.util",
   cli = "luapipe.cli",
   search = "luapipe.search",
+  profile = "luapipe.profile",
 }
 
 local function names()
@@ -59,15 +60,24 @@ local commands_note = "The luapipe program's commands (schedule, simulate, bubbl
 -- Entries of the API topics whose signature names `fname` (a function or
 -- method: "schedule.load", "s:validate", "load"): {topic, signature,
 -- summary} ..., and every such name for "did you mean".
+-- A class or module name as a person writes it before a method
+-- ("Schedule:push", "schedule.push", "SimResult:makespan") -> its topic.
+local class_topics = { simresult = "sim", tensor = "nn", layer = "nn", model = "nn",
+  balancer = "eplb", exec = "train" }
+
 local function find_function(fname)
   local api = require("luapipe.cli.help")
+  local owner, method = fname:match("^([%a_][%w_]*)[.:]([%w_]+)$")
+  local owner_topic = owner and (class_topics[owner:lower()] or owner:lower())
   local hits, all, seen = {}, {}, {}
   for _, t in ipairs(api.topics) do
     for _, e in ipairs(t) do
       for path, sep, name in e[1]:gmatch("([%a_][%w_%.]*)([.:])([%w_]+)%s*[%({]") do
         local full = path .. sep .. name
         if not seen[full] then seen[full] = true; all[#all + 1] = full end
-        if fname == full or fname == name then hits[#hits + 1] = { t.name, e[1], e[2] } end
+        if fname == full or fname == name or (method == name and owner_topic == t.name) then
+          hits[#hits + 1] = { t.name, e[1], e[2] }
+        end
       end
     end
   end
