@@ -50,12 +50,14 @@ setmetatable(M, {
 })
 util.guard(M, "luapipe", names)
 
--- The REPL's help: the Lua API. The luapipe program's commands (schedule,
--- simulate, bubbles, eplb) have their own, `luapipe help [command]` in a
--- shell; luapipe.help("cli") and luapipe.help("cli simulate") show it here.
-local commands_note = "The luapipe program's commands (schedule, simulate, bubbles, eplb) have "
-  .. "their own help: `luapipe help` and `luapipe help <command>` in a shell (here: "
-  .. "luapipe.help(\"cli\"), luapipe.help(\"cli simulate\")).\n"
+-- The REPL's help: the Lua API. The luapipe program's commands (the list
+-- is luapipe.cli's) have their own, `luapipe help [command]` in a shell;
+-- luapipe.help("cli") and luapipe.help("cli simulate") show it here.
+local function commands_note()
+  return "The luapipe program's commands (" .. require("luapipe.cli").command_list() .. ") have "
+    .. "their own help: `luapipe help` and `luapipe help <command>` in a shell (here: "
+    .. "luapipe.help(\"cli\"), luapipe.help(\"cli simulate\")).\n"
+end
 
 -- Entries of the API topics whose signature names `fname` (a function or
 -- method: "schedule.load", "s:validate", "load"): {topic, signature,
@@ -91,7 +93,7 @@ function M.help_text(topic)
   if topic == nil or topic == "" then
     return "luapipe " .. M.version .. ": the Lua API, one topic per module (luapipe.help(\"topic\"); "
       .. "luapipe.help(\"schedule.load\") for one function):\n" .. api.list()
-      .. "  env        the LUAPIPE_* environment variables\n\n" .. commands_note
+      .. "  env        the LUAPIPE_* environment variables\n\n" .. commands_note()
   end
   if type(topic) ~= "string" then
     return nil, string.format("luapipe.help: the topic must be a string such as \"schedule\", got %s",
