@@ -299,7 +299,7 @@ static void print_usage(lua_State *L, FILE *f) {
     if (host_docall(L, 0, 1) == LUA_OK) list = lua_tostring(L, -1);
   }
   if (list)
-    fprintf(f, "Commands: %s (run `%s help`).\n", list, progname);
+    fprintf(f, "Commands: %s\n(`%s help` describes them).\n", list, progname);
   else
     fprintf(f, "Commands: `%s help` lists them.\n", progname);
   lua_settop(L, top);
