@@ -117,6 +117,9 @@ lp_status lp_schedule_push_text(lp_schedule *s, int rank, const char *text);
 const lp_action *lp_schedule_actions(const lp_schedule *s, int rank, int *n);
 /* Removes every action of rank (to rebuild its list). */
 void lp_schedule_clear_rank(lp_schedule *s, int rank);
+/* Keeps the first n actions of rank and removes the rest (n from 0 to the
+ * rank's count; a larger n, or a rank out of range, changes nothing). */
+void lp_schedule_truncate_rank(lp_schedule *s, int rank, int n);
 
 /* 1 when any SEND/RECV action is present (the schedule is lowered). */
 int lp_schedule_has_comm(const lp_schedule *s);

@@ -407,6 +407,13 @@ void lp_schedule_clear_rank(lp_schedule *s, int rank) {
   }
 }
 
+void lp_schedule_truncate_rank(lp_schedule *s, int rank, int n) {
+  if (rank >= 0 && rank < s->ranks && n >= 0 && n < s->acts[rank].n) {
+    s->nacts -= s->acts[rank].n - n;
+    s->acts[rank].n = n;
+  }
+}
+
 int lp_schedule_has_comm(const lp_schedule *s) {
   for (int r = 0; r < s->ranks; r++)
     for (int i = 0; i < s->acts[r].n; i++)

@@ -555,6 +555,20 @@ function M.format(s)
   L[#L + 1] = string.format("  step time: measured %s ms, simulator's prediction %s ms "
     .. "(makespan %s ms + optimizer; latency %s ms): predicted/measured %.3f",
     f1(s.step_ms), f1(s.predicted_ms), f1(s.makespan_ms), f2(s.latency_ms), s.ratio)
+  -- Actions under a millisecond: a message's delivery, the progress
+  -- thread's polling (50 us and up) and a rank's wake-up, none of which the
+  -- simulator models, are a large share of each, so no ratio means much.
+  local longest, longest_kind = 0, nil
+  for _, k in ipairs(M.kinds) do
+    if s.costs[k] and s.costs[k] > longest then longest, longest_kind = s.costs[k], k end
+  end
+  local too_short = longest_kind ~= nil and longest < 1
+  if too_short then
+    L[#L + 1] = string.format("    (too short for the prediction to mean much: the longest mean action "
+      .. "here, %s, takes %s ms; under a millisecond a message's delivery and a rank's wake-up, "
+      .. "which the simulator does not model, are a large part of every action: compare steps of "
+      .. "more work, larger micro-batches or layers)", longest_kind, f2(longest))
+  end
   if s.replay_ms then
     local miss = s.replay_step_ms > 0 and 100 * (s.replay_ms - s.predicted_ms) / s.replay_step_ms or 0
     L[#L + 1] = string.format("    replaying each step's own measured action times (last %s): %s ms against "
@@ -564,7 +578,7 @@ function M.format(s)
       L[#L + 1] = string.format("    with the measured spread of action times (%d draws from each kind and stage's "
         .. "times): %s ms: predicted/measured %.3f", s.spread_draws, f1(s.spread_ms), s.spread_ratio)
     end
-    if miss > 2 and not s.oversubscribed then
+    if miss > 2 and not s.oversubscribed and not too_short then
       L[#L + 1] = string.format("    (mean costs miss %s%% of the step here: action times vary from step to step "
         .. "and with their place in the step, and this schedule has little slack to absorb that)", f1(miss))
     end
