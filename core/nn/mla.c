@@ -113,11 +113,6 @@ double lp_nn_mla_softmax_scale(const lp_nn_mla_opts *o) {
   return s;
 }
 
-const lp_nn_mla_opts *lp_nn_mla_get_opts(const lp_nn_layer *l) {
-  if (!l || strcmp(l->ops->kind, "mla") != 0) return NULL;
-  return &((const mla_priv *)l->priv)->o;
-}
-
 /* ---- helpers ---- */
 
 /* Parameter values / grads by role (q LoRA shifts the rest by two). */
@@ -447,6 +442,11 @@ static lp_status mla_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
 
 static const nn_ops mla_ops = {"mla", mla_forward, mla_input_grad,
                                mla_weight_grad};
+
+const lp_nn_mla_opts *lp_nn_mla_get_opts(const lp_nn_layer *l) {
+  if (!l || l->ops != &mla_ops) return NULL;
+  return &((const mla_priv *)l->priv)->o;
+}
 
 /* ---- construction ---- */
 
