@@ -332,6 +332,33 @@ static lp_status build_mla(lua_State *L, int idx, const char *name, uint64_t see
   return lp_nn_mla_new(name, &o, seed, out);
 }
 
+static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t seed,
+                             lp_nn_layer **out);
+
+/* model.py's Block: {kind = "mla_block", attn = <mla spec>, ffn = <spec>};
+ * the ffn is built as "<name>.ffn". */
+static lp_status build_mla_block(lua_State *L, int idx, const char *name, uint64_t seed,
+                                 lp_nn_layer **out) {
+  idx = lua_absindex(L, idx);
+  lp_nn_mla_opts o;
+  lua_getfield(L, idx, "attn");
+  if (!lua_istable(L, -1)) luaL_error(L, "layer 'mla_block': field 'attn' must be an nn.mla spec");
+  const char *why = mla_opts(L, -1, &o);
+  if (why) luaL_error(L, "layer 'mla_block': attn: %s", why);
+  lua_pop(L, 1);
+  lua_getfield(L, idx, "ffn");
+  if (!lua_istable(L, -1)) luaL_error(L, "layer 'mla_block': field 'ffn' must be a layer spec");
+  char sub[256];
+  snprintf(sub, sizeof sub, "%s.ffn", name);
+  lp_nn_layer *ffn = NULL;
+  lp_status st = build_layer(L, -1, sub, seed, &ffn);
+  lua_pop(L, 1);
+  if (st != LP_OK) return st;
+  st = lp_nn_mla_block_new(name, &o, ffn, seed, out);
+  lp_nn_layer_release(ffn);
+  return st;
+}
+
 /* Builds the layer described by the spec table at idx. */
 static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t seed,
                              lp_nn_layer **out) {
@@ -379,6 +406,7 @@ static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t s
     return lp_nn_moe_block_new(name, field_int(L, idx, "heads", 1, 0, kind), &o, seed, out);
   }
   if (strcmp(kind, "mla") == 0) return build_mla(L, idx, name, seed, out);
+  if (strcmp(kind, "mla_block") == 0) return build_mla_block(L, idx, name, seed, out);
   if (strcmp(kind, "swiglu") == 0)
     return lp_nn_swiglu_new(name, field_int(L, idx, "dim", 0, 1, kind),
                             field_int(L, idx, "inter_dim", 0, 1, kind), seed, out);
@@ -395,7 +423,7 @@ static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t s
     return st;
   }
   luaL_error(L, "unknown layer kind '%s' (linear, embedding, gelu, silu, rmsnorm, attention, "
-             "mlp_block, transformer_block, moe, moe_block, mla, swiglu, residual)", kind);
+             "mlp_block, transformer_block, moe, moe_block, mla, swiglu, mla_block, residual)", kind);
   return LP_ERR_ARG;
 }
 

@@ -631,3 +631,14 @@ double lp_nn_mla_softmax_scale(const lp_nn_mla_opts *o);
  * 1/sqrt(in)). */
 lp_status lp_nn_swiglu_new(const char *name, int64_t dim, int64_t inter_dim,
                            uint64_t seed, lp_nn_layer **layer);
+
+/* DeepSeek-V3's Block (model.py): h = x + attn(attn_norm(x)), then
+ * y = h + ffn(ffn_norm(h)); attn an MLA of options o named <name>.attn,
+ * the norms <name>.attn_norm and <name>.ffn_norm (RMSNorm of o->dim,
+ * o->eps), ffn the given layer (a new reference is taken; build it named
+ * <name>.ffn: an lp_nn_swiglu_new for the first n_dense_layers, else an
+ * lp_nn_moe_new), so the parameters are model.py's layers.<i>.* names.
+ * x [batch, seq, o->dim]. */
+lp_status lp_nn_mla_block_new(const char *name, const lp_nn_mla_opts *o,
+                              lp_nn_layer *ffn, uint64_t seed,
+                              lp_nn_layer **layer);

@@ -18,6 +18,7 @@
 #include "nn_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 typedef enum mla_slot {
@@ -506,5 +507,48 @@ lp_status lp_nn_mla_new(const char *name, const lp_nn_mla_opts *o,
   return LP_OK;
 fail:
   lp_nn_layer_release(l);
+  return st;
+}
+
+/* ---- model.py's Block around an MLA ---- */
+
+/* x + inner(rmsnorm(x)): the norm "<name>.<norm>", the pair "<name>.<pair>",
+ * the residual "<name>.<res>". Takes a new reference to inner. */
+static lp_status prenorm(const char *name, const char *norm, const char *pair,
+                         const char *res, int64_t dim, float eps,
+                         lp_nn_layer *inner, lp_nn_layer **out) {
+  char buf[LP_ERRLEN];
+  lp_nn_layer *a[2] = {NULL, lp_nn_layer_retain(inner)}, *seq = NULL;
+  snprintf(buf, sizeof buf, "%s.%s", name, norm);
+  lp_status st = lp_nn_rmsnorm_new(buf, dim, eps, &a[0]);
+  snprintf(buf, sizeof buf, "%s.%s", name, pair);
+  if (st == LP_OK) st = lp_nn_chunk_new(buf, a, 2, &seq);
+  snprintf(buf, sizeof buf, "%s.%s", name, res);
+  if (st == LP_OK) st = lp_nn_residual_new(buf, seq, out);
+  lp_nn_layer_release(a[0]), lp_nn_layer_release(a[1]);
+  lp_nn_layer_release(seq);
+  return st;
+}
+
+lp_status lp_nn_mla_block_new(const char *name, const lp_nn_mla_opts *o,
+                              lp_nn_layer *ffn, uint64_t seed,
+                              lp_nn_layer **layer) {
+  if (!layer) return LP_ERR_ARG;
+  *layer = NULL;
+  if (!ffn || !name) return LP_ERR_ARG;
+  LP_CHECK(lp_nn_mla_check(o, NULL));
+  char buf[LP_ERRLEN];
+  lp_nn_layer *attn = NULL, *b[2] = {NULL, NULL};
+  snprintf(buf, sizeof buf, "%s.attn", name);
+  lp_status st = lp_nn_mla_new(buf, o, seed, &attn);
+  if (st == LP_OK)
+    st = prenorm(name, "attn_norm", "attn_inner", "attn_res", o->dim, o->eps,
+                 attn, &b[0]);
+  if (st == LP_OK)
+    st = prenorm(name, "ffn_norm", "ffn_inner", "ffn_res", o->dim, o->eps, ffn,
+                 &b[1]);
+  if (st == LP_OK) st = lp_nn_chunk_new(name, b, 2, layer);
+  lp_nn_layer_release(attn);
+  lp_nn_layer_release(b[0]), lp_nn_layer_release(b[1]);
   return st;
 }

@@ -208,6 +208,29 @@ function M.swiglu(dim, inter_dim)
   return { kind = "swiglu", dim = int_arg("swiglu", "dim", 1, dim),
     inter_dim = int_arg("swiglu", "inter_dim", 2, inter_dim) }
 end
+-- model.py's Block: x + attn(attn_norm(x)), then x + ffn(ffn_norm(x)), the
+-- norms RMSNorm(dim, eps): nn.mla_block{attn = nn.mla{...}, ffn = nn.swiglu(dim,
+-- inter_dim) | nn.moe{dim =, ...}}. Params <name>.attn_norm.weight,
+-- <name>.attn.*, <name>.ffn_norm.weight, <name>.ffn.* (model.py's layers.<i>.*).
+function M.mla_block(t)
+  if type(t) ~= "table" then raise("nn.mla_block expects {attn = nn.mla{...}, ffn = <layer spec>}") end
+  for k in pairs(t) do
+    if k ~= "attn" and k ~= "ffn" then raise(string.format("nn.mla_block: unknown option '%s'", tostring(k))) end
+  end
+  local function what(v)
+    return type(v) == "table" and type(v.kind) == "string" and ("a " .. v.kind .. " spec") or shown(v)
+  end
+  if type(t.attn) ~= "table" or t.attn.kind ~= "mla" then
+    raise("nn.mla_block: 'attn' must be an nn.mla{...} spec, got " .. what(t.attn))
+  end
+  if type(t.ffn) ~= "table" or type(t.ffn.kind) ~= "string" then
+    raise("nn.mla_block: 'ffn' must be a layer spec (nn.swiglu(...), nn.moe{...}), got " .. what(t.ffn))
+  end
+  if t.ffn.dim ~= t.attn.dim then
+    raise(string.format("nn.mla_block: ffn dim (%s) differs from attn dim (%d)", shown(t.ffn.dim), t.attn.dim))
+  end
+  return { kind = "mla_block", attn = t.attn, ffn = t.ffn }
+end
 
 local function describe(spec)
   if spec.kind == "linear" then return string.format("linear %d->%d", spec.din, spec.dout) end
@@ -236,6 +259,7 @@ local function out_shape(spec, s, i)
   elseif k == "rmsnorm" then need(spec.dim)
   elseif k == "attention" or k == "mlp_block" or k == "transformer_block" then need(spec.d_model)
   elseif k == "moe" or k == "moe_block" or k == "mla" or k == "swiglu" then need(spec.dim)
+  elseif k == "mla_block" then need(spec.attn.dim)
   elseif k == "residual" then
     local inner = out_shape(spec.inner, s, i)
     if fmt_shape(inner) ~= fmt_shape(s) then

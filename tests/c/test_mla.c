@@ -550,6 +550,83 @@ static void test_errors(void **state) {
   lp_nn_ctx_free(c);
 }
 
+/* ---- model.py's Block around the MLA ---- */
+
+static lp_tensor *fwd(lp_nn_layer *l, const lp_tensor *x) {
+  lp_tensor *y = NULL;
+  assert_int_equal(lp_nn_forward(l, NULL, x, &y), LP_OK);
+  return y;
+}
+
+static void test_block(void **state) {
+  (void)state;
+  lp_nn_mla_opts o = tiny(1, 1);
+  lp_nn_layer *ffn = NULL, *blk = NULL;
+  assert_int_equal(lp_nn_swiglu_new("layers.2.ffn", 10, 12, 7, &ffn), LP_OK);
+  assert_int_equal(lp_nn_mla_block_new("layers.2", &o, ffn, 7, &blk), LP_OK);
+  static const char *want[] = {
+      "layers.2.attn_norm.weight", "layers.2.attn.wq_a.weight",
+      "layers.2.attn.q_norm.weight", "layers.2.attn.wq_b.weight",
+      "layers.2.attn.wkv_a.weight", "layers.2.attn.kv_norm.weight",
+      "layers.2.attn.wkv_b.weight", "layers.2.attn.wo.weight",
+      "layers.2.ffn_norm.weight", "layers.2.ffn.w1.weight",
+      "layers.2.ffn.w2.weight", "layers.2.ffn.w3.weight"};
+  size_t n;
+  const lp_nn_param *ps = lp_nn_params(blk, &n);
+  assert_int_equal(n, 12);
+  for (size_t i = 0; i < n; i++) assert_string_equal(ps[i].name, want[i]);
+  /* = the layers composed by hand: h = x + attn(norm(x)); y = h + ffn(norm(h)) */
+  lp_nn_layer *n1 = NULL, *attn = NULL, *n2 = NULL;
+  assert_int_equal(lp_nn_rmsnorm_new("n1", 10, 1e-6f, &n1), LP_OK);
+  assert_int_equal(lp_nn_rmsnorm_new("n2", 10, 1e-6f, &n2), LP_OK);
+  assert_int_equal(lp_nn_mla_new("layers.2.attn", &o, 7, &attn), LP_OK);
+  lp_tensor *x = randn(3, SH(2, 5, 10), 5);
+  lp_tensor *a = fwd(n1, x), *b = fwd(attn, a), *h = like(x);
+  assert_int_equal(lp_tensor_add(h, x, b), LP_OK);
+  lp_tensor *c = fwd(n2, h), *d = fwd(ffn, c), *y = like(h);
+  assert_int_equal(lp_tensor_add(y, h, d), LP_OK);
+  lp_tensor *yb = fwd(blk, x);
+  double diff;
+  assert_int_equal(lp_tensor_max_abs_diff(yb, y, &diff), LP_OK);
+  assert_true(diff == 0.0);
+  lp_tensor_free(a), lp_tensor_free(b), lp_tensor_free(h), lp_tensor_free(c);
+  lp_tensor_free(d), lp_tensor_free(y), lp_tensor_free(yb);
+  lp_nn_layer_release(n1), lp_nn_layer_release(n2), lp_nn_layer_release(attn);
+  /* and its gradients */
+  probe p = {blk, x, NULL};
+  gradcheck("mla block (swiglu)", &p);
+  probe_done(&p);
+  lp_nn_layer_release(ffn);
+  assert_int_equal(lp_nn_mla_block_new("layers.2", &o, NULL, 7, &blk), LP_ERR_ARG);
+  assert_null(blk);
+}
+
+/* An MoE as the block's feed-forward: its phases and EP come along. */
+static void test_block_moe(void **state) {
+  (void)state;
+  lp_nn_mla_opts o = tiny(0, 0);
+  lp_nn_moe_opts mo = {0};
+  mo.dim = 10, mo.hidden = 6, mo.experts = 4, mo.topk = 2, mo.shared = 1;
+  lp_nn_layer *moe = NULL, *blk = NULL;
+  assert_int_equal(lp_nn_moe_new("layers.3.ffn", &mo, 3, &moe), LP_OK);
+  assert_int_equal(lp_nn_mla_block_new("layers.3", &o, moe, 3, &blk), LP_OK);
+  lp_nn_layer_release(moe);
+  assert_int_equal(lp_nn_moe_count(blk), 1);
+  size_t n;
+  const lp_nn_param *ps = lp_nn_params(blk, &n);
+  assert_string_equal(ps[5].name, "layers.3.attn.wo.weight");
+  assert_string_equal(ps[6].name, "layers.3.ffn_norm.weight");
+  lp_tensor *x = randn(3, SH(2, 4, 10), 6), *y = NULL, *dx = NULL;
+  lp_nn_ctx *c = NULL;
+  assert_int_equal(lp_nn_ctx_new(&c), LP_OK);
+  assert_int_equal(lp_nn_forward(blk, c, x, &y), LP_OK);
+  assert_int_equal(lp_nn_backward(blk, c, y, &dx), LP_OK);
+  assert_true(lp_tensor_same_shape(dx, x));
+  lp_tensor_free(x), lp_tensor_free(y), lp_tensor_free(dx);
+  lp_nn_ctx_free(c);
+  lp_nn_layer_release(blk);
+}
+
 /* ---- the fake non-host backend gives the CPU's bits ---- */
 
 static void assert_same(const lp_tensor *got, const lp_tensor *want) {
@@ -606,6 +683,16 @@ static void test_on_fake_backend(void **state) {
   assert_int_equal(lp_nn_swiglu_new("ffn", 6, 8, 5, &b), LP_OK);
   on_fake(a, b, SH(2, 3, 6));
   lp_nn_layer_release(a), lp_nn_layer_release(b);
+  /* the Block around them */
+  lp_nn_mla_opts o = tiny(1, 1);
+  lp_nn_layer *f[2] = {NULL, NULL}, *blk[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(lp_nn_swiglu_new("b.ffn", 10, 8, 5, &f[k]), LP_OK);
+    assert_int_equal(lp_nn_mla_block_new("b", &o, f[k], 5, &blk[k]), LP_OK);
+    lp_nn_layer_release(f[k]);
+  }
+  on_fake(blk[0], blk[1], SH(2, 4, 10));
+  lp_nn_layer_release(blk[0]), lp_nn_layer_release(blk[1]);
 }
 
 /* ---- out of memory: every allocation failure is LP_ERR_NOMEM, no leak ---- */
@@ -651,6 +738,8 @@ int main(void) {
       cmocka_unit_test(test_swiglu_forward_reference),
       cmocka_unit_test(test_grad_mla),
       cmocka_unit_test(test_grad_swiglu),
+      cmocka_unit_test(test_block),
+      cmocka_unit_test(test_block_moe),
       cmocka_unit_test(test_on_fake_backend),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_oom),

@@ -113,4 +113,37 @@ function test_in_a_model()
   model:close()
 end
 
+function test_mla_block()
+  local attn = nn.mla { dim = 8, n_heads = 2, q_lora_rank = 4, kv_lora_rank = 4,
+    qk_nope_head_dim = 2, qk_rope_head_dim = 2, v_head_dim = 2, max_seq_len = 32 }
+  local m = nn.sequential {
+    nn.embedding(11, 8),
+    nn.mla_block { attn = attn, ffn = nn.swiglu(8, 16) },
+    nn.mla_block { attn = attn, ffn = nn.moe { dim = 8, hidden = 4, experts = 4, topk = 2, shared = 1 } },
+    nn.rmsnorm(8, 1e-6), nn.linear(8, 11, { bias = false }), loss = "cross_entropy",
+  }
+  lu.assertEquals(m:shapes({ 2, 5 })[5], { 2, 5, 11 })
+  local dense = m:build_layer(2, 1)
+  local n = names_shapes(dense)
+  lu.assertEquals(n, { "layers.1.attn_norm.weight", "layers.1.attn.wq_a.weight",
+    "layers.1.attn.q_norm.weight", "layers.1.attn.wq_b.weight", "layers.1.attn.wkv_a.weight",
+    "layers.1.attn.kv_norm.weight", "layers.1.attn.wkv_b.weight", "layers.1.attn.wo.weight",
+    "layers.1.ffn_norm.weight", "layers.1.ffn.w1.weight", "layers.1.ffn.w2.weight",
+    "layers.1.ffn.w3.weight" })
+  dense:close()
+  local model = m:build(1)
+  lu.assertEquals(model:moe_count(), 1)
+  local y = model:forward(nn.tensor({ 2, 5 }, { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }))
+  lu.assertEquals(y:shape(), { 2, 5, 11 })
+  model:close()
+  lu.assertEquals(error_of(nn.mla_block, { attn = attn, ffn = nn.swiglu(6, 16) }),
+    "nn.mla_block: ffn dim (6) differs from attn dim (8)")
+  lu.assertEquals(error_of(nn.mla_block, { attn = nn.swiglu(8, 16), ffn = nn.swiglu(8, 16) }),
+    "nn.mla_block: 'attn' must be an nn.mla{...} spec, got a swiglu spec")
+  lu.assertEquals(error_of(nn.mla_block, { attn = attn }),
+    "nn.mla_block: 'ffn' must be a layer spec (nn.swiglu(...), nn.moe{...}), got nil")
+  lu.assertEquals(error_of(nn.mla_block, { attn = attn, ffn = nn.swiglu(8, 16), norm = 1 }),
+    "nn.mla_block: unknown option 'norm'")
+end
+
 os.exit(lu.LuaUnit.run())
