@@ -291,6 +291,7 @@ static int tensor_fail(hp *h, const char *why) {
 /* A value where the state has no use for it (skip inside ignored fields). */
 static int hp_scalar(hp *h, const char *kind) {
   if (h->skip) return 1;
+  const char *an = kind[0] == 'o' ? "an" : "a";
   switch (h->state) {
   case S_TOP: return hp_fail(h, LP_ERR_PARSE, "the header is a JSON %s, not an object", kind);
   case S_ROOT:
@@ -299,16 +300,16 @@ static int hp_scalar(hp *h, const char *kind) {
       h->key = NULL;
       return 1;
     }
-    return hp_fail(h, LP_ERR_PARSE, "the entry of '%s' is a %s, not an object",
-                   h->key ? h->key : "?", kind);
+    return hp_fail(h, LP_ERR_PARSE, "the entry of '%s' is %s %s, not an object",
+                   h->key ? h->key : "?", an, kind);
   case S_TENSOR:
     if (h->field == F_OTHER) return 1;
     if (h->field == F_DTYPE) return tensor_fail(h, "dtype must be a string");
     if (h->field == F_SHAPE) return tensor_fail(h, "shape must be a list of integers");
     return tensor_fail(h, "data_offsets must be a list of two integers");
   case S_META:
-    return hp_fail(h, LP_ERR_PARSE, "__metadata__ '%s' is a %s, not a string",
-                   h->key ? h->key : "?", kind);
+    return hp_fail(h, LP_ERR_PARSE, "__metadata__ '%s' is %s %s, not a string",
+                   h->key ? h->key : "?", an, kind);
   case S_SHAPE: return tensor_fail(h, "shape must be a list of integers");
   case S_OFFSETS: return tensor_fail(h, "data_offsets must be a list of two integers");
   default: return hp_fail(h, LP_ERR_PARSE, "%s", "the header has content after its object");

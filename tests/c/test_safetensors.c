@@ -425,6 +425,8 @@ static void test_bad_files(void **state) {
   expect_open_error(LP_ERR_PARSE, "tensor 'w': data_offsets has more than two entries");
   put_file(-1, "{\"__metadata__\":{\"n\":1},\"w\":{}}", NULL, 0);
   expect_open_error(LP_ERR_PARSE, "__metadata__ 'n' is a number, not a string");
+  put_file(-1, "{\"__metadata__\":{\"n\":{}}}", NULL, 0);
+  expect_open_error(LP_ERR_PARSE, "__metadata__ 'n' is an object, not a string");
 
   /* overlapping, not covering, named twice */
   float four[4] = {1, 2, 3, 4};
