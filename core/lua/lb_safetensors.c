@@ -143,7 +143,7 @@ static int cmp_str(const void *a, const void *b) {
 /* core.safetensors_write(path, tensors [, opts]) -> true | nil, message.
  * The C arrays live in userdata on the stack, so a raise frees them; a
  * tensor that is strided or on a device is copied to the host first (a
- * Tensor box on the stack owns the copy). */
+ * Tensor box in a table on the stack owns the copy). */
 static int lb_st_write(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -203,8 +203,11 @@ static int lb_st_write(lua_State *L) {
       names[i++] = lua_tostring(L, -1); /* keys of the tensors table stay alive */
     }
   }
-  /* entries (host copies where needed live in Tensor boxes on the stack) */
+  /* entries (host copies where needed live in Tensor boxes kept in a table
+   * on the stack) */
   lp_safetensors_entry *e = lua_newuserdatauv(L, (n ? n : 1) * sizeof *e, 0);
+  lua_newtable(L);
+  int keep = lua_gettop(L);
   for (size_t i = 0; i < n; i++) {
     lua_getfield(L, 2, names[i]);
     lp_tensor *t = lb_check_tensor(L, -1);
@@ -217,6 +220,7 @@ static int lb_st_write(lua_State *L) {
                                           path, names[i], lp_tensor_backend_of(t)->name,
                                           lp_strerror(st)));
       t = *copy;
+      lua_rawseti(L, keep, (lua_Integer)i + 1);
     }
     e[i] = (lp_safetensors_entry){names[i], t->ndim, t->shape, t->data};
   }
