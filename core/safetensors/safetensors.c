@@ -803,7 +803,8 @@ lp_status lp_safetensors_read(lp_safetensors_file *f, const char *name,
               f->path, name, shape);
       return LP_ERR_ARG;
     }
-    int64_t br = (t->shape[0] + block - 1) / block, bc = (t->shape[1] + block - 1) / block;
+    int64_t br = t->shape[0] / block + (t->shape[0] % block != 0);
+    int64_t bc = t->shape[1] / block + (t->shape[1] % block != 0);
     if (s->ndim != 2 || s->shape[0] != br || s->shape[1] != bc) {
       char ss[160];
       shape_text(s, ss, sizeof ss);
