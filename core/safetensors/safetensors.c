@@ -618,7 +618,7 @@ static lp_status check_tensors(lp_safetensors_file *f) {
       return LP_ERR_PARSE;
     }
   }
-  qsort(f->t, f->n, sizeof *f->t, by_offset);
+  if (f->n > 1) qsort(f->t, f->n, sizeof *f->t, by_offset);
   uint64_t at = 0;
   for (size_t i = 0; i < f->n; i++) {
     const lp_safetensors_info *t = &f->t[i];
@@ -649,7 +649,7 @@ static lp_status check_tensors(lp_safetensors_file *f) {
     return LP_ERR_NOMEM;
   }
   for (size_t i = 0; i < f->n; i++) f->by_name[i] = &f->t[i];
-  qsort(f->by_name, f->n, sizeof *f->by_name, by_name_cmp);
+  if (f->n > 1) qsort(f->by_name, f->n, sizeof *f->by_name, by_name_cmp);
   for (size_t i = 1; i < f->n; i++)
     if (strcmp(f->by_name[i]->name, f->by_name[i - 1]->name) == 0) {
       lp_errf(f->err, "%s: tensor '%s' appears twice in the header", f->path,

@@ -81,7 +81,7 @@ lp_status lp_safetensors_write(const char *path, const lp_safetensors_entry *t, 
     sorted[i] = &t[i];
   }
   /* names unique (sorted by name, neighbours differ) */
-  qsort(sorted, n, sizeof *sorted, entry_by_name);
+  if (n > 1) qsort(sorted, n, sizeof *sorted, entry_by_name);
   for (size_t i = 1; i < n; i++)
     if (strcmp(sorted[i]->name, sorted[i - 1]->name) == 0) {
       lp_errf(err, "%s: tensor '%s' is given twice", path, sorted[i]->name);

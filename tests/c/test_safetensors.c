@@ -460,6 +460,13 @@ static void test_bad_files(void **state) {
   assert_int_equal(lp_safetensors_open(want, &f, err), LP_ERR_IO);
   assert_non_null(strstr(err, "none.safetensors: No such file or directory"));
 
+  /* no tensors at all: a file of the format (written, then read) */
+  assert_int_equal(lp_safetensors_write(path, NULL, 0, NULL, err), LP_OK);
+  f = open_ok();
+  assert_int_equal(lp_safetensors_count(f), 0);
+  assert_int_equal(lp_safetensors_file_size(f), 16); /* "{}" and 6 spaces */
+  lp_safetensors_close(f);
+
   /* unknown fields are ignored (as the reference reader does); an integer
    * tensor is listed but not converted */
   put_file(-1,
