@@ -24,7 +24,8 @@
  * bytes, data_offsets [0, 20] hold 20"); lp_safetensors_last_error for an
  * open file, the caller's err buffer (LP_ERRLEN) otherwise.
  *
- * Uses lp_base and lp_tensor (yajl underneath). No Lua. */
+ * Uses lp_base and lp_tensor (yajl underneath; yajl's own parse buffers
+ * do not go through the allocation hooks). No Lua. */
 #pragma once
 
 #include <stddef.h>
@@ -79,7 +80,7 @@ typedef struct lp_safetensors_file lp_safetensors_file;
 
 /* Opens path and reads and checks its header (only the header: no tensor
  * byte is read). LP_OK and *out; or *out = NULL and LP_ERR_IO (cannot
- * open), LP_ERR_PARSE (the file breaks the format: truncated, header
+ * open, a folder or not a regular file), LP_ERR_PARSE (the file breaks the format: truncated, header
  * length beyond the file, header not JSON or not the format's object,
  * unknown dtype, shape / offsets disagreeing, offsets out of range,
  * overlapping or leaving a gap, a name twice), LP_ERR_NOMEM, with one line
