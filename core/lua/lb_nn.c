@@ -507,7 +507,8 @@ static int lb_layer_params(lua_State *L) {
   return 1;
 }
 
-/* layer:set_params{[name] = {values...}} -> layer. Unknown names raise. */
+/* layer:set_params{[name] = {values...} | Tensor} -> layer. Unknown names
+ * raise; a Tensor must have the parameter's shape. */
 static int lb_layer_set_params(lua_State *L) {
   lp_nn_layer *l = lb_check_layer(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -525,6 +526,21 @@ static int lb_layer_set_params(lua_State *L) {
     while (i < n && strcmp(p[i].name, name) != 0) i++;
     if (i == n) return luaL_error(L, "set_params: no parameter '%s'", name);
     int64_t c = lp_tensor_numel(p[i].value);
+    tensor_box *tb = luaL_testudata(L, -1, LB_TENSOR);
+    if (tb) { /* a Tensor of the parameter's shape: copied as it is */
+      if (!tb->t) return luaL_error(L, "set_params: '%s' is a closed tensor", name);
+      int same = tb->t->ndim == p[i].value->ndim;
+      for (int d = 0; same && d < tb->t->ndim; d++)
+        same = tb->t->shape[d] == p[i].value->shape[d];
+      if (!same)
+        return luaL_error(L, "set_params: '%s' has %I elements in another shape than the tensor "
+                          "given (%I elements)", name, (lua_Integer)c,
+                          (lua_Integer)lp_tensor_numel(tb->t));
+      lp_status st = lp_tensor_copy(p[i].value, tb->t);
+      if (st != LP_OK) return luaL_error(L, "set_params: '%s': %s", name, lp_strerror(st));
+      lua_pop(L, 1);
+      continue;
+    }
     if (!lua_istable(L, -1))
       return luaL_error(L, "set_params: '%s' must be a list of %I numbers, got a %s", name,
                         (lua_Integer)c, luaL_typename(L, -1));
