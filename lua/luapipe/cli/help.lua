@@ -121,6 +121,25 @@ M.topics = {
     { "train.reference{model=, data=, steps=, microbatches=, optimizer=, seed=}", "the same steps in one process, unsplit: {losses, params}" },
   },
   {
+    name = "models", summary = "DeepSeek-V3 / V2-Lite: checkpoints in, trained, out (luapipe.models)",
+    intro = "The architecture of DeepSeek's inference/model.py as a chunk graph (embed, per layer "
+      .. "nn.mla_block{attn = nn.mla, ffn = nn.swiglu or nn.moe}, norm, head; cross-entropy over every "
+      .. "position), under model.py's parameter names. Checkpoint folders: DeepSeek's converted form "
+      .. "(config.json with ModelArgs keys, model0-mp1.safetensors) or Hugging Face's (config.json "
+      .. "with its keys, model.safetensors or shards + model.safetensors.index.json); F32, BF16, or "
+      .. "FP8 E4M3 with 128x128 block scales (quantization_config.weight_block_size). A rank reads "
+      .. "only its own stages' tensors (with ep, its own experts); MTP layers are listed in .unused. "
+      .. "A bad folder raises one line naming the file and tensor (the CLI exits 2). "
+      .. "Command line: luapipe model info|forward|grad DIR.",
+    { "models.load(dir, {ep=, bias_speed=})", "a model train{} takes (partition, schedules, pp x ep, EPLB); fields args (ModelArgs), form (\"deepseek\" or \"hf\"), unused, dtypes; ckpt:bytes_read() counts what was read" },
+    { "models.deepseek_v3(args)", "the same architecture from ModelArgs keys, initialised from the seed" },
+    { "models.save(model, dir, {from=, dtype=})", "config.json + safetensors in the layout and names it was loaded with, \"f32\" or \"bf16\"; from = a built layer or train{}'s result (every rank calls it; rank 0 writes)" },
+    { "  train{..., save = dir}", "the same after training (f32)" },
+    { "models.config.read(config_table, file)", "ModelArgs from either form of config.json" },
+    { "models.names.to_hf(name) / from_hf(name)", "model.py's names to Hugging Face's and back (inference/convert.py's map)" },
+    { "models.names.to_model(name) / from_model(name)", "luapipe's layer parameter names to model.py's and back" },
+  },
+  {
     name = "comm", summary = "this job's communicator (luapipe.comm)",
     { "comm.rank() / comm.size() / comm.backend()", "0-based rank, ranks, \"mpi\" or \"self\"" },
     { "comm.info()", "{rank, size, backend, timeout, tag_ub}" },

@@ -10,6 +10,7 @@ M.commands = {
   { name = "eplb", summary = "expert placement (DeepSeek EPLB) from a load file" },
   { name = "search", summary = "search a schedule for your costs and memory; lower bound and gap" },
   { name = "profile", summary = "read profiler traces: compute/communication overlap, phases, costs" },
+  { name = "model", summary = "a DeepSeek-V3 checkpoint: info, forward logits, gradients" },
   { name = "help", summary = "help on a command, or on environment variables (help env)" },
 }
 
