@@ -67,11 +67,10 @@ lp_status lp_sim_time_check(const char *key, double v, char *err) {
 
 static lp_status check_times(const lp_sim_times *t, const char *where,
                              char *err) {
-  static const char *names[5] = {"F", "B", "I", "W", "FB"};
-  const double v[5] = {t->f, t->b, t->i, t->w, t->fb};
-  for (int k = 0; k < 5; k++) {
+  const double v[LP_NKINDS] = {t->f, t->b, t->i, t->w, t->fb}; /* LP_KIND_* order */
+  for (int k = 0; k < LP_NKINDS; k++) {
     char why[LP_ERRLEN];
-    if (is_set(v[k]) && lp_sim_time_check(names[k], v[k], why) != LP_OK) {
+    if (is_set(v[k]) && lp_sim_time_check(lp_kind_name(k), v[k], why) != LP_OK) {
       lp_errf(err, "cost %s%s: %s", where, *where ? "" : "model", why);
       return LP_ERR_ARG;
     }
