@@ -4,7 +4,8 @@
  *   pairs.c  overlapped F&B pairs, their waits and the weight-grad carry
  *   msg.c    message plumbing: tags, posting receives ahead, sends, waits
  *   reduce.c gradient reduction of replicated stages
- *   timing.c always-on timing, measured trace events and their gathering
+ *   timing.c always-on timing, measured trace events and their gathering,
+ *            the job's timing gathered on every rank
  *   host.c   ranks and cores of this rank's host (does the prediction apply?)
  *   ep.c     the pp x ep grid, the MoE exchanges (lp_nn_ep) and their
  *            accounting, the step-end sums over the EP group

@@ -207,8 +207,9 @@ lp_status lp_exec_step_times(const lp_exec *e, int k, double *wall_s, double *af
  * rank of the job in one collective (lp_exec_job_timing) so that no
  * caller packs figures into numbered slots: per world rank its totals,
  * host share, gradient-sum message and kept steps; per (kind, model stage)
- * the sums over the ranks; the measured message latency. Add a figure as
- * a field here (and a line in the binding), never as a position. */
+ * the sums over the ranks; the measured message latency. A new per-rank
+ * figure is a field of lp_exec_rank_times (set in timing.c's own_figures,
+ * named in the binding: lb_exec.c's push_job_p), never a position. */
 
 /* One compute slice of a rank's last traced step: its action's index in
  * the rank's list (-1: the optimizer step), its start on the common trace

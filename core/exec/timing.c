@@ -3,7 +3,10 @@
  * counters, the step's parts (the action loop and the other files add to
  * them with ex_time_*), per (kind, model stage) action times and exchange
  * counters, the last step and the totals the public getters report, the
- * kept steps' action times (lp_exec_step_times). */
+ * kept steps' action times (lp_exec_step_times). Across ranks: the trace
+ * gathered on rank 0 (lp_exec_trace_gather) and the job's timing gathered
+ * on every rank (lp_exec_job_timing: every rank's figures and kept
+ * steps, the message latency). */
 #include "exec_internal.h"
 
 #include <stdio.h>
@@ -414,11 +417,10 @@ lp_status lp_exec_trace_write(lp_exec *e, const char *path) {
  * slices, then its last `kept` kept steps' rows. */
 
 /* A rank's fixed figures as they travel (the bytes unchanged: every rank
- * runs the same build). */
+ * runs the same build); fig's pointers are set on arrival. */
 typedef struct rank_head {
-  lp_exec_timing total;
-  int64_t host_ranks, host_cores, grad_floats;
-  int64_t nacts, nkept, nmsg, nslices;
+  lp_exec_rank_times fig;
+  int64_t nmsg;   /* message records in its piece */
   int64_t failed; /* 1: this rank could not pack its piece (out of memory) */
 } rank_head;
 
@@ -434,7 +436,7 @@ typedef struct msg_rec {
 /* The message slices and the last step's compute slices of this rank's
  * trace, in recorded order (nothing without a trace). */
 static lp_status trace_pieces(const lp_exec *e, msg_rec **msgs, int64_t *nmsg,
-                              lp_exec_slice **slices, int64_t *nslices) {
+                              lp_exec_slice **slices, int *nslices) {
   int n = 0;
   const lp_trace_event *ev = e->tm.trace ? lp_trace_events(e->tm.trace, &n) : NULL;
   *msgs = lp_calloc((size_t)(n ? n : 1), sizeof **msgs);
@@ -518,21 +520,19 @@ static lp_status latency(const msg_rec *m, int64_t n, double *ms, int64_t *count
   return LP_OK;
 }
 
-/* This rank's fixed figures and (kind, model stage) totals into head and
- * kinds ([LP_EXEC_NKINDS x S]). */
-static void own_figures(const lp_exec *e, rank_head *h, lp_exec_kind_times *kinds) {
-  h->total = e->tm.total;
-  int cores = 0;
-  h->host_ranks = lp_exec_host_share(e, &cores);
-  h->host_cores = cores;
-  h->grad_floats = 0;
+/* This rank's fixed figures (f; not its slices) and (kind, model stage)
+ * totals into kinds ([LP_EXEC_NKINDS x S]). */
+static void own_figures(const lp_exec *e, lp_exec_rank_times *f, lp_exec_kind_times *kinds) {
+  f->total = e->tm.total;
+  f->host_ranks = lp_exec_host_share(e, &f->host_cores);
+  f->grad_floats = 0;
   for (int s = 0; s < e->S; s++) {
     size_t act = 0, grad = 0;
-    if (lp_exec_message_floats(e, s, &act, &grad) == LP_OK && (int64_t)grad > h->grad_floats)
-      h->grad_floats = (int64_t)grad;
+    if (lp_exec_message_floats(e, s, &act, &grad) == LP_OK && (int64_t)grad > f->grad_floats)
+      f->grad_floats = (int64_t)grad;
   }
-  h->nacts = e->nacts;
-  h->nkept = e->tm.hist.len;
+  f->nacts = e->nacts;
+  f->nkept = e->tm.hist.len;
   for (int k = 0; k < LP_EXEC_NKINDS; k++)
     for (int s = 0; s < e->S; s++) {
       lp_exec_kind_times *t = &kinds[k * e->S + s];
@@ -586,18 +586,19 @@ lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out) {
   /* this rank's piece, packed before the first gather (whose heads tell
    * every rank whether all could): messages, slices, every kept row */
   rank_head *h = (rank_head *)(void *)mine;
-  own_figures(e, h, (lp_exec_kind_times *)(void *)(mine + sizeof *h));
+  lp_exec_rank_times *f = &h->fig;
+  own_figures(e, f, (lp_exec_kind_times *)(void *)(mine + sizeof *h));
   size_t bytes = 0;
-  if (trace_pieces(e, &msgs, &h->nmsg, &slices, &h->nslices) == LP_OK) {
-    bytes = (size_t)h->nmsg * sizeof *msgs + (size_t)h->nslices * sizeof *slices;
-    piece = lp_malloc(bytes + (size_t)h->nkept * row * sizeof(double) + 1);
+  if (trace_pieces(e, &msgs, &h->nmsg, &slices, &f->nslices) == LP_OK) {
+    bytes = (size_t)h->nmsg * sizeof *msgs + (size_t)f->nslices * sizeof *slices;
+    piece = lp_malloc(bytes + (size_t)f->nkept * row * sizeof(double) + 1);
   }
   if (piece) {
     char *q = piece;
     memcpy(q, msgs, (size_t)h->nmsg * sizeof *msgs);
     q += (size_t)h->nmsg * sizeof *msgs;
-    memcpy(q, slices, (size_t)h->nslices * sizeof *slices);
-    for (int k = 0; k < h->nkept; k++) {
+    memcpy(q, slices, (size_t)f->nslices * sizeof *slices);
+    for (int k = 0; k < f->nkept; k++) {
       double wall = 0, after = 0, *r = (double *)(void *)(piece + bytes) + (size_t)k * row;
       const double *times = NULL;
       lp_exec_step_times(e, k, &wall, &after, &times, NULL);
@@ -607,7 +608,7 @@ lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out) {
     }
   } else {
     h->failed = 1;
-    h->nkept = 0;
+    f->nkept = 0;
   }
   if ((st = lp_comm_allgather(e->world, mine, fixed, heads,
                               "gathering the job's timing (each rank's figures)")) != LP_OK) {
@@ -623,8 +624,8 @@ lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out) {
   for (int r = 0; r < P; r++) {
     const rank_head *hr = (const rank_head *)(void *)(heads + (size_t)r * fixed);
     if (hr->failed && !*e->err) lp_errf(e->err, "rank %d: out of memory packing its timing", r);
-    if (fewest < 0 || hr->nkept < fewest) fewest = hr->nkept;
-    per_step += hr->nacts + 2;
+    if (fewest < 0 || hr->fig.nkept < fewest) fewest = hr->fig.nkept;
+    per_step += hr->fig.nacts + 2;
   }
   if (*e->err || !t->rank || !t->kinds) {
     st = LP_ERR_NOMEM; /* every rank gives up here when one rank failed */
@@ -639,19 +640,12 @@ lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out) {
     const char *at = heads + (size_t)r * fixed;
     const rank_head *hr = (const rank_head *)(const void *)at;
     const lp_exec_kind_times *kr = (const lp_exec_kind_times *)(const void *)(at + sizeof *hr);
-    lp_exec_rank_times *rt = &t->rank[r];
-    rt->total = hr->total;
-    rt->host_ranks = (int)hr->host_ranks;
-    rt->host_cores = (int)hr->host_cores;
-    rt->grad_floats = hr->grad_floats;
-    rt->nacts = (int)hr->nacts;
-    rt->nkept = (int)hr->nkept;
-    rt->nslices = (int)hr->nslices;
-    timing_add(&t->sum, &hr->total);
+    t->rank[r] = hr->fig; /* its pointers are set below */
+    timing_add(&t->sum, &hr->fig.total);
     for (int i = 0; i < NK * S; i++) kind_add(&t->kinds[i], &kr[i]);
   }
   /* the second gather: this rank's last t->kept rows follow its slices */
-  memmove(piece + bytes, piece + bytes + (size_t)(h->nkept - t->kept) * row * sizeof(double),
+  memmove(piece + bytes, piece + bytes + (size_t)(f->nkept - t->kept) * row * sizeof(double),
           (size_t)t->kept * row * sizeof(double));
   bytes += (size_t)t->kept * row * sizeof(double);
   if ((st = lp_comm_allgatherv(e->world, piece, bytes, &t->data, sizes,
@@ -673,7 +667,7 @@ lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out) {
   int64_t m = 0;
   for (int r = 0; r < P; r++) {
     const rank_head *hr = (const rank_head *)(void *)(heads + (size_t)r * fixed);
-    size_t mb = (size_t)hr->nmsg * sizeof *all, sb = (size_t)hr->nslices * sizeof(lp_exec_slice);
+    size_t mb = (size_t)hr->nmsg * sizeof *all, sb = (size_t)hr->fig.nslices * sizeof(lp_exec_slice);
     if (mb) memcpy(all + m, q, mb);
     m += hr->nmsg;
     t->rank[r].slices = (const lp_exec_slice *)(const void *)(q + mb);
