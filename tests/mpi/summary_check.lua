@@ -147,15 +147,15 @@ end
 local job, jerr = r.exec:job_timing()
 check(job, "job_timing: " .. tostring(jerr))
 if job then
-  local mine = job.rank[rank]
+  local me = job.rank[rank]
   check(job.ranks == P and job.ep == 1 and job.kept == #hist, "job_timing: ranks, ep, kept")
-  check(mine.steps == tot.steps and mine.wall == tot.wall and mine.compute == tot.compute and
-    mine.optim == tot.optim and mine.reduce == tot.reduce, "job_timing: this rank's totals")
+  check(me.steps == tot.steps and me.wall == tot.wall and me.compute == tot.compute and
+    me.optim == tot.optim and me.reduce == tot.reduce, "job_timing: this rank's totals")
   local hr, hc = r.exec:host_share()
-  check(mine.host_ranks == hr and mine.host_cores == hc and mine.nkept == #hist,
+  check(me.host_ranks == hr and me.host_cores == hc and me.nkept == #hist,
     "job_timing: this rank's host share and kept count")
   for k, h in ipairs(hist) do
-    local g = mine.kept[k]
+    local g = me.kept[k]
     local same = g.wall == h.wall and g.after == h.after
     for i = 0, #acts - 1 do same = same and g.actions[i] == h.actions[i] end
     check(same, "job_timing: kept step " .. k .. " differs from step_times")
