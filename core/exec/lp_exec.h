@@ -281,7 +281,8 @@ typedef struct lp_exec_job_times {
  * its kept steps, messages and slices. LP_OK, or a status with the text in
  * lp_exec_last_error: LP_ERR_NOMEM (every rank returns it when one rank
  * could not pack its figures; a rank that runs out of memory while
- * gathering leaves the others to the watchdog), or the comm's failure. */
+ * gathering leaves the others to the watchdog), the comm's failure, or
+ * LP_ERR_INTERNAL when a rank's piece is not the size its figures say. */
 lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out);
 void lp_exec_job_times_free(lp_exec_job_times *t);
 

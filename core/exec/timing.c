@@ -656,7 +656,8 @@ lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out) {
   /* every rank's piece: its messages (back to back, for the latency), its
    * slices and rows (pointed into) */
   int64_t nmsg_all = 0;
-  for (int r = 0; r < P; r++) nmsg_all += ((const rank_head *)(void *)(heads + (size_t)r * fixed))->nmsg;
+  for (int r = 0; r < P; r++)
+    nmsg_all += ((const rank_head *)(void *)(heads + (size_t)r * fixed))->nmsg;
   msg_rec *all = lp_malloc((size_t)(nmsg_all ? nmsg_all : 1) * sizeof *all);
   if (!all) {
     st = LP_ERR_NOMEM;
@@ -665,18 +666,27 @@ lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out) {
   }
   const char *q = t->data;
   int64_t m = 0;
-  for (int r = 0; r < P; r++) {
+  for (int r = 0; r < P && st == LP_OK; r++) {
     const rank_head *hr = (const rank_head *)(void *)(heads + (size_t)r * fixed);
-    size_t mb = (size_t)hr->nmsg * sizeof *all, sb = (size_t)hr->fig.nslices * sizeof(lp_exec_slice);
+    size_t mb = (size_t)hr->nmsg * sizeof *all;
+    size_t sb = (size_t)hr->fig.nslices * sizeof(lp_exec_slice);
+    size_t want = mb + sb + (size_t)t->kept * ((size_t)hr->fig.nacts + 2) * sizeof(double);
+    if (sizes[r] != want) {
+      lp_errf(e->err, "rank %d: the timing of rank %d has %zu bytes, %zu expected", e->rank, r,
+              sizes[r], want);
+      st = LP_ERR_INTERNAL;
+      break;
+    }
+    if (!want) continue; /* nothing to point into */
     if (mb) memcpy(all + m, q, mb);
     m += hr->nmsg;
     t->rank[r].slices = (const lp_exec_slice *)(const void *)(q + mb);
     t->rank[r].kept = (const double *)(const void *)(q + mb + sb);
     q += sizes[r];
   }
-  st = latency(all, nmsg_all, &t->latency_ms, &t->latency_messages);
+  if (st == LP_OK && (st = latency(all, nmsg_all, &t->latency_ms, &t->latency_messages)) != LP_OK)
+    lp_errf(e->err, "rank %d: out of memory gathering the job's timing", e->rank);
   lp_free(all);
-  if (st != LP_OK) lp_errf(e->err, "rank %d: out of memory gathering the job's timing", e->rank);
 done:
   if (st == LP_OK) {
     *out = t;

@@ -553,7 +553,8 @@ static int push_job_p(lua_State *L) {
  *    rank = {[w] = {steps =, wall =, ... (its totals), host_ranks =,
  *           host_cores =, grad_floats =, nkept =, kept = {its last `kept`
  *           kept steps, as exec:step_times}, slices = {{index =, start_us =,
- *           dur_us =}, ...} (its last traced step's compute slices)}} (w: 0-based world rank),
+ *           dur_us =}, ...} (its last traced step's compute slices)}}
+ *           (w: the 0-based world rank),
  *    actions = {F = {[stage] = {sum =, n =, x_n =, ...}}, ...} (summed
  *           over the ranks; as exec:timing_stats)}
  * Collective: every rank calls it between steps. */

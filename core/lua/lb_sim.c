@@ -508,7 +508,8 @@ static int lb_sim_resolve_cost(lua_State *L) {
   if (lp_sim_cost_resolve(&c, -1, &t, err) != LP_OK) return lb_fail(L, err);
   lua_createtable(L, 0, LP_NKINDS);
   for (int k = 0; k < LP_NKINDS; k++)
-    if (k != LP_KIND_FB || t.fb != LP_SIM_UNSET) lb_set_number(L, lp_kind_name(k), *time_field(&t, k));
+    if (k != LP_KIND_FB || t.fb != LP_SIM_UNSET)
+      lb_set_number(L, lp_kind_name(k), *time_field(&t, k));
   return 1;
 }
 

@@ -83,7 +83,8 @@ static lp_status data_fn(void *ud, int64_t step, int mb, lp_tensor **in, lp_tens
   (void)ud, (void)err;
   float x[BATCH * D], y[BATCH * D_OUT];
   for (int i = 0; i < BATCH * D; i++) x[i] = (float)sin(0.3 * (double)step + 1.1 * mb + 0.7 * i);
-  for (int i = 0; i < BATCH * D_OUT; i++) y[i] = (float)cos(0.5 * (double)step + 0.9 * mb + 0.4 * i);
+  for (int i = 0; i < BATCH * D_OUT; i++)
+    y[i] = (float)cos(0.5 * (double)step + 0.9 * mb + 0.4 * i);
   if (in) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D}, x, in), LP_OK);
   if (tg) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D_OUT}, y, tg), LP_OK);
   return LP_OK;
