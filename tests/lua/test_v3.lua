@@ -179,6 +179,10 @@ function test_save_round_trip()
     os.remove(dir)
     local layer <close> = model:build(0)
     models.save(model, dir, { from = layer })
+    if model.form == "hf" then -- sharded in, sharded out: one shard and its index
+      local idx = json.decode(util.read_file(dir .. "/model.safetensors.index.json"))
+      lu.assertEquals(idx.weight_map["lm_head.weight"], "model-00001-of-00001.safetensors")
+    end
     local back = models.load(dir)
     lu.assertEquals(back.form, model.form)
     lu.assertEquals(#back.unused, 0)
@@ -189,7 +193,7 @@ function test_save_round_trip()
     lu.assertEquals(l2:moe_count(), layer:moe_count())
     if model.args.correction_bias then lu.assertEquals(l2:moe_bias(1), layer:moe_bias(1)) end
     -- the saved file under the original names, readable by our reader
-    local f = model.form == "hf" and "/model.safetensors" or "/model0-mp1.safetensors"
+    local f = model.form == "hf" and "/model-00001-of-00001.safetensors" or "/model0-mp1.safetensors"
     local st = assert(core.safetensors_open(dir .. f))
     local t = st:tensors()
     for _, p in ipairs(model:param_list()) do

@@ -313,13 +313,27 @@ local function write_folder(model, dir2, values, list, dtype)
     tensors[sname] = core.tensor(e.shape, values[e.name])
     order[#order + 1] = sname
   end
-  local file = form == "hf" and "model.safetensors" or "model0-mp1.safetensors"
+  -- HF: one shard and its index when the model came sharded, else
+  -- model.safetensors; DeepSeek's: model0-mp1.safetensors
+  local sharded = form == "hf" and model.ckpt and #model.ckpt.files > 1
+  local file = sharded and "model-00001-of-00001.safetensors"
+    or form == "hf" and "model.safetensors" or "model0-mp1.safetensors"
   local tmp = dir2 .. "/" .. file .. ".partial"
   local wok, werr = core.safetensors_write(tmp, tensors, { dtype = dtype, order = order,
     metadata = { format = "pt" } })
   for _, t in pairs(tensors) do t:close() end
   if not wok then os.remove(tmp) fail("model save: " .. tostring(werr)) end
   assert(os.rename(tmp, dir2 .. "/" .. file))
+  if sharded then
+    local map, bytes = {}, 0
+    for _, e in ipairs(list) do
+      map[names.to_hf(e.name)] = file
+      bytes = bytes + numel(e.shape) * (dtype == "bf16" and 2 or 4)
+    end
+    local iok, ierr = util.write_file(dir2 .. "/model.safetensors.index.json", json.encode(
+      { metadata = { total_size = bytes }, weight_map = map }, { indent = true }) .. "\n")
+    if not iok then fail("model save: " .. tostring(ierr)) end
+  end
   local cok, cerr = util.write_file(dir2 .. "/config.json", json.encode(cfg, { indent = true }) .. "\n")
   if not cok then fail("model save: " .. tostring(cerr)) end
   return dir2
