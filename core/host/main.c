@@ -66,12 +66,41 @@ int host_interrupt_take(void) {
   return was;
 }
 
+/* The exit status the last error reported asks for (1 unless the job
+ * policy said otherwise). */
+static int report_status = 1;
+
+/* An error value that is a table (a luapipe.Error: fields, not text) goes
+ * to the job policy, luapipe.cli.job.failed(err), which prints it as the
+ * job wants (once per job, or taking every rank down) and returns the exit
+ * status. 0 when the policy itself failed (the error is still on top). */
+static int job_policy(lua_State *L) {
+  int err = lua_gettop(L);
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "luapipe.cli.job");
+  if (lp_lua_pcall(L, 1, 1) != LUA_OK || !lua_istable(L, -1)) {
+    lua_settop(L, err);
+    return 0;
+  }
+  lua_getfield(L, -1, "failed");
+  lua_pushvalue(L, err);
+  if (lp_lua_pcall(L, 1, 1) != LUA_OK || !lua_isinteger(L, -1)) {
+    lua_settop(L, err);
+    return 0;
+  }
+  report_status = (int)lua_tointeger(L, -1);
+  lua_settop(L, err - 1);
+  return 1;
+}
+
 void host_report(lua_State *L, int status) {
   if (status != LUA_OK) {
-    const char *msg = lua_tostring(L, -1);
+    report_status = 1;
+    if (lua_type(L, -1) == LUA_TTABLE && job_policy(L)) return;
+    const char *msg = luaL_tolstring(L, -1, NULL);
     fprintf(stderr, "%s: %s\n", progname, msg ? msg : "(error without a message)");
     fflush(stderr);
-    lua_pop(L, 1);
+    lua_pop(L, 2);
   }
 }
 
@@ -80,7 +109,7 @@ int host_docall(lua_State *L, int nargs, int nres) {
   running_L = L;
   if (pending) /* arrived between calls: interrupt this one at once */
     lua_sethook(L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
-  int status = lp_lua_pcall(L, nargs, nres);
+  int status = lp_lua_pcall_keep(L, nargs, nres); /* a luapipe.Error stays a table */
   running_L = outer;
   return status;
 }
@@ -397,13 +426,19 @@ static int pmain(lua_State *L) {
   /* second pass: run -e chunks in order */
   for (int j = 1; j < (script ? script : argc); j++) {
     if (strcmp(argv[j], "-e") == 0) {
-      if (run_string(L, argv[++j], "=(command line)") != LUA_OK) return 0;
+      if (run_string(L, argv[++j], "=(command line)") != LUA_OK) {
+        ha->exit_code = report_status;
+        return 0;
+      }
     } else if (strcmp(argv[j], "--") == 0) {
       break;
     }
   }
   if (script) {
-    if (run_script(L, argv, argc, script) != LUA_OK) return 0;
+    if (run_script(L, argv, argc, script) != LUA_OK) {
+      ha->exit_code = report_status;
+      return 0;
+    }
   }
   int ran_something = script || version;
   for (int j = 1; j < argc && !ran_something; j++)
@@ -412,7 +447,10 @@ static int pmain(lua_State *L) {
     if (interactive || isatty(STDIN_FILENO)) {
       host_repl(L);
     } else { /* `luapipe < file`: run stdin as a script */
-      if (run_chunk(L, luaL_loadfile(L, NULL)) != LUA_OK) return 0;
+      if (run_chunk(L, luaL_loadfile(L, NULL)) != LUA_OK) {
+        ha->exit_code = report_status;
+        return 0;
+      }
     }
   }
   ha->exit_code = 0;

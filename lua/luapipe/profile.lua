@@ -152,7 +152,7 @@ function M.check_rules(rules)
       if r.match then
         local ok, err = pcall(string.find, "", r.match)
         if not ok then return nil, string.format("rule %d: bad pattern '%s': %s", i, r.match,
-          tostring(err):gsub("^[^:]*:%d+: ", "")) end
+          util.message(err)) end
       end
     elseif type(r) ~= "function" then
       return nil, string.format("rule %d: a table or a function, got %s", i, type(r))

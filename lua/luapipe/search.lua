@@ -59,9 +59,13 @@ M.SearchResult = SearchResult
 M._internal = {}
 
 -- An option error (or a placement that cannot be built), raised at the
--- user's line: "search: w_share must be a number in 0..1, got 2" (who:
--- the function, default "search").
-local function fail(msg, who) util.raise((who or "search") .. ": " .. msg) end
+-- user's line as a luapipe.Error: "search: w_share must be a number in
+-- 0..1, got 2" (who: the function, default "search"; reason: the text
+-- after it, for a caller that names the function its own way, as the CLI).
+local function fail(msg, who)
+  who = who or "search"
+  util.raise { what = who .. ": " .. msg, who = who, reason = msg }
+end
 
 -- placement name -> {name=, stages=, vstage_stage=, vstage_rank=, routes=, mb_route=}
 -- (0-based ids; routes flat)
@@ -223,7 +227,7 @@ end
 local split_codes = { auto = 0, always = 1, never = 2 }
 
 local function check_opts(opts, who)
-  local function fail(msg) util.raise((who or "search") .. ": " .. msg) end
+  local function fail(msg) util.raise { what = (who or "search") .. ": " .. msg, who = who or "search", reason = msg } end
   for _, k in ipairs { "pp", "microbatches" } do
     if math.type(opts[k]) ~= "integer" or opts[k] < 1 then
       fail(string.format("%s must be a positive integer, got %s", k, tostring(opts[k])))
@@ -270,8 +274,9 @@ local function run_one(pl, c, opts, budget, progress)
     memory = opts.memory, w_share = opts.w_share or 0, split = split_codes[opts.split or "auto"],
     pairs = opts.pairs == false and 0 or 1, objective = opts.objective or "makespan",
     seed = opts.seed or 1 }
+  -- the core's messages are in the search's own terms; this API names itself
   local S, err = core.search_new(spec)
-  if not S then return nil, err end
+  if not S then return nil, "search: " .. err, err end
   local families = {}
   local interrupted = false
   local ok, perr = pcall(function()
@@ -281,7 +286,7 @@ local function run_one(pl, c, opts, budget, progress)
         local bok, s = pcall(schedules[name], { pp = P, microbatches = Mb, chunks = 2 })
         if bok and s and s:info().stages == pl.stages and #pl.vstage_stage == s:info().vstages then
           local fits, obj, peak = S:add_schedule(s, name)
-          if fits == nil then error(obj, 0) end
+          if fits == nil then util.fail({ what = "search: " .. obj, reason = obj }, 0) end
         end
       end
     end
@@ -307,7 +312,7 @@ local function run_one(pl, c, opts, budget, progress)
         end
       end
       local sok, serr = S:seed_keys(keys, "priority function", n)
-      if not sok then error(serr, 0) end
+      if not sok then util.fail({ what = "search: " .. serr, reason = serr }, 0) end
     end
     assert(S:seed_rules())
     local t0 = core.now()
@@ -316,7 +321,7 @@ local function run_one(pl, c, opts, budget, progress)
       local left = budget - (core.now() - t0)
       if left <= 0 then break end
       local rok, rerr = S:run(math.min(left, 0.1))
-      if not rok then error(rerr, 0) end
+      if not rok then util.fail({ what = "search: " .. rerr, reason = rerr }, 0) end
       local st = S:stats()
       if progress and core.now() - last >= 0.25 then
         last = core.now()
@@ -335,18 +340,18 @@ local function run_one(pl, c, opts, budget, progress)
       io.stderr:write("search interrupted: keeping the best so far\n")
     else
       S:close()
-      return nil, tostring(perr)
+      return nil, util.message(perr), util.is_error(perr) and perr.reason or util.message(perr)
     end
   end
   local st = S:stats()
   if st.best == math.huge then
     S:close()
-    return nil, "no schedule found"
+    return nil, "no schedule found", "no schedule found"
   end
   local sched, serr = S:schedule()
   if not sched then
     S:close()
-    return nil, serr
+    return nil, "search: " .. serr, serr
   end
   local res = setmetatable({ _schedule = sched, stats = st, bounds = S:bounds(), peak = S:peak(P),
     placement_name = pl.name, placement = pl, interrupted = interrupted, families = families,
@@ -355,8 +360,10 @@ local function run_one(pl, c, opts, budget, progress)
   return res
 end
 
--- luapipe.search(opts) -> SearchResult (raises on bad options; returns nil,
--- message when nothing can be found, e.g. a limit below one micro-batch's need)
+-- luapipe.search(opts) -> SearchResult (raises on bad options, a
+-- luapipe.Error with reason = the text after "search: "; returns nil,
+-- message, reason when nothing can be found, e.g. a limit below one
+-- micro-batch's need: reason is the message without the API's name)
 function M.search(opts)
   util.arg("search.search", 1, "opts", opts, "table", "a table of options {pp =, microbatches =, ...}")
   check_opts(opts)
@@ -378,7 +385,7 @@ function M.search(opts)
   local robust = opts.robust
   if robust == true then robust = {} end
   local rounds = robust and (robust.candidates or 4) or 1
-  local best, lasterr
+  local best, lasterr, lastreason
   local found = {}
   local t0 = core.now()
   local stop = false
@@ -388,19 +395,19 @@ function M.search(opts)
       local pl = placement(name, P, Mb)
       local left = budget - (core.now() - t0)
       local share = left / ((rounds - round) * #candidates + #candidates - i + 1)
-      local r, err = run_one(pl, c, o, math.max(share, 0), progress)
+      local r, err, reason = run_one(pl, c, o, math.max(share, 0), progress)
       if r then
         r.cost = c
         found[#found + 1] = r
         if not best or r.stats.best < best.stats.best then best = r end
         if r.interrupted then stop = true break end
       else
-        lasterr = err
+        lasterr, lastreason = err, reason
       end
     end
     if stop then break end
   end
-  if not best then return nil, lasterr end
+  if not best then return nil, lasterr, lastreason end
   if robust then best = M._internal.robust_choice(found, c, opts, robust) end
   best.seconds_total = core.now() - t0
   return best
@@ -482,7 +489,7 @@ function M.families(opts, c)
     local row = { family = name, label = schedules.label(name) }
     local ok, s = pcall(schedules[name], { pp = opts.pp, microbatches = opts.microbatches, chunks = 2 })
     if not ok then
-      row.error = tostring(s):gsub("^[^:]*:%d+: ", "")
+      row.error = util.message(s)
     else
       local sc, err = M._internal.score(s, c, o)
       if not sc then

@@ -260,32 +260,30 @@ local function eplb_loop(exec, opts, ep)
   return L
 end
 
+-- Errors are luapipe.Error values (luapipe.util): the text, and fields
+-- that tell the program's job policy (luapipe.cli.job) what the job does.
+-- The library never ends the process.
 local function fail(msg)
-  error(msg, 0)
+  util.fail(msg, 0)
 end
 
--- An error whose text is the whole report: the host prints it as one line,
--- with no traceback (tostring(err) gives the text).
-local report_mt = { __tostring = function(e) return e.message end }
-local function report(msg)
-  error(setmetatable({ message = msg }, report_mt), 0)
+-- A failure that leaves the other ranks waiting on this one (they are in a
+-- collective or an exchange it will never join): the error says so
+-- (stranded), and the job policy takes the job down. On one process a
+-- plain error.
+local function fail_stranded(msg)
+  util.fail({ what = msg, stranded = comm.size() > 1 }, 0)
 end
 
 -- A mistake in how the job was started or configured, found the same way
--- on every rank: under mpirun rank 0 prints it as one line and every rank
--- exits with status 2 (no traceback, no copy per rank); on one process it
--- is an error printed as one line (a REPL session goes on).
+-- on every rank: every rank raises it (everywhere: the job policy prints
+-- it once, on rank 0, and every rank exits with status 2; a script that
+-- catches it goes on, on every rank); on one process an error printed as
+-- one line (a REPL session goes on).
 local function usage_fail(msg)
   util.arg("train.usage_fail", 1, "msg", msg, "string", "a message")
-  if comm.size() > 1 then
-    if comm.rank() == 0 then
-      io.stderr:write("luapipe: ", msg, "\n")
-      io.stderr:flush()
-    end
-    comm.barrier("luapipe.train: every rank stops on a usage error")
-    os.exit(2)
-  end
-  report(msg)
+  if comm.size() > 1 then util.fail({ what = msg, everywhere = true, status = 2 }, 0) end
+  util.fail(msg, 0)
 end
 M.usage_fail = usage_fail
 
@@ -348,7 +346,7 @@ local function get_schedule(opts)
     if bad and by_job then usage_fail(in_rank_terms(bad, comm.size(), ep)) end
     local ok, res = pcall(schedule.build, s, { pp = pp, microbatches = mb, chunks = opts.chunks })
     if not ok then
-      local msg = tostring(res):gsub("^[^:]*:%d+: ", "") -- the position is ours, not the user's
+      local msg = util.message(res) -- the position is ours, not the user's
       if by_job then usage_fail(msg) end
       fail("luapipe.train: " .. msg)
     end
@@ -502,7 +500,7 @@ local function configure(opts)
   local popts = { stages = info.stages, by = by, input_shape = in_shape, seed = seed, score = score }
   if recorded then popts.by, popts.bounds = recorded.by, recorded.bounds end
   local ok, part = pcall(model.partition, model, popts)
-  if not ok then fail("luapipe.train: " .. tostring(part):gsub("^[^:]*:%d+: ", "")) end
+  if not ok then fail("luapipe.train: " .. util.message(part)) end
   if recorded then
     part.recorded = recorded.file
     if recorded.by ~= by and comm.rank() == 0 and not opts.quiet then
@@ -521,7 +519,7 @@ local function configure(opts)
   if not ok2 then fail("luapipe.train: " .. tostring(act_shapes)) end
   if opts.link then
     local lok, lerr = pcall(comm.set_link, opts.link)
-    if not lok then usage_fail("luapipe.train: link: " .. tostring(lerr):gsub("^[^:]*:%d+: ", "")) end
+    if not lok then usage_fail("luapipe.train: link: " .. util.message(lerr)) end
   end
   return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep,
     device = device, device_name = device_name, info = info, lowered = lowered, in_shape = in_shape,
@@ -529,11 +527,11 @@ local function configure(opts)
 end
 
 -- A mistake in train{}'s options is found on every rank alike (configure
--- runs the same code on the same options): under mpirun it is printed
--- once, by rank 0 (or, when rank 0 found none, by the first rank that
--- did), and every rank exits with status 2; on one process it is raised
--- as before. Every rank reaches the one all-reduce below whether its
--- configure failed or not.
+-- runs the same code on the same options): under mpirun every rank raises
+-- it (everywhere, status 2: the job policy prints it once, by rank 0, or,
+-- when rank 0 found none, by the first rank that did; cause: that rank's
+-- own error); on one process it is raised as it is. Every rank reaches the
+-- one all-reduce below whether its configure failed or not.
 local function configure_all(opts)
   local size = comm.size()
   if size == 1 then return configure(opts) end
@@ -542,20 +540,22 @@ local function configure_all(opts)
   for r = 1, size do flags[r] = 0 end
   if not ok then flags[comm.rank() + 1] = 1 end
   local all = comm.allreduce(flags, "luapipe.train: checking the options on every rank")
-  if not all then comm.abort("luapipe.train: the ranks could not agree that the options are valid") end
+  if not all then fail_stranded("luapipe.train: the ranks could not agree that the options are valid") end
   local first
   for r = 1, size do
     if all[r] ~= 0 then first = r - 1; break end
   end
   if not first then return c end
-  if comm.rank() == first then
+  local text
+  if not ok then
     local okm, msg = pcall(tostring, c)
-    msg = okm and msg or "luapipe.train: invalid options"
-    io.stderr:write("luapipe: ", first == 0 and "" or ("rank " .. first .. ": "), msg, "\n")
-    io.stderr:flush()
+    text = (first == comm.rank() and first ~= 0 and ("rank " .. first .. ": ") or "")
+      .. (okm and msg or "luapipe.train: invalid options")
+  else
+    text = string.format("luapipe.train: the options were refused on rank %d (see its message)", first)
   end
-  comm.barrier("luapipe.train: every rank stops on an error in the options")
-  os.exit(2)
+  util.fail({ what = text, everywhere = true, speaker = first, status = 2, rank = first,
+    cause = (not ok) and c or nil }, 0)
 end
 
 -- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
@@ -573,10 +573,7 @@ function M.run(opts)
     optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
     overlapped_fb = opts.overlapped_fb, ep = ep, device = device,
   })
-  if not exec then
-    if size > 1 then comm.abort("luapipe.train: " .. err) end
-    fail("luapipe.train: " .. err)
-  end
+  if not exec then fail_stranded("luapipe.train: " .. err) end
   local M_ = info.microbatches
   local samples = M_ * (in_shape[1] or 1) * ep -- whole micro-batches (each EP rank has a share)
   local losses, timing = {}, {}
@@ -611,10 +608,7 @@ function M.run(opts)
       exec:trace_clear() -- keep the events of the last trace_steps steps only
     end
     local loss, serr = exec:step(k)
-    if not loss then
-      if size > 1 then comm.abort(serr) end
-      fail(serr)
-    end
+    if not loss then fail_stranded(serr) end
     losses[k] = loss
     local wall, busy = exec:timing()
     if k == first_step and steps > k then exec:timing_reset() end -- the first step is warm-up
@@ -631,10 +625,7 @@ function M.run(opts)
       io.flush()
     end
     local eok, eerr = pcall(balance.after_step, k)
-    if not eok then
-      if size > 1 then comm.abort(tostring(eerr)) end
-      fail(tostring(eerr))
-    end
+    if not eok then fail_stranded(tostring(eerr)) end
     if ckpt then
       local saved = checkpoint.after_step(ckpt, exec, k, info, function()
         return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()) }
@@ -667,10 +658,7 @@ function M.run(opts)
   end
   if opts.trace then
     local tok, terr = exec:trace_write(opts.trace) -- gathered over the comm on rank 0
-    if not tok then
-      if size > 1 then comm.abort("trace: " .. tostring(terr)) end
-      fail("trace: " .. tostring(terr))
-    end
+    if not tok then fail_stranded("trace: " .. tostring(terr)) end
   end
   -- measured vs predicted (luapipe.perf): every rank takes part
   if steps >= first_step then
@@ -681,10 +669,7 @@ function M.run(opts)
     if rank == 0 and not quiet then io.write(perf.format(result.summary), "\n") io.flush() end
     if opts.svg then
       local sok, serr = perf.write_measured_svg(exec, lowered, opts.svg)
-      if not sok then
-        if size > 1 then comm.abort("svg: " .. tostring(serr)) end
-        fail("svg: " .. tostring(serr))
-      end
+      if not sok then fail_stranded("svg: " .. tostring(serr)) end
     end
   end
   return result

@@ -343,15 +343,15 @@ function M.run(args)
       end
     end
   end
-  local r
-  r, err = eplb.rebalance{ load = load, replicas = args.replicas, groups = args.groups,
+  local r, where
+  r, err, where = eplb.rebalance{ load = load, replicas = args.replicas, groups = args.groups,
     nodes = args.nodes, gpus = args.gpus, mode = args.mode, spill = args.spill or nil,
     previous = previous, max_moves = args.max_moves, json = true,
     fixed_x = args.padded and args.replicas - #load[1] + 1 or nil }
   if not r then
-    -- the planner's "previous plan, layer L, ..." names the file and line too
-    local l = lines and tostring(err):match("^previous plan, layer (%d+)")
-    if l then err = string.format("%s:%s: %s", args.previous, lines(tonumber(l) + 1), err) end
+    -- a layer of the previous plan refused: name the file and line too
+    local l = lines and where and where.layer
+    if l then err = string.format("%s:%s: %s", args.previous, lines(l + 1), err) end
     return fail(err)
   end
   local text = args.format == "text" and to_text(r) or to_json(r)
