@@ -40,4 +40,19 @@ function M.failed(err)
   return 1
 end
 
+-- job.usage_exit(prog[, msg]): a script's own usage error, found alike on
+-- every rank (a bad command-line option). Rank 0 writes "<prog>: <msg>"
+-- (none when msg is nil: cli.parse printed it already); every rank waits
+-- for the others (so that rank 0's line is out before mpirun takes the job
+-- down) and exits with status 2. Does not return.
+function M.usage_exit(prog, msg)
+  local comm = require("luapipe.comm")
+  if msg and comm.rank() == 0 then
+    io.stderr:write(prog, ": ", msg, "\n")
+    io.stderr:flush()
+  end
+  if comm.size() > 1 then comm.barrier(prog .. ": every rank stops on a usage error") end
+  os.exit(2)
+end
+
 return M
