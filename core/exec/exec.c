@@ -107,6 +107,12 @@ fail:
   return st;
 }
 
+/* The number of shares the step's loss is the mean over: its micro-batches
+ * times the EP shares of each (every EP rank computes the loss of its rows).
+ * Each share's loss is scaled by 1 / loss_shares, and the step's loss is
+ * the sum of all shares over it. */
+static int loss_shares(const lp_exec *e) { return e->M * e->ep; }
+
 static lp_status f_finish(lp_exec *e, half *h, lp_tensor *y) {
   int v = h->v, mb = h->mb, li = e->loc[v];
   int k = e->kpos[li][mb], last = e->rlen[mb] - 1;
@@ -118,7 +124,7 @@ static lp_status f_finish(lp_exec *e, half *h, lp_tensor *y) {
     if (!tg) LP_CHECK_GOTO(get_data(e, mb, NULL, &tg), st, out);
     LP_CHECK_GOTO(ex_shard(e, &tg, "target", mb), st, out);
     double l = 0;
-    float scale = 1.0f / (float)(e->M * e->ep); /* the mean over micro-batches and EP shares */
+    float scale = 1.0f / (float)loss_shares(e);
     st = lp_nn_loss(e->o.loss, y, tg, scale, &l, &dy);
     if (st != LP_OK) {
       char t[LP_ACTION_TEXT_MAX];
@@ -473,9 +479,9 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     }
     LP_CHECK_GOTO(chunk_to_backend(e, vs), st, fail);
     LP_CHECK_GOTO(ex_ep_attach(e, vs), st, fail);
-    /* what the loss takes (the mean over micro-batches and EP shares): MoE
-     * balance losses become means over the step's sequences too */
-    LP_CHECK_GOTO(lp_nn_set_loss_scale(vs->chunk, 1.0f / (float)(e->M * e->ep)), st, fail);
+    /* what the loss takes (loss_shares): MoE balance losses become means
+     * over the step's sequences too */
+    LP_CHECK_GOTO(lp_nn_set_loss_scale(vs->chunk, 1.0f / (float)loss_shares(e)), st, fail);
     LP_CHECK_GOTO(setup_optim(e, vs), st, fail);
     vs->slots = lp_calloc((size_t)e->M, sizeof(slot));
     vs->wq = lp_calloc((size_t)e->M, sizeof(int));
@@ -761,7 +767,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       goto fail;
     }
   }
-  if (loss) *loss = sum / (e->M * e->ep);
+  if (loss) *loss = sum / loss_shares(e);
   ex_timing_commit(e, t_opt - start);
   return LP_OK;
 fail:

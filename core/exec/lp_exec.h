@@ -377,6 +377,13 @@ lp_status lp_exec_device_pick(const char *name, int want, int local_rank, int vi
 /* This process's rank among the ranks of its node (OMPI_COMM_WORLD_LOCAL_RANK,
  * MPI_LOCALRANKID or SLURM_LOCALID), 0 when no launcher says. */
 int lp_exec_local_rank(void);
+/* The device index a name means for this process, by the rule above,
+ * without making a backend: LP_DEVICE_CPU for "cpu", N for "cuda:N", for
+ * "cuda" the local rank's device modulo the visible ones (device 0 when
+ * none is visible or the CUDA module cannot load: the backend then says
+ * why). LP_ERR_ARG with the parse error for a bad name. (layer:to asks
+ * this, so "cuda" means the same device there as in training.) */
+lp_status lp_exec_device_index(const char *name, int *device, char *err);
 /* name -> the backend to train on (*be NULL for the CPU), loading the CUDA
  * module when a device is wanted. LP_OK, or a status with one line in err
  * naming the device and why it cannot be used (bad name, built without
