@@ -75,9 +75,12 @@ typedef struct lp_exec_opts {
    * (targets may stay on the host), activations and gradients are received
    * into tensors there and travel between pipeline ranks over
    * lp_comm_for_backend's context (NCCL, or MPI staged through pinned host
-   * memory; the comm itself for host tensors or a one-rank pipeline). Gradient sums and checkpoints go through
-   * lp_tensor_read / _write, and so do an MoE layer's EP exchanges (its
-   * routing decisions are made on the host). */
+   * memory; the comm itself for host tensors or a one-rank pipeline).
+   * Gradient sums and checkpoints go through lp_tensor_read / _write. An
+   * MoE layer's routing decisions are made on the host; its EP exchanges
+   * move the token rows in device memory over the EP group's context for
+   * the backend (lp_comm_for_backend: NCCL, or MPI staged through pinned
+   * host memory), as activations do. */
   const lp_tensor_backend *backend;
 } lp_exec_opts;
 
@@ -274,7 +277,7 @@ lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
  * weight-grad piece while both wait (the previous pair's backward's last
  * weight-grads, carried over, first), and waits for whichever exchange
  * ends first only when nothing is left. Otherwise (a backend that needs one
- * order on every rank, as NCCL does; EP exchanges go over MPI today) a
+ * order on every rank, as NCCL does: a GPU run's EP context over NCCL) a
  * fixed order, DeepSeek-V3's: advances alternate backward first,
  * the forward's "dispatch" advance right after the one before it, and the
  * ready weight-grad pieces after each backward advance. */

@@ -99,8 +99,8 @@
 -- first only when nothing is left; so each one's all-to-all flies while
 -- the other computes. (Over a comm backend that needs one order on every
 -- rank, as NCCL does, it would be DeepSeek's fixed alternation, backward
--- first, weight-grad pieces after each backward advance; EP exchanges go
--- over MPI today.)
+-- first, weight-grad pieces after each backward advance: the executor's
+-- own default over NCCL.)
 --
 -- device = "cuda" runs the whole model on the GPU of each rank: rank r of
 -- a node (mpirun's local rank) takes GPU r modulo the GPUs it sees;
@@ -110,7 +110,8 @@
 -- every rank has a GPU of its own, else through MPI staged in pinned host
 -- memory (LUAPIPE_COMM=nccl|mpi chooses). MoE layers run there too (their
 -- routing decisions are made on the host from the [tokens, experts]
--- affinities; EP exchanges are staged through host memory). Without a
+-- affinities; EP exchanges move the token rows in device memory over the
+-- EP group's context, NCCL or staged MPI as activations). Without a
 -- visible GPU it stops at the start with one line. r.device names the
 -- device of this rank.
 --
