@@ -108,6 +108,14 @@ function TestHelp.test_topics_cover_the_options()
     'partition = "cost" | "layers"', "measured layer", "whose simulated", "or equal layer counts", 'device = "cpu" | "cuda" | "cuda:N"', "chunks for interleaved1f1b only" } do
     lu.assertStrContains(train_text, want)
   end
+  -- luapipe.train's manual (once its file's header): result, checkpoints,
+  -- partition, MoE, overlapped_fb, devices, failures
+  for _, want in ipairs { "r.stage_params() = {{id =, stage =, params =", "resume = true (or resume = \"dir\")",
+    "Partition: by \"cost\" (the default)", "rank = pipeline rank * E + EP index",
+    "exec:weight_grad_part() runs one weight-grad piece", "rank r of a node (mpirun's local rank)",
+    "pcall(train, ...) returns on every rank" } do
+    lu.assertStrContains(train_text, want)
+  end
   for _, want in ipairs { 'link = "lat=50us,bw=2GB/s"', "bytes = N", "exchanges = {[stage] = {F = {n =, "
     .. "bytes_out =, bytes_in =}", "link_unit", "pending W (peak weight-grads waiting" } do
     lu.assertStrContains(sim_text, want)
