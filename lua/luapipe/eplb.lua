@@ -43,7 +43,8 @@ end
 -- previous: the plan in force, as a result of rebalance or its
 --   physical_to_logical (tables or compact string).
 -- Returns {physical_to_logical, logical_to_physical, logical_count,
---   gpu_load, gpu_copies (with previous: copies each GPU receives), stats = {balancedness, gpu_max_over_mean, node_max_over_mean,
+--   gpu_load, gpu_copies (with previous: copies each GPU receives),
+--   stats = {balancedness, gpu_max_over_mean, node_max_over_mean,
 --   off_node_load, copies, duplicates, solve_ms, refine_steps, refine_work,
 --   refine_cut (balanced mode's swap refinement: swaps, budget units
 --   spent, passes its budget stopped), per_layer = {...}},

@@ -175,7 +175,9 @@ end
 local function per_rank(memory, P, who)
   if memory == nil then return nil end
   if type(memory) == "number" then
-    if not (memory > 0) then fail("memory must be a positive number of activations, got " .. memory, who) end
+    if not (memory > 0) then -- luacheck: ignore 581 (NaN is refused too)
+      fail("memory must be a positive number of activations, got " .. memory, who)
+    end
     local t = {}
     for r = 1, P do t[r] = memory end
     return t
@@ -184,7 +186,7 @@ local function per_rank(memory, P, who)
     fail(string.format("memory must be a number or a table of %d limits (one per rank)", P), who)
   end
   for r = 1, P do
-    if type(memory[r]) ~= "number" or not (memory[r] > 0) then
+    if type(memory[r]) ~= "number" or not (memory[r] > 0) then -- luacheck: ignore 581 (NaN)
       fail(string.format("memory of rank %d must be a positive number, got %s", r - 1, tostring(memory[r])), who)
     end
   end
@@ -227,33 +229,33 @@ end
 local split_codes = { auto = 0, always = 1, never = 2 }
 
 local function check_opts(opts, who)
-  local function fail(msg) util.raise { what = (who or "search") .. ": " .. msg, who = who or "search", reason = msg } end
+  local function bad(msg) fail(msg, who) end
   for _, k in ipairs { "pp", "microbatches" } do
     if math.type(opts[k]) ~= "integer" or opts[k] < 1 then
-      fail(string.format("%s must be a positive integer, got %s", k, tostring(opts[k])))
+      bad(string.format("%s must be a positive integer, got %s", k, tostring(opts[k])))
     end
   end
-  if opts.pp > 256 then fail("pp must be at most 256 for a search, got " .. opts.pp) end
+  if opts.pp > 256 then bad("pp must be at most 256 for a search, got " .. opts.pp) end
   if opts.microbatches > 4096 then
-    fail("microbatches must be at most 4096 for a search, got " .. opts.microbatches)
+    bad("microbatches must be at most 4096 for a search, got " .. opts.microbatches)
   end
   local w = opts.w_share or 0
   if type(w) ~= "number" or not (w >= 0 and w <= 1) then
-    fail("w_share must be a number in 0..1, got " .. tostring(opts.w_share))
+    bad("w_share must be a number in 0..1, got " .. tostring(opts.w_share))
   end
   local ob = opts.objective or "makespan"
   if ob ~= "makespan" and ob ~= "span" and type(ob) ~= "function" then
-    fail("objective must be 'makespan', 'span' or a function, got " .. tostring(ob))
+    bad("objective must be 'makespan', 'span' or a function, got " .. tostring(ob))
   end
   if opts.split and not split_codes[opts.split] then
-    fail("split must be 'auto', 'always' or 'never', got " .. tostring(opts.split))
+    bad("split must be 'auto', 'always' or 'never', got " .. tostring(opts.split))
   end
   local t = opts.time or 1
   if type(t) ~= "number" or not (t >= 0 and t <= 86400) then
-    fail("time must be a number of seconds in 0..86400, got " .. tostring(opts.time))
+    bad("time must be a number of seconds in 0..86400, got " .. tostring(opts.time))
   end
   if opts.seed ~= nil and (math.type(opts.seed) ~= "integer" or opts.seed < 0) then
-    fail("seed must be a non-negative integer, got " .. tostring(opts.seed))
+    bad("seed must be a non-negative integer, got " .. tostring(opts.seed))
   end
 end
 
@@ -285,7 +287,7 @@ local function run_one(pl, c, opts, budget, progress)
       for _, name in ipairs(schedules.list()) do
         local bok, s = pcall(schedules[name], { pp = P, microbatches = Mb, chunks = 2 })
         if bok and s and s:info().stages == pl.stages and #pl.vstage_stage == s:info().vstages then
-          local fits, obj, peak = S:add_schedule(s, name)
+          local fits, obj = S:add_schedule(s, name)
           if fits == nil then util.fail({ what = "search: " .. obj, reason = obj }, 0) end
         end
       end
@@ -294,7 +296,10 @@ local function run_one(pl, c, opts, budget, progress)
       local keys, n, V = {}, 0, #pl.vstage_stage
       local pos = {}
       for k = 1, pl.nroutes do
-        for st = 0, pl.stages - 1 do pos[pl.routes[(k - 1) * pl.stages + st + 1]] = pos[pl.routes[(k - 1) * pl.stages + st + 1]] or st end
+        for st = 0, pl.stages - 1 do
+          local v = pl.routes[(k - 1) * pl.stages + st + 1]
+          pos[v] = pos[v] or st
+        end
       end
       local kinds = { "F", "B", "W" }
       for v = 0, V - 1 do

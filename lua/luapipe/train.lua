@@ -292,7 +292,7 @@ local function configure(opts)
   local steps = check_common(opts, "luapipe.train")
   local ckpt = checkpoint.options(opts) -- nil without checkpoint / resume
   local model, seed = opts.model, opts.seed or 0
-  local rank, size = comm.rank(), comm.size()
+  local size = comm.size()
   local ep = opts.ep or 1
   if math.type(ep) ~= "integer" or ep < 1 then
     fail("luapipe.train: 'ep' must be a positive integer, got " .. tostring(opts.ep))
@@ -334,8 +334,9 @@ local function configure(opts)
     usage_fail(string.format("schedule '%s' runs on %s; with ep = %d that is %d ranks,"
       .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), ep, info.ranks * ep, size))
   elseif ep == 1 and info.ranks ~= size then
-    usage_fail(string.format("schedule '%s' needs %s, but %s (run it with mpirun -np %d)",
-      sname, util.count(info.ranks, "rank"), size > 1 and "mpirun started " .. size or "this is one process", info.ranks))
+    usage_fail(string.format("schedule '%s' needs %s, but %s (run it with mpirun -np %d)", sname,
+      util.count(info.ranks, "rank"), size > 1 and "mpirun started " .. size or "this is one process",
+      info.ranks))
   end
   local lowered = s
   if not info.lowered then

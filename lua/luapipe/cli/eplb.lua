@@ -171,8 +171,8 @@ local function read_matrix(path, want)
         for e = 1, #row do
           local bad = problem(row[e])
           if bad then
-            local pos = json_pos(text, l - 1, e - 1)
-            local tok = object and "" or " ('" .. (text:match("^[^,%]%s]+", pos) or "") .. "')"
+            local at = json_pos(text, l - 1, e - 1)
+            local tok = object and "" or " ('" .. (text:match("^[^,%]%s]+", at) or "") .. "')"
             return nil, string.format("%s:%d: layer %d, entry %d%s%s", path, line_of(l, e), l - 1,
               e - 1, tok, bad)
           end
@@ -356,8 +356,8 @@ function M.run(args)
   end
   local text = args.format == "text" and to_text(r) or to_json(r)
   if args.output then
-    local ok, oerr = require("luapipe.util").write_file(args.output, text)
-    if not ok then return fail("cannot write " .. oerr) end
+    local wok, oerr = require("luapipe.util").write_file(args.output, text)
+    if not wok then return fail("cannot write " .. oerr) end
     io.write("wrote ", args.format, " plan to ", args.output, "\n")
   else
     io.write(text)

@@ -111,7 +111,6 @@ function M.run(args)
     print(string.format("%-22s %10s %10s %10s  %s", "schedule", "makespan", "span", "bubble",
       "peak memory per rank"))
     local bubble = 0
-    local busy = {}
     local info = s:info()
     local f = args.pp / info.stages
     local sres = s:simulate { F = c.F * f, B = c.B * f, I = c.I * f, W = c.W * f,
