@@ -12,7 +12,7 @@ static const char chunk[] =
     "if not s then\n"
     "  assert(type(err) == 'string' and err:sub(1, 9) == 'fuzz.json',\n"
     "    'error does not name the source: ' .. tostring(err))\n"
-    "  return fuzz_check_message(err)\n"
+    "  return fuzz_check_message(err, text)\n"
     "end\n"
     "local again = assert(schedule.from_json(s:to_json(), 'rewritten.json'))\n"
     "assert(again:to_json() == s:to_json(), 'JSON round trip differs')\n"
