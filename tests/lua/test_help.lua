@@ -3,6 +3,7 @@
 -- every module of the library has a topic, unknown topics answer in one
 -- line and never raise, and help prints nothing for the REPL to echo.
 local lu = require("luaunit")
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local core = require("luapipe.core")
 local help = require("luapipe.cli.help")
 local cli = require("luapipe.cli")
@@ -186,11 +187,7 @@ end
 -- A mistyped name of the library gets a "did you mean" where it is used;
 -- other missing names stay nil.
 function TestHelp.test_did_you_mean_on_names()
-  local function err_of(f)
-    local ok, e = pcall(f)
-    lu.assertFalse(ok)
-    return (tostring(e):gsub("^[^:]*:%d+: ", ""))
-  end
+  local err_of = dofile(here .. "errors.lua").error_of
   lu.assertEquals(err_of(function() return luapipe.schedul end), "luapipe has no 'schedul' (did you mean 'schedule'?)")
   lu.assertEquals(err_of(function() return luapipe.schedule.buld end),
     "luapipe.schedule has no 'buld' (did you mean 'build'?)")

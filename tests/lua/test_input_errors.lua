@@ -6,11 +6,8 @@ local lu = require("luaunit")
 local core = require("luapipe.core")
 local schedule = require("luapipe.schedule")
 
-local function error_of(f, ...)
-  local ok, err = pcall(f, ...)
-  lu.assertFalse(ok, "expected an error")
-  return (tostring(err):gsub("^[^:]*:%d+: ", ""))
-end
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local error_of = dofile(here .. "errors.lua").error_of
 
 function test_tensor_sizes()
   lu.assertEquals(error_of(core.tensor, { 2 ^ 32, 2 ^ 32 }),
