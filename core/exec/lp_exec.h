@@ -94,6 +94,16 @@ typedef struct lp_exec_opts {
  * barrier to align trace clocks). */
 lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts,
                       lp_exec **out, char *err);
+
+/* The one rule of a job's shape: a schedule of P pipeline ranks, each
+ * with ep EP ranks (0 or 1: no EP), runs on P x ep processes (rank =
+ * pipeline rank * ep + EP index). LP_OK, or LP_ERR_ARG with the mistake in
+ * err (LP_ERRLEN) in the words of someone who chose how many processes to
+ * start: sname names the schedule ("schedule '1f1b' needs 4 ranks, but
+ * mpirun started 2 (run it with mpirun -np 4)"); NULL speaks of pp and ep
+ * as given ("pp x ep = 1 x 2 needs 2 ranks, but this is one process ...").
+ * lp_exec_new asks it; so does luapipe.train before it builds anything. */
+lp_status lp_exec_grid_check(int P, int ep, int nprocs, const char *sname, char *err);
 void lp_exec_free(lp_exec *e);
 
 /* Text of the last failure ("" when none). */

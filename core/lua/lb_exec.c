@@ -251,6 +251,18 @@ static int lb_exec_device(lua_State *L) {
   return 1;
 }
 
+/* core.exec_grid_check(P, ep, nprocs[, schedule name]) -> true | nil,
+ * message: the job-shape rule (lp_exec_grid_check) luapipe.train asks
+ * before it builds anything. */
+static int lb_exec_grid_check(lua_State *L) {
+  char err[LP_ERRLEN];
+  if (lp_exec_grid_check(lb_check_int(L, 1), lb_check_int(L, 2), lb_check_int(L, 3),
+                         luaL_optstring(L, 4, NULL), err) != LP_OK)
+    return lb_fail(L, err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* core.exec_new(schedule, {build=, data=, loss=, act_shapes=, optimizer=,
  * trace=, lookahead=, overlapped_fb=, ep=, device=}) -> Exec | nil, err.
  * device: "cpu" (default), "cuda" (this rank's GPU) or "cuda:N": the
@@ -704,6 +716,7 @@ void lb_open_exec(lua_State *L) {
                                   {NULL, NULL}};
   static const luaL_Reg funcs[] = {{"exec_new", lb_exec_new},
                                    {"exec_device", lb_exec_device},
+                                   {"exec_grid_check", lb_exec_grid_check},
                                    {"mkdir_p", lb_mkdir_p},
                                    {NULL, NULL}};
   lb_new_class(L, LB_EXEC, "Exec", methods, meta);

@@ -305,11 +305,8 @@ local function configure(opts)
     if opts.pp == nil and size % ep ~= 0 then
       usage_fail(string.format("ep = %d needs a multiple of %d ranks (pp x ep), but %s", ep, ep, started))
     end
-    local pp = opts.pp or size // ep
-    if pp * ep ~= size then
-      usage_fail(string.format("pp x ep = %d x %d needs %d ranks, but %s (run it with mpirun -np %d)",
-        pp, ep, pp * ep, size > 1 and "mpirun started " .. size or "this is one process", pp * ep))
-    end
+    local gok, gerr = core.exec_grid_check(opts.pp or size // ep, ep, size) -- the core's one rule
+    if not gok then usage_fail(gerr) end
   end
   if opts.eplb ~= nil then
     local e = opts.eplb
@@ -330,14 +327,8 @@ local function configure(opts)
   local s = get_schedule(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
-  if ep > 1 and info.ranks * ep ~= size then
-    usage_fail(string.format("schedule '%s' runs on %s; with ep = %d that is %d ranks,"
-      .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), ep, info.ranks * ep, size))
-  elseif ep == 1 and info.ranks ~= size then
-    usage_fail(string.format("schedule '%s' needs %s, but %s (run it with mpirun -np %d)", sname,
-      util.count(info.ranks, "rank"), size > 1 and "mpirun started " .. size or "this is one process",
-      info.ranks))
-  end
+  local gok, gerr = core.exec_grid_check(info.ranks, ep, size, sname) -- the same rule exec_new applies
+  if not gok then usage_fail(gerr) end
   local lowered = s
   if not info.lowered then
     local err

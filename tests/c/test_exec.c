@@ -303,7 +303,7 @@ static void test_errors(void **state) {
   for (int mb = 0; mb < 2; mb++) lp_schedule_set_route(s, mb, route, 2);
   assert_int_equal(lp_exec_new(s, &o, &e, err), LP_ERR_ARG);
   assert_null(e);
-  assert_string_equal(err, "schedule 'mine' needs 2 ranks, but this job has 1 (run it with "
+  assert_string_equal(err, "schedule 'mine' needs 2 ranks, but this is one process (run it with "
                            "mpirun -np 2)");
   lp_schedule_free(s);
 
@@ -372,13 +372,23 @@ static void test_errors(void **state) {
     lp_schedule_free(c);
   }
 
-  /* an EP group that does not divide the job */
+  /* an EP group the job has no room for: the one rule of the job's shape
+   * (lp_exec_grid_check, which luapipe.train asks too) */
   o = base_opts();
   o.ep = 2;
   assert_int_equal(lp_exec_new(s, &o, &e, err), LP_ERR_ARG);
   assert_null(e);
-  assert_string_equal(err, "ep = 2 does not divide the 1 rank mpirun started (pp x ep ranks are "
-                           "needed)");
+  assert_string_equal(err, "schedule '(unnamed)' runs on 1 pipeline rank; with ep = 2 that is 2 "
+                           "ranks, but this is one process");
+  char gerr[LP_ERRLEN];
+  assert_int_equal(lp_exec_grid_check(2, 2, 4, "x", gerr), LP_OK);
+  assert_int_equal(lp_exec_grid_check(3, 0, 3, "x", gerr), LP_OK);
+  assert_int_equal(lp_exec_grid_check(1, 2, 3, NULL, gerr), LP_ERR_ARG);
+  assert_string_equal(gerr, "pp x ep = 1 x 2 needs 2 ranks, but mpirun started 3 (run it with "
+                            "mpirun -np 2)");
+  assert_int_equal(lp_exec_grid_check(4, 1, 2, "1f1b", gerr), LP_ERR_ARG);
+  assert_string_equal(gerr, "schedule '1f1b' needs 4 ranks, but mpirun started 2 (run it with "
+                            "mpirun -np 4)");
   lp_schedule_free(s);
 }
 
