@@ -12,9 +12,9 @@
 #include "lp_lua.h"
 
 static inline int fuzz_lua_check_message(lua_State *L) {
-  size_t size = 0;
-  const char *in = luaL_checklstring(L, 2, &size);
-  fuzz_check_message(luaL_checkstring(L, 1), (const uint8_t *)in, size);
+  size_t size = 0, mlen = 0;
+  const char *msg = luaL_checklstring(L, 1, &mlen), *in = luaL_checklstring(L, 2, &size);
+  fuzz_check_message_n(msg, mlen, (const uint8_t *)in, size);
   return 0;
 }
 
