@@ -156,8 +156,8 @@ end
 -- Errors are luapipe.Error values (luapipe.util): the text, and fields
 -- that tell the program's job policy (luapipe.cli.job) what the job does.
 -- The library never ends the process.
-local function fail(msg)
-  util.fail(msg, 0)
+local function fail(msg, option)
+  util.fail({ what = msg, option = option }, 0)
 end
 
 -- A failure that leaves the other ranks waiting on this one (they are in a
@@ -245,7 +245,7 @@ local function get_schedule(opts)
     end
     s = res
   elseif s == nil then
-    fail("luapipe.train: 'schedule' is required (a family name or a luapipe.Schedule)")
+    fail("luapipe.train: 'schedule' is required (a family name or a luapipe.Schedule)", "schedule")
   end
   local ok, err = s:validate()
   if not ok then fail("luapipe.train: the schedule is invalid: " .. tostring(err)) end
@@ -258,15 +258,16 @@ end
 
 local function check_common(opts, who)
   if type(opts) ~= "table" then util.raise(who .. " expects a table of options, got " .. util.shown(opts)) end
+  local function bad(option, msg) util.raise { what = who .. ": " .. msg, option = option } end
   if type(opts.model) ~= "table" or getmetatable(opts.model) == nil or not opts.model.partition then
-    util.raise(who .. ": 'model' must be a luapipe.nn model (nn.sequential{...}), got " .. util.shown(opts.model))
+    bad("model", "'model' must be a luapipe.nn model (nn.sequential{...}), got " .. util.shown(opts.model))
   end
   if type(opts.data) ~= "function" then
-    util.raise(who .. ": 'data' must be a function(step, mb) -> input, target, got " .. util.shown(opts.data))
+    bad("data", "'data' must be a function(step, mb) -> input, target, got " .. util.shown(opts.data))
   end
   local steps = opts.steps or 1
   if math.type(steps) ~= "integer" or steps < 0 then
-    util.raise(who .. ": 'steps' must be a non-negative integer, got " .. util.shown(steps))
+    bad("steps", "'steps' must be a non-negative integer, got " .. util.shown(steps))
   end
   return steps
 end
@@ -295,10 +296,10 @@ local function configure(opts)
   local size = comm.size()
   local ep = opts.ep or 1
   if math.type(ep) ~= "integer" or ep < 1 then
-    fail("luapipe.train: 'ep' must be a positive integer, got " .. tostring(opts.ep))
+    fail("luapipe.train: 'ep' must be a positive integer, got " .. tostring(opts.ep), "ep")
   end
   if opts.pp ~= nil and (math.type(opts.pp) ~= "integer" or opts.pp < 1) then
-    fail("luapipe.train: 'pp' must be a positive integer, got " .. tostring(opts.pp))
+    fail("luapipe.train: 'pp' must be a positive integer, got " .. tostring(opts.pp), "pp")
   end
   if ep > 1 then
     local started = size > 1 and "mpirun started " .. size or "this is one process"
@@ -310,7 +311,7 @@ local function configure(opts)
   end
   if opts.eplb ~= nil then
     local e = opts.eplb
-    if type(e) ~= "table" then fail("luapipe.train: 'eplb' must be a table {every =, redundant =}") end
+    if type(e) ~= "table" then fail("luapipe.train: 'eplb' must be a table {every =, redundant =}", "eplb") end
     if e.every ~= nil and (math.type(e.every) ~= "integer" or e.every < 1) then
       fail("luapipe.train: eplb.every must be a positive integer, got " .. tostring(e.every))
     end
@@ -320,7 +321,7 @@ local function configure(opts)
   end
   local device = opts.device or "cpu"
   if type(device) ~= "string" then
-    fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got " .. tostring(device))
+    fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got " .. tostring(device), "device")
   end
   local device_name, derr = core.exec_device(device)
   if not device_name then device_fail("luapipe.train: " .. derr) end
@@ -347,7 +348,7 @@ local function configure(opts)
   end
   local by = opts.partition or "cost"
   if by ~= "cost" and by ~= "layers" then
-    fail("luapipe.train: 'partition' must be \"cost\" or \"layers\", got " .. util.shown(by))
+    fail("luapipe.train: 'partition' must be \"cost\" or \"layers\", got " .. util.shown(by), "partition")
   end
   -- resume: the partition the checkpoint was written with, whatever this
   -- run would measure (its rank files hold those stages' layers)
@@ -440,7 +441,7 @@ local function configure_all(opts)
     text = string.format("luapipe.train: the options were refused on rank %d (see its message)", first)
   end
   util.fail({ what = text, everywhere = true, speaker = first, status = 2, rank = first,
-    cause = (not ok) and c or nil }, 0)
+    option = (not ok) and util.is_error(c) and c.option or nil, cause = (not ok) and c or nil }, 0)
 end
 
 -- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,

@@ -731,6 +731,24 @@ function test_moe_eplb_one_rank()
     ep = 2 }), "pp x ep = 1 x 2 needs 2 ranks, but this is one process (run it with mpirun -np 2)")
 end
 
+-- train's failures are luapipe.Error values: the text as before (tostring),
+-- the option and the user's line as fields; nothing ends the process.
+function test_train_errors_are_values()
+  local ok, e = pcall(train, { model = mlp(), schedule = "1f1b", data = data, steps = "ten" })
+  lu.assertFalse(ok)
+  lu.assertTrue(require("luapipe.util").is_error(e))
+  lu.assertEquals(e.option, "steps")
+  lu.assertEquals(e.what, "luapipe.train: 'steps' must be a non-negative integer, got \"ten\"")
+  lu.assertStrContains(e.file, "test_nn.lua")
+  lu.assertEquals(tostring(e), string.format("%s:%d: %s", e.file, e.line, e.what))
+  ok, e = pcall(train, { model = mlp(), schedule = "1f1b", data = data, partition = "even" })
+  lu.assertFalse(ok)
+  lu.assertEquals(e.option, "partition")
+  lu.assertNil(e.file) -- found after the checks of the call itself: no line of the user's to name
+  lu.assertEquals(tostring(e), "luapipe.train: 'partition' must be \"cost\" or \"layers\", got \"even\"")
+  lu.assertNil(e.stranded) -- one process: nothing waits
+end
+
 -- Layer constructors check their arguments: the message names the
 -- constructor and the argument as the user wrote it, raised at the caller
 -- (never an internal "attempt to ..." from deep in luapipe).

@@ -19,7 +19,7 @@ steps_msg="luapipe.train: 'steps' must be a non-negative integer, got \"ten\""
 "${mpirun[@]}" -np 3 "$luapipe" "$script" options >"$tmp/out" 2>&1
 rc=$?
 [ "$rc" -eq 0 ] || fail "options: exit $rc"
-count "options: caught on every rank" "$tmp/out" "caught everywhere=true stranded=nil status=2 speaker=0" 3
+count "options: caught on every rank" "$tmp/out" "caught everywhere=true stranded=nil status=2 speaker=0 option=steps text=" 3
 count "options: the message" "$tmp/out" "$steps_msg" 3
 count "options: every rank went on" "$tmp/out" ": after: true" 3
 
@@ -28,8 +28,8 @@ count "options: every rank went on" "$tmp/out" ": after: true" 3
 "${mpirun[@]}" -np 3 "$luapipe" "$script" one_rank >"$tmp/out" 2>&1
 rc=$?
 [ "$rc" -eq 0 ] || fail "one_rank: exit $rc"
-count "one_rank: caught on every rank" "$tmp/out" "caught everywhere=true stranded=nil status=2 speaker=1" 3
-count "one_rank: rank 1's own message" "$tmp/out" "rank 1: caught everywhere=true stranded=nil status=2 speaker=1 text=rank 1: " 1
+count "one_rank: caught on every rank" "$tmp/out" "caught everywhere=true stranded=nil status=2 speaker=1 option=" 3
+count "one_rank: rank 1's own message" "$tmp/out" "rank 1: caught everywhere=true stranded=nil status=2 speaker=1 option=steps text=rank 1: " 1
 count "one_rank: the others name rank 1" "$tmp/out" \
   "text=luapipe.train: the options were refused on rank 1 (see its message)" 2
 count "one_rank: every rank went on" "$tmp/out" ": after: true" 3
@@ -38,7 +38,7 @@ count "one_rank: every rank went on" "$tmp/out" ": after: true" 3
 "${mpirun[@]}" -np 2 "$luapipe" "$script" resume "$tmp/none" >"$tmp/out" 2>&1
 rc=$?
 [ "$rc" -eq 0 ] || fail "resume: exit $rc"
-count "resume: caught on every rank" "$tmp/out" "caught everywhere=true stranded=nil status=1 speaker=0" 2
+count "resume: caught on every rank" "$tmp/out" "caught everywhere=true stranded=nil status=1 speaker=0 option=nil" 2
 count "resume: names the directory" "$tmp/out" "there is no checkpoint in '$tmp/none'" 2
 count "resume: every rank went on" "$tmp/out" ": after: true" 2
 

@@ -34,8 +34,9 @@ local function show(ok, e)
     print(string.format("rank %d: returned a result", rank))
     return
   end
-  print(string.format("rank %d: caught everywhere=%s stranded=%s status=%s speaker=%s text=%s", rank,
-    tostring(e.everywhere), tostring(e.stranded), tostring(e.status), tostring(e.speaker), tostring(e)))
+  print(string.format("rank %d: caught everywhere=%s stranded=%s status=%s speaker=%s option=%s text=%s",
+    rank, tostring(e.everywhere), tostring(e.stranded), tostring(e.status), tostring(e.speaker),
+    tostring(e.option), tostring(e)))
 end
 
 if mode == "options" then
