@@ -526,7 +526,8 @@ static int lb_layer_to(lua_State *L) {
   char err[LP_ERRLEN];
   int n = LP_DEVICE_CPU;
   if (lp_exec_device_index(dev, &n, err) != LP_OK) return luaL_error(L, "to: %s", err);
-  const lp_tensor_backend *be = n == LP_DEVICE_CPU ? lp_tensor_backend_cpu() : lp_tensor_backend_cuda(n);
+  const lp_tensor_backend *be =
+      n == LP_DEVICE_CPU ? lp_tensor_backend_cpu() : lp_tensor_backend_cuda(n);
   if (!be) return lb_fail(L, lp_kernels_last_error());
   lp_status st = lp_nn_layer_to(l, be);
   if (st != LP_OK) {

@@ -28,7 +28,8 @@ static inline lp_schedule *fx_two_stage(int M, const char *const *acts, int n, i
   int ra[2] = {0, 1}, rb[2] = {2, 3};
   for (int mb = 0; mb < M; mb++)
     assert_int_equal(lp_schedule_set_route(s, mb, copies == 2 && mb >= 2 ? rb : ra, 2), LP_OK);
-  for (int i = 0; i < n; i++) assert_int_equal(lp_schedule_push_text(s, 0, acts[i]), LP_OK);
+  for (int i = 0; i < n; i++)
+    assert_int_equal(lp_schedule_push_text(s, 0, acts[i]), LP_OK);
   if (lp_schedule_validate(s) != LP_OK) fail_msg("invalid: %s", lp_schedule_last_error(s));
   return s;
 }
@@ -64,12 +65,16 @@ static inline void fx_wave_data(int64_t step, int mb, int in_ndim, const int64_t
                                 int tg_ndim, const int64_t *tg_shape, lp_tensor **in,
                                 lp_tensor **tg) {
   int64_t nin = 1, ntg = 1;
-  for (int d = 0; d < in_ndim; d++) nin *= in_shape[d];
-  for (int d = 0; d < tg_ndim; d++) ntg *= tg_shape[d];
+  for (int d = 0; d < in_ndim; d++)
+    nin *= in_shape[d];
+  for (int d = 0; d < tg_ndim; d++)
+    ntg *= tg_shape[d];
   float *x = malloc((size_t)(nin + ntg) * sizeof *x), *y = x + nin;
   assert_non_null(x);
-  for (int64_t i = 0; i < nin; i++) x[i] = (float)sin(0.3 * (double)step + 1.1 * mb + 0.7 * (double)i);
-  for (int64_t i = 0; i < ntg; i++) y[i] = (float)cos(0.5 * (double)step + 0.9 * mb + 0.4 * (double)i);
+  for (int64_t i = 0; i < nin; i++)
+    x[i] = (float)sin(0.3 * (double)step + 1.1 * mb + 0.7 * (double)i);
+  for (int64_t i = 0; i < ntg; i++)
+    y[i] = (float)cos(0.5 * (double)step + 0.9 * mb + 0.4 * (double)i);
   if (in) assert_int_equal(lp_tensor_from_data(NULL, in_ndim, in_shape, x, in), LP_OK);
   if (tg) assert_int_equal(lp_tensor_from_data(NULL, tg_ndim, tg_shape, y, tg), LP_OK);
   free(x);
