@@ -1,7 +1,10 @@
 /* main.c — the luapipe program: runs scripts (`luapipe FILE.lua args`),
  * code (`-e`), subcommands written in Lua (`luapipe simulate ...`) and an
  * interactive REPL. Everything runs inside one protected pmain; every chunk
- * goes through docall (traceback handler, SIGINT hook). */
+ * goes through docall (traceback handler, SIGINT hook). A luapipe.Error
+ * that ends a chunk goes to the job policy (luapipe.cli.job), which prints
+ * it and says the exit status: the program's edge, where the job's fate is
+ * decided (the library never ends the process). */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
 #include <lauxlib.h>
