@@ -35,12 +35,22 @@ static const char *progname = "luapipe";
 
 static lua_State *volatile running_L; /* the state inside host_docall, or NULL */
 static volatile sig_atomic_t pending; /* Ctrl-C not yet turned into an error */
+static lua_Integer interrupts;        /* Ctrl-Cs turned into errors so far */
 
 static void stop_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);
   pending = 0;
+  interrupts++;
   luaL_error(L, "interrupted!");
+}
+
+/* core.interrupts() -> how many Ctrl-Cs have interrupted a call so far: a
+ * caller that catches errors (the search keeping its best on Ctrl-C) tells
+ * an interrupt from other failures by this count, not by the message. */
+static int l_interrupts(lua_State *L) {
+  lua_pushinteger(L, interrupts);
+  return 1;
 }
 
 static void on_sigint(int sig) {
@@ -151,6 +161,8 @@ static int open_core(lua_State *L) {
   lua_call(L, 0, 1);
   lua_pushcfunction(L, l_output_is_terminal);
   lua_setfield(L, -2, "output_is_terminal");
+  lua_pushcfunction(L, l_interrupts);
+  lua_setfield(L, -2, "interrupts");
   return 1;
 }
 

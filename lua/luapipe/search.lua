@@ -281,6 +281,9 @@ local function run_one(pl, c, opts, budget, progress)
   if not S then return nil, "search: " .. err, err end
   local families = {}
   local interrupted = false
+  -- a Ctrl-C is told by the host's count of them (core.interrupts, absent
+  -- outside the luapipe program), never by the message
+  local interrupts = core.interrupts and core.interrupts() or 0
   local ok, perr = pcall(function()
     if opts.families ~= false then
       local schedules = require("luapipe.schedules")
@@ -340,7 +343,7 @@ local function run_one(pl, c, opts, budget, progress)
   end)
   if progress then io.stderr:write("\r\27[K"); io.stderr:flush() end
   if not ok then
-    if tostring(perr):find("interrupted!", 1, true) then
+    if core.interrupts and core.interrupts() > interrupts then
       interrupted = true
       io.stderr:write("search interrupted: keeping the best so far\n")
     else
