@@ -1,7 +1,10 @@
 /* main.c — the luapipe program: runs scripts (`luapipe FILE.lua args`),
  * code (`-e`), subcommands written in Lua (`luapipe simulate ...`) and an
  * interactive REPL. Everything runs inside one protected pmain; every chunk
- * goes through docall (traceback handler, SIGINT hook). */
+ * goes through docall (traceback handler, SIGINT hook). A luapipe.Error
+ * that ends a chunk goes to the job policy (luapipe.cli.job), which prints
+ * it and says the exit status: the program's edge, where the job's fate is
+ * decided (the library never ends the process). */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
 #include <lauxlib.h>
@@ -32,12 +35,22 @@ static const char *progname = "luapipe";
 
 static lua_State *volatile running_L; /* the state inside host_docall, or NULL */
 static volatile sig_atomic_t pending; /* Ctrl-C not yet turned into an error */
+static lua_Integer interrupts;        /* Ctrl-Cs turned into errors so far */
 
 static void stop_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);
   pending = 0;
+  interrupts++;
   luaL_error(L, "interrupted!");
+}
+
+/* core.interrupts() -> how many Ctrl-Cs have interrupted a call so far: a
+ * caller that catches errors (the search keeping its best on Ctrl-C) tells
+ * an interrupt from other failures by this count, not by the message. */
+static int l_interrupts(lua_State *L) {
+  lua_pushinteger(L, interrupts);
+  return 1;
 }
 
 static void on_sigint(int sig) {
@@ -66,12 +79,41 @@ int host_interrupt_take(void) {
   return was;
 }
 
+/* The exit status the last error reported asks for (1 unless the job
+ * policy said otherwise). */
+static int report_status = 1;
+
+/* An error value that is a table (a luapipe.Error: fields, not text) goes
+ * to the job policy, luapipe.cli.job.failed(err), which prints it as the
+ * job wants (once per job, or taking every rank down) and returns the exit
+ * status. 0 when the policy itself failed (the error is still on top). */
+static int job_policy(lua_State *L) {
+  int err = lua_gettop(L);
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "luapipe.cli.job");
+  if (lp_lua_pcall(L, 1, 1) != LUA_OK || !lua_istable(L, -1)) {
+    lua_settop(L, err);
+    return 0;
+  }
+  lua_getfield(L, -1, "failed");
+  lua_pushvalue(L, err);
+  if (lp_lua_pcall(L, 1, 1) != LUA_OK || !lua_isinteger(L, -1)) {
+    lua_settop(L, err);
+    return 0;
+  }
+  report_status = (int)lua_tointeger(L, -1);
+  lua_settop(L, err - 1);
+  return 1;
+}
+
 void host_report(lua_State *L, int status) {
   if (status != LUA_OK) {
-    const char *msg = lua_tostring(L, -1);
+    report_status = 1;
+    if (lua_type(L, -1) == LUA_TTABLE && job_policy(L)) return;
+    const char *msg = luaL_tolstring(L, -1, NULL);
     fprintf(stderr, "%s: %s\n", progname, msg ? msg : "(error without a message)");
     fflush(stderr);
-    lua_pop(L, 1);
+    lua_pop(L, 2);
   }
 }
 
@@ -80,7 +122,7 @@ int host_docall(lua_State *L, int nargs, int nres) {
   running_L = L;
   if (pending) /* arrived between calls: interrupt this one at once */
     lua_sethook(L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
-  int status = lp_lua_pcall(L, nargs, nres);
+  int status = lp_lua_pcall_keep(L, nargs, nres); /* a luapipe.Error stays a table */
   running_L = outer;
   return status;
 }
@@ -119,6 +161,8 @@ static int open_core(lua_State *L) {
   lua_call(L, 0, 1);
   lua_pushcfunction(L, l_output_is_terminal);
   lua_setfield(L, -2, "output_is_terminal");
+  lua_pushcfunction(L, l_interrupts);
+  lua_setfield(L, -2, "interrupts");
   return 1;
 }
 
@@ -411,13 +455,19 @@ static int pmain(lua_State *L) {
   /* second pass: run -e chunks in order */
   for (int j = 1; j < (script ? script : argc); j++) {
     if (strcmp(argv[j], "-e") == 0) {
-      if (run_string(L, argv[++j], "=(command line)") != LUA_OK) return 0;
+      if (run_string(L, argv[++j], "=(command line)") != LUA_OK) {
+        ha->exit_code = report_status;
+        return 0;
+      }
     } else if (strcmp(argv[j], "--") == 0) {
       break;
     }
   }
   if (script) {
-    if (run_script(L, argv, argc, script) != LUA_OK) return 0;
+    if (run_script(L, argv, argc, script) != LUA_OK) {
+      ha->exit_code = report_status;
+      return 0;
+    }
   }
   int ran_something = script || version;
   for (int j = 1; j < argc && !ran_something; j++)
@@ -426,7 +476,10 @@ static int pmain(lua_State *L) {
     if (interactive || isatty(STDIN_FILENO)) {
       host_repl(L);
     } else { /* `luapipe < file`: run stdin as a script */
-      if (run_chunk(L, luaL_loadfile(L, NULL)) != LUA_OK) return 0;
+      if (run_chunk(L, luaL_loadfile(L, NULL)) != LUA_OK) {
+        ha->exit_code = report_status;
+        return 0;
+      }
     }
   }
   ha->exit_code = 0;

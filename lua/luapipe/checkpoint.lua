@@ -54,18 +54,23 @@ local util = require("luapipe.util")
 local M = {}
 
 -- A failure every rank knows of (a marker every rank read, or one agree()
--- told every rank of): on one process an error; under mpirun it is printed
--- once, by `speaker` (the first rank that failed, with its own message;
--- default rank 0), and every rank exits with status 1 (no copy and no
--- traceback per rank).
+-- told every rank of): on one process an error; under mpirun every rank
+-- raises it as a luapipe.Error with everywhere = true and speaker = the
+-- first rank that failed (with its own message; default rank 0): the job
+-- policy (luapipe.cli.job) prints it once and every rank exits with status
+-- 1 (no copy and no traceback per rank).
 local function fail(msg, speaker)
-  if comm.size() == 1 then error(msg, 0) end
-  if comm.rank() == (speaker or 0) then
-    io.stderr:write("luapipe: ", msg, "\n")
-    io.stderr:flush()
-  end
-  comm.barrier("luapipe.train: every rank stops on a checkpoint error")
-  os.exit(1)
+  util.arg("checkpoint.fail_all", 1, "msg", msg, "string", "a message")
+  util.arg("checkpoint.fail_all", 2, "speaker", speaker, "?integer", "a rank")
+  if comm.size() == 1 then util.fail(msg, 0) end
+  util.fail({ what = msg, everywhere = true, speaker = speaker or 0, status = 1 }, 0)
+end
+
+-- A collective that failed (the comm's own message): the other ranks may
+-- be left waiting, so the error says so (stranded: the job policy takes
+-- the job down).
+local function fail_comm(msg)
+  util.fail({ what = msg, stranded = comm.size() > 1 }, 0)
 end
 
 -- cfg must be what checkpoint.options returned (field: the one fn needs).
@@ -90,7 +95,7 @@ local function agree(ok, err, what)
   for r = 1, size do v[r] = 0 end
   if not ok then v[comm.rank() + 1] = 1 end
   local all, cerr = comm.allreduce(v, what)
-  if not all then comm.abort(cerr) end
+  if not all then fail_comm(cerr) end
   local bad = {}
   for r = 1, size do
     if all[r] ~= 0 then bad[#bad + 1] = tostring(r - 1) end
@@ -179,7 +184,7 @@ end
 local function share(v, what)
   if comm.size() == 1 then return v end
   local all, err = comm.world():bcast(v, 0, what)
-  if not all then comm.abort(err) end
+  if not all then fail_comm(err) end
   for i, x in ipairs(all) do all[i] = math.tointeger(x) or x end
   return all
 end
@@ -209,7 +214,7 @@ end
 local function barrier(what)
   if comm.size() == 1 then return end
   local ok, err = comm.barrier(what)
-  if not ok then comm.abort(err) end
+  if not ok then fail_comm(err) end
 end
 
 -- What rank 0 reads of dir's markers for clean_stale, on every rank
@@ -304,7 +309,7 @@ function M.recorded_partition(cfg, stages, nlayers)
   end
   if comm.size() > 1 then
     local all, err = comm.world():bcast(v, 0, "resume: the partition recorded in " .. cfg.resume_dir)
-    if not all then comm.abort(err) end
+    if not all then fail_comm(err) end
     v = all
   end
   if v[1] ~= 1 then return nil, v[1] == 2 and "other" or "none" end

@@ -152,7 +152,7 @@ function M.check_rules(rules)
       if r.match then
         local ok, err = pcall(string.find, "", r.match)
         if not ok then return nil, string.format("rule %d: bad pattern '%s': %s", i, r.match,
-          tostring(err):gsub("^[^:]*:%d+: ", "")) end
+          util.message(err)) end
       end
     elseif type(r) ~= "function" then
       return nil, string.format("rule %d: a table or a function, got %s", i, type(r))
@@ -265,8 +265,8 @@ function M.read(paths, opts)
   local names = p:names()
   local classes, unnamed = {}, {}
   for i, n in ipairs(names) do
-    local ok, c = pcall(classify, n.name, n.cat, rules)
-    if not ok then return nil, tostring(c) end
+    local cok, c = pcall(classify, n.name, n.cat, rules)
+    if not cok then return nil, tostring(c) end
     classes[i] = c or "compute"
     if not c then unnamed[i] = true end
   end
@@ -539,7 +539,7 @@ function M.costs(r, opts)
   c.exchanges = x == 1
   local FB = v(last - first)
   c.F, c.I, c.W, c.B, c.FB = F, I, W, I + W, FB
-  local function r3(x) return math.floor(x * 1000 + 0.5) / 1000 end
+  local function r3(n) return math.floor(n * 1000 + 0.5) / 1000 end
   c.sim = { F = r3(F), B = r3(I) + r3(W), W = r3(W), FB = r3(FB) }
   c.text = string.format("F=%.3f,B=%.3f,W=%.3f,FB=%.3f", c.sim.F, c.sim.B, c.sim.W, c.sim.FB)
   made_costs[c] = true

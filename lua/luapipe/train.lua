@@ -3,122 +3,15 @@
 -- single-process reference it must agree with.
 --
 --   local train = require("luapipe.train")
---   local r = train {
---     model = model,                 -- luapipe.nn.sequential{...}
---     schedule = "1f1b",             -- a family name or a luapipe.Schedule
---     microbatches = 8,              -- for a family name (pp = job size)
---     data = function(step, mb) return input, target end,  -- luapipe.Tensor each
---     steps = 10, seed = 1,
---     optimizer = { kind = "sgd", lr = 0.05 },  -- or { kind = "adamw", lr = ... }
---     trace = "trace.json",          -- optional: measured Chrome trace, all ranks
---     svg = "step.svg",              -- optional: the measured last step as an SVG timeline
---     trace_steps = 20,              -- optional: trace/svg keep only the last 20 steps
---     log_every = 10,                -- optional: progress line every 10 steps (default 1)
---     checkpoint = { dir = "ckpt", every = 100 },  -- optional: save every 100 steps
---     resume = true,                 -- optional: continue from ckpt's latest checkpoint
---     device = "cuda",               -- optional: "cpu" (default), "cuda" (this rank's GPU), "cuda:N"
---     partition = "layers",          -- optional: equal layer counts per model stage; the
---                                    -- default "cost" balances measured layer costs
---   }
---   r.losses[k]       -- loss of step k (the same on every rank)
---   r.partition       -- {by =, bounds = {{first =, last =}, ...}, costs =, seconds =}
---   r.stage_params()  -- {{id =, stage =, params = {[name] = {values}}}, ...} of this rank
---   r.summary         -- measured vs simulated, the same on every rank (luapipe.perf):
---                     -- step_ms, predicted_ms, ratio, bubble_pct, sim_bubble_pct,
---                     -- overhead_pct, costs, stages, latency_ms, steps; rank 0 prints
---                     -- it after the progress lines (the first step is warm-up)
+--   local r = train { model = model, schedule = "1f1b", microbatches = 8,
+--     data = function(step, mb) return input, target end, steps = 10 }
+--   r.losses[k]   -- loss of step k (the same on every rank)
 --
--- Checkpoints: checkpoint = {dir =, every = N (default 1)} saves, after
--- every N-th step, each rank's virtual stages (parameters and optimizer
--- state: SGD momentum, AdamW moments and step count) to
--- <dir>/step<k>/rank<R>.ckpt,
--- each file written to .tmp, fsynced and renamed; when all ranks are done
--- rank 0 replaces <dir>/latest (also atomically) and the previous
--- checkpoint is deleted, so `latest` always names a complete one. resume =
--- true (or resume = "dir") loads it on every rank and runs steps k+1..steps
--- (data gets the true step numbers); r.losses[k] is then set for those
--- steps only and r.first_step = k+1. The result is bitwise the run that
--- never stopped. A missing, truncated or corrupt file, or one written for
--- another schedule, rank count, model or optimizer, fails on every rank
--- with a message naming the file and what differs. dir need not be shared:
--- each host may have its own copy at the same path (its ranks' files; rank
--- 0's host also latest and state.json, which rank 0 reads and shares; see
--- luapipe.checkpoint).
--- Partition: by "cost" (the default) every rank measures each layer's
--- forward + backward time on its micro-batch shape (model:partition: one
--- layer built at a time, the best of 3 runs, the fastest rank's time, the
--- same figures on every rank), then the model is split into contiguous
--- model stages minimising the costliest; "layers" gives equal layer
--- counts. <dir>/step<k>/state.json records the partition, and a resume
--- uses the recorded one (rank 0 reads it, every rank gets it) instead of
--- measuring: the rank files hold those stages. A checkpoint with no record
--- (an older luapipe's) is loaded with this run's split; a mismatch then
--- fails naming the parameters, with a hint to pass the partition it was
--- written with.
--- With MoE layers each rank's file also holds every MoE layer's router
--- bias and expert placement (restored before the parameters are read), and
--- <dir>/step<k>/state.json holds the EPLB loop's state (placements, the
--- Balancer's history and plan in force, the summary tallies), so a resumed
--- run with eplb plans and trains bitwise as the one that never stopped;
--- state.json written with another ep, eplb.every or eplb.redundant is
--- refused naming the file (a resumed run is the run that was saved; a
--- custom predictor or threshold is not stored: give the same again).
---
--- Mixture of experts: pp = P, ep = E run on P x E ranks (mpirun -np P*E;
--- rank = pipeline rank * E + EP index); each EP rank takes its share of
--- every micro-batch (rows; the micro-batch size must divide by E) and holds
--- its share of every MoE layer's experts. link = "lat=50us,bw=2GB/s" sets
--- the emulated link (luapipe.comm.set_link) before the grid forms. eplb =
--- {every = N, redundant = K, threshold =, predictor =, window =} records
--- the expert loads of every step in a luapipe.eplb.Balancer and, from
--- step N on every N steps (or while balancedness is under threshold),
--- applies its plan with K extra slots per EP rank: weights and optimizer
--- state move between EP ranks at the step boundary, the losses stay those
--- of training without it. r.summary.eplb = {before =, after =, plans =,
--- bytes =}: mean over MoE layers of the EP ranks' max/mean token load
--- under the first and the last placement, and the bytes moved.
---
--- overlapped_fb = function(exec, pair) ... end replaces the executor's own
--- running of every overlapped pair (FB action, as DeepSeek's
--- overlapped_forward_backward): pair = {f_stage =, f_mb =, b_type = "B" | "I",
--- b_stage =, b_mb =, text =}; it must run both halves, in any order, with
--- exec:run_half("F", pair.f_stage, pair.f_mb) and
--- exec:run_half(pair.b_type, pair.b_stage, pair.b_mb), or phase by phase:
--- exec:begin_half("F", pair.f_stage, pair.f_mb) and exec:begin_half(pair.b_type,
--- pair.b_stage, pair.b_mb), then exec:advance("F") / exec:advance("B") (each
--- -> done, the next phase's name) in any order until both are done
--- (the same order on every rank of the EP group: an advance waits for its
--- half's exchange); exec:phase("F" | "B") names what the next advance runs ("attn/dense",
--- "dispatch", "experts", "combine", "done"); exec:weight_grad_part() runs
--- one weight-grad piece a full backward half has made ready (an MoE
--- layer's experts, a finished block: true) or finds none (false). The
--- default runs whichever half can go on without waiting (the forward when
--- both can: its chain of exchanges is the longer), ready weight-grad
--- pieces while both halves' exchanges fly (the previous pair's backward's
--- last weight-grads, carried over, first), and waits for whichever ends
--- first only when nothing is left; so each one's all-to-all flies while
--- the other computes. (Over a comm backend that needs one order on every
--- rank, as NCCL does, it would be DeepSeek's fixed alternation, backward
--- first, weight-grad pieces after each backward advance; EP exchanges go
--- over MPI today.)
---
--- device = "cuda" runs the whole model on the GPU of each rank: rank r of
--- a node (mpirun's local rank) takes GPU r modulo the GPUs it sees;
--- "cuda:N" names one. Parameters, optimizer state, activations and
--- gradients stay there; inputs from data() are copied there (targets may
--- stay on the host); activations travel between ranks over NCCL when
--- every rank has a GPU of its own, else through MPI staged in pinned host
--- memory (LUAPIPE_COMM=nccl|mpi chooses). MoE layers run there too (their
--- routing decisions are made on the host from the [tokens, experts]
--- affinities; EP exchanges are staged through host memory). Without a
--- visible GPU it stops at the start with one line. r.device names the
--- device of this rank.
---
--- The data function must give the same micro-batch on every rank that asks
--- for it (input on the rank where the micro-batch enters, target where its
--- loss is computed); steps are numbered from 1. Each micro-batch's loss is
--- scaled by 1/M, so gradients are those of the mean loss of the whole
--- batch, and the printed loss is that mean.
+-- `luapipe help train` (luapipe.cli.help) documents the options, the
+-- result, checkpoints and resume, the partition, MoE (pp x ep, EPLB),
+-- overlapped_fb and devices. Failures are luapipe.Error values
+-- (luapipe.util); the program's job policy (luapipe.cli.job) decides what
+-- a failure does to the job: this module never ends the process.
 local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 local schedule = require("luapipe.schedule")
@@ -261,32 +154,30 @@ local function eplb_loop(exec, opts, ep)
   return L
 end
 
-local function fail(msg)
-  error(msg, 0)
+-- Errors are luapipe.Error values (luapipe.util): the text, and fields
+-- that tell the program's job policy (luapipe.cli.job) what the job does.
+-- The library never ends the process.
+local function fail(msg, option)
+  util.fail({ what = msg, option = option }, 0)
 end
 
--- An error whose text is the whole report: the host prints it as one line,
--- with no traceback (tostring(err) gives the text).
-local report_mt = { __tostring = function(e) return e.message end }
-local function report(msg)
-  error(setmetatable({ message = msg }, report_mt), 0)
+-- A failure that leaves the other ranks waiting on this one (they are in a
+-- collective or an exchange it will never join): the error says so
+-- (stranded), and the job policy takes the job down. On one process a
+-- plain error.
+local function fail_stranded(msg)
+  util.fail({ what = msg, stranded = comm.size() > 1 }, 0)
 end
 
 -- A mistake in how the job was started or configured, found the same way
--- on every rank: under mpirun rank 0 prints it as one line and every rank
--- exits with status 2 (no traceback, no copy per rank); on one process it
--- is an error printed as one line (a REPL session goes on).
+-- on every rank: every rank raises it (everywhere: the job policy prints
+-- it once, on rank 0, and every rank exits with status 2; a script that
+-- catches it goes on, on every rank); on one process an error printed as
+-- one line (a REPL session goes on).
 local function usage_fail(msg)
   util.arg("train.usage_fail", 1, "msg", msg, "string", "a message")
-  if comm.size() > 1 then
-    if comm.rank() == 0 then
-      io.stderr:write("luapipe: ", msg, "\n")
-      io.stderr:flush()
-    end
-    comm.barrier("luapipe.train: every rank stops on a usage error")
-    os.exit(2)
-  end
-  report(msg)
+  if comm.size() > 1 then util.fail({ what = msg, everywhere = true, status = 2 }, 0) end
+  util.fail(msg, 0)
 end
 M.usage_fail = usage_fail
 
@@ -349,13 +240,13 @@ local function get_schedule(opts)
     if bad and by_job then usage_fail(in_rank_terms(bad, comm.size(), ep)) end
     local ok, res = pcall(schedule.build, s, { pp = pp, microbatches = mb, chunks = opts.chunks })
     if not ok then
-      local msg = tostring(res):gsub("^[^:]*:%d+: ", "") -- the position is ours, not the user's
+      local msg = util.message(res) -- the position is ours, not the user's
       if by_job then usage_fail(msg) end
       fail("luapipe.train: " .. msg)
     end
     s = res
   elseif s == nil then
-    fail("luapipe.train: 'schedule' is required (a family name or a luapipe.Schedule)")
+    fail("luapipe.train: 'schedule' is required (a family name or a luapipe.Schedule)", "schedule")
   end
   local ok, err = s:validate()
   if not ok then fail("luapipe.train: the schedule is invalid: " .. tostring(err)) end
@@ -368,15 +259,16 @@ end
 
 local function check_common(opts, who)
   if type(opts) ~= "table" then util.raise(who .. " expects a table of options, got " .. util.shown(opts)) end
+  local function bad(option, msg) util.raise { what = who .. ": " .. msg, option = option } end
   if type(opts.model) ~= "table" or getmetatable(opts.model) == nil or not opts.model.partition then
-    util.raise(who .. ": 'model' must be a luapipe.nn model (nn.sequential{...}), got " .. util.shown(opts.model))
+    bad("model", "'model' must be a luapipe.nn model (nn.sequential{...}), got " .. util.shown(opts.model))
   end
   if type(opts.data) ~= "function" then
-    util.raise(who .. ": 'data' must be a function(step, mb) -> input, target, got " .. util.shown(opts.data))
+    bad("data", "'data' must be a function(step, mb) -> input, target, got " .. util.shown(opts.data))
   end
   local steps = opts.steps or 1
   if math.type(steps) ~= "integer" or steps < 0 then
-    util.raise(who .. ": 'steps' must be a non-negative integer, got " .. util.shown(steps))
+    bad("steps", "'steps' must be a non-negative integer, got " .. util.shown(steps))
   end
   return steps
 end
@@ -421,28 +313,25 @@ local function configure(opts)
   local steps = check_common(opts, "luapipe.train")
   local ckpt = checkpoint.options(opts) -- nil without checkpoint / resume
   local model, seed = opts.model, opts.seed or 0
-  local rank, size = comm.rank(), comm.size()
+  local size = comm.size()
   local ep = opts.ep or 1
   if math.type(ep) ~= "integer" or ep < 1 then
-    fail("luapipe.train: 'ep' must be a positive integer, got " .. tostring(opts.ep))
+    fail("luapipe.train: 'ep' must be a positive integer, got " .. tostring(opts.ep), "ep")
   end
   if opts.pp ~= nil and (math.type(opts.pp) ~= "integer" or opts.pp < 1) then
-    fail("luapipe.train: 'pp' must be a positive integer, got " .. tostring(opts.pp))
+    fail("luapipe.train: 'pp' must be a positive integer, got " .. tostring(opts.pp), "pp")
   end
   if ep > 1 then
     local started = size > 1 and "mpirun started " .. size or "this is one process"
     if opts.pp == nil and size % ep ~= 0 then
       usage_fail(string.format("ep = %d needs a multiple of %d ranks (pp x ep), but %s", ep, ep, started))
     end
-    local pp = opts.pp or size // ep
-    if pp * ep ~= size then
-      usage_fail(string.format("pp x ep = %d x %d needs %d ranks, but %s (run it with mpirun -np %d)",
-        pp, ep, pp * ep, size > 1 and "mpirun started " .. size or "this is one process", pp * ep))
-    end
+    local gok, gerr = core.exec_grid_check(opts.pp or size // ep, ep, size) -- the core's one rule
+    if not gok then usage_fail(gerr) end
   end
   if opts.eplb ~= nil then
     local e = opts.eplb
-    if type(e) ~= "table" then fail("luapipe.train: 'eplb' must be a table {every =, redundant =}") end
+    if type(e) ~= "table" then fail("luapipe.train: 'eplb' must be a table {every =, redundant =}", "eplb") end
     if e.every ~= nil and (math.type(e.every) ~= "integer" or e.every < 1) then
       fail("luapipe.train: eplb.every must be a positive integer, got " .. tostring(e.every))
     end
@@ -453,20 +342,15 @@ local function configure(opts)
   local clip, lr_at = check_recipe(opts, steps, "luapipe.train")
   local device = opts.device or "cpu"
   if type(device) ~= "string" then
-    fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got " .. tostring(device))
+    fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got " .. tostring(device), "device")
   end
   local device_name, derr = core.exec_device(device)
   if not device_name then device_fail("luapipe.train: " .. derr) end
   local s = get_schedule(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
-  if ep > 1 and info.ranks * ep ~= size then
-    usage_fail(string.format("schedule '%s' runs on %s; with ep = %d that is %d ranks,"
-      .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), ep, info.ranks * ep, size))
-  elseif ep == 1 and info.ranks ~= size then
-    usage_fail(string.format("schedule '%s' needs %s, but %s (run it with mpirun -np %d)",
-      sname, util.count(info.ranks, "rank"), size > 1 and "mpirun started " .. size or "this is one process", info.ranks))
-  end
+  local gok, gerr = core.exec_grid_check(info.ranks, ep, size, sname) -- the same rule exec_new applies
+  if not gok then usage_fail(gerr) end
   local lowered = s
   if not info.lowered then
     local err
@@ -485,7 +369,7 @@ local function configure(opts)
   end
   local by = opts.partition or "cost"
   if by ~= "cost" and by ~= "layers" then
-    fail("luapipe.train: 'partition' must be \"cost\" or \"layers\", got " .. util.shown(by))
+    fail("luapipe.train: 'partition' must be \"cost\" or \"layers\", got " .. util.shown(by), "partition")
   end
   -- resume: the partition the checkpoint was written with, whatever this
   -- run would measure (its rank files hold those stages' layers)
@@ -523,7 +407,7 @@ local function configure(opts)
   local popts = { stages = info.stages, by = by, input_shape = in_shape, seed = seed, score = score }
   if recorded then popts.by, popts.bounds = recorded.by, recorded.bounds end
   local ok, part = pcall(model.partition, model, popts)
-  if not ok then fail("luapipe.train: " .. tostring(part):gsub("^[^:]*:%d+: ", "")) end
+  if not ok then fail("luapipe.train: " .. util.message(part)) end
   if recorded then
     part.recorded = recorded.file
     if recorded.by ~= by and comm.rank() == 0 and not opts.quiet then
@@ -542,7 +426,7 @@ local function configure(opts)
   if not ok2 then fail("luapipe.train: " .. tostring(act_shapes)) end
   if opts.link then
     local lok, lerr = pcall(comm.set_link, opts.link)
-    if not lok then usage_fail("luapipe.train: link: " .. tostring(lerr):gsub("^[^:]*:%d+: ", "")) end
+    if not lok then usage_fail("luapipe.train: link: " .. util.message(lerr)) end
   end
   return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep, clip = clip, lr_at = lr_at,
     device = device, device_name = device_name, info = info, lowered = lowered, in_shape = in_shape,
@@ -550,11 +434,11 @@ local function configure(opts)
 end
 
 -- A mistake in train{}'s options is found on every rank alike (configure
--- runs the same code on the same options): under mpirun it is printed
--- once, by rank 0 (or, when rank 0 found none, by the first rank that
--- did), and every rank exits with status 2; on one process it is raised
--- as before. Every rank reaches the one all-reduce below whether its
--- configure failed or not.
+-- runs the same code on the same options): under mpirun every rank raises
+-- it (everywhere, status 2: the job policy prints it once, by rank 0, or,
+-- when rank 0 found none, by the first rank that did; cause: that rank's
+-- own error); on one process it is raised as it is. Every rank reaches the
+-- one all-reduce below whether its configure failed or not.
 local function configure_all(opts)
   local size = comm.size()
   if size == 1 then return configure(opts) end
@@ -563,20 +447,22 @@ local function configure_all(opts)
   for r = 1, size do flags[r] = 0 end
   if not ok then flags[comm.rank() + 1] = 1 end
   local all = comm.allreduce(flags, "luapipe.train: checking the options on every rank")
-  if not all then comm.abort("luapipe.train: the ranks could not agree that the options are valid") end
+  if not all then fail_stranded("luapipe.train: the ranks could not agree that the options are valid") end
   local first
   for r = 1, size do
     if all[r] ~= 0 then first = r - 1; break end
   end
   if not first then return c end
-  if comm.rank() == first then
+  local text
+  if not ok then
     local okm, msg = pcall(tostring, c)
-    msg = okm and msg or "luapipe.train: invalid options"
-    io.stderr:write("luapipe: ", first == 0 and "" or ("rank " .. first .. ": "), msg, "\n")
-    io.stderr:flush()
+    text = (first == comm.rank() and first ~= 0 and ("rank " .. first .. ": ") or "")
+      .. (okm and msg or "luapipe.train: invalid options")
+  else
+    text = string.format("luapipe.train: the options were refused on rank %d (see its message)", first)
   end
-  comm.barrier("luapipe.train: every rank stops on an error in the options")
-  os.exit(2)
+  util.fail({ what = text, everywhere = true, speaker = first, status = 2, rank = first,
+    option = (not ok) and util.is_error(c) and c.option or nil, cause = (not ok) and c or nil }, 0)
 end
 
 -- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
@@ -595,10 +481,7 @@ function M.run(opts)
     optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
     overlapped_fb = opts.overlapped_fb, ep = ep, device = device, clip = c.clip,
   })
-  if not exec then
-    if size > 1 then comm.abort("luapipe.train: " .. err) end
-    fail("luapipe.train: " .. err)
-  end
+  if not exec then fail_stranded("luapipe.train: " .. err) end
   local M_ = info.microbatches
   local samples = M_ * (in_shape[1] or 1) * ep -- whole micro-batches (each EP rank has a share)
   local losses, timing, gnorms, rates = {}, {}, {}, {}
@@ -647,10 +530,7 @@ function M.run(opts)
       exec:set_lr(rate)
     end
     local loss, serr = exec:step(k)
-    if not loss then
-      if size > 1 then comm.abort(serr) end
-      fail(serr)
-    end
+    if not loss then fail_stranded(serr) end
     losses[k] = loss
     gnorms[k] = exec:grad_norm()
     rates[k] = rate
@@ -671,10 +551,7 @@ function M.run(opts)
       io.flush()
     end
     local eok, eerr = pcall(balance.after_step, k)
-    if not eok then
-      if size > 1 then comm.abort(tostring(eerr)) end
-      fail(tostring(eerr))
-    end
+    if not eok then fail_stranded(tostring(eerr)) end
     if ckpt then
       local saved = checkpoint.after_step(ckpt, exec, k, info, function()
         return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()) }
@@ -714,10 +591,7 @@ function M.run(opts)
   end
   if opts.trace then
     local tok, terr = exec:trace_write(opts.trace) -- gathered over the comm on rank 0
-    if not tok then
-      if size > 1 then comm.abort("trace: " .. tostring(terr)) end
-      fail("trace: " .. tostring(terr))
-    end
+    if not tok then fail_stranded("trace: " .. tostring(terr)) end
   end
   -- measured vs predicted (luapipe.perf): every rank takes part
   if steps >= first_step then
@@ -728,10 +602,7 @@ function M.run(opts)
     if rank == 0 and not quiet then io.write(perf.format(result.summary), "\n") io.flush() end
     if opts.svg then
       local sok, serr = perf.write_measured_svg(exec, lowered, opts.svg)
-      if not sok then
-        if size > 1 then comm.abort("svg: " .. tostring(serr)) end
-        fail("svg: " .. tostring(serr))
-      end
+      if not sok then fail_stranded("svg: " .. tostring(serr)) end
     end
   end
   return result
