@@ -29,8 +29,8 @@ function M.check(spec, who)
   who = who or "lr_schedule"
   if type(spec) == "function" then return nil end
   if type(spec) ~= "table" then
-    return string.format("%s must be a table {warmup =, decay =, steps =, min_lr =} or a function(step) -> rate, got %s",
-      who, util.shown(spec))
+    return string.format("%s must be a table {warmup =, decay =, steps =, min_lr =} or a function(step) -> rate,"
+      .. " got %s", who, util.shown(spec))
   end
   for k in pairs(spec) do
     if k ~= "warmup" and k ~= "decay" and k ~= "steps" and k ~= "min_lr" then

@@ -295,7 +295,7 @@ end
 -- fixed rate). A mistake is the user's: one line, exit 2.
 local function check_recipe(opts, steps, who)
   local clip = opts.clip
-  if clip ~= nil and (type(clip) ~= "number" or not (clip > 0) or clip == math.huge) then
+  if clip ~= nil and (type(clip) ~= "number" or clip ~= clip or clip <= 0 or clip == math.huge) then
     usage_fail(who .. ": 'clip' must be a positive number (the largest gradient norm), got " .. util.shown(clip))
   end
   local lr_at
@@ -476,7 +476,8 @@ function M.run(opts)
   local in_shape, part, act_shapes = c.in_shape, c.part, c.act_shapes
   local rank, size = comm.rank(), comm.size()
   local exec, err = core.exec_new(lowered, {
-    build = function(stage) return model:build_stage(part, stage, seed, ep) end, -- ep: a loaded model reads its own experts
+    -- ep: a loaded model reads its own experts
+    build = function(stage) return model:build_stage(part, stage, seed, ep) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
     optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
     overlapped_fb = opts.overlapped_fb, ep = ep, device = device, clip = c.clip,

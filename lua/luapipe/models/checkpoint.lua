@@ -191,7 +191,7 @@ local function check(self, model)
   return unused
 end
 
-function M.loader(models, V3)
+function M.loader(models, _)
   -- models.load(DIR [, {ep =}]) -> model (see luapipe.models)
   return function(dir, opts)
     if type(dir) ~= "string" then fail("models.load: DIR must be a folder path, got " .. util.shown(dir)) end
@@ -339,7 +339,7 @@ local function write_folder(model, dir2, values, list, dtype)
   return dir2
 end
 
-function M.saver(models, V3)
+function M.saver(_, V3)
   -- models.save(model, DIR2 [, {from = Layer | train result, dtype = "f32" | "bf16"}])
   -- from: a Layer of the whole model (model:build()), or train{}'s result
   -- (every rank calls save: each sends its stages' tensors to rank 0,
