@@ -53,8 +53,56 @@ static int l_interrupts(lua_State *L) {
   return 1;
 }
 
+/* ---- the line a stopped job leaves ----
+ * A program may set one line for the process to print when a signal stops
+ * it: SIGTERM (what mpirun sends every rank on Ctrl-C) or the first
+ * SIGINT. luapipe.train on rank 0 sets where a resume would start. The
+ * handler prints it once with write(2) from the buffer in force; setting
+ * fills the other buffer and then switches, so the handler never reads a
+ * line being written. */
+static char note_buf[2][1024];
+static volatile sig_atomic_t note_at = -1; /* the buffer in force, or -1 */
+
+static void write_note(void) {
+  int i = note_at;
+  if (i < 0) return;
+  note_at = -1;
+  ssize_t w = write(STDERR_FILENO, note_buf[i], strlen(note_buf[i]));
+  (void)w;
+}
+
+static void on_sigterm(int sig) {
+  write_note();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* core.set_stop_note(line | nil): the line to print if a signal stops the
+ * process (nil: none). The SIGTERM handler is installed the first time. */
+static int l_set_stop_note(lua_State *L) {
+  static int installed;
+  const char *t = luaL_optstring(L, 1, NULL);
+  if (!t) {
+    note_at = -1;
+    return 0;
+  }
+  int i = note_at == 0 ? 1 : 0;
+  snprintf(note_buf[i], sizeof note_buf[i], "%s\n", t);
+  note_at = i;
+  if (!installed) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigterm;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    installed = 1;
+  }
+  return 0;
+}
+
 static void on_sigint(int sig) {
   lua_State *L = running_L;
+  if (!pending) write_note();
   if (L && pending) { /* the first one is still on its way: stop hard */
     signal(sig, SIG_DFL);
     raise(sig);
@@ -163,6 +211,8 @@ static int open_core(lua_State *L) {
   lua_setfield(L, -2, "output_is_terminal");
   lua_pushcfunction(L, l_interrupts);
   lua_setfield(L, -2, "interrupts");
+  lua_pushcfunction(L, l_set_stop_note);
+  lua_setfield(L, -2, "set_stop_note");
   return 1;
 }
 

@@ -352,6 +352,9 @@ function M.resume(cfg, exec)
     local t
     t, why = read_marker(marker)
     v[1] = t and t.step or (why and -2 or -1)
+    -- the schedule it was written under (rank 0 only: for train's note
+    -- when this run's differs; the rank files decide whether it loads)
+    cfg.written_under = t and type(t.schedule) == "string" and t.schedule or nil
     if t and cfg.resume_dir == cfg.dir then
       local p = read_marker(dir .. "/pending")
       if p then v[2] = p.step end
@@ -406,7 +409,8 @@ function M.resume(cfg, exec)
   return step
 end
 
--- Saves after step k when k is a multiple of cfg.every (collective).
+-- Saves after step k when k is a multiple of cfg.every, or is cfg.last
+-- (the run's last step, set by luapipe.train) (collective).
 -- state (optional): a function called on every rank when it saves (it may
 -- be collective) giving a JSON-able table, the same on every rank, that
 -- rank 0 writes to step<k>/state.json (resume puts it in cfg.state).
@@ -416,7 +420,7 @@ function M.after_step(cfg, exec, k, info, state)
   util.arg("checkpoint.after_step", 2, "exec", exec, "luapipe.Exec")
   util.arg("checkpoint.after_step", 3, "step", k, "integer")
   util.arg("checkpoint.after_step", 5, "state", state, "?function")
-  if not cfg or not cfg.every or k % cfg.every ~= 0 then return end
+  if not cfg or not cfg.every or (k % cfg.every ~= 0 and k ~= cfg.last) then return end
   if state then state = state() end
   local rank = comm.rank()
   local dir, sdir = cfg.dir, step_dir(cfg.dir, k)

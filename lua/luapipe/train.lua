@@ -215,9 +215,52 @@ local function in_rank_terms(p, nprocs, ep)
 end
 M.in_rank_terms = in_rank_terms
 
+-- A schedule file named by train{schedule = "found.csv"}: a .csv or .json
+-- file (as `luapipe search -o` writes) or a .lua schedule file (run with
+-- {pp =, microbatches =, chunks =}). Loaded, then checked against this
+-- job: its pipeline ranks against the job's (pp, or the ranks mpirun
+-- started / ep), its micro-batches against opts.microbatches when given
+-- (else the file's count is the run's). A mismatch is a usage error
+-- naming the file, both counts and the way out.
+local function is_schedule_file(spec)
+  return type(spec) == "string" and require("luapipe.schedules").canonical(spec) == nil
+    and (spec:match("%.csv$") or spec:match("%.json$") or spec:match("%.lua$")) ~= nil
+end
+
+local function schedule_file(opts, path)
+  local size, ep = comm.size(), opts.ep or 1
+  local pp = opts.pp or size // ep
+  if opts.chunks ~= nil then
+    usage_fail(string.format("luapipe.train: chunks applies to a family (interleaved1f1b); the schedule"
+      .. " file %s has its own placement", path))
+  end
+  local mb = opts.microbatches
+  local s, err = schedule.load(path, { pp = pp, microbatches = mb or 2 * pp })
+  if not s then usage_fail("cannot load the schedule file " .. tostring(err)) end
+  local i = s:info()
+  if i.ranks ~= pp then
+    local job = ep > 1 and string.format("pp x ep = %d x %d", pp, ep)
+      or (size > 1 and "mpirun -np " .. size or "one process")
+    local fix = ep > 1 and string.format("run it with mpirun -np %d (pp %d x ep %d)", i.ranks * ep, i.ranks, ep)
+      or string.format("run it with mpirun -np %d", i.ranks)
+    usage_fail(string.format("schedule file %s is for %s, but this run has %d (%s): %s, or make a"
+      .. " schedule for %d (luapipe search --pp %d)", path, util.count(i.ranks, "pipeline rank"), pp, job, fix,
+      pp, pp))
+  end
+  if mb ~= nil and i.microbatches ~= mb then
+    usage_fail(string.format("schedule file %s has %s per step, but this run asks for %d"
+      .. " (microbatches = %d): leave it out to take the file's, or make a schedule for %d"
+      .. " (luapipe search -m %d)", path, util.count(i.microbatches, "micro-batch"), mb, mb, mb, mb))
+  end
+  local ok, verr = s:validate()
+  if not ok then usage_fail(string.format("schedule file %s is invalid: %s", path, tostring(verr))) end
+  return s
+end
+
 -- Resolves opts.schedule to a validated compute-only schedule.
 local function get_schedule(opts)
   local s = opts.schedule
+  if is_schedule_file(s) then s = schedule_file(opts, s) end
   if opts.chunks ~= nil and type(s) ~= "string" then
     usage_fail("luapipe.train: chunks applies to a family name (interleaved1f1b); this schedule is "
       .. "built already")
@@ -312,6 +355,7 @@ end
 local function configure(opts)
   local steps = check_common(opts, "luapipe.train")
   local ckpt = checkpoint.options(opts) -- nil without checkpoint / resume
+  if ckpt then ckpt.last = steps end -- the last step saves too (checkpoint.after_step)
   local model, seed = opts.model, opts.seed or 0
   local size = comm.size()
   local ep = opts.ep or 1
@@ -328,6 +372,14 @@ local function configure(opts)
     end
     local gok, gerr = core.exec_grid_check(opts.pp or size // ep, ep, size) -- the core's one rule
     if not gok then usage_fail(gerr) end
+  end
+  if opts.announce ~= nil and type(opts.announce) ~= "function" then
+    fail("luapipe.train: 'announce' must be a function(info), got " .. util.shown(opts.announce))
+  end
+  if opts.eval ~= nil and (type(opts.eval) ~= "table" or math.type(opts.eval.every) ~= "integer"
+      or opts.eval.every < 1 or type(opts.eval.fn) ~= "function") then
+    fail("luapipe.train: 'eval' must be {every = N (a positive integer), fn = function(step, layer)},"
+      .. " got " .. util.shown(opts.eval))
   end
   if opts.eplb ~= nil then
     local e = opts.eplb
@@ -433,6 +485,72 @@ local function configure(opts)
     part = part, act_shapes = act_shapes }
 end
 
+-- ---- the whole model on rank 0 (evaluation, sampling) ----
+
+-- Gathers every model stage's parameters into one luapipe.Layer of the
+-- whole model on rank 0 (built on the host once and kept in held, its
+-- values replaced at each call); nil on the other ranks. Collective: every
+-- rank calls it after the same step. A model stage's values come from the
+-- rank of its first virtual stage, as one list of floats (parameters are
+-- float32: exact), stage after stage in order, so no send waits on a
+-- receive that comes later. Models with MoE layers are refused (their
+-- expert placement and router bias live beside the parameters).
+local GATHER_TAG = 7177
+local function gather_model(c, exec, held)
+  if #exec:expert_loads() > 0 then
+    checkpoint.fail_all("luapipe.train: the whole model cannot be gathered on rank 0 with MoE layers"
+      .. " (their experts and router biases are not parameters of one layer)")
+  end
+  local rank, part = comm.rank(), c.part
+  local owner = {} -- model stage -> the rank of its first virtual stage
+  for v = 0, c.info.vstages - 1 do
+    local stage, r = c.lowered:vstage(v)
+    if owner[stage] == nil then owner[stage] = r end
+  end
+  local mine = {}
+  for _, v in ipairs(exec:vstages()) do
+    if owner[v.stage] == rank and not mine[v.stage] then mine[v.stage] = v.layer else v.layer:close() end
+  end
+  local values = {}
+  for st = 0, part.stages - 1 do
+    local what = string.format("gathering model stage %d on rank 0", st)
+    if owner[st] == rank then
+      local ps = mine[st]:params()
+      mine[st]:close()
+      if rank == 0 then
+        for _, p in ipairs(ps) do values[p.name] = p.value end
+      else
+        local flat = {}
+        for _, p in ipairs(ps) do table.move(p.value, 1, #p.value, #flat + 1, flat) end
+        local ok, err = comm.send(0, flat, GATHER_TAG, what)
+        if not ok then fail_stranded("luapipe.train: " .. tostring(err)) end
+      end
+    elseif rank == 0 then
+      local names = held.names[st] -- the stage's parameter names and sizes, from a copy built once
+      if not names then
+        local l = c.model:build_stage(part, st, c.seed)
+        names = {}
+        for i, p in ipairs(l:params()) do names[i] = { name = p.name, n = #p.value } end
+        l:close()
+        held.names[st] = names
+      end
+      local total = 0
+      for _, x in ipairs(names) do total = total + x.n end
+      local flat, err = comm.recv(owner[st], total, GATHER_TAG, what)
+      if not flat then fail_stranded("luapipe.train: " .. tostring(err)) end
+      local at = 1
+      for _, x in ipairs(names) do
+        values[x.name] = table.move(flat, at, at + x.n - 1, 1, {})
+        at = at + x.n
+      end
+    end
+  end
+  if rank ~= 0 then return nil end
+  held.layer = held.layer or c.model:build(c.seed)
+  held.layer:set_params(values)
+  return held.layer
+end
+
 -- A mistake in train{}'s options is found on every rank alike (configure
 -- runs the same code on the same options): under mpirun every rank raises
 -- it (everywhere, status 2: the job policy prints it once, by rank 0, or,
@@ -475,6 +593,7 @@ function M.run(opts)
   local device, device_name, info, lowered = c.device, c.device_name, c.info, c.lowered
   local in_shape, part, act_shapes = c.in_shape, c.part, c.act_shapes
   local rank, size = comm.rank(), comm.size()
+  if rank == 0 and opts.announce then opts.announce(info) end -- the options are valid: the run's header
   local exec, err = core.exec_new(lowered, {
     -- ep: a loaded model reads its own experts
     build = function(stage) return model:build_stage(part, stage, seed, ep) end,
@@ -500,7 +619,26 @@ function M.run(opts)
         and string.format("running steps %d..%d", first_step, steps)
         or string.format("no steps left to run (steps = %d)", steps)))
     io.flush()
+    if ckpt.written_under and ckpt.written_under ~= info.name then -- (rank 0 read latest)
+      io.stderr:write(string.format("luapipe.train: note: the checkpoint was written under schedule"
+        .. " '%s', this run's is '%s': it places the model stages on the ranks alike, so parameters and"
+        .. " optimizer state carry over (they do not depend on the schedule)\n", ckpt.written_under,
+        info.name))
+      io.stderr:flush()
+    end
   end
+  -- what a job stopped by a signal (Ctrl-C to mpirun) prints: where a
+  -- resume would start (rank 0; updated at every save)
+  local set_stop_note = rank == 0 and not quiet and ckpt and ckpt.dir and core.set_stop_note
+    or function() end
+  local function stop_note(at)
+    local due = ckpt.every * ((first_step + ckpt.every - 1) // ckpt.every)
+    set_stop_note(at and string.format("luapipe: stopped; a resume (resume = true, the examples'"
+      .. " --resume) would start from checkpoint %s/step%d (after step %d)", ckpt.dir, at, at)
+      or string.format("luapipe: stopped before this run's first checkpoint (due after step %d):"
+      .. " nothing of this run to resume from", math.min(steps, due)))
+  end
+  if ckpt and ckpt.dir then stop_note(first_step > 1 and ckpt.resume_dir == ckpt.dir and first_step - 1 or nil) end
   if ckpt and ckpt.state and type(ckpt.state.partition) == "table" then
     -- the checkpoint loaded is the one whose partition configure used
     local rec = ckpt.state.partition
@@ -512,6 +650,7 @@ function M.run(opts)
     end
   end
   local balance = eplb_loop(exec, opts.eplb, ep)
+  local held = { names = {} } -- gather_model's whole model on rank 0
   if ckpt and ckpt.state and ckpt.state.eplb then
     local rok, rerr = pcall(balance.restore, ckpt.state.eplb, ckpt.state_file)
     if not rok then checkpoint.fail_all(tostring(rerr)) end -- every rank has rank 0's state.json
@@ -553,6 +692,20 @@ function M.run(opts)
     end
     local eok, eerr = pcall(balance.after_step, k)
     if not eok then fail_stranded(tostring(eerr)) end
+    if opts.eval and (k % opts.eval.every == 0 or k == steps) then
+      -- the whole model on rank 0, given to the hook there; every rank
+      -- learns whether it failed
+      local layer = gather_model(c, exec, held)
+      local hok, herr = true, nil
+      if layer then hok, herr = pcall(opts.eval.fn, k, layer) end
+      if size > 1 then
+        local all = comm.allreduce({ hok and 0 or 1 }, "luapipe.train: the eval hook on rank 0")
+        hok = all and all[1] == 0
+      end
+      if not hok then
+        checkpoint.fail_all("luapipe.train: eval hook after step " .. k .. ": " .. tostring(herr))
+      end
+    end
     if ckpt then
       local saved = checkpoint.after_step(ckpt, exec, k, info, function()
         return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()) }
@@ -561,8 +714,10 @@ function M.run(opts)
         io.write(string.format("checkpoint after step %d written to %s\n", k, saved))
         io.flush()
       end
+      if saved then stop_note(k) end
     end
   end
+  set_stop_note(nil)
   local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec,
     device = device_name, grad_norms = gnorms, lrs = rates }
   result.first_step = first_step -- > 1 after resume: losses[k] for k = first_step..steps
@@ -575,6 +730,9 @@ function M.run(opts)
     end
     return out
   end
+  -- the whole model as one luapipe.Layer on rank 0 (host memory), nil on
+  -- the other ranks; collective: every rank calls it (sampling at the end)
+  function result.model() return gather_model(c, exec, held) end
   -- {[name] = values} of this rank's stages (a replicated stage's first copy)
   function result.params()
     local out = {}
