@@ -199,13 +199,17 @@ function M.run(args)
   if args.output and args.output ~= "-" then
     local ok, werr = require("luapipe.util").write_file(args.output, text)
     if not ok then return cli.fail("profile", werr, 1) end
+    io.stderr:write("wrote ", args.output, "\n")
   else
     io.write(text)
   end
   if svg then
     local ok, werr = require("luapipe.util").write_file(args.svg, svg)
     if not ok then return cli.fail("profile", werr, 1) end
-    io.stderr:write("wrote SVG timeline of rank ", rank.rank, " to ", args.svg, "\n")
+    -- (after a text report on stdout, there, as search does; else on stderr)
+    local out = (args.format == "text" and not (args.output and args.output ~= "-")) and io.stdout
+      or io.stderr
+    out:write("wrote SVG timeline of rank ", rank.rank, " to ", args.svg, "\n")
   end
   return 0
 end
