@@ -459,6 +459,7 @@ function M.after_step(cfg, exec, k, info, state)
       '{"step": %d, "dir": "step%d", "ranks": %d, "schedule": %s, "time": %d}\n',
       k, k, comm.size(), json.quote(info and info.name or ""), os.time()))
     if ok then os.remove(dir .. "/pending") end
+    if ok and cfg.on_commit then cfg.on_commit(k) end -- (train: where a resume would start)
   end
   msg, first = agree(ok, err, "writing " .. dir .. "/latest")
   if msg then fail("luapipe.train: " .. msg, first) end

@@ -638,7 +638,10 @@ function M.run(opts)
       or string.format("luapipe: stopped before this run's first checkpoint (due after step %d):"
       .. " nothing of this run to resume from", math.min(steps, due)))
   end
-  if ckpt and ckpt.dir then stop_note(first_step > 1 and ckpt.resume_dir == ckpt.dir and first_step - 1 or nil) end
+  if ckpt and ckpt.dir then
+    stop_note(first_step > 1 and ckpt.resume_dir == ckpt.dir and first_step - 1 or nil)
+    ckpt.on_commit = stop_note -- (rank 0, as soon as latest names the new step)
+  end
   if ckpt and ckpt.state and type(ckpt.state.partition) == "table" then
     -- the checkpoint loaded is the one whose partition configure used
     local rec = ckpt.state.partition
@@ -714,7 +717,6 @@ function M.run(opts)
         io.write(string.format("checkpoint after step %d written to %s\n", k, saved))
         io.flush()
       end
-      if saved then stop_note(k) end
     end
   end
   set_stop_note(nil)
