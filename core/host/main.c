@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "host.h"
@@ -63,16 +64,22 @@ static int l_interrupts(lua_State *L) {
 static char note_buf[2][1024];
 static volatile sig_atomic_t note_at = -1; /* the buffer in force, or -1 */
 
-static void write_note(void) {
+static int write_note(void) {
   int i = note_at;
-  if (i < 0) return;
+  if (i < 0) return 0;
   note_at = -1;
   ssize_t w = write(STDERR_FILENO, note_buf[i], strlen(note_buf[i]));
   (void)w;
+  return 1;
 }
 
 static void on_sigterm(int sig) {
-  write_note();
+  /* mpirun, taking the job down, may stop reading a rank's output as soon
+   * as the rank is gone: give the line a moment to be read first */
+  if (write_note()) {
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
   signal(sig, SIG_DFL);
   raise(sig);
 }
