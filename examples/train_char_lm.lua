@@ -35,8 +35,8 @@ parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
 parser:option("--eval-every", "Hold out the text's last tenth (training reads the rest) and print the "
   .. "model's loss on it every N steps and after the last.")
   :convert(int("--eval-every", 1, INT32))
-parser:option("--sample", "After training, print N characters the model generates (after a prompt "
-  .. "from the text's end).")
+parser:option("--sample", "After training, print N characters the model generates (after a prompt: "
+  .. "the text before its last tenth).")
   :convert(int("--sample", 1, 100000))
 parser:option("--temperature", "--sample: 0 picks the likeliest character (greedy); above 0 draws "
   .. "from the softmax of logits / temperature, with --seed.", "0")
@@ -118,11 +118,12 @@ local function held_out_loss(layer)
   return sum / (n * T), n * T
 end
 
--- --sample N: N characters after a prompt (the last T characters of the
--- text): each the likeliest next one, or drawn with --temperature and --seed
+-- --sample N: N characters after a prompt (the T characters where the
+-- text's last tenth starts): each the likeliest next one, or drawn with
+-- --temperature and --seed
 local function sample(layer, n)
-  local ctx = {}
-  for i = #ids - T + 1, #ids do ctx[#ctx + 1] = ids[i] end
+  local ctx, at = {}, #ids - #ids // 10
+  for i = at - T + 1, at do ctx[#ctx + 1] = ids[i] end
   local state, out = args.seed, {}
   for _ = 1, n do
     local w = math.min(#ctx, T)
