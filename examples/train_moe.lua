@@ -27,7 +27,7 @@ local int, INT32 = cli.int_option, 0x7fffffff
 local limits = require("luapipe.cli.common").limits
 
 local parser = argparse("train_moe.lua", "Train a char-level MoE LM on a pp x ep grid of ranks.")
-topts.add(parser, { schedule = "dualpipe", microbatches_help = "2 x pp", steps = 20 })
+topts.add(parser, { schedule = "dualpipe", microbatches_help = "2 x pp", steps = 20, steps_min = 0 })
 parser:option("--pp", "Pipeline ranks (default: ranks / ep).")
   :convert(int("--pp", 1, limits.pp))
 parser:option("--ep", "Expert-parallel ranks per pipeline rank.", "1"):convert(int("--ep", 1, 4096))

@@ -40,7 +40,7 @@ function M.add(parser, defaults)
     :convert(int("--microbatches", 1, limits.microbatches))
   parser:option("--chunks", "Chunks per rank (interleaved1f1b only; default 2).")
     :convert(int("--chunks", 1, limits.chunks))
-  parser:option("--steps", "Training steps.", tostring(d.steps)):convert(int("--steps", 0, INT32))
+  parser:option("--steps", "Training steps.", tostring(d.steps)):convert(int("--steps", d.steps_min or 1, INT32))
   parser:option("--seed", "Seed for initialisation and data.", "1"):convert(int("--seed", 0, INT32))
   parser:option("--partition", "Split the model into stages of balanced measured \"cost\" or of equal"
     .. " \"layers\" counts.", "cost")
