@@ -123,13 +123,17 @@ ex file-chunks 2 "${mlp[@]}" --steps 1 --schedule "$tmp/found.csv" --chunks 2
 # ---- train_char_lm: held-out loss and samples ----
 ex lm-eval 2 "${lm[@]}" --steps 4 --eval-every 2 --sample 30
 ex lm-eval-1 1 "${lm[@]}" --steps 4 --eval-every 2
+# DualPipe: two copies of every model stage, each rank holding two stages
+ex lm-eval-dp 2 "${lm[@]}" --steps 4 --eval-every 2 --schedule dualpipe
 for k in 2 4; do
   a=$(grep "^eval after step $k: held-out loss " "$tmp/lm-eval" | awk '{print $7}')
   b=$(grep "^eval after step $k: held-out loss " "$tmp/lm-eval-1" | awk '{print $7}')
-  echo "held-out loss after step $k: 2 ranks $a, one process $b"
+  c=$(grep "^eval after step $k: held-out loss " "$tmp/lm-eval-dp" | awk '{print $7}')
+  echo "held-out loss after step $k: 2 ranks $a (dualpipe $c), one process $b"
   [ "$(grep -c "^eval after step $k: held-out loss [0-9.]* (256 characters)$" "$tmp/lm-eval")" -eq 1 ] &&
-    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d < 1e-4) }' ||
-    { fail "char_lm: held-out loss after step $k"; cat "$tmp/lm-eval" "$tmp/lm-eval-1"; }
+    awk -v a="$a" -v b="$b" -v c="$c" 'BEGIN { d = a - b; e = c - b; if (d < 0) d = -d; if (e < 0) e = -e
+      exit !(a > 0 && d < 1e-4 && e < 1e-4) }' ||
+    { fail "char_lm: held-out loss after step $k"; cat "$tmp/lm-eval" "$tmp/lm-eval-1" "$tmp/lm-eval-dp"; }
 done
 { [ "$rc" -eq 0 ] && once "$tmp/lm-eval" "sample (30 characters, greedy):" &&
   [ "$(grep -A1 -xF "sample (30 characters, greedy):" "$tmp/lm-eval" | tail -1 | tr -d '\n' | wc -c)" -eq 30 ]; } ||
