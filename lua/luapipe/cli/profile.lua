@@ -207,9 +207,9 @@ function M.run(args)
     local ok, werr = require("luapipe.util").write_file(args.svg, svg)
     if not ok then return cli.fail("profile", werr, 1) end
     -- (after a text report on stdout, there, as search does; else on stderr)
-    local out = (args.format == "text" and not (args.output and args.output ~= "-")) and io.stdout
+    local where = (args.format == "text" and not (args.output and args.output ~= "-")) and io.stdout
       or io.stderr
-    out:write("wrote SVG timeline of rank ", rank.rank, " to ", args.svg, "\n")
+    where:write("wrote SVG timeline of rank ", rank.rank, " to ", args.svg, "\n")
   end
   return 0
 end
