@@ -72,6 +72,18 @@ check_resume mlp 2 10 6 4 "${mlp[@]}"
 check_resume char_lm 2 6 3 2 "${lm[@]}"
 check_resume moe 4 4 3 2 "${moe[@]}"
 
+# --resume auto: with no checkpoint yet, a fresh start; then a resume
+ex mlp-auto 2 "${mlp[@]}" --steps 3 --checkpoint "$tmp/ck-auto" --every 2 --resume auto
+{ [ "$rc" -eq 0 ] && [ "$(steps "$tmp/mlp-auto" 1 3)" = "$(steps "$tmp/mlp-unbroken" 1 3)" ]; } ||
+  { fail "mlp --resume auto without a checkpoint"; cat "$tmp/mlp-auto"; }
+ex mlp-auto2 2 "${mlp[@]}" --steps 5 --checkpoint "$tmp/ck-auto" --every 2 --resume auto
+{ [ "$rc" -eq 0 ] && once "$tmp/mlp-auto2" "resumed from checkpoint $tmp/ck-auto/step3 (after step 3): running steps 4..5" &&
+  [ "$(steps "$tmp/mlp-auto2" 1 5)" = "$(steps "$tmp/mlp-unbroken" 4 5)" ]; } ||
+  { fail "mlp --resume auto with a checkpoint"; cat "$tmp/mlp-auto2"; }
+ex mlp-resume-x 2 "${mlp[@]}" --steps 5 --checkpoint "$tmp/ck-auto" --resume x
+{ [ "$rc" -eq 2 ] && once "$tmp/mlp-resume-x" "train_mlp.lua: --resume takes no value, or 'auto' (resume if there is a checkpoint, else start afresh), got 'x'"; } ||
+  { fail "mlp --resume x"; cat "$tmp/mlp-resume-x"; }
+
 # ---- resume under another schedule ----
 ck=$tmp/ck-mlp # 1f1b's, after step 10
 if [ -f "$ck/step10/rank0.ckpt" ]; then

@@ -51,8 +51,10 @@ function M.add(parser, defaults)
     .. "directory: every --every steps and after the last step.")
   parser:option("--every", "Steps between checkpoints.", tostring(d.every or 10))
     :convert(int("--every", 1, INT32))
-  parser:flag("--resume", "Continue from the latest checkpoint in --checkpoint (the same model, "
-    .. "ranks and partition; the schedule may differ if it places the model stages alike).")
+  parser:option("--resume", "Continue from the latest checkpoint in --checkpoint (the same model, "
+    .. "ranks and partition; the schedule may differ if it places the model stages alike); "
+    .. "--resume auto: if there is one, else start afresh (a job that restarts itself).")
+    :args("?")
   parser:option("--trace", "Write the measured Chrome/Perfetto trace (all ranks) to this file.")
   parser:option("--svg", "Draw the measured last step (all ranks) as an SVG timeline in this file.")
   parser:option("--trace-steps", "Keep only the last N steps in --trace / --svg (default: all).")
@@ -66,6 +68,14 @@ end
 -- Checks what argparse cannot: a usage error is one line (prog: message)
 -- on rank 0 and exit 2 on every rank.
 function M.check(args, prog)
+  if type(args.resume) == "table" then -- --resume (no value) or --resume auto
+    local v = args.resume[1]
+    if v ~= nil and v ~= "auto" then
+      cli.usage_exit(prog, string.format("--resume takes no value, or 'auto' (resume if there is a"
+        .. " checkpoint, else start afresh), got '%s'", v))
+    end
+    args.resume = v or true
+  end
   if args.resume and not args.checkpoint then
     cli.usage_exit(prog, "--resume needs --checkpoint DIR, the directory the checkpoints were saved in")
   end
