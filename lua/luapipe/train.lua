@@ -665,10 +665,8 @@ function M.run(opts)
     local rate
     if c.lr_at then
       local rok, r = pcall(c.lr_at, k)
-      if not rok then
-        if size > 1 then comm.abort(tostring(r)) end
-        fail(tostring(r))
-      end
+      -- the same function of the step on every rank: a mistake found everywhere
+      if not rok then usage_fail(util.message(r)) end
       rate = r
       exec:set_lr(rate)
     end
@@ -745,10 +743,7 @@ function M.run(opts)
   end
   if opts.save ~= nil then -- a luapipe.models model, written back (luapipe.models.save)
     local sok, serr = pcall(require("luapipe.models").save, model, opts.save, { from = result })
-    if not sok then
-      if size > 1 then comm.abort("save: " .. tostring(serr)) end
-      fail("save: " .. tostring(serr))
-    end
+    if not sok then fail_stranded("save: " .. util.message(serr)) end
   end
   if opts.trace then
     local tok, terr = exec:trace_write(opts.trace) -- gathered over the comm on rank 0

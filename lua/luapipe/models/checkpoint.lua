@@ -271,7 +271,8 @@ local function gather(list, held)
   for i, e in ipairs(list) do
     for q = P - 1, 0, -1 do if all[(i - 1) * P + q + 1] > 0 then owner[i] = q end end
     if not owner[i] then
-      comm.abort(string.format("model save: no rank holds %s", e.name))
+      -- the same answer on every rank (from the all-reduce): nobody is left waiting
+      util.fail({ what = string.format("model save: no rank holds %s", e.name), everywhere = true }, 0)
     end
   end
   local TAG = 2323
