@@ -91,6 +91,21 @@ function TestSafetensors:test_order_kept()
   lu.assertEquals(st:names(), { "z", "a", "m" })
 end
 
+function TestSafetensors:test_many_tensors()
+  -- more tensors than a Lua C function's stack has slots, in a given order
+  local t, order = {}, {}
+  for i = 1, 300 do
+    local n = string.format("layers.%d.ffn.experts.%d.w1.weight", i // 10, i % 10)
+    t[n] = core.tensor({ 2 }, { i, -i })
+    order[301 - i] = n
+  end
+  assert(core.safetensors_write(path, t, { order = order, dtype = "bf16" }))
+  local st <close> = assert(core.safetensors_open(path))
+  lu.assertEquals(st:names(), order)
+  lu.assertEquals(assert(st:read(order[1])):totable(), { 300, -300 })
+  lu.assertEquals(st:bytes_read(), data_offset(path) + 4)
+end
+
 -- bit patterns in, by hand: keep the top 16 bits and add one when the rest
 -- is over half, or exactly half with the kept part odd; NaN is 0x7fc0
 local bf16_cases = {
