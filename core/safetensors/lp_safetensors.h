@@ -122,6 +122,10 @@ typedef struct lp_safetensors_read_opts {
   const char *scale;
   int64_t block; /* block edge, from quantization_config.weight_block_size;
                     0: LP_SAFETENSORS_BLOCK */
+  /* The file that holds the scale when it is another shard (Hugging Face's
+   * shards may cut between a weight and its scale); NULL: the same file.
+   * The scale's bytes count in that file's bytes_read. */
+  lp_safetensors_file *scale_file;
 } lp_safetensors_read_opts;
 
 /* Reads tensor `name` converted to float32 into dst, which holds n floats
