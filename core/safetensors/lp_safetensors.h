@@ -76,6 +76,8 @@ typedef struct lp_safetensors_info {
   uint64_t end;
 } lp_safetensors_info;
 
+/* An open file. One thread at a time per file (its counter and error
+ * text are not shared safely); different files are independent. */
 typedef struct lp_safetensors_file lp_safetensors_file;
 
 /* Opens path and reads and checks its header (only the header: no tensor
