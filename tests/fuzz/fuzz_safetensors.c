@@ -92,7 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     float *v = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *v);
     if (!v) abort();
     for (size_t j = 0; j < n && j < 4; j++) {
-      lp_safetensors_read_opts o = {lp_safetensors_at(f, j)->name, block};
+      lp_safetensors_read_opts o = {lp_safetensors_at(f, j)->name, block, NULL};
       st = lp_safetensors_read(f, t->name, &o, v, t->numel);
       if (st != LP_OK && st != LP_ERR_ARG && st != LP_ERR_UNSUPPORTED)
         FUZZ_FAIL("scaled read '%s': %s", t->name, lp_safetensors_last_error(f));
