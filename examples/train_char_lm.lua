@@ -41,6 +41,11 @@ parser:option("--sample", "After training, print N characters the model generate
 parser:option("--temperature", "--sample: 0 picks the likeliest character (greedy); above 0 draws "
   .. "from the softmax of logits / temperature, with --seed.", "0")
   :convert(cli.number_option("--temperature", 0, 100))
+parser:option("--write-tokens", "Write the text's character ids as a token file (uint16, nanoGPT's "
+  .. "train.bin format) to this path and stop: the file --data reads.")
+parser:option("--data", "Train from this token file (nanoGPT's uint16 train.bin or an llm.c shard, "
+  .. "made by --write-tokens from the same --text, which gives the vocabulary): memory-mapped, "
+  .. "sequences in a seeded order, a resume continues where the run stopped.")
 parser:flag("--show", "Print the schedule (simulated Gantt chart) before training.")
 local args = cli.parse(parser, arg, "train_char_lm.lua", comm.rank() ~= 0) or cli.usage_exit("train_char_lm.lua")
 topts.check(args, "train_char_lm.lua")
@@ -67,6 +72,21 @@ if ntrain < T + 2 or (args.eval_every and #ids - ntrain < T + 1) then
     .. " --context %d%s", args.text, #ids, T, args.eval_every and " with a tenth held out" or ""))
 end
 
+if args.write_tokens then -- the token file of this text, then stop
+  if comm.rank() == 0 then
+    local zero = {}
+    for i = 1, #ids do zero[i] = ids[i] end
+    require("luapipe.data").write_tokens(args.write_tokens, zero)
+    print(string.format("wrote %s: %d tokens (uint16), vocabulary %d from %s", args.write_tokens, #ids, V,
+      args.text))
+  end
+  os.exit(0)
+end
+if args.data and args.eval_every then
+  cli.usage_exit("train_char_lm.lua", "--eval-every holds out the tail of --text; with --data the "
+    .. "held-out text would be a separate file: use one or the other")
+end
+
 local specs = { nn.embedding(V, D) }
 for _ = 1, args.blocks do specs[#specs + 1] = nn.transformer_block(D, args.heads, 4 * D, "gelu") end
 specs[#specs + 1] = nn.rmsnorm(D)
@@ -84,7 +104,8 @@ local function offset(step, mb, b)
   return x % (ntrain - T - 1)
 end
 
-local function data(step, mb)
+local data
+local function text_data(step, mb)
   local x, y = {}, {}
   for b = 0, args.batch - 1 do
     local o = offset(step, mb, b)
@@ -94,6 +115,18 @@ local function data(step, mb)
     end
   end
   return nn.tensor({ args.batch, T }, x), nn.tensor({ args.batch, T }, y)
+end
+data = text_data
+if args.data then -- a token file: its ids must be this text's characters
+  local ok, ds = pcall(require("luapipe.data").tokens, args.data,
+    { seq_len = T, vocab = V, shuffle = true, seed = args.seed })
+  if not ok then cli.usage_exit("train_char_lm.lua", require("luapipe.util").message(ds)) end
+  local m = topts.microbatches(args) -- nil: a schedule file's own count
+  if not m then
+    local s = require("luapipe.schedule").load(args.schedule, { pp = comm.size() })
+    m = s and s:info().microbatches or 2 * comm.size()
+  end
+  data = ds:batches { microbatches = m, rows = args.batch }
 end
 
 -- the held-out loss: mean cross-entropy (nats per character) of the

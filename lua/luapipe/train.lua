@@ -341,15 +341,16 @@ local function check_recipe(opts, steps, who)
   if clip ~= nil and (type(clip) ~= "number" or clip ~= clip or clip <= 0 or clip == math.huge) then
     usage_fail(who .. ": 'clip' must be a positive number (the largest gradient norm), got " .. util.shown(clip))
   end
-  local lr_at
+  local lr_at, record
   if opts.lr_schedule ~= nil then
     local bad = lr.check(opts.lr_schedule, "lr_schedule")
     if bad then usage_fail(who .. ": " .. bad) end
     local o = type(opts.optimizer) == "table" and opts.optimizer or {}
     local base = o.lr or (o.kind == "adamw" and 1e-3 or 0.01)
     lr_at = lr.at(opts.lr_schedule, base, math.max(steps, 1), "lr_schedule")
+    record = lr.record(opts.lr_schedule, base, math.max(steps, 1))
   end
-  return clip or 0, lr_at
+  return clip or 0, lr_at, record
 end
 
 local function configure(opts)
@@ -391,7 +392,7 @@ local function configure(opts)
       fail("luapipe.train: eplb.redundant must be a non-negative integer, got " .. tostring(e.redundant))
     end
   end
-  local clip, lr_at = check_recipe(opts, steps, "luapipe.train")
+  local clip, lr_at, lr_record = check_recipe(opts, steps, "luapipe.train")
   local device = opts.device or "cpu"
   if type(device) ~= "string" then
     fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got " .. tostring(device), "device")
@@ -480,7 +481,8 @@ local function configure(opts)
     local lok, lerr = pcall(comm.set_link, opts.link)
     if not lok then usage_fail("luapipe.train: link: " .. util.message(lerr)) end
   end
-  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep, clip = clip, lr_at = lr_at,
+  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep,
+    clip = clip, lr_at = lr_at, lr_record = lr_record,
     device = device, device_name = device_name, info = info, lowered = lowered, in_shape = in_shape,
     part = part, act_shapes = act_shapes }
 end
@@ -654,6 +656,15 @@ function M.run(opts)
   end
   local balance = eplb_loop(exec, opts.eplb, ep)
   local held = { names = {} } -- gather_model's whole model on rank 0
+  if ckpt and ckpt.state and rank == 0 and not quiet and (ckpt.state.lr_schedule or c.lr_record)
+      and not lr.same(ckpt.state.lr_schedule, c.lr_record) then
+    -- the rate is a function of the step: the run goes on under this run's schedule
+    io.write(string.format("note: the learning-rate schedule differs from the one checkpoint %s was"
+      .. " trained under (%s there, %s here): this run's applies from step %d\n", ckpt.state_file,
+      ckpt.state.lr_schedule and lr.describe_record(ckpt.state.lr_schedule) or "none",
+      c.lr_record and lr.describe_record(c.lr_record) or "none", first_step))
+    io.flush()
+  end
   if ckpt and ckpt.state and ckpt.state.eplb then
     local rok, rerr = pcall(balance.restore, ckpt.state.eplb, ckpt.state_file)
     if not rok then checkpoint.fail_all(tostring(rerr)) end -- every rank has rank 0's state.json
@@ -709,7 +720,8 @@ function M.run(opts)
     end
     if ckpt then
       local saved = checkpoint.after_step(ckpt, exec, k, info, function()
-        return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()) }
+        return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()),
+          lr_schedule = c.lr_record }
       end)
       if saved and rank == 0 and not quiet then
         io.write(string.format("checkpoint after step %d written to %s\n", k, saved))

@@ -62,6 +62,19 @@ function M.add(parser, defaults)
   parser:option("--log-every", "Print the progress line every N steps.", "1")
     :convert(int("--log-every", 1, INT32))
   parser:option("--report", "Write the end-of-training summary figures (key=value lines) to this file.")
+  parser:option("--clip", "Clip the global gradient norm (over the whole model, every parameter once) "
+    .. "at this value, as torch.nn.utils.clip_grad_norm_ (default: off).")
+    :convert(cli.number_option("--clip", 0, math.huge))
+  parser:option("--warmup", "Learning-rate warmup: the rate rises linearly over the first N steps.")
+    :convert(int("--warmup", 0, INT32))
+  parser:option("--decay", "Learning-rate decay after the warmup, to --min-lr at the last step: "
+    .. "cosine, linear or constant (default: constant, or cosine with --min-lr).")
+    :choices { "cosine", "linear", "constant" }
+  parser:option("--min-lr", "The rate --decay ends at (default 0).")
+    :convert(cli.number_option("--min-lr", 0, math.huge))
+  parser:option("--decay-steps", "The step --decay ends at (default --steps; give the whole run's "
+    .. "length when it is trained in parts).")
+    :convert(int("--decay-steps", 1, INT32))
   M.defaults = d
 end
 
@@ -78,6 +91,12 @@ function M.check(args, prog)
   end
   if args.resume and not args.checkpoint then
     cli.usage_exit(prog, "--resume needs --checkpoint DIR, the directory the checkpoints were saved in")
+  end
+  if args.clip == 0 then
+    cli.usage_exit(prog, "--clip must be above 0 (leave it out for no clipping)")
+  end
+  if args.min_lr and args.decay == "constant" then
+    cli.usage_exit(prog, "--min-lr is where --decay ends: it has no use with --decay constant")
   end
   if args.chunks and M.is_file(args.schedule) then
     cli.usage_exit(prog, "--chunks applies to a family (interleaved1f1b); the schedule file "
@@ -99,6 +118,11 @@ function M.train_fields(args, t)
   t.trace, t.svg, t.trace_steps, t.log_every = args.trace, args.svg, args.trace_steps, args.log_every
   if args.checkpoint then t.checkpoint = { dir = args.checkpoint, every = args.every } end
   t.resume = args.resume or nil
+  t.clip = args.clip
+  if args.warmup or args.decay or args.min_lr or args.decay_steps then
+    t.lr_schedule = { warmup = args.warmup, min_lr = args.min_lr, steps = args.decay_steps,
+      decay = args.decay or (args.min_lr and "cosine" or "constant") }
+  end
   return t
 end
 
