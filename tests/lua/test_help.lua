@@ -13,9 +13,14 @@ local eplb = require("luapipe.eplb")
 -- What a signature's receiver names stand for.
 local model = nn.sequential { nn.linear(2, 2), loss = "mse" }
 local balancer = eplb.balancer { replicas = 4, gpus = 2, on_warning = function() end }
+local data = require("luapipe.data")
+local dpath = os.tmpname()
+data.write_tokens(dpath, { 0, 1, 2, 3, 4, 5, 6, 7 })
+local dataset = data.tokens(dpath, { seq_len = 2 })
+os.remove(dpath) -- (mapped: it stays readable)
 local receivers = {
   s = core.Schedule, res = core.SimResult, t = core.Tensor, layer = core.Layer, exec = core.Exec,
-  model = model, b = balancer,
+  model = model, b = balancer, ds = dataset,
 }
 
 local function lookup(path, name)

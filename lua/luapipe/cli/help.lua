@@ -118,6 +118,9 @@ M.topics = {
     { "  chunks=, seed=, quiet=, lookahead=", "chunks for interleaved1f1b only (refused otherwise); seed of init and data" },
     { "  trace=, svg=, trace_steps=, log_every=", "measured Chrome trace, SVG of the last step, progress" },
     { "  checkpoint = {dir=, every=}, resume = true", "save every N steps and after the last; continue from dir/latest (another schedule if it places the stages alike)" },
+    { "  resume = \"auto\"", "resume from the newest complete checkpoint when there is one, else start at step 1 (jobs that restart themselves, examples/slurm/train.sbatch)" },
+    { "  clip = 1.0", "global gradient-norm clipping as torch's clip_grad_norm_, every parameter counted once over all ranks; r.grad_norms[k]" },
+    { "  lr_schedule = {warmup=, decay=, steps=, min_lr=} | fn(step)", "warmup then cosine/linear/constant decay to min_lr at steps (default the run's), or a Lua function of the step (luapipe.lr); r.lrs[k]" },
     { "  eval = {every=, fn = function(step, layer)}, announce = function(info)", "rank 0: the whole model every N steps; a header once the options are checked" },
     { "  pp=, ep=, link=, eplb = {every=, redundant=}", "MoE: pp x ep grid of ranks, emulated link, EPLB in the loop" },
     { "  overlapped_fb = function(exec, pair) ... end", "script DualPipe's F&B pairs (exec's begin_half, advance, phase, weight_grad_part)" },
@@ -135,6 +138,19 @@ M.topics = {
       "device = \"cuda\" runs the whole model on the GPU of each rank: rank r of a node (mpirun's local rank) takes GPU r modulo the GPUs it sees; \"cuda:N\" names one. Parameters, optimizer state, activations and gradients stay there; inputs from data() are copied there (targets may stay on the host); activations travel between ranks over NCCL when every rank has a GPU of its own, else through MPI staged in pinned host memory (LUAPIPE_COMM=nccl|mpi chooses). MoE layers run there too (their routing decisions are made on the host from the [tokens, experts] affinities; EP exchanges move the token rows in device memory over the EP group's context, NCCL or staged MPI as activations). Without a visible GPU it stops at the start with one line.",
       "Failures are luapipe.Error values (fields what, rank, status, everywhere, stranded): a mistake in the options under mpirun is raised on every rank alike, so pcall(train, ...) returns on every rank; a failure that leaves the other ranks waiting (a step that failed on one rank) says so (stranded). When a script does not catch it, the luapipe program's job policy (luapipe.cli.job) prints it once, or takes the whole job down for a stranded one, and sets the exit status (2 for a mistake in the options under mpirun).",
     },
+  },
+  {
+    name = "data", summary = "token files as training data (luapipe.data)",
+    intro = "nanoGPT's train.bin (uint16, no header; token_bytes = 4 for uint32) and llm.c's shards "
+      .. "(1024-byte header, magic 20240520), memory-mapped. Windows of seq_len + 1 tokens; step k's "
+      .. "micro-batch mb reads sequences ((k - 1) * microbatches + mb) * rows + row, in a seeded "
+      .. "per-epoch order with shuffle: the position follows from the step, so a resume continues "
+      .. "where the run stopped. A bad file (or a token id not below vocab, checked at open) is one "
+      .. "line naming the file and byte offset.",
+    { "data.tokens(path, {seq_len=, vocab=, token_bytes=, shuffle=, seed=, check=})", "a Dataset; ds.info = {format, tokens, windows, token_bytes, seq_len}" },
+    { "ds:batches{microbatches=, rows=, dp=, dp_rank=}", "function(step, mb) -> input, target ({rows / dp, seq_len} each): train{data =}" },
+    { "ds:window(g) / ds:position(step, microbatches, rows)", "the window sequence g reads; where a step starts" },
+    { "data.write_tokens(path, ids, {token_bytes=, header=})", "write a token file (atomically)" },
   },
   {
     name = "models", summary = "DeepSeek-V3 / V2-Lite: checkpoints in, trained, out (luapipe.models)",
