@@ -61,9 +61,6 @@ struct lp_nn_layer {
   void (*sub_free)(void *sub);
   /* composites: the param generation their list was collected at */
   unsigned param_gen;
-  /* kind-private config (mla.c), freed with the layer by priv_free */
-  void *priv;
-  void (*priv_free)(void *priv);
 };
 
 #define NN_SLOTS 28
