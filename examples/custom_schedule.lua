@@ -33,7 +33,8 @@ local base = plain:simulate(cost)
 print(string.format("makespan %g, largest bubble %g (plain 1F1B: %g, %g)",
   res:makespan(), res:max_bubble(), base:makespan(), base:max_bubble()))
 for _, x in ipairs(res:ranks()) do
-  print(string.format("  rank %d: busy %g, bubble %g, peak activations %d", x.rank, x.busy, x.bubble, x.peak_live))
+  print(string.format("  rank %d: busy %g, bubble %g, peak activations %d", x.rank, x.busy,
+    x.bubble, x.peak_live))
 end
 
 -- draw it (terminal Gantt chart)

@@ -9,7 +9,8 @@
 --
 --   luapipe schedule examples/eager_1f1b.lua --pp 4 --microbatches 8
 --   luapipe simulate examples/eager_1f1b.lua -p 4 -m 8 --cost F=1,B=2,latency=0.5
---   local s = require("luapipe.schedule").load("examples/eager_1f1b.lua", { pp = 4, microbatches = 8 })
+--   local s = require("luapipe.schedule").load("examples/eager_1f1b.lua",
+--     { pp = 4, microbatches = 8 })
 --
 -- Run as a script (`luapipe examples/eager_1f1b.lua`) it prints the schedule
 -- built with the defaults.

@@ -23,17 +23,19 @@ local count = require("luapipe.util").count -- "1 rank", "2 ranks"
 -- options: the CLI's converters (a bad value is one line, exit 2)
 local int, INT32 = cli.int_option, 0x7fffffff
 
-local parser = argparse("train_char_lm.lua", "Train a char-level transformer with a pipeline schedule.")
+local parser = argparse("train_char_lm.lua",
+  "Train a char-level transformer with a pipeline schedule.")
 topts.add(parser, { schedule = "1f1b", microbatches = 8, steps = 150 })
 parser:option("--blocks", "Transformer blocks.", "6"):convert(int("--blocks", 1, 4096))
 parser:option("--dim", "Model width.", "64"):convert(int("--dim", 1, 65536))
 parser:option("--heads", "Attention heads.", "4"):convert(int("--heads", 1, 65536))
 parser:option("--context", "Characters per sequence.", "64"):convert(int("--context", 1, 65536))
 parser:option("--batch", "Sequences per micro-batch.", "4"):convert(int("--batch", 1, 65536))
-parser:option("--lr", "AdamW learning rate.", "0.005"):convert(cli.number_option("--lr", 0, math.huge))
+parser:option("--lr", "AdamW learning rate.", "0.005")
+  :convert(cli.number_option("--lr", 0, math.huge))
 parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
-parser:option("--eval-every", "Hold out the text's last tenth (training reads the rest) and print the "
-  .. "model's loss on it every N steps and after the last.")
+parser:option("--eval-every", "Hold out the text's last tenth (training reads the rest) "
+  .. "and print the model's loss on it every N steps and after the last.")
   :convert(int("--eval-every", 1, INT32))
 parser:option("--sample", "After training, print N characters the model generates (after a prompt: "
   .. "the text before its last tenth).")
@@ -47,7 +49,8 @@ parser:option("--data", "Train from this token file (nanoGPT's uint16 train.bin 
   .. "made by --write-tokens from the same --text, which gives the vocabulary): memory-mapped, "
   .. "sequences in a seeded order, a resume continues where the run stopped.")
 parser:flag("--show", "Print the schedule (simulated Gantt chart) before training.")
-local args = cli.parse(parser, arg, "train_char_lm.lua", comm.rank() ~= 0) or cli.usage_exit("train_char_lm.lua")
+local args = cli.parse(parser, arg, "train_char_lm.lua", comm.rank() ~= 0)
+  or cli.usage_exit("train_char_lm.lua")
 topts.check(args, "train_char_lm.lua")
 
 local f = assert(io.open(args.text, "rb"))
@@ -77,8 +80,8 @@ if args.write_tokens then -- the token file of this text, then stop
     local zero = {}
     for i = 1, #ids do zero[i] = ids[i] end
     require("luapipe.data").write_tokens(args.write_tokens, zero)
-    print(string.format("wrote %s: %d tokens (uint16), vocabulary %d from %s", args.write_tokens, #ids, V,
-      args.text))
+    print(string.format("wrote %s: %d tokens (uint16), vocabulary %d from %s",
+      args.write_tokens, #ids, V, args.text))
   end
   os.exit(0)
 end
@@ -160,7 +163,8 @@ local function sample(layer, n)
   local state, out = args.seed, {}
   for _ = 1, n do
     local w = math.min(#ctx, T)
-    local logits = layer:forward(nn.tensor({ 1, w }, table.move(ctx, #ctx - w + 1, #ctx, 1, {}))):totable()
+    local logits = layer:forward(nn.tensor({ 1, w },
+      table.move(ctx, #ctx - w + 1, #ctx, 1, {}))):totable()
     local base, pick = (w - 1) * V, 0
     if args.temperature == 0 then
       for v = 1, V - 1 do if logits[base + v + 1] > logits[base + pick + 1] then pick = v end end

@@ -22,8 +22,10 @@ topts.add(parser, { schedule = "1f1b", microbatches = 8, steps = 20 })
 parser:option("--layers", "Residual MLP blocks.", "8"):convert(int("--layers", 1, 4096))
 parser:option("--width", "Model width.", "64"):convert(int("--width", 1, 65536))
 parser:option("--batch", "Samples per micro-batch.", "16"):convert(int("--batch", 1, 65536))
-parser:option("--lr", "AdamW learning rate.", "0.003"):convert(cli.number_option("--lr", 0, math.huge))
-local args = cli.parse(parser, arg, "train_mlp.lua", comm.rank() ~= 0) or cli.usage_exit("train_mlp.lua")
+parser:option("--lr", "AdamW learning rate.", "0.003")
+  :convert(cli.number_option("--lr", 0, math.huge))
+local args = cli.parse(parser, arg, "train_mlp.lua", comm.rank() ~= 0)
+  or cli.usage_exit("train_mlp.lua")
 topts.check(args, "train_mlp.lua")
 
 local DIN, DOUT, W = 16, 4, args.width
@@ -65,7 +67,8 @@ end
 local result = train(topts.train_fields(args, { model = model, data = data,
   optimizer = { kind = "adamw", lr = args.lr, weight_decay = 0 },
   announce = function(info) -- rank 0, once train{} has checked the options
-    print(string.format("train_mlp: %s on %s, %s of %d, %s", args.schedule, count(comm.size(), "rank"),
+    print(string.format("train_mlp: %s on %s, %s of %d, %s", args.schedule,
+      count(comm.size(), "rank"),
       count(info.microbatches, "micro-batch"), args.batch, count(model:nlayers(), "layer")))
   end }))
 topts.finish(args, result)

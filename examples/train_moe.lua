@@ -27,7 +27,8 @@ local int, INT32 = cli.int_option, 0x7fffffff
 local limits = require("luapipe.cli.common").limits
 
 local parser = argparse("train_moe.lua", "Train a char-level MoE LM on a pp x ep grid of ranks.")
-topts.add(parser, { schedule = "dualpipe", microbatches_help = "2 x pp", steps = 20, steps_min = 0 })
+topts.add(parser, { schedule = "dualpipe", microbatches_help = "2 x pp", steps = 20,
+  steps_min = 0 })
 parser:option("--pp", "Pipeline ranks (default: ranks / ep).")
   :convert(int("--pp", 1, limits.pp))
 parser:option("--ep", "Expert-parallel ranks per pipeline rank.", "1"):convert(int("--ep", 1, 4096))
@@ -44,15 +45,17 @@ parser:option("--hidden", "Hidden size of each expert.", "32"):convert(int("--hi
 parser:option("--context", "Characters per sequence.", "32"):convert(int("--context", 1, 65536))
 parser:option("--batch", "Sequences per micro-batch (a multiple of ep).", "4")
   :convert(int("--batch", 1, 65536))
-parser:option("--lr", "AdamW learning rate.", "0.005"):convert(cli.number_option("--lr", 0, math.huge))
+parser:option("--lr", "AdamW learning rate.", "0.005")
+  :convert(cli.number_option("--lr", 0, math.huge))
 parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
 parser:flag("--reference", "Train the same model in one process (no pipeline, no EP).")
-parser:option("--fb-order", "Overlapped pairs: \"auto\" (the executor's default: whichever half can go "
-  .. "on, weight-grads while both wait), \"deepseek\" (DeepSeek-V3's fixed alternation, backward first) or "
-  .. "\"forward-first\" (fixed alternation, forward first); the last two by an overlapped_fb hook, for "
-  .. "comparison.", "auto")
+parser:option("--fb-order", "Overlapped pairs: \"auto\" (the executor's default: "
+  .. "whichever half can go on, weight-grads while both wait), \"deepseek\" (DeepSeek-V3's "
+  .. "fixed alternation, backward first) or \"forward-first\" (fixed alternation, forward first); "
+  .. "the last two by an overlapped_fb hook, for comparison.", "auto")
   :choices { "auto", "deepseek", "forward-first" }
-local args = cli.parse(parser, arg, "train_moe.lua", comm.rank() ~= 0) or cli.usage_exit("train_moe.lua")
+local args = cli.parse(parser, arg, "train_moe.lua", comm.rank() ~= 0)
+  or cli.usage_exit("train_moe.lua")
 topts.check(args, "train_moe.lua")
 
 local ep = args.ep
@@ -150,7 +153,8 @@ end
 
 if args.reference then
   if args.device ~= "cpu" then
-    cli.usage_exit("train_moe.lua", "--reference runs on the CPU only (got --device " .. args.device .. ")")
+    cli.usage_exit("train_moe.lua", "--reference runs on the CPU only (got --device "
+      .. args.device .. ")")
   end
   print(string.format("train_moe (reference, one process): %s, %s top-%d, %s of %dx%d",
     count(blocks, "MoE block"), count(E, "expert"), K, count(Mb, "micro-batch"), B, T))
@@ -165,7 +169,8 @@ local r = train(topts.train_fields(args, { model = model, pp = pp, ep = ep, data
   overlapped_fb = overlapped_fb,
   announce = function(info) -- rank 0, once train{} has checked the options (pp x ep = the ranks)
     print(string.format("train_moe: %s on pp %d x ep %d = %s, %s, %s top-%d, "
-      .. "%s of %dx%d chars%s", args.schedule, pp, ep, count(comm.size(), "rank"), count(blocks, "MoE block"),
+      .. "%s of %dx%d chars%s", args.schedule, pp, ep, count(comm.size(), "rank"),
+      count(blocks, "MoE block"),
       count(E, "expert"), K, count(info.microbatches, "micro-batch"), B, T,
       every > 0 and string.format(", EPLB every %s with %s per EP rank", count(every, "step"),
         count(redundant, "redundant slot")) or ""))
@@ -173,7 +178,8 @@ local r = train(topts.train_fields(args, { model = model, pp = pp, ep = ep, data
 -- (the summary above has the all-to-all and expert-load figures)
 local e = r.summary and r.summary.eplb
 topts.finish(args, r, { "steps", "step_ms", "predicted_ms", "ratio", "bubble_pct", "sim_bubble_pct",
-  "compute_pct", "wait_pct", "a2a_count", "a2a_ms", "a2a_blocked_ms", "a2a_link_ms", "a2a_hidden_pct",
+  "compute_pct", "wait_pct", "a2a_count", "a2a_ms", "a2a_blocked_ms", "a2a_link_ms",
+  "a2a_hidden_pct",
   "sim_a2a_ms", "sim_a2a_hidden_pct", "model_ms", "replay_ms", "replay_step_ms", "replay_ratio",
   "spread_ms", "spread_ratio" }, e and { "load_before=" .. tostring(e.before),
   "load_after=" .. tostring(e.after), string.format("bytes_moved=%d", e.bytes) } or nil)

@@ -6,9 +6,9 @@
  * kernels.c (in the program) opens on first use: the first call that needs
  * the device (lp_kernels_load, lp_kernels_device_count,
  * lp_tensor_backend_cuda, lp_kernels_bench_sgemm); the others never load
- * it (those taking a backend only act on one the module made). So a CPU run maps no CUDA library. Without nvcc every call answers
- * "built without CUDA". Callers never see CUDA types or headers: streams
- * and events are opaque pointers. */
+ * it (those taking a backend only act on one the module made). So a CPU run maps no CUDA library.
+ * Without nvcc every call answers "built without CUDA". Callers never see CUDA types or headers:
+ * streams and events are opaque pointers. */
 #pragma once
 
 #include <stddef.h>

@@ -303,14 +303,24 @@ void lp_log(lp_log_level lvl, const char *fmt, ...) {
 static const lp_env_knob knobs[] = {
     {"LUAPIPE_LOG", "warn", "log level on stderr: error, warn, info or debug"},
     {"LUAPIPE_LUA_PATH", "", "extra directory searched first for luapipe's Lua modules"},
-    {"LUAPIPE_TIMEOUT", "300", "watchdog: seconds a rank may wait on a message before every rank aborts"},
+    {"LUAPIPE_TIMEOUT", "300",
+     "watchdog: seconds a rank may wait on a message before every rank aborts"},
     {"LUAPIPE_HISTORY", "~/.luapipe_history", "REPL history file (empty disables history)"},
-    {"LUAPIPE_LINK", "none", "emulated link for every message, e.g. lat=50us,bw=2GB/s (see lp_comm.h)"},
-    {"LUAPIPE_COMM_THREAD", "1", "0 turns off the MPI progress thread (communication then progresses only while a rank waits)"},
-    {"LUAPIPE_COMM", "", "device buffers: nccl or mpi (staged through pinned host memory); unset: NCCL when every rank has its own GPU"},
-    {"LUAPIPE_TF32", "0", "1 lets CUDA float32 GEMMs use TF32 tensor cores (faster, ~1e-3 relative error)"},
-    {"LUAPIPE_CUDA_SYNC", "0", "1 waits after every CUDA op, so an error names the op that raised it (debugging)"},
-    {"LUAPIPE_BLAS_CORE", "auto", "auto: when OpenBLAS does not know the CPU and fell back to its oldest kernels, the program restarts itself with OPENBLAS_CORETYPE for the CPU's AVX-512/AVX2; keep: never (OPENBLAS_CORETYPE, when set, always wins)"},
+    {"LUAPIPE_LINK", "none",
+     "emulated link for every message, e.g. lat=50us,bw=2GB/s (see lp_comm.h)"},
+    {"LUAPIPE_COMM_THREAD", "1",
+     "0 turns off the MPI progress thread (communication then progresses only while a rank waits)"},
+    {"LUAPIPE_COMM", "",
+     "device buffers: nccl or mpi (staged through pinned host memory); unset: NCCL when every rank "
+     "has its own GPU"},
+    {"LUAPIPE_TF32", "0",
+     "1 lets CUDA float32 GEMMs use TF32 tensor cores (faster, ~1e-3 relative error)"},
+    {"LUAPIPE_CUDA_SYNC", "0",
+     "1 waits after every CUDA op, so an error names the op that raised it (debugging)"},
+    {"LUAPIPE_BLAS_CORE", "auto",
+     "auto: when OpenBLAS does not know the CPU and fell back to its oldest kernels, the program "
+     "restarts itself with OPENBLAS_CORETYPE for the CPU's AVX-512/AVX2; keep: never "
+     "(OPENBLAS_CORETYPE, when set, always wins)"},
 };
 
 const lp_env_knob *lp_env_knobs(int *count) {
@@ -344,7 +354,8 @@ static const struct {
     {"LUAPIPE_COMM", {"nccl", "mpi", NULL}, "use nccl or mpi"},
     {"LUAPIPE_TF32", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
     {"LUAPIPE_CUDA_SYNC", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
-    {"LUAPIPE_BLAS_CORE", {"auto", "keep", NULL}, "use auto (a kernel set for this CPU when OpenBLAS does not know it) or keep"},
+    {"LUAPIPE_BLAS_CORE", {"auto", "keep", NULL},
+     "use auto (a kernel set for this CPU when OpenBLAS does not know it) or keep"},
 };
 
 /* Checks the LUAPIPE_* knobs whose value has a fixed form, so a typo is

@@ -396,10 +396,12 @@ lp_status lp_eplb_rebalance(const double *load, int layers, int experts,
     FAIL(LP_ERR_ARG, "spill needs mode balanced (reference is DeepSeek's algorithm exactly)");
   if (opt->max_moves >= 0 && !opt->previous)
     FAIL(LP_ERR_ARG, "max_moves needs a previous plan");
-  if (opt->fixed_x < 0) FAIL(LP_ERR_ARG, "fixed_x must be 0 (automatic) or positive (got %d)", opt->fixed_x);
+  if (opt->fixed_x < 0)
+    FAIL(LP_ERR_ARG, "fixed_x must be 0 (automatic) or positive (got %d)", opt->fixed_x);
   if (opt->previous && gpus > LP_EPLB_MAX_RELABEL_GPUS)
-    FAIL(LP_ERR_ARG, "gpus %d: more than the limit of %d GPUs for re-planning against a previous plan",
-         gpus, LP_EPLB_MAX_RELABEL_GPUS);
+    FAIL(LP_ERR_ARG,
+         "gpus %d: more than the limit of %d GPUs for re-planning against a previous plan", gpus,
+         LP_EPLB_MAX_RELABEL_GPUS);
   LP_CHECK(check_load(load, layers, experts, err));
 
   eplb_dims d;

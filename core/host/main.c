@@ -502,14 +502,17 @@ static int pmain(lua_State *L) {
     printf("luapipe %s (%s)\n", LP_VERSION, LUA_RELEASE);
     const char *ct = getenv("OPENBLAS_CORETYPE");
     printf("BLAS: OpenBLAS, %s kernels%s\n", lp_tensor_blas_core(),
-           ct && getenv("LUAPIPE_BLAS_CORE_SET") ? " (set by luapipe: OpenBLAS does not know this CPU)"
-           : ct ? " (OPENBLAS_CORETYPE)" : "");
-    if (run_string(L, "local k = require('luapipe.core').kernels() "
-                      "print(string.format('CUDA kernels: %s, %d device(s) visible', "
-                      "k.cuda and 'built' or 'not built', k.devices)) "
-                      "if k.cuda then print(k.module and 'CUDA module: ' .. k.module or k.error) end "
-                      "if k.nccl then print(k.nccl_module and 'NCCL module: ' .. k.nccl_module "
-                      "or k.nccl_error) end",
+           ct && getenv("LUAPIPE_BLAS_CORE_SET")
+               ? " (set by luapipe: OpenBLAS does not know this CPU)"
+           : ct ? " (OPENBLAS_CORETYPE)"
+                : "");
+    if (run_string(L,
+                   "local k = require('luapipe.core').kernels() "
+                   "print(string.format('CUDA kernels: %s, %d device(s) visible', "
+                   "k.cuda and 'built' or 'not built', k.devices)) "
+                   "if k.cuda then print(k.module and 'CUDA module: ' .. k.module or k.error) end "
+                   "if k.nccl then print(k.nccl_module and 'NCCL module: ' .. k.nccl_module "
+                   "or k.nccl_error) end",
                    "=version") != LUA_OK)
       return 0;
   }
@@ -557,7 +560,8 @@ static int pmain(lua_State *L) {
  * as it was. */
 static void blas_core_restart(char **argv) {
   const char *knob = getenv("LUAPIPE_BLAS_CORE");
-  if (getenv("OPENBLAS_CORETYPE") || (knob && strcmp(knob, "auto") != 0)) return; /* keep, or a typo lp_env_check names */
+  if (getenv("OPENBLAS_CORETYPE") || (knob && strcmp(knob, "auto") != 0))
+    return; /* keep, or a typo lp_env_check names */
   const char *better = lp_tensor_blas_better_core();
   if (!better) return;
   if (setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;

@@ -1,7 +1,7 @@
 /* repl.c — the interactive REPL: readline editing and history, expressions
- * printed (`1+1` prints 2, `=x` too; tables shown by luapipe.repl), statements continued while the parser
- * reports an unfinished chunk, errors printed with a traceback, Tab
- * completing names (luapipe.repl.complete). */
+ * printed (`1+1` prints 2, `=x` too; tables shown by luapipe.repl), statements continued while the
+ * parser reports an unfinished chunk, errors printed with a traceback, Tab completing names
+ * (luapipe.repl.complete). */
 #define _GNU_SOURCE /* ppoll */
 #include <errno.h>
 #include <lauxlib.h>

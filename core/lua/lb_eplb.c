@@ -26,7 +26,8 @@ static int opt_int(lua_State *L, const char *name, int deflt, int min) {
     return deflt;
   }
   lua_Integer v = lua_tointegerx(L, -1, &isnum);
-  if (!isnum) luaL_error(L, "eplb: option '%s' must be an integer, got %s", name, luaL_typename(L, -1));
+  if (!isnum)
+    luaL_error(L, "eplb: option '%s' must be an integer, got %s", name, luaL_typename(L, -1));
   if (v < min || v > INT32_MAX)
     luaL_error(L, "eplb: option '%s' must be from %d to %d (got %I)", name, min, INT32_MAX, v);
   lua_pop(L, 1);

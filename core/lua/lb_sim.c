@@ -200,7 +200,8 @@ static void read_exchanges(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c
     for (int h = 0; halves[h]; h++) {
       if (lua_getfield(L, -1, halves[h]) != LUA_TNIL) {
         snprintf(ctx, sizeof ctx, "simulate: exchanges[%d].%s", k, halves[h]);
-        if (!lua_istable(L, -1)) luaL_error(L, "%s must be a table {n=, bytes_out=, bytes_in=}", ctx);
+        if (!lua_istable(L, -1))
+          luaL_error(L, "%s must be a table {n=, bytes_out=, bytes_in=}", ctx);
         check_keys(L, -1, fields, ctx, "n, bytes_out, bytes_in");
         int t = lua_absindex(L, -1);
         lp_sim_exchanges *e = &x[3 * (size_t)k + h];

@@ -82,11 +82,10 @@ typedef struct lp_safetensors_file lp_safetensors_file;
 
 /* Opens path and reads and checks its header (only the header: no tensor
  * byte is read). LP_OK and *out; or *out = NULL and LP_ERR_IO (cannot
- * open, a folder or not a regular file), LP_ERR_PARSE (the file breaks the format: truncated, header
- * length beyond the file, header not JSON or not the format's object,
- * unknown dtype, shape / offsets disagreeing, offsets out of range,
- * overlapping or leaving a gap, a name twice), LP_ERR_NOMEM, with one line
- * in err (LP_ERRLEN) naming path and the tensor. */
+ * open, a folder or not a regular file), LP_ERR_PARSE (the file breaks the format: truncated,
+ * header length beyond the file, header not JSON or not the format's object, unknown dtype, shape /
+ * offsets disagreeing, offsets out of range, overlapping or leaving a gap, a name twice),
+ * LP_ERR_NOMEM, with one line in err (LP_ERRLEN) naming path and the tensor. */
 lp_status lp_safetensors_open(const char *path, lp_safetensors_file **out, char *err);
 /* Closes the file and frees everything (NULL is a no-op). */
 void lp_safetensors_close(lp_safetensors_file *f);

@@ -741,7 +741,8 @@ static lp_status read_convert(lp_safetensors_file *f, const lp_safetensors_info 
   snprintf(what, sizeof what, "tensor '%s'", t->name);
   uint64_t off = f->data_off + t->begin;
   size_t es = dtypes[t->dtype].size;
-  if (t->dtype == LP_SAFETENSORS_F32) return read_at(f, dst, (size_t)(t->end - t->begin), off, what);
+  if (t->dtype == LP_SAFETENSORS_F32)
+    return read_at(f, dst, (size_t)(t->end - t->begin), off, what);
   float table[256];
   if (t->dtype == LP_SAFETENSORS_F8_E4M3)
     for (int b = 0; b < 256; b++) table[b] = lp_safetensors_e4m3_to_f32((uint8_t)b);

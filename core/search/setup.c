@@ -268,14 +268,14 @@ lp_status search_setup(lp_search *S, const lp_search_problem *p, char *err) {
 void lp_search_free(lp_search *S) {
   if (!S) return;
   decoder *D = &S->D;
-  void *ptrs[] = {S->vs_stage, S->vs_rank, S->routes, S->mb_route, S->pos, S->t, S->fbset,
-                  S->act, S->act_v, S->limit, S->vm_first, S->vm_list, S->rv_first, S->rv_list,
-                  S->rs_first, S->rs_list, S->rs_tmp, S->sort_tmp, S->out_first, S->need, S->maxneed,
-                  S->f_asap, S->b_asap, S->stage_times, S->hist, S->best_peak, S->best_acts,
-                  S->best_n, D->fend, D->bend, D->nf, D->nb, D->wq, D->wq_head, D->wq_tail,
-                  D->use, D->rem, D->usage, D->peak, D->free_at, D->busy, D->start, D->T,
-                  D->ch_kind, D->ch_v, D->ch_m, D->ch_pv, D->ch_pm, D->ch_forceb, D->order, D->ord_idx,
-                  D->mb_left, D->out, D->out_start, D->out_end, D->out_n, D->ev_rank};
+  void *ptrs[] = {S->vs_stage, S->vs_rank, S->routes, S->mb_route, S->pos, S->t, S->fbset, S->act,
+                  S->act_v, S->limit, S->vm_first, S->vm_list, S->rv_first, S->rv_list, S->rs_first,
+                  S->rs_list, S->rs_tmp, S->sort_tmp, S->out_first, S->need, S->maxneed, S->f_asap,
+                  S->b_asap, S->stage_times, S->hist, S->best_peak, S->best_acts, S->best_n,
+                  D->fend, D->bend, D->nf, D->nb, D->wq, D->wq_head, D->wq_tail, D->use, D->rem,
+                  D->usage, D->peak, D->free_at, D->busy, D->start, D->T, D->ch_kind, D->ch_v,
+                  D->ch_m, D->ch_pv, D->ch_pm, D->ch_forceb, D->order, D->ord_idx, D->mb_left,
+                  D->out, D->out_start, D->out_end, D->out_n, D->ev_rank};
   for (size_t k = 0; k < sizeof ptrs / sizeof ptrs[0]; k++) lp_free(ptrs[k]);
   search_free_candidates(S);
   lp_schedule_free(S->best_sched);
@@ -378,7 +378,8 @@ static lp_status bounds(lp_search *S) {
       double pairfb = INF;
       if (S->pairs)
         for (int u = 0; u < S->V; u++)
-          if (u != v && S->vs_rank[u] == S->vs_rank[v] && S->fbset[u]) pairfb = dmin(pairfb, S->t[u].fb);
+          if (u != v && S->vs_rank[u] == S->vs_rank[v] && S->fbset[u])
+            pairfb = dmin(pairfb, S->t[u].fb);
       if (pairfb < INF && S->split == LP_SEARCH_SPLIT_ALWAYS) pairfb += S->t[v].w;
       double r1 = pre + dmin(bfull_of(S, v), pairfb);
       rt[v] = rt[v] == 0 ? r1 : dmin(rt[v], r1);

@@ -42,7 +42,8 @@ static void put(zb *z, int j, int kind) {
   int mb = kind == 0 ? z->f[j] : kind == 1 ? z->b[j] : z->w[j];
   double t = z->e[j] + cost_of(z, j, kind);
   if (kind == 0 && j > 0) t = fmax(t, z->tf[(j - 1) * z->M + mb] + z->comm + cost_of(z, j, 0));
-  if (kind == 1 && j + 1 < z->n) t = fmax(t, z->tb[(j + 1) * z->M + mb] + z->comm + cost_of(z, j, 1));
+  if (kind == 1 && j + 1 < z->n)
+    t = fmax(t, z->tb[(j + 1) * z->M + mb] + z->comm + cost_of(z, j, 1));
   if (kind == 1 && j + 1 == z->n) t = fmax(t, z->tf[j * z->M + mb] + cost_of(z, j, 1));
   z->e[j] = t;
   if (kind == 0) z->tf[j * z->M + mb] = t, z->f[j]++;

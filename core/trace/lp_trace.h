@@ -118,8 +118,8 @@ lp_status lp_trace_unpack_append(lp_trace *t, const void *buf, size_t bytes);
  * bound to the send and receive slices (the "s" a quarter into the send
  * slice, the "f" three quarters into the receive slice, so both lie inside
  * their slices whenever these have a length); counters are "ph":"C" events with
- * args {"value": v}; markers are instant events ("ph":"i", "s":"p"). Every event carries ph, pid, tid and ts. Returns a
- * NUL-terminated string to lp_free, NULL on allocation failure. */
+ * args {"value": v}; markers are instant events ("ph":"i", "s":"p"). Every event carries ph, pid,
+ * tid and ts. Returns a NUL-terminated string to lp_free, NULL on allocation failure. */
 char *lp_trace_to_json(const lp_trace *t);
 
 /* Writes the JSON to path atomically (lp_write_file_atomic): on failure no

@@ -94,8 +94,8 @@ function M.alltoallv(lists, what)
   util.arg("comm.alltoallv", 1, "lists", lists, "table", "a list of one list of numbers per rank")
   util.arg("comm.alltoallv", 2, "what", what, "?string", "a description for messages")
   if #lists ~= M.size() then
-    util.raise(string.format("comm.alltoallv: lists (argument 1) must hold one list per rank (%d), got %d",
-      M.size(), #lists))
+    util.raise(string.format("comm.alltoallv: lists (argument 1) must hold one list per "
+      .. "rank (%d), got %d", M.size(), #lists))
   end
   return M.world():alltoallv(lists, what)
 end
@@ -103,7 +103,8 @@ end
 -- set_link(text): emulated link of the world ("lat=50us,bw=2GB/s", "none";
 -- LUAPIPE_LINK sets it at start-up). link() gives it back as text.
 function M.set_link(text)
-  util.arg("comm.set_link", 1, "text", text, "string", "a link such as \"lat=50us,bw=2GB/s\" or \"none\"")
+  util.arg("comm.set_link", 1, "text", text, "string",
+    "a link such as \"lat=50us,bw=2GB/s\" or \"none\"")
   local l, err = core.link_parse(text)
   if not l then error(err, 2) end -- raised at the caller's line
   return M.world():set_link(text)

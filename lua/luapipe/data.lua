@@ -71,9 +71,12 @@ function Dataset:batches(o)
   local dp, dpr = o.dp or 1, o.dp_rank or 0
   util.int_arg("Dataset:batches", 1, "opts.dp", dp, 1)
   util.int_arg("Dataset:batches", 1, "opts.dp_rank", dpr, 0)
-  if dpr >= dp then util.raise(string.format("Dataset:batches: dp_rank %d is not below dp %d", dpr, dp)) end
+  if dpr >= dp then
+    util.raise(string.format("Dataset:batches: dp_rank %d is not below dp %d", dpr, dp))
+  end
   if o.rows % dp ~= 0 then
-    util.raise(string.format("Dataset:batches: %d rows per micro-batch do not divide over dp = %d", o.rows, dp))
+    util.raise(string.format("Dataset:batches: %d rows per micro-batch do not divide over dp = %d",
+      o.rows, dp))
   end
   local h, T, M_, rows = self.handle, self.seq_len, o.microbatches, o.rows
   local share = rows // dp
@@ -97,17 +100,21 @@ function M.write_tokens(path, ids, o)
   util.arg("data.write_tokens", 2, "ids", ids, "table", "a list of token ids")
   o = o or {}
   local tb = o.token_bytes or 2
-  if tb ~= 2 and tb ~= 4 then util.raise("data.write_tokens: token_bytes must be 2 or 4, got " .. util.shown(tb)) end
+  if tb ~= 2 and tb ~= 4 then
+    util.raise("data.write_tokens: token_bytes must be 2 or 4, got " .. util.shown(tb))
+  end
   local limit = tb == 2 and 0xffff or 0xffffffff
   local fmt = tb == 2 and "<I2" or "<I4"
   local parts = {}
   if o.header then
-    parts[1] = string.pack("<i4i4i4", 20240520, tb == 2 and 1 or 2, #ids) .. string.rep("\0", 1024 - 12)
+    parts[1] = string.pack("<i4i4i4", 20240520, tb == 2 and 1 or 2, #ids) .. string.rep("\0",
+      1024 - 12)
   end
   local chunk = {}
   for i, v in ipairs(ids) do
     if math.type(v) ~= "integer" or v < 0 or v > limit then
-      util.raise(string.format("data.write_tokens: id %d is %s, not an integer in 0 .. %d", i, util.shown(v), limit))
+      util.raise(string.format("data.write_tokens: id %d is %s, not an integer in 0 .. %d", i,
+        util.shown(v), limit))
     end
     chunk[#chunk + 1] = string.pack(fmt, v)
     if #chunk == 4096 then

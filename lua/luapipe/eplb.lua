@@ -32,7 +32,8 @@ local function check_options(fname, opts)
   end
   if opts.load == nil then error(fname .. ": option 'load' is required", 3) end
   if opts.mode ~= nil and opts.mode ~= "balanced" and opts.mode ~= "reference" then
-    error(fname .. ": unknown mode '" .. tostring(opts.mode) .. "' (expected balanced or reference)", 3)
+    error(fname .. ": unknown mode '" .. tostring(opts.mode) .. "' (expected balanced "
+      .. "or reference)", 3)
   end
 end
 
@@ -50,8 +51,8 @@ end
 --   spent, passes its budget stopped), per_layer = {...}},
 --   layers, experts, replicas, gpus, nodes, width, policy, mode, compact}
 -- or nil, message[, where] (where = {layer =}: with previous, the layer
--- of it the planner refused, 0-based, when one is to blame) (also beyond eplb.limits: "58 layers x 131072 replicas =
--- 7602176 slots: more than the limit of 4194304 slots in all (layers x
+-- of it the planner refused, 0-based, when one is to blame) (also beyond eplb.limits: "58 layers x
+-- 131072 replicas = 7602176 slots: more than the limit of 4194304 slots in all (layers x
 -- replicas)"). compact = true gives the three maps as strings of
 -- native int32 (read them with string.unpack("i4", s, 4 * i + 1)).
 -- ragged = true lists each expert's slots in logical_to_physical without
@@ -166,7 +167,8 @@ end
 
 local function check_window(fname, n)
   if math.type(n) ~= "integer" or n < 1 then
-    error("eplb.predictors." .. fname .. ": window must be a positive integer, got " .. tostring(n), 3)
+    error("eplb.predictors." .. fname .. ": window must be a positive integer, got " .. tostring(n),
+      3)
   end
 end
 
@@ -272,7 +274,9 @@ end
 function Balancer.new(opts)
   if type(opts) ~= "table" then error("eplb.balancer: expected a table of options", 2) end
   for k in pairs(opts) do
-    if not balancer_known[k] then error("eplb.balancer: unknown option '" .. tostring(k) .. "'", 2) end
+    if not balancer_known[k] then
+      error("eplb.balancer: unknown option '" .. tostring(k) .. "'", 2)
+    end
   end
   for _, k in ipairs({ "replicas", "gpus" }) do
     if math.type(opts[k]) ~= "integer" then
@@ -345,7 +349,8 @@ local function check_counts(fname, counts, layers, experts)
       return nil, string.format("%s: layer %d is a %s, not a table", fname, l - 1, type(row))
     end
     if #row ~= E or E == 0 then
-      return nil, string.format("%s: layer %d has %s, expected %d", fname, l - 1, util.count(#row, "expert"), E)
+      return nil, string.format("%s: layer %d has %s, expected %d", fname, l - 1,
+        util.count(#row, "expert"), E)
     end
     for e = 1, E do
       local v = row[e]
@@ -450,11 +455,13 @@ function Balancer:due(step)
     if ok and type(v) == "boolean" then
       return v, v and "trigger" or "trigger said no"
     end
-    self:_policy_failed("trigger", ok and ("returned " .. tostring(v) .. ", not a boolean") or tostring(v))
+    self:_policy_failed("trigger", ok and ("returned " .. tostring(v) .. ", not a boolean")
+      or tostring(v))
   end
   if not self.current then return true, "first plan" end
   if step - self.last_check < self.every then
-    return false, string.format("%d steps since the last check, every %d", step - self.last_check, self.every)
+    return false, string.format("%d steps since the last check, every %d", step - self.last_check,
+      self.every)
   end
   if self.threshold then
     local b = self:balancedness()

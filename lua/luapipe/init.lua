@@ -92,13 +92,14 @@ function M.help_text(topic)
   local cli = require("luapipe.cli")
   local api = require("luapipe.cli.help")
   if topic == nil or topic == "" then
-    return "luapipe " .. M.version .. ": the Lua API, one topic per module (luapipe.help(\"topic\"); "
-      .. "luapipe.help(\"schedule.load\") for one function):\n" .. api.list()
+    return "luapipe " .. M.version .. ": the Lua API, one topic per module "
+      .. "(luapipe.help(\"topic\"); luapipe.help(\"schedule.load\") for one function):\n"
+      .. api.list()
       .. "  env        the LUAPIPE_* environment variables\n\n" .. commands_note()
   end
   if type(topic) ~= "string" then
-    return nil, string.format("luapipe.help: the topic must be a string such as \"schedule\", got %s",
-      util.shown(topic))
+    return nil, string.format("luapipe.help: the topic must be a string such as "
+      .. "\"schedule\", got %s", util.shown(topic))
   end
   local bare = topic:match("^luapipe%.(.+)$") or topic
   if api.by_name[bare] then return api.text(bare) end
@@ -107,15 +108,16 @@ function M.help_text(topic)
   local cmd = topic:match("^cli%s+(%S+)$")
   if cmd then return cli.help_text(cmd) end
   if cli.is_command(topic) then
-    return string.format("'%s' is a command of the luapipe program, not a Lua API topic: its options "
-      .. "are `luapipe help %s` in a shell (luapipe.help(\"cli %s\") here)%s.\n", topic, topic, topic,
-      topic == "simulate" and "; simulating from Lua: luapipe.help(\"sim\")" or "")
+    return string.format("'%s' is a command of the luapipe program, not a Lua API topic: "
+      .. "its options are `luapipe help %s` in a shell (luapipe.help(\"cli %s\") here)%s.\n", topic,
+      topic, topic, topic == "simulate" and "; simulating from Lua: luapipe.help(\"sim\")" or "")
   end
   local hits, all = find_function(bare)
   if #hits > 0 then
     local lines = {}
     for _, h in ipairs(hits) do
-      lines[#lines + 1] = string.format("  %s\n      %s   (luapipe.help(\"%s\") for the module)", h[2], h[3], h[1])
+      lines[#lines + 1] = string.format("  %s\n      %s   (luapipe.help(\"%s\") for the module)",
+        h[2], h[3], h[1])
     end
     return table.concat(lines, "\n") .. "\n"
   end
@@ -126,7 +128,8 @@ function M.help_text(topic)
   local near = util.did_you_mean(bare, candidates)
   local topics = api.names()
   topics[#topics + 1] = "env"
-  return nil, string.format("unknown help topic '%s'%s; topics: %s (or a function: luapipe.help(\"schedule.load\"))",
+  return nil, string.format("unknown help topic '%s'%s; topics: %s (or a function: "
+    .. "luapipe.help(\"schedule.load\"))",
     topic, near and string.format(" (did you mean '%s'?)", near) or "", table.concat(topics, ", "))
 end
 

@@ -29,12 +29,13 @@ function M.check(spec, who)
   who = who or "lr_schedule"
   if type(spec) == "function" then return nil end
   if type(spec) ~= "table" then
-    return string.format("%s must be a table {warmup =, decay =, steps =, min_lr =} or a function(step) -> rate,"
-      .. " got %s", who, util.shown(spec))
+    return string.format("%s must be a table {warmup =, decay =, steps =, min_lr =} or a "
+      .. "function(step) -> rate, got %s", who, util.shown(spec))
   end
   for k in pairs(spec) do
     if k ~= "warmup" and k ~= "decay" and k ~= "steps" and k ~= "min_lr" then
-      return string.format("%s: unknown field %s (it takes warmup, decay, steps, min_lr)", who, util.shown(k))
+      return string.format("%s: unknown field %s (it takes warmup, decay, steps, min_lr)", who,
+        util.shown(k))
     end
   end
   local w = spec.warmup or 0
@@ -42,7 +43,8 @@ function M.check(spec, who)
     return string.format("%s.warmup must be an integer >= 0, got %s", who, util.shown(spec.warmup))
   end
   if spec.decay ~= nil and not is_decay(spec.decay) then
-    return string.format("%s.decay must be \"cosine\", \"linear\" or \"constant\", got %s", who, util.shown(spec.decay))
+    return string.format("%s.decay must be \"cosine\", \"linear\" or \"constant\", got %s", who,
+      util.shown(spec.decay))
   end
   if spec.steps ~= nil and (math.type(spec.steps) ~= "integer" or spec.steps < 1) then
     return string.format("%s.steps must be a positive integer, got %s", who, util.shown(spec.steps))
@@ -65,7 +67,8 @@ function M.at(spec, lr, steps, who)
     return function(k)
       local v = spec(k)
       if type(v) ~= "number" or v ~= v or v < 0 or v == math.huge then
-        error(string.format("%s(%d) returned %s: a learning rate is a finite number >= 0", who, k, util.shown(v)), 0)
+        error(string.format("%s(%d) returned %s: a learning rate is a finite number >= 0", who, k,
+          util.shown(v)), 0)
       end
       return v
     end
@@ -86,8 +89,8 @@ end
 -- {fn = true} for a Lua function (which cannot be stored).
 function M.record(spec, lr, steps)
   if type(spec) == "function" then return { fn = true } end
-  return { lr = lr, warmup = spec.warmup or 0, decay = spec.decay or "cosine", steps = spec.steps or steps,
-    min_lr = spec.min_lr or 0 }
+  return { lr = lr, warmup = spec.warmup or 0, decay = spec.decay or "cosine",
+    steps = spec.steps or steps, min_lr = spec.min_lr or 0 }
 end
 
 -- lr.same(a, b) -> true when two records describe the same schedule
@@ -103,7 +106,8 @@ end
 -- lr.describe_record(r) -> text of a record (lr.record)
 function M.describe_record(r)
   if r.fn then return "a Lua function of the step" end
-  return string.format("rate %g, warmup %d, %s decay over %d steps to %g", r.lr, r.warmup, r.decay, r.steps, r.min_lr)
+  return string.format("rate %g, warmup %d, %s decay over %d steps to %g", r.lr, r.warmup, r.decay,
+    r.steps, r.min_lr)
 end
 
 -- lr.describe(spec) -> text for progress lines and checkpoints

@@ -98,7 +98,8 @@ function M.complete(word, env)
   end
   local out, seen = {}, {}
   for _, n in ipairs(names) do
-    if type(n) == "string" and n:sub(1, #part) == part and n:match("^[%a_][%w_]*$") and not seen[n] then
+    if type(n) == "string" and n:sub(1, #part) == part and n:match("^[%a_][%w_]*$")
+      and not seen[n] then
       seen[n] = true
       out[#out + 1] = path .. sep .. n
     end

@@ -65,8 +65,10 @@ function M.new(opts)
     for i = 0, stages - 1 do call(s, "add_vstage", i, i) end
   else
     for i, p in ipairs(placement) do
-      if type(p) ~= "table" or math.type(p.stage) ~= "integer" or math.type(p.rank) ~= "integer" then
-        error(string.format("schedule.new: placement[%d] must be {stage = <int>, rank = <int>}", i), 2)
+      if type(p) ~= "table" or math.type(p.stage) ~= "integer"
+        or math.type(p.rank) ~= "integer" then
+        error(string.format("schedule.new: placement[%d] must be {stage = <int>, rank = <int>}", i),
+          2)
       end
       call(s, "add_vstage", p.stage, p.rank)
     end
@@ -135,7 +137,8 @@ local function json_int(v, field)
     v = math.tointeger(v)
   end
   if math.type(v) ~= "integer" then
-    json_fail("%s must be an integer, got %s", field, type(v) == "string" and ("\"" .. v .. "\"") or tostring(v))
+    json_fail("%s must be an integer, got %s", field, type(v) == "string" and ("\"" .. v .. "\"")
+      or tostring(v))
   end
   return v
 end
@@ -181,7 +184,8 @@ local function json_options(t)
     if type(v) ~= "table" then json_fail("%s must be an object, got %s", f, type(v)) end
     local id = json_int(v.id, f .. ".id")
     if id ~= i - 1 then json_fail("%s has id %d, expected %d", f, id, i - 1) end
-    o.placement[i] = { stage = json_int(v.stage, f .. ".stage"), rank = json_int(v.rank, f .. ".rank") }
+    o.placement[i] = { stage = json_int(v.stage, f .. ".stage"),
+      rank = json_int(v.rank, f .. ".rank") }
   end
   o.routes = {}
   if t.routes == nil then
@@ -242,7 +246,9 @@ function M.from_json(text, origin)
   util.arg("schedule.from_json", 2, "origin", origin, "?string", "a name for messages")
   local json = require("luapipe.json")
   origin = origin or "json"
-  if type(text) ~= "string" then return nil, origin .. ": expected JSON text, got " .. type(text) end
+  if type(text) ~= "string" then
+    return nil, origin .. ": expected JSON text, got " .. type(text)
+  end
   local t, _, err = json.decode(text)
   if err then return nil, origin .. ": " .. tostring(err) end
   local ok, o = pcall(json_options, t)
@@ -260,7 +266,8 @@ end
 -- schedule.build(name, opts) -> Schedule: a built-in family by name (any
 -- case, or an alias such as "zb-h1").
 function M.build(name, opts)
-  util.arg("schedule.build", 1, "name", name, "string", "a family name (" .. table.concat(M.families, ", ") .. ")")
+  util.arg("schedule.build", 1, "name", name, "string",
+    "a family name (" .. table.concat(M.families, ", ") .. ")")
   util.arg("schedule.build", 2, "opts", opts, "table", "a table {pp =, microbatches =, chunks =}")
   local fam = schedules.canonical(name)
   if not fam then
@@ -279,8 +286,10 @@ function M.is_family(name) return schedules.canonical(name) ~= nil end
 -- chunks =} as typed or defaulted) that returns a schedule
 -- (examples/eager_1f1b.lua).
 function M.load(spec, opts)
-  util.arg("schedule.load", 1, "spec", spec, "string", "a family name or a .csv, .json or .lua file name")
-  opts = util.arg("schedule.load", 2, "opts", opts, "?table", "a table {pp =, microbatches =, chunks =}") or {}
+  util.arg("schedule.load", 1, "spec", spec, "string",
+    "a family name or a .csv, .json or .lua file name")
+  opts = util.arg("schedule.load", 2, "opts", opts, "?table",
+    "a table {pp =, microbatches =, chunks =}") or {}
   if M.is_family(spec) then
     local ok, s = pcall(M.build, spec, opts)
     if not ok then return nil, util.message(s) end
@@ -299,9 +308,10 @@ function M.load(spec, opts)
     if not ok then return nil, s end
     if getmetatable(s) ~= getmetatable(core.schedule_new(1, 1, 1)) then
       return nil, string.format("%s: a schedule file must return its schedule, but it returned %s "
-        .. "(it is run with the options {pp =, microbatches =, chunks =} as `...` and must end with "
-        .. "`return s`; see examples/eager_1f1b.lua); a script that does something else runs as "
-        .. "`luapipe %s`", spec, s == nil and "nothing" or util.shown(s), spec)
+        .. "(it is run with the options {pp =, microbatches =, chunks =} as `...` "
+        .. "and must end with `return s`; see examples/eager_1f1b.lua); a script that does "
+        .. "something else runs as `luapipe %s`", spec, s == nil and "nothing" or util.shown(s),
+        spec)
     end
     return s
   end

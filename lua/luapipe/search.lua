@@ -90,7 +90,9 @@ local function placement(spec, P, Mb, who)
   if type(spec) == "function" then
     local ok, t = pcall(spec, P)
     if not ok then fail("placement generator: " .. tostring(t), who) end
-    if type(t) ~= "table" or #t == 0 then fail("placement generator must return a table of ranks", who) end
+    if type(t) ~= "table" or #t == 0 then
+      fail("placement generator must return a table of ranks", who)
+    end
     return single(t, "custom")
   elseif type(spec) == "table" then
     return single(spec, "custom")
@@ -105,8 +107,11 @@ local function placement(spec, P, Mb, who)
     for k = 0, 2 * P - 1 do t[k + 1] = k < P and k or 2 * P - 1 - k end
     return single(t, "v")
   elseif type(spec) == "string" and spec:match("^interleaved") then
-    local v = spec == "interleaved" and 2 or math.tointeger(tonumber(spec:match("^interleaved:(%d+)$")))
-    if not v or v < 1 or v > 8 then fail("placement: interleaved:V needs V in 1..8, got '" .. spec .. "'", who) end
+    local v = spec == "interleaved" and 2
+      or math.tointeger(tonumber(spec:match("^interleaved:(%d+)$")))
+    if not v or v < 1 or v > 8 then
+      fail("placement: interleaved:V needs V in 1..8, got '" .. spec .. "'", who)
+    end
     local t = {}
     for k = 0, v * P - 1 do t[k + 1] = k % P end
     return single(t, "interleaved:" .. v)
@@ -119,8 +124,8 @@ local function placement(spec, P, Mb, who)
     for m = 0, Mb - 1 do pl.mb_route[m + 1] = m < Mb // 2 and 0 or 1 end
     return pl
   end
-  fail(string.format("placement '%s': expected linear, interleaved:V, v, bidirectional, any, a table "
-    .. "of ranks or a function", tostring(spec)), who)
+  fail(string.format("placement '%s': expected linear, interleaved:V, v, bidirectional, "
+    .. "any, a table of ranks or a function", tostring(spec)), who)
 end
 
 -- search.placement(spec, pp, microbatches) -> the placement (as above) of
@@ -129,8 +134,9 @@ end
 function M.placement(spec, P, Mb)
   local t = type(spec)
   if t ~= "string" and t ~= "table" and t ~= "function" then
-    util.raise("search.placement: spec (argument 1) must be a placement name (linear, interleaved:V, "
-      .. "v, bidirectional), a table of ranks or a function(pp), got " .. util.shown(spec))
+    util.raise("search.placement: spec (argument 1) must be a placement name (linear, "
+      .. "interleaved:V, v, bidirectional), a table of ranks or a function(pp), got "
+      .. util.shown(spec))
   end
   P = util.int_arg("search.placement", 2, "pp", P, 1, 256)
   Mb = util.int_arg("search.placement", 3, "microbatches", Mb, 1, 4096)
@@ -142,7 +148,8 @@ end
 local function resolve(cost, who)
   local c = sim.resolve_cost(cost)
   if not c then -- only B with I or W larger than it
-    fail(string.format("cost: B = %g is less than %s (B = I + W)", cost.B, cost.W and "W" or "I"), who)
+    fail(string.format("cost: B = %g is less than %s (B = I + W)", cost.B, cost.W and "W" or "I"),
+      who)
   end
   return c
 end
@@ -187,7 +194,8 @@ local function per_rank(memory, P, who)
   end
   for r = 1, P do
     if type(memory[r]) ~= "number" or not (memory[r] > 0) then -- luacheck: ignore 581 (NaN)
-      fail(string.format("memory of rank %d must be a positive number, got %s", r - 1, tostring(memory[r])), who)
+      fail(string.format("memory of rank %d must be a positive number, got %s", r - 1,
+        tostring(memory[r])), who)
     end
   end
   return memory
@@ -218,7 +226,8 @@ function M._internal.score(s, c, opts)
   for i, r in ipairs(res:ranks()) do
     local st = first[r.rank] or 0
     span = math.max(span, r.finish - st)
-    ranks[i] = { rank = r.rank, start = st, finish = r.finish, busy = r.busy, peak_memory = peak[i] }
+    ranks[i] = { rank = r.rank, start = st, finish = r.finish, busy = r.busy,
+      peak_memory = peak[i] }
     if opts.memory and peak[i] > opts.memory[i] + 1e-9 then fits = false end
   end
   local eval = { makespan = res:makespan(), span = span, ranks = ranks }
@@ -309,11 +318,12 @@ local function run_one(pl, c, opts, budget, progress)
         for m = 0, Mb - 1 do
           for kind = 1, 3 do
             n = n + 1
-            local key = opts.priority { kind = kinds[kind], vstage = v, stage = pl.vstage_stage[v + 1],
+            local key = opts.priority { kind = kinds[kind], vstage = v,
+              stage = pl.vstage_stage[v + 1],
               rank = pl.vstage_rank[v + 1], mb = m, position = pos[v] }
             if type(key) ~= "number" then
-              error(string.format("priority must return a number, got %s for %s of micro-batch %d on "
-                .. "virtual stage %d", type(key), kinds[kind], m, v), 0)
+              error(string.format("priority must return a number, got %s for %s of "
+                .. "micro-batch %d on virtual stage %d", type(key), kinds[kind], m, v), 0)
             end
             keys[n] = key
           end
@@ -333,12 +343,15 @@ local function run_one(pl, c, opts, budget, progress)
       local st = S:stats()
       if progress and core.now() - last >= 0.25 then
         last = core.now()
-        io.stderr:write(string.format("\rsearch %s: %d evaluations, best %s, bound %s, gap %.2f%%   ",
+        io.stderr:write(string.format("\rsearch %s: %d evaluations, best %s, bound %s, "
+          .. "gap %.2f%%   ",
           pl.name, st.evaluations, sim.format_number(st.best), sim.format_number(st.lower_bound),
           100 * st.gap))
         io.stderr:flush()
       end
-      if st.best <= st.lower_bound * (1 + 1e-12) and type(opts.objective) ~= "function" then break end
+      if st.best <= st.lower_bound * (1 + 1e-12) and type(opts.objective) ~= "function" then
+        break
+      end
     end
   end)
   if progress then io.stderr:write("\r\27[K"); io.stderr:flush() end
@@ -373,7 +386,8 @@ end
 -- message, reason when nothing can be found, e.g. a limit below one
 -- micro-batch's need: reason is the message without the API's name)
 function M.search(opts)
-  util.arg("search.search", 1, "opts", opts, "table", "a table of options {pp =, microbatches =, ...}")
+  util.arg("search.search", 1, "opts", opts, "table",
+    "a table of options {pp =, microbatches =, ...}")
   check_opts(opts)
   local P, Mb = opts.pp, opts.microbatches
   local c = user_cost(opts.cost)
@@ -453,7 +467,8 @@ function M._internal.jittered(r, c, opts, jitter, samples)
       ranks[i] = { rank = rk.rank, start = first[rk.rank] or 0, finish = rk.finish, busy = rk.busy,
         peak_memory = r.peak[i] }
     end
-    values[k] = objective_of(opts.objective, { makespan = res:makespan(), span = span, ranks = ranks })
+    values[k] = objective_of(opts.objective, { makespan = res:makespan(), span = span,
+      ranks = ranks })
   end
   table.sort(values)
   return values
@@ -481,7 +496,8 @@ end
 -- span, bubble, peak, fits, objective} (rows for families that cannot be
 -- built carry error).
 function M.families(opts, c)
-  util.arg("search.families", 1, "opts", opts, "table", "a table of options {pp =, microbatches =, ...}")
+  util.arg("search.families", 1, "opts", opts, "table",
+    "a table of options {pp =, microbatches =, ...}")
   check_opts(opts, "search.families")
   if c == nil then c = opts.cost end
   if c ~= nil and type(c) ~= "table" and type(c) ~= "string" then
@@ -495,7 +511,8 @@ function M.families(opts, c)
   local o = { pp = opts.pp, memory = mem, w_share = opts.w_share }
   for _, name in ipairs(schedules.list()) do
     local row = { family = name, label = schedules.label(name) }
-    local ok, s = pcall(schedules[name], { pp = opts.pp, microbatches = opts.microbatches, chunks = 2 })
+    local ok, s = pcall(schedules[name], { pp = opts.pp, microbatches = opts.microbatches,
+      chunks = 2 })
     if not ok then
       row.error = util.message(s)
     else

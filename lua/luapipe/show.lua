@@ -41,7 +41,8 @@ local ansi = setmetatable({ idle = "\27[2m" }, { __index = function(t, st)
   local kind, odd, pair = st:match("^(%u)('?)(&?)$")
   local bg = kind and kind_bg[kind]
   if not bg then return nil end
-  local code = string.format("\27[%s30;%dm", pair == "&" and "1;4;" or "", bg + (odd == "'" and 60 or 0))
+  local code = string.format("\27[%s30;%dm", pair == "&" and "1;4;" or "",
+    bg + (odd == "'" and 60 or 0))
   rawset(t, st, code)
   return code
 end })
@@ -183,23 +184,28 @@ local function legend_lines(color, width, scale, cut, capped, multi)
     if not color then return text end
     return (ansi[st] or "") .. text .. RESET
   end
-  local unit = scale >= 1 and string.format("1 unit = %s col%s", fmt_num(scale), scale == 1 and "" or "s")
+  local unit = scale >= 1 and string.format("1 unit = %s col%s", fmt_num(scale),
+    scale == 1 and "" or "s")
     or string.format("1 col = %s units", fmt_num(1 / scale))
   local items = {
     { sample("3", "F") .. "=F of mb 3", "3=F of mb 3" },
     { sample("B3", "B") .. "/" .. sample("I3", "I") .. "/" .. sample("W3", "W") .. "=B/I/W",
       "B3/I3/W3=B/I/W" },
-    { sample("3", "F&") .. sample("&5", "B&") .. "=F3 overlapped with B5", "3&5=F3 overlapped with B5" },
+    { sample("3", "F&") .. sample("&5", "B&") .. "=F3 overlapped with B5",
+      "3&5=F3 overlapped with B5" },
     { sample(".", "idle") .. "=idle", ".=idle" },
   }
   if multi then
     table.insert(items, 1, { sample("3a", "F") .. "/" .. sample("3b", "F'")
-      .. "=chunk a/b: the rank's 1st/2nd virtual stage", "3a/3b=chunk a/b: the rank's 1st/2nd virtual stage" })
+      .. "=chunk a/b: the rank's 1st/2nd virtual stage",
+      "3a/3b=chunk a/b: the rank's 1st/2nd virtual stage" })
   end
-  if cut then items[#items + 1] = { "~=action cut by the band edge", "~=action cut by the band edge" } end
+  if cut then
+    items[#items + 1] = { "~=action cut by the band edge", "~=action cut by the band edge" }
+  end
   if capped then
-    local note = string.format("(costs too far apart to label every action in %d bands: short ones cut)",
-      MAX_BANDS)
+    local note = string.format("(costs too far apart to label every action in %d bands: "
+      .. "short ones cut)", MAX_BANDS)
     items[#items + 1] = { note, note }
   end
   items[#items + 1] = { unit, unit }
@@ -360,7 +366,8 @@ function M.gantt(res, opts)
     for r = 0, P - 1 do
       local chars, styles, cut = band_row(cells[r], a, b, chunks)
       anycut = anycut or cut
-      lines[#lines + 1] = string.format("%-" .. lw .. "s |%s|", "r" .. r, render(chars, styles, color))
+      lines[#lines + 1] = string.format("%-" .. lw .. "s |%s|", "r" .. r,
+        render(chars, styles, color))
     end
     if opts.axis ~= false then
       local step = tick_step(scale, 6)
@@ -381,7 +388,9 @@ function M.gantt(res, opts)
     end
   end
   if opts.legend ~= false then
-    for _, l in ipairs(legend_lines(color, width, scale, anycut, capped, multi)) do lines[#lines + 1] = l end
+    for _, l in ipairs(legend_lines(color, width, scale, anycut, capped, multi)) do
+      lines[#lines + 1] = l
+    end
   end
   return table.concat(lines, "\n")
 end
@@ -523,10 +532,11 @@ function M.svg(res, opts)
   for r = 0, P - 1 do
     local y = top + r * (lane + gap)
     bput('<g class="rank" id="rank', r, '">')
-    bput('<text x="', left - 8, '" y="', f2(y + lane / 2 + 4), '" text-anchor="end" font-size="12">rank ',
-      r, '</text>')
+    bput('<text x="', left - 8, '" y="', f2(y + lane / 2 + 4),
+      '" text-anchor="end" font-size="12">rank ', r, '</text>')
     bput('<rect class="lane" x="', left, '" y="', y, '" width="', f2(plot_w), '" height="', lane,
-      '" fill="url(#idle)" stroke="#bbb" stroke-width="0.5"><title>rank ', r, ': idle where hatched</title></rect>')
+      '" fill="url(#idle)" stroke="#bbb" stroke-width="0.5"><title>rank ', r,
+      ': idle where hatched</title></rect>')
     for _, e in ipairs(res:events(r)) do
       local x, w = left + e.start * scale, (e.finish - e.start) * scale
       local tip = string.format("rank %d, action %d: %s [%s, %s] %s", r, e.index, e.text,
@@ -538,16 +548,16 @@ function M.svg(res, opts)
         present[bt], present.F, present.FB = true, true, true
         shades[shade_of(chunks, e.stage)], shades[shade_of(chunks, e.bstage)] = true, true
         bput('<g class="FB"><title>', xml(tip), '</title>')
-        bput('<rect class="FB-F" x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', f2(lane / 2),
-          '" fill="', ff, '"/>')
+        bput('<rect class="FB-F" x="', f2(x), '" y="', y, '" width="', f2(w), '" height="',
+          f2(lane / 2), '" fill="', ff, '"/>')
         bput('<rect class="FB-B" x="', f2(x), '" y="', f2(y + lane / 2), '" width="', f2(w),
           '" height="', f2(lane / 2), '" fill="', bf, '"/>')
         bput('<rect x="', f2(x), '" y="', y, '" width="', f2(w), '" height="', lane,
           '" fill="none" stroke="#222" stroke-width="1.5"/>')
         local hfs = math.min(fs0, lane // 2 - 2)
         local ft, ffs, fup = svg_label(e.mb .. at(e.stage), hfs, w, lane / 2 - 2)
-        local btx, bfs, bup = svg_label((e.btype == "I" and "I" or "") .. e.bmb .. at(e.bstage), hfs, w,
-          lane / 2 - 2)
+        local btx, bfs, bup = svg_label((e.btype == "I" and "I" or "") .. e.bmb .. at(e.bstage),
+          hfs, w, lane / 2 - 2)
         if ft then svg_text(bput, ft, ffs, fup, x + w / 2, y + lane / 4, fink) end
         if btx then svg_text(bput, btx, bfs, bup, x + w / 2, y + 3 * lane / 4, bink) end
         bput('</g>')
@@ -582,21 +592,28 @@ function M.svg(res, opts)
         local names, ds = {}, {}
         for c = sh - 1, nchunks - 1, 2 do names[#names + 1] = M.chunk_name(c) end
         for v, c in pairs(chunk_of) do if c % 2 == sh - 1 then ds[dir[v] or "down"] = true end end
-        local where = ds.down and ds.up and "" or ds.up and string.format(" (up the ranks, %d to 0)", P - 1)
+        local where = ds.down and ds.up and "" or ds.up
+          and string.format(" (up the ranks, %d to 0)", P - 1)
           or string.format(" (down the ranks, 0 to %d)", P - 1)
-        row.title = string.format("chunk%s %s%s:", #names > 1 and "s" or "", table.concat(names, ", "), where)
+        row.title = string.format("chunk%s %s%s:", #names > 1 and "s" or "",
+          table.concat(names, ", "), where)
       end
       for _, t in ipairs { "F", "B", "I", "W" } do
-        if present[t] then row[#row + 1] = { fill = svg_fill[t][sh], label = t .. " " .. type_names[t] } end
+        if present[t] then
+          row[#row + 1] = { fill = svg_fill[t][sh], label = t .. " " .. type_names[t] }
+        end
       end
       legend[#legend + 1] = row
     end
   end
   local misc = {}
-  if present.FB then misc[#misc + 1] = { pair = true, label = "F&B overlapped: F top, B bottom" } end
+  if present.FB then
+    misc[#misc + 1] = { pair = true, label = "F&B overlapped: F top, B bottom" }
+  end
   misc[#misc + 1] = { fill = "url(#idle)", label = "idle" }
   if optim then misc[#misc + 1] = { fill = svg_fill.optim, label = "optimizer step" } end
-  misc[#misc + 1] = { label = multi and "labels: micro-batch and chunk (3a, I3b)" or "numbers: micro-batch" }
+  misc[#misc + 1] = { label = multi and "labels: micro-batch and chunk (3a, I3b)"
+    or "numbers: micro-batch" }
   legend[#legend + 1] = misc
   local legend_y = top + lanes_h + 36
   local H = legend_y + #legend * 22 + 8
@@ -608,7 +625,8 @@ function M.svg(res, opts)
     'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f2f2f2"/>',
     '<line x1="0" y1="0" x2="0" y2="6" stroke="#d0d0d0" stroke-width="2"/></pattern></defs>')
   put('<rect width="100%" height="100%" fill="white"/>')
-  local title = opts.title or string.format("%s: %d ranks, %d micro-batches, makespan %s, largest bubble %s",
+  local title = opts.title or string.format("%s: %d ranks, %d micro-batches, makespan %s, "
+    .. "largest bubble %s",
     info.name ~= "" and info.name or "schedule", P, info.microbatches, fmt_num(T),
     fmt_num(res:max_bubble()))
   put('<text x="', left, '" y="22" font-size="15" font-weight="bold">', xml(title), '</text>')
@@ -620,7 +638,8 @@ function M.svg(res, opts)
     local x = f2(left + t * scale)
     put('<line x1="', x, '" y1="', top - 4, '" x2="', x, '" y2="', top + lanes_h - gap,
       '" stroke="#ddd" stroke-width="1"/>')
-    put('<text x="', x, '" y="', top + lanes_h + 8, '" text-anchor="middle">', fmt_num(t), '</text>')
+    put('<text x="', x, '" y="', top + lanes_h + 8, '" text-anchor="middle">', fmt_num(t),
+      '</text>')
     t = t + step
   end
   put('<text x="', f2(left + plot_w), '" y="', top + lanes_h + 22,
@@ -639,7 +658,8 @@ function M.svg(res, opts)
       if en.pair then
         put('<rect x="', lx, '" y="', y, '" width="16" height="7" fill="', svg_fill.F[1], '"/>')
         put('<rect x="', lx, '" y="', y + 7, '" width="16" height="7" fill="', svg_fill.B[1], '"/>')
-        put('<rect x="', lx, '" y="', y, '" width="16" height="14" fill="none" stroke="#222" stroke-width="1.5"/>')
+        put('<rect x="', lx, '" y="', y, '" width="16" height="14" fill="none" stroke="#222" '
+          .. 'stroke-width="1.5"/>')
         lx = lx + 21
       elseif en.fill then
         put('<rect x="', lx, '" y="', y, '" width="16" height="14" fill="', en.fill,

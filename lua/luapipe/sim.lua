@@ -54,12 +54,14 @@ function M.read_cost(text)
     if it ~= "" then
       local key, value = it:match("^([%w_%[%]]+)%s*=%s*(.+)$")
       if not key then
-        return nil, string.format("cost item '%s': expected KEY=NUMBER (keys: F, B, I, W, FB, latency, bytes)", it)
+        return nil, string.format("cost item '%s': expected KEY=NUMBER (keys: F, B, I, W, FB, "
+          .. "latency, bytes)", it)
       end
       local name, stage = key:match("^(%a+)%[(%d+)%]$")
       name = canonical[(name or key):lower()]
       if not name or (stage and (name == "latency" or name == "bytes")) then
-        return nil, string.format("cost item '%s': unknown key '%s' (keys: F, B, I, W, FB, latency, bytes%s)",
+        return nil, string.format("cost item '%s': unknown key '%s' (keys: F, B, I, W, FB, "
+          .. "latency, bytes%s)",
           it, key, stage and "; per stage: F[k], B[k], I[k], W[k], FB[k]" or "")
       end
       local v = tonumber(value)
@@ -133,7 +135,8 @@ function SimResult.summary(res)
   lines[1] = string.format("simulated %s: %s, %s: makespan %s, "
     .. "largest bubble %s (rank %d, %.1f%%)",
     info.name ~= "" and ("'" .. info.name .. "'") or "schedule", util.count(info.ranks, "rank"),
-    util.count(info.microbatches, "micro-batch"), num(res:makespan()), num(res:max_bubble()), worst and worst.rank or 0,
+    util.count(info.microbatches, "micro-batch"), num(res:makespan()), num(res:max_bubble()),
+      worst and worst.rank or 0,
     worst and 100 * worst.bubble_ratio or 0)
   lines[2] = string.format("%6s %10s %10s %10s %8s %12s %10s", "rank", "busy", "bubble",
     "bubble %", "finish", "activations", "pending W")

@@ -19,7 +19,8 @@ local here = debug.getinfo(1, "S").source:match("^@(.*[/\\])util%.lua$")
 local function internal(level)
   local info = debug.getinfo(level + 1, "S")
   if not info then return false end
-  if info.what == "C" then return debug.getinfo(level + 2, "S") ~= nil end -- pcall inside the library
+  -- pcall inside the library
+  if info.what == "C" then return debug.getinfo(level + 2, "S") ~= nil end
   local src = info.source
   return here ~= nil and src:sub(1, 1) == "@" and src:sub(2, #here + 1) == here
 end
@@ -147,7 +148,9 @@ local nouns = { string = "a string", table = "a table", ["function"] = "a functi
 -- expected (default: the type's noun). Raises at the user's line:
 -- "<fn>: <name> (argument <pos>) must be <what>, got <v>".
 function M.arg(fn, pos, name, v, want, what)
-  if type(want) ~= "string" then error("util.arg: want (argument 5) must be a type name, got " .. M.shown(want), 2) end
+  if type(want) ~= "string" then
+    error("util.arg: want (argument 5) must be a type name, got " .. M.shown(want), 2)
+  end
   local optional = want:sub(1, 1) == "?"
   if optional then
     want = want:sub(2)
@@ -156,7 +159,8 @@ function M.arg(fn, pos, name, v, want, what)
   if not is_type(v, want) then
     what = what or nouns[want] or (want:find("^luapipe%.") and "a " .. want) or want
     if optional then what = what .. " (or nil)" end
-    M.raise(string.format("%s: %s (argument %s) must be %s, got %s", fn, name, pos, what, M.shown(v)))
+    M.raise(string.format("%s: %s (argument %s) must be %s, got %s", fn, name, pos, what,
+      M.shown(v)))
   end
   return v
 end
@@ -172,7 +176,8 @@ function M.int_arg(fn, pos, name, v, min, max)
     elseif min == 1 then what = "a positive integer"
     elseif min then what = string.format("an integer >= %d", min)
     else what = "an integer" end
-    M.raise(string.format("%s: %s (argument %s) must be %s, got %s", fn, name, pos, what, M.shown(v)))
+    M.raise(string.format("%s: %s (argument %s) must be %s, got %s", fn, name, pos, what,
+      M.shown(v)))
   end
   return n
 end
@@ -302,7 +307,8 @@ end
 -- as <cycle>. Values with a __tostring (schedules, results, tensors) show
 -- as tostring gives them; other non-table values as Lua literals.
 function M.pretty(v, opts)
-  opts = M.arg("util.pretty", 2, "opts", opts, "?table", "a table {depth =, width =, items =}") or {}
+  opts = M.arg("util.pretty", 2, "opts", opts, "?table", "a table {depth =, width =, items =}")
+    or {}
   local max_depth, width, max_items = opts.depth or 3, opts.width or 80, opts.items or 50
   local on_path = {}
   local function scalar(x)
@@ -323,16 +329,22 @@ function M.pretty(v, opts)
   end
   local function render(x, depth, indent)
     local mt = getmetatable(x)
-    if type(x) ~= "table" or (type(mt) == "table" and rawget(mt, "__tostring")) then return scalar(x) end
+    if type(x) ~= "table" or (type(mt) == "table" and rawget(mt, "__tostring")) then
+      return scalar(x)
+    end
     if on_path[x] then return "<cycle>" end
     local keys, n = {}, 0
     while rawget(x, n + 1) ~= nil do n = n + 1 end
     local total = n
     for k in next, x do
-      if not (math.type(k) == "integer" and k >= 1 and k <= n) then keys[#keys + 1] = k; total = total + 1 end
+      if not (math.type(k) == "integer" and k >= 1 and k <= n) then
+        keys[#keys + 1] = k; total = total + 1
+      end
     end
     if total == 0 then return "{}" end
-    if depth >= max_depth then return string.format("{...} (%s)", M.count(total, "entry", "entries")) end
+    if depth >= max_depth then
+      return string.format("{...} (%s)", M.count(total, "entry", "entries"))
+    end
     table.sort(keys, key_order)
     on_path[x] = true
     local parts = {}
@@ -352,7 +364,8 @@ function M.pretty(v, opts)
     on_path[x] = nil
     local one = "{" .. table.concat(parts, ", ") .. "}"
     if #one + #indent <= width and not one:find("\n") then return one end
-    return "{\n" .. indent .. "  " .. table.concat(parts, ",\n" .. indent .. "  ") .. "\n" .. indent .. "}"
+    return "{\n" .. indent .. "  " .. table.concat(parts, ",\n" .. indent .. "  ") .. "\n"
+      .. indent .. "}"
   end
   return render(v, 0, "")
 end

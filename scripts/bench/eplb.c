@@ -147,13 +147,14 @@ static int drift_series(uint64_t seed, int windows, int json, int spill) {
   int missed = 0;
   if (json) printf("  {\"series\": \"drift%s\", \"windows\": [", spill ? "_spill" : "");
   else {
-    printf("\n# drifting series%s: 58 x 256 -> 288 slots, 32 GPUs, 4 nodes, 8 groups; Zipf-0.8 loads,\n"
+    printf("\n# drifting series%s: 58 x 256 -> 288 slots, 32 GPUs, 4 nodes, 8 groups; "
+           "Zipf-0.8 loads,\n"
            "# lognormal drift sigma 0.25 + 4 rank swaps per layer per window; incremental =\n"
            "# previous (the incremental plan in force) with --max-moves %d (10%% of slots)%s\n",
            spill ? " with spill" : "", budget,
            spill ? "" : ";\n# without spill every group stays on its node");
-    printf("%6s %10s %10s %8s %10s %10s %8s %8s %9s\n", "window", "scratch", "incr", "ratio", "stale",
-           "copies", "max/lay", "inc_ms", "off_node");
+    printf("%6s %10s %10s %8s %10s %10s %8s %8s %9s\n", "window", "scratch", "incr", "ratio",
+           "stale", "copies", "max/lay", "inc_ms", "off_node");
   }
   for (int t = 1; t <= windows; t++) {
     drift_weights(w, L, E, 0.25, 4);
@@ -162,7 +163,8 @@ static int drift_series(uint64_t seed, int windows, int json, int spill) {
     o.spill = spill;
     lp_eplb_plan *next;
     if (lp_eplb_rebalance(load, L, E, R, groups, N, G, &o, &scratch, err) != LP_OK ||
-        lp_eplb_evaluate(load, L, E, lp_eplb_plan_phy2log(inc), R, N, G, NULL, &stale, err) != LP_OK) {
+        lp_eplb_evaluate(load, L, E, lp_eplb_plan_phy2log(inc), R, N, G, NULL, &stale, err) !=
+            LP_OK) {
       fprintf(stderr, "bench_eplb: drift series: %s\n", err);
       exit(1);
     }
@@ -205,11 +207,13 @@ static int drift_series(uint64_t seed, int windows, int json, int spill) {
   }
   if (json) printf("]}\n");
   else
-    printf("# scratch / incr / stale: GPU max/mean (mean over layers) of the from-scratch plan, the\n"
-           "# incremental plan, and the plan in force left as is; ratio = incr / scratch (target\n"
-           "# <= %.2f); copies: expert copies of the incremental re-plan, all layers; max/lay: the\n"
-           "# most in one layer (target <= %d); off_node: share of the tokens served off their\n"
-           "# group's node (target without spill: 0).\n", within, R / 10);
+    printf(
+        "# scratch / incr / stale: GPU max/mean (mean over layers) of the from-scratch plan, the\n"
+        "# incremental plan, and the plan in force left as is; ratio = incr / scratch (target\n"
+        "# <= %.2f); copies: expert copies of the incremental re-plan, all layers; max/lay: the\n"
+        "# most in one layer (target <= %d); off_node: share of the tokens served off their\n"
+        "# group's node (target without spill: 0).\n",
+        within, R / 10);
   lp_eplb_plan_free(inc);
   free(w);
   free(load);
@@ -326,7 +330,8 @@ int main(int argc, char **argv) {
       lp_eplb_plan_stats(spl, &ssp);
       nwrong += wrong(spl);
     }
-    const lp_eplb_layer_stats *lr = lp_eplb_plan_layer_stats(ref), *lb = lp_eplb_plan_layer_stats(bal);
+    const lp_eplb_layer_stats *lr = lp_eplb_plan_layer_stats(ref),
+                              *lb = lp_eplb_plan_layer_stats(bal);
     for (int l = 0; l < L; l++) nwrong += lb[l].max_load > lr[l].max_load;
     char gn[32];
     snprintf(gn, sizeof gn, "%d/%d", wl->gpus, wl->nodes);
@@ -337,21 +342,23 @@ int main(int argc, char **argv) {
       snprintf(spl_bal_s, sizeof spl_bal_s, "%.4f", ssp.balancedness);
     }
     if (json)
-      printf("  {\"workload\": \"%s\", \"gpus\": %d, \"nodes\": %d, \"policy\": \"%s\", "
-             "\"reference_ms\": %.4f, \"balanced_ms\": %.4f, \"spill_ms\": %s, \"replan_ms\": %.4f, "
-             "\"reference_balancedness\": %.4f, \"balanced_balancedness\": %.4f, "
-             "\"spill_balancedness\": %s, \"copies\": %ld, \"copies_without_relabel\": %ld, "
-             "\"stale_balancedness\": %.4f, \"budget16_balancedness\": %.4f, "
-             "\"budget16_copies\": %ld, \"wrong\": %d}%s\n",
-             wl->name, wl->gpus, wl->nodes, policy, ref_ms, bal_ms, spl ? spl_ms_s : "null", re_ms,
-             sr.balancedness, sb.balancedness, spl ? spl_bal_s : "null", sre.copies, sev.copies,
-             sst.balancedness, sbud.balancedness, sbud.copies, nwrong,
-             w + 1 < sizeof wls / sizeof wls[0] ? "," : "");
+      printf(
+          "  {\"workload\": \"%s\", \"gpus\": %d, \"nodes\": %d, \"policy\": \"%s\", "
+          "\"reference_ms\": %.4f, \"balanced_ms\": %.4f, \"spill_ms\": %s, \"replan_ms\": %.4f, "
+          "\"reference_balancedness\": %.4f, \"balanced_balancedness\": %.4f, "
+          "\"spill_balancedness\": %s, \"copies\": %ld, \"copies_without_relabel\": %ld, "
+          "\"stale_balancedness\": %.4f, \"budget16_balancedness\": %.4f, "
+          "\"budget16_copies\": %ld, \"wrong\": %d}%s\n",
+          wl->name, wl->gpus, wl->nodes, policy, ref_ms, bal_ms, spl ? spl_ms_s : "null", re_ms,
+          sr.balancedness, sb.balancedness, spl ? spl_bal_s : "null", sre.copies, sev.copies,
+          sst.balancedness, sbud.balancedness, sbud.copies, nwrong,
+          w + 1 < sizeof wls / sizeof wls[0] ? "," : "");
     else
-      printf("%-8s %-10s %-12s %7.3f %7.3f %7s %7.3f %7.4f %7.4f %7s %7ld %6ld %6.4f %6.4f %8ld %6d\n",
-             wl->name, gn, policy, ref_ms, bal_ms, spl_ms_s, re_ms, sr.balancedness, sb.balancedness,
-             spl_bal_s, sre.copies, sev.copies, sst.balancedness, sbud.balancedness, sbud.copies,
-             nwrong);
+      printf(
+          "%-8s %-10s %-12s %7.3f %7.3f %7s %7.3f %7.4f %7.4f %7s %7ld %6ld %6.4f %6.4f %8ld %6d\n",
+          wl->name, gn, policy, ref_ms, bal_ms, spl_ms_s, re_ms, sr.balancedness, sb.balancedness,
+          spl_bal_s, sre.copies, sev.copies, sst.balancedness, sbud.balancedness, sbud.copies,
+          nwrong);
     if (nwrong) {
       fprintf(stderr, "bench_eplb: %s: %d wrong plan(s) (broken invariant, or balanced worse than "
               "reference)\n", wl->name, nwrong);
@@ -363,7 +370,8 @@ int main(int argc, char **argv) {
           {"balanced + spill solve", spl_ms, 50.0}, {"balanced re-plan", re_ms, 50.0}};
       for (int i = 0; i < 4; i++)
         if (t[i].ms > t[i].limit) {
-          fprintf(stderr, "bench_eplb: --check: target missed: %s: %s %.3f ms per call (limit %g ms)\n",
+          fprintf(stderr,
+                  "bench_eplb: --check: target missed: %s: %s %.3f ms per call (limit %g ms)\n",
                   wl->name, t[i].what, t[i].ms, t[i].limit);
           failed = 1;
         }
@@ -379,17 +387,20 @@ int main(int argc, char **argv) {
   }
   if (json) printf("], \"drift\":\n");
   else
-    printf("# *_ms: ms per call (all %d layers); *_bal: balancedness (mean/max GPU load, mean over\n"
-           "# layers); spl: balanced + spill; re_ms: balanced re-plan against the plan in force.\n"
-           "# Next step (loads drifted): copies = expert copies GPUs\n"
-           "# receive for the balanced re-plan, relabelled; naive = without relabelling; stale =\n"
-           "# balancedness of keeping the old plan; bud16 = re-plan with at most 16 copies per\n"
-           "# layer (bud16_cp copies in all). Limits: reference <= 0.5 ms, balanced < 50 ms.\n", L);
+    printf(
+        "# *_ms: ms per call (all %d layers); *_bal: balancedness (mean/max GPU load, mean over\n"
+        "# layers); spl: balanced + spill; re_ms: balanced re-plan against the plan in force.\n"
+        "# Next step (loads drifted): copies = expert copies GPUs\n"
+        "# receive for the balanced re-plan, relabelled; naive = without relabelling; stale =\n"
+        "# balancedness of keeping the old plan; bud16 = re-plan with at most 16 copies per\n"
+        "# layer (bud16_cp copies in all). Limits: reference <= 0.5 ms, balanced < 50 ms.\n",
+        L);
   for (int spill = 0; spill < 2 && windows > 0; spill++) {
     if (json && spill) printf(",\n");
     int missed = drift_series(seed, windows, json, spill);
     if (missed) {
-      fprintf(stderr, "bench_eplb: --check: target missed: drifting series%s: %d of %d windows over "
+      fprintf(stderr,
+              "bench_eplb: --check: target missed: drifting series%s: %d of %d windows over "
               "%s x the from-scratch GPU max/mean, over 10%% of slots copied in a layer%s\n",
               spill ? " with spill" : "", missed, windows, spill ? "1.06" : "1.10",
               spill ? "" : " or with load off its group's node");

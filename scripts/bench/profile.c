@@ -45,10 +45,17 @@ static long peak_kb(void) {
 }
 
 static const char *const kernels[] = {
-    "void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel>(dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel::Params)",
-    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3>)",
-    "void flash::compute_attn_ws<Flash_fwd_kernel_traits<192, 128, 128, 12, 2, false, 1, cutlass::bfloat16_t, 128>, true, flash::SingleTileScheduler, flash::SeqLenTraits<true> >(flash::Params)",
-    "void cuda::per_token_cast_to_fp8_with_channels<__nv_bfloat16, 128, false, 128, false>(__nv_bfloat16 const*, int, unsigned char*, float*, int, int, int, int, bool, float, __nv_fp8_interpretation_t)",
+    "void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel>"
+    "(dpsk::grouped_gemm::cuda::fp8_ptp128c::GemmKernel::Params)",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
+    "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, "
+    "at::detail::Array<char*, 3>)",
+    "void flash::compute_attn_ws<Flash_fwd_kernel_traits<192, 128, 128, 12, 2, false, 1, "
+    "cutlass::bfloat16_t, 128>, true, flash::SingleTileScheduler, flash::SeqLenTraits<true> >"
+    "(flash::Params)",
+    "void cuda::per_token_cast_to_fp8_with_channels<__nv_bfloat16, 128, false, 128, false>"
+    "(__nv_bfloat16 const*, int, unsigned char*, float*, int, int, int, int, bool, float, "
+    "__nv_fp8_interpretation_t)",
 };
 
 /* Writes the synthetic trace; returns the kernels written. */
@@ -59,8 +66,9 @@ static long generate(const char *path, double mb) {
     exit(1);
   }
   setvbuf(f, NULL, _IOFBF, 1 << 20);
-  fprintf(f, "{\n  \"schemaVersion\": 1,\n  \"distributedInfo\": {\"backend\": \"nccl\", \"rank\": 0, "
-             "\"world_size\": 64},\n  \"traceEvents\": [\n");
+  fprintf(f,
+          "{\n  \"schemaVersion\": 1,\n  \"distributedInfo\": {\"backend\": \"nccl\", \"rank\": 0, "
+          "\"world_size\": 64},\n  \"traceEvents\": [\n");
   long long target = (long long)(mb * 1e6), ts = 1740461679470000LL, gpu = ts + 500;
   long n = 0;
   long long ann_end = 0;
@@ -68,9 +76,10 @@ static long generate(const char *path, double mb) {
   while (ftell(f) < target) {
     if (n % 40 == 0) { /* a phase */
       ann_end = ts + 40 * 12;
-      fprintf(f, "%s  {\n    \"ph\": \"X\", \"cat\": \"user_annotation\", \"name\": \"%s(%c)\", "
-                 "\"pid\": 1166, \"tid\": 1166,\n    \"ts\": %lld, \"dur\": %lld,\n    \"args\": {\n"
-                 "      \"External id\": %ld,\"Ev Idx\": %ld\n    }\n  }",
+      fprintf(f,
+              "%s  {\n    \"ph\": \"X\", \"cat\": \"user_annotation\", \"name\": \"%s(%c)\", "
+              "\"pid\": 1166, \"tid\": 1166,\n    \"ts\": %lld, \"dur\": %lld,\n    \"args\": {\n"
+              "      \"External id\": %ld,\"Ev Idx\": %ld\n    }\n  }",
               first ? "" : ",\n", (n / 40) % 2 ? "mlp" : "attn", "FBW"[(n / 80) % 3], ts,
               ann_end - ts, n, n);
       first = 0;
@@ -78,15 +87,19 @@ static long generate(const char *path, double mb) {
     long corr = 44000 + n;
     int comm = n % 10 == 9;
     int stream = comm ? 27 : (n % 7 == 3 ? 23 : 7);
-    const char *kname = comm ? (n % 20 == 9 ? "void dpsk::ep::internode::dispatch<false, 8, true, 8>(int4*, float*, long*, float*, dpsk::ep::internode::SourceMeta*, int4 const*, float const*, long const*)"
-                                             : "void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 24>(int4*, float*, int4 const*, float const*)")
-                             : kernels[n % 4];
+    const char *kname =
+        comm ? (n % 20 == 9 ? "void dpsk::ep::internode::dispatch<false, 8, true, 8>(int4*, "
+                              "float*, long*, float*, dpsk::ep::internode::SourceMeta*, int4 "
+                              "const*, float const*, long const*)"
+                            : "void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, "
+                              "16, 24>(int4*, float*, int4 const*, float const*)")
+             : kernels[n % 4];
     long long kdur = comm ? 300 : 5 + n % 50;
     fprintf(f,
-            ",\n  {\n    \"ph\": \"X\", \"cat\": \"cpu_op\", \"name\": \"aten::mm\", \"pid\": 1166, "
-            "\"tid\": 1166,\n    \"ts\": %lld, \"dur\": 8,\n    \"args\": {\n      \"External id\": "
-            "%ld,\"Record function id\": 0, \"Ev Idx\": %ld, \"Sequence number\": %ld, \"Fwd thread id\": "
-            "0\n    }\n  }",
+            ",\n  {\n    \"ph\": \"X\", \"cat\": \"cpu_op\", \"name\": \"aten::mm\", "
+            "\"pid\": 1166, \"tid\": 1166,\n    \"ts\": %lld, \"dur\": 8,\n    \"args\": {\n      "
+            "\"External id\": %ld,\"Record function id\": 0, \"Ev Idx\": %ld, "
+            "\"Sequence number\": %ld, \"Fwd thread id\": 0\n    }\n  }",
             ts, corr, n, n);
     fprintf(f,
             ",\n  {\n    \"ph\": \"X\", \"cat\": \"cuda_runtime\", \"name\": \"cudaLaunchKernel\", "
@@ -100,11 +113,14 @@ static long generate(const char *path, double mb) {
     if (gpu < ts + 10) gpu = ts + 10;
     long long kstart = comm ? ts + 20 : gpu;
     fprintf(f,
-            ",\n  {\n    \"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"%s\", \"pid\": 0, \"tid\": %d,\n"
+            ",\n  {\n    \"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"%s\", \"pid\": 0, "
+            "\"tid\": %d,\n"
             "    \"ts\": %lld, \"dur\": %lld,\n    \"args\": {\n      \"External id\": %ld,\n      "
-            "\"queued\": 0, \"device\": 0, \"context\": 1,\n      \"stream\": %d, \"correlation\": %ld,\n"
-            "      \"registers per thread\": 110,\n      \"shared memory\": 0,\n      \"blocks per SM\": "
-            "0.15151516,\n      \"warps per SM\": 2.4242425,\n      \"grid\": [20, 1, 1],\n      "
+            "\"queued\": 0, \"device\": 0, \"context\": 1,\n      \"stream\": %d, "
+            "\"correlation\": %ld,\n"
+            "      \"registers per thread\": 110,\n      \"shared memory\": 0,\n      "
+            "\"blocks per SM\": 0.15151516,\n      \"warps per SM\": 2.4242425,\n      "
+            "\"grid\": [20, 1, 1],\n      "
             "\"block\": [512, 1, 1],\n      \"est. achieved occupancy %%\": 4\n    }\n  }",
             kname, stream, kstart, kdur, corr, stream, corr);
     fprintf(f,
@@ -155,7 +171,9 @@ static void measure(const char *path) {
          r->ops ? (double)(peak - rss0) * 1024 / (double)r->ops : 0.0);
   printf("figures: span %.3f ms, communication %.3f ms, overlapped %.1f%%\n",
          (double)r->span_ns / 1e6, (double)r->busy_ns[LP_PROFILE_COMM] / 1e6,
-         r->busy_ns[LP_PROFILE_COMM] ? 100.0 * (double)r->overlap_ns / (double)r->busy_ns[LP_PROFILE_COMM] : 0.0);
+         r->busy_ns[LP_PROFILE_COMM]
+             ? 100.0 * (double)r->overlap_ns / (double)r->busy_ns[LP_PROFILE_COMM]
+             : 0.0);
   lp_profile_free(p);
 }
 

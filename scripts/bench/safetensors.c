@@ -97,7 +97,8 @@ int main(int argc, char **argv) {
   float *want = malloc(numel * sizeof *want);
   float *buf = malloc(numel * sizeof *buf);
   if (!want || !buf) return 1;
-  for (size_t i = 0; i < numel; i++) want[i] = lp_safetensors_bf16_to_f32(lp_safetensors_f32_to_bf16(src[i]));
+  for (size_t i = 0; i < numel; i++)
+    want[i] = lp_safetensors_bf16_to_f32(lp_safetensors_f32_to_bf16(src[i]));
   free(src);
   memset(buf, 0, numel * sizeof *buf); /* touch it before measuring RSS */
   long rss0 = peak_rss_kb();

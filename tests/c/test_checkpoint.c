@@ -99,7 +99,8 @@ static lp_exec *new_exec(const char *name, lp_nn_optim_type kind) {
 
 static double step(lp_exec *e, int64_t k) {
   double l = 0;
-  if (lp_exec_step(e, k, &l) != LP_OK) fail_msg("step %lld: %s", (long long)k, lp_exec_last_error(e));
+  if (lp_exec_step(e, k, &l) != LP_OK)
+    fail_msg("step %lld: %s", (long long)k, lp_exec_last_error(e));
   return l;
 }
 
@@ -292,7 +293,8 @@ static void test_errors(void **state) {
     lp_exec_free(t);
   }
   expect_load_error(good, "mine", LP_NN_OPTIM_SGD, LP_ERR_INVALID, path,
-                    "does not match this run: optimizer adamw in the checkpoint, sgd in this run", NULL);
+                    "does not match this run: optimizer adamw in the checkpoint, sgd in this run",
+                    NULL);
   expect_load_error(good, "theirs", LP_NN_OPTIM_SGD, LP_ERR_INVALID,
                     "optimizer adamw in the checkpoint, sgd in this run (it was written under "
                     "schedule 'mine', this run's is 'theirs': resume under 'mine', or a schedule "
@@ -315,8 +317,9 @@ static void test_errors(void **state) {
     assert_int_equal(lp_exec_checkpoint_load(m, ldir, &k), LP_ERR_INVALID);
     const char *msg = lp_exec_last_error(m);
     assert_true(strlen(msg) < LP_ERRLEN);
-    assert_non_null(strstr(msg, "does not match this run: optimizer adamw in the checkpoint, sgd in "
-                                "this run (it was written under schedule 'aaaa"));
+    assert_non_null(strstr(msg,
+                           "does not match this run: optimizer adamw in the checkpoint, sgd in "
+                           "this run (it was written under schedule 'aaaa"));
     assert_null(strstr(msg, "'bbbb")); /* did not fit */
     lp_exec_free(m);
     unlink(lpath);

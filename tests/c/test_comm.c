@@ -295,7 +295,8 @@ static void test_watchdog_recv(void **state) {
       lp_comm_wait(c, &r, "action 14 (5B3) waits for RECV_B from rank 3"),
       LP_ERR_TIMEOUT);
   double dt = lp_now() - t0;
-  assert_true(dt >= 0.19); /* no upper bound: a loaded machine may be late; a hang is ctest's timeout */
+  /* no upper bound: a loaded machine may be late; a hang is ctest's timeout */
+  assert_true(dt >= 0.19);
   assert_string_equal(lp_comm_last_error(c),
                       "timed out after 0.2 s (LUAPIPE_TIMEOUT) waiting for rank "
                       "3 to send 4 floats (tag 7) to rank 0: action 14 (5B3) "

@@ -254,7 +254,8 @@ static void test_reference_matches_plain_transcription(void **state) {
       lp_eplb_plan *p = plan_or_fail(load, L, E, R, groups, nodes, G, &o);
       const int X = lp_eplb_plan_width(p);
       for (int l = 0; l < L; l++) {
-        naive_reference(load + (size_t)l * E, E, R, hier ? groups : 1, hier ? nodes : 1, G, p2l, prk);
+        naive_reference(load + (size_t)l * E, E, R, hier ? groups : 1, hier ? nodes : 1, G, p2l,
+                        prk);
         const int *got = lp_eplb_plan_phy2log(p) + (size_t)l * R;
         for (int q = 0; q < R; q++) {
           if (got[q] != p2l[q])
@@ -457,18 +458,21 @@ static void test_random_invariants(void **state) {
     lp_eplb_plan *b2 = plan_or_fail(load, L, E, R, groups, nodes, gpus, &o);
     check_invariants(b);
     /* deterministic */
-    assert_memory_equal(lp_eplb_plan_phy2log(b), lp_eplb_plan_phy2log(b2), (size_t)L * R * sizeof(int));
+    assert_memory_equal(lp_eplb_plan_phy2log(b), lp_eplb_plan_phy2log(b2),
+                        (size_t)L * R * sizeof(int));
     const lp_eplb_layer_stats *sr = lp_eplb_plan_layer_stats(r), *sb = lp_eplb_plan_layer_stats(b);
     for (int l = 0; l < L; l++) {
       if (sb[l].max_load > sr[l].max_load)
-        fail_msg("case %d layer %d: balanced %g > reference %g", t, l, sb[l].max_load, sr[l].max_load);
+        fail_msg("case %d layer %d: balanced %g > reference %g", t, l, sb[l].max_load,
+                 sr[l].max_load);
       improved += sb[l].max_load < sr[l].max_load;
       cases++;
       if (!o.spill || !lp_eplb_plan_hierarchical(b)) assert_true(sb[l].off_node_load == 0);
       if (sb[l].duplicates > sr[l].duplicates && sb[l].max_load == sr[l].max_load)
-        fail_msg("case %d layer %d (E=%d R=%d groups=%d nodes=%d gpus=%d spill=%d): dups %d > %d, max %g node %g vs %g",
-                 t, l, E, R, groups, nodes, gpus, o.spill, sb[l].duplicates, sr[l].duplicates, sb[l].max_load,
-                 sb[l].node_max_over_mean, sr[l].node_max_over_mean);
+        fail_msg("case %d layer %d (E=%d R=%d groups=%d nodes=%d gpus=%d spill=%d): dups %d > %d, "
+                 "max %g node %g vs %g",
+                 t, l, E, R, groups, nodes, gpus, o.spill, sb[l].duplicates, sr[l].duplicates,
+                 sb[l].max_load, sb[l].node_max_over_mean, sr[l].node_max_over_mean);
     }
     lp_eplb_plan_free(r);
     lp_eplb_plan_free(b);
@@ -544,7 +548,8 @@ static void test_brute_force_tiny(void **state) {
     o.mode = LP_EPLB_BALANCED;
     lp_eplb_plan *b = plan_or_fail(load, 1, E, R, 1, 1, G, &o);
     double opt = brute_force(load, E, R, G);
-    double mr = lp_eplb_plan_layer_stats(r)[0].max_load, mb = lp_eplb_plan_layer_stats(b)[0].max_load;
+    double mr = lp_eplb_plan_layer_stats(r)[0].max_load,
+           mb = lp_eplb_plan_layer_stats(b)[0].max_load;
     assert_true(opt <= mb + 1e-9);
     assert_true(mb <= mr);
     /* the balanced packer is optimal for its own replicas on these sizes */
@@ -684,7 +689,8 @@ static void test_copy_budget(void **state) {
                                       &ev, e2),
                      LP_OK);
     for (int l = 0; l < L; l++) {
-      assert_true(lp_eplb_plan_layer_stats(free_plan)[l].copies <= lp_eplb_plan_layer_stats(ev)[l].copies);
+      assert_true(lp_eplb_plan_layer_stats(free_plan)[l].copies <=
+                  lp_eplb_plan_layer_stats(ev)[l].copies);
       assert_near(lp_eplb_plan_layer_stats(free_plan)[l].max_load,
                   lp_eplb_plan_layer_stats(np)[l].max_load, 1e-9);
     }
@@ -711,7 +717,8 @@ static void test_copy_budget(void **state) {
       assert_true(ps[l].max_load <= ss[l].max_load + 1e-9); /* never worse than staying */
       sum += ps[l].max_load;
     }
-    if (budgets[i] == 0) assert_memory_equal(lp_eplb_plan_phy2log(p), prev, (size_t)L * R * sizeof(int));
+    if (budgets[i] == 0)
+      assert_memory_equal(lp_eplb_plan_phy2log(p), prev, (size_t)L * R * sizeof(int));
     if (budgets[i] == 1000) /* a budget that does not bind: the plan made without one */
       assert_memory_equal(lp_eplb_plan_phy2log(p), lp_eplb_plan_phy2log(free_plan),
                           (size_t)L * R * sizeof(int));
@@ -841,7 +848,8 @@ static void test_budget_keeps_groups_home(void **state) {
         int away = 0;
         for (int s = 0; s < R; s++) away += gnode[l][map[l * R + s] / gs] != s / per_node;
         if (!spill && budgets[i] < 1000) {
-          if (away) fail_msg("budget %d, layer %d: %d slots off their group's node", budgets[i], l, away);
+          if (away)
+            fail_msg("budget %d, layer %d: %d slots off their group's node", budgets[i], l, away);
           assert_true(st[l].off_node_load == 0.0);
         }
         if (spill && budgets[i] == 8) spread += away;
@@ -949,7 +957,8 @@ static void test_errors(void **state) {
   const double *v = &readme_load[0][0];
   lp_eplb_options o;
   lp_eplb_options_init(&o);
-  expect_error(v, 2, 12, 15, 4, 2, 8, &o, LP_ERR_ARG, "replicas (15) must be a multiple of gpus (8)");
+  expect_error(v, 2, 12, 15, 4, 2, 8, &o, LP_ERR_ARG,
+               "replicas (15) must be a multiple of gpus (8)");
   expect_error(v, 2, 12, 18, 4, 4, 6, &o, LP_ERR_ARG, "gpus (6) must be a multiple of nodes (4)");
   expect_error(v, 2, 12, 16, 8, 2, 8, &o, LP_ERR_ARG,
                "experts (12) must be a multiple of groups (8) for the hierarchical policy");
@@ -970,7 +979,8 @@ static void test_errors(void **state) {
   bad[12 + 7] = NAN;
   expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "layer 1, expert 7: load is NaN");
   bad[12 + 7] = INFINITY;
-  expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "layer 1, expert 7: load inf is not a finite float32");
+  expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG,
+               "layer 1, expert 7: load inf is not a finite float32");
   bad[12 + 7] = 1e39;
   expect_error(bad, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "is not a finite float32");
 
@@ -1002,7 +1012,8 @@ static void test_errors(void **state) {
   assert_int_equal(lp_eplb_rebalance(v, 2, 12, 16, 4, 2, 8, &o, &p, err), LP_OK);
   lp_eplb_plan_free(p);
   o.max_moves = 2; /* ... but a budget starts from it */
-  expect_error(v, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG, "previous plan, layer 1: expert 11 has no slot");
+  expect_error(v, 2, 12, 16, 4, 2, 8, &o, LP_ERR_ARG,
+               "previous plan, layer 1: expert 11 has no slot");
 
   assert_int_equal(lp_eplb_rebalance(v, 2, 12, 16, 4, 2, 8, NULL, NULL, err), LP_ERR_ARG);
   assert_int_equal(lp_eplb_evaluate(v, 2, 12, prev, 16, 2, 8, NULL, &p, err), LP_ERR_ARG);

@@ -151,7 +151,8 @@ static lp_exec *exec_on(const lp_schedule *s, const lp_tensor_backend *be) {
 }
 
 static void step(lp_exec *e, int64_t k, double *loss) {
-  if (lp_exec_step(e, k, loss) != LP_OK) fail_msg("step %lld: %s", (long long)k, lp_exec_last_error(e));
+  if (lp_exec_step(e, k, loss) != LP_OK)
+    fail_msg("step %lld: %s", (long long)k, lp_exec_last_error(e));
 }
 
 /* bitwise equal, wherever each lives */
@@ -308,9 +309,11 @@ static void test_checkpoint(void **state) {
     if (lp_exec_checkpoint_save(f, dir, 2) != LP_OK) fail_msg("save: %s", lp_exec_last_error(f));
     lp_exec *f2 = exec_on(s, &fake), *c2 = exec_on(s, NULL);
     int64_t at = 0;
-    if (lp_exec_checkpoint_load(f2, dir, &at) != LP_OK) fail_msg("load: %s", lp_exec_last_error(f2));
+    if (lp_exec_checkpoint_load(f2, dir, &at) != LP_OK)
+      fail_msg("load: %s", lp_exec_last_error(f2));
     assert_int_equal(at, 2);
-    if (lp_exec_checkpoint_load(c2, dir, NULL) != LP_OK) fail_msg("load: %s", lp_exec_last_error(c2));
+    if (lp_exec_checkpoint_load(c2, dir, NULL) != LP_OK)
+      fail_msg("load: %s", lp_exec_last_error(c2));
     same_params(f2, f, 1);
     same_params(c2, f, 0);
     double l1 = 0, l2 = 0, l3 = 0;

@@ -65,7 +65,8 @@ static void test_pick(void **state) {
   assert_int_equal(dev, 2);
   /* a device wanted, none visible */
   dev = 99;
-  assert_int_equal(lp_exec_device_pick("cuda", LP_DEVICE_LOCAL, 0, 0, &dev, err), LP_ERR_UNSUPPORTED);
+  assert_int_equal(lp_exec_device_pick("cuda", LP_DEVICE_LOCAL, 0, 0, &dev, err),
+                   LP_ERR_UNSUPPORTED);
   assert_int_equal(dev, LP_DEVICE_CPU);
   assert_string_equal(err, "device 'cuda' requested but no CUDA device is visible");
   assert_int_equal(lp_exec_device_pick("cuda:1", 1, 0, 0, &dev, err), LP_ERR_UNSUPPORTED);

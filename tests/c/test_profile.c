@@ -22,14 +22,22 @@ static char path[64];
 
 static const char trace[] =
     "{\"traceEvents\":[\n"
-    "{\"ph\":\"X\",\"cat\":\"user_annotation\",\"name\":\"outer\",\"pid\":5,\"tid\":5,\"ts\":0,\"dur\":100},\n"
-    "{\"ph\":\"X\",\"cat\":\"user_annotation\",\"name\":\"a\",\"pid\":5,\"tid\":5,\"ts\":1,\"dur\":9},\n"
-    "{\"ph\":\"X\",\"cat\":\"user_annotation\",\"name\":\"b\",\"pid\":5,\"tid\":5,\"ts\":10,\"dur\":10},\n"
-    "{\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"cudaLaunchKernel\",\"pid\":5,\"tid\":5,\"ts\":2,\"dur\":1,\"args\":{\"correlation\":11}},\n"
-    "{\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"cudaLaunchKernel\",\"pid\":5,\"tid\":6,\"ts\":12,\"dur\":1,\"args\":{\"correlation\":12}},\n"
-    "{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"gemm\",\"pid\":0,\"tid\":7,\"ts\":20.125,\"dur\":10.5,\"args\":{\"stream\":7,\"correlation\":11}},\n"
-    "{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"nccl_allreduce\",\"pid\":0,\"tid\":9,\"ts\":25,\"dur\":10,\"args\":{\"stream\":9,\"correlation\":12}},\n"
-    "{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"gemm\",\"pid\":0,\"tid\":7,\"ts\":40,\"dur\":1,\"args\":{\"stream\":7,\"correlation\":99}}\n"
+    "{\"ph\":\"X\",\"cat\":\"user_annotation\",\"name\":\"outer\",\"pid\":5,\"tid\":5,\"ts\":0,"
+    "\"dur\":100},\n"
+    "{\"ph\":\"X\",\"cat\":\"user_annotation\",\"name\":\"a\",\"pid\":5,\"tid\":5,\"ts\":1,"
+    "\"dur\":9},\n"
+    "{\"ph\":\"X\",\"cat\":\"user_annotation\",\"name\":\"b\",\"pid\":5,\"tid\":5,\"ts\":10,"
+    "\"dur\":10},\n"
+    "{\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"cudaLaunchKernel\",\"pid\":5,\"tid\":5,"
+    "\"ts\":2,\"dur\":1,\"args\":{\"correlation\":11}},\n"
+    "{\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"cudaLaunchKernel\",\"pid\":5,\"tid\":6,"
+    "\"ts\":12,\"dur\":1,\"args\":{\"correlation\":12}},\n"
+    "{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"gemm\",\"pid\":0,\"tid\":7,\"ts\":20.125,"
+    "\"dur\":10.5,\"args\":{\"stream\":7,\"correlation\":11}},\n"
+    "{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"nccl_allreduce\",\"pid\":0,\"tid\":9,\"ts\":25,"
+    "\"dur\":10,\"args\":{\"stream\":9,\"correlation\":12}},\n"
+    "{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":\"gemm\",\"pid\":0,\"tid\":7,\"ts\":40,\"dur\":1,"
+    "\"args\":{\"stream\":7,\"correlation\":99}}\n"
     "]}\n";
 
 static void write_trace(const char *text) {
@@ -119,8 +127,8 @@ static void test_errors(void **state) {
   lp_profile *p = lp_profile_new();
   assert_int_equal(lp_profile_read(p, path), LP_ERR_PARSE);
   char want[256];
-  snprintf(want, sizeof want, "%s: traceEvents[0] (\"k\"): a complete event (\"ph\": \"X\") without \"dur\"",
-           path);
+  snprintf(want, sizeof want,
+           "%s: traceEvents[0] (\"k\"): a complete event (\"ph\": \"X\") without \"dur\"", path);
   assert_string_equal(lp_profile_last_error(p), want);
   lp_profile_free(p);
   p = lp_profile_new();

@@ -105,8 +105,10 @@ static void test_round_trip_f32(void **state) {
   float b[4] = {0.1f, 0.2f, 0.3f, fbits(0x7fc00001u) /* a NaN payload */};
   float c[1] = {42.0f};
   int64_t sa[2] = {2, 3}, sb[3] = {1, 2, 2};
-  lp_safetensors_entry e[4] = {
-      {"z.b", 3, sb, b}, {"a", 2, sa, a}, {"scalar", 0, NULL, c}, {"empty", 1, (int64_t[]){0}, NULL}};
+  lp_safetensors_entry e[4] = {{"z.b", 3, sb, b},
+                               {"a", 2, sa, a},
+                               {"scalar", 0, NULL, c},
+                               {"empty", 1, (int64_t[]){0}, NULL}};
   const char *meta[] = {"format", "pt", "note", "a \"quoted\" value"};
   lp_safetensors_write_opts o = {LP_SAFETENSORS_F32, 1, meta, 2};
   char err[LP_ERRLEN] = "";
@@ -306,13 +308,14 @@ static void put_fp8_file(void) {
   memcpy(data + 39, other, 8);
   float ws[1] = {3};
   memcpy(data + 47, ws, 4);
-  put_file(-1,
-           "{\"__metadata__\":{\"format\":\"pt\"},"
-           "\"layers.0.attn.wq.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[3,5],\"data_offsets\":[0,15]},"
-           "\"layers.0.attn.wq.scale\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[15,39]},"
-           "\"other\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[39,47]},"
-           "\"wrong.scale\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[47,51]}}",
-           data, sizeof data);
+  put_file(
+      -1,
+      "{\"__metadata__\":{\"format\":\"pt\"},"
+      "\"layers.0.attn.wq.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[3,5],\"data_offsets\":[0,15]},"
+      "\"layers.0.attn.wq.scale\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[15,39]},"
+      "\"other\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[39,47]},"
+      "\"wrong.scale\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[47,51]}}",
+      data, sizeof data);
 }
 
 static void test_fp8_block_scale(void **state) {
@@ -410,7 +413,8 @@ static void test_bad_files(void **state) {
   expect_open_error(LP_ERR_PARSE, m);
 
   put_file(-1, "{\"w\": {\"dtype\": \"F32\",", NULL, 0);
-  expect_open_error(LP_ERR_PARSE, "the header is not JSON: parse error: premature EOF (at byte 22 of 22)");
+  expect_open_error(LP_ERR_PARSE,
+                    "the header is not JSON: parse error: premature EOF (at byte 22 of 22)");
   put_file(-1, "not json at all", NULL, 0);
   expect_open_error(LP_ERR_PARSE, "the header is not JSON: lexical error: invalid string in "
                     "json text. (at byte 1 of 15)");

@@ -1,7 +1,7 @@
 /* test_sim.c — the simulator on hand-built schedules: exact timings for
- * 1F1B, latency, overlapped pairs, MoE exchanges and their overlap, per-stage overrides, the B = I + W
- * rules, per-action times (a replay), memory counters, determinism, refusal of invalid schedules, and
- * out-of-memory paths through the allocation hook. */
+ * 1F1B, latency, overlapped pairs, MoE exchanges and their overlap, per-stage overrides, the
+ * B = I + W rules, per-action times (a replay), memory counters, determinism, refusal of invalid
+ * schedules, and out-of-memory paths through the allocation hook. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

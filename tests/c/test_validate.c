@@ -192,7 +192,8 @@ static void test_deadlock(void **state) {
   assert_int_equal(lp_schedule_new(2, 2, 2, &s), LP_OK);
   assert_int_equal(lp_schedule_add_vstage(s, 0, 0, NULL), LP_OK);
   assert_int_equal(lp_schedule_add_vstage(s, 1, 1, NULL), LP_OK);
-  for (int m = 0; m < 2; m++) assert_int_equal(lp_schedule_set_route(s, m, (int[]){0, 1}, 2), LP_OK);
+  for (int m = 0; m < 2; m++)
+    assert_int_equal(lp_schedule_set_route(s, m, (int[]){0, 1}, 2), LP_OK);
   fx_push(s, 0, "0F0 (0F1;0B0)OVERLAP_F_B 0B1");
   fx_push(s, 1, "1F0 1F1 1B1 1B0");
   expect_invalid(s, "deadlock: rank 0 waits at action 1 ((0F1;0B0)OVERLAP_F_B) for the "
@@ -483,7 +484,8 @@ static void test_randomized(void **state) {
     }
     lp_status st = lp_schedule_validate(s);
     int oracle = naive_runs(s);
-    if (oracle != (st == LP_OK)) print_error("trial %d: validate says '%s'\n", trial, lp_schedule_last_error(s));
+    if (oracle != (st == LP_OK))
+      print_error("trial %d: validate says '%s'\n", trial, lp_schedule_last_error(s));
     assert_int_equal(oracle, st == LP_OK);
     lp_schedule *low = NULL;
     if (st == LP_OK) {

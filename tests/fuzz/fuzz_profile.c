@@ -23,7 +23,8 @@ static void check_rank(const lp_profile_rank *r) {
     if (b[c] < 0 || b[c] > r->span_ns)
       FUZZ_FAIL("rank %d: busy[%d] %lld outside the span %lld", r->rank, c, (long long)b[c],
                 (long long)r->span_ns);
-  if (r->overlap_ns < 0 || r->overlap_ns > b[LP_PROFILE_COMM] || r->overlap_ns > b[LP_PROFILE_COMPUTE])
+  if (r->overlap_ns < 0 || r->overlap_ns > b[LP_PROFILE_COMM] ||
+      r->overlap_ns > b[LP_PROFILE_COMPUTE])
     FUZZ_FAIL("rank %d: overlap %lld", r->rank, (long long)r->overlap_ns);
   if (r->exposed_ns != b[LP_PROFILE_COMM] - r->overlap_ns)
     FUZZ_FAIL("rank %d: exposed %lld", r->rank, (long long)r->exposed_ns);

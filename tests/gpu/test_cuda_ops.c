@@ -136,7 +136,8 @@ static void test_rows(int64_t rows, int64_t cols) {
     C->sum_rows(C, rows, cols, g, (float)beta, w);
     out = beta ? UP(acc, cols) : twin_poison(G, (size_t)cols);
     twin_status("sum_rows", G->sum_rows(G, rows, cols, dg, (float)beta, out));
-    snprintf(what, sizeof what, "sum_rows %lldx%lld beta %d", (long long)rows, (long long)cols, beta);
+    snprintf(what, sizeof what, "sum_rows %lldx%lld beta %d", (long long)rows, (long long)cols,
+             beta);
     check_out(what, out, w, (size_t)cols, 1e-5);
     lp_free(w);
   }
@@ -163,7 +164,8 @@ static void test_rows(int64_t rows, int64_t cols) {
   C->rmsnorm_backward(C, rows, cols, xr, wr, rstd, g, want, gw);
   out = twin_poison(G, (size_t)n);
   float *dgw = UP(acc, cols);
-  twin_status("rmsnorm backward", G->rmsnorm_backward(G, rows, cols, dxr, dwr, drstd, dg, out, dgw));
+  twin_status("rmsnorm backward",
+              G->rmsnorm_backward(G, rows, cols, dxr, dwr, drstd, dg, out, dgw));
   check_out("rmsnorm_backward dx", out, want, (size_t)n, 1e-5);
   check_out("rmsnorm_backward gw (+=)", dgw, gw, (size_t)cols, 1e-5);
 
@@ -242,7 +244,8 @@ static void test_mask_losses_optim(void) {
   /* optimizer steps: three steps each from the same state */
   float *w0 = twin_rand((size_t)N, -1, 1), *m0 = twin_rand((size_t)N, -0.1f, 0.1f);
   float *v0 = twin_rand((size_t)N, 0, 0.01f), *g0 = twin_rand((size_t)N, -1, 1);
-  float *hw = twin_copy(w0, (size_t)N), *hm = twin_copy(m0, (size_t)N), *hv = twin_copy(v0, (size_t)N);
+  float *hw = twin_copy(w0, (size_t)N), *hm = twin_copy(m0, (size_t)N),
+        *hv = twin_copy(v0, (size_t)N);
   float *dw = UP(w0, N), *dm = UP(m0, N), *dv = UP(v0, N), *dg = UP(g0, N);
   for (int it = 0; it < 3; it++) {
     C->sgd_step(C, N, 0.05, 0.9, 0.01, hw, g0, hm);
@@ -255,7 +258,8 @@ static void test_mask_losses_optim(void) {
   for (int it = 1; it <= 3; it++) {
     double bc1 = 1 - pow(0.9, it), bc2 = 1 - pow(0.999, it);
     C->adamw_step(C, N, 1e-3, 0.9, 0.999, 1e-8, 1 - 1e-5, bc1, bc2, hw, g0, hm, hv);
-    twin_status("adamw", G->adamw_step(G, N, 1e-3, 0.9, 0.999, 1e-8, 1 - 1e-5, bc1, bc2, dw, dg, dm, dv));
+    twin_status("adamw",
+                G->adamw_step(G, N, 1e-3, 0.9, 0.999, 1e-8, 1 - 1e-5, bc1, bc2, dw, dg, dm, dv));
   }
   check_out("adamw_step x3 params", dw, hw, (size_t)N, 1e-6);
   check_out("adamw_step x3 m", dm, hm, (size_t)N, 1e-6);
@@ -271,7 +275,8 @@ static void test_gather_scatter(int with_scale) {
   float *x = twin_rand((size_t)(rows * cols), -1, 1), *sc = twin_rand((size_t)n, 0, 1);
   float *src = twin_rand((size_t)(n * cols), -1, 1), *acc = twin_rand((size_t)(rows * cols), -1, 1);
   int64_t *idx = lp_malloc((size_t)n * sizeof *idx);
-  for (int64_t i = 0; i < n; i++) idx[i] = (int64_t)(lp_tensor_rng_next(&twin_rng) % (uint64_t)rows);
+  for (int64_t i = 0; i < n; i++)
+    idx[i] = (int64_t)(lp_tensor_rng_next(&twin_rng) % (uint64_t)rows);
   const float *s = with_scale ? sc : NULL;
   float *want = lp_malloc((size_t)(n * cols) * sizeof *want);
   for (int64_t i = 0; i < n; i++)
@@ -279,7 +284,8 @@ static void test_gather_scatter(int with_scale) {
       want[i * cols + c] = (s ? s[i] : 1.0f) * x[idx[i] * cols + c];
   float *dx = UP(x, rows * cols), *out = twin_poison(G, (size_t)(n * cols));
   twin_status("gather", lp_kernels_cuda_gather_rows(G, n, cols, dx, idx, s, out));
-  check_out(with_scale ? "gather_rows (scaled)" : "gather_rows", out, want, (size_t)(n * cols), 1e-7);
+  check_out(with_scale ? "gather_rows (scaled)" : "gather_rows", out, want, (size_t)(n * cols),
+            1e-7);
   float *w2 = twin_copy(acc, (size_t)(rows * cols));
   for (int64_t i = 0; i < n; i++)
     for (int64_t c = 0; c < cols; c++)
@@ -300,7 +306,8 @@ static void test_dot_rows(int with_idx) {
   int64_t rows = 23, n = 61, cols = 37, arows = with_idx ? rows : n;
   float *a = twin_rand((size_t)(arows * cols), -1, 1), *b = twin_rand((size_t)(n * cols), -1, 1);
   int64_t *idx = lp_malloc((size_t)n * sizeof *idx);
-  for (int64_t i = 0; i < n; i++) idx[i] = (int64_t)(lp_tensor_rng_next(&twin_rng) % (uint64_t)rows);
+  for (int64_t i = 0; i < n; i++)
+    idx[i] = (int64_t)(lp_tensor_rng_next(&twin_rng) % (uint64_t)rows);
   const int64_t *ix = with_idx ? idx : NULL;
   float *want = lp_malloc((size_t)n * sizeof *want);
   twin_status("dot_rows cpu", C->dot_rows(C, n, cols, a, ix, b, want));

@@ -42,7 +42,8 @@ end
 
 local function check_resume(optimizer, dir)
   local full = train(opts { steps = 4, optimizer = optimizer })
-  local part = train(opts { steps = 2, optimizer = optimizer, checkpoint = { dir = dir, every = 1 } })
+  local part = train(opts { steps = 2, optimizer = optimizer,
+    checkpoint = { dir = dir, every = 1 } })
   lu.assertEquals(part.losses[2], full.losses[2])
   lu.assertTrue(exists(dir .. "/step2/rank0.ckpt"))
   lu.assertFalse(exists(dir .. "/step1/rank0.ckpt")) -- replaced by step 2
@@ -79,7 +80,8 @@ function test_option_errors()
     "resume = true needs checkpoint = {dir = \"path\"}")
   lu.assertStrContains(error_of(train, opts { resume = 3, checkpoint = { dir = tmp } }),
     "'resume' must be true, \"auto\" or a checkpoint directory")
-  lu.assertStrContains(error_of(train, opts { steps = 2, resume = true, checkpoint = { dir = tmp .. "/none" } }),
+  lu.assertStrContains(error_of(train, opts { steps = 2, resume = true,
+    checkpoint = { dir = tmp .. "/none" } }),
     "resume = true, but there is no checkpoint in '" .. tmp .. "/none' (" .. tmp
     .. "/none/latest does not exist)")
 end
@@ -135,7 +137,8 @@ function test_damaged_marker()
     .. " is damaged: it cannot be read (Is a directory)")
   assert(os.remove(marker))
   write(marker, good)
-  local r = train(opts { steps = 3, optimizer = o, resume = true, checkpoint = { dir = dir, every = 2 } })
+  local r = train(opts { steps = 3, optimizer = o, resume = true,
+    checkpoint = { dir = dir, every = 2 } })
   lu.assertEquals(r.first_step, 3)
 end
 

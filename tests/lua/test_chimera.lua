@@ -37,7 +37,8 @@ function TestChimera:test_published_bubble()
     lu.assertTrue(s:validate())
     local res = assert(s:simulate { F = 1, B = 1, W = 0.5 })
     lu.assertEquals(res:max_bubble(), (D / 2 - 1) * 2, "D=" .. D)
-    local one = assert(schedules["1f1b"] { pp = D, microbatches = D }:simulate { F = 1, B = 1, W = 0.5 })
+    local one = assert(schedules["1f1b"] { pp = D, microbatches = D }:simulate { F = 1, B = 1,
+      W = 0.5 })
     lu.assertEquals(one:max_bubble(), (D - 1) * 2, "1F1B D=" .. D)
     local lo, hi = math.huge, 0
     for r = 0, D - 1 do

@@ -60,7 +60,8 @@ function TestData:test_llmc_uint32_and_dp_shares()
 end
 
 function TestData:test_shuffle_reads_each_window_once_per_epoch()
-  local ds = data.tokens(data.write_tokens(dir .. "/p.bin", range(81)), { seq_len = 8, shuffle = true, seed = 3 })
+  local ds = data.tokens(data.write_tokens(dir .. "/p.bin", range(81)),
+    { seq_len = 8, shuffle = true, seed = 3 })
   local seen, moved = {}, false
   for g = 0, 9 do
     local w = ds:window(g)
@@ -73,16 +74,19 @@ end
 
 function TestData:test_bad_files_name_the_file()
   local short = data.write_tokens(dir .. "/short.bin", range(5))
-  lu.assertErrorMsgContains(short .. ": 5 tokens, too short for one sequence of 8 (it takes 9 tokens: the inputs and the next token)",
-    data.tokens, short, { seq_len = 8 })
+  lu.assertErrorMsgContains(short .. ": 5 tokens, too short for one sequence of 8 (it takes 9 "
+    .. "tokens: the inputs and the next token)", data.tokens, short, { seq_len = 8 })
   lu.assertErrorMsgContains("cannot open " .. dir .. "/none.bin: No such file or directory",
     data.tokens, dir .. "/none.bin", { seq_len = 8 })
-  local big = data.write_tokens(dir .. "/big.bin", range(40, function(i) return i == 30 and 999 or i end))
-  lu.assertErrorMsgContains(big .. ": token 999 at byte offset 60 is not below the vocabulary size 100",
+  local big = data.write_tokens(dir .. "/big.bin",
+    range(40, function(i) return i == 30 and 999 or i end))
+  lu.assertErrorMsgContains(big .. ": token 999 at byte offset 60 is not below the "
+    .. "vocabulary size 100",
     data.tokens, big, { seq_len = 4, vocab = 100 }) -- every token checked at open
   local ds = data.tokens(big, { seq_len = 4, vocab = 100, check = false })
   ds:batches { microbatches = 1, rows = 2 }(1, 0) -- windows 0, 1: fine
-  lu.assertErrorMsgEquals(big .. ": token 999 at byte offset 60 is not below the vocabulary size 100",
+  lu.assertErrorMsgEquals(big .. ": token 999 at byte offset 60 is not below the "
+    .. "vocabulary size 100",
     ds:batches { microbatches = 1, rows = 2 }, 4, 0) -- windows 6, 7: token 30
   lu.assertErrorMsgContains("data.write_tokens: id 2 is -1, not an integer in 0 .. 65535",
     data.write_tokens, dir .. "/x.bin", { 1, -1 })
@@ -97,7 +101,8 @@ function TestData:test_training_from_a_token_file()
   local ids = range(400, function(i) return (i * 7 + i // 5) % V end)
   local ds = data.tokens(data.write_tokens(dir .. "/lm.bin", ids), { seq_len = T, vocab = V })
   local function model()
-    local m = nn.sequential { nn.embedding(V, D), nn.rmsnorm(D), nn.linear(D, V), loss = "cross_entropy" }
+    local m = nn.sequential { nn.embedding(V, D), nn.rmsnorm(D), nn.linear(D, V),
+      loss = "cross_entropy" }
     return m
   end
   local function by_hand(step, mb)

@@ -114,16 +114,24 @@ end
 
 function TestRebalance.test_bad_data_returns_nil_and_message()
   local cases = {
-    { { load = { { 1, 2 }, { 3 } }, replicas = 4, gpus = 2 }, "load: layer 1 has 1 entries, layer 0 has 2 (ragged rows)" },
-    { { load = { { 1, -2 } }, replicas = 4, gpus = 2 }, "layer 0, expert 1: load is negative (-2)" },
+    { { load = { { 1, 2 }, { 3 } }, replicas = 4, gpus = 2 },
+      "load: layer 1 has 1 entries, layer 0 has 2 (ragged rows)" },
+    { { load = { { 1, -2 } }, replicas = 4, gpus = 2 },
+      "layer 0, expert 1: load is negative (-2)" },
     { { load = { { 1, 0 / 0 } }, replicas = 4, gpus = 2 }, "layer 0, expert 1: load is NaN" },
-    { { load = { { 1, "x" } }, replicas = 4, gpus = 2 }, "load: layer 0, expert 1 is a string, not a number" },
+    { { load = { { 1, "x" } }, replicas = 4, gpus = 2 },
+      "load: layer 0, expert 1 is a string, not a number" },
     { { load = VECTOR, replicas = 15, gpus = 8 }, "replicas (15) must be a multiple of gpus (8)" },
-    { { load = VECTOR, replicas = 16, groups = 4, nodes = 3, gpus = 8 }, "gpus (8) must be a multiple of nodes (3)" },
-    { { load = VECTOR, replicas = 16, groups = 8, nodes = 2, gpus = 8 }, "experts (12) must be a multiple of groups (8)" },
-    { { load = VECTOR, replicas = 8, gpus = 8 }, "replicas (8) must be at least the number of experts (12)" },
-    { { load = VECTOR, replicas = 16, gpus = 8, mode = "reference", spill = true }, "spill needs mode balanced" },
-    { { load = VECTOR, replicas = 16, gpus = 8, previous = { { 0 } } }, "previous has 1 layer, expected 2" },
+    { { load = VECTOR, replicas = 16, groups = 4, nodes = 3, gpus = 8 },
+      "gpus (8) must be a multiple of nodes (3)" },
+    { { load = VECTOR, replicas = 16, groups = 8, nodes = 2, gpus = 8 },
+      "experts (12) must be a multiple of groups (8)" },
+    { { load = VECTOR, replicas = 8, gpus = 8 },
+      "replicas (8) must be at least the number of experts (12)" },
+    { { load = VECTOR, replicas = 16, gpus = 8, mode = "reference", spill = true },
+      "spill needs mode balanced" },
+    { { load = VECTOR, replicas = 16, gpus = 8, previous = { { 0 } } },
+      "previous has 1 layer, expected 2" },
     { { load = {}, replicas = 16, gpus = 8 }, "load has no layers" },
   }
   for _, c in ipairs(cases) do
@@ -136,12 +144,14 @@ end
 function TestRebalance.test_misuse_raises()
   lu.assertErrorMsgContains("expected a table of options", eplb.rebalance, 3)
   lu.assertErrorMsgContains("option 'load' is required", eplb.rebalance, { replicas = 4, gpus = 2 })
-  lu.assertErrorMsgContains("unknown option 'replica'", eplb.rebalance, { load = VECTOR, replica = 4 })
+  lu.assertErrorMsgContains("unknown option 'replica'", eplb.rebalance,
+    { load = VECTOR, replica = 4 })
   lu.assertErrorMsgContains("unknown mode 'fast'", eplb.rebalance,
     { load = VECTOR, replicas = 16, gpus = 8, mode = "fast" })
   lu.assertErrorMsgContains("option 'replicas' must be an integer", eplb.rebalance,
     { load = VECTOR, replicas = "x", gpus = 8 })
-  lu.assertErrorMsgContains("option 'gpus' is required", eplb.rebalance, { load = VECTOR, replicas = 16 })
+  lu.assertErrorMsgContains("option 'gpus' is required", eplb.rebalance,
+    { load = VECTOR, replicas = 16 })
   -- a count out of range: named, raised at the caller (no position inside luapipe)
   local ok, err = pcall(function()
     local r = eplb.rebalance { load = VECTOR, replicas = 16, gpus = 8, groups = 99999999999 }
@@ -233,7 +243,8 @@ function TestBalancer.test_export_import_continues_identically()
   lu.assertEquals(#pa, 4)
   lu.assertEquals(pb, { pa[3], pa[4] })
   lu.assertEquals(b.plans, a.plans)
-  lu.assertErrorMsgContains("history entry 1 is malformed", b.import, b, { history = { { step = "x" } } })
+  lu.assertErrorMsgContains("history entry 1 is malformed", b.import, b,
+    { history = { { step = "x" } } })
 end
 
 function TestBalancer.test_threshold_skips_a_balanced_placement()
@@ -356,7 +367,8 @@ function TestBalancer.test_misuse()
   local b = new_balancer()
   b:record(5, counts(1, 2, 32))
   lu.assertErrorMsgContains("step 5 after step 5", b.record, b, 5, counts(1, 2, 32))
-  lu.assertErrorMsgContains("layer 0 has 3 experts, expected 32", b.record, b, 6, { { 1, 2, 3 }, { 1, 2, 3 } })
+  lu.assertErrorMsgContains("layer 0 has 3 experts, expected 32", b.record, b, 6,
+    { { 1, 2, 3 }, { 1, 2, 3 } })
   lu.assertErrorMsgContains("layer 1, expert 0 is -1", b.record, b, 6,
     { counts(1, 1, 32)[1], (function() local r = counts(1, 1, 32)[1]; r[1] = -1; return r end)() })
   local empty = new_balancer()
@@ -392,7 +404,8 @@ function TestLimits.test_over_the_limits()
   plan, err = eplb.rebalance{ load = { { 1, 2, 3, 4 } }, replicas = 8192, gpus = 8192,
     previous = { prev } }
   lu.assertNil(plan)
-  lu.assertEquals(err, "gpus 8192: more than the limit of 4096 GPUs for re-planning against a previous plan")
+  lu.assertEquals(err, "gpus 8192: more than the limit of 4096 GPUs for re-planning against "
+    .. "a previous plan")
   local ok
   ok, err = eplb.check(4, 1 << 20, 1, 1, 4, 5)
   lu.assertNil(ok)

@@ -111,18 +111,21 @@ function TestHelp.test_topics_cover_the_options()
   end
   for _, want in ipairs { 'optimizer = {kind = "sgd", lr=, momentum=, weight_decay=}',
     'optimizer = {kind = "adamw", lr=, beta1=, beta2=, eps=, weight_decay=}',
-    'partition = "cost" | "layers"', "measured layer", "whose simulated", "or equal layer counts", 'device = "cpu" | "cuda" | "cuda:N"', "chunks for interleaved1f1b only" } do
+    'partition = "cost" | "layers"', "measured layer", "whose simulated", "or equal layer counts",
+      'device = "cpu" | "cuda" | "cuda:N"', "chunks for interleaved1f1b only" } do
     lu.assertStrContains(train_text, want)
   end
   -- luapipe.train's manual (once its file's header): result, checkpoints,
   -- partition, MoE, overlapped_fb, devices, failures
-  for _, want in ipairs { "r.stage_params() = {{id =, stage =, params =", "resume = true (or resume = \"dir\")",
+  for _, want in ipairs { "r.stage_params() = {{id =, stage =, params =",
+    "resume = true (or resume = \"dir\")",
     "Partition: by \"cost\" (the default)", "rank = pipeline rank * E + EP index",
     "exec:weight_grad_part() runs one weight-grad piece", "rank r of a node (mpirun's local rank)",
     "pcall(train, ...) returns on every rank" } do
     lu.assertStrContains(train_text, want)
   end
-  for _, want in ipairs { 'link = "lat=50us,bw=2GB/s"', "bytes = N", "exchanges = {[stage] = {F = {n =, "
+  for _, want in ipairs { 'link = "lat=50us,bw=2GB/s"', "bytes = N",
+    "exchanges = {[stage] = {F = {n =, "
     .. "bytes_out =, bytes_in =}", "link_unit", "pending W (peak weight-grads waiting" } do
     lu.assertStrContains(sim_text, want)
   end
@@ -193,14 +196,16 @@ end
 -- other missing names stay nil.
 function TestHelp.test_did_you_mean_on_names()
   local err_of = dofile(here .. "errors.lua").error_of
-  lu.assertEquals(err_of(function() return luapipe.schedul end), "luapipe has no 'schedul' (did you mean 'schedule'?)")
+  lu.assertEquals(err_of(function() return luapipe.schedul end),
+    "luapipe has no 'schedul' (did you mean 'schedule'?)")
   lu.assertEquals(err_of(function() return luapipe.schedule.buld end),
     "luapipe.schedule has no 'buld' (did you mean 'build'?)")
   lu.assertEquals(err_of(function() return require("luapipe.sim").parse_cots end),
     "luapipe.sim has no 'parse_cots' (did you mean 'parse_cost'?)")
   lu.assertEquals(err_of(function() return luapipe.schedules.dualpip end),
     "luapipe.schedules has no 'dualpip' (did you mean 'dualpipe'?)")
-  lu.assertEquals(err_of(function() return luapipe.nn.lienar end), "luapipe.nn has no 'lienar' (did you mean 'linear'?)")
+  lu.assertEquals(err_of(function() return luapipe.nn.lienar end),
+    "luapipe.nn has no 'lienar' (did you mean 'linear'?)")
   lu.assertEquals(err_of(function() return luapipe.train.refrence end),
     "luapipe.train has no 'refrence' (did you mean 'reference'?)")
   local s = luapipe.schedule.build("1f1b", { pp = 2, microbatches = 2 })
@@ -226,8 +231,8 @@ end
 -- column; short lines untouched.
 function TestHelp.test_wrap()
   local help = require("luapipe.cli.help")
-  local line = "   --loads FILE          Load file: JSON array of layers or text, one layer per line, "
-    .. "numbers separated by spaces or commas"
+  local line = "   --loads FILE          Load file: JSON array of layers or text, "
+    .. "one layer per line, numbers separated by spaces or commas"
   local out = help.wrap(line .. "\nshort\n", 50)
   local lines = {}
   for l in out:gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
@@ -247,7 +252,8 @@ function TestHelp.test_wrap()
   -- a plain paragraph
   lu.assertEquals(help.wrap("aa bb cc dd", 5), "aa bb\ncc dd")
   -- a comment goes on as a comment
-  lu.assertEquals(help.wrap("  # one two three four five six", 20), "  # one two three\n  # four five six")
+  lu.assertEquals(help.wrap("  # one two three four five six", 20),
+    "  # one two three\n  # four five six")
   -- a command goes on with a backslash
   lu.assertEquals(help.wrap("  luapipe eplb --loads x.json --gpus 8", 24),
     "  luapipe eplb --loads \\\n      x.json --gpus 8")

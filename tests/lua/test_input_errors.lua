@@ -144,14 +144,16 @@ local function sweep(label, f, prefix_args, pre_self, method)
           .. "(...)); return r end")(pre_self)
         ok, err = pcall(call, table.unpack(args, 2, #args))
       else
-        local call = load(string.format("local f = ...; local m = { [%q] = f }; return function(...) "
-          .. "local r = table.pack(m[%q](...)); return r end", name, name))(f)
+        local call = load(string.format("local f = ...; local m = { [%q] = f }; "
+          .. "return function(...) local r = table.pack(m[%q](...)); return r end", name, name))(f)
         ok, err = pcall(call, table.unpack(args, 1, #args))
       end
       if not ok then
         local okt, e = pcall(tostring, err)
         lu.assertTrue(okt, label .. ": an error value that cannot be printed")
-        if internal_error(e, name) then found[#found + 1] = label .. "(" .. type(v) .. "): " .. e:gsub("\n.*", "") end
+        if internal_error(e, name) then
+          found[#found + 1] = label .. "(" .. type(v) .. "): " .. e:gsub("\n.*", "")
+        end
       end
     end
   end
@@ -162,7 +164,8 @@ function test_every_public_function_checks_its_arguments()
   local bad = {}
   local function add(list) for _, x in ipairs(list) do bad[#bad + 1] = x end end
   local skip = { ["comm.abort"] = true }
-  for _, name in ipairs({ "schedule", "sim", "eplb", "nn", "train", "comm", "checkpoint", "perf", "json", "util", "search", "profile" }) do
+  for _, name in ipairs({ "schedule", "sim", "eplb", "nn", "train", "comm", "checkpoint", "perf",
+    "json", "util", "search", "profile" }) do
     local mod = require("luapipe." .. name)
     local keys = {}
     for k, v in pairs(mod) do if type(v) == "function" then keys[#keys + 1] = k end end
@@ -181,14 +184,17 @@ function test_every_public_function_checks_its_arguments()
   local methods = getmetatable(s).__index
   local keys = {}
   for k, v in pairs(methods) do
-    if type(v) == "function" and k ~= "close" and k ~= "show" and k ~= "gantt" then keys[#keys + 1] = k end
+    if type(v) == "function" and k ~= "close" and k ~= "show" and k ~= "gantt" then
+      keys[#keys + 1] = k
+    end
   end
   table.sort(keys)
   for _, k in ipairs(keys) do add(sweep("s:" .. k, methods[k], {}, s:clone(), k)) end
   -- a model's methods, a balancer's
   local nn = require("luapipe.nn")
   local model = nn.sequential { nn.linear(2, 2), loss = "mse" }
-  for _, k in ipairs({ "partition", "build", "build_stage", "build_layer", "shapes", "stage_input_shapes" }) do
+  for _, k in ipairs({ "partition", "build", "build_stage", "build_layer", "shapes",
+    "stage_input_shapes" }) do
     add(sweep("model:" .. k, model[k], {}, model, k))
   end
   local b = require("luapipe.eplb").balancer { replicas = 4, gpus = 2 }
@@ -212,7 +218,9 @@ function test_every_public_function_checks_its_arguments()
   local rep = assert(require("luapipe.profile").read({ here .. "../profile/small.json" }))
   local pmethods = getmetatable(rep.profile).__index
   keys = {}
-  for k, v in pairs(pmethods) do if type(v) == "function" and k ~= "close" then keys[#keys + 1] = k end end
+  for k, v in pairs(pmethods) do
+    if type(v) == "function" and k ~= "close" then keys[#keys + 1] = k end
+  end
   table.sort(keys)
   for _, k in ipairs(keys) do add(sweep("p:" .. k, pmethods[k], {}, rep.profile, k)) end
   lu.assertEquals(bad, {})
@@ -220,14 +228,18 @@ end
 
 function test_argument_errors_read_in_user_terms()
   lu.assertEquals(error_of(schedule.load, 5),
-    "schedule.load: spec (argument 1) must be a family name or a .csv, .json or .lua file name, got 5")
+    "schedule.load: spec (argument 1) must be a family name or a .csv, .json or .lua "
+    .. "file name, got 5")
   lu.assertEquals(error_of(schedule.load, "1f1b", 3),
-    "schedule.load: opts (argument 2) must be a table {pp =, microbatches =, chunks =} (or nil), got 3")
+    "schedule.load: opts (argument 2) must be a table {pp =, microbatches =, chunks =} "
+    .. "(or nil), got 3")
   lu.assertEquals(error_of(schedule.build, "1f1b"),
     "schedule.build: opts (argument 2) must be a table {pp =, microbatches =, chunks =}, got nil")
-  lu.assertEquals(error_of(schedule.from_csv, {}), "schedule.from_csv: path (argument 1) must be a string, got a table")
+  lu.assertEquals(error_of(schedule.from_csv, {}), "schedule.from_csv: path (argument 1) must be a "
+    .. "string, got a table")
   local s = schedule.build("1f1b", { pp = 2, microbatches = 2 })
-  lu.assertEquals(error_of(s.write_csv, s, 7), "s:write_csv: path (argument 1) must be a file name, got 7")
+  lu.assertEquals(error_of(s.write_csv, s, 7),
+    "s:write_csv: path (argument 1) must be a file name, got 7")
   lu.assertEquals(error_of(require("luapipe.eplb").check, 8, "16"),
     "eplb.check: replicas (argument 2) must be an integer, got \"16\"")
   local nn = require("luapipe.nn")
@@ -237,7 +249,8 @@ function test_argument_errors_read_in_user_terms()
   lu.assertEquals(error_of(model.build_stage, model, 0, 1),
     "model:build_stage: partition (argument 1) must be a table from model:partition{...}, got 0")
   lu.assertEquals(error_of(require("luapipe.comm").set_link, 50),
-    "comm.set_link: text (argument 1) must be a link such as \"lat=50us,bw=2GB/s\" or \"none\", got 50")
+    "comm.set_link: text (argument 1) must be a link such as \"lat=50us,bw=2GB/s\" or "
+    .. "\"none\", got 50")
   lu.assertEquals(error_of(require("luapipe.perf").summary, {}, s),
     "perf.summary: exec (argument 1) must be a luapipe.Exec, got a table")
   -- raised at the user's line: the position is the caller's, not the library's
@@ -253,7 +266,8 @@ end
 function test_search_and_profile_arguments_in_user_terms()
   local search = require("luapipe.search")
   lu.assertEquals(error_of(search.search, 5),
-    "search.search: opts (argument 1) must be a table of options {pp =, microbatches =, ...}, got 5")
+    "search.search: opts (argument 1) must be a table of options {pp =, microbatches =, "
+    .. "...}, got 5")
   lu.assertEquals(error_of(search.search, { pp = 2, microbatches = 2, cost = { F = "x" } }),
     "search: cost: F must be a number, got \"x\"")
   lu.assertEquals(error_of(search.search, { pp = 2, microbatches = 2, cost = { B = -1 } }),
@@ -291,7 +305,8 @@ function test_search_and_profile_arguments_in_user_terms()
   -- a mapping entry of the wrong kind: returned, as the mapping's other errors are
   local c, err = profile.costs(rep.ranks[1], { mapping = { ["attn(F)"] = 5 } })
   lu.assertNil(c)
-  lu.assertEquals(err, "mapping of phase 'attn(F)': must be a table {kind =, exchange =} or false, got 5")
+  lu.assertEquals(err, "mapping of phase 'attn(F)': must be a table {kind =, exchange =} "
+    .. "or false, got 5")
   lu.assertStrContains(profile.costs_text(assert(profile.costs(rep.ranks[1]))), "--cost F=")
 end
 

@@ -26,13 +26,17 @@ function TestLr:test_linear_constant_and_run_steps()
 end
 
 function TestLr:test_mistakes_are_named()
-  lu.assertEquals(lr.check({ decay = "step" }), 'lr_schedule.decay must be "cosine", "linear" or "constant", got "step"')
+  lu.assertEquals(lr.check({ decay = "step" }), 'lr_schedule.decay must be "cosine", "linear" or '
+    .. '"constant", got "step"')
   lu.assertEquals(lr.check({ warmup = -1 }), "lr_schedule.warmup must be an integer >= 0, got -1")
-  lu.assertEquals(lr.check({ warm = 1 }), 'lr_schedule: unknown field "warm" (it takes warmup, decay, steps, min_lr)')
-  lu.assertEquals(lr.check(5), "lr_schedule must be a table {warmup =, decay =, steps =, min_lr =} or a function(step) -> rate, got 5")
+  lu.assertEquals(lr.check({ warm = 1 }), 'lr_schedule: unknown field "warm" (it takes warmup, '
+    .. 'decay, steps, min_lr)')
+  lu.assertEquals(lr.check(5), "lr_schedule must be a table {warmup =, decay =, steps =, min_lr =} "
+    .. "or a function(step) -> rate, got 5")
   local f = lr.at(function(k) return k == 2 and math.huge or 0.1 end, 1, 3)
   lu.assertEquals(f(1), 0.1)
-  lu.assertErrorMsgEquals("lr_schedule(2) returned inf: a learning rate is a finite number >= 0", f, 2)
+  lu.assertErrorMsgEquals("lr_schedule(2) returned inf: a learning rate is a finite number >= 0", f,
+    2)
 end
 
 local function run(clip, schedule)
@@ -59,7 +63,8 @@ function TestLr:test_reference_clipping()
   local sched = run(nil, { warmup = 2, decay = "constant" })
   lu.assertEquals(sched.lrs, { 0.025, 0.05, 0.05 })
   lu.assertNotEquals(sched.losses[2], plain.losses[2])
-  lu.assertErrorMsgContains("'clip' must be a positive number (the largest gradient norm), got 0", run, 0)
+  lu.assertErrorMsgContains("'clip' must be a positive number (the largest gradient norm), got 0",
+    run, 0)
 end
 
 os.exit(lu.LuaUnit.run())

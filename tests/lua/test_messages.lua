@@ -5,8 +5,10 @@ local lu = require("luaunit")
 local schedule = require("luapipe.schedule")
 
 function test_counted_nouns_in_summaries()
-  local s = schedule.new { ranks = 1, stages = 1, microbatches = 1, actions = { [0] = { "0F0", "0B0" } } }
-  lu.assertEquals(tostring(s), "schedule (unnamed): 1 rank, 1 stage (1 virtual), 1 micro-batch, 2 actions, valid")
+  local s = schedule.new { ranks = 1, stages = 1, microbatches = 1,
+    actions = { [0] = { "0F0", "0B0" } } }
+  lu.assertEquals(tostring(s), "schedule (unnamed): 1 rank, 1 stage (1 virtual), 1 micro-batch, "
+    .. "2 actions, valid")
   local res = s:simulate()
   lu.assertStrContains(res:summary(), "simulated schedule: 1 rank, 1 micro-batch: makespan")
   local t = schedule.build("1f1b", { pp = 2, microbatches = 3 })
@@ -29,8 +31,10 @@ function test_interleaved_note()
   local t = schedule.build("interleaved1f1b", { pp = 4, microbatches = 4, chunks = 3 })
   lu.assertStrContains(t:note(), "ranks 0-")
   local need = tonumber(t:note():match("use (%d+) micro%-batches"))
-  lu.assertNil(schedule.build("interleaved1f1b", { pp = 4, microbatches = need, chunks = 3 }):note())
-  lu.assertNotNil(schedule.build("interleaved1f1b", { pp = 4, microbatches = need - 4, chunks = 3 }):note())
+  lu.assertNil(schedule.build("interleaved1f1b", { pp = 4, microbatches = need,
+    chunks = 3 }):note())
+  lu.assertNotNil(schedule.build("interleaved1f1b", { pp = 4, microbatches = need - 4,
+    chunks = 3 }):note())
 end
 
 local function run(args)
@@ -43,16 +47,18 @@ end
 
 function test_cli_chunks_and_note()
   local out = run("schedule gpipe --chunks 3")
-  lu.assertStrContains(out, "luapipe schedule: --chunks applies to interleaved1f1b only; gpipe has a fixed "
-    .. "placement (one model stage per rank)")
+  lu.assertStrContains(out, "luapipe schedule: --chunks applies to interleaved1f1b only; "
+    .. "gpipe has a fixed placement (one model stage per rank)")
   lu.assertStrContains(out, "rc=2")
-  lu.assertStrContains(run("schedule zbv --chunks 2"), "zbv has a fixed placement (two chunks per rank)")
+  lu.assertStrContains(run("schedule zbv --chunks 2"),
+    "zbv has a fixed placement (two chunks per rank)")
   lu.assertStrContains(run("schedule interleaved1f1b --chunks 3 -p 2 -m 4"), "rc=0")
   -- the note: in the summary of the text form, on stderr for the others (once)
   local text = run("schedule interleaved1f1b -p 4 -m 6")
   local _, n = text:gsub("note: with 6 micro%-batches", "")
   lu.assertEquals(n, 1)
-  lu.assertStrContains(run("schedule interleaved1f1b -p 4 -m 6 -f csv"), "luapipe: note: with 6 micro-batches")
+  lu.assertStrContains(run("schedule interleaved1f1b -p 4 -m 6 -f csv"),
+    "luapipe: note: with 6 micro-batches")
 end
 
 -- Action numbers are 0-based everywhere, as ranks, stages and micro-batches

@@ -64,7 +64,8 @@ end
 function test_swiglu_forward_by_hand()
   local l = core.nn_layer(nn.swiglu(2, 1), "layers.0.ffn", 1)
   local n, s = names_shapes(l)
-  lu.assertEquals(n, { "layers.0.ffn.w1.weight", "layers.0.ffn.w2.weight", "layers.0.ffn.w3.weight" })
+  lu.assertEquals(n, { "layers.0.ffn.w1.weight", "layers.0.ffn.w2.weight",
+    "layers.0.ffn.w3.weight" })
   lu.assertEquals(s, { { 1, 2 }, { 2, 1 }, { 1, 2 } })
   l:set_params { ["layers.0.ffn.w1.weight"] = { 1, 0 }, ["layers.0.ffn.w3.weight"] = { 0, 1 },
     ["layers.0.ffn.w2.weight"] = { 1, 2 } }
@@ -87,7 +88,8 @@ function test_mla_option_errors()
     "nn.mla: rope_factor must be > 0 (YaRN applies: max_seq_len > original_seq_len)")
   -- no YaRN (max_seq_len <= original_seq_len): the factor is not used
   lu.assertEquals(nn.mla { dim = 8, rope_factor = 0, max_seq_len = 4096 }.kind, "mla")
-  lu.assertEquals(error_of(nn.swiglu, 4, 0), "nn.swiglu: inter_dim (argument 2) must be a positive integer, got 0")
+  lu.assertEquals(error_of(nn.swiglu, 4, 0), "nn.swiglu: inter_dim (argument 2) must be a positive "
+    .. "integer, got 0")
   lu.assertStrContains(error_of(core.nn_layer, { kind = "mla", dim = 8, v_head_dim = 0 }, "x", 1),
     "layer 'mla': v_head_dim must be >= 1")
 end
@@ -119,7 +121,8 @@ function test_mla_block()
   local m = nn.sequential {
     nn.embedding(11, 8),
     nn.mla_block { attn = attn, ffn = nn.swiglu(8, 16) },
-    nn.mla_block { attn = attn, ffn = nn.moe { dim = 8, hidden = 4, experts = 4, topk = 2, shared = 1 } },
+    nn.mla_block { attn = attn, ffn = nn.moe { dim = 8, hidden = 4, experts = 4, topk = 2,
+      shared = 1 } },
     nn.rmsnorm(8, 1e-6), nn.linear(8, 11, { bias = false }), loss = "cross_entropy",
   }
   lu.assertEquals(m:shapes({ 2, 5 })[5], { 2, 5, 11 })

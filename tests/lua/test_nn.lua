@@ -48,16 +48,19 @@ function test_layer_params_in_and_out()
   l:set_params { ["layers.0.weight"] = { 1, 0, 0, 0, 1, 0 }, ["layers.0.bias"] = { 0.5, -1 } }
   local y = l:forward(nn.tensor({ 1, 3 }, { 2, 3, 4 }))
   lu.assertEquals(y:totable(), { 2.5, 2 })
-  lu.assertStrContains(error_of(l.set_params, l, { nope = { 1 } }), "set_params: no parameter 'nope'")
-  lu.assertStrContains(error_of(core.nn_layer, { kind = "conv" }, "x", 1), "unknown layer kind 'conv'")
+  lu.assertStrContains(error_of(l.set_params, l, { nope = { 1 } }),
+    "set_params: no parameter 'nope'")
+  lu.assertStrContains(error_of(core.nn_layer, { kind = "conv" }, "x", 1),
+    "unknown layer kind 'conv'")
   lu.assertStrContains(error_of(core.nn_layer, { kind = "linear", din = 3 }, "x", 1),
     "layer 'linear': field 'dout' must be a positive integer")
-  lu.assertStrContains(error_of(core.nn_layer, { kind = "mlp_block", d_model = 4, d_hidden = 8, act = "relu" }, "x", 1),
-    "act must be \"gelu\" or \"silu\", got \"relu\"")
+  lu.assertStrContains(error_of(core.nn_layer, { kind = "mlp_block", d_model = 4, d_hidden = 8,
+    act = "relu" }, "x", 1), "act must be \"gelu\" or \"silu\", got \"relu\"")
   local attn = core.nn_layer(nn.attention(8, 2), "blocks.0.attn", 1)
   local names = {}
   for _, q in ipairs(attn:params()) do names[#names + 1] = q.name end
-  lu.assertEquals(names, { "blocks.0.attn.wq", "blocks.0.attn.wk", "blocks.0.attn.wv", "blocks.0.attn.wo" })
+  lu.assertEquals(names, { "blocks.0.attn.wq", "blocks.0.attn.wk", "blocks.0.attn.wv",
+    "blocks.0.attn.wo" })
   attn:close()
   attn:close() -- idempotent
   lu.assertStrContains(error_of(attn.params, attn), "attempt to use a closed luapipe.Layer")
@@ -82,7 +85,8 @@ end
 function test_partition_by_layers()
   local m = mlp()
   local p = m:partition { stages = 3 }
-  lu.assertEquals(p.bounds, { { first = 1, last = 3 }, { first = 4, last = 6 }, { first = 7, last = 8 } })
+  lu.assertEquals(p.bounds, { { first = 1, last = 3 }, { first = 4, last = 6 },
+    { first = 7, last = 8 } })
   lu.assertEquals(m:stage_input_shapes(p, { 3, 4 }), { [1] = { 3, 8 }, [2] = { 3, 8 } })
   lu.assertEquals(error_of(m.partition, m, { stages = 16 }),
     "partition: the schedule wants 16 model stages, but the model has only 8 layers (each stage"
@@ -92,7 +96,8 @@ end
 function test_partition_by_cost()
   local m = mlp()
   local p = m:partition { stages = 3, by = "cost", costs = { 1, 1, 1, 10, 1, 1, 1, 1 } }
-  lu.assertEquals(p.bounds, { { first = 1, last = 3 }, { first = 4, last = 4 }, { first = 5, last = 8 } })
+  lu.assertEquals(p.bounds, { { first = 1, last = 3 }, { first = 4, last = 4 },
+    { first = 5, last = 8 } })
   local q = m:partition { stages = 4, by = "cost", input_shape = { 3, 4 }, reps = 1 }
   lu.assertEquals(#q.bounds, 4)
   lu.assertEquals(#q.costs, 8)
@@ -106,7 +111,9 @@ end
 local function simulated_step(s)
   return function(stage_costs)
     local st = {}
-    for k, c in ipairs(stage_costs) do st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 } end
+    for k, c in ipairs(stage_costs) do
+      st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 }
+    end
     return assert(s:simulate({ stages = st })):makespan()
   end
 end
@@ -164,7 +171,8 @@ function test_partition_by_cost_with_a_score()
   local q24 = m24:partition { stages = 8, by = "cost", costs = big, score = step4 }
   lu.assertTrue(step4(of4(q24.bounds)) <= step4(of4(p24.bounds)) + 1e-12)
   -- out of time at once: the balanced split, as it is
-  local z24 = m24:partition { stages = 8, by = "cost", costs = big, score = step4, score_seconds = 0 }
+  local z24 = m24:partition { stages = 8, by = "cost", costs = big, score = step4,
+    score_seconds = 0 }
   lu.assertEquals(z24.bounds, p24.bounds)
   local z = m:partition { stages = 4, by = "cost", costs = costs, score = step, score_seconds = 0 }
   lu.assertEquals(z.bounds, plain.bounds)
@@ -192,7 +200,9 @@ function test_partition_by_cost_builds_one_layer_at_a_time()
   lu.assertTrue(#built > 8 and #built <= 16, "built " .. #built .. " layers")
   lu.assertEquals(table.move(order, #order - 7, #order, 1, {}), { 1, 2, 3, 4, 5, 6, 7, 8 })
   lu.assertEquals(open_before, 0, "a layer was still open when the next was built")
-  for _, l in ipairs(built) do lu.assertFalse(pcall(l.numel, l), "a measured layer was left open") end
+  for _, l in ipairs(built) do
+    lu.assertFalse(pcall(l.numel, l), "a measured layer was left open")
+  end
   lu.assertEquals(#p.costs, 8)
   for i = 1, 8 do lu.assertTrue(p.costs[i] > 0, "layer " .. i .. " has no measured cost") end
   lu.assertTrue(p.seconds >= 0 and p.seconds < 10)
@@ -213,7 +223,8 @@ function test_partition_given_bounds()
   lu.assertNil(p.costs) -- nothing measured
   lu.assertEquals(nn.bounds_text(p.bounds), "1-6 | 7-8")
   lu.assertEquals(error_of(m.partition, m, { stages = 2, bounds = { { 1, 6 }, { 8, 8 } } }),
-    "partition: bounds: stage 1 holds layers 8..8, but it must start at layer 7 and hold at least one")
+    "partition: bounds: stage 1 holds layers 8..8, but it must start at layer 7 and "
+    .. "hold at least one")
   lu.assertEquals(error_of(m.partition, m, { stages = 3, bounds = { { 1, 6 }, { 7, 8 } } }),
     "partition: bounds: 2 stages for 3 model stages")
   lu.assertEquals(error_of(m.partition, m, { stages = 2, bounds = { { 1, 3 }, { 4, 7 } } }),
@@ -231,8 +242,9 @@ function test_train_partition_default_is_cost()
     quiet = true, partition = "layers" }
   lu.assertEquals(q.partition.by, "layers")
   lu.assertNil(q.partition.costs)
-  lu.assertEquals(error_of(train, { model = m, schedule = "gpipe", pp = 1, microbatches = 1, data = data,
-    partition = "flops" }), "luapipe.train: 'partition' must be \"cost\" or \"layers\", got \"flops\"")
+  lu.assertEquals(error_of(train, { model = m, schedule = "gpipe", pp = 1, microbatches = 1,
+    data = data, partition = "flops" }),
+    "luapipe.train: 'partition' must be \"cost\" or \"layers\", got \"flops\"")
 end
 
 -- Every stage of the partition starts with the full model's numbers.
@@ -271,7 +283,8 @@ end
 
 function test_train_errors()
   local m = mlp()
-  lu.assertEquals(error_of(train, { model = m, schedule = "1f1b", pp = 2, microbatches = 4, data = data }),
+  lu.assertEquals(error_of(train, { model = m, schedule = "1f1b", pp = 2, microbatches = 4,
+    data = data }),
     "schedule '1f1b' needs 2 ranks, but this is one process (run it with mpirun -np 2)")
   lu.assertStrContains(error_of(train, { model = m, schedule = "nope", pp = 1, data = data }),
     "unknown schedule 'nope'")
@@ -282,11 +295,13 @@ function test_train_errors()
     data = bad, quiet = true }), "loss of micro-batch 0 failed")
   -- a schedule whose messages deadlock is refused before anything runs
   local dl = require("luapipe.schedule").new { ranks = 2, stages = 2, microbatches = 1,
-    actions = { [0] = { "0F0", "0RECV_B0", "0B0", "0SEND_F0" }, [1] = { "1RECV_F0", "1F0", "1B0", "1SEND_B0" } } }
+    actions = { [0] = { "0F0", "0RECV_B0", "0B0", "0SEND_F0" }, [1] = { "1RECV_F0", "1F0", "1B0",
+    "1SEND_B0" } } }
   lu.assertEquals(error_of(train, { model = m, schedule = dl, microbatches = 1, data = data }),
     "luapipe.train: the schedule is invalid: deadlock under non-blocking sends and receives (a "
     .. "compute waits for the sends of its inputs): rank 0 waits at action 2 (0B0) for rank 1 to "
-    .. "reach action 3 (1SEND_B0); rank 1 waits at action 1 (1F0) for rank 0 to reach action 3 (0SEND_F0)")
+    .. "reach action 3 (1SEND_B0); rank 1 waits at action 1 (1F0) for rank 0 to reach "
+    .. "action 3 (0SEND_F0)")
 end
 
 function test_overlapped_fb_hook()
@@ -307,7 +322,8 @@ function test_overlapped_fb_hook()
   for k = 1, 2 do lu.assertAlmostEquals(r.losses[k], ref.losses[k], 1e-6 * ref.losses[k]) end
   -- a failing hook fails the step with its message
   local err = error_of(train, { model = m, schedule = "dualpipev", pp = 1, microbatches = 4,
-    data = data, steps = 1, quiet = true, overlapped_fb = function() error("no overlap today") end })
+    data = data, steps = 1, quiet = true,
+    overlapped_fb = function() error("no overlap today") end })
   lu.assertStrContains(err, "overlapped_fb hook failed on (")
   lu.assertStrContains(err, "no overlap today")
   -- run_half outside a hook is misuse
@@ -348,10 +364,14 @@ function test_exec_new_build_error_is_returned()
   local closed = m:build_stage(part, 1, 1)
   closed:close()
   local cases = {
-    { function() error("stage 1 is broken", 0) end, "rank 0: building model stage 1: the build function raised: stage 1 is broken" },
-    { function() error({ code = 7 }) end, "the build function raised: (error object is a table value)" },
-    { function() return 42 end, "rank 0: building model stage 1: the build function must return a luapipe.Layer, got number" },
-    { function() return closed end, "the build function must return a luapipe.Layer, got a closed luapipe.Layer" },
+    { function() error("stage 1 is broken", 0) end,
+      "rank 0: building model stage 1: the build function raised: stage 1 is broken" },
+    { function() error({ code = 7 }) end,
+      "the build function raised: (error object is a table value)" },
+    { function() return 42 end, "rank 0: building model stage 1: the build function must return a "
+      .. "luapipe.Layer, got number" },
+    { function() return closed end, "the build function must return a luapipe.Layer, got a closed "
+      .. "luapipe.Layer" },
   }
   for _, c in ipairs(cases) do
     local exec, err = exec_with(function(stage)
@@ -380,8 +400,10 @@ function test_in_rank_terms()
   local schedules = require("luapipe.schedules")
   local odd = schedules.problem("dualpipe", 3, 8)
   lu.assertEquals(train.in_rank_terms(schedules.problem("dualpipe", 1, 8), 1, 1),
-    "DualPipe needs an even number of ranks; this is one process (start it with mpirun -np 2 or more)")
-  lu.assertEquals(train.in_rank_terms(odd, 3, 1), "DualPipe needs an even number of ranks; mpirun started 3")
+    "DualPipe needs an even number of ranks; this is one process (start it with mpirun "
+    .. "-np 2 or more)")
+  lu.assertEquals(train.in_rank_terms(odd, 3, 1), "DualPipe needs an even number of ranks; "
+    .. "mpirun started 3")
   lu.assertEquals(train.in_rank_terms(odd, 6, 2),
     "DualPipe needs an even number of pipeline ranks; mpirun started 6 = pp 3 x ep 2")
   lu.assertEquals(train.in_rank_terms(schedules.problem("dualpipev", 4, 6), 4, 1),
@@ -389,8 +411,9 @@ function test_in_rank_terms()
   lu.assertEquals(train.in_rank_terms(schedules.problem("chimera", 4, 6), 4, 1),
     "Chimera: microbatches must be a multiple of pp = 4, got 6")
   -- and through luapipe.train on this one process
-  lu.assertEquals(error_of(train, { model = mlp(), schedule = "dualpipev", microbatches = 1, data = data,
-    quiet = true }), "DualPipeV needs at least 2 micro-batches per rank: 2 micro-batches on 1 rank, got 1")
+  lu.assertEquals(error_of(train, { model = mlp(), schedule = "dualpipev", microbatches = 1,
+    data = data, quiet = true }),
+    "DualPipeV needs at least 2 micro-batches per rank: 2 micro-batches on 1 rank, got 1")
 end
 -- ---- mixture of experts ----
 
@@ -446,8 +469,8 @@ function test_moe_spec()
   lu.assertEquals(error_of(nn.moe, { dim = 8, hidden = 4, experts = 4, router = "relu" }),
     "nn.moe: router must be \"sigmoid\" or \"softmax\", got \"relu\"")
   -- the C side checks what needs the whole option set
-  lu.assertStrContains(error_of(core.nn_layer, nn.moe { dim = 8, hidden = 4, experts = 6, groups = 4 },
-    "m", 1), "layer 'moe': 6 experts do not split into 4 groups")
+  lu.assertStrContains(error_of(core.nn_layer, nn.moe { dim = 8, hidden = 4, experts = 6,
+    groups = 4 }, "m", 1), "layer 'moe': 6 experts do not split into 4 groups")
   lu.assertStrContains(error_of(core.nn_layer, nn.moe { dim = 8, hidden = 4, experts = 6, topk = 3,
     groups = 3, topk_groups = 1 }, "m", 1),
     "topk_groups = 1 of 3 groups (2 experts each) cannot give topk = 3 experts")
@@ -460,7 +483,8 @@ function test_moe_spec()
 end
 
 function test_moe_layer_params_and_loads()
-  local l = core.nn_layer(nn.moe { dim = 4, hidden = 3, experts = 4, topk = 2, shared = 1 }, "layers.1", 5)
+  local l = core.nn_layer(nn.moe { dim = 4, hidden = 3, experts = 4, topk = 2, shared = 1 },
+    "layers.1", 5)
   local names = {}
   for _, p in ipairs(l:params()) do names[#names + 1] = p.name end
   lu.assertEquals(names[1], "layers.1.router.weight")
@@ -477,12 +501,15 @@ function test_moe_layer_params_and_loads()
   lu.assertEquals(l:expert_load(1), { 0, 0, 0, 0 })
   l:update_bias(1, { 9, 1, 0, 0 })
   lu.assertEquals(l:moe_bias(1), { 0, 0, 0, 0 }) -- bias_speed = 0: never moves
-  lu.assertStrContains(error_of(l.expert_load, l, 2), "layer 'layers.1' has no MoE layer 2 (it has 1)")
+  lu.assertStrContains(error_of(l.expert_load, l, 2),
+    "layer 'layers.1' has no MoE layer 2 (it has 1)")
   local lm = moe_lm():build(1)
   lu.assertEquals(lm:moe_count(), 2)
   lm:update_bias(1, { 5, 1, 1, 1 })
   local b = lm:moe_bias(1)
-  for e, want in ipairs({ -0.001, 0.001, 0.001, 0.001 }) do lu.assertAlmostEquals(b[e], want, 1e-9) end
+  for e, want in ipairs({ -0.001, 0.001, 0.001, 0.001 }) do
+    lu.assertAlmostEquals(b[e], want, 1e-9)
+  end
   lu.assertEquals(lm:moe_bias(2), { 0, 0, 0, 0 })
 end
 
@@ -658,8 +685,8 @@ function test_moe_route_matches_deepseek_v3_gate()
   -- without groups
   local flat_opts = { dim = 6, hidden = 4, experts = 16, topk = 3 }
   local u = core.nn_layer(nn.moe(flat_opts), "layers.3", 11)
-  assert_routes_equal(u:route(1, nn.tensor({ 24, 6 }, flat)), deepseek_gate(rows, W, zero, flat_opts),
-    1e-5)
+  assert_routes_equal(u:route(1, nn.tensor({ 24, 6 }, flat)),
+    deepseek_gate(rows, W, zero, flat_opts), 1e-5)
   -- the forward routes the same way: its loads are the route's counts
   l:forward(nn.tensor({ 24, 6 }, flat))
   local count = {}
@@ -725,7 +752,9 @@ function test_moe_route_gate_options()
       for e = 1, 16 do zero[e] = 0 end
       local other, n = deepseek_gate(rows, W, zero, opts), 0
       for t = 1, 24 do
-        if table.concat(other[t].experts, ",") ~= table.concat(got[t].experts, ",") then n = n + 1 end
+        if table.concat(other[t].experts, ",") ~= table.concat(got[t].experts, ",") then
+          n = n + 1
+        end
       end
       lu.assertTrue(n > 0, "mode " .. i .. ": the group rule changed no token")
     end
@@ -823,7 +852,8 @@ function test_train_errors_are_values()
   lu.assertFalse(ok)
   lu.assertEquals(e.option, "partition")
   lu.assertNil(e.file) -- found after the checks of the call itself: no line of the user's to name
-  lu.assertEquals(tostring(e), "luapipe.train: 'partition' must be \"cost\" or \"layers\", got \"even\"")
+  lu.assertEquals(tostring(e), "luapipe.train: 'partition' must be \"cost\" or \"layers\", "
+    .. "got \"even\"")
   lu.assertNil(e.stranded) -- one process: nothing waits
 end
 
@@ -832,19 +862,30 @@ end
 -- (never an internal "attempt to ..." from deep in luapipe).
 function test_constructor_arguments()
   local cases = {
-    { function() local s = nn.linear("a", 3); return s end, 'nn.linear: din (argument 1) must be a positive integer, got "a"' },
-    { function() local s = nn.linear(4, 1.5); return s end, "nn.linear: dout (argument 2) must be a positive integer, got 1.5" },
-    { function() local s = nn.linear(0, 3); return s end, "nn.linear: din (argument 1) must be a positive integer, got 0" },
-    { function() local s = nn.linear(2 ^ 40, 3); return s end, "nn.linear: din (argument 1) must be a positive integer" },
-    { function() local s = nn.linear(4, 3, 5); return s end, "nn.linear: opts (argument 3) must be nil or {bias = true|false}, got 5" },
-    { function() local s = nn.rmsnorm("x"); return s end, 'nn.rmsnorm: dim (argument 1) must be a positive integer, got "x"' },
-    { function() local s = nn.rmsnorm(4, "e"); return s end, 'nn.rmsnorm: eps (argument 2) must be a positive number (or nil), got "e"' },
-    { function() local s = nn.embedding(10); return s end, "nn.embedding: dim (argument 2) must be a positive integer, got nil" },
-    { function() local s = nn.mlp_block(4, 8, "relu"); return s end, 'nn.mlp_block: act (argument 3) must be "gelu" or "silu"' },
-    { function() local s = nn.attention(4, 3); return s end, "nn.attention: d_model (4) must be a multiple of heads (3)" },
+    { function() local s = nn.linear("a", 3); return s end,
+      'nn.linear: din (argument 1) must be a positive integer, got "a"' },
+    { function() local s = nn.linear(4, 1.5); return s end,
+      "nn.linear: dout (argument 2) must be a positive integer, got 1.5" },
+    { function() local s = nn.linear(0, 3); return s end,
+      "nn.linear: din (argument 1) must be a positive integer, got 0" },
+    { function() local s = nn.linear(2 ^ 40, 3); return s end,
+      "nn.linear: din (argument 1) must be a positive integer" },
+    { function() local s = nn.linear(4, 3, 5); return s end,
+      "nn.linear: opts (argument 3) must be nil or {bias = true|false}, got 5" },
+    { function() local s = nn.rmsnorm("x"); return s end,
+      'nn.rmsnorm: dim (argument 1) must be a positive integer, got "x"' },
+    { function() local s = nn.rmsnorm(4, "e"); return s end,
+      'nn.rmsnorm: eps (argument 2) must be a positive number (or nil), got "e"' },
+    { function() local s = nn.embedding(10); return s end,
+      "nn.embedding: dim (argument 2) must be a positive integer, got nil" },
+    { function() local s = nn.mlp_block(4, 8, "relu"); return s end,
+      'nn.mlp_block: act (argument 3) must be "gelu" or "silu"' },
+    { function() local s = nn.attention(4, 3); return s end,
+      "nn.attention: d_model (4) must be a multiple of heads (3)" },
     { function() local s = nn.transformer_block(8, "2", 16); return s end,
       'nn.transformer_block: heads (argument 2) must be a positive integer, got "2"' },
-    { function() local s = nn.residual(5); return s end, "nn.residual: inner (argument 1) must be a layer spec" },
+    { function() local s = nn.residual(5); return s end,
+      "nn.residual: inner (argument 1) must be a layer spec" },
     { function() local s = nn.moe { dim = 4, hidden = 4, experts = 2, topk = "x" }; return s end,
       "nn.moe: 'topk' must be a positive integer, got \"x\"" },
   }

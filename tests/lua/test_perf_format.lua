@@ -17,7 +17,8 @@ local function summary(costs, extra)
   return perf.format(s)
 end
 
-local short_note = "(too short for the prediction to mean much: the longest mean action here, F, takes 0.51 ms"
+local short_note = "(too short for the prediction to mean much: the longest mean action here, "
+  .. "F, takes 0.51 ms"
 
 function test_short_actions_are_said()
   local text = summary({ F = 0.51, I = 0.23, W = 0.15 })

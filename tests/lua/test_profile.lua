@@ -110,7 +110,8 @@ function TestProfileSmall:test_rules_extend_and_replace()
   lu.assertEquals(r3.ops, 6)
   lu.assertEquals(r3.idle_us, 15)
   -- bad rules are reported, not raised
-  local rep, err = profile.read({ data .. "small.json" }, { rules = { { match = "x", class = "gpu" } } })
+  local rep, err = profile.read({ data .. "small.json" },
+    { rules = { { match = "x", class = "gpu" } } })
   lu.assertNil(rep)
   lu.assertStrContains(err, "rule 1: class must be one of")
   rep, err = profile.read({ data .. "small.json" }, { rules = { function() return "nope" end } })
@@ -122,10 +123,12 @@ function TestProfileSmall:test_default_classes()
   local c = profile.classify
   lu.assertEquals(c("void dpsk::ep::internode::dispatch<false, 8, true, 8>(int4*)", "kernel"),
     "communication")
-  lu.assertEquals(c("void dpsk::ep::internode::cached_notify<false>(int)", "kernel"), "communication")
+  lu.assertEquals(c("void dpsk::ep::internode::cached_notify<false>(int)", "kernel"),
+    "communication")
   lu.assertEquals(c("void deep_ep::intranode::combine<8>(float*)", "kernel"), "communication")
   lu.assertEquals(c("void deep_ep::internode_ll::dispatch<3>()", "kernel"), "communication")
-  lu.assertEquals(c("void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*)", "kernel"), nil)
+  lu.assertEquals(c("void dpsk::ep::cuda::get_dispatch_layout<256, 32, 8>(long const*)", "kernel"),
+    nil)
   lu.assertEquals(c("ncclDevKernel_AllGather_RING_LL", "kernel"), "communication")
   lu.assertEquals(c("Memcpy DtoD (Device -> Device)", "gpu_memcpy"), "memory")
   lu.assertEquals(c("all-to-all wait: dispatch", "a2a"), "wait")
@@ -166,7 +169,8 @@ function TestProfileSmall:test_json_keys()
   local json = require("luapipe.json")
   local v = assert(json.decode(profile.json(read1(data .. "small.json"))))
   local r = v.ranks[1]
-  for _, k in ipairs({ "rank", "span_us", "idle_us", "busy_us", "comm_overlap_us", "comm_exposed_us",
+  for _, k in ipairs({ "rank", "span_us", "idle_us", "busy_us", "comm_overlap_us",
+    "comm_exposed_us",
     "comm_overlap_ratio", "streams", "phases", "phase_totals", "unclassified" }) do
     lu.assertNotNil(r[k], k)
   end
@@ -233,8 +237,10 @@ function TestProfileBad:test_messages()
     'traceEvents[1] ("k"): a complete event ("ph": "X") without "ts"')
   bad('{"traceEvents":[' .. k .. ',"ts":3}]}',
     'traceEvents[0] ("k"): a complete event ("ph": "X") without "dur"')
-  bad('{"traceEvents":[' .. k .. ',"ts":3,"dur":-2}]}', 'traceEvents[0] ("k"): negative "dur" (-2.000 us)')
-  bad('{"traceEvents":[' .. k .. ',"ts":"3","dur":2}]}', 'traceEvents[0] ("k"): "ts" is not a number in range')
+  bad('{"traceEvents":[' .. k .. ',"ts":3,"dur":-2}]}',
+    'traceEvents[0] ("k"): negative "dur" (-2.000 us)')
+  bad('{"traceEvents":[' .. k .. ',"ts":"3","dur":2}]}',
+    'traceEvents[0] ("k"): "ts" is not a number in range')
   bad("", "empty file")
   bad('{"traceEvents": []}', 'no GPU operations (no "kernel", "gpu_memcpy" or "gpu_memset" events, '
     .. "and not a trace luapipe wrote)")
@@ -261,7 +267,8 @@ end
 -- ---- DeepSeek's trace, read independently --------------------------------
 
 local function deepseek_path()
-  local p = os.getenv("LUAPIPE_DEEPSEEK_TRACE") or (here .. "../../../shared/data/deepseek-profile/train.json")
+  local p = os.getenv("LUAPIPE_DEEPSEEK_TRACE")
+    or (here .. "../../../shared/data/deepseek-profile/train.json")
   local f = io.open(p, "rb")
   if not f then
     p = here .. "../../../../shared/data/deepseek-profile/train.json" -- from a worktree
@@ -340,7 +347,9 @@ function TestProfileDeepSeek:test_matches_independent_reading()
   for _, a in ipairs(anns) do
     local inner = false
     for _, b in ipairs(anns) do
-      if b ~= a and b.tid == a.tid and b.ts >= a.ts and b.ts + b.dur <= a.ts + a.dur then inner = true end
+      if b ~= a and b.tid == a.tid and b.ts >= a.ts and b.ts + b.dur <= a.ts + a.dur then
+        inner = true
+      end
     end
     if not inner then leaves[#leaves + 1] = a end
   end
@@ -355,7 +364,9 @@ function TestProfileDeepSeek:test_matches_independent_reading()
       if c and c.tid == a.tid and c.ts >= a.ts and c.ts < a.ts + a.dur then owner = i end
     end
     for i, a in ipairs(leaves) do
-      if c and not owner and c.pid == a.pid and c.ts >= a.ts and c.ts < a.ts + a.dur then owner = i end
+      if c and not owner and c.pid == a.pid and c.ts >= a.ts and c.ts < a.ts + a.dur then
+        owner = i
+      end
     end
     if owner then
       gpu[owner] = (gpu[owner] or 0) + o.d

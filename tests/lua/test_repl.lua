@@ -17,7 +17,8 @@ function test_pretty_tables()
   local shared = { 1 }
   lu.assertEquals(util.pretty({ a = shared, b = shared }), "{a = {1}, b = {1}}")
   -- depth
-  lu.assertEquals(util.pretty({ a = { b = { c = { d = 1 } } } }), "{a = {b = {c = {...} (1 entry)}}}")
+  lu.assertEquals(util.pretty({ a = { b = { c = { d = 1 } } } }),
+    "{a = {b = {c = {...} (1 entry)}}}")
   lu.assertEquals(util.pretty({ a = { b = 1 } }, { depth = 1 }), "{a = {...} (1 entry)}")
   -- many entries: the first items, then a count
   local big = {}
@@ -31,7 +32,8 @@ function test_pretty_tables()
   -- values with __tostring (schedules, tensors): as tostring gives them
   local s = require("luapipe.schedule").build("1f1b", { pp = 2, microbatches = 2 })
   lu.assertEquals(util.pretty({ s = s }, { width = 200 }), "{s = " .. tostring(s) .. "}")
-  lu.assertStrContains(util.pretty({ t = require("luapipe.nn").tensor({ 2, 3 }) }), "luapipe.Tensor [2, 3]")
+  lu.assertStrContains(util.pretty({ t = require("luapipe.nn").tensor({ 2, 3 }) }),
+    "luapipe.Tensor [2, 3]")
 end
 
 function test_repl_show()

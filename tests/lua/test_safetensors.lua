@@ -289,7 +289,8 @@ function TestSafetensors:test_errors()
     "order lists 0 names for 1 tensors")
   lu.assertStrContains(error_of(core.safetensors_write, path, { w = x }, { metadata = { k = 1 } }),
     "metadata keys and values must be strings")
-  lu.assertStrContains(error_of(st.read, st, "w", { block = 0 }), "block must be a positive integer")
+  lu.assertStrContains(error_of(st.read, st, "w", { block = 0 }),
+    "block must be a positive integer")
 end
 
 os.exit(lu.LuaUnit.run())

@@ -55,7 +55,8 @@ function test_pop_clear_set()
   -- a bad list leaves the old one, and names the action in the new list
   lu.assertStrContains(err_of(s.set, s, 0, { "0F0", "0Q" }), "rank 0, action 1: action '0Q'")
   lu.assertEquals(s:actions(0), { "0F0", "0B0", "0F1", "0B1" })
-  lu.assertStrContains(err_of(s.set, s, 0, 5), "s:set: list (argument 2) must be a list of action strings")
+  lu.assertStrContains(err_of(s.set, s, 0, 5),
+    "s:set: list (argument 2) must be a list of action strings")
   lu.assertEquals(s:actions(0), { "0F0", "0B0", "0F1", "0B1" })
   lu.assertTrue(s:validate())
 end
@@ -67,7 +68,8 @@ function test_simulate_raises_on_an_invalid_schedule()
   lu.assertFalse(ok)
   -- at the caller's line, with the validation message
   lu.assertStrMatches(tostring(err),
-    ".*test_schedule_edit%.lua:%d+: simulate: micro%-batch 0 is never backwarded on stage 0 %(rank 0%)")
+    ".*test_schedule_edit%.lua:%d+: simulate: micro%-batch 0 is never backwarded on "
+    .. "stage 0 %(rank 0%)")
   -- the documented nil, message form
   local res, msg = s:try_simulate()
   lu.assertNil(res)
@@ -99,7 +101,8 @@ function test_completion()
   lu.assertEquals(c("luapipe.schedule.bu"), { "luapipe.schedule.build" })
   -- luapipe's modules complete before they load: the names "did you mean" uses
   lu.assertEquals(c("luapipe.prof"), { "luapipe.profile" })
-  local env = { s = schedule.build("1f1b", { pp = 2, microbatches = 2 }), t = { alpha = 1, beta = { gamma = 2 } } }
+  local env = { s = schedule.build("1f1b", { pp = 2, microbatches = 2 }),
+    t = { alpha = 1, beta = { gamma = 2 } } }
   lu.assertEquals(c("s:vali", env), { "s:validate" })
   lu.assertEquals(c("s:po", env), { "s:pop" })
   lu.assertEquals(c("s:try", env), { "s:try_simulate" })

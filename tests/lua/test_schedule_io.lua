@@ -60,8 +60,8 @@ function test_pytorch_defer_recv_schedules_validate()
     .. "rank 1 waits at action 0 (1RECV_F0) for rank 0 to reach action 2 (0SEND_F0)")
   -- the no-overlap inputs also hold under the stricter models
   for _, m in ipairs { "buffered", "rendezvous" } do
-    lu.assertEquals({ load_csv(DEFER .. "v_2_rank_4_stage_no_overlap_input.csv"):validate { sends = m } },
-      { true }, m)
+    lu.assertEquals({ load_csv(DEFER .. "v_2_rank_4_stage_no_overlap_input.csv"):validate {
+      sends = m } }, { true }, m)
   end
   -- PyTorch's OVERLAP_F_B case is a fragment (micro-batch 1 never reaches
   -- stage 2): refused when read, naming why
@@ -89,14 +89,16 @@ function test_pytorch_defer_recv_simulated_waits_at_use()
   lu.assertEquals(start["0I1"], 6)
   lu.assertEquals(r:makespan(), 8)
   -- PyTorch's deferred placement: the same timeline
-  local d = assert(load_csv(DEFER .. "simple_2_rank_2_stage_iw_split_expected.csv"):simulate { F = 1, B = 2 })
+  local d = assert(load_csv(DEFER .. "simple_2_rank_2_stage_iw_split_expected.csv"):simulate {
+    F = 1, B = 2 })
   lu.assertEquals(d:makespan(), 8)
 end
 
 function test_sim_messages_leave_at_their_send()
   -- rank 0 computes F1 before sending F0: rank 1's F0 starts at 2, not 1
   local function sched(r0, r1)
-    return schedule.new { ranks = 2, stages = 2, microbatches = 2, actions = { [0] = r0, [1] = r1 } }
+    return schedule.new { ranks = 2, stages = 2, microbatches = 2,
+      actions = { [0] = r0, [1] = r1 } }
   end
   local late = sched({ "0F0", "0F1", "0SEND_F0", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1" },
     { "1RECV_F0", "1RECV_F1", "1F0", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1" })
@@ -223,7 +225,8 @@ function test_json_fields_named()
       "routes has 1 entries, expected one per micro-batch (2)" },
     { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1],[0,1]],"actions":[[1]]}',
       'actions[0][0] must be an action string such as "0F3", got number' },
-    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS .. ',"routes":[[0,1],[0,1]],"actions":[["0X0"]]}',
+    { '{"ranks":2,"stages":2,"microbatches":2,' .. VS
+      .. ',"routes":[[0,1],[0,1]],"actions":[["0X0"]]}',
       "rank 0, action 0: action '0X0': unknown action type 'X' (expected F, B, I, W, SEND_F, "
       .. "RECV_F, SEND_B, RECV_B, REDUCE_GRAD, WAIT_REDUCE_GRAD, UNSHARD, RESHARD or an "
       .. "OVERLAP_F_B pair)" },
@@ -298,7 +301,8 @@ function test_family_list_in_one_place()
   lu.assertEquals(schedules.canonical("Interleaved 1F1B"), "interleaved1f1b")
   lu.assertNil(schedules.canonical("frobnicate"))
   lu.assertEquals(schedules.label("dualpipev"), "DualPipeV")
-  lu.assertEquals(schedule.build("DualPipeV", { pp = 2, microbatches = 4 }):info().name, "dualpipev")
+  lu.assertEquals(schedule.build("DualPipeV", { pp = 2, microbatches = 4 }):info().name,
+    "dualpipev")
   lu.assertEquals(error_of(schedule.build, "nope", { pp = 2, microbatches = 4 }),
     "unknown schedule 'nope' (families: " .. table.concat(schedules.list(), ", ") .. ")")
 end

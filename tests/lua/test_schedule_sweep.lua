@@ -74,7 +74,9 @@ local function check(name, opts)
   ok, err = low:validate()
   lu.assertTrue(ok, what .. ": lowered: " .. tostring(err))
   lu.assertTrue(info.ranks == 1 or low:info().lowered, what .. ": lowered has messages")
-  for r = 0, info.ranks - 1 do lu.assertEquals(compute_only(low, r), s:actions(r), what .. ", rank " .. r) end
+  for r = 0, info.ranks - 1 do
+    lu.assertEquals(compute_only(low, r), s:actions(r), what .. ", rank " .. r)
+  end
 
   -- simulate: busy time is the sum of the rank's costs; bubble = makespan - busy
   local res, serr = s:simulate(COST)
@@ -106,7 +108,9 @@ local function check(name, opts)
   for v = 0, info.vstages - 1 do
     lu.assertEquals({ j:vstage(v) }, { s:vstage(v) }, what .. ", virtual stage " .. v)
   end
-  for mb = 0, info.microbatches - 1 do lu.assertEquals(j:route(mb), s:route(mb), what .. ", mb " .. mb) end
+  for mb = 0, info.microbatches - 1 do
+    lu.assertEquals(j:route(mb), s:route(mb), what .. ", mb " .. mb)
+  end
 end
 
 -- draw every case up front, in a fixed order, so a seed names the same cases

@@ -81,7 +81,8 @@ local function reference_simulate(s, cost)
         end
         local bt = a.type == "FB" and a.btype or a.type
         if bt == "B" or bt == "I" then
-          done[key("G", a.type == "FB" and a.bstage or a.stage, a.type == "FB" and a.bmb or a.mb)] = fin
+          done[key("G", a.type == "FB" and a.bstage or a.stage,
+            a.type == "FB" and a.bmb or a.mb)] = fin
           live[r] = live[r] - 1
         end
         at[r], left, progress = at[r] + 1, left - 1, true
@@ -161,7 +162,8 @@ end
 
 function test_build_by_name_and_alias()
   lu.assertEquals(schedule.build("zb-h1", { pp = 2, microbatches = 2 }):info().name, "zb1p")
-  lu.assertEquals(schedule.build("dualpipe-v", { pp = 2, microbatches = 4 }):info().name, "dualpipev")
+  lu.assertEquals(schedule.build("dualpipe-v", { pp = 2, microbatches = 4 }):info().name,
+    "dualpipev")
   local s = schedules.gpipe { pp = 2, microbatches = 2, name = "mine" }
   lu.assertEquals(s:info().name, "mine")
 end
@@ -215,7 +217,8 @@ end
 function test_placement_dualpipe()
   local s = schedules.dualpipe { pp = 4, microbatches = 8 }
   lu.assertEquals(s:info().stages, 4)
-  assert_placement(s, { { 0, 0 }, { 1, 1 }, { 2, 2 }, { 3, 3 }, { 0, 3 }, { 1, 2 }, { 2, 1 }, { 3, 0 } })
+  assert_placement(s, { { 0, 0 }, { 1, 1 }, { 2, 2 }, { 3, 3 }, { 0, 3 }, { 1, 2 }, { 2, 1 },
+    { 3, 0 } })
   for mb = 0, 3 do lu.assertEquals(s:route(mb), { 0, 1, 2, 3 }) end
   for mb = 4, 7 do lu.assertEquals(s:route(mb), { 4, 5, 6, 7 }) end
 end
@@ -239,12 +242,14 @@ function test_action_counts()
     lu.assertEquals(schedules.gpipe { pp = P, microbatches = M }:count(r), 2 * M)
     lu.assertEquals(schedules["1f1b"] { pp = P, microbatches = M }:count(r), 2 * M)
     lu.assertEquals(schedules.zb1p { pp = P, microbatches = M }:count(r), 3 * M)
-    lu.assertEquals(schedules.interleaved1f1b { pp = P, microbatches = M, chunks = 3 }:count(r), 2 * M * 3)
+    lu.assertEquals(schedules.interleaved1f1b { pp = P, microbatches = M, chunks = 3 }:count(r),
+      2 * M * 3)
     lu.assertEquals(schedules.zbv { pp = P, microbatches = M }:count(r), 2 * 3 * M)
   end
   -- DualPipe/V: per rank, pairs FB = 2(N-2H+h+1) - middle + (H-h-1), and
   -- I = W = 2H-h-1 (steps 3, 6, 7); every F and backward once.
-  for _, c in ipairs { { "dualpipe", 8, 20 }, { "dualpipe", 4, 8 }, { "dualpipev", 4, 10 }, { "dualpipev", 1, 2 } } do
+  for _, c in ipairs { { "dualpipe", 8, 20 }, { "dualpipe", 4, 8 }, { "dualpipev", 4, 10 },
+    { "dualpipev", 1, 2 } } do
     local name, P, M = c[1], c[2], c[3]
     local s = build(name, { pp = P, microbatches = M })
     local H = name == "dualpipe" and P // 2 or P
@@ -335,8 +340,8 @@ local function renamed(s, r, fv, fm)
   for i = 1, s:count(r) do
     local a = s:action(r, i - 1)
     if a.type == "FB" then
-      out[i] = string.format("(%dF%d;%d%s%d)OVERLAP_F_B", fv(a.stage), fm(a.mb), fv(a.bstage), a.btype,
-        fm(a.bmb))
+      out[i] = string.format("(%dF%d;%d%s%d)OVERLAP_F_B", fv(a.stage), fm(a.mb),
+        fv(a.bstage), a.btype, fm(a.bmb))
     else
       out[i] = string.format("%d%s%d", fv(a.stage), a.type, fm(a.mb))
     end
@@ -450,12 +455,17 @@ end
 
 function test_bubbles_match_the_published_numbers()
   local P, M = 8, 20
-  lu.assertAlmostEquals(sim(schedules["1f1b"] { pp = P, microbatches = M }, COST):max_bubble(), 21, 1e-9)
-  lu.assertAlmostEquals(sim(schedules.zb1p { pp = P, microbatches = M }, COST):max_bubble(), 7, 1e-9)
-  lu.assertAlmostEquals(sim(schedules.dualpipe { pp = P, microbatches = M }, COST):max_bubble(), 6, 1e-9)
+  lu.assertAlmostEquals(sim(schedules["1f1b"] { pp = P, microbatches = M }, COST):max_bubble(), 21,
+    1e-9)
+  lu.assertAlmostEquals(sim(schedules.zb1p { pp = P, microbatches = M }, COST):max_bubble(), 7,
+    1e-9)
+  lu.assertAlmostEquals(sim(schedules.dualpipe { pp = P, microbatches = M }, COST):max_bubble(), 6,
+    1e-9)
   local c25 = { F = 1, B = 2, I = 1, W = 1, FB = 2.5, latency = 0 }
-  lu.assertAlmostEquals(sim(schedules.dualpipe { pp = P, microbatches = M }, c25):max_bubble(), 4.5, 1e-9)
-  lu.assertAlmostEquals(sim(schedules.dualpipev { pp = P, microbatches = 16 }, COST):max_bubble(), 14, 1e-9)
+  lu.assertAlmostEquals(sim(schedules.dualpipe { pp = P, microbatches = M }, c25):max_bubble(),
+    4.5, 1e-9)
+  lu.assertAlmostEquals(sim(schedules.dualpipev { pp = P, microbatches = 16 }, COST):max_bubble(),
+    14, 1e-9)
 end
 
 function test_bubble_formulas_across_sizes()
@@ -488,7 +498,9 @@ end
 function test_simulate_agrees_with_reference()
   local cases = {}
   for _, c in ipairs(CASES) do cases[#cases + 1] = c end
-  for _, name in ipairs(schedules.list()) do cases[#cases + 1] = { name, { pp = 8, microbatches = 24 } } end
+  for _, name in ipairs(schedules.list()) do
+    cases[#cases + 1] = { name, { pp = 8, microbatches = 24 } }
+  end
   for _, c in ipairs(cases) do
     local s = build(c[1], c[2])
     local what = string.format("%s pp=%d M=%d", c[1], c[2].pp, c[2].microbatches)
@@ -509,10 +521,14 @@ end
 
 function test_errors_common()
   for _, name in ipairs(schedules.list()) do
-    lu.assertEquals(error_of(schedules[name]), name .. ": expects a table of options {pp = <ranks>, microbatches = <count>}")
-    lu.assertEquals(error_of(schedules[name], { microbatches = 8 }), name .. ": pp must be a positive integer, got nil")
-    lu.assertEquals(error_of(schedules[name], { pp = 0, microbatches = 8 }), name .. ": pp must be a positive integer, got 0")
-    lu.assertEquals(error_of(schedules[name], { pp = 2.5, microbatches = 8 }), name .. ": pp must be a positive integer, got 2.5")
+    lu.assertEquals(error_of(schedules[name]), name .. ": expects a table of options {pp = "
+      .. "<ranks>, microbatches = <count>}")
+    lu.assertEquals(error_of(schedules[name], { microbatches = 8 }),
+      name .. ": pp must be a positive integer, got nil")
+    lu.assertEquals(error_of(schedules[name], { pp = 0, microbatches = 8 }),
+      name .. ": pp must be a positive integer, got 0")
+    lu.assertEquals(error_of(schedules[name], { pp = 2.5, microbatches = 8 }),
+      name .. ": pp must be a positive integer, got 2.5")
     lu.assertEquals(error_of(schedules[name], { pp = 2, microbatches = -1 }),
       name .. ": microbatches must be a positive integer, got -1")
     lu.assertEquals(error_of(schedules[name], { pp = 2, microbatches = "8" }),
@@ -521,8 +537,10 @@ function test_errors_common()
 end
 
 function test_errors_dualpipe()
-  lu.assertEquals(error_of(schedules.dualpipe, { pp = 3, microbatches = 8 }), "dualpipe: pp must be even, got 3")
-  lu.assertEquals(error_of(schedules.dualpipe, { pp = 4, microbatches = 9 }), "dualpipe: microbatches must be even, got 9")
+  lu.assertEquals(error_of(schedules.dualpipe, { pp = 3, microbatches = 8 }),
+    "dualpipe: pp must be even, got 3")
+  lu.assertEquals(error_of(schedules.dualpipe, { pp = 4, microbatches = 9 }),
+    "dualpipe: microbatches must be even, got 9")
   lu.assertEquals(error_of(schedules.dualpipe, { pp = 4, microbatches = 6 }),
     "dualpipe: microbatches must be at least 2*pp = 8, got 6")
   lu.assertEquals(error_of(schedules.dualpipev, { pp = 4, microbatches = 7 }),
@@ -538,7 +556,8 @@ function test_problem_fields()
   lu.assertEquals(schedules.problem("dualpipe", 3, 8), { family = "dualpipe", label = "DualPipe",
     field = "pp", rule = "even", need = 2, got = 3, text = "pp must be even, got 3" })
   lu.assertEquals(schedules.problem("DualPipe", 4, 9).text, "microbatches must be even, got 9")
-  lu.assertEquals(schedules.problem("dualpipe-v", 4, 7), { family = "dualpipev", label = "DualPipeV",
+  lu.assertEquals(schedules.problem("dualpipe-v", 4, 7),
+    { family = "dualpipev", label = "DualPipeV",
     field = "microbatches", rule = "at_least", need = 8, per_pp = 2, got = 7,
     text = "microbatches must be at least 2*pp = 8, got 7" })
   lu.assertEquals(schedules.problem("chimera", 4, 6), { family = "chimera", label = "Chimera",

@@ -37,9 +37,15 @@ local function check(r, opts)
   local rep = r:peak_memory()
   for i = 1, opts.pp do
     lu.assertAlmostEquals(peak[i], rep[i], 1e-9, "rank " .. (i - 1))
-    if opts.memory then lu.assertTrue(peak[i] <= opts.memory + 1e-9, "rank " .. (i - 1) .. " over the limit") end
+    if opts.memory then
+      lu.assertTrue(peak[i] <= opts.memory + 1e-9, "rank " .. (i - 1) .. " over the limit")
+    end
   end
-  lu.assertTrue(r:lower_bound() <= r:objective() + 1e-9, string.format("bound %g above found %g (%s)", r:lower_bound(), r:objective(), require("luapipe.json").encode(opts.placement or "linear") .. " " .. tostring(opts.cost) .. " mem " .. tostring(opts.memory) .. " w " .. tostring(opts.w_share) .. " " .. tostring(opts.objective) .. " " .. tostring(opts.split)))
+  lu.assertTrue(r:lower_bound() <= r:objective() + 1e-9,
+    string.format("bound %g above found %g (%s)", r:lower_bound(), r:objective(),
+    require("luapipe.json").encode(opts.placement or "linear") .. " " .. tostring(opts.cost)
+    .. " mem " .. tostring(opts.memory) .. " w " .. tostring(opts.w_share) .. " "
+    .. tostring(opts.objective) .. " " .. tostring(opts.split)))
   lu.assertTrue(r:gap() >= 0)
   return s, res
 end
@@ -97,8 +103,8 @@ end
 function TestSearchValid:test_priority_function_seed()
   -- 1F1B-like priorities of our own: backward before forward, older first
   local seen = 0
-  local opts = { pp = 4, microbatches = 8, cost = "F=1,B=2,W=1", memory = 4, time = 0, progress = false,
-    families = false, split = "never",
+  local opts = { pp = 4, microbatches = 8, cost = "F=1,B=2,W=1", memory = 4, time = 0,
+    progress = false, families = false, split = "never",
     priority = function(a)
       seen = seen + 1
       return (a.kind == "F" and 1 or 0) * 1000 + a.mb
@@ -111,7 +117,8 @@ function TestSearchValid:test_priority_function_seed()
   local r2, err = search.search { pp = 2, microbatches = 2, progress = false,
     priority = function() return "soon" end }
   lu.assertNil(r2)
-  lu.assertStrContains(err, "priority must return a number, got string for F of micro-batch 0 on virtual stage 0")
+  lu.assertStrContains(err, "priority must return a number, got string for F of micro-batch 0 on "
+    .. "virtual stage 0")
 end
 
 function TestSearchValid:test_objective_error_is_reported()
@@ -122,8 +129,8 @@ function TestSearchValid:test_objective_error_is_reported()
 end
 
 function TestSearchValid:test_any_placement()
-  local opts = { pp = 4, microbatches = 8, cost = "F=1,B=2,W=1,FB=2.2", memory = 4, placement = "any",
-    time = 0.4, progress = false }
+  local opts = { pp = 4, microbatches = 8, cost = "F=1,B=2,W=1,FB=2.2", memory = 4,
+    placement = "any", time = 0.4, progress = false }
   local r = assert(search.search(opts))
   check(r, opts)
   -- no single placement does better than "any" with its share of the time
@@ -137,7 +144,8 @@ end
 
 function TestSearchValid:test_robust_choice()
   local opts = { pp = 4, microbatches = 8, cost = "F=1,B=2,W=1,latency=0.2", memory = 5,
-    w_share = 0.5, time = 0.3, progress = false, robust = { jitter = 0.1, samples = 15, candidates = 3 } }
+    w_share = 0.5, time = 0.3, progress = false, robust = { jitter = 0.1, samples = 15,
+    candidates = 3 } }
   local r = assert(search.search(opts))
   check(r, opts)
   lu.assertEquals(r.robust.candidates, 3)
@@ -172,9 +180,11 @@ end
 function TestSearchMemory:test_limit_below_one_microbatch()
   local r, err = search.search { pp = 4, microbatches = 4, memory = 0.75, progress = false }
   lu.assertNil(r)
-  lu.assertStrContains(err, "memory limit of rank 0 (0.75 activations) is less than one micro-batch needs there (1)")
+  lu.assertStrContains(err, "memory limit of rank 0 (0.75 activations) is less than one "
+    .. "micro-batch needs there (1)")
   -- V placement: one micro-batch needs both halves on a rank
-  r, err = search.search { pp = 4, microbatches = 4, memory = 0.75, placement = "v", progress = false }
+  r, err = search.search { pp = 4, microbatches = 4, memory = 0.75, placement = "v",
+    progress = false }
   lu.assertNil(r)
   lu.assertStrContains(err, "less than one micro-batch needs there (1)")
 end
@@ -251,7 +261,9 @@ local function exact_optimum(P, Mb, cost, split, objective, memory, w_share)
   for r = 0, P - 1 do
     local items = {}
     for m = 0, Mb - 1 do
-      for k, kind in ipairs(kinds) do items[#items + 1] = { k = k, m = m, text = r .. kind .. m } end
+      for k, kind in ipairs(kinds) do
+        items[#items + 1] = { k = k, m = m, text = r .. kind .. m }
+      end
     end
     per_rank[r] = orders(items, function(a, b) return a.m == b.m and a.k < b.k end)
   end
@@ -270,7 +282,9 @@ local function exact_optimum(P, Mb, cost, split, objective, memory, w_share)
     if res then
       local ok = true
       if memory then
-        for _, p in ipairs(core.schedule_peak(s, nil, w_share)) do ok = ok and p <= memory + 1e-9 end
+        for _, p in ipairs(core.schedule_peak(s, nil, w_share)) do
+          ok = ok and p <= memory + 1e-9
+        end
       end
       if ok then
         local v = res:makespan()
@@ -303,7 +317,8 @@ function TestSearchBounds:test_bound_below_exact_optimum()
     { P = 2, M = 2, cost = { F = 1, B = 3, I = 2, W = 1, latency = 0.5 }, split = true },
     { P = 3, M = 2, cost = { F = 1, B = 2 }, split = false },
     { P = 2, M = 3, cost = { F = 1, B = 2 }, split = false },
-    { P = 2, M = 2, cost = { F = 1, B = 2, I = 1, W = 1 }, split = true, memory = 1, w_share = 0.5 },
+    { P = 2, M = 2, cost = { F = 1, B = 2, I = 1, W = 1 }, split = true, memory = 1,
+      w_share = 0.5 },
     { P = 2, M = 2, cost = { F = 1, B = 2, I = 1, W = 1 }, split = true, objective = "span" },
   }
   for i, c in ipairs(cases) do
@@ -358,7 +373,9 @@ local function v_pairs_optimum(cost)
   for r = 0, 1 do
     local lo, hi = r == 0 and 0 or 1, r == 0 and 3 or 2
     local chains = {}
-    for m = 0, 1 do chains[m + 1] = { act("F", lo, m), act("F", hi, m), act("B", hi, m), act("B", lo, m) } end
+    for m = 0, 1 do
+      chains[m + 1] = { act("F", lo, m), act("F", hi, m), act("B", hi, m), act("B", lo, m) }
+    end
     per[r] = {}
     for _, o in ipairs(interleavings(chains[1], chains[2])) do
       for _, p in ipairs(pairings(o)) do per[r][#per[r] + 1] = p end
@@ -425,7 +442,9 @@ function TestSearchBounds:test_result_keeps_the_placement()
     for _, e in ipairs(assert(s:simulate { F = 1, B = 2, FB = 1.5 }):events()) do
       if e.rank == rk then seen[e.stage] = true end
     end
-    for _, st in ipairs(want[rk]) do lu.assertTrue(seen[st], "rank " .. rk .. " lacks stage " .. st) end
+    for _, st in ipairs(want[rk]) do
+      lu.assertTrue(seen[st], "rank " .. rk .. " lacks stage " .. st)
+    end
   end
 end
 
@@ -438,8 +457,10 @@ function TestSearchErrors:test_bad_options()
     return tostring(e)
   end
   lu.assertStrContains(err_of { pp = 0, microbatches = 4 }, "pp must be a positive integer")
-  lu.assertStrContains(err_of { pp = 4, microbatches = 4, w_share = 2 }, "w_share must be a number in 0..1")
-  lu.assertStrContains(err_of { pp = 4, microbatches = 4, placement = "zigzag" }, "placement 'zigzag'")
+  lu.assertStrContains(err_of { pp = 4, microbatches = 4, w_share = 2 },
+    "w_share must be a number in 0..1")
+  lu.assertStrContains(err_of { pp = 4, microbatches = 4, placement = "zigzag" },
+    "placement 'zigzag'")
   lu.assertStrContains(err_of { pp = 4, microbatches = 4, placement = { 0, 9 } },
     "model stage 1 is on rank 9, not one of 0..3")
   lu.assertStrContains(err_of { pp = 4, microbatches = 4, objective = "fast" }, "objective must be")

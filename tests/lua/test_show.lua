@@ -131,7 +131,9 @@ function TestGantt:test_every_label_whole_at_any_cost_ratio()
     for r = 0, P - 1 do
       local want = {}
       for _, e in ipairs(res:events(r)) do
-        if e.finish > e.start then want[#want + 1] = show.cell_label(e, multi and chunk_of or nil) end
+        if e.finish > e.start then
+          want[#want + 1] = show.cell_label(e, multi and chunk_of or nil)
+        end
       end
       lu.assertEquals(got[r], want, "rank " .. r)
     end
@@ -155,8 +157,8 @@ function TestGantt:test_every_label_whole_at_any_cost_ratio()
   lu.assertEquals(show.cell_label { type = "F", mb = 12 }, "12")
   -- with chunks: the chunk's letter after each half
   local ch = { [0] = 0, [7] = 1 }
-  lu.assertEquals(show.cell_label({ type = "FB", mb = 3, stage = 0, bmb = 5, bstage = 7, btype = "B" }, ch),
-    "3a&5b")
+  lu.assertEquals(show.cell_label({ type = "FB", mb = 3, stage = 0, bmb = 5, bstage = 7,
+    btype = "B" }, ch), "3a&5b")
   lu.assertEquals(show.cell_label({ type = "I", mb = 12, stage = 7 }, ch), "I12b")
 end
 
@@ -186,7 +188,8 @@ function TestGantt:test_chunks_told_apart()
   lu.assertStrContains(colored, "\27[30;106m") -- F, chunk b: bright cyan
   lu.assertStrContains(colored, "\27[30;103mI") -- I, chunk b: bright yellow
   -- interleaved: chunks a and b of each rank
-  local il = assert(require("luapipe.schedules").interleaved1f1b { pp = 2, microbatches = 4, chunks = 2 }
+  local il = assert(require("luapipe.schedules").interleaved1f1b { pp = 2, microbatches = 4,
+    chunks = 2 }
     :simulate()):gantt { color = false, width = 100000 }
   lu.assertStrContains(il, "0a")
   lu.assertStrContains(il, "B0b")
@@ -204,14 +207,16 @@ function TestGantt:test_extreme_cost_ratio_is_bounded()
   local text = res:gantt { color = false }
   lu.assertTrue(bands(text) <= 24)
   lu.assertTrue(max_width(text) <= 80)
-  lu.assertStrContains(text, "(costs too far apart to label every action in 24 bands: short ones cut)")
+  lu.assertStrContains(text, "(costs too far apart to label every action in 24 bands: "
+    .. "short ones cut)")
   -- an ordinary ratio has no such note
   lu.assertNotStrContains(assert(onef1b(2, 2):simulate { F = 1, B = 2 }):gantt { color = false },
     "too far apart")
   -- not a result: named, raised at the caller
   local ok, err = pcall(show.gantt, 5)
   lu.assertFalse(ok)
-  lu.assertStrContains(err, "show.gantt: expected a simulation result (s:simulate(cost)), got number")
+  lu.assertStrContains(err, "show.gantt: expected a simulation result (s:simulate(cost)), "
+    .. "got number")
   ok, err = pcall(show.svg, "x")
   lu.assertStrContains(err, "show.svg: expected a simulation result (s:simulate(cost)), got string")
 end
@@ -300,7 +305,8 @@ end
 local function svg_cells(svg)
   local out = {}
   for class, tip, inner in svg:gmatch('<g class="([%w_-]+)"><title>(.-)</title>\n(.-)</g>') do
-    local c = { class = class, tip = tip, width = tonumber(inner:match('width="([%d.]+)"')), labels = {} }
+    local c = { class = class, tip = tip, width = tonumber(inner:match('width="([%d.]+)"')),
+      labels = {} }
     for size, text in inner:gmatch('<text [^>]-font%-size="([%d.]+)"[^>]->(.-)</text>') do
       c.labels[#c.labels + 1] = { text, tonumber(size) }
     end
@@ -356,7 +362,8 @@ function TestSvg:test_chunks_and_kinds_apart()
   local svg = assert(ref.dualpipe(4, 8):simulate { FB = 3 }):svg()
   lu.assertStrContains(svg, "chunk a (down the ranks, 0 to 3):")
   lu.assertStrContains(svg, "chunk b (up the ranks, 3 to 0):")
-  local il = assert(require("luapipe.schedules").interleaved1f1b { pp = 4, microbatches = 8, chunks = 4 }
+  local il = assert(require("luapipe.schedules").interleaved1f1b { pp = 4, microbatches = 8,
+    chunks = 4 }
     :simulate()):svg()
   lu.assertStrContains(il, "chunks a, c (down the ranks, 0 to 3):")
   lu.assertStrContains(il, "chunks b, d (down the ranks, 0 to 3):")
@@ -366,7 +373,8 @@ function TestSvg:test_chunks_and_kinds_apart()
   local function cell(tipword)
     for _, c in ipairs(cells) do
       if c.tip:find(tipword, 1, true) then
-        return svg:match('<title>' .. c.tip:gsub("%p", "%%%0") .. '</title>\n<rect [^>]-fill="(#%x+)"'), c
+        return svg:match('<title>' .. c.tip:gsub("%p", "%%%0") .. '</title>\n<rect '
+          .. '[^>]-fill="(#%x+)"'), c
       end
     end
   end
@@ -378,13 +386,15 @@ function TestSvg:test_chunks_and_kinds_apart()
   -- every pair of kinds far apart, in both shades
   local zb = assert(require("luapipe.schedules").zbv({ pp = 4, microbatches = 8 }):simulate()):svg()
   local by = {}
-  for fill, kind in zb:gmatch('width="16" height="14" fill="(#%x+)" stroke="#999" stroke%-width="0.5"/>\n<text [^>]*>(%u) ') do
+  for fill, kind in zb:gmatch('width="16" height="14" fill="(#%x+)" stroke="#999" '
+    .. 'stroke%-width="0.5"/>\n<text [^>]*>(%u) ') do
     by[#by + 1] = { kind = kind, fill = fill }
   end
   lu.assertTrue(#by >= 6, #by) -- F, I, W in two shades
   for i = 1, #by do
     for j = i + 1, #by do
-      lu.assertTrue(distance(by[i].fill, by[j].fill) > 70, by[i].kind .. by[i].fill .. " vs " .. by[j].kind .. by[j].fill)
+      lu.assertTrue(distance(by[i].fill, by[j].fill) > 70,
+        by[i].kind .. by[i].fill .. " vs " .. by[j].kind .. by[j].fill)
     end
   end
   local one = assert(onef1b(4, 8):simulate()):svg()
@@ -419,16 +429,19 @@ end
 function TestSvg:test_measured_units_optimizer_aspect()
   local Fake = {}
   Fake.__index = Fake
-  function Fake:info() return { name = "1f1b (measured)", ranks = 2, stages = 2, microbatches = 2 } end
+  function Fake:info() return { name = "1f1b (measured)", ranks = 2, stages = 2,
+    microbatches = 2 } end
   function Fake:makespan() return 12.5 end
   function Fake:max_bubble() return 3 end
   local ev = {
     [0] = { { type = "F", stage = 0, mb = 0, start = 0, finish = 2, index = 0, text = "0F0" },
       { type = "B", stage = 0, mb = 0, start = 7, finish = 10.5, index = 1, text = "0B0" },
-      { type = "optim", stage = -1, mb = "opt", start = 10.5, finish = 12.5, index = -1, text = "optimizer" } },
+      { type = "optim", stage = -1, mb = "opt", start = 10.5, finish = 12.5, index = -1,
+        text = "optimizer" } },
     [1] = { { type = "F", stage = 1, mb = 0, start = 2.5, finish = 4.5, index = 0, text = "1F0" },
       { type = "B", stage = 1, mb = 0, start = 4.5, finish = 6.9, index = 1, text = "1B0" },
-      { type = "optim", stage = -1, mb = "opt", start = 7, finish = 9, index = -1, text = "optimizer" } },
+      { type = "optim", stage = -1, mb = "opt", start = 7, finish = 9, index = -1,
+        text = "optimizer" } },
   }
   function Fake:events(r) return ev[r] end
   local m = setmetatable({}, Fake)
@@ -467,7 +480,8 @@ function TestParseCost:test_good()
     { F = 1, B = 2, W = 1, FB = 2.5, latency = 0.1 })
   lu.assertEquals(sim.parse_cost(" fb = 3 , Latency=0 ,i=1"), { FB = 3, latency = 0, I = 1 })
   lu.assertEquals(sim.parse_cost(""), {})
-  lu.assertEquals(sim.parse_cost("F=1,F[1]=2,B[1]=4"), { F = 1, stages = { [1] = { F = 2, B = 4 } } })
+  lu.assertEquals(sim.parse_cost("F=1,F[1]=2,B[1]=4"),
+    { F = 1, stages = { [1] = { F = 2, B = 4 } } })
 end
 
 function TestParseCost:test_bad()

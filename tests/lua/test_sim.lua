@@ -108,7 +108,8 @@ function TestActionTimes:test_replay_and_errors()
   lu.assertStrContains(err({ actions = { [0] = { [send] = 1 } } }),
     string.format("simulate: actions[0][%d] (%s): only compute actions (F, B, I, W, FB) take time",
       send, s:action(0, send).text))
-  lu.assertStrContains(err({ actions = { [2] = {} } }), "simulate: actions key 2 is not a rank 0..1")
+  lu.assertStrContains(err({ actions = { [2] = {} } }),
+    "simulate: actions key 2 is not a rank 0..1")
   lu.assertStrContains(err({ actions = { [1] = { [99] = 1 } } }),
     string.format("simulate: actions[1] key 99 is not an action of rank 1 (0..%d)", s:count(1) - 1))
   lu.assertStrContains(err({ actions = { [0] = { [first] = -1 } } }),

@@ -40,7 +40,8 @@ end
 function TestSimLink:test_every_family_matches_the_latency_model()
   local link, bytes = "lat=200us,bw=2GB/s", 8e6
   local delay = 200e-6 + bytes / 2e9
-  for _, fam in ipairs({ "gpipe", "1f1b", "interleaved1f1b", "zb1p", "zbv", "dualpipe", "dualpipev" }) do
+  for _, fam in ipairs({ "gpipe", "1f1b", "interleaved1f1b", "zb1p", "zbv", "dualpipe",
+    "dualpipev" }) do
     local s = schedule.build(fam, { pp = 4, microbatches = 8, chunks = 2 })
     local c = with { FB = 0.025 }
     local plain = assert(s:simulate(c)):makespan()
@@ -96,14 +97,16 @@ function TestSimLink:test_bad_links()
   -- the one cost rule bounds the link's latency and a message's whole delay
   ok, err = pcall(s.simulate, s, with { link = "lat=1e300s,bw=1GB/s" })
   lu.assertFalse(ok)
-  lu.assertStrContains(err, "simulate: cost model: link latency = 1e+300 must be a number in 0..1e+15")
+  lu.assertStrContains(err, "simulate: cost model: link latency = 1e+300 must be a "
+    .. "number in 0..1e+15")
   ok, err = pcall(s.simulate, s, with { link = "lat=1s,bw=1B/s", bytes = 1e15 })
   lu.assertFalse(ok)
-  lu.assertStrContains(err, "cost model: a message takes 1000000000000001 (latency + link latency + "
-    .. "bytes / bandwidth), more than the limit of 1e+15")
+  lu.assertStrContains(err, "cost model: a message takes 1000000000000001 (latency "
+    .. "+ link latency + bytes / bandwidth), more than the limit of 1e+15")
   local v, perr = comm.parse_link("bw=3Gb/s")
   lu.assertNil(v)
-  lu.assertEquals(perr, "link 'bw=3Gb/s': bw=3Gb/s has an unknown unit 'Gb/s' (use GB/s, MB/s, KB/s or B/s)")
+  lu.assertEquals(perr, "link 'bw=3Gb/s': bw=3Gb/s has an unknown unit 'Gb/s' (use GB/s, "
+    .. "MB/s, KB/s or B/s)")
   lu.assertEquals(assert(comm.parse_link("bw=250MB/s,lat=1.5ms")).text, "lat=1.5ms,bw=250MB/s")
 end
 

@@ -23,7 +23,8 @@ local function data(step, mb)
 end
 
 local function run(model, device, steps)
-  return train { model = model, schedule = "gpipe", microbatches = 2, data = data, steps = steps or 2,
+  return train { model = model, schedule = "gpipe", microbatches = 2, data = data,
+    steps = steps or 2,
     seed = 3, optimizer = { kind = "sgd", lr = 0.05 }, quiet = true, device = device }
 end
 
@@ -43,11 +44,14 @@ function test_no_cuda_device()
   local msg = error_of(run, mlp(), "cuda")
   if k.cuda then
     lu.assertStrMatches(msg,
-      "luapipe%.train: device 'cuda' requested but no CUDA device is visible %(cudaGetDeviceCount: .+%)")
+      "luapipe%.train: device 'cuda' requested but no CUDA device is visible %(cudaGetDeviceCount: "
+      .. ".+%)")
   else
-    lu.assertEquals(msg, "luapipe.train: device 'cuda' requested but luapipe was built without CUDA (no nvcc)")
+    lu.assertEquals(msg, "luapipe.train: device 'cuda' requested but luapipe was built without "
+      .. "CUDA (no nvcc)")
   end
-  lu.assertStrContains(error_of(run, mlp(), "cuda:1"), "luapipe.train: device 'cuda:1' requested but ")
+  lu.assertStrContains(error_of(run, mlp(), "cuda:1"),
+    "luapipe.train: device 'cuda:1' requested but ")
   lu.assertEquals(core.exec_device("cpu"), "cpu")
   local name, err = core.exec_device("cuda")
   lu.assertNil(name)
@@ -62,8 +66,10 @@ function test_on_the_gpu_as_on_the_cpu()
 end
 
 function test_bad_device_names()
-  lu.assertEquals(error_of(run, mlp(), "gpu"), "luapipe.train: device 'gpu' is not cpu, cuda or cuda:N")
-  lu.assertEquals(error_of(run, mlp(), "cuda:x"), "luapipe.train: device 'cuda:x' is not cpu, cuda or cuda:N")
+  lu.assertEquals(error_of(run, mlp(), "gpu"),
+    "luapipe.train: device 'gpu' is not cpu, cuda or cuda:N")
+  lu.assertEquals(error_of(run, mlp(), "cuda:x"), "luapipe.train: device 'cuda:x' is not cpu, "
+    .. "cuda or cuda:N")
   lu.assertStrContains(error_of(run, mlp(), 1),
     "luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got 1")
 end
@@ -76,7 +82,8 @@ end
 function test_moe_on_a_device()
   if core.kernels().devices == 0 then
     -- no MoE refusal any more: the only reason given is the missing device
-    lu.assertStrContains(error_of(run, moe_model(), "cuda"), "luapipe.train: device 'cuda' requested but ")
+    lu.assertStrContains(error_of(run, moe_model(), "cuda"),
+      "luapipe.train: device 'cuda' requested but ")
     lu.assertEquals(run(moe_model(), "cpu", 1).device, "cpu")
     return
   end

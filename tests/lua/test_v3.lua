@@ -72,12 +72,14 @@ local function check_case(case)
     dmax = math.max(dmax, math.abs(flat_a[i] - flat_b[i]))
     lmax = math.max(lmax, math.abs(flat_b[i]))
   end
-  lu.assertTrue(dmax / lmax < 1e-4, string.format("%s: logits off by %.3g of %.3g", case, dmax, lmax))
+  lu.assertTrue(dmax / lmax < 1e-4, string.format("%s: logits off by %.3g of %.3g", case,
+    dmax, lmax))
   -- loss and every gradient
   local opt = core.nn_optim(layer, { kind = "sgd", lr = 0 })
   local loss = assert(core.nn_reference_step(layer, opt, "cross_entropy", 1, mk, 1))
   local rloss = ref:read("loss"):totable()[1]
-  lu.assertTrue(math.abs(loss - rloss) / rloss < 1e-5, string.format("%s: loss %.8f, model.py %.8f", case, loss, rloss))
+  lu.assertTrue(math.abs(loss - rloss) / rloss < 1e-5, string.format("%s: loss %.8f, model.py %.8f",
+    case, loss, rloss))
   local ngrad = 0
   for _, p in ipairs(layer:params(true)) do
     local n = stored(model, names.to_model(p.name))
@@ -85,7 +87,8 @@ local function check_case(case)
     local o = {}
     flat(g:totable(), o)
     local e = rel_l2(p.value, o)
-    lu.assertTrue(e < 1e-3, string.format("%s: gradient of %s off by %.3g (relative L2)", case, n, e))
+    lu.assertTrue(e < 1e-3, string.format("%s: gradient of %s off by %.3g (relative L2)",
+      case, n, e))
     ngrad = ngrad + 1
   end
   local nref = 0
@@ -93,7 +96,8 @@ local function check_case(case)
   lu.assertEquals(ngrad, nref)
   -- five AdamW steps as torch.optim.AdamW
   local r = train.reference { model = model, data = mk, steps = 5, microbatches = 1,
-    optimizer = { kind = "adamw", lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1 } }
+    optimizer = { kind = "adamw", lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8,
+    weight_decay = 0.1 } }
   local rl = ref:read("adamw_losses"):totable()
   for k = 1, 5 do
     lu.assertTrue(math.abs(r.losses[k] - rl[k]) / rl[k] < 1e-4,
@@ -109,11 +113,14 @@ local function check_case(case)
   -- the correction bias is not trained: as stored
   if model.args.correction_bias then
     local i = model.args.n_dense_layers
-    local bias = model.ckpt:read("layers." .. i .. ".ffn.gate.bias", { model.args.n_routed_experts }):totable()
+    local bias = model.ckpt:read("layers." .. i .. ".ffn.gate.bias",
+      { model.args.n_routed_experts }):totable()
     local k = 0
     for li = 1, #model.layers do
       if model.layer_names[li] == "layers." .. i then break end
-      if model.layers[li].kind == "mla_block" and model.layers[li].ffn.kind == "moe" then k = k + 1 end
+      if model.layers[li].kind == "mla_block" and model.layers[li].ffn.kind == "moe" then
+        k = k + 1
+      end
     end
     local got = r.layer:moe_bias(k + 1)
     for e = 1, #bias do lu.assertEquals(got[e], bias[e]) end
@@ -193,7 +200,8 @@ function test_save_round_trip()
     lu.assertEquals(l2:moe_count(), layer:moe_count())
     if model.args.correction_bias then lu.assertEquals(l2:moe_bias(1), layer:moe_bias(1)) end
     -- the saved file under the original names, readable by our reader
-    local f = model.form == "hf" and "/model-00001-of-00001.safetensors" or "/model0-mp1.safetensors"
+    local f = model.form == "hf" and "/model-00001-of-00001.safetensors"
+      or "/model0-mp1.safetensors"
     local st = assert(core.safetensors_open(dir .. f))
     local t = st:tensors()
     for _, p in ipairs(model:param_list()) do
@@ -229,14 +237,16 @@ function test_bad_config()
   local cfg = json.decode(util.read_file(dir .. "/config.json"), true)
   cfg.n_layers = 4
   util.write_file(dir .. "/config.json", json.encode(cfg))
-  lu.assertEquals(load_error(dir), dir .. ": tensor layers.3.attn_norm.weight is missing (the config's model has it)")
+  lu.assertEquals(load_error(dir), dir .. ": tensor layers.3.attn_norm.weight is missing (the "
+    .. "config's model has it)")
   cfg.n_layers, cfg.dim = 3, 32
   util.write_file(dir .. "/config.json", json.encode(cfg))
-  lu.assertEquals(load_error(dir), dir .. "/model0-mp1.safetensors: tensor embed.weight has shape [128, 64], "
-    .. "the config gives [128, 32]")
+  lu.assertEquals(load_error(dir), dir .. "/model0-mp1.safetensors: tensor embed.weight has "
+    .. "shape [128, 64], the config gives [128, 32]")
   cfg.dim, cfg.n_limited_groups = 64, 5
   util.write_file(dir .. "/config.json", json.encode(cfg))
-  lu.assertEquals(load_error(dir), dir .. "/config.json: n_limited_groups (5) is more than n_expert_groups (4)")
+  lu.assertEquals(load_error(dir), dir .. "/config.json: n_limited_groups (5) is more than "
+    .. "n_expert_groups (4)")
   cfg.n_limited_groups, cfg.vocab_size = 2, nil
   util.write_file(dir .. "/config.json", json.encode(cfg))
   lu.assertEquals(load_error(dir), dir .. "/config.json: missing key 'vocab_size'")

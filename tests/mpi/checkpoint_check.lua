@@ -51,7 +51,8 @@ end
 -- stages of the checkpointed run (a split by measured cost may differ from
 -- job to job; test_partition_resume.sh covers resuming one)
 local base = { model = model, schedule = family, microbatches = M, data = data, seed = SEED,
-  optimizer = optimizer, quiet = true, ep = EP > 1 and EP or nil, eplb = eplb, partition = "layers" }
+  optimizer = optimizer, quiet = true, ep = EP > 1 and EP or nil, eplb = eplb,
+  partition = "layers" }
 local function run(extra)
   local o = {}
   for k, v in pairs(base) do o[k] = v end
@@ -138,7 +139,9 @@ elseif mode == "resume" then
     end
   end
   if n == 0 then fails[#fails + 1] = "no parameters checked" end
-  for _, m in ipairs(fails) do print(string.format("rank %d: FAIL %s resume: %s", rank, family, m)) end
+  for _, m in ipairs(fails) do
+    print(string.format("rank %d: FAIL %s resume: %s", rank, family, m))
+  end
   if #fails == 0 then
     print(string.format("rank %d: ok resume %s (steps %d..%d bitwise, %d params in %d vstages)",
       rank, family, r.first_step, steps, n, nv))
@@ -150,11 +153,14 @@ elseif mode == "error" then
   print(string.format("rank %d: resumed without an error", rank))
 elseif mode == "other" then
   steps = steps or 6
-  local r = run { steps = steps, resume = true, checkpoint = { dir = ckdir, every = 2 }, quiet = false }
+  local r = run { steps = steps, resume = true, checkpoint = { dir = ckdir, every = 2 },
+    quiet = false }
   local finite = true
-  for k = r.first_step, steps do finite = finite and r.losses[k] == r.losses[k] and r.losses[k] < math.huge end
-  print(string.format("rank %d: ok other %s (steps %d..%d, losses %s)", rank, family, r.first_step, steps,
-    finite and "finite" or "NOT finite"))
+  for k = r.first_step, steps do
+    finite = finite and r.losses[k] == r.losses[k] and r.losses[k] < math.huge
+  end
+  print(string.format("rank %d: ok other %s (steps %d..%d, losses %s)", rank, family,
+    r.first_step, steps, finite and "finite" or "NOT finite"))
 else
   error("unknown mode " .. tostring(mode))
 end

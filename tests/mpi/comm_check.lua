@@ -178,8 +178,8 @@ elseif mode == "a2a" then
   comm.set_link("none")
   local start = ok_or_abort(comm.allreduce({ sent }))[1]
   if r == 1 then
-    check(received - start >= 0.3, "late sender on a 300 ms link: received %.4f s after the send began",
-      received - start)
+    check(received - start >= 0.3, "late sender on a 300 ms link: received %.4f s after "
+      .. "the send began", received - start)
   end
   local ok, err = pcall(comm.set_link, "lat=20")
   check(not ok and err:find("lat=20 needs a unit %(us, ms or s%)"), "bad link: %s", tostring(err))

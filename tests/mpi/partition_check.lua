@@ -27,8 +27,8 @@ local model = fx.mlp()
 local LAYERS = "1-2 | 3-4 | 5-6 | 7-8"
 local FORCED = { 1, 1, 1, 1, 1, 1, 1, 10 } -- by cost: layer 8 alone in the last stage
 
-local base = { model = model, schedule = "1f1b", microbatches = 8, data = fx.regression_data, seed = 5,
-  optimizer = { kind = "adamw", lr = 0.01 }, quiet = true }
+local base = { model = model, schedule = "1f1b", microbatches = 8, data = fx.regression_data,
+  seed = 5, optimizer = { kind = "adamw", lr = 0.01 }, quiet = true }
 local function run(extra)
   local o = {}
   for k, v in pairs(base) do o[k] = v end
@@ -54,8 +54,8 @@ if mode == "cost" then
   local r = run { steps = 1 }
   local p = r.partition
   local ok = p.by == "cost" and #p.costs == 8 and same_on_all_ranks(p.bounds)
-  print(string.format("rank %d: %s cost %s, measured in %.2f ms", rank, ok and "ok" or "FAIL", nn.bounds_text(p.bounds),
-    1000 * (p.seconds or -1)))
+  print(string.format("rank %d: %s cost %s, measured in %.2f ms", rank, ok and "ok" or "FAIL",
+    nn.bounds_text(p.bounds), 1000 * (p.seconds or -1)))
   os.exit(ok and 0 or 1)
 elseif mode == "full" then
   local r = run { steps = 4, partition = "layers" }
@@ -80,7 +80,8 @@ elseif mode == "resume" or mode == "error" then
     if not o.bounds then o.costs = FORCED end
     return nn.Model.partition(self, o)
   end
-  local forced = nn.bounds_text(nn.Model.partition(model, { stages = 4, by = "cost", costs = FORCED }).bounds)
+  local forced = nn.bounds_text(nn.Model.partition(model,
+    { stages = 4, by = "cost", costs = FORCED }).bounds)
   assert(forced ~= LAYERS, "the forced costs give the layer-count split")
   local r = run { steps = 4, partition = "cost", quiet = false, resume = true,
     checkpoint = { dir = ckdir, every = 2 } }
@@ -92,16 +93,20 @@ elseif mode == "resume" or mode == "error" then
   local fails = {}
   local got = nn.bounds_text(r.partition.bounds)
   if got ~= LAYERS then
-    fails[#fails + 1] = string.format("split as %s, not as the checkpoint's %s (a fresh split: %s)", got,
-      LAYERS, forced)
+    fails[#fails + 1] = string.format("split as %s, not as the checkpoint's %s (a fresh split: %s)",
+      got, LAYERS, forced)
   end
-  if not r.partition.recorded then fails[#fails + 1] = "the partition is not marked as the checkpoint's" end
-  if not same_on_all_ranks(r.partition.bounds) then fails[#fails + 1] = "the ranks split differently" end
+  if not r.partition.recorded then
+    fails[#fails + 1] = "the partition is not marked as the checkpoint's"
+  end
+  if not same_on_all_ranks(r.partition.bounds) then
+    fails[#fails + 1] = "the ranks split differently"
+  end
   if r.first_step ~= 3 then fails[#fails + 1] = "resumed at step " .. tostring(r.first_step) end
   for k = 3, 4 do
     if r.losses[k] ~= want.losses[k] then
-      fails[#fails + 1] = string.format("loss of step %d: %.17g, uninterrupted %.17g", k, r.losses[k] or 0 / 0,
-        want.losses[k])
+      fails[#fails + 1] = string.format("loss of step %d: %.17g, uninterrupted %.17g", k,
+        r.losses[k] or 0 / 0, want.losses[k])
     end
   end
   local n = 0
@@ -122,8 +127,8 @@ elseif mode == "resume" or mode == "error" then
   if n == 0 then fails[#fails + 1] = "no parameters checked" end
   for _, m in ipairs(fails) do print(string.format("rank %d: FAIL resume: %s", rank, m)) end
   if #fails == 0 then
-    print(string.format("rank %d: ok resume as %s (a fresh split: %s), steps 3..4 bitwise, %d params", rank,
-      got, forced, n))
+    print(string.format("rank %d: ok resume as %s (a fresh split: %s), steps 3..4 "
+      .. "bitwise, %d params", rank, got, forced, n))
   end
   local total = assert(comm.allreduce({ #fails }, "gathering failure counts"))[1]
   os.exit(total == 0 and 0 or 1)

@@ -28,7 +28,8 @@ local s = r.summary
 check(type(s) == "table", "result.summary missing")
 if type(s) == "table" then
   local measured = steps > 1 and steps - 1 or steps
-  check(s.steps == measured, string.format("summary.steps %s, expected %d", tostring(s.steps), measured))
+  check(s.steps == measured, string.format("summary.steps %s, expected %d", tostring(s.steps),
+    measured))
   check(s.skipped == (steps > 1), "summary.skipped")
   check(s.ranks == P, "summary.ranks")
   for _, k in ipairs({ "step_ms", "predicted_ms", "makespan_ms", "ratio" }) do
@@ -36,7 +37,8 @@ if type(s) == "table" then
   end
   for _, k in ipairs({ "overhead_pct", "bubble_pct", "sim_bubble_pct", "wait_pct", "post_pct",
     "compute_pct" }) do
-    check(num(s[k]) and s[k] >= 0 and s[k] <= 100, k .. " = " .. tostring(s[k]) .. ", expected 0..100")
+    check(num(s[k]) and s[k] >= 0 and s[k] <= 100,
+      k .. " = " .. tostring(s[k]) .. ", expected 0..100")
   end
   check(num(s.latency_ms) and s.latency_ms >= 0, "latency_ms")
   check(s.sim_error == nil, "simulation failed: " .. tostring(s.sim_error))
@@ -94,7 +96,8 @@ check(nF + nFB == mine * tot.steps, string.format("F actions counted %d + FB %d,
 -- every forward half, lone or in an FB pair, counted once under F
 local hF = 0
 for _, a in pairs(tot.actions.F) do hF = hF + a.x_halves end
-check(hF == mine * tot.steps, string.format("F halves counted %d, expected %d", hF, mine * tot.steps))
+check(hF == mine * tot.steps, string.format("F halves counted %d, expected %d", hF,
+  mine * tot.steps))
 -- message sizes for the simulator's link model: an activation message into
 -- every stage but the first; a gradient-sum message only for the copies of
 -- DualPipe's replicated stages this rank holds
@@ -103,13 +106,16 @@ for _, v in ipairs(r.exec:vstages()) do held[v.stage] = true end
 local S = r.schedule:info().stages
 for st = 0, S - 1 do
   local act, grad = r.exec:message_floats(st)
-  check(st == 0 and act == 0 or st > 0 and act > 0, "message_floats(" .. st .. ") act " .. tostring(act))
+  check(st == 0 and act == 0 or st > 0 and act > 0, "message_floats(" .. st .. ") act "
+    .. tostring(act))
   local want = family == "dualpipe" and held[st]
   check(want and grad > 0 or not want and grad == 0,
-    "message_floats(" .. st .. ") grad " .. tostring(grad) .. (want and ", expected > 0" or ", expected 0"))
+    "message_floats(" .. st .. ") grad " .. tostring(grad)
+    .. (want and ", expected > 0" or ", expected 0"))
 end
 local mok, merr = pcall(r.exec.message_floats, r.exec, S)
-check(not mok and tostring(merr):find("no such model stage", 1, true), "message_floats(S) must fail")
+check(not mok and tostring(merr):find("no such model stage", 1, true),
+  "message_floats(S) must fail")
 -- the kept steps (exec:step_times): one per measured step, a time for
 -- every compute action of this rank and none for the others, and the
 -- parts within the step's wall time (waits are excluded from them)
@@ -139,7 +145,8 @@ if type(s) == "table" then
   if num(s.replay_ms) then
     local t = assert(comm.allreduce({ s.replay_ms, s.spread_ms or 0 }))
     check(math.abs(t[1] - P * s.replay_ms) < 1e-9 * P * s.replay_ms, "replay differs between ranks")
-    check(math.abs(t[2] - P * (s.spread_ms or 0)) < 1e-9 * P * (s.spread_ms or 0), "spread differs between ranks")
+    check(math.abs(t[2] - P * (s.spread_ms or 0)) < 1e-9 * P * (s.spread_ms or 0),
+      "spread differs between ranks")
   end
 end
 -- the job's timing gathered in C (exec:job_timing): named fields, this
@@ -166,7 +173,8 @@ if job then
   local n = 0
   for _, a in pairs(job.actions.F) do n = n + a.n end
   check(n == assert(comm.allreduce({ nF }))[1], "job_timing: F actions summed over the ranks")
-  check(table.concat(require("luapipe.core").compute_kinds, " ") == "F B I W FB", "core.compute_kinds")
+  check(table.concat(require("luapipe.core").compute_kinds, " ") == "F B I W FB",
+    "core.compute_kinds")
   for _, k in ipairs(require("luapipe.core").compute_kinds) do
     check(type(job.actions[k]) == "table", "job_timing: actions." .. k)
   end
@@ -189,7 +197,8 @@ if rank == 0 and svg ~= "-" then
   check(text:find("<svg", 1, true) and text:find("measured last step", 1, true),
     "SVG of the measured step missing or wrong")
   check(text:find("time (ms)", 1, true) and not text:find("units", 1, true)
-    and text:find("optimizer step", 1, true), "measured SVG: ms on the axis, optimizer in the legend")
+    and text:find("optimizer step", 1, true),
+    "measured SVG: ms on the axis, optimizer in the legend")
 end
 
 if #fails == 0 then

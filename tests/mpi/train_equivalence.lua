@@ -77,7 +77,8 @@ end
 
 local sched = family
 if family:match("%.csv$") then
-  -- a schedule file with explicit SEND/RECV (PyTorch's CSV, or `luapipe search -o found.csv`), run as written
+  -- a schedule file with explicit SEND/RECV (PyTorch's CSV, or `luapipe search -o found.csv`), run
+  -- as written
   sched = assert(require("luapipe.schedule").from_csv(family))
   assert(sched:info().microbatches == M)
 end
@@ -148,9 +149,10 @@ if (mode or ""):match("skew") then
 end
 
 local CLIP = 0.05
-local lr_schedule = recipe and { warmup = 1, decay = "cosine", steps = STEPS, min_lr = 0.1 * optimizer.lr } or nil
-local r = train { model = model, schedule = sched, overlapped_fb = hook, microbatches = M, data = tdata,
-  clip = recipe and CLIP or nil, lr_schedule = lr_schedule,
+local lr_schedule = recipe and { warmup = 1, decay = "cosine", steps = STEPS,
+  min_lr = 0.1 * optimizer.lr } or nil
+local r = train { model = model, schedule = sched, overlapped_fb = hook, microbatches = M,
+  data = tdata, clip = recipe and CLIP or nil, lr_schedule = lr_schedule,
   link = link,
   steps = STEPS, seed = SEED, optimizer = optimizer, quiet = true, lookahead = lookahead,
   partition = mode == "cost" and "cost" or "layers", ep = EP,
@@ -178,7 +180,9 @@ if recipe then
     end
     check("learning rate of step " .. k, r.lrs[k], ref.lrs[k])
   end
-  if not clipped then fails[#fails + 1] = "no step's norm exceeded the clip: the test clips nothing" end
+  if not clipped then
+    fails[#fails + 1] = "no step's norm exceeded the clip: the test clips nothing"
+  end
 end
 
 local want = ref.params()
@@ -203,8 +207,8 @@ for _, vs in ipairs(r.stage_params()) do
         mx = math.max(mx, math.abs(w[i]))
       end
       if md > 1e-5 * math.max(mx, 1e-6) then
-        fails[#fails + 1] = string.format("stage %d (vstage %d) parameter %s: max |diff| %.3g (max |value| %.3g)",
-          vs.stage, vs.id, name, md, mx)
+        fails[#fails + 1] = string.format("stage %d (vstage %d) parameter %s: max |diff| %.3g "
+          .. "(max |value| %.3g)", vs.stage, vs.id, name, md, mx)
       end
       nchecked = nchecked + 1
     end
@@ -235,9 +239,11 @@ if (mode or ""):match("eplb") then
       def[l] = {}
       for s = 0, ((E + EP - 1) // EP) * EP - 1 do def[l][s + 1] = s % E end
     end
-    local before, after = train.load_ratio(loads, def, EP), train.load_ratio(loads, e.placements, EP)
+    local before, after = train.load_ratio(loads, def, EP),
+      train.load_ratio(loads, e.placements, EP)
     if after > before + 1e-9 then
-      fails[#fails + 1] = string.format("EPLB made the load worse: max/mean %.3f -> %.3f", before, after)
+      fails[#fails + 1] = string.format("EPLB made the load worse: max/mean %.3f -> %.3f",
+        before, after)
     end
     if rank == 0 then
       print(string.format("eplb: %d plans, %d bytes moved, load max/mean %.3f -> %.3f (last step)",
@@ -261,9 +267,12 @@ for v = 0, V - 1 do
   end
 end
 
-for _, f in ipairs(fails) do print(string.format("rank %d: FAIL %s %d ranks: %s", rank, family, P, f)) end
+for _, f in ipairs(fails) do
+  print(string.format("rank %d: FAIL %s %d ranks: %s", rank, family, P, f))
+end
 if #fails == 0 then
-  print(string.format("rank %d: ok %s pp=%d ep=%d M=%d (%d params, %d replicated stages, losses %.6f %.6f %.6f)",
+  print(string.format("rank %d: ok %s pp=%d ep=%d M=%d (%d params, %d replicated stages, "
+    .. "losses %.6f %.6f %.6f)",
     rank, family, PP, EP, M, nchecked, copies, r.losses[1], r.losses[2], r.losses[3]))
 end
 local total = assert(comm.allreduce({ #fails }, "gathering failure counts"))[1]

@@ -17,8 +17,8 @@ local mode = ...
 local rank = comm.rank()
 
 local function opts(over)
-  local o = { model = nn.sequential { nn.linear(4, 4), nn.linear(4, 4), nn.linear(4, 4) }, schedule = "1f1b",
-    microbatches = 2, steps = 2, quiet = true,
+  local o = { model = nn.sequential { nn.linear(4, 4), nn.linear(4, 4), nn.linear(4, 4) },
+    schedule = "1f1b", microbatches = 2, steps = 2, quiet = true,
     data = function(step, mb)
       if mode == "stranded" and step == 2 and rank == 1 then error("no data for step 2", 0) end
       local x = {}
@@ -34,7 +34,8 @@ local function show(ok, e)
     print(string.format("rank %d: returned a result", rank))
     return
   end
-  print(string.format("rank %d: caught everywhere=%s stranded=%s status=%s speaker=%s option=%s text=%s",
+  print(string.format("rank %d: caught everywhere=%s stranded=%s status=%s speaker=%s "
+    .. "option=%s text=%s",
     rank, tostring(e.everywhere), tostring(e.stranded), tostring(e.status), tostring(e.speaker),
     tostring(e.option), tostring(e)))
 end

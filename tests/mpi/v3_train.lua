@@ -45,7 +45,8 @@ local out = os.getenv("V3_SAVE_DIR")
 local r = train { model = model, schedule = sched, microbatches = M, data = data, steps = STEPS,
   optimizer = opt, quiet = true, partition = "layers", ep = EP, save = out,
   eplb = extra == "eplb" and { every = 1, redundant = 1 } or nil }
-local ref = train.reference { model = model, microbatches = M, data = data, steps = STEPS, optimizer = opt }
+local ref = train.reference { model = model, microbatches = M, data = data, steps = STEPS,
+  optimizer = opt }
 
 local fails = {}
 -- relative L2 (AdamW divides by sqrt(v): an element whose gradient is

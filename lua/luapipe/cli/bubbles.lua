@@ -27,7 +27,8 @@ function M.parser(p)
     .. "whatever the number of chunks per rank; params and activations in chunks")
   p:option("--format -f", "text or json", "text"):choices { "text", "json" }
   p:option("--link", "emulated link: every cross-rank message also takes lat + bytes/bw, "
-    .. "e.g. lat=50us,bw=2GB/s (us|ms|s; GB/s|MB/s|KB/s); message size: bytes= in --cost; costs in seconds")
+    .. "e.g. lat=50us,bw=2GB/s (us|ms|s; GB/s|MB/s|KB/s); message size: bytes= in --cost; "
+    .. "costs in seconds")
   p:epilog("Examples:\n"
     .. "  # the DualPipe README's setting, every family on one model\n"
     .. "  luapipe bubbles --pp 8 --microbatches 20 --cost F=1,B=2,W=1,FB=3\n"
@@ -43,12 +44,16 @@ end
 local formulas = {
   gpipe = { "(PP-1)(F+B)", function(c, P) return (P - 1) * (c.F + c.B) end },
   ["1f1b"] = { "(PP-1)(F+B)", function(c, P) return (P - 1) * (c.F + c.B) end },
-  interleaved1f1b = { "(PP-1)(F+B)/v, F,B of a rank", function(c, P, v) return (P - 1) * (c.F * v + c.B * v) / v end },
+  interleaved1f1b = { "(PP-1)(F+B)/v, F,B of a rank",
+    function(c, P, v) return (P - 1) * (c.F * v + c.B * v) / v end },
   zb1p = { "(PP-1)(F+B-2W)", function(c, P) return (P - 1) * (c.F + c.B - 2 * c.W) end },
   zbv = nil,
-  dualpipe = { "(PP/2-1)(F&B+B-3W)", function(c, P) return (P / 2 - 1) * (c.FB + c.B - 3 * c.W) end },
-  dualpipev = { "(PP/2-1)(F&B+B-3W), PP=2P", function(c, P) return (P - 1) * (c.FB + c.B - 3 * c.W) end },
-  chimera = { "(M/PP)(PP/2-1)(F+B), F=B", function(c, P, _, Mb) return Mb // P * (P / 2 - 1) * (c.F + c.B) end },
+  dualpipe = { "(PP/2-1)(F&B+B-3W)",
+    function(c, P) return (P / 2 - 1) * (c.FB + c.B - 3 * c.W) end },
+  dualpipev = { "(PP/2-1)(F&B+B-3W), PP=2P",
+    function(c, P) return (P - 1) * (c.FB + c.B - 3 * c.W) end },
+  chimera = { "(M/PP)(PP/2-1)(F+B), F=B",
+    function(c, P, _, Mb) return Mb // P * (P / 2 - 1) * (c.F + c.B) end },
 }
 
 local schedules = require("luapipe.schedules")
@@ -75,7 +80,9 @@ end
 local function fraction(f)
   if f == 1 then return "1" end
   local d = 1 / f
-  if math.abs(d - math.floor(d + 0.5)) < 1e-9 then return string.format("1/%d", math.floor(d + 0.5)) end
+  if math.abs(d - math.floor(d + 0.5)) < 1e-9 then
+    return string.format("1/%d", math.floor(d + 0.5))
+  end
   return fmt(f)
 end
 

@@ -61,7 +61,8 @@ function M.load_schedule(args)
   local name, ferr = M.family(args.schedule)
   if not name then return nil, ferr, 2 end
   local fam = schedule.is_family(name)
-  if fam and args.chunks and name:lower() ~= "interleaved1f1b" and name:lower() ~= "interleaved" then
+  if fam and args.chunks and name:lower() ~= "interleaved1f1b"
+    and name:lower() ~= "interleaved" then
     return nil, string.format("--chunks applies to interleaved1f1b only; %s has a fixed placement "
       .. "(%s)", name, (name == "zbv" or name == "dualpipev") and "two chunks per rank"
       or "one model stage per rank", name), 2

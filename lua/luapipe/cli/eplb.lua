@@ -40,7 +40,8 @@ function M.parser(p)
     :argname("M"):count(1):convert(int_option("--gpus", 1, MAX_COUNT))
   p:option("--mode", "reference: DeepSeek's algorithm exactly; balanced: better packing.")
     :choices({ "balanced", "reference" }):default("balanced")
-  p:flag("--spill", "Let redundant replicas use free slots on other nodes (balanced, hierarchical).")
+  p:flag("--spill", "Let redundant replicas use free slots on other nodes (balanced, "
+    .. "hierarchical).")
   p:option("--previous", "Plan in force (physical_to_logical) to stay close to.")
     :argname("FILE")
   p:option("--max-moves", "Copy budget per layer against --previous: at most K slots change "
@@ -269,9 +270,9 @@ local function to_text(r)
   add("EPLB plan: %s, %s -> %s on %s over %s (%s policy, %s mode)", plural(r.layers, "layer"),
     plural(r.experts, "expert"), plural(r.replicas, "slot"), plural(r.gpus, "GPU"),
     plural(r.nodes, "node"), r.policy, r.mode)
-  add("balancedness %.4f  gpu max/mean %.4f  node max/mean %.4f  copies %s  off-node load %.6g  solve %.3f ms",
-    s.balancedness, s.gpu_max_over_mean, s.node_max_over_mean, s.copies and tostring(s.copies) or "-",
-    s.off_node_load, s.solve_ms)
+  add("balancedness %.4f  gpu max/mean %.4f  node max/mean %.4f  copies %s  off-node load "
+    .. "%.6g  solve %.3f ms", s.balancedness, s.gpu_max_over_mean, s.node_max_over_mean,
+    s.copies and tostring(s.copies) or "-", s.off_node_load, s.solve_ms)
   add("")
   add("%5s %12s %12s %13s %12s %12s %7s %10s", "layer", "balancedness", "gpu max/mean",
     "node max/mean", "max load", "mean load", "copies", "off-node")
@@ -290,7 +291,8 @@ local function to_text(r)
   -- block characters in a UTF-8 locale, an ASCII ramp otherwise
   -- (show.use_unicode); every cell the lowest when every load is the same
   local shades = require("luapipe.show").shades()
-  local scale = hi > lo and string.format("%s = %.6g .. %s = %.6g", shades[1], lo, shades[#shades], hi)
+  local scale = hi > lo and string.format("%s = %.6g .. %s = %.6g", shades[1], lo,
+    shades[#shades], hi)
     or string.format("every GPU's load is %.6g", hi)
   add("")
   add("GPU load heat map: a row per layer, a column per GPU (nodes apart); %s", scale)
@@ -321,8 +323,8 @@ function M.run(args)
   ok, err = eplb.check(#load[1], args.replicas, args.groups, args.nodes, args.gpus, #load)
   if not ok then return fail(err, 2) end
   if args.previous and args.gpus > eplb.limits.relabel_gpus then
-    return fail(string.format("--gpus %d: more than the limit of %d GPUs for re-planning against --previous",
-      args.gpus, eplb.limits.relabel_gpus), 2)
+    return fail(string.format("--gpus %d: more than the limit of %d GPUs for re-planning "
+      .. "against --previous", args.gpus, eplb.limits.relabel_gpus), 2)
   end
   if args.max_moves and not args.previous then return fail("--max-moves needs --previous", 2) end
   if args.spill and args.mode == "reference" then

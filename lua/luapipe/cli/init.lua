@@ -9,7 +9,8 @@ M.commands = {
   { name = "bubbles", summary = "DualPipe's bubble table measured for every family" },
   { name = "eplb", summary = "expert placement (DeepSeek EPLB) from a load file" },
   { name = "search", summary = "search a schedule for your costs and memory; lower bound and gap" },
-  { name = "profile", summary = "read profiler traces: compute/communication overlap, phases, costs" },
+  { name = "profile", summary = "read profiler traces: compute/communication overlap, "
+    .. "phases, costs" },
   { name = "model", summary = "a DeepSeek-V3 checkpoint: info, forward logits, gradients" },
   { name = "help", summary = "help on a command, or on environment variables (help env)" },
 }
@@ -103,12 +104,14 @@ help_text = function(topic, prefer_api)
       lines[#lines + 1] = string.format("  %-10s %s", c.name, c.summary)
     end
     lines[#lines + 1] = ""
-    lines[#lines + 1] = "Lua API topics (luapipe.help(\"topic\") in the REPL, `luapipe help <topic>` here):"
+    lines[#lines + 1] = "Lua API topics (luapipe.help(\"topic\") in the REPL, `luapipe help "
+      .. "<topic>` here):"
     lines[#lines + 1] = api.list()
       .. "  (schedule and eplb are commands too: `luapipe help luapipe.schedule` for the Lua API)\n"
     lines[#lines + 1] = "Run `luapipe help <command>` for a command's options,"
     lines[#lines + 1] = "`luapipe help env` for the LUAPIPE_* environment variables."
-    lines[#lines + 1] = "With no arguments luapipe starts a REPL; `luapipe --help` lists its options."
+    lines[#lines + 1] = "With no arguments luapipe starts a REPL; `luapipe --help` "
+      .. "lists its options."
     return table.concat(lines, "\n") .. "\n"
   elseif topic == "env" then
     local core = require("luapipe.core")
@@ -129,13 +132,15 @@ help_text = function(topic, prefer_api)
     local w = 0
     for _, r in ipairs(rows) do w = math.max(w, #r[1]) end
     local lines = { "Environment variables:" }
-    for _, r in ipairs(rows) do lines[#lines + 1] = string.format("  %-" .. w .. "s  %s", r[1], r[2]) end
+    for _, r in ipairs(rows) do
+      lines[#lines + 1] = string.format("  %-" .. w .. "s  %s", r[1], r[2])
+    end
     return table.concat(lines, "\n") .. "\n"
   elseif type(topic) == "string" and by_name[topic] and topic ~= "help" then
     local text = make_parser(topic):get_help() .. "\n"
     if api.by_name[topic] then
-      text = text .. string.format("\nLua API: `luapipe help luapipe.%s` (luapipe.help(\"%s\") in the REPL)\n",
-        topic, topic)
+      text = text .. string.format("\nLua API: `luapipe help luapipe.%s` (luapipe.help(\"%s\") "
+        .. "in the REPL)\n", topic, topic)
     end
     return text
   elseif topic == "help" then

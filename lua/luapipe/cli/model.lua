@@ -54,15 +54,16 @@ local function info(model)
   w("%s: DeepSeek-V3 architecture (model.py), %s", model.dir, model.form == "hf"
     and string.format("Hugging Face's layout (%s)", plural(#model.ckpt.files, "file"))
     or "DeepSeek's converted layout (model0-mp1.safetensors)")
-  w("  vocab %d, dim %d, %s (%d dense, %d MoE), %s", a.vocab_size, a.dim, plural(a.n_layers, "layer"),
+  w("  vocab %d, dim %d, %s (%d dense, %d MoE), %s", a.vocab_size, a.dim,
+    plural(a.n_layers, "layer"),
     a.n_dense_layers, a.n_layers - a.n_dense_layers, plural(a.n_heads, "head"))
   w("  attention: MLA, %s, kv_lora_rank %d, qk_nope/rope/v head dims %d/%d/%d%s",
     a.q_lora_rank > 0 and ("q_lora_rank " .. a.q_lora_rank) or "no query LoRA (wq)",
     a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim,
     a.max_seq_len > a.original_seq_len and string.format(", YaRN (factor %g, mscale %g, %d -> %d)",
       a.rope_factor, a.mscale, a.original_seq_len, a.max_seq_len) or "")
-  w("  feed-forward: SwiGLU %d (dense layers); MoE of %d routed experts of %d, top %d%s, %s router%s, "
-    .. "route_scale %g; %d shared", a.inter_dim, a.n_routed_experts, a.moe_inter_dim,
+  w("  feed-forward: SwiGLU %d (dense layers); MoE of %d routed experts of %d, top %d%s, "
+    .. "%s router%s, route_scale %g; %d shared", a.inter_dim, a.n_routed_experts, a.moe_inter_dim,
     a.n_activated_experts, a.n_expert_groups > 1 and string.format(" (%d groups, keep %d)",
       a.n_expert_groups, a.n_limited_groups) or "", a.score_func,
     a.correction_bias and " with correction bias" or "", a.route_scale, a.n_shared_experts)
@@ -94,7 +95,8 @@ local function read_tokens(path, need_targets)
   local function grid(key)
     local v = type(t) == "table" and t[key]
     if type(v) ~= "table" or #v == 0 or type(v[1]) ~= "table" or #v[1] == 0 then
-      return nil, string.format("%s: '%s' must be a non-empty list of equal-length lists of token ids", path, key)
+      return nil, string.format("%s: '%s' must be a non-empty list of equal-length "
+        .. "lists of token ids", path, key)
     end
     local flat, T = {}, #v[1]
     for b, row in ipairs(v) do
@@ -127,7 +129,8 @@ end
 local function check_ids(path, key, ids, V)
   for i, id in ipairs(ids) do
     if id < 0 or id >= V then
-      return string.format("%s: %s entry %d is %d, outside the vocabulary [0, %d)", path, key, i, id, V)
+      return string.format("%s: %s entry %d is %d, outside the vocabulary [0, %d)", path,
+        key, i, id, V)
     end
   end
 end
@@ -145,11 +148,12 @@ function M.run(args)
   local tk, err = read_tokens(args.tokens, args.action == "grad")
   if not tk then return fail(err) end
   local V = model.args.vocab_size
-  err = check_ids(args.tokens, "tokens", tk.x, V) or (tk.y and check_ids(args.tokens, "targets", tk.y, V))
+  err = check_ids(args.tokens, "tokens", tk.x, V) or (tk.y and check_ids(args.tokens,
+    "targets", tk.y, V))
   if err then return fail(err) end
   if tk.T > model.args.max_seq_len then
-    return fail(string.format("%s: %d tokens per sequence, more than max_seq_len %d", args.tokens, tk.T,
-      model.args.max_seq_len))
+    return fail(string.format("%s: %d tokens per sequence, more than max_seq_len %d",
+      args.tokens, tk.T, model.args.max_seq_len))
   end
   local bok, layer = pcall(model.build, model, 0)
   if not bok then return fail(layer) end

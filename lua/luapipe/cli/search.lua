@@ -37,7 +37,8 @@ function M.parser(p)
   p:epilog("Examples:\n"
     .. "  luapipe search --pp 4 --microbatches 12 --cost F=1,B=2,W=1 --memory 7 --w-share 0.5 "
     .. "--objective span\n"
-    .. "  luapipe search -p 8 -m 32 --cost F=1,B=2,W=1,FB=2.2 --memory 8 --placement v -o found.csv\n"
+    .. "  luapipe search -p 8 -m 32 --cost F=1,B=2,W=1,FB=2.2 --memory 8 --placement "
+    .. "v -o found.csv\n"
     .. "  luapipe simulate found.csv --cost F=0.5,B=1,W=0.5,FB=1.1   (a V stage costs half)")
 end
 
@@ -57,10 +58,13 @@ function M.run(args)
     return cli.fail("search", "--cost: per-stage costs (such as F[3]=...) are not taken here; "
       .. "use luapipe.search{...} with act/stage costs", 2)
   end
-  if cost.bytes then return cli.fail("search", "--cost: bytes= (a link model) is not searched over", 2) end
+  if cost.bytes then
+    return cli.fail("search", "--cost: bytes= (a link model) is not searched over", 2)
+  end
   local placement = args.placement
   if not (placement == "linear" or placement == "v" or placement == "bidirectional"
-      or placement == "any" or placement:match("^interleaved:%d+$") or placement == "interleaved") then
+      or placement == "any" or placement:match("^interleaved:%d+$")
+      or placement == "interleaved") then
     return cli.fail("search", string.format("--placement '%s': expected linear, interleaved:V, v, "
       .. "bidirectional or any", placement), 2)
   end
@@ -100,8 +104,8 @@ function M.run(args)
       bounds = res.bounds, zb_greedy = st.zb_greedy ~= math.huge and st.zb_greedy or nil,
       robust = res.robust },
       { indent = true, keyorder = { "makespan", "span", "lower_bound", "gap", "peak_memory",
-        "placement", "objective", "evaluations", "seconds", "best_from", "bounds", "zb_greedy", "robust",
-        "schedule" } }), "\n")
+        "placement", "objective", "evaluations", "seconds", "best_from", "bounds",
+        "zb_greedy", "robust", "schedule" } }), "\n")
   else
     local c = res.cost
     print(string.format("P=%d ranks, M=%d micro-batches, cost F=%s B=%s I=%s W=%s%s latency=%s, "
@@ -119,7 +123,9 @@ function M.run(args)
     if sres then
       bubble = sres:max_bubble()
       for _, r in ipairs(sres:ranks()) do
-        if (r.peak_pending_w or 0) > pending then pending, pending_rank = r.peak_pending_w, r.rank end
+        if (r.peak_pending_w or 0) > pending then
+          pending, pending_rank = r.peak_pending_w, r.rank
+        end
       end
     end
     print(string.format("%-22s %10s %10s %10s  %s", "search (" .. res.placement_name .. ")",
@@ -135,13 +141,16 @@ function M.run(args)
       if r.error then
         unfit[#unfit + 1] = r.label .. " (not built)"
       elseif not r.fits then
-        unfit[#unfit + 1] = string.format("%s (peak %s)", r.label, num(math.max(table.unpack(r.peak))))
+        unfit[#unfit + 1] = string.format("%s (peak %s)", r.label,
+          num(math.max(table.unpack(r.peak))))
       else
         print(string.format("%-22s %10s %10s %10s  %s", r.label, num(r.makespan), num(r.span),
           num(r.bubble), peaks(r.peak)))
       end
     end
-    if #unfit > 0 then print("over the memory limit or not built: " .. table.concat(unfit, ", ")) end
+    if #unfit > 0 then
+      print("over the memory limit or not built: " .. table.concat(unfit, ", "))
+    end
     if args.memory and pending > args.memory then
       -- the limit counts a pending W (an I done, its W not yet) as w_share of an activation
       print(string.format("note: the found schedule holds up to %s weight-grads pending at once "
@@ -160,7 +169,9 @@ function M.run(args)
     if args.objective ~= "span" then parts[#parts + 1] = "start skew " .. num(b.skew) end
     parts[#parts + 1] = "critical path " .. num(b.path)
     parts[#parts + 1] = "memory-time " .. num(b.memory_time)
-    if args.objective ~= "span" and (b.warmup or 0) > 0 then parts[#parts + 1] = "warm-up " .. num(b.warmup) end
+    if args.objective ~= "span" and (b.warmup or 0) > 0 then
+      parts[#parts + 1] = "warm-up " .. num(b.warmup)
+    end
     print(string.format("lower bound (%s) %s: %s", args.objective, num(st.lower_bound),
       table.concat(parts, ", ")))
     print(string.format("gap %.2f%%%s; %d evaluations in %.2f s; best from %s", 100 * st.gap,

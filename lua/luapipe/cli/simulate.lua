@@ -13,14 +13,17 @@ function M.parser(p)
     .. "a bigger model under the same --cost; to compare families on one model divide its "
     .. "costs by the chunks per rank (luapipe bubbles does: every family on one model).")
   common.add_schedule_options(p)
-  p:option("--cost -c", "costs, e.g. F=1,B=2,W=1,FB=2.5,latency=0 (B = I + W); per model stage: F[3]=2", "F=1,B=2,W=1")
+  p:option("--cost -c", "costs, e.g. F=1,B=2,W=1,FB=2.5,latency=0 (B = I + W); "
+    .. "per model stage: F[3]=2", "F=1,B=2,W=1")
   p:option("--format -f", "text or json", "text"):choices { "text", "json" }
   p:option("--link", "emulated link: every cross-rank message also takes lat + bytes/bw, "
-    .. "e.g. lat=50us,bw=2GB/s (us|ms|s; GB/s|MB/s|KB/s); message size: bytes= in --cost; costs in seconds")
+    .. "e.g. lat=50us,bw=2GB/s (us|ms|s; GB/s|MB/s|KB/s); message size: bytes= in --cost; "
+    .. "costs in seconds")
   p:option("--svg", "write the timeline as SVG to FILE")
   p:option("--trace", "write a Chrome/Perfetto trace (JSON) to FILE")
   p:flag("--no-gantt", "text format: leave out the Gantt chart")
-  p:epilog("Examples:\n  luapipe simulate dualpipe --pp 8 --microbatches 20 --cost F=1,B=2,W=1,FB=3\n"
+  p:epilog("Examples:\n  luapipe simulate dualpipe --pp 8 --microbatches 20 --cost "
+    .. "F=1,B=2,W=1,FB=3\n"
     .. "  luapipe simulate zb1p -p 4 -m 8 --svg zb1p.svg --trace zb1p.json")
 end
 

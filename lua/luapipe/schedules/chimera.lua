@@ -75,7 +75,9 @@ return function(opts)
   require("luapipe.schedules").check("chimera", P, M, 2) -- pp even, microbatches a multiple of pp
   local placement, down, up = {}, {}, {}
   for v = 0, P - 1 do placement[#placement + 1] = { stage = v, rank = v }; down[#down + 1] = v end
-  for k = 0, P - 1 do placement[#placement + 1] = { stage = k, rank = P - 1 - k }; up[#up + 1] = P + k end
+  for k = 0, P - 1 do
+    placement[#placement + 1] = { stage = k, rank = P - 1 - k }; up[#up + 1] = P + k
+  end
   local H = P // 2
   local s = schedule.new { name = opts.name or "chimera", ranks = P, stages = P, microbatches = M,
     placement = placement, routes = function(mb) return mb % P < H and down or up end }
@@ -86,7 +88,9 @@ return function(opts)
     -- is the down pipeline's stage P-1-r, the mirror image)
     local merged = {}
     for _, a in ipairs(pipe[r]) do merged[#merged + 1] = { a = a, dir = 0, pos = r } end
-    for _, a in ipairs(pipe[P - 1 - r]) do merged[#merged + 1] = { a = a, dir = 1, pos = P - 1 - r } end
+    for _, a in ipairs(pipe[P - 1 - r]) do
+      merged[#merged + 1] = { a = a, dir = 1, pos = P - 1 - r }
+    end
     for k, e in ipairs(merged) do e.k = k end
     table.sort(merged, function(x, y)
       if x.a.t ~= y.a.t then return x.a.t < y.a.t end

@@ -20,7 +20,9 @@ return function(opts)
   require("luapipe.schedules").check("dualpipe", P, M, 2) -- pp even, microbatches even and >= 2*pp
   local placement, down, up = {}, {}, {}
   for v = 0, P - 1 do placement[#placement + 1] = { stage = v, rank = v }; down[#down + 1] = v end
-  for k = 0, P - 1 do placement[#placement + 1] = { stage = k, rank = P - 1 - k }; up[#up + 1] = P + k end
+  for k = 0, P - 1 do
+    placement[#placement + 1] = { stage = k, rank = P - 1 - k }; up[#up + 1] = P + k
+  end
   local s = schedule.new { name = opts.name or "dualpipe", ranks = P, stages = P, microbatches = M,
     placement = placement, routes = function(mb) return mb < M // 2 and down or up end }
 

@@ -21,8 +21,10 @@ local families = {
   { name = "interleaved1f1b", label = "Interleaved 1F1B", aliases = { "interleaved" } },
   { name = "zb1p", label = "ZB1P", aliases = { "zb-h1", "zbh1" } },
   { name = "zbv", label = "ZB-V", aliases = { "zb-v" } },
-  { name = "dualpipe", label = "DualPipe", needs = { pp_even = true, mb_even = true, mb_per_pp = 2 } },
-  { name = "dualpipev", label = "DualPipeV", aliases = { "dualpipe-v" }, needs = { mb_per_pp = 2 } },
+  { name = "dualpipe", label = "DualPipe", needs = { pp_even = true, mb_even = true,
+    mb_per_pp = 2 } },
+  { name = "dualpipev", label = "DualPipeV", aliases = { "dualpipe-v" },
+    needs = { mb_per_pp = 2 } },
   { name = "chimera", label = "Chimera", needs = { pp_even = true, mb_multiple_of_pp = true } },
 }
 
@@ -78,7 +80,8 @@ function M.problem(name, pp, mb)
     return bad("pp", "even", 2, pp, string.format("pp must be even, got %d", pp))
   end
   if needs.mb_even and mb % 2 ~= 0 then
-    return bad("microbatches", "even", 2, mb, string.format("microbatches must be even, got %d", mb))
+    return bad("microbatches", "even", 2, mb, string.format("microbatches must be even, got %d",
+      mb))
   end
   if needs.mb_per_pp and mb < needs.mb_per_pp * pp then
     local need = needs.mb_per_pp * pp

@@ -23,8 +23,8 @@ return function(opts)
   if type(opts) ~= "table" then program.args("interleaved1f1b", opts) end -- raises
   local v = opts.chunks or 2
   if math.type(v) ~= "integer" or v < 2 then
-    error(string.format("interleaved1f1b: chunks must be an integer >= 2 (use 1f1b for one chunk), got %s",
-      tostring(v)), 2)
+    error(string.format("interleaved1f1b: chunks must be an integer >= 2 (use 1f1b for "
+      .. "one chunk), got %s", tostring(v)), 2)
   end
   if type(opts.pp) == "number" and opts.pp * v > program.limits.stages then
     error(string.format("interleaved1f1b: pp x chunks must be at most %d model stages, got %d x %d",

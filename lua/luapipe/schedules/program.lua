@@ -136,7 +136,8 @@ local limits = require("luapipe.core").schedule_limits()
 -- the family, the option and the limit.
 function M.args(family, opts, ops)
   if type(opts) ~= "table" then
-    error(string.format("%s: expects a table of options {pp = <ranks>, microbatches = <count>}", family), 3)
+    error(string.format("%s: expects a table of options {pp = <ranks>, microbatches = <count>}",
+      family), 3)
   end
   local max = { pp = limits.ranks, microbatches = limits.microbatches }
   for _, k in ipairs { "pp", "microbatches" } do
