@@ -274,12 +274,24 @@ typedef enum lp_nn_phase {
   LP_NN_PHASE_DENSE,
   LP_NN_PHASE_DISPATCH,
   LP_NN_PHASE_EXPERTS,
-  LP_NN_PHASE_COMBINE
+  LP_NN_PHASE_COMBINE,
+  LP_NN_PHASE_ATTN /* a stop before an attention (lp_nn_set_phase_stop) */
 } lp_nn_phase;
 lp_nn_phase lp_nn_phase_of(const lp_nn_ctx *ctx);
-/* Its text: "done", "attn/dense", "dispatch", "experts", "combine"
+/* Its text: "done", "attn/dense", "dispatch", "experts", "combine", "attn"
  * (static strings, for hooks and traces; decide on the enum). */
 const char *lp_nn_phase_text(lp_nn_phase p);
+/* A phase stop before layer l: a phased pass (lp_nn_advance) that reaches
+ * l stops there, the advance returning (not done, nothing in flight), and
+ * the next advance runs l; meanwhile lp_nn_phase_of reports fwd (in a
+ * forward) or bwd (in an input-grad), LP_NN_PHASE_DONE being no stop in
+ * that pass. Splits a chunk's advances finer (DeepSeek-V3's pair: the
+ * attention forward, backward and weight-grad as phases of their own,
+ * lp_nn_mla_block_new) without changing any result: only where an advance
+ * returns moves. Call before l goes into a composite (composites note
+ * their children's stops when built: lp_nn_has_phase_stops). */
+lp_status lp_nn_set_phase_stop(lp_nn_layer *l, lp_nn_phase fwd, lp_nn_phase bwd);
+int lp_nn_has_phase_stops(const lp_nn_layer *l);
 /* lp_nn_phase_text(lp_nn_phase_of(ctx)). */
 const char *lp_nn_phase_name(const lp_nn_ctx *ctx);
 /* An opaque tag of ctx (and its sub-contexts), set by whoever runs the
@@ -649,7 +661,11 @@ lp_status lp_nn_swiglu_new(const char *name, int64_t dim, int64_t inter_dim,
  * o->eps), ffn the given layer (a new reference is taken; build it named
  * <name>.ffn: an lp_nn_swiglu_new for the first n_dense_layers, else an
  * lp_nn_moe_new), so the parameters are model.py's layers.<i>.* names.
- * x [batch, seq, o->dim]. */
+ * x [batch, seq, o->dim]. Phase stops (lp_nn_set_phase_stop) before the
+ * attention in both passes (LP_NN_PHASE_ATTN) and, for a phased ffn (the
+ * MoE), before its input-grad (LP_NN_PHASE_COMBINE: it starts with the
+ * combine-backward), so a pair's advances are DeepSeek-V3's phases: F
+ * attn, dispatch, experts, combine; B combine, experts, dispatch, attn. */
 lp_status lp_nn_mla_block_new(const char *name, const lp_nn_mla_opts *o,
                               lp_nn_layer *ffn, uint64_t seed,
                               lp_nn_layer **layer);
