@@ -372,6 +372,16 @@ typedef struct lp_nn_moe_opts {
  * this rank). LP_ERR_ARG for bad sizes. kind "moe". */
 lp_status lp_nn_moe_new(const char *name, const lp_nn_moe_opts *o,
                         uint64_t seed, lp_nn_layer **layer);
+/* The same layer already placed for EP rank ep_rank of ep_size under the
+ * default placement (slot s holds expert s % experts, ceil(experts /
+ * ep_size) slots per rank): only this rank's expert slots are allocated,
+ * so building a model for expert parallelism never holds every expert.
+ * The values equal those lp_nn_moe_new then lp_nn_set_ep gives (each from
+ * seed and its name). With ep_size > 1 the layer needs lp_nn_set_ep (same
+ * size and rank: it keeps every slot) before a pass (an exchange without
+ * an EP group is LP_ERR_ARG with a message). lp_nn_moe_new is (1, 0). */
+lp_status lp_nn_moe_new_placed(const char *name, const lp_nn_moe_opts *o, uint64_t seed,
+                               int ep_size, int ep_rank, lp_nn_layer **layer);
 
 /* Pre-norm MoE transformer block: x + attn(rmsnorm(x)), then
  * x + moe(rmsnorm(x)). Children: <name>.attn_norm, <name>.attn,
