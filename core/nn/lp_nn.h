@@ -575,6 +575,21 @@ lp_status lp_nn_optim_adamw_new(const lp_nn_param *params, size_t n,
                                 lp_nn_optim **out);
 /* One update of every param from its grad (grads are not zeroed). */
 lp_status lp_nn_optim_step(lp_nn_optim *o);
+/* The same, leaving alone every param i with skip[i] != 0 (skip NULL: none)
+ * exactly as torch.optim.AdamW / SGD leave a parameter whose .grad is None
+ * (a routed expert no token reached in the step): no decay, no moment
+ * update, and its own step count (AdamW's bias corrections use the steps
+ * that updated that parameter, lp_nn_optim_param_steps) does not advance.
+ * The optimizer's step count (lp_nn_optim_steps) does. Without skips the
+ * results are those of lp_nn_optim_step, bitwise. The caller decides the
+ * mask, the same on every rank holding a copy of the parameter. */
+lp_status lp_nn_optim_step_masked(lp_nn_optim *o, const unsigned char *skip);
+/* Per param, the steps that updated it (n must be the list's length);
+ * set: each <= lp_nn_optim_steps (after lp_nn_optim_state_import, which
+ * sets every one to the imported step count: a checkpoint of skipped
+ * params needs these too). */
+lp_status lp_nn_optim_param_steps(const lp_nn_optim *o, int64_t *steps, size_t n);
+lp_status lp_nn_optim_set_param_steps(lp_nn_optim *o, const int64_t *steps, size_t n);
 /* Sets every grad in the list to zero. */
 lp_status lp_nn_optim_zero_grad(lp_nn_optim *o);
 void lp_nn_optim_set_lr(lp_nn_optim *o, float lr);
