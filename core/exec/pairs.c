@@ -1,8 +1,11 @@
 /* pairs.c — the overlapped F&B pair (DualPipe's point): the two halves'
  * phases interleaved so one micro-batch's expert-parallel exchange flies
- * while the other computes (run_fb_any: whichever half can go on, on
- * backends that let two contexts finish in any order; run_fb_fixed:
- * DeepSeek-V3's fixed alternation, one order on every rank), the pair's
+ * while the other computes (run_fb_phases: chunks of DeepSeek-V3's blocks,
+ * whose attention is a phase of its own, in the 10-phase order of
+ * DeepSeek's training profile on every backend; run_fb_any: whichever
+ * half can go on, on backends that let two contexts finish in any order;
+ * run_fb_fixed: DeepSeek-V3's fixed alternation, one order on every rank;
+ * each advance a "phase" slice of the trace), the pair's
  * waits (pair_wait), and the weight-grad work that fills them: pieces of
  * the running backward (ex_bw_parts) and the weight-grad a pair's full
  * backward leaves to the next pair (the carry, ex_carry_w), which lone
