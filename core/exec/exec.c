@@ -120,7 +120,7 @@ static lp_status f_finish(lp_exec *e, half *h, lp_tensor *y) {
     if (!tg) LP_CHECK_GOTO(get_data(e, mb, NULL, &tg), st, out);
     LP_CHECK_GOTO(ex_shard(e, &tg, "target", mb), st, out);
     double l = 0;
-    float scale = 1.0f / (float)(e->M * e->ep); /* the mean over micro-batches and EP shares */
+    float scale = 1.0f / (float)(e->M * e->dp); /* the mean over micro-batches and DP shares */
     st = lp_nn_loss(e->o.loss, y, tg, scale, &l, &dy);
     if (st != LP_OK) {
       char t[LP_ACTION_TEXT_MAX];
@@ -344,12 +344,18 @@ lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb) {
 
 /* ---- construction ---- */
 
+/* vs's optimizer: over its parameters, or with ZeRO-1 over the unsharded
+ * ones and its shards (ex_dp_optim_params). */
 static lp_status setup_optim(lp_exec *e, vst *vs) {
   size_t np;
-  const lp_nn_param *p = lp_nn_params(vs->chunk, &np);
-  if (e->o.optim == LP_NN_OPTIM_ADAMW)
-    return lp_nn_optim_adamw_new(p, np, &e->o.adamw, &vs->optim);
-  return lp_nn_optim_sgd_new(p, np, &e->o.sgd, &vs->optim);
+  lp_nn_param *p;
+  int own = 0;
+  LP_CHECK(ex_dp_optim_params(e, vs, &p, &np, &own));
+  lp_status st = e->o.optim == LP_NN_OPTIM_ADAMW
+                     ? lp_nn_optim_adamw_new(p, np, &e->o.adamw, &vs->optim)
+                     : lp_nn_optim_sgd_new(p, np, &e->o.sgd, &vs->optim);
+  if (own) lp_free(p);
+  return st;
 }
 
 /* Moves a freshly built chunk to opts.backend (before its optimizer is
@@ -385,6 +391,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   e->o = *opts;
   e->world = opts->comm ? opts->comm : lp_comm_world();
   e->ep = opts->ep;
+  e->dp = opts->dp;
   e->pr.carry_v = -1;
   e->s = lp_schedule_clone(s);
   if (!e->s) { st = LP_ERR_NOMEM; goto fail; }
@@ -398,12 +405,29 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     st = LP_ERR_ARG;
     goto fail;
   }
+  if (opts->dp < 0) {
+    lp_errf(e->err, "dp must be at least 1, got %d", opts->dp);
+    st = LP_ERR_ARG;
+    goto fail;
+  }
+  if (opts->zero != 0 && opts->zero != 1) {
+    lp_errf(e->err, "zero = %d: ZeRO stage 0 (off) or 1 (optimizer state sharded over dp)",
+            opts->zero);
+    st = LP_ERR_ARG;
+    goto fail;
+  }
   LP_CHECK_GOTO(ex_grid_new(e), st, fail);
+  /* dp.c's buckets: DP beyond the EP group, or ZeRO-1's shards */
+  e->dpr.on = e->dp > 1 && (e->dp > e->ep || e->o.zero);
   e->be = opts->backend ? opts->backend : lp_tensor_backend_cpu();
   LP_CHECK_GOTO(ex_ep_device_new(e), st, fail);
-  if (e->ep > 1 && lp_comm_size(e->comm) != e->P) {
-    lp_errf(e->err, "schedule '%s' needs pp = %d ranks per EP index: %d x %d = %d ranks, but "
-            "this job has %d", sname, e->P, e->P, e->ep, e->P * e->ep, lp_comm_size(e->world));
+  if (e->dp > 1 && lp_comm_size(e->comm) != e->P) {
+    if (e->dp == e->ep)
+      lp_errf(e->err, "schedule '%s' needs pp = %d ranks per EP index: %d x %d = %d ranks, but "
+              "this job has %d", sname, e->P, e->P, e->ep, e->P * e->ep, lp_comm_size(e->world));
+    else
+      lp_errf(e->err, "schedule '%s' needs pp = %d ranks per DP index: %d x %d = %d ranks, but "
+              "this job has %d", sname, e->P, e->P, e->dp, e->P * e->dp, lp_comm_size(e->world));
     st = LP_ERR_ARG;
     goto fail;
   }
@@ -480,9 +504,10 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     }
     LP_CHECK_GOTO(chunk_to_backend(e, vs), st, fail);
     LP_CHECK_GOTO(ex_ep_attach(e, vs), st, fail);
-    /* what the loss takes (the mean over micro-batches and EP shares): MoE
+    /* what the loss takes (the mean over micro-batches and DP shares): MoE
      * balance losses become means over the step's sequences too */
-    LP_CHECK_GOTO(lp_nn_set_loss_scale(vs->chunk, 1.0f / (float)(e->M * e->ep)), st, fail);
+    LP_CHECK_GOTO(lp_nn_set_loss_scale(vs->chunk, 1.0f / (float)(e->M * e->dp)), st, fail);
+    LP_CHECK_GOTO(ex_dp_new(e, vs), st, fail);
     LP_CHECK_GOTO(setup_optim(e, vs), st, fail);
     vs->slots = lp_calloc((size_t)e->M, sizeof(slot));
     vs->wq = lp_calloc((size_t)e->M, sizeof(int));
@@ -503,6 +528,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   for (int i = 0; i < e->nacts; i++)
     if (lp_action_is_compute(e->acts[i].type)) e->compute_idx[e->ncompute++] = i;
   ex_reduce_plan(e);
+  ex_dp_plan(e);
   LP_CHECK_GOTO(ex_timing_new(e), st, fail);
   LP_CHECK_GOTO(ex_host_share_new(e), st, fail);
   *out = e;
@@ -540,6 +566,7 @@ void lp_exec_free(lp_exec *e) {
       lp_free(vs->slots);
       lp_free(vs->wq);
       ex_reduce_free(e, vs);
+      ex_dp_free(e, vs);
       lp_nn_optim_free(vs->optim);
       lp_nn_layer_release(vs->chunk);
     }
@@ -628,6 +655,7 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
 static void reset_step(lp_exec *e) {
   ex_halves_clear(e);
   ex_reduce_reset(e);
+  ex_dp_drop(e);
   ex_sends_drop(e);
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
@@ -651,7 +679,10 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   ex_msg_reset(e);
   ex_xchg_reset(e);
   double start = ex_time_step_begin(e);
-  for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_zero_grad(e->vs[li].optim), st, fail);
+  for (int li = 0; li < e->nloc; li++) {
+    LP_CHECK_GOTO(lp_nn_optim_zero_grad(e->vs[li].optim), st, fail);
+    LP_CHECK_GOTO(ex_dp_zero_grad(e, &e->vs[li]), st, fail);
+  }
   ex_time_zero_grad(e, lp_now() - start);
   int L = e->o.recv_lookahead == 0 ? 4 : e->o.recv_lookahead;
   int ci = 0; /* compute actions before e->cur */
@@ -691,6 +722,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     LP_CHECK_GOTO(ex_poll_sends(e), st, fail);
     /* a replicated stage whose gradients are final: its sums fly now */
     LP_CHECK_GOTO(ex_reduce_early(e), st, fail);
+    /* a stage whose gradients are final: its sums over dp fly now */
+    LP_CHECK_GOTO(ex_dp_early(e), st, fail);
     ex_time_post(e, lp_now() - t1); /* polling, trace recording */
   }
   e->cur = e->nacts;
@@ -719,17 +752,24 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     }
   }
   double wait_before = e->tm.wait, to, t_opt, t_step = 0;
-  if (e->ep > 1 || e->moe.layers > 0 || e->o.clip > 0) {
+  if (e->ep > 1 || e->moe.layers > 0 || e->o.clip > 0 || e->dpr.on) {
     /* sums over the EP group (and of expert replicas) take every stage's
-     * reduced gradients at once; so does the global norm of clipping */
+     * reduced gradients at once; so does the global norm of clipping.
+     * The DP sums (started early, or now for replicated stages) come
+     * after the copies' sums; ZeRO-1 reduce-scatters the sums of the
+     * replicas, the other DP sums were packed before them */
     LP_CHECK_GOTO(ex_reduce_finish(e), st, fail);
     LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
+    if (!e->o.zero) LP_CHECK_GOTO(ex_dp_finish(e), st, fail);
     if (e->ep > 1 || e->moe.layers > 0) LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
+    if (e->o.zero) LP_CHECK_GOTO(ex_dp_finish(e), st, fail);
     LP_CHECK_GOTO(ex_clip(e), st, fail);
     to = lp_now();
     for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_step(e->vs[li].optim), st, fail);
     t_opt = lp_now();
     t_step = t_opt - to;
+    LP_CHECK_GOTO(ex_dp_gather(e), st, fail);
+    t_opt = lp_now();
   } else {
     /* stage by stage, those without a reduction in flight first, then in
      * the order their reductions started: the optimizer of one runs while
@@ -750,6 +790,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     t_opt = lp_now();
   }
   ex_reduce_reset(e);
+  ex_dp_reset(e);
   /* summing reduced grads */
   ex_time_reduce(e, (t_opt - tr) - t_step - (e->tm.wait - wait_before));
   if (to - tr > 1e-6)
@@ -769,7 +810,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       goto fail;
     }
   }
-  if (loss) *loss = sum / (e->M * e->ep);
+  if (loss) *loss = sum / (e->M * e->dp);
   ex_timing_commit(e, t_opt - start);
   return LP_OK;
 fail:

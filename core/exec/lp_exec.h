@@ -69,6 +69,25 @@ typedef struct lp_exec_opts {
    * are summed over the EP group and replicated experts' grads over their
    * holders; the step's loss is the mean over micro-batches and shares. */
   int ep;
+  /* data parallelism: the comm's ranks form a pp x dp grid, rank =
+   * pipeline rank * dp + DP index d (0: dp = ep, the pp x ep grid above;
+   * ep must divide dp). The DP ranks of one pipeline rank run the same
+   * actions, each on its 1/dp share of every micro-batch (rows of dim 0;
+   * act_shape is that share's shape); EP groups are the DP indices in
+   * blocks of ep (EP index d % ep, group d / ep). Dense gradients are
+   * summed over the DP group, routed experts' over the expert-DP group
+   * (the dp / ep ranks with the same EP index), each stage's as soon as
+   * its gradients are final (nonblocking, under the remaining backward
+   * work; when dp = ep the dense sum stays one all-reduce over the EP
+   * group at the step's end). The step's loss is the mean over the global
+   * batch: micro-batches x dp shares. */
+  int dp;
+  /* ZeRO-1 (1; 0: off): each stage's optimizer state sharded over the
+   * parameter's DP group (dense) / expert-DP group (experts): gradients
+   * reduce-scattered, each rank's optimizer updates its shard, parameters
+   * all-gathered. Results equal zero = 0's. Not with expert placements
+   * that change (lp_exec_set_placement refuses). */
+  int zero;
   /* where the whole model runs (NULL: chunks stay where `chunk` built
    * them, the CPU): every chunk is moved there (lp_nn_layer_to) before its
    * optimizer is made, inputs from the data source are copied there
@@ -238,6 +257,27 @@ lp_status lp_exec_restore_placement(lp_exec *e, int i, int moe, int slots_per_ra
                                     const int *phys_to_log);
 /* The EP group size (1: no EP) and this rank's index in it. */
 int lp_exec_ep(const lp_exec *e, int *ep_rank);
+/* The DP group size (1: none) and this rank's index in it. */
+int lp_exec_dp(const lp_exec *e, int *dp_rank);
+/* Bytes of optimizer state this rank holds (every local stage's). */
+size_t lp_exec_optim_bytes(const lp_exec *e);
+/* The DP gradient sums (dp beyond the EP group, or ZeRO-1) since the
+ * executor started: count, their time (start to finish), the part hidden
+ * under the rank's other work (in flight before the step end's wait for
+ * them), the link model's time of them. */
+typedef struct lp_exec_dp_timing {
+  int64_t n;
+  double s, hidden, link;
+} lp_exec_dp_timing;
+void lp_exec_dp_timing_of(const lp_exec *e, lp_exec_dp_timing *out);
+/* The same summed over every rank, and the optimizer bytes per rank (the
+ * mean over ranks): collective over the job's comm, between steps. */
+typedef struct lp_exec_dp_stats {
+  int dp, ep, zero;
+  double optim_bytes;     /* per rank, mean over ranks */
+  lp_exec_dp_timing sums; /* every rank's, summed */
+} lp_exec_dp_stats;
+lp_status lp_exec_dp_stats_of(lp_exec *e, lp_exec_dp_stats *out);
 /* Ranks of the job on this rank's host; *cores: the CPUs their affinity
  * masks allow together. More ranks than cores: ranks also wait for a core,
  * which the simulator does not model (its prediction does not apply). */

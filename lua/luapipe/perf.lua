@@ -222,7 +222,7 @@ end
 local REPLAY_FLOATS = 1000000
 local function replay(exec, sched, cost, predict, out)
   if not exec.step_times then return end
-  local P, rank, ep = comm.size(), comm.rank(), exec:ep()
+  local P, rank, ep = comm.size(), comm.rank(), exec:dp() -- ranks per pipeline rank (dp x 1: EP groups inside)
   local hist = exec:step_times()
   local counts = {}
   for r = 0, P - 1 do counts[r + 1] = r == rank and #hist or 0 end
@@ -346,7 +346,7 @@ function M.summary(exec, sched, opts)
   v[#v + 1] = st.steps
   v = allreduce(v, "luapipe.perf: gathering the measured timing")
   local steps = math.floor(v[#v] / P + 0.5)
-  local ep = exec:ep() -- world rank = pipeline rank * ep + EP index
+  local ep = exec:dp() -- world rank = pipeline rank * dp + DP index (dp = ep without DP)
   local PS = info.ranks -- the schedule's (pipeline) ranks
   local ms = 1000
   local out = { steps = steps, ranks = P, schedule = info.name, microbatches = info.microbatches }
@@ -590,6 +590,16 @@ function M.format(s)
     L[#L + 1] = string.format("  expert load (EP ranks' max/mean tokens, mean over MoE layers): %.3f -> %.3f;"
       .. " %d rebalance%s moved %d bytes of expert weights and optimizer state", s.eplb.before,
       s.eplb.after, s.eplb.plans, s.eplb.plans == 1 and "" or "s", s.eplb.bytes)
+  end
+  if s.dp and (s.dp.dp > 1 or s.dp.zero == 1) then -- (train adds it: exec:dp_stats)
+    local d = s.dp
+    L[#L + 1] = string.format("  data parallel: dp %d (ep %d), zero %d, optimizer state %.0f bytes per rank",
+      d.dp, d.ep, d.zero, d.optim_bytes)
+    if d.n > 0 and d.s > 0 then
+      L[#L + 1] = string.format("    gradient sums over dp: %d, %s ms each, %s%% hidden under backward work"
+        .. " (link model %s ms each)", d.n, f2(1e3 * d.s / d.n), f1(100 * d.hidden / d.s),
+        f2(1e3 * d.link / d.n))
+    end
   end
   L[#L + 1] = string.format("  overhead: %s%% of the step (neither compute nor waiting; "
     .. "posting/polling %s%%), waiting on messages %s%%, compute %s%%", f2(s.overhead_pct),

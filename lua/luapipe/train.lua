@@ -338,7 +338,7 @@ local function get_schedule(opts)
         .. "fixed placement (%s)", tostring(opts.chunks), s, (fam == "zbv" or fam == "dualpipev")
         and "two chunks per rank" or "one model stage per rank"))
     end
-    local ep = opts.ep or 1
+    local ep = opts.dp or opts.ep or 1 -- the ranks per pipeline rank
     local pp = opts.pp or comm.size() // ep
     local mb = opts.microbatches or 2 * pp
     -- pp is the job's (derived, or what the job's size gives): a broken
@@ -429,7 +429,37 @@ local function configure(opts)
   if opts.pp ~= nil and (math.type(opts.pp) ~= "integer" or opts.pp < 1) then
     fail("luapipe.train: 'pp' must be a positive integer, got " .. tostring(opts.pp))
   end
-  if ep > 1 then
+  -- data parallelism: pp x dp ranks, EP groups of ep of each stage's dp
+  -- ranks (dp = ep without it: the pp x ep grid)
+  local dp = opts.dp or ep
+  if math.type(dp) ~= "integer" or dp < 1 then
+    usage_fail("luapipe.train: 'dp' must be a positive integer, got " .. util.shown(opts.dp))
+  end
+  if dp % ep ~= 0 then
+    usage_fail(string.format("luapipe.train: ep = %d does not divide dp = %d (each EP group is ep of"
+      .. " a pipeline stage's dp ranks)", ep, dp))
+  end
+  local zero = opts.zero or 0
+  if zero ~= 0 and zero ~= 1 then
+    usage_fail("luapipe.train: 'zero' must be 0 (off) or 1 (optimizer state sharded over dp), got "
+      .. util.shown(opts.zero))
+  end
+  if zero == 1 and type(opts.eplb) == "table" and opts.eplb.every then
+    usage_fail("luapipe.train: zero = 1 and eplb.every: expert placements cannot change while the"
+      .. " experts' optimizer state is sharded (use one or the other)")
+  end
+  if dp > ep then
+    local started = size > 1 and "mpirun started " .. size or "this is one process"
+    if opts.pp == nil and size % dp ~= 0 then
+      usage_fail(string.format("dp = %d does not divide the ranks: %s (pp x dp ranks are needed)",
+        dp, started))
+    end
+    local pp = opts.pp or size // dp
+    if pp * dp ~= size then
+      usage_fail(string.format("pp x dp = %d x %d needs %d ranks, but %s (run it with mpirun -np %d)",
+        pp, dp, pp * dp, started, pp * dp))
+    end
+  elseif ep > 1 then
     local started = size > 1 and "mpirun started " .. size or "this is one process"
     if opts.pp == nil and size % ep ~= 0 then
       usage_fail(string.format("ep = %d needs a multiple of %d ranks (pp x ep), but %s", ep, ep, started))
@@ -460,10 +490,13 @@ local function configure(opts)
   local s = get_schedule(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
-  if ep > 1 and info.ranks * ep ~= size then
+  if dp > ep and info.ranks * dp ~= size then
+    usage_fail(string.format("schedule '%s' runs on %s; with dp = %d that is %d ranks,"
+      .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), dp, info.ranks * dp, size))
+  elseif ep > 1 and info.ranks * ep ~= size then
     usage_fail(string.format("schedule '%s' runs on %s; with ep = %d that is %d ranks,"
       .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), ep, info.ranks * ep, size))
-  elseif ep == 1 and info.ranks ~= size then
+  elseif dp == 1 and info.ranks ~= size then
     usage_fail(string.format("schedule '%s' needs %s, but %s (run it with mpirun -np %d)",
       sname, util.count(info.ranks, "rank"), size > 1 and "mpirun started " .. size or "this is one process", info.ranks))
   end
@@ -474,14 +507,18 @@ local function configure(opts)
     if not lowered then fail("luapipe.train: lowering the schedule failed: " .. tostring(err)) end
   end
   local in_shape = input_shape_of(opts.data)
-  if ep > 1 then
-    -- every EP rank takes its share of each micro-batch's rows
-    if (in_shape[1] or 1) % ep ~= 0 then
-      usage_fail(string.format("a micro-batch of %d rows cannot be shared by ep = %d ranks: make the"
-        .. " micro-batch size a multiple of %d", in_shape[1] or 1, ep, ep))
+  if dp > 1 then
+    -- every DP rank takes its share of each micro-batch's rows
+    if (in_shape[1] or 1) % dp ~= 0 then
+      if dp == ep then
+        usage_fail(string.format("a micro-batch of %d rows cannot be shared by ep = %d ranks: make the"
+          .. " micro-batch size a multiple of %d", in_shape[1] or 1, ep, ep))
+      end
+      usage_fail(string.format("a micro-batch of %d rows cannot be shared by dp = %d ranks: make the"
+        .. " micro-batch size a multiple of %d", in_shape[1] or 1, dp, dp))
     end
     in_shape = { table.unpack(in_shape) }
-    in_shape[1] = in_shape[1] // ep
+    in_shape[1] = in_shape[1] // dp
   end
   local by = opts.partition or "cost"
   if by ~= "cost" and by ~= "layers" then
@@ -544,7 +581,9 @@ local function configure(opts)
     local lok, lerr = pcall(comm.set_link, opts.link)
     if not lok then usage_fail("luapipe.train: link: " .. tostring(lerr):gsub("^[^:]*:%d+: ", "")) end
   end
-  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep, clip = clip, lr_at = lr_at,
+  if ckpt then ckpt.grid = { dp = dp, zero = zero } end
+  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep, dp = dp, zero = zero,
+    clip = clip, lr_at = lr_at,
     device = device, device_name = device_name, info = info, lowered = lowered, in_shape = in_shape,
     part = part, act_shapes = act_shapes }
 end
@@ -592,14 +631,14 @@ function M.run(opts)
     build = function(stage) return model:build_stage(part, stage, seed) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
     optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
-    overlapped_fb = opts.overlapped_fb, ep = ep, device = device, clip = c.clip,
+    overlapped_fb = opts.overlapped_fb, ep = ep, dp = c.dp, zero = c.zero, device = device, clip = c.clip,
   })
   if not exec then
     if size > 1 then comm.abort("luapipe.train: " .. err) end
     fail("luapipe.train: " .. err)
   end
   local M_ = info.microbatches
-  local samples = M_ * (in_shape[1] or 1) * ep -- whole micro-batches (each EP rank has a share)
+  local samples = M_ * (in_shape[1] or 1) * c.dp -- whole micro-batches (each DP rank has a share)
   local losses, timing, gnorms, rates = {}, {}, {}, {}
   local quiet = opts.quiet
   -- resume: every rank loads its file of the latest checkpoint, then the
@@ -676,7 +715,8 @@ function M.run(opts)
     end
     if ckpt then
       local saved = checkpoint.after_step(ckpt, exec, k, info, function()
-        return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()) }
+        return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()),
+          grid = { dp = c.dp, zero = c.zero } }
       end)
       if saved and rank == 0 and not quiet then
         io.write(string.format("checkpoint after step %d written to %s\n", k, saved))
@@ -716,6 +756,12 @@ function M.run(opts)
     local perf = require("luapipe.perf")
     result.summary = perf.summary(exec, lowered)
     result.summary.skipped = steps > first_step
+    local dps, dperr = exec:dp_stats() -- collective: every rank's DP sums, optimizer bytes
+    if not dps then
+      if size > 1 then comm.abort("luapipe.train: " .. tostring(dperr)) end
+      fail("luapipe.train: " .. tostring(dperr))
+    end
+    result.summary.dp = dps
     if #exec:expert_loads() > 0 then result.summary.eplb = balance.result() end
     if rank == 0 and not quiet then io.write(perf.format(result.summary), "\n") io.flush() end
     if opts.svg then
