@@ -25,10 +25,22 @@
 
 static const char *bucket_name[DP_NB] = {"dense", "experts"};
 
+/* A group of children is summed by one all-reduce once it holds this many
+ * floats (LUAPIPE_DP_BUCKET, 65536 = 256 KiB; DDP's first bucket is
+ * 1 MiB): fewer, larger messages for small layers, an early start for
+ * large ones. */
+static size_t bucket_floats(void) {
+  long n = lp_env_int("LUAPIPE_DP_BUCKET", 65536);
+  return n < 1 ? 1 : (size_t)n;
+}
+
 static void bucket_free(dp_bucket *b) {
   lp_free(b->idx);
   lp_free(b->off);
   lp_free(b->pack);
+  lp_free(b->seg);
+  lp_free(b->seg_p);
+  lp_free(b->req);
   lp_tensor_free(b->wv);
   lp_tensor_free(b->wg);
   memset(b, 0, sizeof *b);
@@ -37,16 +49,88 @@ static void bucket_free(dp_bucket *b) {
 /* The bucket sums over a group of more than one rank. */
 static int active(const dp_bucket *b) { return b->comm && b->n > 0; }
 
+/* Groups of vs's children (from the end, each at least bucket_floats()
+ * floats but the first children's) and each bucket's segments: its ranges
+ * of parameters and floats per group. pstart[c]: the first parameter of
+ * child c (pstart[nchild] = the count). */
+static lp_status plan_groups(vst *vs, const size_t *pstart, const lp_nn_param *p) {
+  int nc = vs->dp.nchild;
+  vs->dp.child0 = lp_malloc((size_t)nc * sizeof *vs->dp.child0);
+  if (!vs->dp.child0) return LP_ERR_NOMEM;
+  int ng = 0;
+  size_t acc = 0, want = bucket_floats();
+  for (int c = nc - 1; c >= 0; c--) {
+    for (size_t i = pstart[c]; i < pstart[c + 1]; i++) acc += (size_t)lp_tensor_numel(p[i].grad);
+    if (acc >= want || c == 0) {
+      vs->dp.child0[ng++] = c;
+      acc = 0;
+    }
+  }
+  vs->dp.ng = ng;
+  for (int k = 0; k < DP_NB; k++) {
+    dp_bucket *b = &vs->dp.b[k];
+    b->seg = lp_malloc((size_t)(ng + 1) * sizeof *b->seg);
+    b->seg_p = lp_malloc((size_t)(ng + 1) * sizeof *b->seg_p);
+    b->req = lp_calloc((size_t)ng, sizeof *b->req);
+    if (!b->seg || !b->seg_p || !b->req) return LP_ERR_NOMEM;
+    /* group j holds the bucket's parameters from the first of child
+     * child0[j] up to the first of child child0[j - 1] (the end for j = 0) */
+    b->seg_p[0] = b->np;
+    b->seg[0] = b->n;
+    for (int j = 0; j < ng; j++) {
+      size_t q = 0;
+      while (q < b->np && b->idx[q] < pstart[vs->dp.child0[j]]) q++;
+      b->seg_p[j + 1] = q;
+      b->seg[j + 1] = q < b->np ? b->off[q] : b->n;
+    }
+  }
+  return LP_OK;
+}
+
+void ex_dp_free(lp_exec *e, vst *vs) {
+  for (int k = 0; k < DP_NB; k++) {
+    dp_bucket *b = &vs->dp.b[k];
+    if (b->req)
+      for (int j = 0; j < vs->dp.ng; j++) lp_comm_cancel(b->comm, &b->req[j]);
+    bucket_free(b);
+  }
+  lp_free(vs->dp.child0);
+  vs->dp.child0 = NULL;
+  vs->dp.ng = 0;
+  (void)e;
+}
+
 lp_status ex_dp_new(lp_exec *e, vst *vs) {
   if (!e->dpr.on) return LP_OK;
   size_t np;
   const lp_nn_param *p = lp_nn_params(vs->chunk, &np);
+  ex_dp_free(e, vs);
   lp_nn_param_role *roles = lp_malloc((np ? np : 1) * sizeof *roles);
-  if (!roles) return LP_ERR_NOMEM;
+  /* the children of the chunk and where their parameters start (a chunk
+   * lists its children's parameters in order) */
+  size_t nc = lp_nn_layer_children(vs->chunk);
+  int chunk = nc > 0 && strcmp(lp_nn_layer_kind(vs->chunk), "chunk") == 0;
+  if (!chunk) nc = 1;
+  size_t *pstart = lp_malloc((nc + 1) * sizeof *pstart);
+  if (!roles || !pstart) {
+    lp_free(roles);
+    lp_free(pstart);
+    return LP_ERR_NOMEM;
+  }
+  pstart[0] = 0;
+  for (size_t c = 0; c < nc; c++) {
+    size_t n = np;
+    if (chunk) lp_nn_params(lp_nn_layer_child(vs->chunk, c), &n);
+    pstart[c + 1] = pstart[c] + n;
+  }
+  if (pstart[nc] != np) { /* (not a plain list of children: one group) */
+    nc = 1;
+    pstart[1] = np;
+  }
+  vs->dp.nchild = (int)nc;
   lp_status st = np ? lp_nn_param_roles(vs->chunk, roles, np) : LP_OK;
   for (int k = 0; k < DP_NB && st == LP_OK; k++) {
     dp_bucket *b = &vs->dp.b[k];
-    bucket_free(b);
     b->comm = k == DP_DENSE ? e->dp_comm : e->xdp_comm;
     b->idx = lp_malloc((np ? np : 1) * sizeof *b->idx);
     b->off = lp_malloc((np ? np : 1) * sizeof *b->off);
@@ -69,17 +153,10 @@ lp_status ex_dp_new(lp_exec *e, vst *vs) {
       if (st == LP_OK) st = lp_tensor_zeros(lp_tensor_backend_cpu(), 1, &sh, &b->wg);
     }
   }
+  if (st == LP_OK) st = plan_groups(vs, pstart, p);
   lp_free(roles);
+  lp_free(pstart);
   return st;
-}
-
-void ex_dp_free(lp_exec *e, vst *vs) {
-  for (int k = 0; k < DP_NB; k++) {
-    dp_bucket *b = &vs->dp.b[k];
-    if (b->req) lp_comm_cancel(b->comm, &b->req);
-    bucket_free(b);
-  }
-  (void)e;
 }
 
 lp_status ex_dp_optim_params(lp_exec *e, vst *vs, lp_nn_param **params, size_t *n, int *own) {
@@ -134,13 +211,15 @@ void ex_dp_plan(lp_exec *e) {
   }
 }
 
-/* Packs bucket b's grads of vs into its pack (any backend: lp_tensor_read). */
-static lp_status pack(vst *vs, dp_bucket *b) {
+/* Packs bucket b's grads of vs, its parameters [p0, p1), into its pack
+ * (any backend: lp_tensor_read). */
+static lp_status pack(vst *vs, dp_bucket *b, size_t p0, size_t p1) {
   const lp_nn_param *p = lp_nn_params(vs->chunk, &(size_t){0});
-  for (size_t j = 0; j < b->np; j++) LP_CHECK(lp_tensor_read(p[b->idx[j]].grad, b->pack + b->off[j]));
+  for (size_t j = p0; j < p1; j++) LP_CHECK(lp_tensor_read(p[b->idx[j]].grad, b->pack + b->off[j]));
   return LP_OK;
 }
 
+/* src (flat, as the pack) into the parameters' values / grads. */
 static lp_status unpack(vst *vs, dp_bucket *b, const float *src) {
   const lp_nn_param *p = lp_nn_params(vs->chunk, &(size_t){0});
   for (size_t j = 0; j < b->np; j++) LP_CHECK(lp_tensor_write(p[b->idx[j]].value, src + b->off[j]));
@@ -153,47 +232,80 @@ static lp_status unpack_grads(vst *vs, dp_bucket *b) {
   return LP_OK;
 }
 
-/* Starts the all-reduces of local vstage li's buckets (zero = 0). */
-static lp_status start(lp_exec *e, int li) {
+/* Starts the all-reduces of local vstage li's groups up to (not
+ * including) `upto` (zero = 0). */
+static lp_status start(lp_exec *e, int li, int upto) {
   vst *vs = &e->vs[li];
-  vs->dp.started = 1;
-  vs->dp.t0 = lp_now();
-  vs->dp.done_at = 0;
-  for (int k = 0; k < DP_NB; k++) {
-    dp_bucket *b = &vs->dp.b[k];
-    if (!active(b)) continue;
-    LP_CHECK(pack(vs, b));
-    lp_status st = lp_comm_iallreduce_sum_float(b->comm, b->pack, b->n, &b->req);
-    if (st != LP_OK) {
-      char what[160];
-      snprintf(what, sizeof what, "rank %d (DP rank %d of %d): starting the %s gradient sum of "
-               "stage %d", e->rank, e->dp_rank, e->dp, bucket_name[k], vs->id);
-      return ex_comm_fail(e, b->comm, st, what);
+  if (vs->dp.started == 0 && upto > 0) {
+    vs->dp.t0 = lp_now();
+    vs->dp.done_at = 0;
+  }
+  for (; vs->dp.started < upto; vs->dp.started++) {
+    int j = vs->dp.started;
+    for (int k = 0; k < DP_NB; k++) {
+      dp_bucket *b = &vs->dp.b[k];
+      if (!active(b) || b->seg[j + 1] == b->seg[j]) continue;
+      LP_CHECK(pack(vs, b, b->seg_p[j + 1], b->seg_p[j]));
+      lp_status st = lp_comm_iallreduce_sum_float(b->comm, b->pack + b->seg[j + 1],
+                                                  b->seg[j] - b->seg[j + 1], &b->req[j]);
+      if (st != LP_OK) {
+        char what[160];
+        snprintf(what, sizeof what, "rank %d (DP rank %d of %d): starting the %s gradient sum of "
+                 "stage %d", e->rank, e->dp_rank, e->dp, bucket_name[k], vs->id);
+        return ex_comm_fail(e, b->comm, st, what);
+      }
+      e->dpr.link += lp_link_allreduce_time(lp_comm_link(b->comm), lp_comm_size(b->comm),
+                                            4.0 * (double)(b->seg[j] - b->seg[j + 1]));
     }
-    e->dpr.link += lp_link_allreduce_time(lp_comm_link(b->comm), lp_comm_size(b->comm),
-                                          4.0 * (double)b->n);
   }
   return LP_OK;
 }
 
+/* The stage's gradients are final after action e->cur's weight-grad. */
+static int last_writer(const lp_exec *e, const vst *vs) {
+  return e->dpr.on && !e->o.zero && vs->dp.last_grad == e->cur && vs->wq_len == 0 &&
+         e->pr.carry_v != vs->id && !ex_replicated(e, vs->id);
+}
+
+lp_status ex_dp_weight_grad(lp_exec *e, vst *vs, lp_nn_ctx *ctx) {
+  if (!last_writer(e, vs) || vs->dp.started > 0) return lp_nn_weight_grad(vs->chunk, ctx, NULL);
+  /* child by child from the end: after i pieces at least the last i
+   * children are done (pieces an overlapped pair ran before count as
+   * undone here: their groups start a little later) */
+  int li = e->loc[vs->id], i = 0, g = 0;
+  for (;;) {
+    int did = 0;
+    LP_CHECK(lp_nn_weight_grad_part(vs->chunk, ctx, &did));
+    if (!did) break;
+    i++;
+    while (g < vs->dp.ng && vs->dp.child0[g] >= vs->dp.nchild - i) g++;
+    if (g > vs->dp.started) LP_CHECK(start(e, li, g));
+  }
+  LP_CHECK(lp_nn_weight_grad(vs->chunk, ctx, NULL));
+  return start(e, li, vs->dp.ng);
+}
+
 /* Polls local vstage li's sums in flight (a nonblocking collective
- * progresses inside the comm's calls: MPI's do), noting when they all
- * finished. */
+ * progresses inside the comm's calls: MPI's do), noting when they have
+ * all finished. */
 static lp_status poll(lp_exec *e, int li) {
   vst *vs = &e->vs[li];
   if (!vs->dp.started || vs->dp.done_at > 0) return LP_OK;
-  int all = 1;
+  int all = vs->dp.started == vs->dp.ng;
   for (int k = 0; k < DP_NB; k++) {
     dp_bucket *b = &vs->dp.b[k];
-    int done = 1;
-    lp_status st = lp_comm_test(b->comm, &b->req, &done);
-    if (st != LP_OK) {
-      char what[160];
-      snprintf(what, sizeof what, "rank %d (DP rank %d of %d): the %s gradient sum of stage %d",
-               e->rank, e->dp_rank, e->dp, bucket_name[k], vs->id);
-      return ex_comm_fail(e, b->comm, st, what);
+    if (!active(b)) continue;
+    for (int j = 0; j < vs->dp.started; j++) {
+      int done = 1;
+      lp_status st = lp_comm_test(b->comm, &b->req[j], &done);
+      if (st != LP_OK) {
+        char what[160];
+        snprintf(what, sizeof what, "rank %d (DP rank %d of %d): the %s gradient sum of stage %d",
+                 e->rank, e->dp_rank, e->dp, bucket_name[k], vs->id);
+        return ex_comm_fail(e, b->comm, st, what);
+      }
+      all &= done;
     }
-    all &= done;
   }
   if (all) vs->dp.done_at = lp_now();
   return LP_OK;
@@ -204,10 +316,10 @@ lp_status ex_dp_early(lp_exec *e) {
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     LP_CHECK(poll(e, li));
-    if (vs->dp.started || vs->dp.last_grad < 0 || vs->dp.last_grad > e->cur || vs->wq_len ||
-        e->pr.carry_v == vs->id || ex_replicated(e, vs->id))
+    if (vs->dp.started == vs->dp.ng || vs->dp.last_grad < 0 || vs->dp.last_grad > e->cur ||
+        vs->wq_len || e->pr.carry_v == vs->id || ex_replicated(e, vs->id))
       continue;
-    LP_CHECK(start(e, li));
+    LP_CHECK(start(e, li, vs->dp.ng));
   }
   return LP_OK;
 }
@@ -221,7 +333,7 @@ lp_status ex_dp_finish(lp_exec *e) {
       for (int k = 0; k < DP_NB; k++) {
         dp_bucket *b = &vs->dp.b[k];
         if (!active(b)) continue;
-        LP_CHECK(pack(vs, b));
+        LP_CHECK(pack(vs, b, 0, b->np));
         char what[160];
         snprintf(what, sizeof what, "rank %d (DP rank %d of %d): reduce-scatter of the %s "
                  "gradients of stage %d (ZeRO-1)", e->rank, e->dp_rank, e->dp, bucket_name[k],
@@ -245,18 +357,17 @@ lp_status ex_dp_finish(lp_exec *e) {
     }
     return LP_OK;
   }
-  for (int li = 0; li < e->nloc; li++)
-    if (!e->vs[li].dp.started) LP_CHECK(start(e, li));
+  for (int li = 0; li < e->nloc; li++) LP_CHECK(start(e, li, e->vs[li].dp.ng));
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     double tw = lp_now();
     for (int k = 0; k < DP_NB; k++) {
       dp_bucket *b = &vs->dp.b[k];
-      if (!b->req) continue;
+      if (!active(b)) continue;
       char what[160];
       snprintf(what, sizeof what, "rank %d (DP rank %d of %d): the %s gradient sum of stage %d",
                e->rank, e->dp_rank, e->dp, bucket_name[k], vs->id);
-      lp_status st = lp_comm_wait(b->comm, &b->req, what);
+      lp_status st = lp_comm_waitall(b->comm, b->req, vs->dp.ng, what);
       if (st != LP_OK) return ex_comm_fail(e, b->comm, st, what);
     }
     double t1 = lp_now();
@@ -345,7 +456,8 @@ void ex_dp_drop(lp_exec *e) {
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     for (int k = 0; k < DP_NB; k++)
-      if (vs->dp.b[k].req) lp_comm_cancel(vs->dp.b[k].comm, &vs->dp.b[k].req);
+      if (vs->dp.b[k].req)
+        for (int j = 0; j < vs->dp.ng; j++) lp_comm_cancel(vs->dp.b[k].comm, &vs->dp.b[k].req[j]);
     vs->dp.started = 0;
   }
 }
@@ -379,6 +491,6 @@ lp_status lp_exec_dp_stats_of(lp_exec *e, lp_exec_dp_stats *out) {
   }
   int W = lp_comm_size(e->world);
   *out = (lp_exec_dp_stats){e->dp, e->ep, e->o.zero, v[0] / W,
-                            {(int64_t)(v[1] + 0.5), v[2], v[3], v[4]}};
+                            {(int64_t)(v[1] / W + 0.5), v[2] / W, v[3] / W, v[4] / W}};
   return LP_OK;
 }

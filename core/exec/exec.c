@@ -188,7 +188,7 @@ static lp_status b_finish(lp_exec *e, half *h, lp_tensor *dx) {
   slot *sl = &vs->slots[mb];
   lp_status st = LP_OK;
   if (h->type == LP_ACT_B && !h->keep_w) {
-    st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
+    st = ex_dp_weight_grad(e, vs, sl->ctx);
     if (st != LP_OK) { ex_nnfail(e, sl, "weight-grad", st); goto out; }
   } else if (h->type != LP_ACT_B) {
     vs->wq[(vs->wq_head + vs->wq_len) % e->M] = mb;
@@ -323,7 +323,7 @@ static lp_status run_w(lp_exec *e, int v, int mb) {
   vs->wq_head = (vs->wq_head + 1) % e->M;
   vs->wq_len--;
   slot *sl = &vs->slots[mb];
-  lp_status st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
+  lp_status st = ex_dp_weight_grad(e, vs, sl->ctx);
   if (st != LP_OK) return ex_nnfail(e, sl, "weight-grad", st);
   ex_trace_memory(e, lp_now(), 0, -1);
   return LP_OK;

@@ -81,15 +81,20 @@ typedef struct vst_reduce {
                         * (-1: none), for an early start (ex_reduce_early) */
 } vst_reduce;
 
-/* dp.c: one bucket of a local vstage: the gradients of a set of its
- * parameters (dense ones, or routed experts' slots) that one group sums */
+/* dp.c: the gradients of a local vstage's parameters of one kind (dense
+ * ones, or routed experts' slots) that one group sums: flat in chunk
+ * order, in segments (vst_dp's groups of children) each summed by its own
+ * all-reduce as soon as its children's weight-grads are final */
 typedef struct dp_bucket {
   lp_comm *comm;    /* the group summing it (NULL: nothing to sum) */
   size_t *idx;      /* [np]: indices in the chunk's parameter list */
   size_t *off;      /* [np]: offset of each in the flat pack */
   size_t np, n;     /* parameters, floats */
   float *pack;      /* [n padded to a multiple of the group's size] */
-  lp_comm_req *req; /* its all-reduce in flight (zero = 0) */
+  size_t *seg;      /* [ng + 1]: the pack range [seg[j + 1], seg[j]) of
+                     * group j (groups from the chunk's end) */
+  size_t *seg_p;    /* [ng + 1]: the same as ranges of idx */
+  lp_comm_req **req; /* [ng]: their all-reduces in flight (zero = 0) */
   /* ZeRO-1: this rank's shard [lo, lo + shard) of the flat parameters,
    * its master values and summed gradients (host tensors of `shard`
    * floats: a parameter of the vstage's optimizer) */
@@ -98,13 +103,19 @@ typedef struct dp_bucket {
 } dp_bucket;
 
 /* dp.c: a local vstage's buckets (dense over the DP group, experts over
- * the expert-DP group) */
+ * the expert-DP group), summed in groups of its chunk's children: group 0
+ * the last children (the first whose weight-grads a backward finishes),
+ * each group at least LUAPIPE_DP_BUCKET floats but the first children's */
 enum { DP_DENSE = 0, DP_EXPERT = 1, DP_NB = 2 };
 typedef struct vst_dp {
   dp_bucket b[DP_NB];
-  int started;   /* its sums started this step */
+  int ng;        /* groups */
+  int *child0;   /* [ng]: the first child of group j (children child0[j]..
+                  * child0[j - 1] - 1) */
+  int nchild;    /* children of the chunk (1 for a lone layer) */
+  int started;   /* groups whose sums started this step */
   int last_grad; /* the last action writing its grads (-1: none) */
-  double t0;     /* lp_now() at the start */
+  double t0;     /* lp_now() at the first start */
   double done_at; /* > 0: lp_now() when a poll found every sum finished */
 } vst_dp;
 
@@ -496,6 +507,12 @@ lp_status ex_dp_early(lp_exec *e);
  * every bucket and writes the sums into the grads (zero = 0); with ZeRO-1
  * reduce-scatters each bucket into this rank's shard instead. */
 lp_status ex_dp_finish(lp_exec *e);
+/* The weight-grad of vs's micro-batch ctx; when it is the stage's last
+ * (action e->cur is its last grad-writing one, nothing queued, zero = 0,
+ * not replicated) child by child, each group's sums started as soon as its
+ * children are done, while the weight-grads of the earlier children run
+ * (the same gradients, bitwise). */
+lp_status ex_dp_weight_grad(lp_exec *e, vst *vs, lp_nn_ctx *ctx);
 /* ZeRO-1, after the optimizer step: the updated shards all-gathered into
  * every rank's parameters. */
 lp_status ex_dp_gather(lp_exec *e);

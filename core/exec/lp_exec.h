@@ -270,12 +270,12 @@ typedef struct lp_exec_dp_timing {
   double s, hidden, link;
 } lp_exec_dp_timing;
 void lp_exec_dp_timing_of(const lp_exec *e, lp_exec_dp_timing *out);
-/* The same summed over every rank, and the optimizer bytes per rank (the
- * mean over ranks): collective over the job's comm, between steps. */
+/* The same per rank (the mean over every rank), and the optimizer bytes
+ * per rank (the mean): collective over the job's comm, between steps. */
 typedef struct lp_exec_dp_stats {
   int dp, ep, zero;
   double optim_bytes;     /* per rank, mean over ranks */
-  lp_exec_dp_timing sums; /* every rank's, summed */
+  lp_exec_dp_timing sums; /* per rank: the mean over ranks */
 } lp_exec_dp_stats;
 lp_status lp_exec_dp_stats_of(lp_exec *e, lp_exec_dp_stats *out);
 /* Ranks of the job on this rank's host; *cores: the CPUs their affinity

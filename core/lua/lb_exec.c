@@ -733,8 +733,8 @@ static int lb_exec_dp_timing(lua_State *L) {
 }
 
 /* exec:dp_stats() -> {dp =, ep =, zero =, optim_bytes =, n =, s =,
- * hidden =, link =} (collective: every rank's DP sums summed; optimizer
- * bytes per rank, the mean over ranks), or nil, message */
+ * hidden =, link =} (collective: the DP sums since the start and the
+ * optimizer bytes, per rank: the mean over ranks), or nil, message */
 static int lb_exec_dp_stats(lua_State *L) {
   exec_box *b = check_exec(L, 1);
   lp_exec_dp_stats t;

@@ -596,7 +596,7 @@ function M.format(s)
     L[#L + 1] = string.format("  data parallel: dp %d (ep %d), zero %d, optimizer state %.0f bytes per rank",
       d.dp, d.ep, d.zero, d.optim_bytes)
     if d.n > 0 and d.s > 0 then
-      L[#L + 1] = string.format("    gradient sums over dp: %d, %s ms each, %s%% hidden under backward work"
+      L[#L + 1] = string.format("    gradient sums over dp: %d per rank, %s ms each, %s%% hidden under backward work"
         .. " (link model %s ms each)", d.n, f2(1e3 * d.s / d.n), f1(100 * d.hidden / d.s),
         f2(1e3 * d.link / d.n))
     end

@@ -490,9 +490,9 @@ local function configure(opts)
   local s = get_schedule(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
-  if dp > ep and info.ranks * dp ~= size then
-    usage_fail(string.format("schedule '%s' runs on %s; with dp = %d that is %d ranks,"
-      .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), dp, info.ranks * dp, size))
+  if dp > ep then
+    if info.ranks * dp ~= size then usage_fail(string.format("schedule '%s' runs on %s; with dp = %d that is %d ranks,"
+      .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), dp, info.ranks * dp, size)) end
   elseif ep > 1 and info.ranks * ep ~= size then
     usage_fail(string.format("schedule '%s' runs on %s; with ep = %d that is %d ranks,"
       .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), ep, info.ranks * ep, size))
