@@ -1,6 +1,7 @@
 -- dp_check.lua MODE DIR [key=value ...] — run under mpirun by test_train_dp.sh.
--- The small transformer LM of fixtures.lua (AdamW, 1F1B, pp = 1 unless
--- pp=N) trained at dp = the job's ranks / pp (zero=1: ZeRO-1; rows=N: N
+-- The small transformer LM of fixtures.lua (AdamW, 1F1B with 2 x pp
+-- micro-batches; pp=N, else pp = 1 and dp = the job's ranks) trained at
+-- dp = the job's ranks / pp (zero=1: ZeRO-1; rows=N: N
 -- sequences per micro-batch, default 4; ep=, dp= and zero= go to train{}
 -- as given, for the error cases). Every rank writes exact figures to
 -- DIR/<MODE>.rank<R>.txt: the losses (%.17g), a checksum of its final
@@ -23,7 +24,7 @@ for i = 3, #arg do
   kv[k] = math.tointeger(tonumber(v)) or tonumber(v) or v
 end
 local rank, P = comm.rank(), comm.size()
-local pp = kv.pp or 1
+local pp = kv.pp -- (nil: the job's ranks / dp)
 local rows = kv.rows or 4
 local T, V = 5, 12
 -- the global batch is the same whatever dp is: `rows` sequences per
@@ -37,10 +38,10 @@ local function data(step, mb)
   return nn.tensor({ rows, T }, x), nn.tensor({ rows, T }, y)
 end
 
-local opts = { model = fx.lm(), schedule = "1f1b", pp = pp, microbatches = 2 * pp, data = data,
+local opts = { model = fx.lm(), schedule = "1f1b", pp = pp, microbatches = 2 * (pp or 1), data = data,
   steps = kv.steps or 3, seed = 5, quiet = true, partition = "layers",
   optimizer = { kind = "adamw", lr = 0.01, weight_decay = 0.01 },
-  dp = kv.dp or P // pp, ep = kv.ep, zero = kv.zero, clip = kv.clip, link = kv.link }
+  dp = kv.dp or P // (pp or 1), ep = kv.ep, zero = kv.zero, clip = kv.clip, link = kv.link }
 if mode == "part" then
   opts.steps = 2
   opts.checkpoint = { dir = dir .. "/ckpt", every = 1 }
