@@ -581,7 +581,7 @@ local function configure(opts)
     local lok, lerr = pcall(comm.set_link, opts.link)
     if not lok then usage_fail("luapipe.train: link: " .. tostring(lerr):gsub("^[^:]*:%d+: ", "")) end
   end
-  if ckpt then ckpt.grid = { dp = dp, zero = zero } end
+  if ckpt then ckpt.grid = { dp = dp, ep = ep, zero = zero } end
   return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep, dp = dp, zero = zero,
     clip = clip, lr_at = lr_at,
     device = device, device_name = device_name, info = info, lowered = lowered, in_shape = in_shape,
@@ -716,7 +716,7 @@ function M.run(opts)
     if ckpt then
       local saved = checkpoint.after_step(ckpt, exec, k, info, function()
         return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()),
-          grid = { dp = c.dp, zero = c.zero } }
+          grid = { dp = c.dp, ep = c.ep, zero = c.zero } }
       end)
       if saved and rank == 0 and not quiet then
         io.write(string.format("checkpoint after step %d written to %s\n", k, saved))
