@@ -78,6 +78,20 @@
 -- bytes =}: mean over MoE layers of the EP ranks' max/mean token load
 -- under the first and the last placement, and the bytes moved.
 --
+-- Data parallelism: pp = P, dp = D (ep = E dividing D) run on P x D ranks
+-- (rank = pipeline rank * D + DP index d; EP index d % E, EP group d / E;
+-- default dp = ep, the pp x ep grid): each DP rank takes its 1/D share of
+-- every micro-batch (the global batch does not depend on D; the loss is
+-- scaled by 1/(M x D) and the printed one is the global batch's mean),
+-- dense gradients are summed over the D ranks of a stage and experts' over
+-- the D / E ranks with the same EP index, each group of a stage's layers as
+-- soon as its weight-grads are done. zero = 1 shards the optimizer state
+-- over those groups (ZeRO-1: reduce-scatter, update the shard, all-gather);
+-- the results equal zero = 0's. r.summary.dp = {dp =, ep =, zero =,
+-- optim_bytes =, n =, s =, hidden =, link =} (per rank). A checkpoint's
+-- state.json records dp, ep and zero; a resume at another dp or zero is
+-- refused naming both.
+--
 -- overlapped_fb = function(exec, pair) ... end replaces the executor's own
 -- running of every overlapped pair (FB action, as DeepSeek's
 -- overlapped_forward_backward): pair = {f_stage =, f_mb =, b_type = "B" | "I",
