@@ -157,5 +157,6 @@ int luaopen_luapipe_core(lua_State *L) {
   lb_open_profile(L);
   lb_open_search(L);
   lb_open_data(L);
+  lb_open_safetensors(L);
   return 1;
 }

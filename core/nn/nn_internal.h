@@ -61,6 +61,9 @@ struct lp_nn_layer {
   void (*sub_free)(void *sub);
   /* composites: the param generation their list was collected at */
   unsigned param_gen;
+  /* kind-private config (mla.c), freed with the layer by priv_free */
+  void *priv;
+  void (*priv_free)(void *priv);
 };
 
 #define NN_SLOTS 28
@@ -156,3 +159,24 @@ void nn_shape_last(const lp_tensor *t, int64_t last, int64_t *shape);
 
 /* Composite constructors used by blocks.c (layer.c). */
 lp_status nn_composite_collect_params(lp_nn_layer *l);
+
+/* ---- SwiGLU (swiglu.c): out = (silu(x W1^T) * (x W3^T)) W2^T on rows,
+ * W1, W3 [hidden, D], W2 [D, hidden]; shared by the swiglu layer (and
+ * meant for the MoE experts'). ---- */
+/* a1 = x W1^T, a3 = x W3^T, h = silu(a1) * a3, out = h W2^T. */
+lp_status nn_swiglu_fwd(const lp_tensor *x, const lp_tensor *w1,
+                        const lp_tensor *w3, const lp_tensor *w2,
+                        lp_tensor *a1, lp_tensor *a3, lp_tensor *h,
+                        lp_tensor *out);
+/* dh = dout W2; da3 = dh * silu(a1); da1 = dh * a3 * silu'(a1);
+ * dx = beta * dx + da1 W1 + da3 W3 (dx NULL: skip it). */
+lp_status nn_swiglu_bwd(const lp_tensor *dout, const lp_tensor *a1,
+                        const lp_tensor *a3, const lp_tensor *w1,
+                        const lp_tensor *w3, const lp_tensor *w2,
+                        lp_tensor *da1, lp_tensor *da3, lp_tensor *dx,
+                        float beta);
+/* g1 += da1^T x, g3 += da3^T x, g2 += dout^T h. */
+lp_status nn_swiglu_wgrad(const lp_tensor *x, const lp_tensor *h,
+                          const lp_tensor *dout, const lp_tensor *da1,
+                          const lp_tensor *da3, lp_tensor *g1, lp_tensor *g3,
+                          lp_tensor *g2);

@@ -505,8 +505,10 @@ local function configure(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
   if dp > ep then
-    if info.ranks * dp ~= size then usage_fail(string.format("schedule '%s' runs on %s; with dp = %d that is %d ranks,"
-      .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), dp, info.ranks * dp, size)) end
+    if info.ranks * dp ~= size then
+      usage_fail(string.format("schedule '%s' runs on %s; with dp = %d that is %d ranks, but mpirun"
+        .. " started %d", sname, util.count(info.ranks, "pipeline rank"), dp, info.ranks * dp, size))
+    end
   elseif ep > 1 and info.ranks * ep ~= size then
     usage_fail(string.format("schedule '%s' runs on %s; with ep = %d that is %d ranks,"
       .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), ep, info.ranks * ep, size))
@@ -634,7 +636,8 @@ end
 
 -- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
 --   microbatches=, pp=, chunks=, partition = "cost" | "layers", trace=,
---   quiet=, lookahead=, overlapped_fb=, checkpoint = {dir=, every=}, resume=} -> result
+--   quiet=, lookahead=, overlapped_fb=, checkpoint = {dir=, every=}, resume=,
+--   save = DIR2 (a luapipe.models model: written back there)} -> result
 function M.run(opts)
   local c = configure_all(opts)
   local steps, ckpt, model, seed, ep = c.steps, c.ckpt, c.model, c.seed, c.ep
@@ -642,7 +645,7 @@ function M.run(opts)
   local in_shape, part, act_shapes = c.in_shape, c.part, c.act_shapes
   local rank, size = comm.rank(), comm.size()
   local exec, err = core.exec_new(lowered, {
-    build = function(stage) return model:build_stage(part, stage, seed) end,
+    build = function(stage) return model:build_stage(part, stage, seed, ep) end, -- ep: a loaded model reads its own experts
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
     optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
     overlapped_fb = opts.overlapped_fb, ep = ep, dp = c.dp, zero = c.zero, device = device, clip = c.clip,
@@ -757,6 +760,13 @@ function M.run(opts)
       for name, val in pairs(v.params) do if out[name] == nil then out[name] = val end end
     end
     return out
+  end
+  if opts.save ~= nil then -- a luapipe.models model, written back (luapipe.models.save)
+    local sok, serr = pcall(require("luapipe.models").save, model, opts.save, { from = result })
+    if not sok then
+      if size > 1 then comm.abort("save: " .. tostring(serr)) end
+      fail("save: " .. tostring(serr))
+    end
   end
   if opts.trace then
     local tok, terr = exec:trace_write(opts.trace) -- gathered over the comm on rank 0

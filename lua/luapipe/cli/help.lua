@@ -20,13 +20,15 @@ M.topics = {
     { "schedule.from_csv(path) / from_csv_text(text)", "PyTorch's CSV format" },
     { "schedule.from_json(text)", "luapipe's JSON format" },
     { "schedule.families", "the family names (see `help schedules`)" },
-    { "s:push(rank, action | {actions})", "append actions to a rank's list" },
+    { "s:push(rank, action | {actions})", "append actions to a rank's list; all or nothing: a bad action raises and the list stays as it was" },
+    { "s:pop(rank[, n]) / s:clear(rank) / s:set(rank, {actions})", "edit a rank's list: remove its last n actions (default 1; returns them), empty it, replace it (all or nothing)" },
     { "s:actions(rank) / s:action(rank, i) / s:count(rank)", "read a rank's list: action i counts from 0, as in every message (s:actions is a Lua list: entry i + 1)" },
     { "s:note()", "what a family builder says about its counts (interleaved1f1b with too few micro-batches), or nil" },
     { "s:info()", "{name, ranks, stages, vstages, microbatches}" },
     { "s:validate([{sends = \"nonblocking\" | \"buffered\" | \"rendezvous\"}])", "true, or nil, message naming rank, action and micro-batch; sends: how SEND/RECV wait (default nonblocking: both only post, a compute waits for its inputs' sends, as in the executor and PyTorch; buffered: a RECV blocks; rendezvous: a send blocks too)" },
     { "s:lower()", "a copy with SEND/RECV inserted" },
-    { "s:simulate(cost)", "a SimResult (see `help sim`)" },
+    { "s:simulate(cost)", "a SimResult (see `help sim`); an invalid schedule raises with the validation message" },
+    { "s:try_simulate(cost)", "a SimResult, or nil, message when the schedule is invalid (s:validate's message); for code that goes on after a failure" },
     { "s:memory(rank)", "{peak_live, param_stages, ...} per rank" },
     { "s:to_csv() / s:to_json() / s:write_csv(p) / s:write_json(p)", "export" },
     { "s:show([cost]) / s:gantt([cost])", "terminal Gantt chart under a cost model" },
@@ -119,6 +121,25 @@ M.topics = {
     { "  (placing ranks)", "mpirun fills a node's slots in rank order: the dp ranks of a pipeline stage (its EP groups first) are consecutive, so with dp dividing the ranks per node the EP and DP groups stay inside a node (NVLink) and only the pipeline crosses nodes" },
     { "  overlapped_fb = function(exec, pair) ... end", "script DualPipe's F&B pairs (exec's begin_half, advance, phase, weight_grad_part)" },
     { "train.reference{model=, data=, steps=, microbatches=, optimizer=, seed=}", "the same steps in one process, unsplit: {losses, params}" },
+  },
+  {
+    name = "models", summary = "DeepSeek-V3 / V2-Lite: checkpoints in, trained, out (luapipe.models)",
+    intro = "The architecture of DeepSeek's inference/model.py as a chunk graph (embed, per layer "
+      .. "nn.mla_block{attn = nn.mla, ffn = nn.swiglu or nn.moe}, norm, head; cross-entropy over every "
+      .. "position), under model.py's parameter names. Checkpoint folders: DeepSeek's converted form "
+      .. "(config.json with ModelArgs keys, model0-mp1.safetensors) or Hugging Face's (config.json "
+      .. "with its keys, model.safetensors or shards + model.safetensors.index.json); F32, BF16, or "
+      .. "FP8 E4M3 with 128x128 block scales (quantization_config.weight_block_size). A rank reads "
+      .. "only its own stages' tensors (with ep, its own experts); MTP layers are listed in .unused. "
+      .. "A bad folder raises one line naming the file and tensor (the CLI exits 2). "
+      .. "Command line: luapipe model info|forward|grad DIR.",
+    { "models.load(dir, {ep=, bias_speed=})", "a model train{} takes (partition, schedules, pp x ep, EPLB); fields args (ModelArgs), form (\"deepseek\" or \"hf\"), unused, dtypes; ckpt:bytes_read() counts what was read" },
+    { "models.deepseek_v3(args)", "the same architecture from ModelArgs keys, initialised from the seed" },
+    { "models.save(model, dir, {from=, dtype=})", "config.json + safetensors in the layout and names it was loaded with, \"f32\" or \"bf16\"; from = a built layer or train{}'s result (every rank calls it; rank 0 writes)" },
+    { "  train{..., save = dir}", "the same after training (f32)" },
+    { "models.config.read(config_table, file)", "ModelArgs from either form of config.json" },
+    { "models.names.to_hf(name) / from_hf(name)", "model.py's names to Hugging Face's and back (inference/convert.py's map)" },
+    { "models.names.to_model(name) / from_model(name)", "luapipe's layer parameter names to model.py's and back" },
   },
   {
     name = "comm", summary = "this job's communicator (luapipe.comm)",
