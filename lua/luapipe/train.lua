@@ -311,8 +311,9 @@ local device_fail = usage_fail
 -- A family's constraint on pp or microbatches that the job breaks
 -- (schedules.problem's fields), in the words of someone who only chose how
 -- many processes mpirun starts: nprocs processes, ep of them per pipeline
--- rank. The text is built from the fields, never parsed from a message.
-local function in_rank_terms(p, nprocs, ep)
+-- rank (word: what those are called, "ep" or "dp"; default "ep"). The text
+-- is built from the fields, never parsed from a message.
+local function in_rank_terms(p, nprocs, ep, word)
   util.arg("train.in_rank_terms", 1, "problem", p, "table", "a table from schedules.problem")
   util.arg("train.in_rank_terms", 2, "nprocs", nprocs, "integer", "the number of processes")
   util.arg("train.in_rank_terms", 3, "ep", ep, "integer", "the expert-parallel degree")
@@ -326,8 +327,8 @@ local function in_rank_terms(p, nprocs, ep)
       return string.format("%s needs an even number of ranks; this is one process (start it with "
         .. "mpirun -np 2 or more)", name)
     elseif ep > 1 then
-      return string.format("%s needs an even number of pipeline ranks; mpirun started %d = pp %d x ep %d",
-        name, nprocs, p.got, ep)
+      return string.format("%s needs an even number of pipeline ranks; mpirun started %d = pp %d x %s %d",
+        name, nprocs, p.got, word or "ep", ep)
     end
     return string.format("%s needs an even number of ranks; mpirun started %d", name, p.got)
   elseif p.field == "microbatches" and p.rule == "at_least" then
@@ -360,7 +361,9 @@ local function get_schedule(opts)
     local by_job = opts.pp == nil or pp * ep == comm.size()
     local bad = fam and math.type(pp) == "integer" and pp >= 1 and math.type(mb) == "integer" and mb >= 1
       and require("luapipe.schedules").problem(fam, pp, mb)
-    if bad and by_job then usage_fail(in_rank_terms(bad, comm.size(), ep)) end
+    if bad and by_job then
+      usage_fail(in_rank_terms(bad, comm.size(), ep, opts.dp and opts.dp ~= (opts.ep or 1) and "dp" or "ep"))
+    end
     local ok, res = pcall(schedule.build, s, { pp = pp, microbatches = mb, chunks = opts.chunks })
     if not ok then
       local msg = tostring(res):gsub("^[^:]*:%d+: ", "") -- the position is ours, not the user's
