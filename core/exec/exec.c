@@ -109,6 +109,50 @@ fail:
   return st;
 }
 
+/* The number of shares the step's loss is the mean over: its micro-batches
+ * times the DP shares of each (every DP rank computes the loss of its
+ * rows; dp = ep without data parallelism beyond the EP group).
+ * Each share's loss is scaled by 1 / loss_shares, and the step's loss is
+ * the sum of all shares over it. */
+static int loss_shares(const lp_exec *e) { return e->M * e->dp; }
+
+lp_status lp_exec_grid_check_dp(int P, int ep, int dp, int nprocs, const char *sname,
+                                char *err) {
+  if (ep < 0) {
+    lp_errf(err, "ep must be at least 1, got %d", ep);
+    return LP_ERR_ARG;
+  }
+  if (dp < 0) {
+    lp_errf(err, "dp must be at least 1, got %d", dp);
+    return LP_ERR_ARG;
+  }
+  int E = ep > 1 ? ep : 1, D = dp > 0 ? dp : E;
+  if (D % E != 0) {
+    lp_errf(err, "ep = %d does not divide dp = %d (each EP group is ep of a pipeline stage's dp "
+            "ranks)", E, D);
+    return LP_ERR_ARG;
+  }
+  if ((int64_t)P * D == nprocs) return LP_OK;
+  char started[48];
+  if (nprocs > 1) snprintf(started, sizeof started, "mpirun started %d", nprocs);
+  else snprintf(started, sizeof started, "this is one process");
+  const char *word = D > E ? "dp" : "ep"; /* the user's words: ep when dp = ep */
+  if (!sname)
+    lp_errf(err, "pp x %s = %d x %d needs %lld ranks, but %s (run it with mpirun -np %lld)", word,
+            P, D, (long long)P * D, started, (long long)P * D);
+  else if (D > 1)
+    lp_errf(err, "schedule '%s' runs on %d pipeline rank%s; with %s = %d that is %lld ranks, but "
+            "%s", sname, P, LP_PLURAL(P), word, D, (long long)P * D, started);
+  else
+    lp_errf(err, "schedule '%s' needs %d rank%s, but %s (run it with mpirun -np %d)", sname, P,
+            LP_PLURAL(P), started, P);
+  return LP_ERR_ARG;
+}
+
+lp_status lp_exec_grid_check(int P, int ep, int nprocs, const char *sname, char *err) {
+  return lp_exec_grid_check_dp(P, ep, 0, nprocs, sname, err);
+}
+
 static lp_status f_finish(lp_exec *e, half *h, lp_tensor *y) {
   int v = h->v, mb = h->mb, li = e->loc[v];
   int k = e->kpos[li][mb], last = e->rlen[mb] - 1;
@@ -120,7 +164,7 @@ static lp_status f_finish(lp_exec *e, half *h, lp_tensor *y) {
     if (!tg) LP_CHECK_GOTO(get_data(e, mb, NULL, &tg), st, out);
     LP_CHECK_GOTO(ex_shard(e, &tg, "target", mb), st, out);
     double l = 0;
-    float scale = 1.0f / (float)(e->M * e->dp); /* the mean over micro-batches and DP shares */
+    float scale = 1.0f / (float)loss_shares(e);
     st = lp_nn_loss(e->o.loss, y, tg, scale, &l, &dy);
     if (st != LP_OK) {
       char t[LP_ACTION_TEXT_MAX];
@@ -400,16 +444,9 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   e->V = lp_schedule_vstages(s);
   e->M = lp_schedule_microbatches(s);
   const char *sname = *lp_schedule_name(s) ? lp_schedule_name(s) : "(unnamed)";
-  if (opts->ep < 0) {
-    lp_errf(e->err, "ep must be at least 1, got %d", opts->ep);
-    st = LP_ERR_ARG;
+  if ((st = lp_exec_grid_check_dp(e->P, opts->ep, opts->dp, lp_comm_size(e->world), sname,
+                                  e->err)) != LP_OK)
     goto fail;
-  }
-  if (opts->dp < 0) {
-    lp_errf(e->err, "dp must be at least 1, got %d", opts->dp);
-    st = LP_ERR_ARG;
-    goto fail;
-  }
   if (opts->zero != 0 && opts->zero != 1) {
     lp_errf(e->err, "zero = %d: ZeRO stage 0 (off) or 1 (optimizer state sharded over dp)",
             opts->zero);
@@ -421,22 +458,6 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   e->dpr.on = e->dp > 1 && (e->dp > e->ep || e->o.zero);
   e->be = opts->backend ? opts->backend : lp_tensor_backend_cpu();
   LP_CHECK_GOTO(ex_ep_device_new(e), st, fail);
-  if (e->dp > 1 && lp_comm_size(e->comm) != e->P) {
-    if (e->dp == e->ep)
-      lp_errf(e->err, "schedule '%s' needs pp = %d ranks per EP index: %d x %d = %d ranks, but "
-              "this job has %d", sname, e->P, e->P, e->ep, e->P * e->ep, lp_comm_size(e->world));
-    else
-      lp_errf(e->err, "schedule '%s' needs pp = %d ranks per DP index: %d x %d = %d ranks, but "
-              "this job has %d", sname, e->P, e->P, e->dp, e->P * e->dp, lp_comm_size(e->world));
-    st = LP_ERR_ARG;
-    goto fail;
-  }
-  if (lp_comm_size(e->comm) != e->P) {
-    lp_errf(e->err, "schedule '%s' needs %d rank%s, but this job has %d (run it with "
-            "mpirun -np %d)", sname, e->P, LP_PLURAL(e->P), lp_comm_size(e->comm), e->P);
-    st = LP_ERR_ARG;
-    goto fail;
-  }
   if (e->P > 1 && !lp_schedule_has_comm(s)) {
     lp_errf(e->err, "schedule '%s' is not lowered: call lp_schedule_lower first", sname);
     st = LP_ERR_ARG;
@@ -504,9 +525,9 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     }
     LP_CHECK_GOTO(chunk_to_backend(e, vs), st, fail);
     LP_CHECK_GOTO(ex_ep_attach(e, vs), st, fail);
-    /* what the loss takes (the mean over micro-batches and DP shares): MoE
-     * balance losses become means over the step's sequences too */
-    LP_CHECK_GOTO(lp_nn_set_loss_scale(vs->chunk, 1.0f / (float)(e->M * e->dp)), st, fail);
+    /* what the loss takes (loss_shares): MoE balance losses become means
+     * over the step's sequences too */
+    LP_CHECK_GOTO(lp_nn_set_loss_scale(vs->chunk, 1.0f / (float)loss_shares(e)), st, fail);
     LP_CHECK_GOTO(ex_dp_new(e, vs), st, fail);
     LP_CHECK_GOTO(setup_optim(e, vs), st, fail);
     vs->slots = lp_calloc((size_t)e->M, sizeof(slot));
@@ -805,7 +826,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       goto fail;
     }
   }
-  if (loss) *loss = sum / (e->M * e->dp);
+  if (loss) *loss = sum / loss_shares(e);
   ex_timing_commit(e, t_opt - start);
   return LP_OK;
 fail:

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "lb_nn.h"
+#include "lp_exec.h"
 #include "lp_kernels.h"
 #include "lp_lua.h"
 
@@ -646,24 +647,19 @@ static int lb_layer_update_bias(lua_State *L) {
   return 1;
 }
 
-/* layer:to(device) -> layer | nil, message. device: "cpu", "cuda" (device
- * 0) or "cuda:N". Moves every parameter and grad (build optimizers after). */
+/* layer:to(device) -> layer | nil, message. device: "cpu", "cuda" or
+ * "cuda:N", meaning what they mean to training (lp_exec_device_index: "cuda"
+ * is the local rank's device). Moves every parameter and grad (build
+ * optimizers after). */
 static int lb_layer_to(lua_State *L) {
   lp_nn_layer *l = lb_check_layer(L, 1);
   const char *dev = luaL_checkstring(L, 2);
-  const lp_tensor_backend *be = NULL;
-  if (!strcmp(dev, "cpu")) {
-    be = lp_tensor_backend_cpu();
-  } else if (!strncmp(dev, "cuda", 4) && (dev[4] == 0 || dev[4] == ':')) {
-    char *end = NULL;
-    long n = dev[4] ? strtol(dev + 5, &end, 10) : 0;
-    if (dev[4] && (end == dev + 5 || *end || n < 0 || n > 1023))
-      return luaL_error(L, "to: device '%s' is not cpu, cuda or cuda:N", dev);
-    be = lp_tensor_backend_cuda((int)n);
-    if (!be) return lb_fail(L, lp_kernels_last_error());
-  } else {
-    return luaL_error(L, "to: device '%s' is not cpu, cuda or cuda:N", dev);
-  }
+  char err[LP_ERRLEN];
+  int n = LP_DEVICE_CPU;
+  if (lp_exec_device_index(dev, &n, err) != LP_OK) return luaL_error(L, "to: %s", err);
+  const lp_tensor_backend *be =
+      n == LP_DEVICE_CPU ? lp_tensor_backend_cpu() : lp_tensor_backend_cuda(n);
+  if (!be) return lb_fail(L, lp_kernels_last_error());
   lp_status st = lp_nn_layer_to(l, be);
   if (st != LP_OK) {
     char msg[LP_ERRLEN];

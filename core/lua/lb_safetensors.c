@@ -4,7 +4,8 @@
  *   st:tensors() -> {name = {dtype =, shape = {...}, offsets = {begin, end}}}
  *   st:names() -> {name, ...} in the order of their data
  *   st:metadata() -> {key = value} ("__metadata__")
- *   st:read(name [, {scale = name, block = 128}]) -> Tensor | nil, message
+ *   st:read(name [, {scale = name, block = 128, scale_file = st2}]) -> Tensor
+ *     | nil, message (scale_file: the shard that holds the scale)
  *   st:bytes_read() -> bytes read from the file so far
  *   st:path(), st:close()
  *   core.safetensors_write(path, {name = Tensor, ...} [, {dtype = "f32" |
@@ -101,11 +102,12 @@ static int lb_st_metadata(lua_State *L) {
   return 1;
 }
 
-/* st:read(name [, {scale = name, block = n}]) -> Tensor | nil, message */
+/* st:read(name [, {scale = name, block = n, scale_file = Safetensors}]) ->
+ * Tensor | nil, message */
 static int lb_st_read(lua_State *L) {
   lp_safetensors_file *f = check_st(L, 1);
   const char *name = luaL_checkstring(L, 2);
-  lp_safetensors_read_opts o = {NULL, 0};
+  lp_safetensors_read_opts o = {NULL, 0, NULL};
   if (!lua_isnoneornil(L, 3)) {
     luaL_checktype(L, 3, LUA_TTABLE);
     if (lua_getfield(L, 3, "scale") != LUA_TNIL) {
@@ -118,6 +120,12 @@ static int lb_st_read(lua_State *L) {
       lua_Integer b = lua_tointegerx(L, -1, &ok);
       if (!ok || b < 1) luaL_argerror(L, 3, "block must be a positive integer");
       o.block = b;
+    }
+    if (lua_getfield(L, 3, "scale_file") != LUA_TNIL) {
+      st_box *sb = luaL_testudata(L, -1, LB_SAFETENSORS);
+      if (!sb) luaL_argerror(L, 3, "scale_file must be a luapipe.Safetensors");
+      if (!sb->f) luaL_argerror(L, 3, "scale_file is closed");
+      o.scale_file = sb->f;
     }
   }
   lp_tensor **box = lb_box_new(L, sizeof *box, LB_TENSOR); /* closed-first */

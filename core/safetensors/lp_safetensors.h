@@ -76,6 +76,8 @@ typedef struct lp_safetensors_info {
   uint64_t end;
 } lp_safetensors_info;
 
+/* An open file. One thread at a time per file (its counter and error
+ * text are not shared safely); different files are independent. */
 typedef struct lp_safetensors_file lp_safetensors_file;
 
 /* Opens path and reads and checks its header (only the header: no tensor
@@ -122,6 +124,10 @@ typedef struct lp_safetensors_read_opts {
   const char *scale;
   int64_t block; /* block edge, from quantization_config.weight_block_size;
                     0: LP_SAFETENSORS_BLOCK */
+  /* The file that holds the scale when it is another shard (Hugging Face's
+   * shards may cut between a weight and its scale); NULL: the same file.
+   * The scale's bytes count in that file's bytes_read. */
+  lp_safetensors_file *scale_file;
 } lp_safetensors_read_opts;
 
 /* Reads tensor `name` converted to float32 into dst, which holds n floats

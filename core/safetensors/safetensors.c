@@ -786,11 +786,17 @@ lp_status lp_safetensors_read(lp_safetensors_file *f, const char *name,
   }
   const lp_safetensors_info *s = NULL;
   int64_t block = opts && opts->block ? opts->block : LP_SAFETENSORS_BLOCK;
+  lp_safetensors_file *sf = opts && opts->scale_file ? opts->scale_file : f;
   if (opts && opts->scale) {
-    s = lp_safetensors_find(f, opts->scale);
-    if (!s) {
+    s = lp_safetensors_find(sf, opts->scale);
+    if (!s && sf == f) {
       lp_errf(f->err, "%s: tensor '%s': its scale tensor '%s' is not in the file", f->path,
               name, opts->scale);
+      return LP_ERR_ARG;
+    }
+    if (!s) {
+      lp_errf(f->err, "%s: tensor '%s': its scale tensor '%s' is not in %s", f->path, name,
+              opts->scale, sf->path);
       return LP_ERR_ARG;
     }
     if (block <= 0) {
@@ -826,8 +832,9 @@ lp_status lp_safetensors_read(lp_safetensors_file *f, const char *name,
       lp_errf(f->err, "%s: out of memory reading scale '%s'", f->path, s->name);
       return LP_ERR_NOMEM;
     }
-    lp_status st = read_convert(f, s, sc);
+    lp_status st = read_convert(sf, s, sc);
     if (st != LP_OK) {
+      if (sf != f) lp_errf(f->err, "%s", sf->err);
       lp_free(sc);
       return st;
     }

@@ -117,7 +117,7 @@ end
 local moe_fields = { "dim", "hidden", "experts", "topk", "groups", "topk_groups", "shared",
   "route_scale", "bias_speed", "router", "balance_alpha", "correction_bias", "norm_topk", "heads" }
 
-local function moe_spec(kind, t, level)
+local function moe_spec(kind, t)
   if type(t) ~= "table" then raise("nn." .. kind .. " expects a table of options") end
   local spec = { kind = kind }
   local known = {}

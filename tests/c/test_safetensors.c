@@ -321,7 +321,7 @@ static void test_fp8_block_scale(void **state) {
   lp_safetensors_file *f = open_ok();
   uint64_t hdr = lp_safetensors_bytes_read(f);
   float w[15];
-  lp_safetensors_read_opts o = {"layers.0.attn.wq.scale", 2};
+  lp_safetensors_read_opts o = {"layers.0.attn.wq.scale", 2, NULL};
   assert_int_equal(lp_safetensors_read(f, "layers.0.attn.wq.weight", &o, w, 15), LP_OK);
   static const float s[2][3] = {{1, 2, 4}, {0.5f, 0.25f, 8}};
   for (int r = 0; r < 3; r++)
@@ -331,11 +331,32 @@ static void test_fp8_block_scale(void **state) {
     }
   /* the weight's 15 bytes and its scale's 24, nothing of "other" */
   assert_int_equal(lp_safetensors_bytes_read(f), hdr + 15 + 24);
+  /* the scale in another shard (written by luapipe's writer) */
+  char p2[160];
+  snprintf(p2, sizeof p2, "%s/model-00002-of-00002.safetensors", dir);
+  lp_safetensors_entry se = {"layers.0.attn.wq.scale", 2, (int64_t[]){2, 3}, &s[0][0]};
+  char err[LP_ERRLEN];
+  assert_int_equal(lp_safetensors_write(p2, &se, 1, NULL, err), LP_OK);
+  lp_safetensors_file *g = NULL;
+  assert_int_equal(lp_safetensors_open(p2, &g, err), LP_OK);
+  uint64_t f0 = lp_safetensors_bytes_read(f), g0 = lp_safetensors_bytes_read(g);
+  float w2[15];
+  lp_safetensors_read_opts o2 = {"layers.0.attn.wq.scale", 2, g};
+  assert_int_equal(lp_safetensors_read(f, "layers.0.attn.wq.weight", &o2, w2, 15), LP_OK);
+  assert_memory_equal(w, w2, sizeof w);
+  assert_int_equal(lp_safetensors_bytes_read(f) - f0, 15);
+  assert_int_equal(lp_safetensors_bytes_read(g) - g0, 24);
+  o2.scale = "other";
+  assert_int_equal(lp_safetensors_read(f, "layers.0.attn.wq.weight", &o2, w2, 15), LP_ERR_ARG);
+  char want[LP_ERRLEN];
+  snprintf(want, sizeof want, "%s: tensor 'layers.0.attn.wq.weight': its scale tensor 'other' "
+           "is not in %s", path, p2);
+  assert_string_equal(lp_safetensors_last_error(f), want);
+  lp_safetensors_close(g);
   /* no scale: the FP8 values as they are */
   assert_int_equal(lp_safetensors_read(f, "layers.0.attn.wq.weight", NULL, w, 15), LP_OK);
   assert_true(w[14] == 1.75f);
 
-  char want[LP_ERRLEN];
   /* a scale of the wrong block shape (default blocks of 128 need [1, 1]) */
   o.block = 0;
   assert_int_equal(lp_safetensors_read(f, "layers.0.attn.wq.weight", &o, w, 15), LP_ERR_ARG);
@@ -343,19 +364,19 @@ static void test_fp8_block_scale(void **state) {
            "'layers.0.attn.wq.scale' has shape [2, 3]; blocks of 128 over [3, 5] need [1, 1]",
            path);
   assert_string_equal(lp_safetensors_last_error(f), want);
-  o = (lp_safetensors_read_opts){"wrong.scale", 4};
+  o = (lp_safetensors_read_opts){"wrong.scale", 4, NULL};
   assert_int_equal(lp_safetensors_read(f, "layers.0.attn.wq.weight", &o, w, 15), LP_ERR_ARG);
   snprintf(want, sizeof want, "%s: tensor 'layers.0.attn.wq.weight': scale 'wrong.scale' has "
            "shape [1]; blocks of 4 over [3, 5] need [1, 2]", path);
   assert_string_equal(lp_safetensors_last_error(f), want);
   /* the scale named is missing */
-  o = (lp_safetensors_read_opts){"layers.0.attn.wq.weight_scale_inv", 2};
+  o = (lp_safetensors_read_opts){"layers.0.attn.wq.weight_scale_inv", 2, NULL};
   assert_int_equal(lp_safetensors_read(f, "layers.0.attn.wq.weight", &o, w, 15), LP_ERR_ARG);
   snprintf(want, sizeof want, "%s: tensor 'layers.0.attn.wq.weight': its scale tensor "
            "'layers.0.attn.wq.weight_scale_inv' is not in the file", path);
   assert_string_equal(lp_safetensors_last_error(f), want);
   /* a scale on a weight that is not 2-D */
-  o = (lp_safetensors_read_opts){"wrong.scale", 2};
+  o = (lp_safetensors_read_opts){"wrong.scale", 2, NULL};
   assert_int_equal(lp_safetensors_read(f, "other", &o, w, 2), LP_ERR_ARG);
   snprintf(want, sizeof want, "%s: tensor 'other': block scales need a 2-D weight, it has "
            "shape [2]", path);
@@ -575,7 +596,7 @@ static lp_status oom_read(void) {
   }
   if (st == LP_OK) {
     float w[15];
-    lp_safetensors_read_opts o = {"layers.0.attn.wq.scale", 2};
+    lp_safetensors_read_opts o = {"layers.0.attn.wq.scale", 2, NULL};
     st = lp_safetensors_read(f, "layers.0.attn.wq.weight", &o, w, 15);
   }
   lp_safetensors_close(f);

@@ -16,15 +16,20 @@
 
 static char path[512], back[512];
 
+static const uint8_t *cur_in;
+static size_t cur_size;
+
 static void check_message(lp_status st, const char *msg, const char *file) {
   if (st == LP_ERR_NOMEM) return;
   if (strncmp(msg, file, strlen(file)) != 0 && !strstr(msg, file))
     FUZZ_FAIL("status %d, message does not name %s: '%s'", (int)st, file, msg);
   if (strchr(msg, '\n')) FUZZ_FAIL("message is more than one line: '%s'", msg);
-  fuzz_check_message(msg);
+  fuzz_check_message(msg, cur_in, cur_size);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  cur_in = data;
+  cur_size = size;
   if (!path[0]) {
     snprintf(path, sizeof path, "%s/in.safetensors", fuzz_tmpdir());
     snprintf(back, sizeof back, "%s/back.safetensors", fuzz_tmpdir());
@@ -87,7 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     float *v = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *v);
     if (!v) abort();
     for (size_t j = 0; j < n && j < 4; j++) {
-      lp_safetensors_read_opts o = {lp_safetensors_at(f, j)->name, block};
+      lp_safetensors_read_opts o = {lp_safetensors_at(f, j)->name, block, NULL};
       st = lp_safetensors_read(f, t->name, &o, v, t->numel);
       if (st != LP_OK && st != LP_ERR_ARG && st != LP_ERR_UNSUPPORTED)
         FUZZ_FAIL("scaled read '%s': %s", t->name, lp_safetensors_last_error(f));

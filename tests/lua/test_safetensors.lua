@@ -91,6 +91,21 @@ function TestSafetensors:test_order_kept()
   lu.assertEquals(st:names(), { "z", "a", "m" })
 end
 
+function TestSafetensors:test_many_tensors()
+  -- more tensors than a Lua C function's stack has slots, in a given order
+  local t, order = {}, {}
+  for i = 1, 300 do
+    local n = string.format("layers.%d.ffn.experts.%d.w1.weight", i // 10, i % 10)
+    t[n] = core.tensor({ 2 }, { i, -i })
+    order[301 - i] = n
+  end
+  assert(core.safetensors_write(path, t, { order = order, dtype = "bf16" }))
+  local st <close> = assert(core.safetensors_open(path))
+  lu.assertEquals(st:names(), order)
+  lu.assertEquals(assert(st:read(order[1])):totable(), { 300, -300 })
+  lu.assertEquals(st:bytes_read(), data_offset(path) + 4)
+end
+
 -- bit patterns in, by hand: keep the top 16 bits and add one when the rest
 -- is over half, or exactly half with the kept part odd; NaN is 0x7fc0
 local bf16_cases = {
@@ -155,6 +170,76 @@ function TestSafetensors:test_reference_file()
   lu.assertNil(t)
   lu.assertEquals(err, reference .. ": tensor '" .. hf .. "': scale '" .. hf .. "_scale_inv' " ..
     "has shape [2, 3]; blocks of 128 over [6, 10] need [1, 1]")
+end
+
+-- DeepSeek-V3 in Hugging Face's form, written by PyTorch (the fixtures of
+-- tests/data/v3/hf_fp8, two shards): every FP8 weight reads with its
+-- weight_scale_inv, found in whichever shard holds it; each 128 x 128 block's
+-- largest |w| is 448 * its scale (the fixture quantised each block by its
+-- max |w| / 448, so its largest element is E4M3's 448)
+function TestSafetensors:test_hf_fp8_shards()
+  local dir = here .. "../data/v3/hf_fp8/checkpoint/"
+  local shards = {
+    assert(core.safetensors_open(dir .. "model-00001-of-00002.safetensors")),
+    assert(core.safetensors_open(dir .. "model-00002-of-00002.safetensors")),
+  }
+  local where = {}
+  for _, sh in ipairs(shards) do
+    for n in pairs(sh:tensors()) do where[n] = sh end
+  end
+  local weights, across = 0, 0
+  for _, sh in ipairs(shards) do
+    for name, info in pairs(sh:tensors()) do
+      if info.dtype == "F8_E4M3" then
+        local sname = name .. "_scale_inv"
+        local ssh = assert(where[sname], "no scale for " .. name)
+        local w = assert(sh:read(name, { scale = sname, scale_file = ssh, block = 128 }))
+        local s = assert(ssh:read(sname))
+        local rows, cols = info.shape[1], info.shape[2]
+        local sv, wv, bc = s:totable(), w:totable(), s:shape()[2]
+        local maxabs = {}
+        for r = 0, rows - 1 do
+          for c = 0, cols - 1 do
+            local b = (r // 128) * bc + c // 128 + 1
+            maxabs[b] = math.max(maxabs[b] or 0, math.abs(wv[r * cols + c + 1]))
+          end
+        end
+        for b = 1, #sv do
+          lu.assertEquals(f32_bits(maxabs[b]), f32_bits(448 * sv[b]),
+            string.format("%s block %d", name, b))
+        end
+        weights = weights + 1
+        if ssh ~= sh then across = across + 1 end
+      end
+    end
+  end
+  lu.assertTrue(weights >= 20, weights)
+  lu.assertEquals(across, 1) -- model.layers.0.mlp.up_proj.weight: its scale is in shard 2
+  for _, sh in ipairs(shards) do sh:close() end
+end
+
+-- every file of the DeepSeek-V3 fixtures (PyTorch's writer: F32, BF16,
+-- FP8, F32 references) opens, and reading each tensor once reads the file
+-- exactly once, header included
+function TestSafetensors:test_v3_fixture_files_read_whole()
+  local v3 = here .. "../data/v3/"
+  local files = {
+    "v3_f32/checkpoint/model0-mp1.safetensors", "v3_f32/ref.safetensors",
+    "v2lite_bf16/checkpoint/model0-mp1.safetensors", "v2lite_bf16/ref.safetensors",
+    "hf_fp8/checkpoint/model-00001-of-00002.safetensors",
+    "hf_fp8/checkpoint/model-00002-of-00002.safetensors", "hf_fp8/ref.safetensors",
+  }
+  local dtypes = {}
+  for _, f in ipairs(files) do
+    local st <close> = assert(core.safetensors_open(v3 .. f))
+    for name, info in pairs(st:tensors()) do
+      local t = assert(st:read(name))
+      if #info.shape > 0 then lu.assertEquals(t:shape(), info.shape, name) end
+      dtypes[info.dtype] = true
+    end
+    lu.assertEquals(st:bytes_read(), #read_bytes(v3 .. f), f)
+  end
+  lu.assertEquals(dtypes, { F32 = true, BF16 = true, F8_E4M3 = true })
 end
 
 function TestSafetensors:test_writer_rounds_as_reference()

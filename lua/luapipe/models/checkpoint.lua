@@ -191,7 +191,7 @@ local function check(self, model)
   return unused
 end
 
-function M.loader(models, V3)
+function M.loader(models, _)
   -- models.load(DIR [, {ep =}]) -> model (see luapipe.models)
   return function(dir, opts)
     if type(dir) ~= "string" then fail("models.load: DIR must be a folder path, got " .. util.shown(dir)) end
@@ -271,7 +271,8 @@ local function gather(list, held)
   for i, e in ipairs(list) do
     for q = P - 1, 0, -1 do if all[(i - 1) * P + q + 1] > 0 then owner[i] = q end end
     if not owner[i] then
-      comm.abort(string.format("model save: no rank holds %s", e.name))
+      -- the same answer on every rank (from the all-reduce): nobody is left waiting
+      util.fail({ what = string.format("model save: no rank holds %s", e.name), everywhere = true }, 0)
     end
   end
   local TAG = 2323
@@ -339,7 +340,7 @@ local function write_folder(model, dir2, values, list, dtype)
   return dir2
 end
 
-function M.saver(models, V3)
+function M.saver(_, V3)
   -- models.save(model, DIR2 [, {from = Layer | train result, dtype = "f32" | "bf16"}])
   -- from: a Layer of the whole model (model:build()), or train{}'s result
   -- (every rank calls save: each sends its stages' tensors to rank 0,

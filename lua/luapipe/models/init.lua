@@ -24,7 +24,6 @@
 -- normalised for sigmoid only, times route_scale).
 local core = require("luapipe.core")
 local nn = require("luapipe.nn")
-local json = require("luapipe.json")
 local util = require("luapipe.util")
 local config = require("luapipe.models.config")
 local names = require("luapipe.models.names")
