@@ -433,7 +433,6 @@ void lp_nn_layer_release(lp_nn_layer *l) {
       nn_param_free(&l->params[i]);
   lp_free(l->params);
   if (l->sub_free) l->sub_free(l->sub);
-  if (l->priv_free) l->priv_free(l->priv);
   for (size_t i = 0; i < l->nchild; i++)
     lp_nn_layer_release(l->child[i]);
   lp_free(l->child);

@@ -119,7 +119,7 @@ double lp_nn_mla_softmax_scale(const lp_nn_mla_opts *o) {
 /* Parameter values / grads by role (q LoRA shifts the rest by two). */
 enum { W_Q, W_QA, W_QN, W_QB, W_KVA, W_KVN, W_KVB, W_O };
 static lp_nn_param *par(lp_nn_layer *l, int role) {
-  int lora = ((mla_priv *)l->priv)->o.q_lora_rank > 0;
+  int lora = ((mla_priv *)l->sub)->o.q_lora_rank > 0;
   int base = lora ? 3 : 1;
   switch (role) {
   case W_Q: case W_QA: return &l->params[0];
@@ -181,7 +181,7 @@ static lp_status new2(const lp_tensor_backend *be, int64_t r, int64_t c,
 
 static lp_status mla_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
                              const lp_tensor *x, lp_tensor **y) {
-  const mla_priv *m = l->priv;
+  const mla_priv *m = l->sub;
   const lp_nn_mla_opts *o = &m->o;
   int64_t D = o->dim;
   if (x->ndim != 3 || x->shape[2] != D) {
@@ -281,7 +281,7 @@ fail:
 
 static lp_status mla_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                                 const lp_tensor *dy, lp_tensor **dx) {
-  const mla_priv *m = l->priv;
+  const mla_priv *m = l->sub;
   const lp_nn_mla_opts *o = &m->o;
   lp_tensor *const *sv = ctx->saved;
   const lp_tensor *x = sv[M_X];
@@ -407,7 +407,7 @@ fail:
 /* ---- weight-grad ---- */
 
 static lp_status mla_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
-  const lp_nn_mla_opts *o = &((const mla_priv *)l->priv)->o;
+  const lp_nn_mla_opts *o = &((const mla_priv *)l->sub)->o;
   lp_tensor *const *sv = ctx->saved;
   const lp_tensor *x = sv[M_X];
   int64_t D = o->dim, N = x->shape[0] * x->shape[1], H = o->n_heads;
@@ -446,7 +446,7 @@ static const nn_ops mla_ops = {"mla", mla_forward, mla_input_grad,
 
 const lp_nn_mla_opts *lp_nn_mla_get_opts(const lp_nn_layer *l) {
   if (!l || l->ops != &mla_ops) return NULL;
-  return &((const mla_priv *)l->priv)->o;
+  return &((const mla_priv *)l->sub)->o;
 }
 
 /* ---- construction ---- */
@@ -468,8 +468,8 @@ lp_status lp_nn_mla_new(const char *name, const lp_nn_mla_opts *o,
   mla_priv *m = lp_calloc(1, sizeof *m);
   lp_status st = LP_ERR_NOMEM;
   if (!m) goto fail;
-  l->priv = m;
-  l->priv_free = mla_priv_free;
+  l->sub = m;
+  l->sub_free = mla_priv_free;
   m->o = *o;
   m->freqs = lp_malloc(sizeof(float) * (size_t)(o->qk_rope_head_dim / 2));
   if (!m->freqs) goto fail;

@@ -61,9 +61,6 @@ struct lp_nn_layer {
   void (*sub_free)(void *sub);
   /* composites: the param generation their list was collected at */
   unsigned param_gen;
-  /* kind-private config (mla.c), freed with the layer by priv_free */
-  void *priv;
-  void (*priv_free)(void *priv);
 };
 
 #define NN_SLOTS 28
@@ -161,8 +158,8 @@ void nn_shape_last(const lp_tensor *t, int64_t last, int64_t *shape);
 lp_status nn_composite_collect_params(lp_nn_layer *l);
 
 /* ---- SwiGLU (swiglu.c): out = (silu(x W1^T) * (x W3^T)) W2^T on rows,
- * W1, W3 [hidden, D], W2 [D, hidden]; shared by the swiglu layer (and
- * meant for the MoE experts'). ---- */
+ * W1, W3 [hidden, D], W2 [D, hidden]; the swiglu layer's and the MoE
+ * experts' (moe.c) math. ---- */
 /* a1 = x W1^T, a3 = x W3^T, h = silu(a1) * a3, out = h W2^T. */
 lp_status nn_swiglu_fwd(const lp_tensor *x, const lp_tensor *w1,
                         const lp_tensor *w3, const lp_tensor *w2,

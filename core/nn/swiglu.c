@@ -1,6 +1,6 @@
 /* swiglu.c — the SwiGLU feed-forward of DeepSeek's model.py (its MLP):
  * y = w2(silu(w1 x) * w3 x) over the last dim, and the three row helpers
- * (nn_swiglu_fwd / _bwd / _wgrad) that do its math for any caller.
+ * (nn_swiglu_fwd / _bwd / _wgrad) that do its math, the MoE experts' too.
  *
  * ctx slots: forward keeps x, a1 = x W1^T, a3 = x W3^T and h = silu(a1) *
  * a3 (the input of W2); input_grad keeps dy, da1, da3 for W and drops a1,
