@@ -2,7 +2,7 @@
 # test_v3_phases.sh LUAPIPE — DualPipe's overlapped pair on DeepSeek-V3's
 # blocks runs DeepSeek's 10 phases per layer in the order of its training
 # profile (tests/mpi/v3_phases.lua: the measured trace's phase slices of
-# every pair at pp 2 x ep 2; results equal one process within 1e-5), and
+# every pair at pp 2 x ep 2; results equal one process: losses 1e-5, parameters 1e-4), and
 # `luapipe profile --beside` prints that trace's phase table beside
 # another's with one layer's order checked. Run from the repo root. Exits
 # 77 (skipped) without mpirun.

@@ -5,7 +5,9 @@
 -- of every rank: the stage's head and embedding (dense(B), dense(F)), then
 -- per layer DeepSeek's 10 phases in the order of its training profile
 -- (and what is left of the longer half); every rank checks its losses and
--- parameters against train.reference (one process) within 1e-5, so the
+-- parameters against train.reference (one process) within 1e-5 (losses)
+-- and 1e-4 (parameters: AdamW moves an element whose gradient is float
+-- noise by up to lr, as in test_v3_train.sh), so the
 -- phased pair computes what running the halves one after the other does.
 -- Prints "<rank>: ok" when all hold.
 local core = require("luapipe.core")
@@ -37,21 +39,21 @@ local r = train { model = model, schedule = sched, microbatches = M, data = data
 local ref = train.reference { model = model, microbatches = M, data = data, steps = 2, optimizer = opt }
 
 local fails = {}
-local function close(what, got, want)
+local function close(what, got, want, tol)
   local d, w = 0, 0
   for i = 1, #want do
     d = d + (got[i] - want[i]) ^ 2
     w = w + want[i] ^ 2
   end
   local e = math.sqrt(d) / math.max(math.sqrt(w), 1e-12)
-  if #got ~= #want or e > 1e-5 then
+  if #got ~= #want or e > tol then
     fails[#fails + 1] = string.format("%s: relative L2 difference %.3g", what, e)
   end
 end
-for k = 1, 2 do close("loss of step " .. k, { r.losses[k] }, { ref.losses[k] }) end
+for k = 1, 2 do close("loss of step " .. k, { r.losses[k] }, { ref.losses[k] }, 1e-5) end
 local want = ref.params()
 for _, vs in ipairs(r.stage_params()) do
-  for name, v in pairs(vs.params) do close("stage " .. vs.stage .. " " .. name, v, want[name]) end
+  for name, v in pairs(vs.params) do close("stage " .. vs.stage .. " " .. name, v, want[name], 1e-4) end
 end
 
 if rank == 0 then
