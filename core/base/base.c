@@ -317,6 +317,9 @@ static const lp_env_knob knobs[] = {
      "1 lets CUDA float32 GEMMs use TF32 tensor cores (faster, ~1e-3 relative error)"},
     {"LUAPIPE_CUDA_SYNC", "0",
      "1 waits after every CUDA op, so an error names the op that raised it (debugging)"},
+    {"LUAPIPE_DP_BUCKET", "65536",
+     "floats of a data-parallel gradient bucket: a stage's layers summed over dp by one "
+     "all-reduce, started when their weight-grads are done"},
     {"LUAPIPE_BLAS_CORE", "auto",
      "auto: when OpenBLAS does not know the CPU and fell back to its oldest kernels, the program "
      "restarts itself with OPENBLAS_CORETYPE for the CPU's AVX-512/AVX2; keep: never "

@@ -453,7 +453,7 @@ static lp_status trace_pieces(const lp_exec *e, msg_rec **msgs, int64_t *nmsg,
     }
   for (int i = 0; i < n; i++) {
     const lp_trace_event *v = &ev[i];
-    if (v->kind == LP_TRACE_COMPUTE && i >= first)
+    if (v->kind == LP_TRACE_COMPUTE && i >= first && strcmp(v->cat, "phase") != 0)
       (*slices)[(*nslices)++] = (lp_exec_slice){v->index, v->start_us, v->dur_us};
     if (v->peer < 0 || v->tag < 0) continue;
     if (v->kind == LP_TRACE_SEND)
@@ -617,7 +617,7 @@ lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out) {
   }
   t->ranks = P;
   t->stages = S;
-  t->ep = e->ep;
+  t->ep = e->dp; /* ranks per pipeline rank: the DP group (= ep without DP) */
   t->rank = lp_calloc((size_t)P, sizeof *t->rank);
   t->kinds = lp_calloc((size_t)NK * (S ? S : 1), sizeof *t->kinds);
   int64_t fewest = -1, per_step = 0;
