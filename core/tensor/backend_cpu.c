@@ -434,6 +434,7 @@ static const lp_tensor_backend cpu_backend = {
     .sgd_step = cpu_sgd_step,
     .adamw_step = cpu_adamw_step,
     .dot_rows = cpu_dot_rows,
+    .gemm_bf16 = lp_tensor_cpu_gemm_bf16,
 };
 
 const lp_tensor_backend *lp_tensor_backend_cpu(void) { return &cpu_backend; }
