@@ -675,6 +675,33 @@ static int lb_layer_device(lua_State *L) {
   return 1;
 }
 
+/* layer:set_precision("f32" | "bf16") -> layer: the GEMMs of the layer and
+ * everything inside it (lp_nn_layer_set_precision). */
+static int lb_layer_set_precision(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
+  const char *p = luaL_checkstring(L, 2);
+  lp_tensor_precision prec;
+  if (!lp_tensor_precision_parse(p, &prec))
+    return luaL_argerror(L, 2, lua_pushfstring(L, "precision must be \"f32\" or \"bf16\", got \"%s\"", p));
+  if (lp_nn_layer_set_precision(l, prec) != LP_OK) return luaL_error(L, "set_precision failed");
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* layer:precision() -> "f32" | "bf16" */
+static int lb_layer_precision(lua_State *L) {
+  lua_pushstring(L, lp_tensor_precision_name(lp_nn_layer_precision(lb_check_layer(L, 1))));
+  return 1;
+}
+
+/* core.bf16_engine() -> text, native: which engine runs the CPU's bf16
+ * GEMMs (lp_tensor_bf16_engine) and whether it is oneDNN. */
+static int lb_bf16_engine(lua_State *L) {
+  lua_pushstring(L, lp_tensor_bf16_engine());
+  lua_pushboolean(L, lp_tensor_bf16_native());
+  return 2;
+}
+
 /* ---- luapipe.Optim ---- */
 
 typedef struct optim_box {
@@ -942,6 +969,8 @@ void lb_open_nn(lua_State *L) {
                                            {"route", lb_layer_route},
                                            {"to", lb_layer_to},
                                            {"device", lb_layer_device},
+                                           {"set_precision", lb_layer_set_precision},
+                                           {"precision", lb_layer_precision},
                                            {"close", lb_layer_close},
                                            {NULL, NULL}};
   static const luaL_Reg layer_meta[] = {{"__gc", lb_layer_close}, {"__close", lb_layer_close},
@@ -957,6 +986,7 @@ void lb_open_nn(lua_State *L) {
                                    {"check_shape", lb_check_shape_fn},
                                    {"nn_layer", lb_nn_layer},
                                    {"nn_chunk", lb_nn_chunk},
+                                   {"bf16_engine", lb_bf16_engine},
                                    {"nn_optim", lb_nn_optim},
                                    {"nn_reference_step", lb_nn_reference_step},
                                    {"nn_loss_names", lb_nn_loss_names},

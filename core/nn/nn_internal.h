@@ -55,6 +55,9 @@ struct lp_nn_layer {
   int64_t heads;   /* attention */
   float eps;       /* rmsnorm */
   lp_tensor_act_kind act;
+  /* the GEMMs' precision (lp_nn_layer_set_precision); norms, softmax,
+   * losses, routers and optimizers stay float32 whatever it is */
+  lp_tensor_precision precision;
   /* state of a kind the generic layer does not know (moe: config,
    * placement, bias, load), owned: freed by sub_free on release */
   void *sub;
@@ -91,6 +94,13 @@ struct lp_nn_ctx {
   void (*ext_free)(void *ext);
   char err[LP_ERRLEN];
 };
+
+/* A layer's GEMM at its precision (lp_tensor_gemm_prec). */
+static inline lp_status nn_gemm(lp_tensor_precision prec, lp_tensor *c,
+                                float alpha, const lp_tensor *a, int ta,
+                                const lp_tensor *b, int tb, float beta) {
+  return lp_tensor_gemm_prec(c, alpha, a, ta, b, tb, beta, prec);
+}
 
 enum { NN_PASS_NONE = 0, NN_PASS_FORWARD = 1, NN_PASS_INPUT_GRAD = 2 };
 
