@@ -42,6 +42,8 @@ parser:option("--trace-steps", "Keep only the last N steps in the trace (default
   :convert(int("--trace-steps", 1, INT32))
 parser:flag("--show", "Print the schedule (simulated Gantt chart) before training.")
 parser:option("--log-every", "Print the progress line every N steps.", "1"):convert(int("--log-every", 1, INT32))
+parser:option("--precision", "GEMM precision: f32, or bf16 (bf16 inputs, float32 sums; the rest float32).", "f32")
+  :choices({ "f32", "bf16" })
 parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
 parser:option("--report", "Write the end-of-training summary figures (key=value lines) to this file.")
 local args = cli.parse(parser, arg, "train_char_lm.lua", comm.rank() ~= 0) or cli.usage_exit("train_char_lm.lua")
@@ -106,7 +108,8 @@ local result = train { model = model, schedule = args.schedule, microbatches = a
   chunks = args.chunks, data = data, steps = args.steps, seed = args.seed,
   optimizer = { kind = "adamw", lr = args.lr, weight_decay = 0.01 },
   partition = args.partition, trace = args.trace, svg = args.svg,
-  log_every = args.log_every, trace_steps = args.trace_steps, device = args.device }
+  log_every = args.log_every, trace_steps = args.trace_steps, device = args.device,
+  precision = args.precision }
 if comm.rank() == 0 then
   if args.trace then print("measured Chrome/Perfetto trace written to " .. args.trace) end
   if args.svg then print("measured SVG timeline (last step) written to " .. args.svg) end
@@ -119,6 +122,7 @@ if comm.rank() == 0 then
       r:write(string.format("%s=%s\n", k, tostring(s[k])))
     end
     r:write(string.format("final_loss=%.6f\n", result.losses[#result.losses] or 0))
+    r:write(string.format("precision=%s\n", result.precision))
     r:write(string.format("oversubscribed=%d\n", s.oversubscribed and 1 or 0))
     r:close()
   end

@@ -32,6 +32,8 @@ parser:option("--partition", "Split the model into stages of balanced measured \
   .. " \"layers\" counts.", "cost")
   :choices { "layers", "cost" }
 parser:option("--trace", "Write the measured Chrome trace (all ranks) to this file.")
+parser:option("--precision", "GEMM precision: f32, or bf16 (bf16 inputs, float32 sums; the rest float32).", "f32")
+  :choices({ "f32", "bf16" })
 parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
 parser:option("--checkpoint", "Save checkpoints (every rank's stages and optimizer state) in this directory.")
 parser:option("--every", "Steps between checkpoints.", "10"):convert(int("--every", 1, INT32))
@@ -86,4 +88,5 @@ train { model = model, schedule = args.schedule, microbatches = args.microbatche
   optimizer = { kind = "adamw", lr = args.lr, weight_decay = 0 },
   partition = args.partition, trace = args.trace,
   checkpoint = args.checkpoint and { dir = args.checkpoint, every = args.every } or nil,
-  resume = args.resume or nil, device = args.device }
+  resume = args.resume or nil, device = args.device,
+  precision = args.precision }

@@ -51,6 +51,8 @@ parser:option("--batch", "Sequences per micro-batch (a multiple of ep).", "4")
 parser:option("--lr", "AdamW learning rate.", "0.005"):convert(cli.number_option("--lr", 0, math.huge))
 parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
 parser:option("--trace", "Write the measured Chrome trace (all ranks, all-to-alls on the comm track) here.")
+parser:option("--precision", "GEMM precision: f32, or bf16 (bf16 inputs, float32 sums; the rest float32).", "f32")
+  :choices({ "f32", "bf16" })
 parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
 parser:option("--report", "Write the summary figures (key=value lines) to this file.")
 parser:option("--partition", "Split the model into stages of balanced measured \"cost\" or of equal"
@@ -164,7 +166,7 @@ if args.reference then
   print(string.format("train_moe (reference, one process): %s, %s top-%d, %s of %dx%d",
     count(blocks, "MoE block"), count(E, "expert"), K, count(Mb, "micro-batch"), B, T))
   train.reference { model = model, data = data, steps = steps, microbatches = Mb, seed = seed,
-    optimizer = optimizer, verbose = true }
+    optimizer = optimizer, verbose = true, precision = args.precision }
   return
 end
 
@@ -178,7 +180,8 @@ end
 local r = train { model = model, schedule = args.schedule, pp = pp, ep = ep, microbatches = Mb,
   data = data, steps = steps, seed = seed, optimizer = optimizer, link = args.link,
   trace = args.trace, eplb = every > 0 and { every = every, redundant = redundant } or nil,
-  partition = args.partition, device = args.device, overlapped_fb = overlapped_fb }
+  partition = args.partition, device = args.device, overlapped_fb = overlapped_fb,
+  precision = args.precision }
 if comm.rank() == 0 and r.summary then
   local s = r.summary
   local e = s.eplb
@@ -194,6 +197,7 @@ if comm.rank() == 0 and r.summary then
     end
     if e then out:write(string.format("load_before=%s\nload_after=%s\nbytes_moved=%d\n", e.before, e.after, e.bytes)) end
     out:write(string.format("final_loss=%.6f\n", r.losses[#r.losses] or 0))
+    out:write(string.format("precision=%s\n", r.precision))
     out:write(string.format("oversubscribed=%d\n", s.oversubscribed and 1 or 0))
     out:close()
   end

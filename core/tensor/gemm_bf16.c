@@ -80,6 +80,12 @@ static void round_matrix(int64_t rows, int64_t cols, const float *a,
 /* ---- engine choice ---------------------------------------------------- */
 
 static int force_fallback; /* tests and benchmarks */
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static int env_fallback; /* LUAPIPE_BF16_FALLBACK=1 */
+
+static void read_env(void) {
+  env_fallback = lp_env_int("LUAPIPE_BF16_FALLBACK", 0) == 1;
+}
 
 void lp_tensor_bf16_force_fallback(int on) { force_fallback = !!on; }
 
@@ -254,7 +260,8 @@ static void to_bf16(int64_t rows, int64_t cols, const float *a, int64_t lda,
 int lp_tensor_bf16_native(void) {
 #ifdef LP_TENSOR_WITH_ONEDNN
   pthread_once(&dnnl_once, dnnl_init);
-  return dnnl_ok && dnnl_bf16_ok && !force_fallback;
+  pthread_once(&env_once, read_env);
+  return dnnl_ok && dnnl_bf16_ok && !force_fallback && !env_fallback;
 #else
   return 0;
 #endif
@@ -268,6 +275,8 @@ const char *lp_tensor_bf16_engine(void) {
     return buf;
   }
   if (force_fallback) return "float32 fallback (bf16-rounded inputs; forced)";
+  if (env_fallback)
+    return "float32 fallback (bf16-rounded inputs; LUAPIPE_BF16_FALLBACK=1)";
   if (!dnnl_ok) return "float32 fallback (bf16-rounded inputs; oneDNN failed to start)";
   return "float32 fallback (bf16-rounded inputs; this CPU has no AVX512-BF16 or AMX)";
 #else

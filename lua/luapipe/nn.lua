@@ -259,11 +259,23 @@ function Model:shapes(input_shape)
   return shapes
 end
 
+-- model:set_precision("f32" | "bf16") -> model: the precision of the GEMMs
+-- of every layer built from now on (layer:set_precision; default "f32")
+function Model:set_precision(p)
+  if p ~= "f32" and p ~= "bf16" then
+    util.raise(string.format("model:set_precision: precision must be \"f32\" or \"bf16\", got %s", util.shown(p)))
+  end
+  self.precision = p
+  return self
+end
+
 -- model:build_layer(i, seed) -> luapipe.Layer for layer i (1-based)
 function Model:build_layer(i, seed)
   util.int_arg("model:build_layer", 1, "i", i, 1, #self.layers)
   util.arg("model:build_layer", 2, "seed", seed, "?number", "a number")
-  return core.nn_layer(self.layers[i], "layers." .. (i - 1), seed or 0)
+  local l = core.nn_layer(self.layers[i], "layers." .. (i - 1), seed or 0)
+  if self.precision and self.precision ~= "f32" then l:set_precision(self.precision) end
+  return l
 end
 
 local function chunk_of(self, first, last, seed, name)

@@ -17,12 +17,15 @@
 --     checkpoint = { dir = "ckpt", every = 100 },  -- optional: save every 100 steps
 --     resume = true,                 -- optional: continue from ckpt's latest checkpoint
 --     device = "cuda",               -- optional: "cpu" (default), "cuda" (this rank's GPU), "cuda:N"
+--     precision = "bf16",            -- optional: "f32" (default) or "bf16": GEMMs on bf16-rounded
+--                                    -- inputs with float32 sums; the rest float32 (see below)
 --     partition = "layers",          -- optional: equal layer counts per model stage; the
 --                                    -- default "cost" balances measured layer costs
 --   }
 --   r.losses[k]       -- loss of step k (the same on every rank)
 --   r.partition       -- {by =, bounds = {{first =, last =}, ...}, costs =, seconds =}
 --   r.stage_params()  -- {{id =, stage =, params = {[name] = {values}}}, ...} of this rank
+--   r.precision       -- "f32" | "bf16"; r.bf16_engine: what ran bf16 GEMMs (bf16 only)
 --   r.summary         -- measured vs simulated, the same on every rank (luapipe.perf):
 --                     -- step_ms, predicted_ms, ratio, bubble_pct, sim_bubble_pct,
 --                     -- overhead_pct, costs, stages, latency_ms, steps; rank 0 prints
@@ -417,10 +420,35 @@ local function check_recipe(opts, steps, who)
   return clip or 0, lr_at
 end
 
+-- precision = "bf16": Linear, attention (projections, scores, values) and
+-- MoE experts multiply bf16-rounded inputs with float32 sums; embeddings,
+-- norms, softmax, the loss, MoE routers, parameters, optimizer state and
+-- activations stay float32 (model:set_precision). On the CPU oneDNN runs
+-- the bf16 GEMMs where the build has it and the CPU has AVX512-BF16 or AMX;
+-- elsewhere a float32 fallback over the same rounded inputs does (the
+-- same products, another order of sums, float32 speed), said once.
+-- -> "f32" | "bf16", engine text (bf16 only)
+local function check_precision(opts, fn)
+  local p = opts.precision or "f32"
+  if p ~= "f32" and p ~= "bf16" then
+    fail(string.format("%s: 'precision' must be \"f32\" or \"bf16\", got %s", fn, util.shown(p)))
+  end
+  opts.model:set_precision(p)
+  if p ~= "bf16" then return p end
+  local engine, native = core.bf16_engine()
+  if not native and comm.rank() == 0 and not opts.quiet then
+    io.stderr:write(string.format("%s: note: precision bf16 runs as a %s: the same rounding,"
+      .. " float32 speed\n", fn, engine))
+    io.stderr:flush()
+  end
+  return p, engine
+end
+
 local function configure(opts)
   local steps = check_common(opts, "luapipe.train")
   local ckpt = checkpoint.options(opts) -- nil without checkpoint / resume
   local model, seed = opts.model, opts.seed or 0
+  local precision, bf16_engine = check_precision(opts, "luapipe.train")
   local rank, size = comm.rank(), comm.size()
   local ep = opts.ep or 1
   if math.type(ep) ~= "integer" or ep < 1 then
@@ -546,7 +574,7 @@ local function configure(opts)
   end
   return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep, clip = clip, lr_at = lr_at,
     device = device, device_name = device_name, info = info, lowered = lowered, in_shape = in_shape,
-    part = part, act_shapes = act_shapes }
+    part = part, act_shapes = act_shapes, precision = precision, bf16_engine = bf16_engine }
 end
 
 -- A mistake in train{}'s options is found on every rank alike (configure
@@ -685,7 +713,7 @@ function M.run(opts)
     end
   end
   local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec,
-    device = device_name, grad_norms = gnorms, lrs = rates }
+    device = device_name, grad_norms = gnorms, lrs = rates, precision = c.precision, bf16_engine = c.bf16_engine }
   result.first_step = first_step -- > 1 after resume: losses[k] for k = first_step..steps
   -- {{id =, stage =, params = {[name] = values}}, ...} for this rank's virtual stages
   function result.stage_params()
@@ -717,7 +745,11 @@ function M.run(opts)
     result.summary = perf.summary(exec, lowered)
     result.summary.skipped = steps > first_step
     if #exec:expert_loads() > 0 then result.summary.eplb = balance.result() end
-    if rank == 0 and not quiet then io.write(perf.format(result.summary), "\n") io.flush() end
+    if rank == 0 and not quiet then
+      io.write(perf.format(result.summary), "\n")
+      if c.precision == "bf16" then io.write("precision bf16: GEMMs on the ", c.bf16_engine, "\n") end
+      io.flush()
+    end
     if opts.svg then
       local sok, serr = perf.write_measured_svg(exec, lowered, opts.svg)
       if not sok then
@@ -741,6 +773,7 @@ function M.reference(opts)
     error("luapipe.train.reference: 'microbatches' must be a positive integer", 2)
   end
   local model = opts.model
+  local precision, bf16_engine = check_precision(opts, "luapipe.train.reference")
   model:shapes(input_shape_of(opts.data))
   local layer = model:build(opts.seed or 0)
   local optim = core.nn_optim(layer, opts.optimizer)
@@ -757,7 +790,8 @@ function M.reference(opts)
     if err >= 0 then gnorms[k] = err end
     if opts.verbose then io.write(string.format("step %d loss %.6f\n", k, loss)) end
   end
-  return { losses = losses, grad_norms = gnorms, lrs = rates, layer = layer,
+  return { losses = losses, grad_norms = gnorms, lrs = rates, layer = layer, precision = precision,
+    bf16_engine = bf16_engine,
     params = function() return params_of(layer) end }
 end
 
