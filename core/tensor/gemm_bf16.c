@@ -12,7 +12,8 @@
  * Which one runs is fixed per process (lp_tensor_bf16_engine says which),
  * so every rank of a run on one kind of machine makes the same choice.
  *
- * oneDNN primitives are cached by shape (a small table under a mutex);
+ * oneDNN primitives are cached by shape (a table under a mutex; shapes
+ * that are not multiples of 16 share one made for run-time dims, use_rt);
  * oneDNN runs on one OpenMP thread per rank unless OMP_NUM_THREADS says
  * otherwise, so results do not depend on how many cores a rank sees. */
 #include "lp_tensor.h"
@@ -134,7 +135,18 @@ static void dnnl_threads(void) {
   if (!getenv("OMP_NUM_THREADS")) omp_set_num_threads(1);
 }
 
+/* Which primitive a shape gets, a rule of the shape alone (so every rank
+ * and the one-process reference choose alike): one made for the exact
+ * shape when m, n and k are multiples of 16 (the dense layers' shapes; the
+ * fastest kernels), else one with the dims given at run time (shared by
+ * every shape: MoE experts see a new token count at nearly every call,
+ * and making a primitive per count costs more than the GEMM). */
+static int use_rt(int64_t m, int64_t n, int64_t k) {
+  return (m | n | k) % 16 != 0;
+}
+
 typedef struct pkey {
+  int rt; /* dims and strides at run time (then m..ldc are 0 in the key) */
   int bf16, ta, tb;
   int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
@@ -147,37 +159,48 @@ typedef struct pent {
   dnnl_memory_desc_t a, b, c;
 } pent;
 
-#define NCACHE 256
+#define NCACHE 512
 static pent cache[NCACHE];
 static int cache_next;
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int key_eq(const pkey *x, const pkey *y) {
-  return x->bf16 == y->bf16 && x->ta == y->ta && x->tb == y->tb &&
+  return x->rt == y->rt && x->bf16 == y->bf16 && x->ta == y->ta && x->tb == y->tb &&
          x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda &&
          x->ldb == y->ldb && x->ldc == y->ldc && x->alpha == y->alpha &&
          x->beta == y->beta;
 }
 
-/* Makes the matmul for key: A m x k (ta: stored k x m), B k x n (tb:
- * stored n x k), row strides lda / ldb / ldc, dst = alpha A B + beta dst.
- * Fills e (prim NULL when oneDNN has no implementation). */
-static void make_prim(const pkey *key, pent *e) {
+/* The memory descriptors of A (m x k; ta: stored k x m), B (k x n; tb:
+ * stored n x k) and C (m x n) with row strides lda / ldb / ldc; with rt,
+ * every dim and stride is left to run time. */
+static int make_descs(const pkey *key, int rt, dnnl_memory_desc_t *a,
+                      dnnl_memory_desc_t *b, dnnl_memory_desc_t *c) {
   dnnl_data_type_t dt = key->bf16 ? dnnl_bf16 : dnnl_f32;
-  dnnl_dims_t ad = {key->m, key->k}, bd = {key->k, key->n},
-              cd = {key->m, key->n};
-  dnnl_dims_t as = {key->ta ? 1 : key->lda, key->ta ? key->lda : 1};
-  dnnl_dims_t bs = {key->tb ? 1 : key->ldb, key->tb ? key->ldb : 1};
-  dnnl_dims_t cs = {key->ldc, 1};
+  const int64_t R = DNNL_RUNTIME_DIM_VAL;
+  dnnl_dims_t ad = {rt ? R : key->m, rt ? R : key->k};
+  dnnl_dims_t bd = {rt ? R : key->k, rt ? R : key->n};
+  dnnl_dims_t cd = {rt ? R : key->m, rt ? R : key->n};
+  int64_t la = rt ? R : key->lda, lb = rt ? R : key->ldb, lc = rt ? R : key->ldc;
+  dnnl_dims_t as = {key->ta ? 1 : la, key->ta ? la : 1};
+  dnnl_dims_t bs = {key->tb ? 1 : lb, key->tb ? lb : 1};
+  dnnl_dims_t cs = {lc, 1};
+  return dnnl_memory_desc_init_by_strides(a, 2, ad, dt, as) == dnnl_success &&
+         dnnl_memory_desc_init_by_strides(b, 2, bd, dt, bs) == dnnl_success &&
+         dnnl_memory_desc_init_by_strides(c, 2, cd, dnnl_f32, cs) ==
+             dnnl_success;
+}
+
+/* Makes the matmul for key: dst = alpha A B + beta dst (key->rt: for any
+ * shape, the dims given at run time). Fills e (prim NULL when oneDNN has
+ * no implementation). */
+static void make_prim(const pkey *key, pent *e) {
   dnnl_primitive_attr_t attr = NULL;
   dnnl_post_ops_t po = NULL;
   dnnl_primitive_desc_t pd = NULL;
   dnnl_matmul_desc_t md;
   e->prim = NULL;
-  if (dnnl_memory_desc_init_by_strides(&e->a, 2, ad, dt, as) != dnnl_success ||
-      dnnl_memory_desc_init_by_strides(&e->b, 2, bd, dt, bs) != dnnl_success ||
-      dnnl_memory_desc_init_by_strides(&e->c, 2, cd, dnnl_f32, cs) !=
-          dnnl_success ||
+  if (!make_descs(key, key->rt, &e->a, &e->b, &e->c) ||
       dnnl_matmul_desc_init(&md, &e->a, &e->b, NULL, &e->c) != dnnl_success ||
       dnnl_primitive_attr_create(&attr) != dnnl_success)
     return;
@@ -220,19 +243,27 @@ static const pent *get_prim(const pkey *key) {
  * has no implementation for the shape, LP_ERR_INTERNAL when it fails. The
  * lock is held through the run (a rank computes on one thread; this keeps
  * an entry from being replaced while another thread runs it). */
-static lp_status dnnl_run(const pkey *key, const void *a, const void *b,
-                          float *c) {
+static lp_status dnnl_run(const pkey *shape, int rt, const void *a,
+                          const void *b, float *c) {
+  pkey key = *shape;
+  dnnl_memory_desc_t ad, bd, cd;
+  if (rt) {
+    key.rt = 1;
+    key.m = key.n = key.k = key.lda = key.ldb = key.ldc = 0;
+    if (!make_descs(shape, 0, &ad, &bd, &cd)) return LP_ERR_INTERNAL;
+  }
   pthread_mutex_lock(&cache_mu);
-  const pent *e = get_prim(key);
+  const pent *e = get_prim(&key);
   if (!e->prim) {
     pthread_mutex_unlock(&cache_mu);
     return LP_ERR_UNSUPPORTED;
   }
+  if (!rt) ad = e->a, bd = e->b, cd = e->c;
   dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
   lp_status st = LP_ERR_INTERNAL;
-  if (dnnl_memory_create(&ma, &e->a, dnnl_eng, (void *)a) == dnnl_success &&
-      dnnl_memory_create(&mb, &e->b, dnnl_eng, (void *)b) == dnnl_success &&
-      dnnl_memory_create(&mc, &e->c, dnnl_eng, c) == dnnl_success) {
+  if (dnnl_memory_create(&ma, &ad, dnnl_eng, (void *)a) == dnnl_success &&
+      dnnl_memory_create(&mb, &bd, dnnl_eng, (void *)b) == dnnl_success &&
+      dnnl_memory_create(&mc, &cd, dnnl_eng, c) == dnnl_success) {
     dnnl_exec_arg_t args[3] = {
         {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
     if (dnnl_primitive_execute(e->prim, dnnl_strm, 3, args) == dnnl_success &&
@@ -346,7 +377,8 @@ lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
     dnnl_threads();
     int64_t ar = trans_a ? k : m, ac = trans_a ? m : k;
     int64_t br = trans_b ? n : k, bc = trans_b ? k : n;
-    pkey key = {1, trans_a, trans_b, m, n, k, ac, bc, ldc, alpha, beta};
+    pkey key = {0, 1, trans_a, trans_b, m, n, k, ac, bc, ldc, alpha, beta};
+    int rt = use_rt(m, n, k);
     uint16_t *ha = lp_malloc((size_t)(ar * ac + br * bc) * sizeof(uint16_t));
     if (!ha) return LP_ERR_NOMEM;
     uint16_t *hb = ha + ar * ac;
@@ -354,7 +386,7 @@ lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
     for (int64_t i = 0; i < batch && st == LP_OK; i++) {
       to_bf16(ar, ac, a + i * stride_a, lda, ha);
       to_bf16(br, bc, b + i * stride_b, ldb, hb);
-      st = dnnl_run(&key, ha, hb, c + i * stride_c);
+      st = dnnl_run(&key, rt, ha, hb, c + i * stride_c);
     }
     lp_free(ha);
     if (st != LP_ERR_UNSUPPORTED) return st;
@@ -381,8 +413,8 @@ lp_status lp_tensor_cpu_gemm_onednn_f32(int trans_a, int trans_b, int64_t m,
     return LP_OK;
   }
   dnnl_threads();
-  pkey key = {0, !!trans_a, !!trans_b, m, n, k, lda, ldb, ldc, alpha, beta};
-  return dnnl_run(&key, a, b, c);
+  pkey key = {0, 0, !!trans_a, !!trans_b, m, n, k, lda, ldb, ldc, alpha, beta};
+  return dnnl_run(&key, use_rt(m, n, k), a, b, c);
 #else
   (void)trans_a, (void)trans_b, (void)alpha, (void)a, (void)b, (void)beta;
   (void)c;

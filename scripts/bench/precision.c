@@ -8,15 +8,19 @@
  *   fb_bf16    the float32 fallback (rounding + sgemm), for comparison
  * with the ratios dnnl_f32/blas_f32 and bf16/blas_f32 taken from the same
  * run (the engines alternate, run after run; the figure is the median of
- * --runs runs of at least --min-ms each), and #wrong: entries of the bf16
+ * --runs runs of at least --min-ms each, in CPU time of the one thread
+ * all engines run on, so other jobs on the machine count less), and #wrong: entries of the bf16
  * results (oneDNN and fallback) off the double-precision product of the
  * bf16-rounded inputs by more than 1e-5 of sum |a||b|.
  * Usage: bench_precision [--quick] [--runs N] [--min-ms T].
  * Exit status 1 when an entry is wrong. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "lp_tensor.h"
 
@@ -59,14 +63,23 @@ static void run(int e, shape *s) {
   }
 }
 
-/* Seconds per call: repeats until min_s has passed (at least 2 calls). */
+/* CPU seconds of this thread: on a machine shared with other jobs the
+ * figure counts the time the GEMM ran, not the time it waited for a core
+ * (every engine runs on this one thread). */
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds per call: repeats until min_s has passed (at least 2). */
 static double timeit(int e, shape *s, double min_s) {
   int n = 0;
-  double t0 = lp_now(), t;
+  double t0 = cpu_now(), t;
   do {
     run(e, s);
     n++;
-    t = lp_now() - t0;
+    t = cpu_now() - t0;
   } while (n < 2 || t < min_s);
   return t / n;
 }
@@ -110,7 +123,8 @@ int main(int argc, char **argv) {
   }
   if (runs < 1 || runs > 99) runs = 5;
   int have_dnnl = lp_tensor_have_onednn();
-  printf("# bf16 engine: %s\n", lp_tensor_bf16_engine());
+  printf("# bf16 engine: %s; OpenBLAS core: %s\n", lp_tensor_bf16_engine(),
+         openblas_get_corename());
   printf("# GFLOP/s, median of %d runs (engines alternate within a run)%s\n",
          runs, have_dnnl ? "" : "; no oneDNN in this build: dnnl_f32 is -");
   printf("%6s %6s %6s %9s %9s %9s %9s %9s %9s %6s\n", "M", "N", "K",
