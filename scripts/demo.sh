@@ -6,9 +6,10 @@
 # with DualPipe on 4 ranks (mpirun): the schedule, the progress lines with
 # the falling loss, the measured-vs-simulated summary, and the measured
 # trace and SVG (out/char_lm_trace.json, out/char_lm.svg); then a short
-# MoE run (DualPipe at pp=2 x ep=2 with EPLB, out/moe_trace.json). The training
-# takes about a minute on a 2-core machine (150 steps: 59 s measured with
-# other jobs keeping the load average at 10) and prints the time it took.
+# MoE run (DualPipe at pp=2 x ep=2 with EPLB, out/moe_trace.json). The whole
+# demo took 80 s on a shared 2-core machine with everything built (the
+# README's figure; the char-LM training 76 s of it) and prints the time each
+# training took.
 #
 # To add a training run, add one `train` line at the end (see below).
 set -euo pipefail
@@ -56,7 +57,7 @@ echo
 echo "The char-LM run below: mpirun -np 4, one process per rank; rank 0 prints the"
 echo "schedule, a progress line every 25 steps (loss in nats per character, samples/s,"
 echo "measured bubble) and the summary: measured step time against the simulator's"
-echo "prediction from the measured costs. About a minute on 2 cores."
+echo "prediction from the measured costs. About 75 s on 2 shared cores."
 train "a character-level transformer LM with DualPipe on 4 ranks (150 steps)" 4 \
   examples/train_char_lm.lua --schedule dualpipe --microbatches 8 --steps 150 --seed 1 \
   --log-every 25 --show --trace "$out/char_lm_trace.json" --trace-steps 20 --svg "$out/char_lm.svg"

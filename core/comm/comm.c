@@ -250,6 +250,11 @@ static void timeout_text(lp_comm *c, const lp_comm_req *r, double limit,
              c->rank, c->size, r->count, ty, r->count_in,
              comm_dtype_name(r->dtype, r->count_in));
     break;
+  case COMM_OP_ALLGATHER:
+    snprintf(head, sizeof head,
+             "in an all-gather of %zu bytes per rank on rank %d (%d ranks)",
+             r->count, c->rank, c->size);
+    break;
   }
   lp_errf(c->err, "timed out after %g s (LUAPIPE_TIMEOUT) %s%s%s", limit, head,
           what && *what ? ": " : "", what ? what : "");
@@ -388,6 +393,65 @@ lp_status lp_comm_bcast(lp_comm *c, void *buf, size_t bytes, int root,
   lp_comm_req *r = new_req(c, COMM_OP_BCAST, LP_COMM_FLOAT, bytes, root, -1);
   if (!r) return LP_ERR_NOMEM;
   return collective(c, r, c->be->ibcast(c, buf, bytes, root, r), what);
+}
+
+lp_status lp_comm_allgather(lp_comm *c, const void *send, size_t bytes,
+                            void *recv, const char *what) {
+  if ((!send || !recv) && bytes > 0) {
+    lp_errf(c->err, "all-gather of %zu bytes per rank on rank %d: NULL buffer",
+            bytes, c->rank);
+    return LP_ERR_ARG;
+  }
+  if (!c->be->iallgather) {
+    lp_errf(c->err, "all-gather: the %s backend has none", c->be->name);
+    return LP_ERR_UNSUPPORTED;
+  }
+  lp_comm_req *r = new_req(c, COMM_OP_ALLGATHER, LP_COMM_FLOAT, bytes, -1, -1);
+  if (!r) return LP_ERR_NOMEM;
+  return collective(c, r, c->be->iallgather(c, send, bytes, recv, r), what);
+}
+
+lp_status lp_comm_allgatherv(lp_comm *c, const void *send, size_t bytes,
+                             void **out, size_t *sizes, const char *what) {
+  *out = NULL;
+  int P = c->size;
+  uint64_t mine = bytes, *all = lp_malloc((size_t)P * sizeof *all);
+  if (!all) {
+    lp_errf(c->err, "out of memory");
+    return LP_ERR_NOMEM;
+  }
+  lp_status st = lp_comm_allgather(c, &mine, sizeof mine, all, what);
+  size_t most = 0, total = 0;
+  for (int r = 0; st == LP_OK && r < P; r++) {
+    sizes[r] = (size_t)all[r];
+    if (sizes[r] > most) most = sizes[r];
+    total += sizes[r];
+  }
+  lp_free(all);
+  if (st != LP_OK || most == 0) return st;
+  /* every piece padded to the largest: one all-gather of equal counts */
+  char *pad = lp_calloc(most, 1), *pieces = lp_malloc((size_t)P * most);
+  char *packed = lp_malloc(total);
+  if (!pad || !pieces || !packed) {
+    lp_errf(c->err, "out of memory");
+    st = LP_ERR_NOMEM;
+    goto done;
+  }
+  if (bytes) memcpy(pad, send, bytes);
+  st = lp_comm_allgather(c, pad, most, pieces, what);
+  if (st != LP_OK) goto done;
+  size_t off = 0;
+  for (int r = 0; r < P; r++) {
+    if (sizes[r]) memcpy(packed + off, pieces + (size_t)r * most, sizes[r]);
+    off += sizes[r];
+  }
+  *out = packed;
+  packed = NULL;
+done:
+  lp_free(pad);
+  lp_free(pieces);
+  lp_free(packed);
+  return st;
 }
 
 /* ---- sub-communicators ---- */

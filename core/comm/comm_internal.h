@@ -11,7 +11,8 @@ typedef enum comm_op {
   COMM_OP_ALLREDUCE,
   COMM_OP_BARRIER,
   COMM_OP_BCAST,
-  COMM_OP_ALLTOALLV
+  COMM_OP_ALLTOALLV,
+  COMM_OP_ALLGATHER
 } comm_op;
 
 struct lp_comm {
@@ -29,7 +30,8 @@ struct lp_comm_req {
   comm_op op;
   lp_comm_dtype dtype;
   int peer, tag; /* -1 for collectives (peer = root for bcast) */
-  size_t count;   /* floats sent (all-to-all-v: to other ranks) */
+  size_t count;   /* floats sent (all-to-all-v: to other ranks; broadcast
+                   * and all-gather: bytes, per rank) */
   size_t count_in; /* all-to-all-v: floats received from other ranks */
   double started; /* lp_now() when started */
   double arrival; /* modelled arrival on the emulated link (0: none) */
@@ -63,7 +65,7 @@ const char *comm_dtype_name(lp_comm_dtype dt, size_t count); /* "float(s)" */
  * lp_comm_nccl_new (lp_module_open), so that a CPU run maps no NCCL. Its
  * one exported symbol, LP_COMM_NCCL_MODULE_ENTRY, returns this table; the
  * loader refuses one whose sizes differ (a module of another build). */
-#define LP_COMM_NCCL_MODULE_ABI 1
+#define LP_COMM_NCCL_MODULE_ABI 2 /* 2: the backend has iallgather */
 #define LP_COMM_NCCL_MODULE_ENTRY "lp_comm_nccl_module_v1"
 #define LP_COMM_NCCL_MODULE_FILE "luapipe_nccl.so"
 typedef struct comm_nccl_module {

@@ -1,8 +1,8 @@
 /* comm_mpi.c — the "mpi" backend (Open MPI) and the bootstrap the host
  * calls. Every operation is non-blocking (MPI_Isend, MPI_Iallreduce,
- * MPI_Ibarrier, ...) so comm.c's watchdog can bound every wait. The world
- * context works on a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN;
- * split contexts own their MPI communicator (impl, a mpi_ctx). A progress
+ * MPI_Ibarrier, MPI_Iallgather, ...) so comm.c's watchdog can bound every
+ * wait. The world context works on a duplicate of MPI_COMM_WORLD with
+ * MPI_ERRORS_RETURN; split contexts own their MPI communicator (impl, a mpi_ctx). A progress
  * thread (see lp_comm.h) drives MPI while operations are pending.
  * The only file in core/ that includes mpi.h. */
 #define _POSIX_C_SOURCE 200809L
@@ -312,6 +312,20 @@ static lp_status mpi_ibcast(lp_comm *c, void *buf, size_t bytes, int root,
   return LP_OK;
 }
 
+static lp_status mpi_iallgather(lp_comm *c, const void *send, size_t bytes,
+                                void *recv, lp_comm_req *req) {
+  LP_CHECK(check_count(c, bytes, "all-gather"));
+  static char none_in, none_out; /* valid pointers when nothing moves */
+  int rc = MPI_Iallgather(bytes ? send : &none_in, (int)bytes, MPI_BYTE,
+                          bytes ? recv : &none_out, (int)bytes, MPI_BYTE,
+                          mcomm(c), mreq(req));
+  if (rc != MPI_SUCCESS)
+    return mpi_fail(c, rc, "all-gather of %zu bytes per rank on rank %d", bytes,
+                    c->rank);
+  pending_add(1);
+  return LP_OK;
+}
+
 /* Copies n size_t counts into ints for MPI; LP_ERR_ARG past INT_MAX. */
 static lp_status to_ints(lp_comm *c, const size_t *v, int *out, const char *what) {
   for (int p = 0; p < c->size; p++) {
@@ -490,6 +504,7 @@ static const lp_comm_backend comm_mpi_backend = {
     .ibarrier = mpi_ibarrier,
     .ibcast = mpi_ibcast,
     .ialltoallv = mpi_ialltoallv,
+    .iallgather = mpi_iallgather,
     .split = mpi_split,
     .test = mpi_test,
     .cancel = mpi_cancel,

@@ -59,6 +59,7 @@ static const char *op_name(comm_op op) {
   case COMM_OP_BARRIER: return "barrier";
   case COMM_OP_BCAST: return "broadcast";
   case COMM_OP_ALLTOALLV: return "all-to-all-v";
+  case COMM_OP_ALLGATHER: return "all-gather";
   }
   return "operation";
 }
@@ -76,6 +77,9 @@ static void describe(const lp_comm_req *r, char *buf, size_t n) {
     break;
   case COMM_OP_BCAST:
     snprintf(buf, n, "broadcast of %zu bytes from rank %d", r->count, r->peer);
+    break;
+  case COMM_OP_ALLGATHER:
+    snprintf(buf, n, "all-gather of %zu bytes per rank", r->count);
     break;
   default:
     snprintf(buf, n, "%s of %zu %s", op_name(r->op), r->count,
@@ -225,6 +229,13 @@ static lp_status n_ibcast(lp_comm *c, void *buf, size_t bytes, int root,
                            S(c)->stream));
 }
 
+static lp_status n_iallgather(lp_comm *c, const void *send, size_t bytes,
+                              void *recv, lp_comm_req *req) {
+  COLLECTIVE(c, req, "all-gather",
+             ncclAllGather(send, recv, bytes, ncclUint8, S(c)->comm,
+                           S(c)->stream));
+}
+
 /* All-to-all-v: one group of sends and receives; the self piece is a
  * device-to-device copy on the communication stream. */
 static lp_status n_ialltoallv(lp_comm *c, const float *send, const size_t *sc,
@@ -351,6 +362,7 @@ static const lp_comm_backend comm_nccl_backend = {
     .ibarrier = n_ibarrier,
     .ibcast = n_ibcast,
     .ialltoallv = n_ialltoallv,
+    .iallgather = n_iallgather,
     .split = n_split,
     .test = n_test,
     .cancel = n_cancel,

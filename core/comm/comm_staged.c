@@ -177,6 +177,27 @@ static lp_status st_ibcast(lp_comm *c, void *buf, size_t bytes, int root,
   return staged_blocking(c, buf, bytes, req, 1, 0, LP_COMM_FLOAT, root);
 }
 
+/* Blocking: the piece down to pinned memory, the inner all-gather, the
+ * whole result up. */
+static lp_status st_iallgather(lp_comm *c, const void *send, size_t bytes,
+                               void *recv, lp_comm_req *req) {
+  const lp_tensor_backend *be = S(c)->be;
+  size_t all = bytes * (size_t)c->size;
+  *SR(req) = NULL; /* finished when this returns */
+  void *h = pin_get(c, bytes), *h2 = h ? pin_get(c, all) : NULL;
+  lp_status st = h && h2 ? LP_OK : LP_ERR_NOMEM;
+  if (st == LP_OK && bytes && (st = be->to_host(be, h, send, bytes)) != LP_OK)
+    st = copy_fail(c, st, "an all-gather");
+  if (st == LP_OK &&
+      (st = lp_comm_allgather(S(c)->inner, h, bytes, h2, "staged all-gather")) != LP_OK)
+    st = inner_fail(c, st);
+  if (st == LP_OK && all && (st = be->from_host(be, recv, h2, all)) != LP_OK)
+    st = copy_fail(c, st, "an all-gather result");
+  pin_put(c, h);
+  pin_put(c, h2);
+  return st;
+}
+
 static lp_status st_ibarrier(lp_comm *c, lp_comm_req *req) {
   *SR(req) = NULL;
   lp_status st = lp_comm_barrier(S(c)->inner, "staged barrier");
@@ -286,6 +307,7 @@ static const lp_comm_backend comm_staged_backend = {
     .ibarrier = st_ibarrier,
     .ibcast = st_ibcast,
     .ialltoallv = st_ialltoallv,
+    .iallgather = st_iallgather,
     .split = st_split,
     .test = st_test,
     .cancel = st_cancel,

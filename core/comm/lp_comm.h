@@ -1,7 +1,7 @@
 /* lp_comm.h — the communication layer the executor runs schedules over: one
  * context type (lp_comm) in front of a backend vtable (Redis-engine style).
  * Point-to-point isend/irecv of float buffers, all-reduce, all-to-all-v,
- * barrier, broadcast, split, abort; every wait has a watchdog deadline
+ * all-gather, barrier, broadcast, split, abort; every wait has a watchdog deadline
  * (LUAPIPE_TIMEOUT): a wait past it returns LP_ERR_TIMEOUT with a message
  * naming rank, operation and peer, and lp_comm_on_failure holds the job's
  * policy (a timeout ends every rank). Backends: "self" (one process, no
@@ -48,6 +48,11 @@ typedef struct lp_comm_backend {
   lp_status (*ibarrier)(lp_comm *c, lp_comm_req *req);
   lp_status (*ibcast)(lp_comm *c, void *buf, size_t bytes, int root,
                       lp_comm_req *req);
+  /* Starts an all-gather of `bytes` bytes per rank (checked by comm.c):
+   * rank r's send lands at recv + r * bytes on every rank; send and recv
+   * do not overlap. */
+  lp_status (*iallgather)(lp_comm *c, const void *send, size_t bytes,
+                          void *recv, lp_comm_req *req);
   /* Starts an all-to-all-v of floats over c (arguments already checked by
    * comm.c: lp_comm_size(c) entries each, displacements filled in, the
    * self piece's send and receive counts equal). The self piece is a local
@@ -207,6 +212,23 @@ lp_status lp_comm_barrier(lp_comm *c, const char *what);
 /* Copies `bytes` bytes of buf on rank `root` into buf on every rank. */
 lp_status lp_comm_bcast(lp_comm *c, void *buf, size_t bytes, int root,
                         const char *what);
+/* All-gather: every rank gives `bytes` bytes of send (the same count on
+ * every rank: the ranks' records of one layout); on every rank recv
+ * (lp_comm_size(c) x bytes, not overlapping send) gets rank r's bytes at
+ * recv + r * bytes. The bytes travel unchanged (all ranks run one build).
+ * Not delayed by the emulated link. A backend on device memory (nccl,
+ * mpi-staged) takes device buffers. LP_ERR_ARG for a NULL buffer with
+ * bytes > 0. */
+lp_status lp_comm_allgather(lp_comm *c, const void *send, size_t bytes,
+                            void *recv, const char *what);
+/* All-gather of pieces of any size (host memory only: a context of the
+ * self or mpi backend): rank r gives `bytes` bytes of send; on every rank
+ * sizes[r] (lp_comm_size(c) entries, the caller's array) gets rank r's
+ * count and *out a new buffer (lp_free; NULL when every piece is empty)
+ * with the pieces back to back in rank order. Two all-gathers: the sizes,
+ * then every piece padded to the largest. On failure *out is NULL. */
+lp_status lp_comm_allgatherv(lp_comm *c, const void *send, size_t bytes,
+                             void **out, size_t *sizes, const char *what);
 
 /* ---- all-to-all-v (expert-parallel dispatch / combine) ------------------
  * Every rank of c sends send_counts[p] floats starting at

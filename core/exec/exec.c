@@ -572,15 +572,10 @@ void lp_exec_set_error(lp_exec *e, const char *msg) {
 
 /* ---- the step ---- */
 
+/* The trace category of action a: its compute kind's name, else "comm". */
 static const char *cat_of(const lp_action *a) {
-  switch (a->type) {
-  case LP_ACT_F: return "F";
-  case LP_ACT_B: return "B";
-  case LP_ACT_I: return "I";
-  case LP_ACT_W: return "W";
-  case LP_ACT_FB: return "FB";
-  default: return "comm";
-  }
+  int k = lp_kind_of(a->type);
+  return k >= 0 ? lp_kind_name(k) : "comm";
 }
 
 static lp_status run_action(lp_exec *e, const lp_action *a) {

@@ -5,7 +5,8 @@
  *   msg.c    message plumbing: tags, posting receives ahead, sends, waits
  *   reduce.c gradient reduction of replicated stages
  *   clip.c   global gradient-norm clipping at the end of a step
- *   timing.c always-on timing, measured trace events and their gathering
+ *   timing.c always-on timing, measured trace events and their gathering,
+ *            the job's timing gathered on every rank
  *   host.c   ranks and cores of this rank's host (does the prediction apply?)
  *   ep.c     the pp x ep grid, the MoE exchanges (lp_nn_ep) and their
  *            accounting, the step-end sums over the EP group
@@ -467,8 +468,6 @@ int ex_trace_add(lp_exec *e, int kind, const char *name, const char *cat, double
  * passes whose backward has not finished) and the pending weight-grads
  * change by dlive / dpw at time `at` (lp_now()). */
 void ex_trace_memory(lp_exec *e, double at, int dlive, int dpw);
-/* LP_EXEC_K_* of an action type, -1 for a non-compute one. */
-int ex_kind_of(int type);
 /* The finished step (wall seconds) becomes the last step and joins the
  * totals (and its action times a kept step). */
 void ex_timing_commit(lp_exec *e, double wall);

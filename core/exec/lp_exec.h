@@ -159,8 +159,17 @@ typedef struct lp_exec_timing {
   double reduce;
 } lp_exec_timing;
 
-/* Compute action kinds of lp_exec_action_time, in this order. */
-enum { LP_EXEC_K_F, LP_EXEC_K_B, LP_EXEC_K_I, LP_EXEC_K_W, LP_EXEC_K_FB, LP_EXEC_NKINDS };
+/* Compute action kinds of lp_exec_action_time, in this order: the
+ * schedule's compute kinds (LP_KIND_*), whose one name table is
+ * lp_kind_name ("F", "B", "I", "W", "FB"). */
+enum {
+  LP_EXEC_K_F = LP_KIND_F,
+  LP_EXEC_K_B = LP_KIND_B,
+  LP_EXEC_K_I = LP_KIND_I,
+  LP_EXEC_K_W = LP_KIND_W,
+  LP_EXEC_K_FB = LP_KIND_FB,
+  LP_EXEC_NKINDS = LP_NKINDS
+};
 
 /* Timing of the last successful step (total 0) or the sum over the steps
  * since lp_exec_timing_reset (total 1; divide by out->steps for means). */
@@ -203,6 +212,90 @@ enum { LP_EXEC_HISTORY = 64 };
 int lp_exec_step_times_count(const lp_exec *e);
 lp_status lp_exec_step_times(const lp_exec *e, int k, double *wall_s, double *after_s,
                              const double **times, int *n);
+
+/* ---- the job's timing, gathered on every rank (timing.c) ----
+ * What perf.summary compares with the simulator, collected from every
+ * rank of the job in one collective (lp_exec_job_timing) so that no
+ * caller packs figures into numbered slots: per world rank its totals,
+ * host share, gradient-sum message and kept steps; per (kind, model stage)
+ * the sums over the ranks; the measured message latency. A new per-rank
+ * figure is a field of lp_exec_rank_times (set in timing.c's own_figures,
+ * named in the binding: lb_exec.c's push_job_p), never a position. */
+
+/* One compute slice of a rank's last traced step: its action's index in
+ * the rank's list (-1: the optimizer step), its start on the common trace
+ * clock and its length, microseconds (as lp_trace_event's). */
+typedef struct lp_exec_slice {
+  int index;
+  double start_us, dur_us;
+} lp_exec_slice;
+
+/* One world rank's figures. */
+typedef struct lp_exec_rank_times {
+  lp_exec_timing total;       /* lp_exec_timing_of(total = 1) on that rank */
+  int host_ranks, host_cores; /* lp_exec_host_share */
+  int64_t grad_floats;        /* its largest gradient-sum message (the max
+                               * over stages of lp_exec_message_floats'
+                               * grad; 0: it holds no replicated stage) */
+  int nacts;                  /* actions in its list */
+  int nkept;                  /* steps it kept (lp_exec_step_times_count) */
+  /* the last job->kept of its kept steps, oldest first: step k's row at
+   * kept + k * (2 + nacts) holds wall, after and one time per action, as
+   * lp_exec_step_times gives them (seconds; 0 for non-compute actions) */
+  const double *kept;
+  /* with tracing on: the compute slices of its last step (those after its
+   * next-to-last optimizer slice), in recorded order; else none */
+  int nslices;
+  const lp_exec_slice *slices;
+} lp_exec_rank_times;
+
+/* One (kind, model stage), summed over the job's ranks in rank order:
+ * lp_exec_action_time's sum and count and lp_exec_action_exchanges'
+ * counters, since the reset (total = 1). */
+typedef struct lp_exec_kind_times {
+  double sum;
+  int64_t n;
+  lp_exec_exchanges x;
+} lp_exec_kind_times;
+
+/* The most kept-step numbers a gather carries over all ranks together:
+ * a job whose ranks kept more gathers fewer steps (8 MB; 64 ranks of
+ * 4,000 actions: 3 steps). */
+enum { LP_EXEC_JOB_KEPT_MAX = 1000000 };
+
+typedef struct lp_exec_job_times {
+  int ranks;                /* world ranks (pp x ep) */
+  int stages;               /* model stages */
+  int ep;                   /* EP group size: world rank = pipeline rank * ep + EP index */
+  lp_exec_rank_times *rank; /* [ranks], by world rank */
+  lp_exec_timing sum;       /* every rank's total, summed in rank order */
+  lp_exec_kind_times *kinds; /* [LP_EXEC_NKINDS x stages]: kind k (LP_EXEC_K_*)
+                              * on model stage s at k * stages + s */
+  /* kept steps gathered per rank: the fewest any rank kept (0: a rank kept
+   * none, then no rank's are gathered), at most LP_EXEC_JOB_KEPT_MAX numbers
+   * in all (sum over ranks of 2 + nacts per step) but at least 1 */
+  int kept;
+  /* the measured message latency (tracing on; else 0 and 0): over the
+   * messages whose receiver had to wait (a receive slice of nonzero length
+   * matched to its send by step, sender, receiver and tag), from the later
+   * of the send's start and the wait's start to the end of the wait; the
+   * mean in ms and the count. The same on every rank (the ranks of one
+   * host share the trace clock). */
+  double latency_ms;
+  int64_t latency_messages;
+  void *data; /* owned: what rank[].kept and rank[].slices point into */
+} lp_exec_job_times;
+
+/* Gathers the job's timing (above) on every rank over the job's comm:
+ * collective, between steps; every rank gets the same *out (free with
+ * lp_exec_job_times_free). Two all-gathers: each rank's fixed figures, then
+ * its kept steps, messages and slices. LP_OK, or a status with the text in
+ * lp_exec_last_error: LP_ERR_NOMEM (every rank returns it when one rank
+ * could not pack its figures; a rank that runs out of memory while
+ * gathering leaves the others to the watchdog), the comm's failure, or
+ * LP_ERR_INTERNAL when a rank's piece is not the size its figures say. */
+lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out);
+void lp_exec_job_times_free(lp_exec_job_times *t);
 
 /* This rank's virtual stages: count, and the id / model stage / chunk of
  * the i-th (borrowed). */

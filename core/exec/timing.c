@@ -3,10 +3,14 @@
  * counters, the step's parts (the action loop and the other files add to
  * them with ex_time_*), per (kind, model stage) action times and exchange
  * counters, the last step and the totals the public getters report, the
- * kept steps' action times (lp_exec_step_times). */
+ * kept steps' action times (lp_exec_step_times). Across ranks: the trace
+ * gathered on rank 0 (lp_exec_trace_gather) and the job's timing gathered
+ * on every rank (lp_exec_job_timing: every rank's figures and kept
+ * steps, the message latency). */
 #include "exec_internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -102,7 +106,7 @@ void ex_time_compute(lp_exec *e, int i, double s) {
   const lp_action *a = &e->acts[i];
   e->tm.busy += s;
   e->tm.comp += s;
-  int k = ex_kind_of(a->type), ms = e->vstage[a->stage];
+  int k = lp_kind_of(a->type), ms = e->vstage[a->stage];
   if (k >= 0 && ms >= 0 && ms < e->S) {
     e->tm.act_s[k * e->S + ms] += s;
     e->tm.act_n[k * e->S + ms]++;
@@ -169,17 +173,6 @@ void ex_trace_memory(lp_exec *e, double at, int dlive, int dpw) {
   if (dpw) add_counter(e, "pending W", at, e->tm.pending_w);
 }
 
-int ex_kind_of(int type) {
-  switch (type) {
-  case LP_ACT_F: return LP_EXEC_K_F;
-  case LP_ACT_B: return LP_EXEC_K_B;
-  case LP_ACT_I: return LP_EXEC_K_I;
-  case LP_ACT_W: return LP_EXEC_K_W;
-  case LP_ACT_FB: return LP_EXEC_K_FB;
-  default: return -1;
-  }
-}
-
 /* The finished step's action times become the newest kept step. */
 static void hist_commit(lp_exec *e, double wall, double after) {
   ex_hist *h = &e->tm.hist;
@@ -206,9 +199,26 @@ lp_status lp_exec_step_times(const lp_exec *e, int k, double *wall_s, double *af
   return LP_OK;
 }
 
+/* *t += *a, field by field (every field of lp_exec_timing). */
+static void timing_add(lp_exec_timing *t, const lp_exec_timing *a) {
+  t->steps += a->steps;
+  t->wall += a->wall;
+  t->compute += a->compute;
+  t->wait += a->wait;
+  t->post += a->post;
+  t->optim += a->optim;
+  t->overhead += a->overhead;
+  t->a2a_count += a->a2a_count;
+  t->a2a += a->a2a;
+  t->a2a_blocked += a->a2a_blocked;
+  t->a2a_hidden += a->a2a_hidden;
+  t->a2a_link += a->a2a_link;
+  t->reduce += a->reduce;
+}
+
 void ex_timing_commit(lp_exec *e, double wall) {
   e->tm.wall = wall;
-  lp_exec_timing *l = &e->tm.last, *t = &e->tm.total;
+  lp_exec_timing *l = &e->tm.last;
   l->steps = 1;
   l->wall = e->tm.wall;
   l->optim = e->tm.optim;
@@ -216,25 +226,13 @@ void ex_timing_commit(lp_exec *e, double wall) {
   l->wait = e->tm.wait;
   l->post = e->tm.post;
   l->overhead = l->wall - l->compute - l->wait;
-  t->steps++;
-  t->wall += l->wall;
-  t->optim += l->optim;
-  t->compute += l->compute;
-  t->wait += l->wait;
-  t->post += l->post;
-  t->overhead += l->overhead;
   l->a2a_count = e->xc.n;
   l->a2a = e->xc.s;
   l->a2a_blocked = e->xc.blocked;
   l->a2a_hidden = e->xc.hidden;
   l->a2a_link = e->xc.link;
-  t->a2a_hidden += l->a2a_hidden;
-  t->a2a_link += l->a2a_link;
   l->reduce = e->tm.reduce;
-  t->reduce += l->reduce;
-  t->a2a_count += l->a2a_count;
-  t->a2a += l->a2a;
-  t->a2a_blocked += l->a2a_blocked;
+  timing_add(&e->tm.total, l);
   size_t nk = (size_t)LP_EXEC_NKINDS * e->S;
   for (size_t i = 0; i < nk; i++) {
     e->tm.act_s[nk + i] += e->tm.act_s[i];
@@ -273,12 +271,12 @@ static double *x_at(lp_exec *e, int k, int v) {
 double *ex_action_x(lp_exec *e) {
   if (e->cur < 0 || e->cur >= e->nacts) return NULL;
   const lp_action *a = &e->acts[e->cur];
-  return x_at(e, ex_kind_of(a->type), a->stage);
+  return x_at(e, lp_kind_of(a->type), a->stage);
 }
 
 double *ex_half_x(lp_exec *e, int which) {
   const half *h = &e->pr.hf[which ? 1 : 0];
-  return h->active ? x_at(e, ex_kind_of(h->type), h->v) : NULL;
+  return h->active ? x_at(e, lp_kind_of(h->type), h->v) : NULL;
 }
 
 lp_status lp_exec_action_exchanges(const lp_exec *e, int total, int kind, int stage,
@@ -409,4 +407,297 @@ lp_status lp_exec_trace_write(lp_exec *e, const char *path) {
   if (code != LP_OK && st == LP_OK)
     lp_errf(e->err, "rank 0 could not write the trace %s", path);
   return (lp_status)code;
+}
+
+/* ---- the job's timing, gathered on every rank (lp_exec_job_timing) ----
+ * Two all-gathers over e->world. The first carries each rank's fixed
+ * figures (rank_head) followed by its (kind, model stage) sums; from them
+ * every rank computes the same count of kept steps. The second carries
+ * each rank's piece: its messages (msg_rec), its last step's compute
+ * slices, then its last `kept` kept steps' rows. */
+
+/* A rank's fixed figures as they travel (the bytes unchanged: every rank
+ * runs the same build); fig's pointers are set on arrival. */
+typedef struct rank_head {
+  lp_exec_rank_times fig;
+  int64_t nmsg;   /* message records in its piece */
+  int64_t failed; /* 1: this rank could not pack its piece (out of memory) */
+} rank_head;
+
+/* One message slice of a rank's trace: a send (its start) or a receive
+ * it waited for (the wait's start and end), keyed by (step, sender,
+ * receiver, tag). */
+typedef struct msg_rec {
+  int64_t step;
+  int32_t from, to, tag, recv;
+  double start, end;
+} msg_rec;
+
+/* The message slices and the last step's compute slices of this rank's
+ * trace, in recorded order (nothing without a trace). */
+static lp_status trace_pieces(const lp_exec *e, msg_rec **msgs, int64_t *nmsg,
+                              lp_exec_slice **slices, int *nslices) {
+  int n = 0;
+  const lp_trace_event *ev = e->tm.trace ? lp_trace_events(e->tm.trace, &n) : NULL;
+  *msgs = lp_calloc((size_t)(n ? n : 1), sizeof **msgs);
+  *slices = lp_calloc((size_t)(n ? n : 1), sizeof **slices);
+  *nmsg = *nslices = 0;
+  if (!*msgs || !*slices) return LP_ERR_NOMEM;
+  /* the last step: after the next-to-last optimizer slice (a compute
+   * slice of no action) */
+  int first = 0, seen = 0;
+  for (int i = n - 1; i >= 0; i--)
+    if (ev[i].kind == LP_TRACE_COMPUTE && ev[i].index < 0 && ++seen == 2) {
+      first = i + 1;
+      break;
+    }
+  for (int i = 0; i < n; i++) {
+    const lp_trace_event *v = &ev[i];
+    if (v->kind == LP_TRACE_COMPUTE && i >= first)
+      (*slices)[(*nslices)++] = (lp_exec_slice){v->index, v->start_us, v->dur_us};
+    if (v->peer < 0 || v->tag < 0) continue;
+    if (v->kind == LP_TRACE_SEND)
+      (*msgs)[(*nmsg)++] = (msg_rec){v->step, e->rank, v->peer, v->tag, 0, v->start_us, 0};
+    else if (v->kind == LP_TRACE_RECV && v->dur_us > 0)
+      (*msgs)[(*nmsg)++] =
+          (msg_rec){v->step, v->peer, e->rank, v->tag, 1, v->start_us, v->start_us + v->dur_us};
+  }
+  return LP_OK;
+}
+
+/* Orders message keys; equal keys by position (a later send of one key
+ * replaces an earlier one). */
+typedef struct send_at {
+  const msg_rec *m;
+  int64_t pos;
+} send_at;
+
+static int cmp_key(const msg_rec *a, const msg_rec *b) {
+  if (a->step != b->step) return a->step < b->step ? -1 : 1;
+  if (a->from != b->from) return a->from < b->from ? -1 : 1;
+  if (a->to != b->to) return a->to < b->to ? -1 : 1;
+  if (a->tag != b->tag) return a->tag < b->tag ? -1 : 1;
+  return 0;
+}
+
+static int cmp_send(const void *pa, const void *pb) {
+  const send_at *a = pa, *b = pb;
+  int c = cmp_key(a->m, b->m);
+  return c ? c : (a->pos < b->pos ? -1 : a->pos > b->pos);
+}
+
+/* The message latency (lp_exec_job_times) of the gathered messages m[0..n-1]
+ * (every rank's in rank order): each receive, in that order, against the
+ * last send of its key. */
+static lp_status latency(const msg_rec *m, int64_t n, double *ms, int64_t *count) {
+  *ms = 0;
+  *count = 0;
+  send_at *snd = lp_malloc((size_t)(n ? n : 1) * sizeof *snd);
+  if (!snd) return LP_ERR_NOMEM;
+  int64_t ns = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (!m[i].recv) snd[ns++] = (send_at){&m[i], i};
+  qsort(snd, (size_t)ns, sizeof *snd, cmp_send);
+  double sum = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (!m[i].recv) continue;
+    /* the last send of this key: the first entry past it, less one */
+    int64_t lo = 0, hi = ns;
+    while (lo < hi) {
+      int64_t mid = lo + (hi - lo) / 2;
+      if (cmp_key(snd[mid].m, &m[i]) <= 0) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo == 0 || cmp_key(snd[lo - 1].m, &m[i]) != 0) continue;
+    double sent = snd[lo - 1].m->start;
+    if (m[i].end >= sent) {
+      sum += m[i].end - (m[i].start > sent ? m[i].start : sent);
+      (*count)++;
+    }
+  }
+  lp_free(snd);
+  if (*count > 0) *ms = sum / (double)*count / 1000;
+  return LP_OK;
+}
+
+/* This rank's fixed figures (f; not its slices) and (kind, model stage)
+ * totals into kinds ([LP_EXEC_NKINDS x S]). */
+static void own_figures(const lp_exec *e, lp_exec_rank_times *f, lp_exec_kind_times *kinds) {
+  f->total = e->tm.total;
+  f->host_ranks = lp_exec_host_share(e, &f->host_cores);
+  f->grad_floats = 0;
+  for (int s = 0; s < e->S; s++) {
+    size_t act = 0, grad = 0;
+    if (lp_exec_message_floats(e, s, &act, &grad) == LP_OK && (int64_t)grad > f->grad_floats)
+      f->grad_floats = (int64_t)grad;
+  }
+  f->nacts = e->nacts;
+  f->nkept = e->tm.hist.len;
+  for (int k = 0; k < LP_EXEC_NKINDS; k++)
+    for (int s = 0; s < e->S; s++) {
+      lp_exec_kind_times *t = &kinds[k * e->S + s];
+      lp_exec_action_time(e, 1, k, s, &t->sum, &t->n);
+      lp_exec_action_exchanges(e, 1, k, s, &t->x);
+    }
+}
+
+/* *t += *a (one (kind, model stage)) */
+static void kind_add(lp_exec_kind_times *t, const lp_exec_kind_times *a) {
+  t->sum += a->sum;
+  t->n += a->n;
+  t->x.n += a->x.n;
+  t->x.bytes_out += a->x.bytes_out;
+  t->x.bytes_in += a->x.bytes_in;
+  t->x.bytes_max += a->x.bytes_max;
+  t->x.blocked += a->x.blocked;
+  t->x.halves += a->x.halves;
+}
+
+void lp_exec_job_times_free(lp_exec_job_times *t) {
+  if (!t) return;
+  lp_free(t->rank);
+  lp_free(t->kinds);
+  lp_free(t->data);
+  lp_free(t);
+}
+
+static lp_status comm_failed(lp_exec *e, lp_status st) {
+  lp_errf(e->err, "%s", lp_comm_last_error(e->world));
+  return st;
+}
+
+lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out) {
+  *out = NULL;
+  e->err[0] = '\0';
+  int P = lp_comm_size(e->world), S = e->S, NK = LP_EXEC_NKINDS;
+  size_t row = (size_t)e->nacts + 2;
+  size_t fixed = sizeof(rank_head) + (size_t)NK * S * sizeof(lp_exec_kind_times);
+  lp_exec_job_times *t = lp_calloc(1, sizeof *t);
+  char *mine = lp_calloc(1, fixed), *heads = lp_malloc((size_t)P * fixed);
+  size_t *sizes = lp_malloc((size_t)P * sizeof *sizes);
+  msg_rec *msgs = NULL;
+  lp_exec_slice *slices = NULL;
+  char *piece = NULL;
+  lp_status st = LP_OK;
+  if (!t || !mine || !heads || !sizes) {
+    st = LP_ERR_NOMEM; /* this rank cannot take part: the others wait */
+    goto done;
+  }
+  /* this rank's piece, packed before the first gather (whose heads tell
+   * every rank whether all could): messages, slices, every kept row */
+  rank_head *h = (rank_head *)(void *)mine;
+  lp_exec_rank_times *f = &h->fig;
+  own_figures(e, f, (lp_exec_kind_times *)(void *)(mine + sizeof *h));
+  size_t bytes = 0;
+  if (trace_pieces(e, &msgs, &h->nmsg, &slices, &f->nslices) == LP_OK) {
+    bytes = (size_t)h->nmsg * sizeof *msgs + (size_t)f->nslices * sizeof *slices;
+    piece = lp_malloc(bytes + (size_t)f->nkept * row * sizeof(double) + 1);
+  }
+  if (piece) {
+    char *q = piece;
+    memcpy(q, msgs, (size_t)h->nmsg * sizeof *msgs);
+    q += (size_t)h->nmsg * sizeof *msgs;
+    memcpy(q, slices, (size_t)f->nslices * sizeof *slices);
+    for (int k = 0; k < f->nkept; k++) {
+      double wall = 0, after = 0, *r = (double *)(void *)(piece + bytes) + (size_t)k * row;
+      const double *times = NULL;
+      lp_exec_step_times(e, k, &wall, &after, &times, NULL);
+      r[0] = wall;
+      r[1] = after;
+      memcpy(r + 2, times, (row - 2) * sizeof *r);
+    }
+  } else {
+    h->failed = 1;
+    f->nkept = 0;
+  }
+  if ((st = lp_comm_allgather(e->world, mine, fixed, heads,
+                              "gathering the job's timing (each rank's figures)")) != LP_OK) {
+    comm_failed(e, st);
+    goto done;
+  }
+  t->ranks = P;
+  t->stages = S;
+  t->ep = e->ep;
+  t->rank = lp_calloc((size_t)P, sizeof *t->rank);
+  t->kinds = lp_calloc((size_t)NK * (S ? S : 1), sizeof *t->kinds);
+  int64_t fewest = -1, per_step = 0;
+  for (int r = 0; r < P; r++) {
+    const rank_head *hr = (const rank_head *)(void *)(heads + (size_t)r * fixed);
+    if (hr->failed && !*e->err) lp_errf(e->err, "rank %d: out of memory packing its timing", r);
+    if (fewest < 0 || hr->fig.nkept < fewest) fewest = hr->fig.nkept;
+    per_step += hr->fig.nacts + 2;
+  }
+  if (*e->err || !t->rank || !t->kinds) {
+    st = LP_ERR_NOMEM; /* every rank gives up here when one rank failed */
+    if (!*e->err) lp_errf(e->err, "rank %d: out of memory gathering the job's timing", e->rank);
+    goto done;
+  }
+  t->kept = fewest < 1 ? 0 : (int)(LP_EXEC_JOB_KEPT_MAX / per_step < fewest
+                                        ? LP_EXEC_JOB_KEPT_MAX / per_step
+                                        : fewest);
+  if (fewest >= 1 && t->kept < 1) t->kept = 1;
+  for (int r = 0; r < P; r++) {
+    const char *at = heads + (size_t)r * fixed;
+    const rank_head *hr = (const rank_head *)(const void *)at;
+    const lp_exec_kind_times *kr = (const lp_exec_kind_times *)(const void *)(at + sizeof *hr);
+    t->rank[r] = hr->fig; /* its pointers are set below */
+    timing_add(&t->sum, &hr->fig.total);
+    for (int i = 0; i < NK * S; i++) kind_add(&t->kinds[i], &kr[i]);
+  }
+  /* the second gather: this rank's last t->kept rows follow its slices */
+  memmove(piece + bytes, piece + bytes + (size_t)(f->nkept - t->kept) * row * sizeof(double),
+          (size_t)t->kept * row * sizeof(double));
+  bytes += (size_t)t->kept * row * sizeof(double);
+  if ((st = lp_comm_allgatherv(e->world, piece, bytes, &t->data, sizes,
+                               "gathering the job's timing (kept steps and messages)")) != LP_OK) {
+    comm_failed(e, st);
+    goto done;
+  }
+  /* every rank's piece: its messages (back to back, for the latency), its
+   * slices and rows (pointed into) */
+  int64_t nmsg_all = 0;
+  for (int r = 0; r < P; r++)
+    nmsg_all += ((const rank_head *)(void *)(heads + (size_t)r * fixed))->nmsg;
+  msg_rec *all = lp_malloc((size_t)(nmsg_all ? nmsg_all : 1) * sizeof *all);
+  if (!all) {
+    st = LP_ERR_NOMEM;
+    lp_errf(e->err, "rank %d: out of memory gathering the job's timing", e->rank);
+    goto done;
+  }
+  const char *q = t->data;
+  int64_t m = 0;
+  for (int r = 0; r < P && st == LP_OK; r++) {
+    const rank_head *hr = (const rank_head *)(void *)(heads + (size_t)r * fixed);
+    size_t mb = (size_t)hr->nmsg * sizeof *all;
+    size_t sb = (size_t)hr->fig.nslices * sizeof(lp_exec_slice);
+    size_t want = mb + sb + (size_t)t->kept * ((size_t)hr->fig.nacts + 2) * sizeof(double);
+    if (sizes[r] != want) {
+      lp_errf(e->err, "rank %d: the timing of rank %d has %zu bytes, %zu expected", e->rank, r,
+              sizes[r], want);
+      st = LP_ERR_INTERNAL;
+      break;
+    }
+    if (!want) continue; /* nothing to point into */
+    if (mb) memcpy(all + m, q, mb);
+    m += hr->nmsg;
+    t->rank[r].slices = (const lp_exec_slice *)(const void *)(q + mb);
+    t->rank[r].kept = (const double *)(const void *)(q + mb + sb);
+    q += sizes[r];
+  }
+  if (st == LP_OK && (st = latency(all, nmsg_all, &t->latency_ms, &t->latency_messages)) != LP_OK)
+    lp_errf(e->err, "rank %d: out of memory gathering the job's timing", e->rank);
+  lp_free(all);
+done:
+  if (st == LP_OK) {
+    *out = t;
+    t = NULL;
+  }
+  lp_exec_job_times_free(t);
+  lp_free(mine);
+  lp_free(heads);
+  lp_free(sizes);
+  lp_free(msgs);
+  lp_free(slices);
+  lp_free(piece);
+  return st;
 }

@@ -273,7 +273,9 @@ static int is_command(lua_State *L, const char *name) {
   return yes;
 }
 
-static void print_usage(FILE *f) {
+/* Prints the program's usage; the command list is luapipe.cli's (the one
+ * list every help shows), or a pointer to `luapipe help` if it cannot load. */
+static void print_usage(lua_State *L, FILE *f) {
   fprintf(f,
           "usage: %s [options] [script.lua [args]]\n"
           "       %s <command> [options]     (see `%s help`)\n"
@@ -286,10 +288,22 @@ static void print_usage(FILE *f) {
           "  -h, --help  show this help\n"
           "  --        stop handling options\n"
           "  -         run standard input as a script (also without arguments when\n"
-          "            standard input is not a terminal)\n"
-          "Commands: schedule, simulate, bubbles, eplb, help (run `%s help`).\n"
-          "With no arguments, starts the REPL (the library is the global `luapipe`).\n",
-          progname, progname, progname, progname);
+          "            standard input is not a terminal)\n",
+          progname, progname, progname);
+  int top = lua_gettop(L);
+  const char *list = NULL;
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "luapipe.cli");
+  if (host_docall(L, 1, 1) == LUA_OK && lua_istable(L, -1)) {
+    lua_getfield(L, -1, "command_list");
+    if (host_docall(L, 0, 1) == LUA_OK) list = lua_tostring(L, -1);
+  }
+  if (list)
+    fprintf(f, "Commands: %s\n(`%s help` describes them).\n", list, progname);
+  else
+    fprintf(f, "Commands: `%s help` lists them.\n", progname);
+  lua_settop(L, top);
+  fprintf(f, "With no arguments, starts the REPL (the library is the global `luapipe`).\n");
 }
 
 /* --color=auto|always|never sets LUAPIPE_COLOR, which luapipe.show.use_color
@@ -359,7 +373,7 @@ static int pmain(lua_State *L) {
     } else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) {
       version = 1;
     } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-      print_usage(stdout);
+      print_usage(L, stdout);
       ha->exit_code = 0;
       return 0;
     } else if (strncmp(a, "--color", 7) == 0) {
@@ -370,13 +384,13 @@ static int pmain(lua_State *L) {
     } else if (strcmp(a, "-e") == 0) {
       if (++i >= argc) {
         fprintf(stderr, "%s: '-e' needs an argument\n", progname);
-        print_usage(stderr);
+        print_usage(L, stderr);
         ha->exit_code = 2;
         return 0;
       }
     } else {
       fprintf(stderr, "%s: unrecognized option '%s'\n", progname, a);
-      print_usage(stderr);
+      print_usage(L, stderr);
       ha->exit_code = 2;
       return 0;
     }

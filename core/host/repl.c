@@ -1,6 +1,7 @@
 /* repl.c — the interactive REPL: readline editing and history, expressions
  * printed (`1+1` prints 2, `=x` too; tables shown by luapipe.repl), statements continued while the parser
- * reports an unfinished chunk, errors printed with a traceback. */
+ * reports an unfinished chunk, errors printed with a traceback, Tab
+ * completing names (luapipe.repl.complete). */
 #define _GNU_SOURCE /* ppoll */
 #include <errno.h>
 #include <lauxlib.h>
@@ -180,12 +181,68 @@ static void print_results(lua_State *L, int base) {
   host_report(L, st);
 }
 
+/* ---- Tab completion ----
+ * readline asks for the matches of the word before the cursor (words
+ * break at spaces, brackets and operators, not at '.' or ':', so the word
+ * is a path such as `luapipe.sch` or `s:val`); luapipe.repl's complete
+ * gives them, from the names "did you mean" chooses from. */
+
+static lua_State *complete_L; /* the REPL's state, for readline's hooks */
+static int complete_ref = LUA_NOREF; /* this word's matches (a Lua list) */
+static lua_Integer complete_next;
+
+/* Leaves complete(text)'s list in complete_ref (an empty one on any
+ * failure: Tab then does nothing). */
+static void complete_compute(const char *text) {
+  lua_State *L = complete_L;
+  int top = lua_gettop(L);
+  luaL_unref(L, LUA_REGISTRYINDEX, complete_ref);
+  complete_ref = LUA_NOREF;
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "luapipe.repl");
+  if (host_docall(L, 1, 1) == LUA_OK && lua_istable(L, -1)) {
+    lua_getfield(L, -1, "complete"); /* [repl, complete] */
+    lua_pushstring(L, text);
+    if (host_docall(L, 1, 1) == LUA_OK && lua_istable(L, -1))
+      complete_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  lua_settop(L, top);
+}
+
+/* readline's generator: the state-th match (malloc'd), NULL after the last. */
+static char *complete_match(const char *text, int state) {
+  if (state == 0) {
+    complete_compute(text);
+    complete_next = 1;
+  }
+  if (complete_ref == LUA_NOREF) return NULL;
+  lua_State *L = complete_L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, complete_ref);
+  lua_rawgeti(L, -1, complete_next++);
+  const char *m = lua_tostring(L, -1);
+  char *out = m ? strdup(m) : NULL;
+  lua_pop(L, 2);
+  return out;
+}
+
+static char **complete(const char *text, int start, int end) {
+  (void)start;
+  (void)end;
+  rl_attempted_completion_over = 1; /* never file names */
+  rl_completion_append_character = '\0';
+  return rl_completion_matches(text, complete_match);
+}
+
 void host_repl(lua_State *L) {
   printf("luapipe %s, %s: the library is `luapipe`; try luapipe.help()\n",
          LP_VERSION, LUA_RELEASE);
   history_open();
   rl_catch_signals = 0;
   rl_getc_function = wait_key;
+  rl_readline_name = "luapipe";
+  complete_L = L;
+  rl_attempted_completion_function = complete;
+  rl_basic_word_break_characters = " \t\n\"'`@$><=;|&{}()[],+-*/%^#~";
   for (;;) {
     int base = lua_gettop(L);
     int st = read_chunk(L);
@@ -197,6 +254,8 @@ void host_repl(lua_State *L) {
       host_report(L, st);
     lua_settop(L, base);
   }
+  luaL_unref(L, LUA_REGISTRYINDEX, complete_ref);
+  complete_ref = LUA_NOREF;
   lua_settop(L, 0);
   putchar('\n');
 }

@@ -408,6 +408,20 @@ static int lb_exec_timing(lua_State *L) {
   return 3;
 }
 
+/* One (kind, model stage)'s figures: {sum=, n=, x_n=, x_out=, x_in=,
+ * x_max=, x_blocked=, x_halves=} (seconds, bytes). */
+static void push_kind(lua_State *L, double sum, int64_t n, const lp_exec_exchanges *x) {
+  lua_createtable(L, 0, 8);
+  lb_set_number(L, "sum", sum);
+  lb_set_integer(L, "n", n);
+  lb_set_integer(L, "x_n", x->n);
+  lb_set_number(L, "x_out", x->bytes_out);
+  lb_set_number(L, "x_in", x->bytes_in);
+  lb_set_number(L, "x_max", x->bytes_max);
+  lb_set_number(L, "x_blocked", x->blocked);
+  lb_set_integer(L, "x_halves", x->halves);
+}
+
 /* exec:timing_stats([which]) -> {steps=, wall=, compute=, wait=, post=,
  * optim=, overhead=, actions = {F = {[stage] = {sum=, n=, x_n=, x_out=,
  * x_in=, x_max=, x_blocked=, x_halves=}}, B=, I=, W=, FB=}} (x_*: their MoE
@@ -422,7 +436,6 @@ static int lb_exec_timing_stats(lua_State *L) {
   lp_exec_timing t;
   lp_exec_timing_of(b->e, total, &t);
   push_timing(L, &t);
-  static const char *const kinds[LP_EXEC_NKINDS] = {"F", "B", "I", "W", "FB"};
   lua_createtable(L, 0, LP_EXEC_NKINDS);
   for (int k = 0; k < LP_EXEC_NKINDS; k++) {
     lua_newtable(L);
@@ -433,18 +446,10 @@ static int lb_exec_timing_stats(lua_State *L) {
       if (lp_exec_action_time(b->e, total, k, st, &sum, &n) != LP_OK ||
           lp_exec_action_exchanges(b->e, total, k, st, &x) != LP_OK || (n == 0 && x.halves == 0))
         continue; /* (a B that only runs in FB pairs still has its exchanges) */
-      lua_createtable(L, 0, 8);
-      lb_set_number(L, "sum", sum);
-      lb_set_integer(L, "n", n);
-      lb_set_integer(L, "x_n", x.n);
-      lb_set_number(L, "x_out", x.bytes_out);
-      lb_set_number(L, "x_in", x.bytes_in);
-      lb_set_number(L, "x_max", x.bytes_max);
-      lb_set_number(L, "x_blocked", x.blocked);
-      lb_set_integer(L, "x_halves", x.halves);
+      push_kind(L, sum, n, &x);
       lua_rawseti(L, -2, st);
     }
-    lua_setfield(L, -2, kinds[k]);
+    lua_setfield(L, -2, lp_kind_name(k));
   }
   lua_setfield(L, -2, "actions");
   return 1;
@@ -474,6 +479,99 @@ static int lb_exec_step_times(lua_State *L) {
     lua_setfield(L, -2, "actions");
     lua_rawseti(L, -2, k + 1);
   }
+  return 1;
+}
+
+/* The rows of one rank's kept steps: {{wall =, after =, actions = {[i] =
+ * seconds}}, ...} (as exec:step_times: compute actions only, 0-based). */
+static void push_kept(lua_State *L, const lp_exec_rank_times *r, int K) {
+  lua_createtable(L, K, 0);
+  for (int k = 0; k < K; k++) {
+    const double *row = r->kept + (size_t)k * ((size_t)r->nacts + 2);
+    lua_createtable(L, 0, 3);
+    lb_set_number(L, "wall", row[0]);
+    lb_set_number(L, "after", row[1]);
+    lua_createtable(L, 0, r->nacts);
+    for (int i = 0; i < r->nacts; i++)
+      if (row[2 + i] > 0) {
+        lua_pushnumber(L, row[2 + i]);
+        lua_rawseti(L, -2, i);
+      }
+    lua_setfield(L, -2, "actions");
+    lua_rawseti(L, -2, k + 1);
+  }
+}
+
+/* protected: the table of exec:job_timing from the gathered t */
+static int push_job_p(lua_State *L) {
+  const lp_exec_job_times *t = lua_touserdata(L, 1);
+  lua_createtable(L, 0, 8);
+  lb_set_integer(L, "ranks", t->ranks);
+  lb_set_integer(L, "ep", t->ep);
+  lb_set_integer(L, "kept", t->kept);
+  lb_set_number(L, "latency_ms", t->latency_ms);
+  lb_set_integer(L, "latency_messages", t->latency_messages);
+  push_timing(L, &t->sum);
+  lua_setfield(L, -2, "sum");
+  lua_createtable(L, 0, t->ranks);
+  for (int r = 0; r < t->ranks; r++) {
+    const lp_exec_rank_times *rt = &t->rank[r];
+    push_timing(L, &rt->total); /* its totals, and: */
+    lb_set_integer(L, "host_ranks", rt->host_ranks);
+    lb_set_integer(L, "host_cores", rt->host_cores);
+    lb_set_integer(L, "grad_floats", rt->grad_floats);
+    lb_set_integer(L, "nkept", rt->nkept);
+    push_kept(L, rt, t->kept);
+    lua_setfield(L, -2, "kept");
+    lua_createtable(L, rt->nslices, 0);
+    for (int i = 0; i < rt->nslices; i++) {
+      lua_createtable(L, 0, 3);
+      lb_set_integer(L, "index", rt->slices[i].index);
+      lb_set_number(L, "start_us", rt->slices[i].start_us);
+      lb_set_number(L, "dur_us", rt->slices[i].dur_us);
+      lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "slices");
+    lua_rawseti(L, -2, r);
+  }
+  lua_setfield(L, -2, "rank");
+  lua_createtable(L, 0, LP_EXEC_NKINDS);
+  for (int k = 0; k < LP_EXEC_NKINDS; k++) {
+    lua_newtable(L);
+    for (int st = 0; st < t->stages; st++) {
+      const lp_exec_kind_times *a = &t->kinds[k * t->stages + st];
+      if (a->n == 0 && a->x.halves == 0) continue; /* as timing_stats */
+      push_kind(L, a->sum, a->n, &a->x);
+      lua_rawseti(L, -2, st);
+    }
+    lua_setfield(L, -2, lp_kind_name(k));
+  }
+  lua_setfield(L, -2, "actions");
+  return 1;
+}
+
+/* exec:job_timing() -> the job's timing gathered from every rank
+ * (lp_exec_job_timing), the same table on every rank | nil, err:
+ *   {ranks =, ep =, kept =, latency_ms =, latency_messages =,
+ *    sum = {steps =, wall =, ...: every rank's exec:timing_stats() figures
+ *           summed},
+ *    rank = {[w] = {steps =, wall =, ... (its totals), host_ranks =,
+ *           host_cores =, grad_floats =, nkept =, kept = {its last `kept`
+ *           kept steps, as exec:step_times}, slices = {{index =, start_us =,
+ *           dur_us =}, ...} (its last traced step's compute slices)}}
+ *           (w: the 0-based world rank),
+ *    actions = {F = {[stage] = {sum =, n =, x_n =, ...}}, ...} (summed
+ *           over the ranks; as exec:timing_stats)}
+ * Collective: every rank calls it between steps. */
+static int lb_exec_job_timing(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  lp_exec_job_times *t = NULL;
+  if (lp_exec_job_timing(b->e, &t) != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  lua_pushcfunction(L, push_job_p); /* free first, raise last */
+  lua_pushlightuserdata(L, t);
+  int rc = lp_lua_pcall(L, 1, 1);
+  lp_exec_job_times_free(t);
+  if (rc != LUA_OK) return lua_error(L);
   return 1;
 }
 
@@ -712,6 +810,7 @@ void lb_open_exec(lua_State *L) {
                                      {"timing", lb_exec_timing},
                                      {"timing_stats", lb_exec_timing_stats},
                                      {"step_times", lb_exec_step_times},
+                                     {"job_timing", lb_exec_job_timing},
                                      {"timing_reset", lb_exec_timing_reset},
                                      {"trace_clear", lb_exec_trace_clear},
                                      {"vstages", lb_exec_vstages},
@@ -739,4 +838,12 @@ void lb_open_exec(lua_State *L) {
                                    {NULL, NULL}};
   lb_new_class(L, LB_EXEC, "Exec", methods, meta);
   luaL_setfuncs(L, funcs, 0);
+  /* core.compute_kinds = {"F", "B", "I", "W", "FB"}: the compute kinds in
+   * LP_KIND_* order, from their one name table (lp_kind_name) */
+  lua_createtable(L, LP_NKINDS, 0);
+  for (int k = 0; k < LP_NKINDS; k++) {
+    lua_pushstring(L, lp_kind_name(k));
+    lua_rawseti(L, -2, k + 1);
+  }
+  lua_setfield(L, -2, "compute_kinds");
 }

@@ -152,26 +152,59 @@ static void check_rank(lua_State *L, lp_schedule *s, int arg, int rank) {
 }
 
 /* s:push(rank, "0F3" | {"0F3", "0I3", ...}): appends to rank's list; returns
- * nothing (so the REPL echoes nothing after each push). */
+ * nothing (so the REPL echoes nothing after each push). All or nothing: a
+ * list with a bad entry raises and leaves the rank's list as it was. */
 static int lb_schedule_push(lua_State *L) {
   lp_schedule *s = lb_check_schedule(L, 1);
   int rank = lb_check_int(L, 2);
   check_rank(L, s, 2, rank);
-  if (lua_type(L, 3) == LUA_TTABLE) {
-    lua_Integer n = luaL_len(L, 3);
-    for (lua_Integer i = 1; i <= n; i++) {
-      lua_geti(L, 3, i);
-      const char *t = lua_tostring(L, -1);
-      if (!t)
-        return luaL_error(L, "rank %d: entry %d of the list is a %s, not an action string "
-                          "such as \"0F3\"", rank, (int)i, luaL_typename(L, -1));
-      check(L, s, lp_schedule_push_text(s, rank, t));
-      lua_pop(L, 1);
-    }
-  } else {
+  if (lua_type(L, 3) != LUA_TTABLE) {
     check(L, s, lp_schedule_push_text(s, rank, luaL_checkstring(L, 3)));
+    return 0;
+  }
+  lua_Integer n = luaL_len(L, 3);
+  for (lua_Integer i = 1; i <= n; i++) { /* every entry a string before any is pushed */
+    lua_geti(L, 3, i);
+    if (!lua_isstring(L, -1))
+      return luaL_error(L, "rank %d: entry %d of the list is a %s, not an action string "
+                        "such as \"0F3\"", rank, (int)i, luaL_typename(L, -1));
+    lua_pop(L, 1);
+  }
+  int before;
+  lp_schedule_actions(s, rank, &before);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_geti(L, 3, i);
+    lp_status st = lp_schedule_push_text(s, rank, lua_tostring(L, -1));
+    lua_pop(L, 1);
+    if (st != LP_OK) { /* undo this call's pushes first, then raise */
+      lp_schedule_truncate_rank(s, rank, before);
+      check(L, s, st);
+    }
   }
   return 0;
+}
+
+/* s:pop(rank[, n]) -> {"0B1", ...}: removes the last n actions (default 1)
+ * of rank's list and returns them in list order; n more than the list
+ * holds raises and removes nothing. */
+static int lb_schedule_pop(lua_State *L) {
+  lp_schedule *s = lb_check_schedule(L, 1);
+  int rank = lb_check_int(L, 2);
+  check_rank(L, s, 2, rank);
+  lua_Integer k = luaL_optinteger(L, 3, 1);
+  int n;
+  const lp_action *a = lp_schedule_actions(s, rank, &n);
+  if (k < 0 || k > n)
+    return luaL_error(L, "rank %d has %d action%s: cannot pop %I", rank, n, n == 1 ? "" : "s", k);
+  lua_createtable(L, (int)k, 0);
+  for (int i = n - (int)k; i < n; i++) {
+    char t[LP_ACTION_TEXT_MAX];
+    lp_action_format(&a[i], t, sizeof t);
+    lua_pushstring(L, t);
+    lua_rawseti(L, -2, i - (n - (int)k) + 1);
+  }
+  lp_schedule_truncate_rank(s, rank, n - (int)k);
+  return 1;
 }
 
 /* Action type named `name` ("F", ..., "FB" or "OVERLAP_F_B"); -1 if none. */
@@ -423,7 +456,7 @@ void lb_open_schedule(lua_State *L) {
       {"microbatches_of", lb_schedule_microbatches_of},
       {"push", lb_schedule_push}, {"push_op", lb_schedule_push_op},
       {"push_ops", lb_schedule_push_ops},
-      {"clear_rank", lb_schedule_clear_rank},
+      {"clear_rank", lb_schedule_clear_rank}, {"pop", lb_schedule_pop},
       {"actions", lb_schedule_actions}, {"action", lb_schedule_action},
       {"count", lb_schedule_count}, {"validate", lb_schedule_validate},
       {"lower", lb_schedule_lower}, {"clone", lb_schedule_clone},

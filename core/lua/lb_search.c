@@ -127,9 +127,8 @@ static double opt_num(lua_State *L, int idx, const char *key, double dflt) {
 
 static void read_times(lua_State *L, int idx, lp_sim_times *t) {
   lp_sim_times_init(t);
-  static const char *keys[] = {"F", "B", "I", "W", "FB"};
-  double *f[5] = {&t->f, &t->b, &t->i, &t->w, &t->fb};
-  for (int k = 0; k < 5; k++) *f[k] = opt_num(L, idx, keys[k], LP_SIM_UNSET);
+  double *f[LP_NKINDS] = {&t->f, &t->b, &t->i, &t->w, &t->fb}; /* LP_KIND_* order */
+  for (int k = 0; k < LP_NKINDS; k++) *f[k] = opt_num(L, idx, lp_kind_name(k), LP_SIM_UNSET);
 }
 
 /* core.search_new(spec) -> luapipe.Search, or nil, message */

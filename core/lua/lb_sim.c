@@ -51,11 +51,25 @@ static int lb_simres_tostring(lua_State *L) {
 
 /* ---- the cost table ---- */
 
-static const char *const time_keys[] = {"F", "B", "I", "W", "FB", NULL};
-
+/* The field of t that holds compute kind k's time (LP_KIND_*). */
 static double *time_field(lp_sim_times *t, int k) {
-  double *f[5] = {&t->f, &t->b, &t->i, &t->w, &t->fb};
+  double *f[LP_NKINDS] = {&t->f, &t->b, &t->i, &t->w, &t->fb};
   return f[k];
+}
+
+/* keys[0..n-1] = the names of the first n compute kinds (lp_kind_name: the
+ * cost table's time keys), then the NULL-terminated `more`; and the same
+ * names joined by ", " in text (len bytes), for check_keys' "expected". */
+static void kind_keys(const char **keys, int n, const char *const *more, char *text,
+                      size_t len) {
+  size_t at = 0;
+  int m = 0;
+  text[0] = '\0';
+  for (int k = 0; k < n; k++) keys[m++] = lp_kind_name(k);
+  for (int i = 0; more && more[i]; i++) keys[m++] = more[i];
+  keys[m] = NULL;
+  for (int i = 0; i < m && at < len; i++)
+    at += (size_t)snprintf(text + at, len - at, "%s%s", i ? ", " : "", keys[i]);
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -126,8 +140,8 @@ static void get_time(lua_State *L, int idx, const char *key, double *dst,
 
 static void read_times(lua_State *L, int idx, lp_sim_times *t,
                        const char *ctx) {
-  for (int k = 0; time_keys[k]; k++)
-    get_time(L, idx, time_keys[k], time_field(t, k), ctx);
+  for (int k = 0; k < LP_NKINDS; k++)
+    get_time(L, idx, lp_kind_name(k), time_field(t, k), ctx);
 }
 
 /* The emulated link: cost.link = "lat=50us,bw=2GB/s" (lp_link_parse) and
@@ -161,7 +175,9 @@ static int stage_entry(lua_State *L, int S, const char *what, const char *shape)
  * bytes_in=}, B = ..., I = ...}} (lp_sim_exchanges) in a userdata left on
  * the stack; cost.link_unit = cost units per second of link time. */
 static void read_exchanges(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
-  static const char *const halves[] = {"F", "B", "I", NULL};
+  const char *halves[LP_KIND_I + 2]; /* the kinds that exchange: F, B, I */
+  char hnames[32];
+  kind_keys(halves, LP_KIND_I + 1, NULL, hnames, sizeof hnames);
   static const char *const fields[] = {"n", "bytes_out", "bytes_in", NULL};
   get_time(L, idx, "link_unit", &c->link_unit, "simulate");
   if (lua_getfield(L, idx, "exchanges") == LUA_TNIL) {
@@ -180,7 +196,7 @@ static void read_exchanges(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c
     int k = stage_entry(L, S, "exchanges", "{F = {n=, ...}, B =, I =}");
     char ctx[64];
     snprintf(ctx, sizeof ctx, "simulate: exchanges[%d]", k);
-    check_keys(L, -1, halves, ctx, "F, B, I");
+    check_keys(L, -1, halves, ctx, hnames);
     for (int h = 0; halves[h]; h++) {
       if (lua_getfield(L, -1, halves[h]) != LUA_TNIL) {
         snprintf(ctx, sizeof ctx, "simulate: exchanges[%d].%s", k, halves[h]);
@@ -270,15 +286,16 @@ static void read_actions(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) 
 /* Fills c from the cost table at idx (absent or nil: defaults). Stage
  * overrides live in a userdata left on the stack (collected with it). */
 static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
-  static const char *const top_keys[] = {"F",  "B",       "I",      "W",
-                                         "FB", "latency", "stages", "link",
-                                         "bytes", "exchanges", "link_unit", "actions", NULL};
+  static const char *const others[] = {"latency", "stages", "link", "bytes", "exchanges",
+                                       "link_unit", "actions", NULL};
+  const char *top_keys[LP_NKINDS + 8];
+  char expected[128];
+  kind_keys(top_keys, LP_NKINDS, others, expected, sizeof expected);
   lp_sim_cost_init(c);
   if (lua_isnoneornil(L, idx)) return;
   luaL_checktype(L, idx, LUA_TTABLE);
   idx = lua_absindex(L, idx);
-  check_keys(L, idx, top_keys, "simulate",
-             "F, B, I, W, FB, latency, stages, link, bytes, exchanges, link_unit, actions");
+  check_keys(L, idx, top_keys, "simulate", expected);
   read_times(L, idx, &c->t, "simulate");
   get_time(L, idx, "latency", &c->latency, "simulate");
   read_link(L, idx, c);
@@ -291,6 +308,9 @@ static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
   if (!lua_istable(L, -1))
     luaL_error(L, "simulate: stages must be a table {[stage] = {F = ...}}");
   int S = lp_schedule_stages(s);
+  const char *time_keys[LP_NKINDS + 1];
+  char tnames[32];
+  kind_keys(time_keys, LP_NKINDS, NULL, tnames, sizeof tnames);
   lp_sim_times *ov =
       lua_newuserdatauv(L, (size_t)S * sizeof *ov, 0); /* [stages, ov] */
   for (int k = 0; k < S; k++)
@@ -300,7 +320,7 @@ static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
     int k = stage_entry(L, S, "stages", "{F = ...}");
     char ctx[64];
     snprintf(ctx, sizeof ctx, "simulate: stages[%d]", k);
-    check_keys(L, -1, time_keys, ctx, "F, B, I, W, FB");
+    check_keys(L, -1, time_keys, ctx, tnames);
     read_times(L, lua_absindex(L, -1), &ov[k], ctx);
     lua_pop(L, 1);
   }
@@ -486,12 +506,10 @@ static int lb_sim_resolve_cost(lua_State *L) {
   read_times(L, 1, &c.t, "sim.resolve_cost");
   lp_sim_times t;
   if (lp_sim_cost_resolve(&c, -1, &t, err) != LP_OK) return lb_fail(L, err);
-  lua_createtable(L, 0, 5);
-  lb_set_number(L, "F", t.f);
-  lb_set_number(L, "B", t.b);
-  lb_set_number(L, "I", t.i);
-  lb_set_number(L, "W", t.w);
-  if (t.fb != LP_SIM_UNSET) lb_set_number(L, "FB", t.fb);
+  lua_createtable(L, 0, LP_NKINDS);
+  for (int k = 0; k < LP_NKINDS; k++)
+    if (k != LP_KIND_FB || t.fb != LP_SIM_UNSET)
+      lb_set_number(L, lp_kind_name(k), *time_field(&t, k));
   return 1;
 }
 

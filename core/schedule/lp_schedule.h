@@ -49,6 +49,16 @@ const char *lp_action_type_name(int type);
 int lp_action_is_compute(int type);
 /* 1 for SEND_F, RECV_F, SEND_B, RECV_B. */
 int lp_action_is_p2p(int type);
+/* The compute kinds: what the simulator's costs and the executor's timing
+ * count, per model stage. Kind k is compute action type k (LP_ACT_F ..
+ * LP_ACT_FB, the same order); its name is the one text table every layer
+ * uses for costs, timings and trace categories: "F", "B", "I", "W", "FB"
+ * (an overlapped pair is "FB" here; its action text is OVERLAP_F_B). */
+enum { LP_KIND_F, LP_KIND_B, LP_KIND_I, LP_KIND_W, LP_KIND_FB, LP_NKINDS };
+/* The name of kind k; NULL out of range. */
+const char *lp_kind_name(int kind);
+/* LP_KIND_* of an action type; -1 for a non-compute type. */
+int lp_kind_of(int type);
 /* 0 for the per-stage actions that take no micro-batch (REDUCE_GRAD,
  * WAIT_REDUCE_GRAD, UNSHARD, RESHARD), 1 for every other type. */
 int lp_action_has_mb(int type);
@@ -117,6 +127,9 @@ lp_status lp_schedule_push_text(lp_schedule *s, int rank, const char *text);
 const lp_action *lp_schedule_actions(const lp_schedule *s, int rank, int *n);
 /* Removes every action of rank (to rebuild its list). */
 void lp_schedule_clear_rank(lp_schedule *s, int rank);
+/* Keeps the first n actions of rank and removes the rest (n from 0 to the
+ * rank's count; a larger n, or a rank out of range, changes nothing). */
+void lp_schedule_truncate_rank(lp_schedule *s, int rank, int n);
 
 /* 1 when any SEND/RECV action is present (the schedule is lowered). */
 int lp_schedule_has_comm(const lp_schedule *s);

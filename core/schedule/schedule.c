@@ -16,6 +16,17 @@ const char *lp_action_type_name(int type) {
 
 int lp_action_is_compute(int type) { return type >= LP_ACT_F && type <= LP_ACT_FB; }
 
+static const char *const kind_names[LP_NKINDS] = {"F", "B", "I", "W", "FB"};
+_Static_assert((int)LP_ACT_FB - (int)LP_ACT_F + 1 == (int)LP_NKINDS &&
+                   (int)LP_ACT_F == (int)LP_KIND_F && (int)LP_ACT_FB == (int)LP_KIND_FB,
+               "a compute kind is its compute action type");
+
+const char *lp_kind_name(int kind) {
+  return kind >= 0 && kind < LP_NKINDS ? kind_names[kind] : NULL;
+}
+
+int lp_kind_of(int type) { return lp_action_is_compute(type) ? type - LP_ACT_F : -1; }
+
 int lp_action_is_p2p(int type) { return type >= LP_ACT_SEND_F && type <= LP_ACT_RECV_B; }
 
 int lp_action_has_mb(int type) {
@@ -404,6 +415,13 @@ void lp_schedule_clear_rank(lp_schedule *s, int rank) {
   if (rank >= 0 && rank < s->ranks) {
     s->nacts -= s->acts[rank].n;
     s->acts[rank].n = 0;
+  }
+}
+
+void lp_schedule_truncate_rank(lp_schedule *s, int rank, int n) {
+  if (rank >= 0 && rank < s->ranks && n >= 0 && n < s->acts[rank].n) {
+    s->nacts -= s->acts[rank].n - n;
+    s->acts[rank].n = n;
   }
 }
 

@@ -67,11 +67,10 @@ lp_status lp_sim_time_check(const char *key, double v, char *err) {
 
 static lp_status check_times(const lp_sim_times *t, const char *where,
                              char *err) {
-  static const char *names[5] = {"F", "B", "I", "W", "FB"};
-  const double v[5] = {t->f, t->b, t->i, t->w, t->fb};
-  for (int k = 0; k < 5; k++) {
+  const double v[LP_NKINDS] = {t->f, t->b, t->i, t->w, t->fb}; /* LP_KIND_* order */
+  for (int k = 0; k < LP_NKINDS; k++) {
     char why[LP_ERRLEN];
-    if (is_set(v[k]) && lp_sim_time_check(names[k], v[k], why) != LP_OK) {
+    if (is_set(v[k]) && lp_sim_time_check(lp_kind_name(k), v[k], why) != LP_OK) {
       lp_errf(err, "cost %s%s: %s", where, *where ? "" : "model", why);
       return LP_ERR_ARG;
     }
@@ -673,7 +672,7 @@ static lp_status collect(run *R, lp_sim_result *res, double latency) {
 
 /* R->xt from cost's exchanges (lp_sim.h), each checked. */
 static lp_status exchange_times(run *R, const lp_sim_cost *cost, int S) {
-  static const char *half[3] = {"F", "B", "I"};
+  /* half h: kind h's name, F, B, I (lp_sim.h's exchange layout) */
   double unit = cost->link_unit == 0 ? 1 : cost->link_unit;
   char why[LP_ERRLEN];
   if (!(unit > 0 && unit <= LP_SIM_MAX_TIME)) {
@@ -693,7 +692,8 @@ static lp_status exchange_times(run *R, const lp_sim_cost *cost, int S) {
       if (lp_sim_time_check(key, x->n, why) != LP_OK ||
           lp_sim_time_check("bytes_out", x->bytes_out, why) != LP_OK ||
           lp_sim_time_check("bytes_in", x->bytes_in, why) != LP_OK) {
-        lp_errf(R->err, "cost model: exchanges of %s on model stage %d: %s", half[h], k, why);
+        lp_errf(R->err, "cost model: exchanges of %s on model stage %d: %s", lp_kind_name(h), k,
+                why);
         return LP_ERR_ARG;
       }
       if (x->n == 0) continue;
@@ -705,7 +705,7 @@ static lp_status exchange_times(run *R, const lp_sim_cost *cost, int S) {
       double t = x->n * unit * lp_sim_alltoallv_time(cost, x->bytes_out, x->bytes_in);
       if (lp_sim_time_check("exchange time", t, why) != LP_OK) {
         lp_errf(R->err, "cost model: the exchanges of %s on model stage %d take %.17g, more "
-                "than the limit of %g", half[h], k, t, LP_SIM_MAX_TIME);
+                "than the limit of %g", lp_kind_name(h), k, t, LP_SIM_MAX_TIME);
         return LP_ERR_ARG;
       }
       R->xt[3 * k + h] = t;

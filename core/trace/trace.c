@@ -524,8 +524,10 @@ lp_status lp_trace_unpack_append(lp_trace *t, const void *buf, size_t bytes) {
 
 /* ---- the trace of a simulation ---- */
 
+/* A compute action's kind name (lp_kind_name), else its type's name. */
 static const char *cat_of(const lp_action *a) {
-  return a->type == LP_ACT_FB ? "FB" : lp_action_type_name(a->type);
+  int k = lp_kind_of(a->type);
+  return k >= 0 ? lp_kind_name(k) : lp_action_type_name(a->type);
 }
 
 static lp_status add_counter(lp_trace *t, int rank, const char *name, double us,

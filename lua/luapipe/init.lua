@@ -24,6 +24,7 @@ local lazy = {
   util = "luapipe.util",
   cli = "luapipe.cli",
   search = "luapipe.search",
+  profile = "luapipe.profile",
 }
 
 local function names()
@@ -49,25 +50,36 @@ setmetatable(M, {
 })
 util.guard(M, "luapipe", names)
 
--- The REPL's help: the Lua API. The luapipe program's commands (schedule,
--- simulate, bubbles, eplb) have their own, `luapipe help [command]` in a
--- shell; luapipe.help("cli") and luapipe.help("cli simulate") show it here.
-local commands_note = "The luapipe program's commands (schedule, simulate, bubbles, eplb) have "
-  .. "their own help: `luapipe help` and `luapipe help <command>` in a shell (here: "
-  .. "luapipe.help(\"cli\"), luapipe.help(\"cli simulate\")).\n"
+-- The REPL's help: the Lua API. The luapipe program's commands (the list
+-- is luapipe.cli's) have their own, `luapipe help [command]` in a shell;
+-- luapipe.help("cli") and luapipe.help("cli simulate") show it here.
+local function commands_note()
+  return "The luapipe program's commands (" .. require("luapipe.cli").command_list() .. ") have "
+    .. "their own help: `luapipe help` and `luapipe help <command>` in a shell (here: "
+    .. "luapipe.help(\"cli\"), luapipe.help(\"cli simulate\")).\n"
+end
 
 -- Entries of the API topics whose signature names `fname` (a function or
 -- method: "schedule.load", "s:validate", "load"): {topic, signature,
 -- summary} ..., and every such name for "did you mean".
+-- A class or module name as a person writes it before a method
+-- ("Schedule:push", "schedule.push", "SimResult:makespan") -> its topic.
+local class_topics = { simresult = "sim", tensor = "nn", layer = "nn", model = "nn",
+  balancer = "eplb", exec = "train" }
+
 local function find_function(fname)
   local api = require("luapipe.cli.help")
+  local owner, method = fname:match("^([%a_][%w_]*)[.:]([%w_]+)$")
+  local owner_topic = owner and (class_topics[owner:lower()] or owner:lower())
   local hits, all, seen = {}, {}, {}
   for _, t in ipairs(api.topics) do
     for _, e in ipairs(t) do
       for path, sep, name in e[1]:gmatch("([%a_][%w_%.]*)([.:])([%w_]+)%s*[%({]") do
         local full = path .. sep .. name
         if not seen[full] then seen[full] = true; all[#all + 1] = full end
-        if fname == full or fname == name then hits[#hits + 1] = { t.name, e[1], e[2] } end
+        if fname == full or fname == name or (method == name and owner_topic == t.name) then
+          hits[#hits + 1] = { t.name, e[1], e[2] }
+        end
       end
     end
   end
@@ -81,7 +93,7 @@ function M.help_text(topic)
   if topic == nil or topic == "" then
     return "luapipe " .. M.version .. ": the Lua API, one topic per module (luapipe.help(\"topic\"); "
       .. "luapipe.help(\"schedule.load\") for one function):\n" .. api.list()
-      .. "  env        the LUAPIPE_* environment variables\n\n" .. commands_note
+      .. "  env        the LUAPIPE_* environment variables\n\n" .. commands_note()
   end
   if type(topic) ~= "string" then
     return nil, string.format("luapipe.help: the topic must be a string such as \"schedule\", got %s",

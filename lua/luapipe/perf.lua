@@ -61,85 +61,44 @@ local util = require("luapipe.util")
 
 local M = {}
 
-M.kinds = { "F", "B", "I", "W", "FB" }
+-- the compute kinds, in the core's order and spelling (one C table)
+M.kinds = {}
+local is_kind = {}
+for i, k in ipairs(core.compute_kinds) do M.kinds[i], is_kind[k] = k, true end
+-- the kinds whose halves exchange tokens (lp_exec_action_exchanges)
+local exchanging = { F = true, B = true, I = true }
 
-local function allreduce(list, what)
-  if comm.size() == 1 then return list end
-  local t, err = comm.allreduce(list, what)
+-- The job's timing gathered from every rank (exec:job_timing, one C
+-- collective): per world rank its figures and kept steps, per kind and
+-- model stage the sums over the ranks, the message latency. Collective.
+local function job_timing(exec)
+  local t, err = exec:job_timing()
   if not t then error("luapipe.perf: " .. tostring(err), 0) end
   return t
+end
+
+-- The measured message latency of a job's timing: ms, count (0, 0 when no
+-- message was measured: the integer, as the reports print it)
+local function latency_of(job)
+  if job.latency_messages == 0 then return 0, 0 end
+  return job.latency_ms, job.latency_messages
 end
 
 -- perf.message_latency(exec, sched) -> mean latency in ms, count: from
 -- the measured events (exec built with trace = true; 0, 0 without), over
 -- the messages the receiver had to wait for: from the later of the
 -- sender's isend and the start of the wait to the end of the wait (the
--- delivery and wake-up time the simulator's latency stands for). Every rank gets the
--- same figures (ranks of one host share the trace clock). Collective.
+-- delivery and wake-up time the simulator's latency stands for; computed
+-- in C, lp_exec_job_timing). Every rank gets the same figures (ranks of
+-- one host share the trace clock). Collective.
 function M.message_latency(exec, sched)
   util.arg("perf.message_latency", 1, "exec", exec, "luapipe.Exec")
   util.arg("perf.message_latency", 2, "sched", sched, "schedule", "the lowered luapipe.Schedule exec runs")
-  local P, rank = comm.size(), comm.rank()
-  local evs = exec:trace_events()
-  -- message id from the structured fields: (step, sender, receiver, tag)
-  local maxtag = 0
-  for _, e in ipairs(evs) do maxtag = math.max(maxtag, e.tag) end
-  -- the sum over ranks bounds every rank's largest tag: ids stay unique
-  maxtag = math.floor(allreduce({ maxtag }, "luapipe.perf: the largest message tag")[1] + 0.5)
-  local function id_of(step, from, to, tag)
-    return ((step * P + from) * P + to) * (maxtag + 1) + tag
-  end
-  local sends, recvs = {}, {}
-  for _, e in ipairs(evs) do
-    if e.peer >= 0 and e.tag >= 0 then
-      if e.kind == "send" then
-        sends[#sends + 1] = { id_of(e.step, rank, e.peer, e.tag), e.start_us }
-      elseif e.kind == "recv" and e.dur_us > 0 then
-        recvs[#recvs + 1] = { id_of(e.step, e.peer, rank, e.tag), e.start_us, e.start_us + e.dur_us }
-      end
-    end
-  end
-  local cnt = {}
-  for r = 0, P - 1 do
-    cnt[2 * r + 1] = r == rank and #sends or 0
-    cnt[2 * r + 2] = r == rank and #recvs or 0
-  end
-  cnt = allreduce(cnt, "luapipe.perf: counting messages")
-  local off, offs = 0, {}
-  for r = 0, P - 1 do
-    offs[r] = off
-    off = off + 2 * math.floor(cnt[2 * r + 1] + 0.5) + 3 * math.floor(cnt[2 * r + 2] + 0.5)
-  end
-  if off == 0 then return 0, 0 end
-  local v = {}
-  for i = 1, off do v[i] = 0 end
-  local o = offs[rank]
-  for _, x in ipairs(sends) do v[o + 1], v[o + 2] = x[1], x[2]; o = o + 2 end
-  for _, x in ipairs(recvs) do v[o + 1], v[o + 2], v[o + 3] = x[1], x[2], x[3]; o = o + 3 end
-  v = allreduce(v, "luapipe.perf: gathering message times")
-  local sent, sum, n = {}, 0, 0
-  for r = 0, P - 1 do
-    local ns = math.floor(cnt[2 * r + 1] + 0.5)
-    for j = 0, ns - 1 do
-      local i = offs[r] + 2 * j
-      sent[math.floor(v[i + 1] + 0.5)] = v[i + 2]
-    end
-  end
-  for r = 0, P - 1 do
-    local ns, nr = math.floor(cnt[2 * r + 1] + 0.5), math.floor(cnt[2 * r + 2] + 0.5)
-    for j = 0, nr - 1 do
-      local i = offs[r] + 2 * ns + 3 * j
-      local t = sent[math.floor(v[i + 1] + 0.5)]
-      if t and v[i + 3] >= t then
-        sum, n = sum + (v[i + 3] - math.max(t, v[i + 2])), n + 1
-      end
-    end
-  end
-  return n > 0 and sum / n / 1000 or 0, n
+  return latency_of(job_timing(exec))
 end
 
--- The replay (part of perf.summary; collective): each of the last measured
--- steps (exec:step_times(), up to 64) simulated with its own measured action
+-- The replay (part of perf.summary): each of the last measured steps
+-- (every rank's kept steps, up to 64, gathered by exec:job_timing) simulated with its own measured action
 -- times (an action of a pipeline rank: the mean over its EP ranks) and its
 -- ranks' own optimizer times, against the measured time of the same step
 -- (the largest over ranks). Mean costs leave out how action times vary
@@ -149,8 +108,8 @@ end
 -- keeps that in, so what is left between it and the measured step is the
 -- runtime's own: waiting beyond the schedule's dependencies and latency.
 -- A large job replays fewer steps: the gathered times stay under
--- REPLAY_FLOATS numbers (a million: 8 MB, on 64 ranks of 4,000 actions 3
--- steps). Sets out.replay_ms, out.replay_step_ms (measured, same steps),
+-- LP_EXEC_JOB_KEPT_MAX numbers (a million: 8 MB, on 64 ranks of 4,000
+-- actions 3 steps). Sets out.replay_ms, out.replay_step_ms (measured, same steps),
 -- out.replay_ratio, out.replay_steps; nothing when no step was kept.
 -- The prediction with the measured spread (part of perf.summary, after the
 -- replay, from the same kept steps): SPREAD_DRAWS simulations in which
@@ -172,10 +131,9 @@ local function spread(sched, base, predict, kept, P, out)
     key[p] = {}
     for i = 0, sched:count(p) - 1 do
       local a = sched:action(p, i)
-      local kind = a.type
-      if kind == "F" or kind == "B" or kind == "I" or kind == "W" or kind == "FB" then
+      if is_kind[a.type] then
         local st = sched:vstage(a.stage)
-        key[p][i] = kind .. st
+        key[p][i] = a.type .. st
       end
     end
   end
@@ -219,39 +177,9 @@ local function spread(sched, base, predict, kept, P, out)
   out.spread_ratio = out.step_ms > 0 and out.spread_ms / out.step_ms or 0
 end
 
-local REPLAY_FLOATS = 1000000
-local function replay(exec, sched, cost, predict, out)
-  if not exec.step_times then return end
-  local P, rank, ep = comm.size(), comm.rank(), exec:ep()
-  local hist = exec:step_times()
-  local counts = {}
-  for r = 0, P - 1 do counts[r + 1] = r == rank and #hist or 0 end
-  counts = allreduce(counts, "luapipe.perf: counting the kept steps")
-  local K = math.huge
-  for r = 1, P do K = math.min(K, math.floor(counts[r] + 0.5)) end
-  if K < 1 or K == math.huge then return end
-  -- one vector: per world rank, K rows of (wall, after, one time per action);
-  -- a large job gathers fewer steps (at most REPLAY_FLOATS numbers in all)
-  local nact, off, total, per_step = {}, {}, 0, 0
-  for w = 0, P - 1 do
-    nact[w] = sched:count(w // ep)
-    per_step = per_step + nact[w] + 2
-  end
-  K = math.max(1, math.min(K, REPLAY_FLOATS // per_step))
-  for w = 0, P - 1 do
-    off[w] = total
-    total = total + K * (nact[w] + 2)
-  end
-  local v = {}
-  for i = 1, total do v[i] = 0 end
-  local first = #hist - K -- this rank's oldest kept step used
-  for k = 1, K do
-    local h = hist[first + k]
-    local o = off[rank] + (k - 1) * (nact[rank] + 2)
-    v[o + 1], v[o + 2] = h.wall, h.after
-    for i, t in pairs(h.actions) do v[o + 3 + i] = t end
-  end
-  v = allreduce(v, "luapipe.perf: gathering each step's action times")
+local function replay(job, sched, cost, predict, out)
+  local K, P, ep = job.kept, job.ranks, job.ep
+  if K < 1 then return end -- a rank kept no step
   local ms = 1000
   local sum_pred, sum_meas = 0, 0
   local base = {}
@@ -260,18 +188,17 @@ local function replay(exec, sched, cost, predict, out)
   for k = 1, K do
     local acts, opt, meas = {}, {}, 0
     for w = 0, P - 1 do
-      local o = off[w] + (k - 1) * (nact[w] + 2)
-      meas = math.max(meas, v[o + 1])
-      opt[w] = v[o + 2]
+      local step = job.rank[w].kept[k]
+      meas = math.max(meas, step.wall)
+      opt[w] = step.after
     end
     for p = 0, sched:info().ranks - 1 do
       local row = {}
       for i = 0, sched:count(p) - 1 do
         local t, n = 0, 0
         for j = 0, ep - 1 do
-          local w = p * ep + j
-          local x = v[off[w] + (k - 1) * (nact[w] + 2) + 3 + i]
-          if x > 0 then t, n = t + x, n + 1 end
+          local x = job.rank[p * ep + j].kept[k].actions[i]
+          if x and x > 0 then t, n = t + x, n + 1 end
         end
         if n > 0 then row[i] = t / n * ms end
       end
@@ -300,81 +227,49 @@ function M.summary(exec, sched, opts)
   util.arg("perf.summary", 2, "sched", sched, "schedule", "the lowered luapipe.Schedule exec runs")
   util.arg("perf.summary", 3, "opts", opts, "?table", "a table {latency_ms =}")
   opts = opts or {}
+  local job = job_timing(exec)
   local lat_n
   if opts.latency_ms == nil then
-    opts.latency_ms, lat_n = M.message_latency(exec, sched)
+    opts.latency_ms, lat_n = latency_of(job)
   end
-  local P, rank = comm.size(), comm.rank()
+  local P, sum = job.ranks, job.sum -- sum: every rank's totals, summed
   local info = sched:info()
   local S = info.stages
-  local st = exec:timing_stats("total")
-  local n = math.max(st.steps, 1)
-  -- one vector: sums of the rank figures, per-rank slots, action times
-  local v = { st.wall, st.compute, st.wait, st.post, st.optim, st.overhead, st.a2a, st.a2a_blocked,
-    st.a2a_count, st.a2a_hidden, st.a2a_link }
-  local base = #v
-  for r = 0, P - 1 do
-    v[base + 3 * r + 1] = r == rank and st.wall / n or 0
-    v[base + 3 * r + 2] = r == rank and st.compute / n or 0
-    v[base + 3 * r + 3] = r == rank and (st.optim + (st.reduce or 0)) / n or 0
-  end
-  local abase = base + 3 * P
-  local XW = 8 -- per (kind, stage): sum, n, exchanges, bytes out, in, blocked, larger direction, halves
-  for k, kind in ipairs(M.kinds) do
-    for s = 0, S - 1 do
-      local a = st.actions[kind][s]
-      local i = abase + XW * ((k - 1) * S + s)
-      v[i + 1] = a and a.sum or 0
-      v[i + 2] = a and a.n or 0
-      v[i + 3] = a and a.x_n or 0
-      v[i + 4] = a and a.x_out or 0
-      v[i + 5] = a and a.x_in or 0
-      v[i + 6] = a and a.x_blocked or 0
-      v[i + 7] = a and a.x_max or 0
-      v[i + 8] = a and a.x_halves or 0
-    end
-  end
-  -- ranks and cores of each rank's host (more ranks than cores: ranks
-  -- also wait for a core, which the simulator does not model)
-  local hbase = #v
-  local hr, hcores = 1, 0
-  if exec.host_share then hr, hcores = exec:host_share() end
-  for r = 0, P - 1 do
-    v[hbase + 2 * r + 1] = r == rank and hr or 0
-    v[hbase + 2 * r + 2] = r == rank and hcores or 0
-  end
-  v[#v + 1] = st.steps
-  v = allreduce(v, "luapipe.perf: gathering the measured timing")
-  local steps = math.floor(v[#v] / P + 0.5)
-  local ep = exec:ep() -- world rank = pipeline rank * ep + EP index
+  local n = math.max(job.rank[comm.rank()].steps, 1) -- steps this rank measured
+  local steps = math.floor(sum.steps / P + 0.5)
+  local ep = job.ep -- world rank = pipeline rank * ep + EP index
   local PS = info.ranks -- the schedule's (pipeline) ranks
   local ms = 1000
   local out = { steps = steps, ranks = P, schedule = info.name, microbatches = info.microbatches }
-  local wall_sum = v[1]
-  out.overhead_pct = wall_sum > 0 and 100 * v[6] / wall_sum or 0
-  out.wait_pct = wall_sum > 0 and 100 * v[3] / wall_sum or 0
-  out.post_pct = wall_sum > 0 and 100 * v[4] / wall_sum or 0
-  out.compute_pct = wall_sum > 0 and 100 * v[2] / wall_sum or 0
+  local wall_sum = sum.wall
+  out.overhead_pct = wall_sum > 0 and 100 * sum.overhead / wall_sum or 0
+  out.wait_pct = wall_sum > 0 and 100 * sum.wait / wall_sum or 0
+  out.post_pct = wall_sum > 0 and 100 * sum.post / wall_sum or 0
+  out.compute_pct = wall_sum > 0 and 100 * sum.compute / wall_sum or 0
   -- all-to-all (MoE, EP > 1): the share of its time hidden under compute on
   -- the same rank = (in flight while the rank computed) / (its time); the
   -- emulated link's modelled time of the same exchanges (the rest of
   -- a2a_ms is waiting for the slower EP partner)
-  out.a2a_count = math.floor(v[9] + 0.5)
-  out.a2a_ms = v[7] / math.max(n * P, 1) * ms -- per rank and step
-  out.a2a_blocked_ms = v[8] / math.max(n * P, 1) * ms
-  out.a2a_link_ms = v[11] / math.max(n * P, 1) * ms
-  out.a2a_hidden_pct = v[7] > 0 and 100 * math.min(1, v[10] / v[7]) or nil
+  out.a2a_count = sum.a2a_count
+  out.a2a_ms = sum.a2a / math.max(n * P, 1) * ms -- per rank and step
+  out.a2a_blocked_ms = sum.a2a_blocked / math.max(n * P, 1) * ms
+  out.a2a_link_ms = sum.a2a_link / math.max(n * P, 1) * ms
+  out.a2a_hidden_pct = sum.a2a > 0 and 100 * math.min(1, sum.a2a_hidden / sum.a2a) or nil
+  -- ranks and cores of each rank's host (more ranks than cores: ranks
+  -- also wait for a core, which the simulator does not model)
   for r = 0, P - 1 do
-    local nr, nc = v[hbase + 2 * r + 1], v[hbase + 2 * r + 2]
+    local nr, nc = job.rank[r].host_ranks, job.rank[r].host_cores
     if nc > 0 and nr > nc and (not out.oversubscribed or nr / nc > out.oversubscribed.ranks /
         out.oversubscribed.cores) then
-      out.oversubscribed = { ranks = math.floor(nr + 0.5), cores = math.floor(nc + 0.5) }
+      out.oversubscribed = { ranks = nr, cores = nc }
     end
   end
   local rw, rc, ro = {}, {}, {}
   local step_s = 0
-  for r = 0, P - 1 do
-    rw[r], rc[r], ro[r] = v[base + 3 * r + 1], v[base + 3 * r + 2], v[base + 3 * r + 3]
+  for r = 0, P - 1 do -- per step: wall, compute, optimizer and gradient sums
+    local R = job.rank[r]
+    local nr = math.max(R.steps, 1)
+    rw[r], rc[r], ro[r] = R.wall / nr, R.compute / nr, (R.optim + R.reduce) / nr
     step_s = math.max(step_s, rw[r])
   end
   out.step_ms = step_s * ms
@@ -389,24 +284,23 @@ function M.summary(exec, sched, opts)
   -- the exchanges per F / B / I half, for the simulator's exchange model
   local cost, stages, tot = {}, {}, {}
   local mstages, xch = {}, nil
-  for k, kind in ipairs(M.kinds) do
+  for _, kind in ipairs(M.kinds) do
     local ssum, sn = 0, 0
     for s = 0, S - 1 do
-      local i = abase + XW * ((k - 1) * S + s)
-      if v[i + 2] > 0 then
+      local a = job.actions[kind][s] -- summed over the ranks (nil: none ran)
+      if a and a.n > 0 then
         stages[s] = stages[s] or {}
-        stages[s][kind] = v[i + 1] / v[i + 2] * ms
+        stages[s][kind] = a.sum / a.n * ms
         mstages[s] = mstages[s] or {}
-        mstages[s][kind] = (v[i + 1] - (lk and v[i + 6] or 0)) / v[i + 2] * ms
-        ssum, sn = ssum + v[i + 1], sn + v[i + 2]
+        mstages[s][kind] = (a.sum - (lk and a.x_blocked or 0)) / a.n * ms
+        ssum, sn = ssum + a.sum, sn + a.n
       end
-      local nx, halves = v[i + 3], v[i + 8]
-      if lk and nx > 0 and halves > 0 and k <= 3 then -- F, B, I halves, lone or in pairs
+      if lk and a and a.x_n > 0 and a.x_halves > 0 and exchanging[kind] then -- lone or in pairs
         xch = xch or {}
         xch[s] = xch[s] or {}
         -- the link serialises the larger direction of each exchange:
         -- its mean, so that n exchanges cost n x the mean link time
-        xch[s][kind] = { n = nx / halves, bytes_out = v[i + 7] / nx, bytes_in = 0 }
+        xch[s][kind] = { n = a.x_n / a.x_halves, bytes_out = a.x_max / a.x_n, bytes_in = 0 }
       end
     end
     if sn > 0 then tot[kind] = ssum / sn * ms end
@@ -427,15 +321,16 @@ function M.summary(exec, sched, opts)
     if not lk then return 0 end
     return (lk.latency + (lk.bandwidth > 0 and bytes / lk.bandwidth or 0)) * ms
   end
-  local red = {}
-  for r = 0, P - 1 do red[r + 1] = 0 end
+  local red = {} -- per world rank (1-based): its largest gradient-sum message's link time
+  for r = 0, P - 1 do
+    local grad = job.rank[r].grad_floats
+    red[r + 1] = grad > 0 and link_ms(4 * grad) or 0
+  end
   local act_ms, act_n, act_b = 0, 0, 0
   for s = 0, S - 1 do
-    local act, grad = exec:message_floats(s)
+    local act = exec:message_floats(s)
     if act > 0 then act_ms, act_n, act_b = act_ms + link_ms(4 * act), act_n + 1, act_b + 4 * act end
-    red[rank + 1] = math.max(red[rank + 1], grad > 0 and link_ms(4 * grad) or 0)
   end
-  red = allreduce(red, "luapipe.perf: the gradient-sum messages' link time")
   if lk and act_n > 0 then
     opts.latency_ms = act_ms / act_n
     out.link = link
@@ -516,7 +411,7 @@ function M.summary(exec, sched, opts)
   out.sim_bubble_pct = 100 * sb / PS
   out.ratio = out.step_ms > 0 and pred / out.step_ms or 0
   out.sim = res
-  replay(exec, sched, cost, predict, out)
+  replay(job, sched, cost, predict, out)
   return out
 end
 
@@ -555,6 +450,20 @@ function M.format(s)
   L[#L + 1] = string.format("  step time: measured %s ms, simulator's prediction %s ms "
     .. "(makespan %s ms + optimizer; latency %s ms): predicted/measured %.3f",
     f1(s.step_ms), f1(s.predicted_ms), f1(s.makespan_ms), f2(s.latency_ms), s.ratio)
+  -- Actions under a millisecond: a message's delivery, the progress
+  -- thread's polling (50 us and up) and a rank's wake-up, none of which the
+  -- simulator models, are a large share of each, so no ratio means much.
+  local longest, longest_kind = 0, nil
+  for _, k in ipairs(M.kinds) do
+    if s.costs[k] and s.costs[k] > longest then longest, longest_kind = s.costs[k], k end
+  end
+  local too_short = longest_kind ~= nil and longest < 1
+  if too_short then
+    L[#L + 1] = string.format("    (too short for the prediction to mean much: the longest mean action "
+      .. "here, %s, takes %s ms; under a millisecond a message's delivery and a rank's wake-up, "
+      .. "which the simulator does not model, are a large part of every action: compare steps of "
+      .. "more work, larger micro-batches or layers)", longest_kind, f2(longest))
+  end
   if s.replay_ms then
     local miss = s.replay_step_ms > 0 and 100 * (s.replay_ms - s.predicted_ms) / s.replay_step_ms or 0
     L[#L + 1] = string.format("    replaying each step's own measured action times (last %s): %s ms against "
@@ -564,7 +473,7 @@ function M.format(s)
       L[#L + 1] = string.format("    with the measured spread of action times (%d draws from each kind and stage's "
         .. "times): %s ms: predicted/measured %.3f", s.spread_draws, f1(s.spread_ms), s.spread_ratio)
     end
-    if miss > 2 and not s.oversubscribed then
+    if miss > 2 and not s.oversubscribed and not too_short then
       L[#L + 1] = string.format("    (mean costs miss %s%% of the step here: action times vary from step to step "
         .. "and with their place in the step, and this schedule has little slack to absorb that)", f1(miss))
     end
@@ -610,65 +519,41 @@ function Measured:events(r) return self.ev[r] or {} end
 
 -- perf.measured(exec, sched) -> on rank 0 a SimResult look-alike holding
 -- the measured compute slices (and optimizer) of the last step of every
--- rank, times in ms from the step's first slice; nil on other ranks.
+-- rank (one row per world rank: with EP, each EP rank of a pipeline rank
+-- its own), times in ms from the step's first slice; nil on other ranks.
 -- Needs exec built with trace = true. Collective.
 function M.measured(exec, sched)
   util.arg("perf.measured", 1, "exec", exec, "luapipe.Exec")
   util.arg("perf.measured", 2, "sched", sched, "schedule", "the lowered luapipe.Schedule exec runs")
-  local P, rank = comm.size(), comm.rank()
-  local evs = exec:trace_events()
-  -- this rank's last step: the slices after its next-to-last optimizer slice
-  local opt = {}
-  for i, e in ipairs(evs) do if e.cat == "optim" then opt[#opt + 1] = i end end
-  local first = #opt >= 2 and opt[#opt - 1] + 1 or 1
-  local mine = {}
-  for i = first, #evs do
-    local e = evs[i]
-    if e.kind == "compute" then mine[#mine + 1] = e end
-  end
-  local cnt = allreduce((function()
-    local t = {}
-    for r = 0, P - 1 do t[r + 1] = r == rank and #mine or 0 end
-    return t
-  end)(), "luapipe.perf: counting measured slices")
-  local cap = 0
-  for r = 1, P do cap = math.max(cap, math.floor(cnt[r] + 0.5)) end
-  local v = {}
-  for i = 1, P * cap * 3 do v[i] = 0 end
-  for j, e in ipairs(mine) do
-    local o = (rank * cap + j - 1) * 3
-    v[o + 1], v[o + 2], v[o + 3] = e.index, e.start_us, e.dur_us
-  end
-  v = allreduce(v, "luapipe.perf: gathering measured slices")
-  if rank ~= 0 then return nil end
+  local job = job_timing(exec) -- each rank's last step's compute slices (job.rank[r].slices)
+  if comm.rank() ~= 0 then return nil end
+  local P = job.ranks
   local t0 = math.huge
   for r = 0, P - 1 do
-    for j = 1, math.floor(cnt[r + 1] + 0.5) do
-      t0 = math.min(t0, v[(r * cap + j - 1) * 3 + 2])
-    end
+    for _, sl in ipairs(job.rank[r].slices) do t0 = math.min(t0, sl.start_us) end
   end
   local info = sched:info()
   local obj = setmetatable({ ev = {}, T = 0, maxb = 0,
     meta = { name = (info.name ~= "" and info.name or "schedule") .. " (measured)", ranks = P,
       stages = info.stages, microbatches = info.microbatches, latency = 0 } }, Measured)
   local busy = {}
-  for r = 0, P - 1 do
-    local list, texts = {}, sched:actions(r)
+  for r = 0, P - 1 do -- world rank r runs pipeline rank r // ep's actions
+    local p = r // job.ep
+    local list, texts = {}, sched:actions(p)
     busy[r] = 0
-    for j = 1, math.floor(cnt[r + 1] + 0.5) do
-      local o = (r * cap + j - 1) * 3
-      local idx = math.floor(v[o + 1] + 0.5)
+    for _, sl in ipairs(job.rank[r].slices) do
+      local idx = sl.index
       local e
       if idx >= 0 then
-        e = sched:action(r, idx) or { type = "?" }
+        e = sched:action(p, idx) or { type = "?" }
         e.text = texts[idx + 1] or "?"
       else
         e = { type = "optim", text = "optimizer", mb = "opt", stage = -1 }
       end
       e.rank, e.index = r, idx
-      e.start = (v[o + 2] - t0) / 1000
-      e.finish = e.start + v[o + 3] / 1000
-      busy[r] = busy[r] + v[o + 3] / 1000
+      e.start = (sl.start_us - t0) / 1000
+      e.finish = e.start + sl.dur_us / 1000
+      busy[r] = busy[r] + sl.dur_us / 1000
       obj.T = math.max(obj.T, e.finish)
       list[#list + 1] = e
     end

@@ -315,7 +315,15 @@ function M.read(paths, opts)
     r.unclassified = require("luapipe.json").array(un)
   end
   local bytes, events = p:stats()
-  return { ranks = ranks, bytes = bytes, events = events, files = paths, profile = p, names = names }
+  -- a trace luapipe wrote (its slices carry luapipe's categories: F, B,
+  -- comm, a2a, ...) holds what each rank timed, not GPU kernels
+  local gpu_cat = { kernel = true, gpu_memcpy = true, gpu_memset = true }
+  local source = "profiler"
+  for _, n in ipairs(names) do
+    if not gpu_cat[n.cat] then source = "luapipe" break end
+  end
+  return { ranks = ranks, bytes = bytes, events = events, files = paths, profile = p, names = names,
+    source = source }
 end
 
 -- ---- output -------------------------------------------------------------
@@ -334,9 +342,17 @@ function M.text(rep, opts)
   end
   local L = {}
   local function add(...) L[#L + 1] = string.format(...) end
+  -- a trace luapipe wrote: operations are what each rank timed (actions,
+  -- messages, all-to-alls), on its tracks; on a CPU run, CPU work
+  local own = rep.source == "luapipe"
+  if own then
+    add("a trace luapipe wrote: its operations are the actions, messages and all-to-alls each "
+      .. "rank timed (CPU work on a CPU run, not GPU kernels), its streams the rank's tracks")
+  end
   for _, r in ipairs(rep.ranks) do
-    add("rank %d (%s): %d GPU operations on %d streams, span %s ms", r.rank, r.file, r.ops,
-      #r.streams, ms(r.span_us))
+    add("rank %d (%s): %d %s on %d %s, span %s ms", r.rank, r.file, r.ops,
+      own and "timed operations" or "GPU operations", #r.streams, own and "tracks" or "streams",
+      ms(r.span_us))
     add("  %-28s %12s %8s", "busy (union of intervals)", "ms", "of span")
     for _, c in ipairs({ "compute", "communication", "memory" }) do
       add("  %-28s %12s %8s", c, ms(r.busy_us[c]), pct(r.busy_us[c], r.span_us))
@@ -352,11 +368,21 @@ function M.text(rep, opts)
       add("  per operation (summed, not a union): communication %s ms, %s of it overlapped",
         ms(r.comm_ops_us), pct(r.comm_ops_overlap_us, r.comm_ops_us))
     end
-    add("  %-10s %12s %14s %10s %8s", "stream", "compute ms", "communication", "memory", "ops")
+    add("  %-10s %12s %14s %10s %8s", own and "track" or "stream", "compute ms", "communication",
+      "memory", "ops")
+    local track_compute = 0
     for _, s in ipairs(r.streams) do
       add("  %-10s %12s %14s %10s %8d", (#r.streams > 0 and s.device ~= r.streams[1].device)
         and (s.device .. ":" .. s.stream) or tostring(s.stream), ms(s.busy_us.compute),
         ms(s.busy_us.communication), ms(s.busy_us.memory), s.ops)
+      track_compute = math.max(track_compute, s.busy_us.compute)
+    end
+    if track_compute > r.busy_us.compute + 0.5 then
+      -- luapipe's traces: an action's slice includes the time its rank sat
+      -- blocked in an exchange ("wait"), which the union above leaves out
+      add("  (per %s, compute counts each action's whole slice, including the time the rank sat "
+        .. "blocked in exchanges, %s ms here; the busy compute above leaves that time out)",
+        own and "track" or "stream", ms(track_compute - r.busy_us.compute))
     end
     if #r.phases > 0 then
       add("  phases (innermost annotations, CPU order; GPU = summed durations of what each launched)")

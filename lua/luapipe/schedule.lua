@@ -322,6 +322,32 @@ function Schedule.set_note(s, text)
   notes[s] = util.arg("s:set_note", 1, "text", text, "?string")
 end
 
+-- Editing a rank's list (the C binding has s:push, all or nothing, and
+-- s:pop(rank[, n]), which returns what it removed):
+-- s:clear(rank) empties it; returns nothing, so the REPL echoes nothing.
+function Schedule.clear(s, rank)
+  s:clear_rank(util.int_arg("s:clear", 1, "rank", rank, 0, s:info().ranks - 1))
+end
+
+-- s:set(rank, list) replaces rank's list with list (action strings, or
+-- one string); all or nothing: a bad entry raises (numbered in the new
+-- list) and leaves the old list in place.
+function Schedule.set(s, rank, list)
+  util.int_arg("s:set", 1, "rank", rank, 0, s:info().ranks - 1)
+  if type(list) ~= "table" and type(list) ~= "string" then
+    util.raise(string.format("s:set: list (argument 2) must be a list of action strings such as "
+      .. "{\"0F0\", \"0B0\"}, got %s", util.shown(list)))
+  end
+  local old = s:actions(rank)
+  s:clear_rank(rank)
+  local ok, err = pcall(s.push, s, rank, list)
+  if not ok then
+    s:clear_rank(rank)
+    s:push(rank, old)
+    error(err, 0)
+  end
+end
+
 -- s:ranks_list() is handy in loops: for r = 0, s:info().ranks - 1 ...
 function Schedule.write_csv(s, path)
   util.arg("s:write_csv", 1, "path", path, "string", "a file name")

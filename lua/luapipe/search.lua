@@ -198,7 +198,7 @@ end
 function M._internal.score(s, c, opts)
   local info = s:info()
   local f = opts.pp / info.stages
-  local res, err = s:simulate(scaled(c, f))
+  local res, err = s:try_simulate(scaled(c, f))
   if not res then return nil, err end
   local act = {}
   for k = 1, info.stages do act[k] = f end

@@ -668,7 +668,7 @@ end
 
 local function simulate(s, cost)
   local sim = require("luapipe.sim")
-  return s:simulate(sim.to_cost(cost))
+  return s:try_simulate(sim.to_cost(cost))
 end
 
 -- s:gantt([cost[, opts]]) -> text | nil, message. cost: a table as for

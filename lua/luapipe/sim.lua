@@ -143,6 +143,20 @@ function SimResult.show(res, opts)
   io.write(res:gantt(opts), "\n", res:summary(), "\n")
 end
 
+-- s:simulate([cost]) -> SimResult; an invalid schedule raises with the
+-- validation message ("rank 0, action 1 (0B0): ..."), so a script stops at
+-- the line that simulated it. s:try_simulate([cost]) -> SimResult | nil,
+-- message: the binding's own form, for code that goes on after a failure.
+-- Bad costs raise in both.
+local Schedule = core.Schedule
+if not rawget(Schedule, "try_simulate") then Schedule.try_simulate = Schedule.simulate end
+function Schedule.simulate(s, cost)
+  util.arg("s:simulate", 1, "cost", cost, "?table", "a cost table such as {F = 1, B = 2, W = 1}")
+  local res, err = Schedule.try_simulate(s, cost)
+  if not res then util.raise("simulate: " .. tostring(err)) end
+  return res
+end
+
 -- print(res) shows res:summary(): the C __tostring calls this method.
 
 require("luapipe.show") -- installs the picture methods (svg, write_svg, Schedule:show)

@@ -148,10 +148,32 @@ end
 -- "luapipe.schedule has no 'buld' (did you mean 'build'?)"; any other
 -- missing key is nil as usual. Keys starting with "_" are never guarded.
 -- Keeps an existing metatable's other fields (__call).
+local more_names = setmetatable({}, { __mode = "k" }) -- guarded table -> its names function
+
+-- util.known_names(t) -> the sorted names a guarded table answers to (its
+-- own string keys not starting with "_", and those of its names
+-- function: luapipe's modules before they load): what "did you mean"
+-- chooses from, and what the REPL's Tab completes.
+function M.known_names(t)
+  M.arg("util.known_names", 1, "t", t, "table")
+  local known, seen = {}, {}
+  local function add(key)
+    if type(key) == "string" and key:sub(1, 1) ~= "_" and not seen[key] then
+      seen[key] = true
+      known[#known + 1] = key
+    end
+  end
+  for key in next, t do add(key) end
+  if more_names[t] then for _, n in ipairs(more_names[t]()) do add(n) end end
+  table.sort(known)
+  return known
+end
+
 function M.guard(t, name, names)
   M.arg("util.guard", 1, "t", t, "table")
   M.arg("util.guard", 2, "name", name, "string", "the table's name for messages")
   M.arg("util.guard", 3, "names", names, "?function", "a function returning more names")
+  more_names[t] = names or more_names[t]
   local mt = getmetatable(t) or {}
   local inner = mt.__index
   mt.__index = function(tbl, k)
@@ -161,13 +183,7 @@ function M.guard(t, name, names)
       if v ~= nil then return v end
     end
     if type(k) ~= "string" or k:sub(1, 1) == "_" then return nil end
-    local known = {}
-    for key in next, tbl do
-      if type(key) == "string" and key:sub(1, 1) ~= "_" then known[#known + 1] = key end
-    end
-    if names then for _, n in ipairs(names()) do known[#known + 1] = n end end
-    table.sort(known)
-    local near = M.did_you_mean(k, known)
+    local near = M.did_you_mean(k, M.known_names(tbl))
     if near and near ~= k then
       M.raise(string.format("%s has no '%s' (did you mean '%s'?)", name, k, near))
     end

@@ -195,6 +195,11 @@ static lp_status fake_ialltoallv(lp_comm *c, const float *s, const size_t *sc,
   (void)s, (void)sc, (void)sd, (void)r, (void)rc, (void)rd;
   return fake_start(c, req);
 }
+static lp_status fake_iallgather(lp_comm *c, const void *s, size_t n, void *r,
+                                 lp_comm_req *req) {
+  (void)s, (void)n, (void)r;
+  return fake_start(c, req);
+}
 static lp_status fake_test(lp_comm *c, lp_comm_req *r, int *done) {
   fake *f = lp_comm_backend_state(c);
   if (f->fail) {
@@ -226,6 +231,7 @@ static const lp_comm_backend fake_backend = {
     .ibarrier = fake_ibarrier,
     .ibcast = fake_ibcast,
     .ialltoallv = fake_ialltoallv,
+    .iallgather = fake_iallgather,
     .test = fake_test,
     .cancel = fake_cancel,
     .abort = fake_abort,
@@ -607,6 +613,51 @@ static void test_alltoallv_watchdog(void **state) {
   lp_comm_free(d);
 }
 
+/* All-gather on one rank: the piece comes back; all-gather-v of one piece
+ * (and of none); the checks; a peer that never joins times out with the
+ * operation named; a backend without it says so. */
+static void test_allgather(void **state) {
+  (void)state;
+  lp_comm *c;
+  assert_int_equal(lp_comm_self_new(&c), LP_OK);
+  double mine[2] = {1.25, -3.0}, all[2] = {0, 0};
+  assert_int_equal(lp_comm_allgather(c, mine, sizeof mine, all, "figures"), LP_OK);
+  assert_true(all[0] == 1.25 && all[1] == -3.0);
+  assert_int_equal(lp_comm_allgather(c, NULL, 0, NULL, NULL), LP_OK);
+  assert_int_equal(lp_comm_allgather(c, mine, 8, NULL, NULL), LP_ERR_ARG);
+  assert_string_equal(lp_comm_last_error(c),
+                      "all-gather of 8 bytes per rank on rank 0: NULL buffer");
+  void *out = NULL;
+  size_t sizes[1] = {99};
+  assert_int_equal(lp_comm_allgatherv(c, "abc", 3, &out, sizes, NULL), LP_OK);
+  assert_int_equal(sizes[0], 3);
+  assert_memory_equal(out, "abc", 3);
+  lp_free(out);
+  assert_int_equal(lp_comm_allgatherv(c, NULL, 0, &out, sizes, NULL), LP_OK);
+  assert_int_equal(sizes[0], 0);
+  assert_null(out);
+  lp_comm_free(c);
+  fake f = {.polls_to_finish = -1};
+  assert_int_equal(lp_comm_new(&fake_backend, 1, 3, 100, &f, &c), LP_OK);
+  lp_comm_set_timeout(c, 0.05);
+  double three[6];
+  assert_int_equal(lp_comm_allgather(c, mine, sizeof mine, three, "the job's timing"),
+                   LP_ERR_TIMEOUT);
+  assert_string_equal(lp_comm_last_error(c),
+                      "timed out after 0.05 s (LUAPIPE_TIMEOUT) in an all-gather of 16 "
+                      "bytes per rank on rank 1 (3 ranks): the job's timing");
+  lp_comm_free(c);
+  lp_comm_backend nope = fake_backend;
+  nope.iallgather = NULL;
+  assert_int_equal(lp_comm_new(&nope, 1, 3, 100, &f, &c), LP_OK);
+  assert_int_equal(lp_comm_allgather(c, mine, sizeof mine, three, NULL), LP_ERR_UNSUPPORTED);
+  assert_string_equal(lp_comm_last_error(c), "all-gather: the fake backend has none");
+  assert_int_equal(lp_comm_allgatherv(c, mine, sizeof mine, &out, sizes, NULL),
+                   LP_ERR_UNSUPPORTED);
+  assert_null(out);
+  lp_comm_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_world_is_self),
@@ -625,6 +676,7 @@ int main(void) {
       cmocka_unit_test(test_link_delays_messages),
       cmocka_unit_test(test_self_alltoallv),
       cmocka_unit_test(test_alltoallv_watchdog),
+      cmocka_unit_test(test_allgather),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

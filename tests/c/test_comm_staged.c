@@ -2,8 +2,8 @@
  * (the fake:0 backend, whose memory the host cannot touch) and the
  * LUAPIPE_COMM choice. Alone it runs over a self context; under mpirun
  * (tests/mpi/test_comm_staged.sh) over the MPI world: a ring of
- * send/receive, an uneven all-to-all-v, all-reduce, broadcast and split,
- * every result checked on the host. */
+ * send/receive, an uneven all-to-all-v, all-reduce, broadcast, all-gather
+ * and split, every result checked on the host. */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
 #include <stdarg.h>
@@ -98,6 +98,17 @@ static void test_collectives(void **state) {
   assert_float_equal(h[0], (float)(7 + n - 1), 0);
   lp_free(h);
   assert_int_equal(lp_comm_barrier(D, "barrier"), LP_OK);
+  /* all-gather: every rank's two floats, in rank order, on the device */
+  float g[2] = {(float)(10 * r), (float)(10 * r + 1)}, *dg = dev_from(g, 2);
+  float *dall = fake.alloc(&fake, 2 * (size_t)n * sizeof(float));
+  assert_int_equal(lp_comm_allgather(D, dg, sizeof g, dall, "gather"), LP_OK);
+  h = host_from(dall, 2 * (size_t)n);
+  for (int i = 0; i < n; i++) {
+    assert_float_equal(h[2 * i], (float)(10 * i), 0);
+    assert_float_equal(h[2 * i + 1], (float)(10 * i + 1), 0);
+  }
+  lp_free(h);
+  fake.free(&fake, dg), fake.free(&fake, dall);
   /* split: even and odd ranks; the sub-context is staged too */
   lp_comm *sub = NULL;
   assert_int_equal(lp_comm_split(D, r % 2, r, &sub), LP_OK);

@@ -2,11 +2,13 @@
  * would (the shell tests' terminal driver; plain C, so no interpreter is
  * needed on the test machine).
  *
- *   pty_run [--timeout S] [--prompt TEXT]... [--send LINE]... -- CMD [ARGS]
+ *   pty_run [--timeout S] [--prompt TEXT]... [--send LINE | --type LINE]... -- CMD [ARGS]
  *
  * Each --send LINE is typed (followed by Enter) once the output shows one
  * more prompt (any of the --prompt texts) than before (at once when no
  * --prompt is given); "^C" and "^D" send Ctrl-C and Ctrl-D without Enter.
+ * --type LINE is the same with keys written as escapes: "\t" is Tab and
+ * "\\" a backslash (so "s:val\t()" asks for completion mid-line).
  * Everything the command writes to the terminal is copied to stdout (CR LF
  * as LF). Exits with the command's exit status, 128 + signal when a signal
  * killed it, or 124 after --timeout seconds (the command is then killed). */
@@ -61,13 +63,15 @@ static void write_all(int fd, const char *p, size_t n) {
 }
 
 static int usage(void) {
-  fprintf(stderr, "usage: pty_run [--timeout S] [--prompt TEXT]... [--send LINE]... -- CMD [ARGS]\n");
+  fprintf(stderr, "usage: pty_run [--timeout S] [--prompt TEXT]... [--send LINE | --type LINE]... "
+                  "-- CMD [ARGS]\n");
   return 2;
 }
 
 int main(int argc, char **argv) {
   double timeout = 30;
   const char *prompts[MAX_ITEMS], *sends[MAX_ITEMS];
+  int typed[MAX_ITEMS]; /* --type: escapes in the line */
   int np = 0, ns = 0, i = 1;
   for (; i < argc; i++) {
     if (strcmp(argv[i], "--") == 0) {
@@ -79,7 +83,9 @@ int main(int argc, char **argv) {
       timeout = atof(argv[++i]);
     } else if (strcmp(argv[i], "--prompt") == 0 && np < MAX_ITEMS) {
       prompts[np++] = argv[++i];
-    } else if (strcmp(argv[i], "--send") == 0 && ns < MAX_ITEMS) {
+    } else if ((strcmp(argv[i], "--send") == 0 || strcmp(argv[i], "--type") == 0) &&
+               ns < MAX_ITEMS) {
+      typed[ns] = strcmp(argv[i], "--type") == 0;
       sends[ns++] = argv[++i];
     } else {
       return usage();
@@ -110,12 +116,26 @@ int main(int argc, char **argv) {
       size_t shown = 0;
       for (int k = 0; k < np; k++) shown += count_in(out, len, prompts[k]);
       if (np == 0 || shown > prompts_seen) {
+        int esc = typed[next];
         const char *line = sends[next++];
         prompts_seen++;
         if (strcmp(line, "^C") == 0) {
           write_all(fd, "\x03", 1);
         } else if (strcmp(line, "^D") == 0) {
           write_all(fd, "\x04", 1);
+        } else if (esc) {
+          for (const char *c = line; *c; c++) {
+            if (c[0] == '\\' && c[1] == 't') {
+              write_all(fd, "\t", 1);
+              c++;
+            } else if (c[0] == '\\' && c[1] == '\\') {
+              write_all(fd, "\\", 1);
+              c++;
+            } else {
+              write_all(fd, c, 1);
+            }
+          }
+          write_all(fd, "\r", 1);
         } else {
           write_all(fd, line, strlen(line));
           write_all(fd, "\r", 1);

@@ -88,6 +88,16 @@ expect_in "--rank: message" "$tmp/err" "--rank 1: the traces hold ranks 3"
 expect_rc "help profile" 0 "$LP" help profile
 expect_in "help: usage" "$tmp/out" "Usage: luapipe profile"
 
+# a trace luapipe wrote (here the simulator's): its operations are what the
+# ranks timed, worded as such, on tracks, not GPU operations on streams
+expect_rc "simulate --trace" 0 "$LP" simulate 1f1b --pp 2 --microbatches 2 --no-gantt --trace "$tmp/sim.json"
+expect_rc "profile of luapipe's trace" 0 "$LP" profile "$tmp/sim.json"
+expect_in "luapipe's trace said so" "$tmp/out" "a trace luapipe wrote: its operations are the actions, messages and all-to-alls each rank timed (CPU work on a CPU run, not GPU kernels)"
+expect_in "timed operations on tracks" "$tmp/out" "rank 0 ($tmp/sim.json): 8 timed operations on 2 tracks"
+grep -q "GPU operations" "$tmp/out" && bad "luapipe's trace read as GPU operations" || ok "no 'GPU operations' for luapipe's trace"
+grep -q "a trace luapipe wrote" <("$LP" profile "$small") && bad "a profiler trace called luapipe's" \
+  || ok "a profiler's trace is not called luapipe's"
+
 # DeepSeek's training trace (skipped when absent)
 ds=${LUAPIPE_DEEPSEEK_TRACE:-../shared/data/deepseek-profile/train.json}
 [ -f "$ds" ] || ds=../../shared/data/deepseek-profile/train.json

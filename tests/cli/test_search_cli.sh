@@ -68,4 +68,26 @@ expect_in "example prints the W placement" "$tmp/out" "W (own generator)"
 expect_rc "example csv simulates" 0 "$LP" simulate "$tmp/w.csv" --no-gantt
 expect_rc "help search" 0 "$LP" help search
 expect_in "help names --w-share" "$tmp/out" "--w-share"
+
+# the bound's parts: only those that bound the objective asked for
+expect_rc "span objective" 0 "$LP" search -p 4 -m 12 --cost F=1,B=2,W=1 --memory 7 --w-share 0.5 \
+  --objective span --time 0.2
+expect_in "span's bound: work, critical path, memory-time" "$tmp/out" \
+  "lower bound (span) 36: work 36, critical path 9, memory-time 13.714"
+grep -q "lower bound (span).*start skew" "$tmp/out" && bad "span's bound lists the start skew" \
+  || ok "span's bound leaves the start skew out (a makespan bound)"
+expect_rc "makespan objective" 0 "$LP" search -p 4 -m 12 --cost F=1,B=2,W=1 --memory 6 --time 0.2
+expect_in "makespan's bound lists the start skew too" "$tmp/out" \
+  "lower bound (makespan) 39: work 36, start skew 39, critical path 9, memory-time 16"
+# weight-grads pending beyond the limit: said, with how --w-share counts them
+expect_rc "w-share 0, memory 6" 0 "$LP" search -p 4 -m 12 --cost F=1,B=2,W=1 --memory 6 --objective span --time 0.2
+expect_in "pending W over the limit is said" "$tmp/out" "weight-grads pending at once"
+expect_in "and how --w-share 0 counts them" "$tmp/out" \
+  "with --w-share 0 a pending W counts as no memory, so the limit does not bound them"
+expect_rc "w-share 0.5, memory 7" 0 "$LP" search -p 4 -m 12 --cost F=1,B=2,W=1 --memory 7 --w-share 0.5 --time 0.2
+grep -q "pending at once" "$tmp/out" && expect_in "--w-share 0.5 counts them at half" "$tmp/out" \
+  "--w-share 0.5 counts each as 0.5 of an activation" || ok "no pending W over the limit at --w-share 0.5"
+expect_rc "no limit" 0 "$LP" search -p 4 -m 12 --cost F=1,B=2,W=1 --time 0.2
+grep -q "pending at once" "$tmp/out" && bad "a note about pending W without a memory limit" \
+  || ok "no note without a memory limit"
 finish

@@ -120,13 +120,19 @@ losses() { grep -E '^step [0-9]+ loss' "$1" | awk '{ last[$2] = $4 } END { for (
 id=$(submit unbroken mpirun) || { fail "sbatch refused the job"; exit 1; }
 st=$(wait_job "$id" 300)
 echo "unbroken job $id (mpirun): $st"
-[ "$st" = COMPLETED ] || { fail "the unbroken job ended $st"; cat "$D/work/unbroken.out"; tail -20 "$D/log/slurmctld.log"; }
+if [ "$st" != COMPLETED ]; then
+  fail "the unbroken job ended $st"
+  cat "$D/work/unbroken.out"
+  tail -20 "$D/log/slurmctld.log"
+  exit 1
+fi
 [ "$(losses "$D/work/unbroken.out" | wc -l)" -eq "$steps" ] || fail "the unbroken job printed $(losses "$D/work/unbroken.out" | wc -l) of $steps steps"
 
 # 2. under srun, rank 1 killed mid-run
 id=$(submit broken srun) || { fail "sbatch refused the job"; exit 1; }
 killed=
 for _ in $(seq 600); do
+  case $(job_state "$id") in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL) break;; esac
   n=$(grep -cE '^step [0-9]+ loss' "$D/work/broken.out" 2>/dev/null)
   if [ "${n:-0}" -ge 25 ]; then
     for p in $(pgrep -f "examples/train_char_lm.lua"); do

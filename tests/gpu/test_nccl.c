@@ -2,8 +2,8 @@
  * backend at world size 1 (lp_comm_for_backend with LUAPIPE_COMM unset picks
  * NCCL for a rank with its own GPU), then the staged MPI path. Under mpirun
  * with several ranks on the one GPU (NCCL refuses that): the choice falls
- * to the staged path. Both run all-reduce, broadcast, barrier, all-to-all-v
- * and split on device buffers. Exits 77 without CUDA, a device or NCCL. */
+ * to the staged path. Both run all-reduce, broadcast, barrier, all-to-all-v,
+ * all-gather and split on device buffers. Exits 77 without CUDA, a device or NCCL. */
 #define _POSIX_C_SOURCE 200809L
 #include "gpu_twin.h"
 #include "lp_comm_gpu.h"
@@ -13,8 +13,9 @@ static void expect(const char *what, const float *got, const float *want,
   twin_check(what, got, want, n, 0);
 }
 
-/* All-reduce, broadcast, barrier, all-to-all-v and split on device buffers;
- * every rank holds the same v, so the expected values follow from size. */
+/* All-reduce, broadcast, barrier, all-to-all-v, all-gather and split on
+ * device buffers; every rank holds the same v, so the expected values
+ * follow from size. */
 static void run_ops(lp_comm *c, const lp_tensor_backend *G) {
   const char *name = lp_comm_backend_name(c);
   int n = lp_comm_size(c);
@@ -43,6 +44,16 @@ static void run_ops(lp_comm *c, const lp_tensor_backend *G) {
   snprintf(what, sizeof what, "%s all-to-all-v", name);
   expect(what, got, wanth, (size_t)n * 4);
   lp_free(got);
+  /* all-gather: every rank's 4 floats (the same v) back to back */
+  float *dg = twin_poison(G, (size_t)n * 4);
+  for (int p = 0; p < n; p++) memcpy(wanth + 4 * p, v, sizeof v);
+  float *dv = twin_up(G, v, sizeof v);
+  twin_status("all-gather", lp_comm_allgather(c, dv, sizeof v, dg, "test all-gather"));
+  got = twin_down(G, dg, (size_t)n * sizeof v);
+  snprintf(what, sizeof what, "%s all-gather", name);
+  expect(what, got, wanth, (size_t)n * 4);
+  lp_free(got);
+  G->free(G, dg), G->free(G, dv);
   lp_comm *sub = NULL;
   twin_status("split", lp_comm_split(c, 0, 0, &sub));
   if (sub) {

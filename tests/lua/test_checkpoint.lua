@@ -81,7 +81,7 @@ function test_option_errors()
   lu.assertStrContains(error_of(train, opts { resume = true }),
     "resume = true needs checkpoint = {dir = \"path\"}")
   lu.assertStrContains(error_of(train, opts { resume = 3, checkpoint = { dir = tmp } }),
-    "'resume' must be true or a checkpoint directory")
+    "'resume' must be true, \"auto\" or a checkpoint directory")
   lu.assertStrContains(error_of(train, opts { steps = 2, resume = true, checkpoint = { dir = tmp .. "/none" } }),
     "resume = true, but there is no checkpoint in '" .. tmp .. "/none' (" .. tmp
     .. "/none/latest does not exist)")

@@ -266,7 +266,7 @@ local function exact_optimum(P, Mb, cost, split, objective, memory, w_share)
       actions[r] = t
     end
     local s = schedule.new { ranks = P, stages = P, microbatches = Mb, actions = actions }
-    local res = s:simulate(cost)
+    local res = s:try_simulate(cost)
     if res then
       local ok = true
       if memory then
@@ -371,7 +371,7 @@ local function v_pairs_optimum(cost)
     for _, a1 in ipairs(per[1]) do
       local s = schedule.new { ranks = 2, stages = 4, microbatches = 2, placement = placement,
         actions = { [0] = a0, [1] = a1 } }
-      local res = s:simulate(cost)
+      local res = s:try_simulate(cost)
       if res then
         valid = valid + 1
         best = math.min(best, res:makespan())

@@ -523,9 +523,10 @@ end
 function TestSimulate:test_invalid_schedule()
   local s = schedule.new { ranks = 2, stages = 2, microbatches = 1,
     actions = { [0] = { "0B0", "0F0" }, [1] = { "1F0", "1B0" } } }
-  local res, err = s:simulate()
+  local res, err = s:try_simulate()
   lu.assertNil(res)
   lu.assertStrContains(err, "rank 0")
+  lu.assertStrContains(select(2, pcall(s.simulate, s)), "simulate: rank 0")
 end
 
 function TestSimulate:test_result_methods()

@@ -3,8 +3,9 @@
 -- checks the end-of-training summary (result.summary, luapipe.perf) and the
 -- executor's timing on every rank: fields present, figures sane (no timing
 -- thresholds: scripts/bench/pipeline judges the figures), the same summary
--- on every rank, rank 0's SVG of the measured last step, and trace_steps
--- (only the last two steps' events kept). Prints
+-- on every rank, rank 0's SVG of the measured last step, trace_steps
+-- (only the last two steps' events kept) and the job's timing gathered in
+-- C (exec:job_timing: this rank's own figures under its rank, the sums). Prints
 -- "rank R: ok" or "rank R: FAIL ..." lines; exits with the failure count.
 local train = require("luapipe.train")
 local comm = require("luapipe.comm")
@@ -139,6 +140,35 @@ if type(s) == "table" then
     local t = assert(comm.allreduce({ s.replay_ms, s.spread_ms or 0 }))
     check(math.abs(t[1] - P * s.replay_ms) < 1e-9 * P * s.replay_ms, "replay differs between ranks")
     check(math.abs(t[2] - P * (s.spread_ms or 0)) < 1e-9 * P * (s.spread_ms or 0), "spread differs between ranks")
+  end
+end
+-- the job's timing gathered in C (exec:job_timing): named fields, this
+-- rank's own figures under its rank, the kept steps it has, the sums
+local job, jerr = r.exec:job_timing()
+check(job, "job_timing: " .. tostring(jerr))
+if job then
+  local me = job.rank[rank]
+  check(job.ranks == P and job.ep == 1 and job.kept == #hist, "job_timing: ranks, ep, kept")
+  check(me.steps == tot.steps and me.wall == tot.wall and me.compute == tot.compute and
+    me.optim == tot.optim and me.reduce == tot.reduce, "job_timing: this rank's totals")
+  local hr, hc = r.exec:host_share()
+  check(me.host_ranks == hr and me.host_cores == hc and me.nkept == #hist,
+    "job_timing: this rank's host share and kept count")
+  for k, h in ipairs(hist) do
+    local g = me.kept[k]
+    local same = g.wall == h.wall and g.after == h.after
+    for i = 0, #acts - 1 do same = same and g.actions[i] == h.actions[i] end
+    check(same, "job_timing: kept step " .. k .. " differs from step_times")
+  end
+  local t = assert(comm.allreduce({ tot.wall, tot.steps }))
+  check(job.sum.steps == P * tot.steps and math.abs(job.sum.wall - t[1]) <= 1e-12 * t[1],
+    "job_timing: the sums over the ranks")
+  local n = 0
+  for _, a in pairs(job.actions.F) do n = n + a.n end
+  check(n == assert(comm.allreduce({ nF }))[1], "job_timing: F actions summed over the ranks")
+  check(table.concat(require("luapipe.core").compute_kinds, " ") == "F B I W FB", "core.compute_kinds")
+  for _, k in ipairs(require("luapipe.core").compute_kinds) do
+    check(type(job.actions[k]) == "table", "job_timing: actions." .. k)
   end
 end
 r.exec:timing_reset()

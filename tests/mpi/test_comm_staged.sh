@@ -3,8 +3,8 @@
 # buffers through host staging, as several ranks sharing one GPU use it) on
 # 2 and 3 real ranks: runs the test_comm_staged program (next to the
 # luapipe binary) under mpirun; every rank checks a send/receive ring, an
-# uneven all-to-all-v with gaps, all-reduce, broadcast and split. Exits 77
-# (skipped) without mpirun.
+# uneven all-to-all-v with gaps, all-reduce, broadcast, all-gather and
+# split. Exits 77 (skipped) without mpirun.
 set -u
 luapipe=${1:?usage: test_comm_staged.sh path/to/luapipe}
 prog=$(dirname "$luapipe")/test_comm_staged

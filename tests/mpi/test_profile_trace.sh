@@ -29,6 +29,16 @@ for family in dualpipe 1f1b; do
   summary=$(sed -n 's/^a2a_hidden_pct=//p' "$tmp/rep")
   "$luapipe" profile "$tmp/t.json" --rules "$tmp/rules.lua" --format json -o "$tmp/p.json" 2>"$tmp/err" ||
     { fail "$family: luapipe profile failed: $(cat "$tmp/err")"; continue; }
+  # the text: luapipe's trace worded as such; per track, compute holds the
+  # blocked time the union leaves out, and says so
+  "$luapipe" profile "$tmp/t.json" >"$tmp/text" 2>&1 || fail "$family: luapipe profile (text) failed"
+  grep -q "^rank 0 ($tmp/t.json): [0-9]* timed operations on [0-9]* tracks" "$tmp/text" \
+    || fail "$family: rank 0's line does not speak of timed operations on tracks"
+  grep -q "GPU operations" "$tmp/text" && fail "$family: a CPU trace read as GPU operations"
+  if [ "$family" = dualpipe ]; then
+    grep -q "per track, compute counts each action's whole slice, including the time the rank sat blocked in exchanges" \
+      "$tmp/text" || fail "$family: no note where a track's compute exceeds the union's"
+  fi
   read_back=$("$luapipe" "$tmp/share.lua" "$tmp/p.json")
   verdict=$(awk -v s="$summary" -v p="$read_back" 'BEGIN { d = s - p; if (d < 0) d = -d;
     print (s != "" && p >= 0 && d <= 1.0) ? "ok" : "bad" }')

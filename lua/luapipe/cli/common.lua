@@ -89,10 +89,10 @@ function M.parse_cost(text)
   return cost
 end
 
--- s:simulate(cost) with cost errors (a stage out of range, B < W, ...) as
+-- s:try_simulate(cost) with cost errors (a stage out of range, B < W, ...) as
 -- nil, message, 2 instead of a raised error; other failures exit 1.
 function M.simulate(s, cost)
-  local ok, res, err = pcall(s.simulate, s, cost)
+  local ok, res, err = pcall(s.try_simulate, s, cost)
   if not ok then
     local msg = tostring(res):gsub("^[^:]*:%d+: ", ""):gsub("^simulate: ", "")
     -- the Lua API's "stages key K" is "KEY[K]=" on the command line

@@ -9,8 +9,8 @@ M.commands = {
   { name = "bubbles", summary = "DualPipe's bubble table measured for every family" },
   { name = "eplb", summary = "expert placement (DeepSeek EPLB) from a load file" },
   { name = "search", summary = "search a schedule for your costs and memory; lower bound and gap" },
-  { name = "help", summary = "help on a command, or on environment variables (help env)" },
   { name = "profile", summary = "read profiler traces: compute/communication overlap, phases, costs" },
+  { name = "help", summary = "help on a command, or on environment variables (help env)" },
 }
 
 local by_name = {}
@@ -52,6 +52,14 @@ local function command_names()
   local names = {}
   for _, c in ipairs(M.commands) do names[#names + 1] = c.name end
   return names
+end
+
+-- cli.command_list() -> "schedule, simulate, ..., help": the one list of
+-- the program's commands that `luapipe --help`, `luapipe help`, the
+-- REPL's luapipe.help() and the README's synopsis show
+-- (tests/cli/test_command_lists.sh holds them equal).
+function M.command_list()
+  return table.concat(command_names(), ", ")
 end
 
 local function help_topics()
@@ -232,7 +240,7 @@ function M.main(argv)
     local near = M.suggest(name, command_names())
     io.stderr:write(string.format("luapipe: '%s' is neither a command nor a file%s\n", name,
       near and string.format(" (did you mean '%s'?)", near) or ""))
-    io.stderr:write("Commands: ", table.concat(command_names(), ", "),
+    io.stderr:write("Commands: ", M.command_list(),
       " (`luapipe help` for more; `luapipe FILE.lua` runs a script)\n")
     return 2
   end

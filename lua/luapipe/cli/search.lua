@@ -114,7 +114,13 @@ function M.run(args)
     local f = args.pp / info.stages
     local sres = s:simulate { F = c.F * f, B = c.B * f, I = c.I * f, W = c.W * f,
       FB = c.FB and c.FB * f, latency = c.latency }
-    if sres then bubble = sres:max_bubble() end
+    local pending, pending_rank = 0, 0
+    if sres then
+      bubble = sres:max_bubble()
+      for _, r in ipairs(sres:ranks()) do
+        if (r.peak_pending_w or 0) > pending then pending, pending_rank = r.peak_pending_w, r.rank end
+      end
+    end
     print(string.format("%-22s %10s %10s %10s  %s", "search (" .. res.placement_name .. ")",
       num(st.makespan), num(st.span), num(bubble), peaks(res:peak_memory())))
     if st.zb_greedy ~= math.huge then
@@ -135,10 +141,27 @@ function M.run(args)
       end
     end
     if #unfit > 0 then print("over the memory limit or not built: " .. table.concat(unfit, ", ")) end
+    if args.memory and pending > args.memory then
+      -- the limit counts a pending W (an I done, its W not yet) as w_share of an activation
+      print(string.format("note: the found schedule holds up to %s weight-grads pending at once "
+        .. "(rank %d; an I done, its W not yet), more than the memory limit of %s: %s",
+        num(pending), pending_rank, num(args.memory), args.w_share == 0
+        and "with --w-share 0 a pending W counts as no memory, so the limit does not bound them "
+          .. "(Zero Bubble's rule counts half an activation: --w-share 0.5)"
+        or string.format("--w-share %s counts each as %s of an activation", num(args.w_share),
+          num(args.w_share))))
+    end
+    -- the parts of the bound that bound this objective (docs/search.md):
+    -- span is bounded by work, critical path and memory-time; makespan
+    -- also by start skew and warm-up
     local b = res.bounds
-    print(string.format("lower bound (%s) %s: work %s, start skew %s, critical path %s, memory-time %s%s",
-      args.objective, num(st.lower_bound), num(b.work), num(b.skew), num(b.path),
-      num(b.memory_time), (b.warmup or 0) > 0 and (", warm-up " .. num(b.warmup)) or ""))
+    local parts = { "work " .. num(b.work) }
+    if args.objective ~= "span" then parts[#parts + 1] = "start skew " .. num(b.skew) end
+    parts[#parts + 1] = "critical path " .. num(b.path)
+    parts[#parts + 1] = "memory-time " .. num(b.memory_time)
+    if args.objective ~= "span" and (b.warmup or 0) > 0 then parts[#parts + 1] = "warm-up " .. num(b.warmup) end
+    print(string.format("lower bound (%s) %s: %s", args.objective, num(st.lower_bound),
+      table.concat(parts, ", ")))
     print(string.format("gap %.2f%%%s; %d evaluations in %.2f s; best from %s", 100 * st.gap,
       st.gap == 0 and " (optimal for this cost model)" or "", st.evaluations, res:seconds(),
       st.label))
