@@ -694,12 +694,14 @@ static int lb_layer_precision(lua_State *L) {
   return 1;
 }
 
-/* core.bf16_engine() -> text, native: which engine runs the CPU's bf16
- * GEMMs (lp_tensor_bf16_engine) and whether it is oneDNN. */
+/* core.bf16_engine() -> text, native, f32 text: which engine runs the
+ * CPU's bf16 GEMMs (lp_tensor_bf16_engine), whether it is oneDNN, and
+ * which runs its float32 GEMMs (lp_tensor_f32_engine). */
 static int lb_bf16_engine(lua_State *L) {
   lua_pushstring(L, lp_tensor_bf16_engine());
   lua_pushboolean(L, lp_tensor_bf16_native());
-  return 2;
+  lua_pushstring(L, lp_tensor_f32_engine());
+  return 3;
 }
 
 /* ---- luapipe.Optim ---- */

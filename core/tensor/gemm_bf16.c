@@ -315,6 +315,64 @@ const char *lp_tensor_bf16_engine(void) {
 #endif
 }
 
+/* ---- float32: OpenBLAS, or oneDNN where OpenBLAS has no fast kernel ----
+ * OpenBLAS picks its kernels by CPU model at load time; on a CPU it does
+ * not know (a new model, or a VM that hides the model) it falls back to a
+ * generic SSE3 core ("Prescott"), several times slower than oneDNN's
+ * float32 matmul on the same AVX-512 hardware. There, and only there,
+ * float32 GEMMs go to oneDNN. The choice depends on the machine alone, so
+ * every rank of a job on one kind of machine makes it alike (as OpenBLAS's
+ * own kernel choice already does). */
+
+static int force_openblas; /* tests and benchmarks */
+
+void lp_tensor_f32_force_openblas(int on) { force_openblas = !!on; }
+
+/* 1 when OpenBLAS runs one of its AVX2 / AVX-512 kernels. */
+static int blas_has_fast_core(void) {
+  static const char *const fast[] = {"Haswell",    "Zen",        "SkylakeX",
+                                     "Cooperlake", "SapphireRapids",
+                                     "Sandybridge"};
+  const char *core = openblas_get_corename();
+  for (size_t i = 0; core && i < sizeof fast / sizeof fast[0]; i++)
+    if (!strcmp(core, fast[i])) return 1;
+  return 0;
+}
+
+#ifdef LP_TENSOR_WITH_ONEDNN
+static pthread_once_t f32_once = PTHREAD_ONCE_INIT;
+static int f32_dnnl; /* OpenBLAS is generic here and oneDNN has AVX2+ */
+
+static void f32_init(void) {
+  pthread_once(&dnnl_once, dnnl_init);
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  f32_dnnl = dnnl_ok && !blas_has_fast_core() &&
+             ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx2) ==
+                 (unsigned)dnnl_cpu_isa_avx2;
+}
+#endif
+
+int lp_tensor_f32_onednn(void) {
+#ifdef LP_TENSOR_WITH_ONEDNN
+  pthread_once(&f32_once, f32_init);
+  return f32_dnnl && !force_openblas;
+#else
+  return 0;
+#endif
+}
+
+const char *lp_tensor_f32_engine(void) {
+  static char buf[128];
+  if (lp_tensor_f32_onednn())
+    snprintf(buf, sizeof buf,
+             "oneDNN f32 matmul (OpenBLAS has only its generic %s kernels "
+             "for this CPU)",
+             openblas_get_corename());
+  else
+    snprintf(buf, sizeof buf, "OpenBLAS sgemm (%s)", openblas_get_corename());
+  return buf;
+}
+
 /* ---- the GEMMs -------------------------------------------------------- */
 
 static lp_status check_dims(int64_t m, int64_t n, int64_t k, int64_t lda,

@@ -216,6 +216,15 @@ lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
                                   int64_t ldb, int64_t stride_b, float beta,
                                   float *c, int64_t ldc, int64_t stride_c,
                                   int64_t batch);
+/* Float32 GEMMs on the CPU run on OpenBLAS, or on oneDNN's float32 matmul
+ * where OpenBLAS has only its generic (pre-AVX2) kernels for this CPU and
+ * oneDNN has AVX2 or better: a rule of the machine, the same on every rank
+ * of one kind of machine. lp_tensor_f32_onednn says which (1: oneDNN);
+ * lp_tensor_f32_engine says it in words; _force_openblas (tests,
+ * benchmarks) turns oneDNN off. */
+int lp_tensor_f32_onednn(void);
+const char *lp_tensor_f32_engine(void);
+void lp_tensor_f32_force_openblas(int on);
 /* oneDNN's float32 matmul on host buffers, as the backend's gemm with
  * batch 1 (benchmarks); LP_ERR_UNSUPPORTED without oneDNN. */
 lp_status lp_tensor_cpu_gemm_onednn_f32(int trans_a, int trans_b, int64_t m,

@@ -1,6 +1,6 @@
 /* precision.c — bench_precision: CPU GEMM GFLOP/s by engine on the model
  * shapes, one row per shape (M x N x K, C = A B^T as Linear's forward):
- *   blas_f32   OpenBLAS sgemm (the backend's gemm)
+ *   blas_f32   OpenBLAS sgemm
  *   dnnl_f32   oneDNN's float32 matmul
  *   bf16       the backend's gemm_bf16 as training runs it (bf16 rounding
  *              of both operands included; oneDNN or the fallback, see the
@@ -45,9 +45,10 @@ typedef struct {
 static void run(int e, shape *s) {
   const lp_tensor_backend *be = lp_tensor_backend_cpu();
   switch (e) {
-  case E_BLAS:
-    CHECK(be->gemm(be, 0, 1, s->m, s->n, s->k, 1.0f, s->a, s->k, 0, s->b,
-                   s->k, 0, 0.0f, s->c, s->n, 0, 1));
+  case E_BLAS: /* OpenBLAS whatever lp_tensor_f32_engine says */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)s->m, (int)s->n,
+                (int)s->k, 1.0f, s->a, (int)s->k, s->b, (int)s->k, 0.0f, s->c,
+                (int)s->n);
     break;
   case E_DNNL:
     CHECK(lp_tensor_cpu_gemm_onednn_f32(0, 1, s->m, s->n, s->k, 1.0f, s->a,
@@ -125,6 +126,7 @@ int main(int argc, char **argv) {
   int have_dnnl = lp_tensor_have_onednn();
   printf("# bf16 engine: %s; OpenBLAS core: %s\n", lp_tensor_bf16_engine(),
          openblas_get_corename());
+  printf("# training's float32 GEMMs: %s\n", lp_tensor_f32_engine());
   printf("# GFLOP/s, median of %d runs (engines alternate within a run)%s\n",
          runs, have_dnnl ? "" : "; no oneDNN in this build: dnnl_f32 is -");
   printf("%6s %6s %6s %9s %9s %9s %9s %9s %9s %6s\n", "M", "N", "K",

@@ -3,7 +3,8 @@
  * batched and with alpha / beta, on both engines (oneDNN where this build
  * and CPU have it, and the float32 fallback) against a double product of
  * the rounded inputs; the fallback equals sgemm over rounded inputs
- * bitwise; lp_tensor_gemm_prec on views; a Linear and an attention layer at
+ * bitwise; float32 GEMMs on OpenBLAS and oneDNN (lp_tensor_f32_onednn);
+ * lp_tensor_gemm_prec on views; a Linear and an attention layer at
  * bf16 (precision set on a chunk reaches its children). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -174,6 +175,56 @@ static void test_fallback_exact(void **state) {
   free(a), free(b), free(ra), free(rb), free(c1), free(c2), free(c3);
 }
 
+/* Float32 GEMMs on both engines (OpenBLAS, and oneDNN where this machine
+ * chooses it) against doubles: every transpose, batched, alpha, beta. */
+static void f32_cases(void) {
+  const lp_tensor_backend *be = lp_tensor_backend_cpu();
+  const int64_t m = 33, n = 48, k = 64, batch = 2;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      int64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n + 1;
+      int64_t sa = m * k, sb = k * n, sc = m * ldc;
+      float *a = malloc(sizeof(float) * (size_t)(sa * batch));
+      float *b = malloc(sizeof(float) * (size_t)(sb * batch));
+      float *c = malloc(sizeof(float) * (size_t)(sc * batch));
+      float *c0 = malloc(sizeof(float) * (size_t)(sc * batch));
+      fill(a, sa * batch, 11);
+      fill(b, sb * batch, 12);
+      fill(c0, sc * batch, 13);
+      memcpy(c, c0, sizeof(float) * (size_t)(sc * batch));
+      assert_int_equal(be->gemm(be, ta, tb, m, n, k, 0.5f, a, lda, sa, b, ldb,
+                                sb, 1.0f, c, ldc, sc, batch),
+                       LP_OK);
+      for (int64_t bi = 0; bi < batch; bi++)
+        for (int64_t i = 0; i < m; i++)
+          for (int64_t j = 0; j < n; j++) {
+            double s = 0, mag = 0;
+            for (int64_t p = 0; p < k; p++) {
+              double x = ta ? a[bi * sa + p * lda + i] : a[bi * sa + i * lda + p];
+              double y = tb ? b[bi * sb + j * ldb + p] : b[bi * sb + p * ldb + j];
+              s += x * y;
+              mag += fabs(x * y);
+            }
+            double want = 0.5 * s + c0[bi * sc + i * ldc + j];
+            assert_true(fabs(c[bi * sc + i * ldc + j] - want) <=
+                        1e-5 * (0.5 * mag + fabs(c0[bi * sc + i * ldc + j])));
+          }
+      free(a), free(b), free(c), free(c0);
+    }
+}
+
+static void test_f32_engines(void **state) {
+  (void)state;
+  printf("# f32 engine: %s\n", lp_tensor_f32_engine());
+  if (!lp_tensor_have_onednn()) assert_false(lp_tensor_f32_onednn());
+  f32_cases();
+  lp_tensor_f32_force_openblas(1);
+  assert_false(lp_tensor_f32_onednn());
+  assert_non_null(strstr(lp_tensor_f32_engine(), "OpenBLAS sgemm"));
+  f32_cases();
+  lp_tensor_f32_force_openblas(0);
+}
+
 /* lp_tensor_gemm_prec on a transpose view equals the backend call. */
 static void test_tensor_gemm_prec(void **state) {
   (void)state;
@@ -249,6 +300,7 @@ int main(void) {
       cmocka_unit_test(test_rounding),
       cmocka_unit_test(test_gemm_engines),
       cmocka_unit_test(test_fallback_exact),
+      cmocka_unit_test(test_f32_engines),
       cmocka_unit_test(test_tensor_gemm_prec),
       cmocka_unit_test(test_layers),
   };
