@@ -81,12 +81,14 @@ static void round_matrix(int64_t rows, int64_t cols, const float *a,
 /* ---- engine choice ---------------------------------------------------- */
 
 static int force_fallback; /* tests and benchmarks */
+#ifdef LP_TENSOR_WITH_ONEDNN
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static int env_fallback; /* LUAPIPE_BF16_FALLBACK=1 */
 
 static void read_env(void) {
   env_fallback = lp_env_int("LUAPIPE_BF16_FALLBACK", 0) == 1;
 }
+#endif
 
 void lp_tensor_bf16_force_fallback(int on) { force_fallback = !!on; }
 
@@ -328,6 +330,7 @@ static int force_openblas; /* tests and benchmarks */
 
 void lp_tensor_f32_force_openblas(int on) { force_openblas = !!on; }
 
+#ifdef LP_TENSOR_WITH_ONEDNN
 /* 1 when OpenBLAS runs one of its AVX2 / AVX-512 kernels. */
 static int blas_has_fast_core(void) {
   static const char *const fast[] = {"Haswell",    "Zen",        "SkylakeX",
@@ -339,7 +342,6 @@ static int blas_has_fast_core(void) {
   return 0;
 }
 
-#ifdef LP_TENSOR_WITH_ONEDNN
 static pthread_once_t f32_once = PTHREAD_ONCE_INIT;
 static int f32_dnnl; /* OpenBLAS is generic here and oneDNN has AVX2+ */
 
