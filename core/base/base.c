@@ -311,6 +311,7 @@ static const lp_env_knob knobs[] = {
     {"LUAPIPE_TF32", "0", "1 lets CUDA float32 GEMMs use TF32 tensor cores (faster, ~1e-3 relative error)"},
     {"LUAPIPE_CUDA_SYNC", "0", "1 waits after every CUDA op, so an error names the op that raised it (debugging)"},
     {"LUAPIPE_BF16_FALLBACK", "0", "1 runs CPU bf16 GEMMs on the float32 fallback even where oneDNN could (tests, comparisons)"},
+    {"LUAPIPE_F32_GEMM", "openblas", "CPU float32 GEMMs: openblas, onednn, or auto (oneDNN where OpenBLAS has only generic kernels for the CPU)"},
 };
 
 const lp_env_knob *lp_env_knobs(int *count) {
@@ -345,6 +346,7 @@ static const struct {
     {"LUAPIPE_TF32", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
     {"LUAPIPE_CUDA_SYNC", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
     {"LUAPIPE_BF16_FALLBACK", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
+    {"LUAPIPE_F32_GEMM", {"openblas", "onednn", "auto", NULL}, "use openblas, onednn or auto"},
 };
 
 /* Checks the LUAPIPE_* knobs whose value has a fixed form, so a typo is

@@ -1,5 +1,5 @@
 /* backend_cpu.c — the CPU compute backend: lp_malloc memory, OpenBLAS sgemm
- * (oneDNN's where OpenBLAS is generic, lp_tensor_f32_onednn),
+ * (oneDNN's matmul when LUAPIPE_F32_GEMM asks, lp_tensor_f32_onednn),
  * plain loops for elementwise ops. Fixed loop orders, so results are
  * bitwise reproducible for a fixed OPENBLAS_NUM_THREADS. */
 #include "lp_tensor.h"

@@ -217,9 +217,10 @@ lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
                                   float *c, int64_t ldc, int64_t stride_c,
                                   int64_t batch);
 /* Float32 GEMMs on the CPU run on OpenBLAS, or on oneDNN's float32 matmul
- * where OpenBLAS has only its generic (pre-AVX2) kernels for this CPU and
- * oneDNN has AVX2 or better: a rule of the machine, the same on every rank
- * of one kind of machine. lp_tensor_f32_onednn says which (1: oneDNN);
+ * when LUAPIPE_F32_GEMM says: "onednn", or "auto" where OpenBLAS has only
+ * its generic (pre-AVX2) kernels for this CPU and oneDNN has AVX2 or
+ * better (a rule of the machine, the same on every rank of one kind of
+ * machine). lp_tensor_f32_onednn says which (1: oneDNN);
  * lp_tensor_f32_engine says it in words; _force_openblas (tests,
  * benchmarks) turns oneDNN off. */
 int lp_tensor_f32_onednn(void);

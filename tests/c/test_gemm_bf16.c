@@ -177,7 +177,7 @@ static void test_fallback_exact(void **state) {
 
 /* Float32 GEMMs on both engines (OpenBLAS, and oneDNN where this machine
  * chooses it) against doubles: every transpose, batched, alpha, beta. */
-static void f32_cases(void) {
+static void f32_cases(int dnnl) {
   const lp_tensor_backend *be = lp_tensor_backend_cpu();
   const int64_t m = 33, n = 48, k = 64, batch = 2;
   for (int ta = 0; ta < 2; ta++)
@@ -192,9 +192,16 @@ static void f32_cases(void) {
       fill(b, sb * batch, 12);
       fill(c0, sc * batch, 13);
       memcpy(c, c0, sizeof(float) * (size_t)(sc * batch));
-      assert_int_equal(be->gemm(be, ta, tb, m, n, k, 0.5f, a, lda, sa, b, ldb,
-                                sb, 1.0f, c, ldc, sc, batch),
-                       LP_OK);
+      if (dnnl) /* oneDNN's float32 matmul directly, one matrix at a time */
+        for (int64_t bi = 0; bi < batch; bi++)
+          assert_int_equal(lp_tensor_cpu_gemm_onednn_f32(
+                               ta, tb, m, n, k, 0.5f, a + bi * sa, lda,
+                               b + bi * sb, ldb, 1.0f, c + bi * sc, ldc),
+                           LP_OK);
+      else
+        assert_int_equal(be->gemm(be, ta, tb, m, n, k, 0.5f, a, lda, sa, b,
+                                  ldb, sb, 1.0f, c, ldc, sc, batch),
+                         LP_OK);
       for (int64_t bi = 0; bi < batch; bi++)
         for (int64_t i = 0; i < m; i++)
           for (int64_t j = 0; j < n; j++) {
@@ -216,13 +223,19 @@ static void f32_cases(void) {
 static void test_f32_engines(void **state) {
   (void)state;
   printf("# f32 engine: %s\n", lp_tensor_f32_engine());
-  if (!lp_tensor_have_onednn()) assert_false(lp_tensor_f32_onednn());
-  f32_cases();
+  if (!lp_tensor_have_onednn()) {
+    assert_false(lp_tensor_f32_onednn());
+    assert_int_equal(lp_tensor_cpu_gemm_onednn_f32(0, 0, 1, 1, 1, 1.0f, NULL,
+                                                   1, NULL, 1, 0.0f, NULL, 1),
+                     LP_ERR_UNSUPPORTED);
+  }
+  f32_cases(0); /* the backend's, whichever engine LUAPIPE_F32_GEMM chose */
   lp_tensor_f32_force_openblas(1);
   assert_false(lp_tensor_f32_onednn());
   assert_non_null(strstr(lp_tensor_f32_engine(), "OpenBLAS sgemm"));
-  f32_cases();
+  f32_cases(0);
   lp_tensor_f32_force_openblas(0);
+  if (lp_tensor_have_onednn()) f32_cases(1);
 }
 
 /* lp_tensor_gemm_prec on a transpose view equals the backend call. */
