@@ -3,7 +3,8 @@
 --
 --   mpirun --oversubscribe -np 4 luapipe examples/train_mlp.lua --schedule dualpipe \
 --     --microbatches 8 --steps 20 --seed 1
---   (add --checkpoint DIR --every 10 to save; rerun with --resume to continue)
+--   (add --checkpoint DIR --every 10 to save; rerun with --resume to continue;
+--   the options every example takes: luapipe.cli.train_options)
 --
 -- Rank 0 prints "step K loss X" (with samples/s and the measured bubble).
 local argparse = require("argparse")
@@ -11,37 +12,19 @@ local nn = require("luapipe.nn")
 local train = require("luapipe.train")
 local comm = require("luapipe.comm")
 local cli = require("luapipe.cli")
+local topts = require("luapipe.cli.train_options") -- the options every example takes
 local count = require("luapipe.util").count -- "1 rank", "2 ranks"
 -- options: the CLI's converters (a bad value is one line, exit 2)
-local int, INT32 = cli.int_option, 0x7fffffff
-local limits = require("luapipe.cli.common").limits
+local int = cli.int_option
 
 local parser = argparse("train_mlp.lua", "Train a residual MLP with a pipeline schedule.")
-parser:option("--schedule", "Schedule family (" .. table.concat(require("luapipe.schedules").list(), ", ")
-  .. ").", "1f1b")
-parser:option("--microbatches", "Micro-batches per step.", "8"):convert(int("--microbatches", 1, limits.microbatches))
-parser:option("--steps", "Training steps.", "20"):convert(int("--steps", 1, INT32))
-parser:option("--seed", "Seed for initialisation and data.", "1"):convert(int("--seed", 0, INT32))
-parser:option("--chunks", "Chunks per rank (interleaved1f1b only; default 2).")
-  :convert(int("--chunks", 1, limits.chunks))
+topts.add(parser, { schedule = "1f1b", microbatches = 8, steps = 20 })
 parser:option("--layers", "Residual MLP blocks.", "8"):convert(int("--layers", 1, 4096))
 parser:option("--width", "Model width.", "64"):convert(int("--width", 1, 65536))
 parser:option("--batch", "Samples per micro-batch.", "16"):convert(int("--batch", 1, 65536))
 parser:option("--lr", "AdamW learning rate.", "0.003"):convert(cli.number_option("--lr", 0, math.huge))
-parser:option("--partition", "Split the model into stages of balanced measured \"cost\" or of equal"
-  .. " \"layers\" counts.", "cost")
-  :choices { "layers", "cost" }
-parser:option("--trace", "Write the measured Chrome trace (all ranks) to this file.")
-parser:option("--precision", "GEMM precision: f32, or bf16 (bf16 inputs, float32 sums; the rest float32).", "f32")
-  :choices({ "f32", "bf16" })
-parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
-parser:option("--checkpoint", "Save checkpoints (every rank's stages and optimizer state) in this directory.")
-parser:option("--every", "Steps between checkpoints.", "10"):convert(int("--every", 1, INT32))
-parser:flag("--resume", "Continue from the latest checkpoint in --checkpoint.")
 local args = cli.parse(parser, arg, "train_mlp.lua", comm.rank() ~= 0) or cli.usage_exit("train_mlp.lua")
-if args.resume and not args.checkpoint then
-  cli.usage_exit("train_mlp.lua", "--resume needs --checkpoint DIR, the directory the checkpoints were saved in")
-end
+topts.check(args, "train_mlp.lua")
 
 local DIN, DOUT, W = 16, 4, args.width
 local specs = { nn.linear(DIN, W) }
@@ -79,14 +62,10 @@ local function data(step, mb)
   return nn.tensor({ B, DIN }, x), nn.tensor({ B, DOUT }, y)
 end
 
-if comm.rank() == 0 then
-  print(string.format("train_mlp: %s on %s, %s of %d, %s", args.schedule, count(comm.size(), "rank"),
-    count(args.microbatches, "micro-batch"), args.batch, count(model:nlayers(), "layer")))
-end
-train { model = model, schedule = args.schedule, microbatches = args.microbatches,
-  chunks = args.chunks, data = data, steps = args.steps, seed = args.seed,
+local result = train(topts.train_fields(args, { model = model, data = data,
   optimizer = { kind = "adamw", lr = args.lr, weight_decay = 0 },
-  partition = args.partition, trace = args.trace,
-  checkpoint = args.checkpoint and { dir = args.checkpoint, every = args.every } or nil,
-  resume = args.resume or nil, device = args.device,
-  precision = args.precision }
+  announce = function(info) -- rank 0, once train{} has checked the options
+    print(string.format("train_mlp: %s on %s, %s of %d, %s", args.schedule, count(comm.size(), "rank"),
+      count(info.microbatches, "micro-batch"), args.batch, count(model:nlayers(), "layer")))
+  end }))
+topts.finish(args, result)

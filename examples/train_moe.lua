@@ -20,21 +20,17 @@ local train = require("luapipe.train")
 local comm = require("luapipe.comm")
 
 local cli = require("luapipe.cli")
+local topts = require("luapipe.cli.train_options") -- the options every example takes
 local count = require("luapipe.util").count -- "1 rank", "2 ranks"
 -- options: the CLI's converters (a bad value is one line, exit 2, once)
 local int, INT32 = cli.int_option, 0x7fffffff
 local limits = require("luapipe.cli.common").limits
 
 local parser = argparse("train_moe.lua", "Train a char-level MoE LM on a pp x ep grid of ranks.")
-parser:option("--schedule", "Schedule family (" .. table.concat(require("luapipe.schedules").list(), ", ")
-  .. ").", "dualpipe")
+topts.add(parser, { schedule = "dualpipe", microbatches_help = "2 x pp", steps = 20, steps_min = 0 })
 parser:option("--pp", "Pipeline ranks (default: ranks / ep).")
   :convert(int("--pp", 1, limits.pp))
 parser:option("--ep", "Expert-parallel ranks per pipeline rank.", "1"):convert(int("--ep", 1, 4096))
-parser:option("--microbatches", "Micro-batches per step (default 2 x pp).")
-  :convert(int("--microbatches", 1, limits.microbatches))
-parser:option("--steps", "Training steps.", "20"):convert(int("--steps", 0, INT32))
-parser:option("--seed", "Seed for initialisation and data.", "1"):convert(int("--seed", 0, INT32))
 parser:option("--experts", "Routed experts per MoE layer.", "8"):convert(int("--experts", 1, 4096))
 parser:option("--topk", "Experts per token.", "2"):convert(int("--topk", 1, 4096))
 parser:option("--redundant", "EPLB: extra expert slots per EP rank.", "0")
@@ -50,14 +46,6 @@ parser:option("--batch", "Sequences per micro-batch (a multiple of ep).", "4")
   :convert(int("--batch", 1, 65536))
 parser:option("--lr", "AdamW learning rate.", "0.005"):convert(cli.number_option("--lr", 0, math.huge))
 parser:option("--text", "Training text.", "/usr/share/common-licenses/GPL-3")
-parser:option("--trace", "Write the measured Chrome trace (all ranks, all-to-alls on the comm track) here.")
-parser:option("--precision", "GEMM precision: f32, or bf16 (bf16 inputs, float32 sums; the rest float32).", "f32")
-  :choices({ "f32", "bf16" })
-parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the GPUs) or cuda:N.", "cpu")
-parser:option("--report", "Write the summary figures (key=value lines) to this file.")
-parser:option("--partition", "Split the model into stages of balanced measured \"cost\" or of equal"
-  .. " \"layers\" counts.", "cost")
-  :choices { "layers", "cost" }
 parser:flag("--reference", "Train the same model in one process (no pipeline, no EP).")
 parser:option("--fb-order", "Overlapped pairs: \"auto\" (the executor's default: whichever half can go "
   .. "on, weight-grads while both wait), \"deepseek\" (DeepSeek-V3's fixed alternation, backward first) or "
@@ -65,6 +53,7 @@ parser:option("--fb-order", "Overlapped pairs: \"auto\" (the executor's default:
   .. "comparison.", "auto")
   :choices { "auto", "deepseek", "forward-first" }
 local args = cli.parse(parser, arg, "train_moe.lua", comm.rank() ~= 0) or cli.usage_exit("train_moe.lua")
+topts.check(args, "train_moe.lua")
 
 local ep = args.ep
 local pp = args.pp or math.max(1, comm.size() // ep)
@@ -73,7 +62,7 @@ local E, K = args.experts, args.topk
 local redundant, every = args.redundant, args.eplb_every
 local blocks, D = args.blocks, args.dim
 local H, T, B = args.hidden, args.context, args.batch
-local Mb = args.microbatches or 2 * pp
+local Mb = args.microbatches or 2 * pp -- (--reference; the pipeline run: train{}'s, the same)
 local lr = args.lr
 if K > E then
   cli.usage_exit("train_moe.lua", string.format("--topk %d is more than --experts %d", K, E))
@@ -170,35 +159,21 @@ if args.reference then
   return
 end
 
-if comm.rank() == 0 then
-  print(string.format("train_moe: %s on pp %d x ep %d = %s, %s, %s top-%d, "
-    .. "%s of %dx%d chars%s", args.schedule, pp, ep, count(comm.size(), "rank"), count(blocks, "MoE block"),
-    count(E, "expert"), K, count(Mb, "micro-batch"), B, T,
-    every > 0 and string.format(", EPLB every %s with %s per EP rank", count(every, "step"),
-      count(redundant, "redundant slot")) or ""))
-end
-local r = train { model = model, schedule = args.schedule, pp = pp, ep = ep, microbatches = Mb,
-  data = data, steps = steps, seed = seed, optimizer = optimizer, link = args.link,
-  trace = args.trace, eplb = every > 0 and { every = every, redundant = redundant } or nil,
-  partition = args.partition, device = args.device, overlapped_fb = overlapped_fb,
-  precision = args.precision }
-if comm.rank() == 0 and r.summary then
-  local s = r.summary
-  local e = s.eplb
-  -- (the summary above has the all-to-all and expert-load figures)
-  if args.trace then print("measured Chrome/Perfetto trace written to " .. args.trace) end
-  if args.report then
-    local out = assert(io.open(args.report, "w"))
-    for _, k in ipairs({ "steps", "step_ms", "predicted_ms", "ratio", "bubble_pct", "sim_bubble_pct",
-      "compute_pct", "wait_pct", "a2a_count", "a2a_ms", "a2a_blocked_ms", "a2a_link_ms", "a2a_hidden_pct",
-      "sim_a2a_ms", "sim_a2a_hidden_pct", "model_ms", "replay_ms", "replay_step_ms", "replay_ratio",
-      "spread_ms", "spread_ratio" }) do
-      out:write(string.format("%s=%s\n", k, tostring(s[k])))
-    end
-    if e then out:write(string.format("load_before=%s\nload_after=%s\nbytes_moved=%d\n", e.before, e.after, e.bytes)) end
-    out:write(string.format("final_loss=%.6f\n", r.losses[#r.losses] or 0))
-    out:write(string.format("precision=%s\n", r.precision))
-    out:write(string.format("oversubscribed=%d\n", s.oversubscribed and 1 or 0))
-    out:close()
-  end
-end
+local r = train(topts.train_fields(args, { model = model, pp = pp, ep = ep, data = data,
+  optimizer = optimizer, link = args.link,
+  eplb = every > 0 and { every = every, redundant = redundant } or nil,
+  overlapped_fb = overlapped_fb,
+  announce = function(info) -- rank 0, once train{} has checked the options (pp x ep = the ranks)
+    print(string.format("train_moe: %s on pp %d x ep %d = %s, %s, %s top-%d, "
+      .. "%s of %dx%d chars%s", args.schedule, pp, ep, count(comm.size(), "rank"), count(blocks, "MoE block"),
+      count(E, "expert"), K, count(info.microbatches, "micro-batch"), B, T,
+      every > 0 and string.format(", EPLB every %s with %s per EP rank", count(every, "step"),
+        count(redundant, "redundant slot")) or ""))
+  end }))
+-- (the summary above has the all-to-all and expert-load figures)
+local e = r.summary and r.summary.eplb
+topts.finish(args, r, { "steps", "step_ms", "predicted_ms", "ratio", "bubble_pct", "sim_bubble_pct",
+  "compute_pct", "wait_pct", "a2a_count", "a2a_ms", "a2a_blocked_ms", "a2a_link_ms", "a2a_hidden_pct",
+  "sim_a2a_ms", "sim_a2a_hidden_pct", "model_ms", "replay_ms", "replay_step_ms", "replay_ratio",
+  "spread_ms", "spread_ratio" }, e and { "load_before=" .. tostring(e.before),
+  "load_after=" .. tostring(e.after), string.format("bytes_moved=%d", e.bytes) } or nil)

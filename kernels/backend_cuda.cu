@@ -760,6 +760,29 @@ lp_status cu_adamw_step(const lp_tensor_backend *be, int64_t n, double lr,
      (k_adamw<<<GRID(n)>>>(n, lr, b1, b2, eps, decay, bc1, bc2, p, g, m, v)));
 }
 
+// One thread per (row, head, pair): the CPU loop's arithmetic, in float.
+__global__ void k_rope(int64_t n, int64_t seq, int64_t heads, int64_t half,
+                       int64_t ld, int64_t hs, const float *cs, int conj,
+                       float *x) {
+  GRID_STRIDE(e, n) {
+    int64_t i = e % half, h = (e / half) % heads, r = e / (half * heads);
+    const float *cr = cs + (r % seq) * 2 * half + 2 * i;
+    float c = cr[0], s = conj ? -cr[1] : cr[1];
+    float *z = x + r * ld + h * hs + 2 * i;
+    float x0 = z[0], x1 = z[1];
+    z[0] = x0 * c - x1 * s;
+    z[1] = x0 * s + x1 * c;
+  }
+}
+
+lp_status cu_rope(const lp_tensor_backend *be, int64_t rows, int64_t seq,
+                  int64_t heads, int64_t dd, int64_t ld, int64_t hs,
+                  const float *cs, int conj, float *x) {
+  if (rows < 0 || seq < 1 || heads < 0 || dd < 0 || dd % 2) return LP_ERR_ARG;
+  int64_t n = rows * heads * (dd / 2);
+  EW("rope", (k_rope<<<GRID(n)>>>(n, seq, heads, dd / 2, ld, hs, cs, conj, x)));
+}
+
 // Creates device `index`'s state (devices_mu held).
 Device *device_new(int index) {
   Device *d = new (std::nothrow) Device();
@@ -827,6 +850,7 @@ Device *device_new(int index) {
   be->sgd_step = cu_sgd_step;
   be->adamw_step = cu_adamw_step;
   be->dot_rows = lpk_cuda_dot_rows;
+  be->rope = cu_rope;
   return d;
 }
 

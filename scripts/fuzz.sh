@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes luapipe's input readers with libFuzzer for SECONDS each (default
 # 60): the schedule CSV reader, the schedule JSON reader, the EPLB load
-# reader (through `luapipe eplb`), the checkpoint reader and the profile
-# trace reader (core/profile); harnesses in
+# reader (through `luapipe eplb`), the checkpoint reader, the profile
+# trace reader (core/profile) and the safetensors reader
+# (core/safetensors); harnesses in
 # tests/fuzz/fuzz_*.c, seeds in tests/fuzz/corpus/<reader>/.
 #
 #   scripts/fuzz.sh [SECONDS] [READER...]

@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config
   lua5.4 liblua5.4-dev lua-unit lua-argparse lua-cjson
+  lua-check # luacheck over lua/ (the lua_luacheck test)
   libcmocka-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev

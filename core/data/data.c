@@ -145,6 +145,21 @@ lp_status lp_data_open(const char *path, const lp_data_opts *opts, lp_data **out
     if (map) munmap((void *)map, size);
     return rc;
   }
+  if (opts->check && opts->vocab > 0) {
+    lp_data probe = {.map = map, .info = info};
+    for (int64_t i = 0; i < info.tokens; i++) {
+      uint32_t id = token_at(&probe, i);
+      if ((int64_t)id >= opts->vocab) {
+        lp_errf(err, "%s: token %u at byte offset %lld is not below the vocabulary size %lld",
+                path, id, (long long)(info.data_offset + i * info.token_bytes),
+                (long long)opts->vocab);
+        lp_free(d->path);
+        lp_free(d);
+        munmap((void *)map, size);
+        return LP_ERR_INVALID;
+      }
+    }
+  }
   info.windows = (info.tokens - 1) / opts->seq_len;
   info.seq_len = opts->seq_len;
   d->map = map;

@@ -38,6 +38,8 @@ typedef struct lp_data_opts {
   int token_bytes;     /* for a file without header: 2 (default when 0) or 4 */
   int64_t vocab;       /* token ids must be below it; 0: not checked */
   int shuffle;         /* nonzero: each epoch reads the windows in a seeded order */
+  int check;           /* nonzero (with vocab): every token is checked at open, so
+                        * a bad id stops the run before it starts */
   uint64_t seed;
 } lp_data_opts;
 
@@ -54,7 +56,8 @@ typedef struct lp_data_info {
  * (LP_ERRLEN) naming the file: missing, empty, a size that is not a whole
  * number of tokens, a shard header that disagrees with the file's size or
  * has an unknown version, too short for one sequence of seq_len + 1
- * tokens. */
+ * tokens; with check and vocab, the first token not below vocab and its
+ * byte offset (LP_ERR_INVALID). */
 lp_status lp_data_open(const char *path, const lp_data_opts *opts,
                        lp_data **out, char *err);
 void lp_data_close(lp_data *d);

@@ -266,6 +266,7 @@ typedef struct load_ctx {
   char *msg;      /* LP_ERRLEN */
   size_t max_sn;  /* largest optimizer state (found by the check pass) */
   float *scratch; /* max_sn floats for the apply pass (aligned copy) */
+  char way_out[2 * CK_NAME_MAX + 200]; /* after a placement mismatch: its schedule */
 } load_ctx;
 
 /* One pass over the stage records: apply = 0 checks everything against the
@@ -280,8 +281,8 @@ static lp_status stages_pass(load_ctx *c, rd *r, int nloc, int apply) {
     if (r->bad) goto corrupt;
     if (id != lp_exec_vstage_id(e, i) || stage != lp_exec_vstage_stage(e, i)) {
       lp_errf(c->msg, "checkpoint %s does not match this run: it holds virtual stage %d (model "
-              "stage %d) where this rank has virtual stage %d (model stage %d)",
-              c->path, id, stage, lp_exec_vstage_id(e, i), lp_exec_vstage_stage(e, i));
+              "stage %d) where this rank has virtual stage %d (model stage %d)%s",
+              c->path, id, stage, lp_exec_vstage_id(e, i), lp_exec_vstage_stage(e, i), c->way_out);
       return LP_ERR_INVALID;
     }
     lp_nn_layer *chunk = lp_exec_vstage_chunk(e, i);
@@ -495,9 +496,14 @@ static lp_status load_file(load_ctx *c, unsigned char *data, size_t size, int64_
   int myrank = lp_comm_rank(lp_exec_comm(e));
   int mynloc = lp_exec_vstages(e);
   const char *mykind = mynloc > 0 ? lp_nn_optim_kind(lp_exec_vstage_optim(e, 0)) : "none";
+  /* another schedule is no difference by itself: parameters and optimizer
+   * state do not depend on it, only on which model stages this rank holds
+   * (checked below and per stage). When those differ, the way out names
+   * the schedule the checkpoint was written under. */
   if (strcmp(name, sched_name(s)) != 0)
-    add_diff(diff, sizeof diff, "schedule '%s' in the checkpoint, '%s' in this run", name,
-             sched_name(s));
+    snprintf(c->way_out, sizeof c->way_out, " (it was written under schedule '%s', this run's "
+             "is '%s': resume under '%s', or a schedule that places the model stages on the ranks "
+             "alike)", name, sched_name(s), name);
   if (P != lp_schedule_ranks(s)) {
     snprintf(a, sizeof a, "%d", P);
     snprintf(b, sizeof b, "%d", lp_schedule_ranks(s));
@@ -533,7 +539,7 @@ static lp_status load_file(load_ctx *c, unsigned char *data, size_t size, int64_
              a, b);
   }
   if (*diff) {
-    lp_errf(c->msg, "checkpoint %s does not match this run: %s", c->path, diff);
+    lp_errf(c->msg, "checkpoint %s does not match this run: %s%s", c->path, diff, c->way_out);
     return LP_ERR_INVALID;
   }
   moe_rec *recs = NULL, *olds = NULL;
@@ -633,7 +639,7 @@ lp_status lp_exec_checkpoint_load(lp_exec *e, const char *dir, int64_t *step) {
     st = LP_ERR_IO;
     goto out;
   }
-  load_ctx c = {e, path, msg, 0, NULL};
+  load_ctx c = {e, path, msg, 0, NULL, ""};
   st = load_file(&c, data, size, step);
 out:
   if (f) fclose(f);

@@ -64,6 +64,19 @@ int lp_exec_local_rank(void) {
   return 0;
 }
 
+lp_status lp_exec_device_index(const char *name, int *device, char *err) {
+  int want = LP_DEVICE_CPU;
+  *device = LP_DEVICE_CPU;
+  lp_status st = lp_exec_device_parse(name, &want, err);
+  if (st != LP_OK || want == LP_DEVICE_CPU) return st;
+  int count = lp_kernels_load() == LP_KERNELS_OK ? lp_kernels_device_count() : 0;
+  if (count <= 0) { /* the backend names the reason */
+    *device = want == LP_DEVICE_LOCAL ? 0 : want;
+    return LP_OK;
+  }
+  return lp_exec_device_pick(name, want, lp_exec_local_rank(), count, device, err);
+}
+
 lp_status lp_exec_device(const char *name, const lp_tensor_backend **be, char *err) {
   *be = NULL;
   int want = LP_DEVICE_CPU, dev = LP_DEVICE_CPU;

@@ -109,6 +109,34 @@ fail:
   return st;
 }
 
+/* The number of shares the step's loss is the mean over: its micro-batches
+ * times the EP shares of each (every EP rank computes the loss of its rows).
+ * Each share's loss is scaled by 1 / loss_shares, and the step's loss is
+ * the sum of all shares over it. */
+static int loss_shares(const lp_exec *e) { return e->M * e->ep; }
+
+lp_status lp_exec_grid_check(int P, int ep, int nprocs, const char *sname, char *err) {
+  if (ep < 0) {
+    lp_errf(err, "ep must be at least 1, got %d", ep);
+    return LP_ERR_ARG;
+  }
+  int E = ep > 1 ? ep : 1;
+  if ((int64_t)P * E == nprocs) return LP_OK;
+  char started[48];
+  if (nprocs > 1) snprintf(started, sizeof started, "mpirun started %d", nprocs);
+  else snprintf(started, sizeof started, "this is one process");
+  if (!sname)
+    lp_errf(err, "pp x ep = %d x %d needs %lld ranks, but %s (run it with mpirun -np %lld)", P, E,
+            (long long)P * E, started, (long long)P * E);
+  else if (E > 1)
+    lp_errf(err, "schedule '%s' runs on %d pipeline rank%s; with ep = %d that is %lld ranks, but "
+            "%s", sname, P, LP_PLURAL(P), E, (long long)P * E, started);
+  else
+    lp_errf(err, "schedule '%s' needs %d rank%s, but %s (run it with mpirun -np %d)", sname, P,
+            LP_PLURAL(P), started, P);
+  return LP_ERR_ARG;
+}
+
 static lp_status f_finish(lp_exec *e, half *h, lp_tensor *y) {
   int v = h->v, mb = h->mb, li = e->loc[v];
   int k = e->kpos[li][mb], last = e->rlen[mb] - 1;
@@ -120,7 +148,7 @@ static lp_status f_finish(lp_exec *e, half *h, lp_tensor *y) {
     if (!tg) LP_CHECK_GOTO(get_data(e, mb, NULL, &tg), st, out);
     LP_CHECK_GOTO(ex_shard(e, &tg, "target", mb), st, out);
     double l = 0;
-    float scale = 1.0f / (float)(e->M * e->ep); /* the mean over micro-batches and EP shares */
+    float scale = 1.0f / (float)loss_shares(e);
     st = lp_nn_loss(e->o.loss, y, tg, scale, &l, &dy);
     if (st != LP_OK) {
       char t[LP_ACTION_TEXT_MAX];
@@ -393,26 +421,11 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   e->V = lp_schedule_vstages(s);
   e->M = lp_schedule_microbatches(s);
   const char *sname = *lp_schedule_name(s) ? lp_schedule_name(s) : "(unnamed)";
-  if (opts->ep < 0) {
-    lp_errf(e->err, "ep must be at least 1, got %d", opts->ep);
-    st = LP_ERR_ARG;
+  if ((st = lp_exec_grid_check(e->P, opts->ep, lp_comm_size(e->world), sname, e->err)) != LP_OK)
     goto fail;
-  }
   LP_CHECK_GOTO(ex_grid_new(e), st, fail);
   e->be = opts->backend ? opts->backend : lp_tensor_backend_cpu();
   LP_CHECK_GOTO(ex_ep_device_new(e), st, fail);
-  if (e->ep > 1 && lp_comm_size(e->comm) != e->P) {
-    lp_errf(e->err, "schedule '%s' needs pp = %d ranks per EP index: %d x %d = %d ranks, but "
-            "this job has %d", sname, e->P, e->P, e->ep, e->P * e->ep, lp_comm_size(e->world));
-    st = LP_ERR_ARG;
-    goto fail;
-  }
-  if (lp_comm_size(e->comm) != e->P) {
-    lp_errf(e->err, "schedule '%s' needs %d rank%s, but this job has %d (run it with "
-            "mpirun -np %d)", sname, e->P, LP_PLURAL(e->P), lp_comm_size(e->comm), e->P);
-    st = LP_ERR_ARG;
-    goto fail;
-  }
   if (e->P > 1 && !lp_schedule_has_comm(s)) {
     lp_errf(e->err, "schedule '%s' is not lowered: call lp_schedule_lower first", sname);
     st = LP_ERR_ARG;
@@ -480,9 +493,9 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     }
     LP_CHECK_GOTO(chunk_to_backend(e, vs), st, fail);
     LP_CHECK_GOTO(ex_ep_attach(e, vs), st, fail);
-    /* what the loss takes (the mean over micro-batches and EP shares): MoE
-     * balance losses become means over the step's sequences too */
-    LP_CHECK_GOTO(lp_nn_set_loss_scale(vs->chunk, 1.0f / (float)(e->M * e->ep)), st, fail);
+    /* what the loss takes (loss_shares): MoE balance losses become means
+     * over the step's sequences too */
+    LP_CHECK_GOTO(lp_nn_set_loss_scale(vs->chunk, 1.0f / (float)loss_shares(e)), st, fail);
     LP_CHECK_GOTO(setup_optim(e, vs), st, fail);
     vs->slots = lp_calloc((size_t)e->M, sizeof(slot));
     vs->wq = lp_calloc((size_t)e->M, sizeof(int));
@@ -764,7 +777,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       goto fail;
     }
   }
-  if (loss) *loss = sum / (e->M * e->ep);
+  if (loss) *loss = sum / loss_shares(e);
   ex_timing_commit(e, t_opt - start);
   return LP_OK;
 fail:

@@ -75,9 +75,12 @@ typedef struct lp_exec_opts {
    * (targets may stay on the host), activations and gradients are received
    * into tensors there and travel between pipeline ranks over
    * lp_comm_for_backend's context (NCCL, or MPI staged through pinned host
-   * memory; the comm itself for host tensors or a one-rank pipeline). Gradient sums and checkpoints go through
-   * lp_tensor_read / _write, and so do an MoE layer's EP exchanges (its
-   * routing decisions are made on the host). */
+   * memory; the comm itself for host tensors or a one-rank pipeline).
+   * Gradient sums and checkpoints go through lp_tensor_read / _write. An
+   * MoE layer's routing decisions are made on the host; its EP exchanges
+   * move the token rows in device memory over the EP group's context for
+   * the backend (lp_comm_for_backend: NCCL, or MPI staged through pinned
+   * host memory), as activations do. */
   const lp_tensor_backend *backend;
   /* > 0: global gradient-norm clipping at this norm, as
    * torch.nn.utils.clip_grad_norm_ over the whole model (every parameter
@@ -95,6 +98,16 @@ typedef struct lp_exec_opts {
  * barrier to align trace clocks). */
 lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts,
                       lp_exec **out, char *err);
+
+/* The one rule of a job's shape: a schedule of P pipeline ranks, each
+ * with ep EP ranks (0 or 1: no EP), runs on P x ep processes (rank =
+ * pipeline rank * ep + EP index). LP_OK, or LP_ERR_ARG with the mistake in
+ * err (LP_ERRLEN) in the words of someone who chose how many processes to
+ * start: sname names the schedule ("schedule '1f1b' needs 4 ranks, but
+ * mpirun started 2 (run it with mpirun -np 4)"); NULL speaks of pp and ep
+ * as given ("pp x ep = 1 x 2 needs 2 ranks, but this is one process ...").
+ * lp_exec_new asks it; so does luapipe.train before it builds anything. */
+lp_status lp_exec_grid_check(int P, int ep, int nprocs, const char *sname, char *err);
 void lp_exec_free(lp_exec *e);
 
 /* Text of the last failure ("" when none). */
@@ -378,7 +391,7 @@ lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb);
  * weight-grad piece while both wait (the previous pair's backward's last
  * weight-grads, carried over, first), and waits for whichever exchange
  * ends first only when nothing is left. Otherwise (a backend that needs one
- * order on every rank, as NCCL does; EP exchanges go over MPI today) a
+ * order on every rank, as NCCL does: a GPU run's EP context over NCCL) a
  * fixed order, DeepSeek-V3's: advances alternate backward first,
  * the forward's "dispatch" advance right after the one before it, and the
  * ready weight-grad pieces after each backward advance. */
@@ -490,6 +503,13 @@ lp_status lp_exec_device_pick(const char *name, int want, int local_rank, int vi
 /* This process's rank among the ranks of its node (OMPI_COMM_WORLD_LOCAL_RANK,
  * MPI_LOCALRANKID or SLURM_LOCALID), 0 when no launcher says. */
 int lp_exec_local_rank(void);
+/* The device index a name means for this process, by the rule above,
+ * without making a backend: LP_DEVICE_CPU for "cpu", N for "cuda:N", for
+ * "cuda" the local rank's device modulo the visible ones (device 0 when
+ * none is visible or the CUDA module cannot load: the backend then says
+ * why). LP_ERR_ARG with the parse error for a bad name. (layer:to asks
+ * this, so "cuda" means the same device there as in training.) */
+lp_status lp_exec_device_index(const char *name, int *device, char *err);
 /* name -> the backend to train on (*be NULL for the CPU), loading the CUDA
  * module when a device is wanted. LP_OK, or a status with one line in err
  * naming the device and why it cannot be used (bad name, built without

@@ -82,7 +82,8 @@ lp_status ex_carry_w(lp_exec *e, int *ran) {
  * its input-grad has finished run at once (DeepSeek's MLP(W) and ATTN(W)
  * right after their B: more compute under the exchanges in flight). Every
  * rank of the EP group starts its exchanges in this same order (decided
- * by phase names only), as a backend without any_order (NCCL) needs; it
+ * by the halves' phases, lp_nn_phase values, only), as a backend without
+ * any_order (NCCL) needs; it
  * also runs every pair without EP exchanges. */
 static lp_status run_fb_fixed(lp_exec *e) {
   int fd = 0, bd = 0;

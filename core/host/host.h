@@ -10,8 +10,9 @@ int host_docall(lua_State *L, int nargs, int nres);
 void host_sigint_install(void);
 /* Returns 1 and clears it when a Ctrl-C is pending outside a call. */
 int host_interrupt_take(void);
-/* Prints the error message on top of the stack (if status is not OK) to
- * stderr and pops it. */
+/* Prints the error on top of the stack (if status is not OK) to stderr and
+ * pops it; a luapipe.Error table goes to the job policy (luapipe.cli.job),
+ * which prints it and says the exit status. */
 void host_report(lua_State *L, int status);
 /* Runs the interactive REPL until end of input. */
 void host_repl(lua_State *L);

@@ -1,7 +1,10 @@
 /* main.c — the luapipe program: runs scripts (`luapipe FILE.lua args`),
  * code (`-e`), subcommands written in Lua (`luapipe simulate ...`) and an
  * interactive REPL. Everything runs inside one protected pmain; every chunk
- * goes through docall (traceback handler, SIGINT hook). */
+ * goes through docall (traceback handler, SIGINT hook). A luapipe.Error
+ * that ends a chunk goes to the job policy (luapipe.cli.job), which prints
+ * it and says the exit status: the program's edge, where the job's fate is
+ * decided (the library never ends the process). */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
 #include <lauxlib.h>
@@ -12,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "host.h"
@@ -32,16 +36,80 @@ static const char *progname = "luapipe";
 
 static lua_State *volatile running_L; /* the state inside host_docall, or NULL */
 static volatile sig_atomic_t pending; /* Ctrl-C not yet turned into an error */
+static lua_Integer interrupts;        /* Ctrl-Cs turned into errors so far */
 
 static void stop_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);
   pending = 0;
+  interrupts++;
   luaL_error(L, "interrupted!");
+}
+
+/* core.interrupts() -> how many Ctrl-Cs have interrupted a call so far: a
+ * caller that catches errors (the search keeping its best on Ctrl-C) tells
+ * an interrupt from other failures by this count, not by the message. */
+static int l_interrupts(lua_State *L) {
+  lua_pushinteger(L, interrupts);
+  return 1;
+}
+
+/* ---- the line a stopped job leaves ----
+ * A program may set one line for the process to print when a signal stops
+ * it: SIGTERM (what mpirun sends every rank on Ctrl-C) or the first
+ * SIGINT. luapipe.train on rank 0 sets where a resume would start. The
+ * handler prints it once with write(2) from the buffer in force; setting
+ * fills the other buffer and then switches, so the handler never reads a
+ * line being written. */
+static char note_buf[2][1024];
+static volatile sig_atomic_t note_at = -1; /* the buffer in force, or -1 */
+
+static int write_note(void) {
+  int i = note_at;
+  if (i < 0) return 0;
+  note_at = -1;
+  ssize_t w = write(STDERR_FILENO, note_buf[i], strlen(note_buf[i]));
+  (void)w;
+  return 1;
+}
+
+static void on_sigterm(int sig) {
+  /* mpirun, taking the job down, may stop reading a rank's output as soon
+   * as the rank is gone: give the line a moment to be read first */
+  if (write_note()) {
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* core.set_stop_note(line | nil): the line to print if a signal stops the
+ * process (nil: none). The SIGTERM handler is installed the first time. */
+static int l_set_stop_note(lua_State *L) {
+  static int installed;
+  const char *t = luaL_optstring(L, 1, NULL);
+  if (!t) {
+    note_at = -1;
+    return 0;
+  }
+  int i = note_at == 0 ? 1 : 0;
+  snprintf(note_buf[i], sizeof note_buf[i], "%s\n", t);
+  note_at = i;
+  if (!installed) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigterm;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    installed = 1;
+  }
+  return 0;
 }
 
 static void on_sigint(int sig) {
   lua_State *L = running_L;
+  if (!pending) write_note();
   if (L && pending) { /* the first one is still on its way: stop hard */
     signal(sig, SIG_DFL);
     raise(sig);
@@ -66,12 +134,41 @@ int host_interrupt_take(void) {
   return was;
 }
 
+/* The exit status the last error reported asks for (1 unless the job
+ * policy said otherwise). */
+static int report_status = 1;
+
+/* An error value that is a table (a luapipe.Error: fields, not text) goes
+ * to the job policy, luapipe.cli.job.failed(err), which prints it as the
+ * job wants (once per job, or taking every rank down) and returns the exit
+ * status. 0 when the policy itself failed (the error is still on top). */
+static int job_policy(lua_State *L) {
+  int err = lua_gettop(L);
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "luapipe.cli.job");
+  if (lp_lua_pcall(L, 1, 1) != LUA_OK || !lua_istable(L, -1)) {
+    lua_settop(L, err);
+    return 0;
+  }
+  lua_getfield(L, -1, "failed");
+  lua_pushvalue(L, err);
+  if (lp_lua_pcall(L, 1, 1) != LUA_OK || !lua_isinteger(L, -1)) {
+    lua_settop(L, err);
+    return 0;
+  }
+  report_status = (int)lua_tointeger(L, -1);
+  lua_settop(L, err - 1);
+  return 1;
+}
+
 void host_report(lua_State *L, int status) {
   if (status != LUA_OK) {
-    const char *msg = lua_tostring(L, -1);
+    report_status = 1;
+    if (lua_type(L, -1) == LUA_TTABLE && job_policy(L)) return;
+    const char *msg = luaL_tolstring(L, -1, NULL);
     fprintf(stderr, "%s: %s\n", progname, msg ? msg : "(error without a message)");
     fflush(stderr);
-    lua_pop(L, 1);
+    lua_pop(L, 2);
   }
 }
 
@@ -80,7 +177,7 @@ int host_docall(lua_State *L, int nargs, int nres) {
   running_L = L;
   if (pending) /* arrived between calls: interrupt this one at once */
     lua_sethook(L, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
-  int status = lp_lua_pcall(L, nargs, nres);
+  int status = lp_lua_pcall_keep(L, nargs, nres); /* a luapipe.Error stays a table */
   running_L = outer;
   return status;
 }
@@ -119,6 +216,10 @@ static int open_core(lua_State *L) {
   lua_call(L, 0, 1);
   lua_pushcfunction(L, l_output_is_terminal);
   lua_setfield(L, -2, "output_is_terminal");
+  lua_pushcfunction(L, l_interrupts);
+  lua_setfield(L, -2, "interrupts");
+  lua_pushcfunction(L, l_set_stop_note);
+  lua_setfield(L, -2, "set_stop_note");
   return 1;
 }
 
@@ -411,13 +512,19 @@ static int pmain(lua_State *L) {
   /* second pass: run -e chunks in order */
   for (int j = 1; j < (script ? script : argc); j++) {
     if (strcmp(argv[j], "-e") == 0) {
-      if (run_string(L, argv[++j], "=(command line)") != LUA_OK) return 0;
+      if (run_string(L, argv[++j], "=(command line)") != LUA_OK) {
+        ha->exit_code = report_status;
+        return 0;
+      }
     } else if (strcmp(argv[j], "--") == 0) {
       break;
     }
   }
   if (script) {
-    if (run_script(L, argv, argc, script) != LUA_OK) return 0;
+    if (run_script(L, argv, argc, script) != LUA_OK) {
+      ha->exit_code = report_status;
+      return 0;
+    }
   }
   int ran_something = script || version;
   for (int j = 1; j < argc && !ran_something; j++)
@@ -426,7 +533,10 @@ static int pmain(lua_State *L) {
     if (interactive || isatty(STDIN_FILENO)) {
       host_repl(L);
     } else { /* `luapipe < file`: run stdin as a script */
-      if (run_chunk(L, luaL_loadfile(L, NULL)) != LUA_OK) return 0;
+      if (run_chunk(L, luaL_loadfile(L, NULL)) != LUA_OK) {
+        ha->exit_code = report_status;
+        return 0;
+      }
     }
   }
   ha->exit_code = 0;

@@ -36,7 +36,7 @@ static lua_Integer opt_int_field(lua_State *L, int idx, const char *k, lua_Integ
   return v;
 }
 
-/* core.data_open(path, {seq_len =, token_bytes =, vocab =, shuffle =, seed =}) */
+/* core.data_open(path, {seq_len =, token_bytes =, vocab =, shuffle =, seed =, check =}) */
 static int lb_data_open(lua_State *L) {
   const char *path = luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -51,6 +51,9 @@ static int lb_data_open(lua_State *L) {
   o.seed = (uint64_t)opt_int_field(L, 2, "seed", 0);
   lua_getfield(L, 2, "shuffle");
   o.shuffle = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "check");
+  o.check = lua_toboolean(L, -1);
   lua_pop(L, 1);
   dataset_box *b = lb_box_new(L, sizeof *b, LB_DATASET);
   char err[LP_ERRLEN];

@@ -61,15 +61,9 @@ static lp_status exec_data(void *ud, int64_t step, int mb, lp_tensor **input,
 /* The callbacks below run inside the core (lp_exec_new, lp_exec_step): no
  * Lua error may unwind through its C frames. Each one therefore does all
  * its Lua work in a C function called through the pcall choke point
- * (lp_lua_pcall); pushing that function and a light userdata cannot raise. */
-
-/* The error object on top of the stack as one line: the message of
- * lp_lua_pcall without the traceback that it appends. */
-static int error_len(lua_State *L) {
-  const char *m = lua_tostring(L, -1);
-  const char *tb = m ? strstr(m, "\nstack traceback:") : NULL;
-  return m ? (tb ? (int)(tb - m) : (int)strlen(m)) : 0;
-}
+ * (lp_lua_pcall_line: the error's own one line, no traceback, for the
+ * core's message); pushing that function and a light userdata cannot
+ * raise. */
 
 typedef struct build_call {
   exec_box *b;
@@ -105,13 +99,13 @@ static lp_status build_chunk(void *ud, int stage, lp_nn_layer **out, char *err) 
   }
   lua_pushcfunction(L, build_chunk_p);
   lua_pushlightuserdata(L, &c);
-  int rc = lp_lua_pcall(L, 1, 0);
+  int rc = lp_lua_pcall_line(L, 1, 0);
   lp_status st = LP_OK;
   if (rc == LUA_ERRMEM) {
     lp_errf(err, "the build function ran out of memory");
     st = LP_ERR_NOMEM;
   } else if (rc != LUA_OK) {
-    lp_errf(err, "the build function raised: %.*s", error_len(L), lua_tostring(L, -1));
+    lp_errf(err, "the build function raised: %s", lua_tostring(L, -1));
     st = LP_ERR_ARG;
   } else if (c.got) {
     lp_errf(err, "the build function must return a luapipe.Layer, got %s", c.got);
@@ -168,8 +162,8 @@ static lp_status lua_fb(void *ud, lp_exec *e, const lp_action *a) {
   lua_pushcfunction(L, lua_fb_p);
   lua_pushlightuserdata(L, &c);
   lp_status st = LP_OK;
-  if (lp_lua_pcall(L, 1, 0) != LUA_OK) {
-    lp_errf(msg, "overlapped_fb hook failed on %s: %.*s", t, error_len(L), lua_tostring(L, -1));
+  if (lp_lua_pcall_line(L, 1, 0) != LUA_OK) {
+    lp_errf(msg, "overlapped_fb hook failed on %s: %s", t, lua_tostring(L, -1));
     lp_exec_set_error(e, msg);
     st = LP_ERR_ARG;
   }
@@ -255,6 +249,18 @@ static int lb_exec_device(lua_State *L) {
   char err[LP_ERRLEN];
   if (lp_exec_device(luaL_checkstring(L, 1), &be, err) != LP_OK) return lb_fail(L, err);
   lua_pushstring(L, be ? be->name : "cpu");
+  return 1;
+}
+
+/* core.exec_grid_check(P, ep, nprocs[, schedule name]) -> true | nil,
+ * message: the job-shape rule (lp_exec_grid_check) luapipe.train asks
+ * before it builds anything. */
+static int lb_exec_grid_check(lua_State *L) {
+  char err[LP_ERRLEN];
+  if (lp_exec_grid_check(lb_check_int(L, 1), lb_check_int(L, 2), lb_check_int(L, 3),
+                         luaL_optstring(L, 4, NULL), err) != LP_OK)
+    return lb_fail(L, err);
+  lua_pushboolean(L, 1);
   return 1;
 }
 
@@ -834,6 +840,7 @@ void lb_open_exec(lua_State *L) {
                                   {NULL, NULL}};
   static const luaL_Reg funcs[] = {{"exec_new", lb_exec_new},
                                    {"exec_device", lb_exec_device},
+                                   {"exec_grid_check", lb_exec_grid_check},
                                    {"mkdir_p", lb_mkdir_p},
                                    {NULL, NULL}};
   lb_new_class(L, LB_EXEC, "Exec", methods, meta);

@@ -17,6 +17,7 @@ void lb_open_exec(lua_State *L);
 void lb_open_profile(lua_State *L);
 void lb_open_search(lua_State *L);
 void lb_open_data(lua_State *L);
+void lb_open_safetensors(lua_State *L);
 
 /* t[k] = v for the table on top of the stack. */
 void lb_set_number(lua_State *L, const char *k, double v);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "lb_nn.h"
+#include "lp_exec.h"
 #include "lp_kernels.h"
 #include "lp_lua.h"
 
@@ -279,6 +280,101 @@ static lp_nn_moe_opts moe_opts(lua_State *L, int idx, const char *kind) {
   return o;
 }
 
+/* ---- DeepSeek-V3's MLA (nn.mla) ----
+ * The options of an mla spec at idx: model.py's ModelArgs keys, each
+ * absent one at lp_nn_mla_defaults(). Raises for a field of the wrong
+ * type; returns the rule the options break (lp_nn_mla_check), or NULL. */
+static const char *mla_opts(lua_State *L, int idx, lp_nn_mla_opts *o) {
+  *o = lp_nn_mla_defaults();
+  static const struct {
+    const char *k;
+    size_t off;
+  } ints[] = {{"dim", offsetof(lp_nn_mla_opts, dim)},
+              {"n_heads", offsetof(lp_nn_mla_opts, n_heads)},
+              {"q_lora_rank", offsetof(lp_nn_mla_opts, q_lora_rank)},
+              {"kv_lora_rank", offsetof(lp_nn_mla_opts, kv_lora_rank)},
+              {"qk_nope_head_dim", offsetof(lp_nn_mla_opts, qk_nope_head_dim)},
+              {"qk_rope_head_dim", offsetof(lp_nn_mla_opts, qk_rope_head_dim)},
+              {"v_head_dim", offsetof(lp_nn_mla_opts, v_head_dim)},
+              {"max_seq_len", offsetof(lp_nn_mla_opts, max_seq_len)},
+              {"original_seq_len", offsetof(lp_nn_mla_opts, original_seq_len)}},
+    dbls[] = {{"rope_theta", offsetof(lp_nn_mla_opts, rope_theta)},
+              {"rope_factor", offsetof(lp_nn_mla_opts, rope_factor)},
+              {"beta_fast", offsetof(lp_nn_mla_opts, beta_fast)},
+              {"beta_slow", offsetof(lp_nn_mla_opts, beta_slow)},
+              {"mscale", offsetof(lp_nn_mla_opts, mscale)}};
+  idx = lua_absindex(L, idx);
+  for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+    lua_getfield(L, idx, ints[i].k);
+    int ok = 1;
+    if (!lua_isnil(L, -1))
+      *(int64_t *)((char *)o + ints[i].off) = (int64_t)lua_tointegerx(L, -1, &ok);
+    lua_pop(L, 1);
+    if (!ok) luaL_error(L, "layer 'mla': field '%s' must be an integer", ints[i].k);
+  }
+  for (size_t i = 0; i < sizeof dbls / sizeof *dbls; i++) {
+    lua_getfield(L, idx, dbls[i].k);
+    int ok = 1;
+    if (!lua_isnil(L, -1))
+      *(double *)((char *)o + dbls[i].off) = (double)lua_tonumberx(L, -1, &ok);
+    lua_pop(L, 1);
+    if (!ok) luaL_error(L, "layer 'mla': field '%s' must be a number", dbls[i].k);
+  }
+  lua_getfield(L, idx, "eps");
+  int ok = 1;
+  if (!lua_isnil(L, -1)) o->eps = (float)lua_tonumberx(L, -1, &ok);
+  lua_pop(L, 1);
+  if (!ok) luaL_error(L, "layer 'mla': field 'eps' must be a number");
+  const char *why = NULL;
+  lp_nn_mla_check(o, &why);
+  return why;
+}
+
+/* core.nn_mla_check(spec) -> nil, or the rule the options break */
+static int lb_nn_mla_check(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lp_nn_mla_opts o;
+  const char *why = mla_opts(L, 1, &o);
+  if (why) lua_pushstring(L, why);
+  else lua_pushnil(L);
+  return 1;
+}
+
+static lp_status build_mla(lua_State *L, int idx, const char *name, uint64_t seed,
+                           lp_nn_layer **out) {
+  lp_nn_mla_opts o;
+  const char *why = mla_opts(L, idx, &o);
+  if (why) luaL_error(L, "layer 'mla': %s", why);
+  return lp_nn_mla_new(name, &o, seed, out);
+}
+
+static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t seed,
+                             lp_nn_layer **out);
+
+/* model.py's Block: {kind = "mla_block", attn = <mla spec>, ffn = <spec>};
+ * the ffn is built as "<name>.ffn". */
+static lp_status build_mla_block(lua_State *L, int idx, const char *name, uint64_t seed,
+                                 lp_nn_layer **out) {
+  idx = lua_absindex(L, idx);
+  lp_nn_mla_opts o;
+  lua_getfield(L, idx, "attn");
+  if (!lua_istable(L, -1)) luaL_error(L, "layer 'mla_block': field 'attn' must be an nn.mla spec");
+  const char *why = mla_opts(L, -1, &o);
+  if (why) luaL_error(L, "layer 'mla_block': attn: %s", why);
+  lua_pop(L, 1);
+  lua_getfield(L, idx, "ffn");
+  if (!lua_istable(L, -1)) luaL_error(L, "layer 'mla_block': field 'ffn' must be a layer spec");
+  char sub[256];
+  snprintf(sub, sizeof sub, "%s.ffn", name);
+  lp_nn_layer *ffn = NULL;
+  lp_status st = build_layer(L, -1, sub, seed, &ffn);
+  lua_pop(L, 1);
+  if (st != LP_OK) return st;
+  st = lp_nn_mla_block_new(name, &o, ffn, seed, out);
+  lp_nn_layer_release(ffn);
+  return st;
+}
+
 /* Builds the layer described by the spec table at idx. */
 static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t seed,
                              lp_nn_layer **out) {
@@ -325,6 +421,11 @@ static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t s
     lp_nn_moe_opts o = moe_opts(L, idx, kind);
     return lp_nn_moe_block_new(name, field_int(L, idx, "heads", 1, 0, kind), &o, seed, out);
   }
+  if (strcmp(kind, "mla") == 0) return build_mla(L, idx, name, seed, out);
+  if (strcmp(kind, "mla_block") == 0) return build_mla_block(L, idx, name, seed, out);
+  if (strcmp(kind, "swiglu") == 0)
+    return lp_nn_swiglu_new(name, field_int(L, idx, "dim", 0, 1, kind),
+                            field_int(L, idx, "inter_dim", 0, 1, kind), seed, out);
   if (strcmp(kind, "residual") == 0) {
     lua_getfield(L, idx, "inner");
     char sub[256];
@@ -338,7 +439,7 @@ static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t s
     return st;
   }
   luaL_error(L, "unknown layer kind '%s' (linear, embedding, gelu, silu, rmsnorm, attention, "
-             "mlp_block, transformer_block, moe, moe_block, residual)", kind);
+             "mlp_block, transformer_block, moe, moe_block, mla, swiglu, mla_block, residual)", kind);
   return LP_ERR_ARG;
 }
 
@@ -407,7 +508,8 @@ static int lb_layer_params(lua_State *L) {
   return 1;
 }
 
-/* layer:set_params{[name] = {values...}} -> layer. Unknown names raise. */
+/* layer:set_params{[name] = {values...} | Tensor} -> layer. Unknown names
+ * raise; a Tensor must have the parameter's shape. */
 static int lb_layer_set_params(lua_State *L) {
   lp_nn_layer *l = lb_check_layer(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -425,6 +527,21 @@ static int lb_layer_set_params(lua_State *L) {
     while (i < n && strcmp(p[i].name, name) != 0) i++;
     if (i == n) return luaL_error(L, "set_params: no parameter '%s'", name);
     int64_t c = lp_tensor_numel(p[i].value);
+    tensor_box *tb = luaL_testudata(L, -1, LB_TENSOR);
+    if (tb) { /* a Tensor of the parameter's shape: copied as it is */
+      if (!tb->t) return luaL_error(L, "set_params: '%s' is a closed tensor", name);
+      int same = tb->t->ndim == p[i].value->ndim;
+      for (int d = 0; same && d < tb->t->ndim; d++)
+        same = tb->t->shape[d] == p[i].value->shape[d];
+      if (!same)
+        return luaL_error(L, "set_params: '%s' has %I elements in another shape than the tensor "
+                          "given (%I elements)", name, (lua_Integer)c,
+                          (lua_Integer)lp_tensor_numel(tb->t));
+      lp_status st = lp_tensor_copy(p[i].value, tb->t);
+      if (st != LP_OK) return luaL_error(L, "set_params: '%s': %s", name, lp_strerror(st));
+      lua_pop(L, 1);
+      continue;
+    }
     if (!lua_istable(L, -1))
       return luaL_error(L, "set_params: '%s' must be a list of %I numbers, got a %s", name,
                         (lua_Integer)c, luaL_typename(L, -1));
@@ -530,24 +647,19 @@ static int lb_layer_update_bias(lua_State *L) {
   return 1;
 }
 
-/* layer:to(device) -> layer | nil, message. device: "cpu", "cuda" (device
- * 0) or "cuda:N". Moves every parameter and grad (build optimizers after). */
+/* layer:to(device) -> layer | nil, message. device: "cpu", "cuda" or
+ * "cuda:N", meaning what they mean to training (lp_exec_device_index: "cuda"
+ * is the local rank's device). Moves every parameter and grad (build
+ * optimizers after). */
 static int lb_layer_to(lua_State *L) {
   lp_nn_layer *l = lb_check_layer(L, 1);
   const char *dev = luaL_checkstring(L, 2);
-  const lp_tensor_backend *be = NULL;
-  if (!strcmp(dev, "cpu")) {
-    be = lp_tensor_backend_cpu();
-  } else if (!strncmp(dev, "cuda", 4) && (dev[4] == 0 || dev[4] == ':')) {
-    char *end = NULL;
-    long n = dev[4] ? strtol(dev + 5, &end, 10) : 0;
-    if (dev[4] && (end == dev + 5 || *end || n < 0 || n > 1023))
-      return luaL_error(L, "to: device '%s' is not cpu, cuda or cuda:N", dev);
-    be = lp_tensor_backend_cuda((int)n);
-    if (!be) return lb_fail(L, lp_kernels_last_error());
-  } else {
-    return luaL_error(L, "to: device '%s' is not cpu, cuda or cuda:N", dev);
-  }
+  char err[LP_ERRLEN];
+  int n = LP_DEVICE_CPU;
+  if (lp_exec_device_index(dev, &n, err) != LP_OK) return luaL_error(L, "to: %s", err);
+  const lp_tensor_backend *be =
+      n == LP_DEVICE_CPU ? lp_tensor_backend_cpu() : lp_tensor_backend_cuda(n);
+  if (!be) return lb_fail(L, lp_kernels_last_error());
   lp_status st = lp_nn_layer_to(l, be);
   if (st != LP_OK) {
     char msg[LP_ERRLEN];
@@ -987,6 +1099,7 @@ void lb_open_nn(lua_State *L) {
   static const luaL_Reg funcs[] = {{"tensor", lb_tensor_new},
                                    {"check_shape", lb_check_shape_fn},
                                    {"nn_layer", lb_nn_layer},
+                                   {"nn_mla_check", lb_nn_mla_check},
                                    {"nn_chunk", lb_nn_chunk},
                                    {"bf16_engine", lb_bf16_engine},
                                    {"nn_optim", lb_nn_optim},

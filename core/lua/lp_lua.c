@@ -19,13 +19,50 @@ int lp_lua_traceback(lua_State *L) {
   return 1;
 }
 
-int lp_lua_pcall(lua_State *L, int nargs, int nresults) {
+/* The error value as one line: a string, its __tostring, or its type. */
+static int line_handler(lua_State *L) {
+  if (lua_type(L, 1) == LUA_TSTRING) return 1;
+  if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+  lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  return 1;
+}
+
+static int is_error_object(lua_State *L, int idx) {
+  if (lua_type(L, idx) != LUA_TTABLE) return 0;
+  int t = luaL_getmetafield(L, idx, "__name");
+  int yes = t == LUA_TSTRING && strcmp(lua_tostring(L, -1), "luapipe.Error") == 0;
+  if (t != LUA_TNIL) lua_pop(L, 1);
+  return yes;
+}
+
+static int keep_handler(lua_State *L) {
+  if (is_error_object(L, 1)) {
+    lua_settop(L, 1);
+    return 1;
+  }
+  return lp_lua_traceback(L);
+}
+
+/* The choke point: every call into Lua goes through here. */
+static int pcall_with(lua_State *L, int nargs, int nresults, lua_CFunction handler) {
   int base = lua_gettop(L) - nargs; /* function index */
-  lua_pushcfunction(L, lp_lua_traceback);
+  lua_pushcfunction(L, handler);
   lua_insert(L, base);
   int st = lua_pcall(L, nargs, nresults, base);
   lua_remove(L, base);
   return st;
+}
+
+int lp_lua_pcall(lua_State *L, int nargs, int nresults) {
+  return pcall_with(L, nargs, nresults, lp_lua_traceback);
+}
+
+int lp_lua_pcall_line(lua_State *L, int nargs, int nresults) {
+  return pcall_with(L, nargs, nresults, line_handler);
+}
+
+int lp_lua_pcall_keep(lua_State *L, int nargs, int nresults) {
+  return pcall_with(L, nargs, nresults, keep_handler);
 }
 
 void *lb_box_new(lua_State *L, size_t size, const char *tname) {
@@ -157,5 +194,6 @@ int luaopen_luapipe_core(lua_State *L) {
   lb_open_profile(L);
   lb_open_search(L);
   lb_open_data(L);
+  lb_open_safetensors(L);
   return 1;
 }

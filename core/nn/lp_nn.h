@@ -588,3 +588,76 @@ lp_status lp_nn_optim_state_export(const lp_nn_optim *o, float *buf, size_t n,
  * step count. LP_ERR_ARG (state untouched) when n differs or steps < 0. */
 lp_status lp_nn_optim_state_import(lp_nn_optim *o, const float *buf, size_t n,
                                    int64_t steps);
+
+/* ======================================================================
+ * DeepSeek-V3's dense layers, as inference/model.py of deepseek-ai/
+ * DeepSeek-V3 defines them (parameter names and shapes are model.py's, so
+ * a checkpoint loads by name: <name>.wq_a.weight, ...).
+ *
+ * MLA, Multi-head Latent Attention (kind "mla"): x [batch, seq, dim] ->
+ * y, same shape, causal. With H heads, dn = qk_nope_head_dim, dr =
+ * qk_rope_head_dim, dq = dn + dr, dv = v_head_dim:
+ *   q  = x Wq^T, or (q_lora_rank > 0) q_norm(x Wq_a^T) Wq_b^T   [.., H*dq]
+ *   [c | k_pe] = x Wkv_a^T, c of kv_lora_rank, k_pe of dr (one for all
+ *   heads); kv = kv_norm(c) Wkv_b^T [.., H*(dn+dv)]: head h's dn key
+ *   columns, then its dv value columns;
+ *   RoPE (adjacent pairs as complex numbers, position = index in seq) on
+ *   every head's last dr query columns and on k_pe;
+ *   scores_h = q_h . [k_nope_h | k_pe] * softmax_scale, causal softmax;
+ *   o_h = P_h v_h; y = concat(o_h) Wo^T. No biases; RMSNorms with eps.
+ * softmax_scale = dq^-0.5, times mscale'^2 with mscale' = 0.1 * mscale *
+ * ln(rope_factor) + 1 when max_seq_len > original_seq_len (YaRN: the
+ * rotary frequencies are then blended between f / rope_factor and f over
+ * the correction range of beta_fast / beta_slow, as model.py's
+ * precompute_freqs_cis). seq must be <= max_seq_len.
+ * Params, in this order: <name>.wq.weight [H*dq, dim] | <name>.wq_a.weight
+ * [q_lora_rank, dim], .q_norm.weight [q_lora_rank], .wq_b.weight [H*dq,
+ * q_lora_rank]; .wkv_a.weight [kv_lora_rank + dr, dim], .kv_norm.weight
+ * [kv_lora_rank], .wkv_b.weight [H*(dn+dv), kv_lora_rank], .wo.weight
+ * [dim, H*dv]. Linear weights ~ N(0, 1/sqrt(in)), norms = 1.
+ * ====================================================================== */
+
+typedef struct lp_nn_mla_opts {
+  int64_t dim, n_heads;
+  int64_t q_lora_rank; /* 0: no query LoRA (wq) */
+  int64_t kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+  int64_t max_seq_len, original_seq_len;
+  double rope_theta, rope_factor, beta_fast, beta_slow, mscale;
+  float eps; /* the RMSNorms' (model.py: 1e-6) */
+} lp_nn_mla_opts;
+
+/* model.py's ModelArgs defaults (dim 2048, 16 heads, no q LoRA, kv rank
+ * 512, 128 + 64 qk, 128 v, max_seq_len 16384 > original 4096: YaRN with
+ * factor 40, beta 32 / 1, mscale 1, theta 10000; eps 1e-6). */
+lp_nn_mla_opts lp_nn_mla_defaults(void);
+
+/* LP_ERR_ARG (with *why, when given, a static line naming the field) for
+ * sizes < 1 (q_lora_rank < 0), an odd qk_rope_head_dim, rope_theta <= 1,
+ * max_seq_len < 1, YaRN with rope_factor, beta_fast or beta_slow <= 0. */
+lp_status lp_nn_mla_check(const lp_nn_mla_opts *o, const char **why);
+lp_status lp_nn_mla_new(const char *name, const lp_nn_mla_opts *o,
+                        uint64_t seed, lp_nn_layer **layer);
+/* The options an mla layer was built with (borrowed), NULL otherwise. */
+const lp_nn_mla_opts *lp_nn_mla_get_opts(const lp_nn_layer *l);
+/* The rotary frequencies (qk_rope_head_dim / 2 floats, YaRN applied) and
+ * the softmax scale the layer uses, computed as model.py does in float32. */
+lp_status lp_nn_mla_rope_freqs(const lp_nn_mla_opts *o, float *freqs);
+double lp_nn_mla_softmax_scale(const lp_nn_mla_opts *o);
+
+/* SwiGLU MLP, model.py's MLP (kind "swiglu"): x [..., dim] ->
+ * w2(silu(w1 x) * w3 x). Params <name>.w1.weight [inter_dim, dim],
+ * .w2.weight [dim, inter_dim], .w3.weight [inter_dim, dim], ~ N(0,
+ * 1/sqrt(in)). */
+lp_status lp_nn_swiglu_new(const char *name, int64_t dim, int64_t inter_dim,
+                           uint64_t seed, lp_nn_layer **layer);
+
+/* DeepSeek-V3's Block (model.py): h = x + attn(attn_norm(x)), then
+ * y = h + ffn(ffn_norm(h)); attn an MLA of options o named <name>.attn,
+ * the norms <name>.attn_norm and <name>.ffn_norm (RMSNorm of o->dim,
+ * o->eps), ffn the given layer (a new reference is taken; build it named
+ * <name>.ffn: an lp_nn_swiglu_new for the first n_dense_layers, else an
+ * lp_nn_moe_new), so the parameters are model.py's layers.<i>.* names.
+ * x [batch, seq, o->dim]. */
+lp_status lp_nn_mla_block_new(const char *name, const lp_nn_mla_opts *o,
+                              lp_nn_layer *ffn, uint64_t seed,
+                              lp_nn_layer **layer);

@@ -126,44 +126,7 @@ static lp_status xfinish(lp_nn_layer *l, lp_nn_ctx *ctx) {
   return LP_OK;
 }
 
-/* SwiGLU forward on rows x [n, D]: a1 = x W1^T, a3 = x W3^T,
- * h = silu(a1) * a3, out = h W2^T. */
-static lp_status swiglu_fwd(lp_tensor_precision prec, const lp_tensor *x, const lp_tensor *w1,
-                            const lp_tensor *w3, const lp_tensor *w2,
-                            lp_tensor *a1, lp_tensor *a3, lp_tensor *h,
-                            lp_tensor *out) {
-  LP_CHECK(nn_gemm(prec, a1, 1.0f, x, 0, w1, 1, 0.0f));
-  LP_CHECK(nn_gemm(prec, a3, 1.0f, x, 0, w3, 1, 0.0f));
-  LP_CHECK(lp_tensor_act(h, LP_TENSOR_ACT_SILU, a1));
-  LP_CHECK(lp_tensor_mul(h, h, a3));
-  return nn_gemm(prec, out, 1.0f, h, 0, w2, 1, 0.0f);
-}
-
-/* SwiGLU input-grad: dh = dout W2; da3 = dh * silu(a1); da1 = dh * a3 *
- * silu'(a1); dx (+)= da1 W1 + da3 W3 (beta: 0 overwrite, 1 accumulate). */
-static lp_status swiglu_bwd(lp_tensor_precision prec, const lp_tensor *dout, const lp_tensor *a1,
-                            const lp_tensor *a3, const lp_tensor *w1,
-                            const lp_tensor *w3, const lp_tensor *w2,
-                            lp_tensor *da1, lp_tensor *da3, lp_tensor *dx,
-                            float beta) {
-  LP_CHECK(nn_gemm(prec, da1, 1.0f, dout, 0, w2, 0, 0.0f)); /* dh */
-  LP_CHECK(lp_tensor_act(da3, LP_TENSOR_ACT_SILU, a1));
-  LP_CHECK(lp_tensor_mul(da3, da3, da1));
-  LP_CHECK(lp_tensor_mul(da1, da1, a3));
-  LP_CHECK(lp_tensor_act_backward(da1, LP_TENSOR_ACT_SILU, a1, da1));
-  LP_CHECK(nn_gemm(prec, dx, 1.0f, da1, 0, w1, 0, beta));
-  return nn_gemm(prec, dx, 1.0f, da3, 0, w3, 0, 1.0f);
-}
-
-/* SwiGLU weight-grad: dW1 += da1^T x, dW3 += da3^T x, dW2 += dout^T h. */
-static lp_status swiglu_wgrad(lp_tensor_precision prec, const lp_tensor *x, const lp_tensor *h,
-                              const lp_tensor *dout, const lp_tensor *da1,
-                              const lp_tensor *da3, lp_tensor *g1,
-                              lp_tensor *g3, lp_tensor *g2) {
-  LP_CHECK(nn_gemm(prec, g1, 1.0f, da1, 1, x, 0, 1.0f));
-  LP_CHECK(nn_gemm(prec, g3, 1.0f, da3, 1, x, 0, 1.0f));
-  return nn_gemm(prec, g2, 1.0f, dout, 1, h, 0, 1.0f);
-}
+/* The experts' SwiGLU math is nn_swiglu_fwd / _bwd / _wgrad (swiglu.c). */
 
 /* ---- forward ---- */
 
@@ -171,7 +134,7 @@ static lp_status swiglu_wgrad(lp_tensor_precision prec, const lp_tensor *x, cons
  * layer flies (it depends on x only): its first half (a1 = x W1^T, a3 =
  * x W3^T, h = silu(a1) * a3) after the dispatch has started, its output
  * (h W2^T) after the combine has started. The same operations on the same
- * tensors as swiglu_fwd at once: bitwise the same output. */
+ * tensors as nn_swiglu_fwd at once: bitwise the same output. */
 static lp_status shared_fwd_in(lp_nn_layer *l, lp_nn_ctx *ctx) {
   nn_moe *m = moe_of(l);
   moe_route *rt = ctx->ext;
@@ -297,7 +260,7 @@ static lp_status fwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
     if (st == LP_OK) st = rows_of(h, a, n, &v[3]);
     if (st == LP_OK) st = rows_of(oute, a, n, &v[4]);
     if (st == LP_OK)
-      st = swiglu_fwd(l->precision, v[0], P_SLOT(l, j, 0).value, P_SLOT(l, j, 1).value,
+      st = nn_swiglu_fwd(l->precision, v[0], P_SLOT(l, j, 0).value, P_SLOT(l, j, 1).value,
                       P_SLOT(l, j, 2).value, v[1], v[2], v[3], v[4]);
     for (int i = 0; i < 5; i++)
       lp_tensor_free(v[i]);
@@ -389,7 +352,7 @@ static lp_status bwd_dense(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
     nn_keep(ctx, M_SHDA1, da1);
     LP_CHECK(new2(rt, n, m->hs, &da3));
     nn_keep(ctx, M_SHDA3, da3);
-    LP_CHECK(swiglu_bwd(l->precision, dy2, ctx->saved[M_SHA1], ctx->saved[M_SHA3],
+    LP_CHECK(nn_swiglu_bwd(l->precision, dy2, ctx->saved[M_SHA1], ctx->saved[M_SHA3],
                         P_SH(l, 0).value, P_SH(l, 1).value, P_SH(l, 2).value,
                         da1, da3, dx, 1.0f));
     nn_drop(ctx, M_SHA1);
@@ -429,7 +392,7 @@ static lp_status bwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
     if (st == LP_OK) st = rows_of(da3, a, n, &v[4]);
     if (st == LP_OK) st = rows_of(dxe, a, n, &v[5]);
     if (st == LP_OK)
-      st = swiglu_bwd(l->precision, v[0], v[1], v[2], P_SLOT(l, j, 0).value,
+      st = nn_swiglu_bwd(l->precision, v[0], v[1], v[2], P_SLOT(l, j, 0).value,
                       P_SLOT(l, j, 1).value, P_SLOT(l, j, 2).value, v[3], v[4],
                       v[5], 0.0f);
     for (int i = 0; i < 6; i++)
@@ -525,7 +488,7 @@ static lp_status experts_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
     for (int i = 0; i < 5 && st == LP_OK; i++)
       st = rows_of(ctx->saved[src[i]], a, n, &v[i]);
     if (st == LP_OK)
-      st = swiglu_wgrad(l->precision, v[0], v[1], v[2], v[3], v[4], P_SLOT(l, j, 0).grad,
+      st = nn_swiglu_wgrad(l->precision, v[0], v[1], v[2], v[3], v[4], P_SLOT(l, j, 0).grad,
                         P_SLOT(l, j, 1).grad, P_SLOT(l, j, 2).grad);
     for (int i = 0; i < 5; i++)
       lp_tensor_free(v[i]);
@@ -544,7 +507,7 @@ static lp_status moe_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   LP_CHECK(lp_tensor_gemm(l->params[0].grad, 1.0f, ctx->saved[M_DLOG], 1, x, 0,
                           1.0f));
   if (m->o.shared > 0)
-    LP_CHECK(swiglu_wgrad(l->precision, x, ctx->saved[M_SHH], ctx->saved[M_DY],
+    LP_CHECK(nn_swiglu_wgrad(l->precision, x, ctx->saved[M_SHH], ctx->saved[M_DY],
                           ctx->saved[M_SHDA1], ctx->saved[M_SHDA3],
                           P_SH(l, 0).grad, P_SH(l, 1).grad, P_SH(l, 2).grad));
   return rt->experts_w_done ? LP_OK : experts_weight_grad(l, ctx);

@@ -9,7 +9,10 @@
  * admits. The gate keeps the state safe (docs/search.md): every candidate
  * decodes to a valid, deadlock-free schedule within the memory limit.
  * Seeds: rule priorities, Zero Bubble's greedy (reimplemented), and any
- * schedule given (families); improvement: simulated annealing on the
+ * schedule given (families); improvement: late-acceptance hill climbing
+ * (a changed candidate is kept when it scores no worse than the current
+ * one or than the score recorded 64 moves before; after 4000 moves without
+ * a new best it restarts from the best, kicked by random moves) on the
  * priorities, split bits and pairing, within a time budget. Lower bounds:
  * per-rank work with start skew, one micro-batch's critical path, memory
  * time (docs/search.md). Uses lp_base, lp_schedule and lp_sim. */
@@ -117,8 +120,9 @@ lp_status lp_search_add_schedule(lp_search *S, lp_schedule *s, const char *label
  * and split[vstage * microbatches + mb] (NULL: the default). */
 lp_status lp_search_seed_keys(lp_search *S, const double *keys, const unsigned char *split,
                               const char *label);
-/* Anneals for up to `seconds` (wall clock) or max_evals decodes (<= 0: no
- * limit); can be called again to continue. */
+/* Improves the candidate (late-acceptance hill climbing) for up to
+ * `seconds` (wall clock) or max_evals decodes (<= 0: no limit); can be
+ * called again to continue. */
 lp_status lp_search_run(lp_search *S, double seconds, long long max_evals);
 
 void lp_search_stats_of(const lp_search *S, lp_search_stats *out);

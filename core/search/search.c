@@ -395,7 +395,7 @@ static lp_status decode(lp_search *S, cand *c) {
     for (int q = 0; q < S->P; q++)
       if (D->T[q] < bt) bt = D->T[q], r = q;
     if (r < 0) {
-      lp_errf(S->err, "search: the decoder stalled with %lld actions left (a bug: the memory gate "
+      lp_errf(S->err, "the decoder stalled with %lld actions left (a bug: the memory gate "
               "should keep every candidate deadlock-free)", D->left);
       return LP_ERR_INTERNAL;
     }
@@ -432,7 +432,7 @@ lp_status search_score(lp_search *S, const lp_search_eval *e, double *score) {
   } else {
     double v = S->fn(S->ud, e);
     if (!(v == v)) {
-      lp_errf(S->err, "search: the objective function failed or returned no number");
+      lp_errf(S->err, "the objective function failed or returned no number");
       return LP_ERR_ARG;
     }
     *score = v;
@@ -712,7 +712,7 @@ const char *lp_search_last_error(const lp_search *S) { return S->err; }
 lp_status lp_search_best_schedule(lp_search *S, lp_schedule **out) {
   *out = NULL;
   if (!S->have_best) {
-    lp_errf(S->err, "search: no schedule found yet");
+    lp_errf(S->err, "no schedule found yet");
     return LP_ERR_ARG;
   }
   if (S->best_sched) {
@@ -733,7 +733,7 @@ lp_status lp_search_best_schedule(lp_search *S, lp_schedule **out) {
   if (st == LP_OK) {
     st = lp_schedule_validate(s);
     if (st != LP_OK)
-      lp_errf(S->err, "search: the found schedule does not validate (a bug): %s",
+      lp_errf(S->err, "the found schedule does not validate (a bug): %s",
               lp_schedule_last_error(s));
   }
   if (st != LP_OK) {
@@ -801,7 +801,7 @@ lp_status lp_search_add_schedule(lp_search *S, lp_schedule *s, const char *label
   char err[LP_ERRLEN];
   lp_status st = lp_sim_run(s, S->cost, &res, err);
   if (st != LP_OK) {
-    lp_errf(S->err, "search: %s: %s", label, err);
+    lp_errf(S->err, "%s: %s", label, err);
     return st;
   }
   int P = lp_sim_ranks(res);

@@ -17,36 +17,36 @@ static void *zalloc(size_t n, size_t size, int *bad) {
 static lp_status check_problem(const lp_search_problem *p, char *err) {
   char why[LP_ERRLEN];
   if (lp_schedule_check_counts(p->ranks, p->stages, p->microbatches, why) != LP_OK) {
-    lp_errf(err, "search: %s", why);
+    lp_errf(err, "%s", why);
     return LP_ERR_ARG;
   }
   if (p->nvstages < p->stages || p->nvstages > LP_SCHEDULE_MAX_VSTAGES || !p->vstage_stage ||
       !p->vstage_rank) {
-    lp_errf(err, "search: the placement must place every model stage (%d virtual stages for %d "
+    lp_errf(err, "the placement must place every model stage (%d virtual stages for %d "
             "model stages)", p->nvstages, p->stages);
     return LP_ERR_ARG;
   }
   for (int v = 0; v < p->nvstages; v++) {
     if (p->vstage_stage[v] < 0 || p->vstage_stage[v] >= p->stages) {
-      lp_errf(err, "search: virtual stage %d holds model stage %d, not one of 0..%d", v,
+      lp_errf(err, "virtual stage %d holds model stage %d, not one of 0..%d", v,
               p->vstage_stage[v], p->stages - 1);
       return LP_ERR_ARG;
     }
     if (p->vstage_rank[v] < 0 || p->vstage_rank[v] >= p->ranks) {
-      lp_errf(err, "search: virtual stage %d is placed on rank %d, not one of 0..%d", v,
+      lp_errf(err, "virtual stage %d is placed on rank %d, not one of 0..%d", v,
               p->vstage_rank[v], p->ranks - 1);
       return LP_ERR_ARG;
     }
   }
   if (p->nroutes < 1 || !p->routes) {
-    lp_errf(err, "search: no route");
+    lp_errf(err, "no route");
     return LP_ERR_ARG;
   }
   for (int k = 0; k < p->nroutes; k++) {
     for (int s = 0; s < p->stages; s++) {
       int v = p->routes[k * p->stages + s];
       if (v < 0 || v >= p->nvstages || p->vstage_stage[v] != s) {
-        lp_errf(err, "search: route %d, position %d: virtual stage %d does not hold model stage %d",
+        lp_errf(err, "route %d, position %d: virtual stage %d does not hold model stage %d",
                 k, s, v, s);
         return LP_ERR_ARG;
       }
@@ -54,39 +54,39 @@ static lp_status check_problem(const lp_search_problem *p, char *err) {
   }
   for (int m = 0; p->mb_route && m < p->microbatches; m++) {
     if (p->mb_route[m] < 0 || p->mb_route[m] >= p->nroutes) {
-      lp_errf(err, "search: micro-batch %d takes route %d, not one of 0..%d", m, p->mb_route[m],
+      lp_errf(err, "micro-batch %d takes route %d, not one of 0..%d", m, p->mb_route[m],
               p->nroutes - 1);
       return LP_ERR_ARG;
     }
   }
   if (!(p->w_share >= 0 && p->w_share <= 1)) {
-    lp_errf(err, "search: w_share = %g must be a number in 0..1", p->w_share);
+    lp_errf(err, "w_share = %g must be a number in 0..1", p->w_share);
     return LP_ERR_ARG;
   }
   for (int s = 0; p->act && s < p->stages; s++) {
     if (!(p->act[s] > 0 && p->act[s] < 1e12)) {
-      lp_errf(err, "search: activation size of model stage %d = %g must be a positive number", s,
+      lp_errf(err, "activation size of model stage %d = %g must be a positive number", s,
               p->act[s]);
       return LP_ERR_ARG;
     }
   }
   for (int r = 0; p->memory && r < p->ranks; r++) {
     if (!(p->memory[r] > 0)) {
-      lp_errf(err, "search: memory limit of rank %d = %g must be a positive number of "
+      lp_errf(err, "memory limit of rank %d = %g must be a positive number of "
               "activations", r, p->memory[r]);
       return LP_ERR_ARG;
     }
   }
   if (p->split < 0 || p->split > 2 || p->objective < 0 || p->objective > 2) {
-    lp_errf(err, "search: bad split mode or objective");
+    lp_errf(err, "bad split mode or objective");
     return LP_ERR_ARG;
   }
   if (p->objective == LP_SEARCH_CUSTOM && !p->fn) {
-    lp_errf(err, "search: a custom objective needs a function");
+    lp_errf(err, "a custom objective needs a function");
     return LP_ERR_ARG;
   }
   if (p->cost && p->cost->nexchange_stages > 0) {
-    lp_errf(err, "search: MoE exchanges in the cost model are not searched over (give F, B, I, "
+    lp_errf(err, "MoE exchanges in the cost model are not searched over (give F, B, I, "
             "W, FB and latency)");
     return LP_ERR_ARG;
   }
@@ -158,12 +158,12 @@ lp_status search_setup(lp_search *S, const lp_search_problem *p, char *err) {
   S->cost = &S->cost_copy;
   char why[LP_ERRLEN];
   if (lp_sim_message_delay(S->cost, &S->lat, why) != LP_OK) {
-    lp_errf(err, "search: %s", why);
+    lp_errf(err, "%s", why);
     return LP_ERR_ARG;
   }
   for (int v = 0; v < V; v++) {
     if (lp_sim_cost_resolve(S->cost, S->vs_stage[v], &S->t[v], why) != LP_OK) {
-      lp_errf(err, "search: %s", why);
+      lp_errf(err, "%s", why);
       return LP_ERR_ARG;
     }
     S->fbset[v] = S->t[v].fb != LP_SIM_UNSET;
@@ -185,7 +185,7 @@ lp_status search_setup(lp_search *S, const lp_search_problem *p, char *err) {
     for (int v = 0; v < V; v++)
       if (S->vs_rank[v] == r) S->rv_list[S->rv_first[r + 1]++] = v;
     if (S->rv_first[r + 1] - S->rv_first[r] > LP_SEARCH_MAX_LOCAL) {
-      lp_errf(err, "search: rank %d holds %d virtual stages, more than the %d a search handles", r,
+      lp_errf(err, "rank %d holds %d virtual stages, more than the %d a search handles", r,
               S->rv_first[r + 1] - S->rv_first[r], LP_SEARCH_MAX_LOCAL);
       return LP_ERR_ARG;
     }
@@ -219,7 +219,7 @@ lp_status search_setup(lp_search *S, const lp_search_problem *p, char *err) {
     for (int m = 0; m < M; m++)
       if (S->need[r * M + m] > S->maxneed[r]) S->maxneed[r] = S->need[r * M + m];
     if (S->maxneed[r] > S->limit[r] + 1e-9) {
-      lp_errf(err, "search: the memory limit of rank %d (%g activations) is less than one "
+      lp_errf(err, "the memory limit of rank %d (%g activations) is less than one "
               "micro-batch needs there (%g)", r, S->limit[r], S->maxneed[r]);
       return LP_ERR_ARG;
     }

@@ -409,6 +409,26 @@ static lp_status cpu_adamw_step(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
+static lp_status cpu_rope(const lp_tensor_backend *be, int64_t rows,
+                          int64_t seq, int64_t heads, int64_t d, int64_t ld,
+                          int64_t hs, const float *cs, int conj, float *x) {
+  (void)be;
+  if (rows < 0 || seq < 1 || heads < 0 || d < 0 || d % 2) return LP_ERR_ARG;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *cr = cs + (r % seq) * d;
+    for (int64_t h = 0; h < heads; h++) {
+      float *z = x + r * ld + h * hs;
+      for (int64_t i = 0; i < d; i += 2) {
+        float c = cr[i], s = conj ? -cr[i + 1] : cr[i + 1];
+        float x0 = z[i], x1 = z[i + 1];
+        z[i] = x0 * c - x1 * s;
+        z[i + 1] = x0 * s + x1 * c;
+      }
+    }
+  }
+  return LP_OK;
+}
+
 static const lp_tensor_backend cpu_backend = {
     .name = "cpu",
     .host_accessible = 1,
@@ -442,6 +462,7 @@ static const lp_tensor_backend cpu_backend = {
     .sgd_step = cpu_sgd_step,
     .adamw_step = cpu_adamw_step,
     .dot_rows = cpu_dot_rows,
+    .rope = cpu_rope,
     .gemm_bf16 = lp_tensor_cpu_gemm_bf16,
 };
 

@@ -159,6 +159,16 @@ struct lp_tensor_backend {
   lp_status (*dot_rows)(const lp_tensor_backend *be, int64_t n, int64_t cols,
                         const float *a, const int64_t *idx, const float *b,
                         float *out);
+  /* Rotary embedding in DeepSeek's layout (adjacent pairs are complex
+   * numbers, not the rotate-half split), in place: for row r < rows (at
+   * position r % seq), head h < heads and pair i < d/2, z = x[r*ld + h*hs
+   * + 2i] + i x[r*ld + h*hs + 2i + 1] becomes z * (c + i s), or z * (c - i
+   * s) when conj (the backward), with c = cs[(r % seq)*d + 2i] and s =
+   * cs[(r % seq)*d + 2i + 1] (cs: seq x d floats of this backend). Real
+   * part x0 c - x1 s, imaginary part x0 s + x1 c, each in float. */
+  lp_status (*rope)(const lp_tensor_backend *be, int64_t rows, int64_t seq,
+                    int64_t heads, int64_t d, int64_t ld, int64_t hs,
+                    const float *cs, int conj, float *x);
 
   /* Mixed-precision GEMM, as gemm but with every element of A and B
    * rounded to bf16 (nearest even) before the products, which are summed

@@ -54,18 +54,23 @@ local util = require("luapipe.util")
 local M = {}
 
 -- A failure every rank knows of (a marker every rank read, or one agree()
--- told every rank of): on one process an error; under mpirun it is printed
--- once, by `speaker` (the first rank that failed, with its own message;
--- default rank 0), and every rank exits with status 1 (no copy and no
--- traceback per rank).
+-- told every rank of): on one process an error; under mpirun every rank
+-- raises it as a luapipe.Error with everywhere = true and speaker = the
+-- first rank that failed (with its own message; default rank 0): the job
+-- policy (luapipe.cli.job) prints it once and every rank exits with status
+-- 1 (no copy and no traceback per rank).
 local function fail(msg, speaker)
-  if comm.size() == 1 then error(msg, 0) end
-  if comm.rank() == (speaker or 0) then
-    io.stderr:write("luapipe: ", msg, "\n")
-    io.stderr:flush()
-  end
-  comm.barrier("luapipe.train: every rank stops on a checkpoint error")
-  os.exit(1)
+  util.arg("checkpoint.fail_all", 1, "msg", msg, "string", "a message")
+  util.arg("checkpoint.fail_all", 2, "speaker", speaker, "?integer", "a rank")
+  if comm.size() == 1 then util.fail(msg, 0) end
+  util.fail({ what = msg, everywhere = true, speaker = speaker or 0, status = 1 }, 0)
+end
+
+-- A collective that failed (the comm's own message): the other ranks may
+-- be left waiting, so the error says so (stranded: the job policy takes
+-- the job down).
+local function fail_comm(msg)
+  util.fail({ what = msg, stranded = comm.size() > 1 }, 0)
 end
 
 -- cfg must be what checkpoint.options returned (field: the one fn needs).
@@ -90,7 +95,7 @@ local function agree(ok, err, what)
   for r = 1, size do v[r] = 0 end
   if not ok then v[comm.rank() + 1] = 1 end
   local all, cerr = comm.allreduce(v, what)
-  if not all then comm.abort(cerr) end
+  if not all then fail_comm(cerr) end
   local bad = {}
   for r = 1, size do
     if all[r] ~= 0 then bad[#bad + 1] = tostring(r - 1) end
@@ -179,7 +184,7 @@ end
 local function share(v, what)
   if comm.size() == 1 then return v end
   local all, err = comm.world():bcast(v, 0, what)
-  if not all then comm.abort(err) end
+  if not all then fail_comm(err) end
   for i, x in ipairs(all) do all[i] = math.tointeger(x) or x end
   return all
 end
@@ -209,7 +214,7 @@ end
 local function barrier(what)
   if comm.size() == 1 then return end
   local ok, err = comm.barrier(what)
-  if not ok then comm.abort(err) end
+  if not ok then fail_comm(err) end
 end
 
 -- What rank 0 reads of dir's markers for clean_stale, on every rank
@@ -304,7 +309,7 @@ function M.recorded_partition(cfg, stages, nlayers)
   end
   if comm.size() > 1 then
     local all, err = comm.world():bcast(v, 0, "resume: the partition recorded in " .. cfg.resume_dir)
-    if not all then comm.abort(err) end
+    if not all then fail_comm(err) end
     v = all
   end
   if v[1] ~= 1 then return nil, v[1] == 2 and "other" or "none" end
@@ -347,6 +352,9 @@ function M.resume(cfg, exec)
     local t
     t, why = read_marker(marker)
     v[1] = t and t.step or (why and -2 or -1)
+    -- the schedule it was written under (rank 0 only: for train's note
+    -- when this run's differs; the rank files decide whether it loads)
+    cfg.written_under = t and type(t.schedule) == "string" and t.schedule or nil
     if t and cfg.resume_dir == cfg.dir then
       local p = read_marker(dir .. "/pending")
       if p then v[2] = p.step end
@@ -401,7 +409,8 @@ function M.resume(cfg, exec)
   return step
 end
 
--- Saves after step k when k is a multiple of cfg.every (collective).
+-- Saves after step k when k is a multiple of cfg.every, or is cfg.last
+-- (the run's last step, set by luapipe.train) (collective).
 -- state (optional): a function called on every rank when it saves (it may
 -- be collective) giving a JSON-able table, the same on every rank, that
 -- rank 0 writes to step<k>/state.json (resume puts it in cfg.state).
@@ -411,7 +420,7 @@ function M.after_step(cfg, exec, k, info, state)
   util.arg("checkpoint.after_step", 2, "exec", exec, "luapipe.Exec")
   util.arg("checkpoint.after_step", 3, "step", k, "integer")
   util.arg("checkpoint.after_step", 5, "state", state, "?function")
-  if not cfg or not cfg.every or k % cfg.every ~= 0 then return end
+  if not cfg or not cfg.every or (k % cfg.every ~= 0 and k ~= cfg.last) then return end
   if state then state = state() end
   local rank = comm.rank()
   local dir, sdir = cfg.dir, step_dir(cfg.dir, k)
@@ -450,6 +459,7 @@ function M.after_step(cfg, exec, k, info, state)
       '{"step": %d, "dir": "step%d", "ranks": %d, "schedule": %s, "time": %d}\n',
       k, k, comm.size(), json.quote(info and info.name or ""), os.time()))
     if ok then os.remove(dir .. "/pending") end
+    if ok and cfg.on_commit then cfg.on_commit(k) end -- (train: where a resume would start)
   end
   msg, first = agree(ok, err, "writing " .. dir .. "/latest")
   if msg then fail("luapipe.train: " .. msg, first) end

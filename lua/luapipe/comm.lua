@@ -6,13 +6,15 @@
 --   local right = (comm.rank() + 1) % comm.size()
 --   assert(comm.send(right, {1, 2, 3}, 7))
 --   local xs, err = comm.recv(left, 3, 7, "ring step 1")
---   if not xs then comm.abort(err) end
+--   if not xs then error(err, 0) end
 --
 -- Every wait is bounded by LUAPIPE_TIMEOUT seconds (default 300): a peer
 -- that never answers makes the call return nil, message (naming this rank,
--- the peer, the tag and the description); comm.abort(message) then takes
--- every rank down. Runtime failures return nil, message; misuse (a peer
--- out of range, sending to oneself, a bad tag) raises an error.
+-- the peer, the tag and the description). Runtime failures return nil,
+-- message; misuse (a peer out of range, sending to oneself, a bad tag)
+-- raises an error. The library never ends the process: what a failed
+-- script does to the job is the program's (luapipe.cli.job), which may
+-- call abort.
 local core = require("luapipe.core")
 local util = require("luapipe.util")
 
@@ -114,7 +116,8 @@ function M.link() return M.world():link() end
 M.parse_link = core.link_parse
 
 -- abort([msg]): prints "luapipe: rank R: <msg>" and ends every rank (exit
--- code 1). Does not return.
+-- code 1). Does not return. For programs (the job policy, a script's own
+-- decision); the library raises errors instead.
 M.abort = core.comm_abort
 
 -- a mistyped name ("luapipe.comm.x") gets a "did you mean"

@@ -20,8 +20,9 @@
 --
 -- A bad file stops at data.tokens with one line naming it: missing, not a
 -- whole number of tokens, a shard header that disagrees with the file's
--- size, too short for one sequence. A token id not below `vocab` stops the
--- step that reads it, naming the file and the token's byte offset.
+-- size, too short for one sequence, a token id not below `vocab` (with its
+-- byte offset: every token is checked at open, a few GB/s; check = false
+-- leaves it to the step that reads the token, which then fails naming it).
 local core = require("luapipe.core")
 local util = require("luapipe.util")
 local nn = require("luapipe.nn")
@@ -33,7 +34,8 @@ Dataset.__index = Dataset
 
 -- data.tokens(path, opts) -> Dataset; opts: seq_len (required), vocab
 -- (token ids must be below it; default: not checked), token_bytes (2 or 4,
--- for a file without header; default 2), shuffle (default false), seed.
+-- for a file without header; default 2), shuffle (default false), seed,
+-- check (default true: every token checked against vocab at open).
 function M.tokens(path, opts)
   util.arg("data.tokens", 1, "path", path, "string", "a token file's path")
   util.arg("data.tokens", 2, "opts", opts, "table", "{seq_len =, vocab =, ...}")
@@ -41,7 +43,7 @@ function M.tokens(path, opts)
   if opts.vocab ~= nil then util.int_arg("data.tokens", 2, "opts.vocab", opts.vocab, 1) end
   local handle, err = core.data_open(path, {
     seq_len = opts.seq_len, vocab = opts.vocab, token_bytes = opts.token_bytes,
-    shuffle = opts.shuffle, seed = opts.seed,
+    shuffle = opts.shuffle, seed = opts.seed, check = opts.check ~= false,
   })
   if not handle then util.raise(err) end
   local self = setmetatable({ handle = handle, path = path, seq_len = opts.seq_len }, Dataset)

@@ -43,12 +43,14 @@ end
 -- previous: the plan in force, as a result of rebalance or its
 --   physical_to_logical (tables or compact string).
 -- Returns {physical_to_logical, logical_to_physical, logical_count,
---   gpu_load, gpu_copies (with previous: copies each GPU receives), stats = {balancedness, gpu_max_over_mean, node_max_over_mean,
+--   gpu_load, gpu_copies (with previous: copies each GPU receives),
+--   stats = {balancedness, gpu_max_over_mean, node_max_over_mean,
 --   off_node_load, copies, duplicates, solve_ms, refine_steps, refine_work,
 --   refine_cut (balanced mode's swap refinement: swaps, budget units
 --   spent, passes its budget stopped), per_layer = {...}},
 --   layers, experts, replicas, gpus, nodes, width, policy, mode, compact}
--- or nil, message (also beyond eplb.limits: "58 layers x 131072 replicas =
+-- or nil, message[, where] (where = {layer =}: with previous, the layer
+-- of it the planner refused, 0-based, when one is to blame) (also beyond eplb.limits: "58 layers x 131072 replicas =
 -- 7602176 slots: more than the limit of 4194304 slots in all (layers x
 -- replicas)"). compact = true gives the three maps as strings of
 -- native int32 (read them with string.unpack("i4", s, 4 * i + 1)).
@@ -61,12 +63,33 @@ end
 -- fixed_x every expert's row padded with -1 to fixed_x entries: DeepSeek's
 -- layout at fixed_x = replicas - experts + 1), made in C.
 -- Calls a core planner; an option error it raises (a count out of range,
--- a wrong type) is raised again at the caller of eplb.rebalance/evaluate,
--- without a position inside luapipe.
+-- a wrong type) is raised again at the caller of eplb.rebalance/evaluate
+-- (the binding's errors carry no position of their own).
 local function call_core(f, args)
   local ok, r, err = pcall(f, args)
-  if not ok then error((tostring(r):gsub("^[^:\n]*:%d+: ", "")), 3) end
+  if not ok then error(util.message(r), 3) end
   return r, err
+end
+
+-- The layer (0-based) of the previous plan the planner refused, found by
+-- planning each layer alone with and without its previous row (never read
+-- from the message); nil when no one layer is to blame.
+local function refused_layer(args)
+  local prev = args.previous
+  if type(prev) == "table" and prev.physical_to_logical then prev = prev.physical_to_logical end
+  if type(prev) ~= "table" or type(args.load) ~= "table" then return nil end
+  for l = 1, #args.load do
+    local one = {}
+    for k, v in pairs(args) do one[k] = v end
+    one.load, one.previous, one.max_moves = { args.load[l] }, { prev[l] }, nil
+    local ok, r = pcall(core.eplb_rebalance, one)
+    if ok and not r then
+      one.previous = nil
+      local ok2, r2 = pcall(core.eplb_rebalance, one)
+      if ok2 and r2 then return l - 1 end
+    end
+  end
+  return nil
 end
 
 function M.rebalance(opts)
@@ -77,6 +100,7 @@ function M.rebalance(opts)
   args.groups = args.groups or 1
   args.nodes = args.nodes or 1
   local r, err = call_core(core.eplb_rebalance, args) -- not a tail call: error level 3
+  if not r and args.previous ~= nil then return nil, err, { layer = refused_layer(args) } end
   return r, err
 end
 

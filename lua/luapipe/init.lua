@@ -25,6 +25,7 @@ local lazy = {
   cli = "luapipe.cli",
   search = "luapipe.search",
   profile = "luapipe.profile",
+  models = "luapipe.models",
 }
 
 local function names()

@@ -29,8 +29,8 @@ function M.check(spec, who)
   who = who or "lr_schedule"
   if type(spec) == "function" then return nil end
   if type(spec) ~= "table" then
-    return string.format("%s must be a table {warmup =, decay =, steps =, min_lr =} or a function(step) -> rate, got %s",
-      who, util.shown(spec))
+    return string.format("%s must be a table {warmup =, decay =, steps =, min_lr =} or a function(step) -> rate,"
+      .. " got %s", who, util.shown(spec))
   end
   for k in pairs(spec) do
     if k ~= "warmup" and k ~= "decay" and k ~= "steps" and k ~= "min_lr" then
@@ -79,6 +79,31 @@ function M.at(spec, lr, steps, who)
     if decay == "linear" then return lr + (min_lr - lr) * p end
     return min_lr + (lr - min_lr) * (1 + math.cos(math.pi * p)) / 2
   end
+end
+
+-- lr.record(spec, lr, steps) -> what a checkpoint's state.json keeps of the
+-- schedule in force: {lr =, warmup =, decay =, steps =, min_lr =}, or
+-- {fn = true} for a Lua function (which cannot be stored).
+function M.record(spec, lr, steps)
+  if type(spec) == "function" then return { fn = true } end
+  return { lr = lr, warmup = spec.warmup or 0, decay = spec.decay or "cosine", steps = spec.steps or steps,
+    min_lr = spec.min_lr or 0 }
+end
+
+-- lr.same(a, b) -> true when two records describe the same schedule
+function M.same(a, b)
+  if type(a) ~= "table" or type(b) ~= "table" then return false end
+  if a.fn or b.fn then return a.fn == b.fn end
+  for _, k in ipairs({ "lr", "warmup", "decay", "steps", "min_lr" }) do
+    if a[k] ~= b[k] then return false end
+  end
+  return true
+end
+
+-- lr.describe_record(r) -> text of a record (lr.record)
+function M.describe_record(r)
+  if r.fn then return "a Lua function of the step" end
+  return string.format("rate %g, warmup %d, %s decay over %d steps to %g", r.lr, r.warmup, r.decay, r.steps, r.min_lr)
 end
 
 -- lr.describe(spec) -> text for progress lines and checkpoints

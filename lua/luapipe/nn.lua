@@ -117,7 +117,7 @@ end
 local moe_fields = { "dim", "hidden", "experts", "topk", "groups", "topk_groups", "shared",
   "route_scale", "bias_speed", "router", "balance_alpha", "correction_bias", "norm_topk", "heads" }
 
-local function moe_spec(kind, t, level)
+local function moe_spec(kind, t)
   if type(t) ~= "table" then raise("nn." .. kind .. " expects a table of options") end
   local spec = { kind = kind }
   local known = {}
@@ -180,6 +180,74 @@ function M.moe(t) return moe_spec("moe", t, 2) end
 -- x + attn(rmsnorm(x)), then x + moe(rmsnorm(x)): nn.moe options plus heads
 function M.moe_block(t) return moe_spec("moe_block", t, 2) end
 
+-- DeepSeek-V3's dense layers, as inference/model.py defines them (its
+-- parameter names: a checkpoint loads by name).
+-- Multi-head Latent Attention, x [batch, seq, dim] -> same shape, causal:
+-- nn.mla{dim =, n_heads = 16, q_lora_rank = 0, kv_lora_rank = 512,
+--        qk_nope_head_dim = 128, qk_rope_head_dim = 64, v_head_dim = 128,
+--        max_seq_len = 16384, original_seq_len = 4096, rope_theta = 10000,
+--        rope_factor = 40, beta_fast = 32, beta_slow = 1, mscale = 1, eps = 1e-6}
+-- (model.py's ModelArgs names and defaults; YaRN, and mscale on the softmax
+-- scale, apply when max_seq_len > original_seq_len). Params <name>.wq.weight
+-- (q_lora_rank 0) or .wq_a / .q_norm / .wq_b, then .wkv_a, .kv_norm, .wkv_b,
+-- .wo (each ".weight").
+local mla_int = { dim = true, n_heads = true, q_lora_rank = true, kv_lora_rank = true,
+  qk_nope_head_dim = true, qk_rope_head_dim = true, v_head_dim = true, max_seq_len = true,
+  original_seq_len = true }
+local mla_num = { rope_theta = true, rope_factor = true, beta_fast = true, beta_slow = true,
+  mscale = true, eps = true }
+function M.mla(t)
+  if type(t) ~= "table" then raise("nn.mla expects a table of options (model.py's ModelArgs names)") end
+  local spec = { kind = "mla" }
+  for k, v in pairs(t) do
+    if mla_int[k] then
+      if math.type(v) ~= "integer" then
+        raise(string.format("nn.mla: '%s' must be an integer, got %s", k, shown(v)))
+      end
+    elseif mla_num[k] then
+      if type(v) ~= "number" then
+        raise(string.format("nn.mla: '%s' must be a number, got %s", k, shown(v)))
+      end
+    else
+      raise(string.format("nn.mla: unknown option '%s'", tostring(k)))
+    end
+    spec[k] = v
+  end
+  if t.dim == nil then raise("nn.mla: 'dim' is required") end
+  local why = core.nn_mla_check(spec) -- the core's rules
+  if why then raise("nn.mla: " .. why) end
+  return spec
+end
+-- model.py's MLP: w2(silu(w1 x) * w3 x), x [..., dim]; params <name>.w1.weight
+-- [inter_dim, dim], .w2.weight [dim, inter_dim], .w3.weight [inter_dim, dim]
+function M.swiglu(dim, inter_dim)
+  return { kind = "swiglu", dim = int_arg("swiglu", "dim", 1, dim),
+    inter_dim = int_arg("swiglu", "inter_dim", 2, inter_dim) }
+end
+-- model.py's Block: x + attn(attn_norm(x)), then x + ffn(ffn_norm(x)), the
+-- norms RMSNorm(dim, eps): nn.mla_block{attn = nn.mla{...}, ffn = nn.swiglu(dim,
+-- inter_dim) | nn.moe{dim =, ...}}. Params <name>.attn_norm.weight,
+-- <name>.attn.*, <name>.ffn_norm.weight, <name>.ffn.* (model.py's layers.<i>.*).
+function M.mla_block(t)
+  if type(t) ~= "table" then raise("nn.mla_block expects {attn = nn.mla{...}, ffn = <layer spec>}") end
+  for k in pairs(t) do
+    if k ~= "attn" and k ~= "ffn" then raise(string.format("nn.mla_block: unknown option '%s'", tostring(k))) end
+  end
+  local function what(v)
+    return type(v) == "table" and type(v.kind) == "string" and ("a " .. v.kind .. " spec") or shown(v)
+  end
+  if type(t.attn) ~= "table" or t.attn.kind ~= "mla" then
+    raise("nn.mla_block: 'attn' must be an nn.mla{...} spec, got " .. what(t.attn))
+  end
+  if type(t.ffn) ~= "table" or type(t.ffn.kind) ~= "string" then
+    raise("nn.mla_block: 'ffn' must be a layer spec (nn.swiglu(...), nn.moe{...}), got " .. what(t.ffn))
+  end
+  if t.ffn.dim ~= t.attn.dim then
+    raise(string.format("nn.mla_block: ffn dim (%s) differs from attn dim (%d)", shown(t.ffn.dim), t.attn.dim))
+  end
+  return { kind = "mla_block", attn = t.attn, ffn = t.ffn }
+end
+
 local function describe(spec)
   if spec.kind == "linear" then return string.format("linear %d->%d", spec.din, spec.dout) end
   if spec.kind == "moe" or spec.kind == "moe_block" then
@@ -206,7 +274,8 @@ local function out_shape(spec, s, i)
   elseif k == "embedding" then o[#o + 1] = spec.dim
   elseif k == "rmsnorm" then need(spec.dim)
   elseif k == "attention" or k == "mlp_block" or k == "transformer_block" then need(spec.d_model)
-  elseif k == "moe" or k == "moe_block" then need(spec.dim)
+  elseif k == "moe" or k == "moe_block" or k == "mla" or k == "swiglu" then need(spec.dim)
+  elseif k == "mla_block" then need(spec.attn.dim)
   elseif k == "residual" then
     local inner = out_shape(spec.inner, s, i)
     if fmt_shape(inner) ~= fmt_shape(s) then

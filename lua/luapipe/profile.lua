@@ -152,7 +152,7 @@ function M.check_rules(rules)
       if r.match then
         local ok, err = pcall(string.find, "", r.match)
         if not ok then return nil, string.format("rule %d: bad pattern '%s': %s", i, r.match,
-          tostring(err):gsub("^[^:]*:%d+: ", "")) end
+          util.message(err)) end
       end
     elseif type(r) ~= "function" then
       return nil, string.format("rule %d: a table or a function, got %s", i, type(r))
@@ -265,8 +265,8 @@ function M.read(paths, opts)
   local names = p:names()
   local classes, unnamed = {}, {}
   for i, n in ipairs(names) do
-    local ok, c = pcall(classify, n.name, n.cat, rules)
-    if not ok then return nil, tostring(c) end
+    local cok, c = pcall(classify, n.name, n.cat, rules)
+    if not cok then return nil, tostring(c) end
     classes[i] = c or "compute"
     if not c then unnamed[i] = true end
   end
@@ -539,7 +539,7 @@ function M.costs(r, opts)
   c.exchanges = x == 1
   local FB = v(last - first)
   c.F, c.I, c.W, c.B, c.FB = F, I, W, I + W, FB
-  local function r3(x) return math.floor(x * 1000 + 0.5) / 1000 end
+  local function r3(n) return math.floor(n * 1000 + 0.5) / 1000 end
   c.sim = { F = r3(F), B = r3(I) + r3(W), W = r3(W), FB = r3(FB) }
   c.text = string.format("F=%.3f,B=%.3f,W=%.3f,FB=%.3f", c.sim.F, c.sim.B, c.sim.W, c.sim.FB)
   made_costs[c] = true
@@ -614,7 +614,8 @@ function M.svg(rep, r)
     legend[#legend + 1] = name
   end
   local nl = #r.streams + (#r.phases > 0 and 1 or 0)
-  local H = top + nl * lane + 30 + 18 * math.ceil(#legend / 6) + 20
+  local axis_h = 30 -- the time axis under the lanes
+  local H = top + nl * lane + axis_h + 30 + 18 * math.ceil(#legend / 6) + 20
   local out = {}
   local function put(...) for _, x in ipairs({ ... }) do out[#out + 1] = x end end
   local function f2(x) return string.format("%.2f", x) end
@@ -651,7 +652,23 @@ function M.svg(rep, r)
       '><title>', esc(name or "no phase"), ' ', u.class, ' ', tostring(u.ops), ' ops ',
       string.format("%.3f", (u.finish - u.start) / 1000), ' ms</title></rect>\n')
   end
-  local ly = y0 + #r.streams * lane + 24
+  -- time axis in ms (0 = the first GPU operation): ticks 1, 2 or 5 x 10^k
+  -- ms apart, at least 60 px
+  local yb, px_ms = y0 + #r.streams * lane, scale * 1000
+  local step = 10 ^ math.floor(math.log(60 / px_ms, 10))
+  for _, m in ipairs { 1, 2, 5, 10 } do
+    if m * step * px_ms >= 60 then step = m * step; break end
+  end
+  put('<g font-size="10" fill="#555">\n')
+  for k = math.ceil(t0 / 1000 / step - 1e-9), math.floor(t1 / 1000 / step + 1e-9) do
+    local x = left + k * step * 1000 * scale
+    put('<line x1="', f2(x), '" y1="', f2(top), '" x2="', f2(x), '" y2="', f2(yb + 4),
+      '" stroke="#ddd" stroke-width="1"/><text x="', f2(x), '" y="', f2(yb + 14),
+      '" text-anchor="middle">', (string.format("%.6f", k * step):gsub("0+$", ""):gsub("%.$", "")),
+      '</text>\n')
+  end
+  put('<text x="', f2(W - 20), '" y="', f2(yb + 26), '" text-anchor="end">time (ms)</text>\n</g>\n')
+  local ly = yb + axis_h + 24
   for i, name in ipairs(legend) do
     local x = 110 + ((i - 1) % 6) * 230
     local y = ly + math.floor((i - 1) / 6) * 18

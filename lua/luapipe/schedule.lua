@@ -33,7 +33,7 @@ end
 -- schedule.new (level 3), as "schedule.new: <message>" without a position.
 local function call(s, name, ...)
   local ok, err = pcall(s[name], s, ...)
-  if not ok then error("schedule.new: " .. tostring(err):gsub("^[^:]*:%d+: ", ""), 3) end
+  if not ok then error("schedule.new: " .. util.message(err), 3) end
 end
 
 -- schedule.new{ranks=, stages=, microbatches=, name=, placement=, routes=, actions=}
@@ -283,7 +283,7 @@ function M.load(spec, opts)
   opts = util.arg("schedule.load", 2, "opts", opts, "?table", "a table {pp =, microbatches =, chunks =}") or {}
   if M.is_family(spec) then
     local ok, s = pcall(M.build, spec, opts)
-    if not ok then return nil, (tostring(s):gsub("^[^:]*:%d+: ", "")) end
+    if not ok then return nil, util.message(s) end
     return s
   end
   if spec:match("%.csv$") then return M.from_csv(spec) end

@@ -59,9 +59,13 @@ M.SearchResult = SearchResult
 M._internal = {}
 
 -- An option error (or a placement that cannot be built), raised at the
--- user's line: "search: w_share must be a number in 0..1, got 2" (who:
--- the function, default "search").
-local function fail(msg, who) util.raise((who or "search") .. ": " .. msg) end
+-- user's line as a luapipe.Error: "search: w_share must be a number in
+-- 0..1, got 2" (who: the function, default "search"; reason: the text
+-- after it, for a caller that names the function its own way, as the CLI).
+local function fail(msg, who)
+  who = who or "search"
+  util.raise { what = who .. ": " .. msg, who = who, reason = msg }
+end
 
 -- placement name -> {name=, stages=, vstage_stage=, vstage_rank=, routes=, mb_route=}
 -- (0-based ids; routes flat)
@@ -171,7 +175,9 @@ end
 local function per_rank(memory, P, who)
   if memory == nil then return nil end
   if type(memory) == "number" then
-    if not (memory > 0) then fail("memory must be a positive number of activations, got " .. memory, who) end
+    if not (memory > 0) then -- luacheck: ignore 581 (NaN is refused too)
+      fail("memory must be a positive number of activations, got " .. memory, who)
+    end
     local t = {}
     for r = 1, P do t[r] = memory end
     return t
@@ -180,7 +186,7 @@ local function per_rank(memory, P, who)
     fail(string.format("memory must be a number or a table of %d limits (one per rank)", P), who)
   end
   for r = 1, P do
-    if type(memory[r]) ~= "number" or not (memory[r] > 0) then
+    if type(memory[r]) ~= "number" or not (memory[r] > 0) then -- luacheck: ignore 581 (NaN)
       fail(string.format("memory of rank %d must be a positive number, got %s", r - 1, tostring(memory[r])), who)
     end
   end
@@ -223,33 +229,33 @@ end
 local split_codes = { auto = 0, always = 1, never = 2 }
 
 local function check_opts(opts, who)
-  local function fail(msg) util.raise((who or "search") .. ": " .. msg) end
+  local function bad(msg) fail(msg, who) end
   for _, k in ipairs { "pp", "microbatches" } do
     if math.type(opts[k]) ~= "integer" or opts[k] < 1 then
-      fail(string.format("%s must be a positive integer, got %s", k, tostring(opts[k])))
+      bad(string.format("%s must be a positive integer, got %s", k, tostring(opts[k])))
     end
   end
-  if opts.pp > 256 then fail("pp must be at most 256 for a search, got " .. opts.pp) end
+  if opts.pp > 256 then bad("pp must be at most 256 for a search, got " .. opts.pp) end
   if opts.microbatches > 4096 then
-    fail("microbatches must be at most 4096 for a search, got " .. opts.microbatches)
+    bad("microbatches must be at most 4096 for a search, got " .. opts.microbatches)
   end
   local w = opts.w_share or 0
   if type(w) ~= "number" or not (w >= 0 and w <= 1) then
-    fail("w_share must be a number in 0..1, got " .. tostring(opts.w_share))
+    bad("w_share must be a number in 0..1, got " .. tostring(opts.w_share))
   end
   local ob = opts.objective or "makespan"
   if ob ~= "makespan" and ob ~= "span" and type(ob) ~= "function" then
-    fail("objective must be 'makespan', 'span' or a function, got " .. tostring(ob))
+    bad("objective must be 'makespan', 'span' or a function, got " .. tostring(ob))
   end
   if opts.split and not split_codes[opts.split] then
-    fail("split must be 'auto', 'always' or 'never', got " .. tostring(opts.split))
+    bad("split must be 'auto', 'always' or 'never', got " .. tostring(opts.split))
   end
   local t = opts.time or 1
   if type(t) ~= "number" or not (t >= 0 and t <= 86400) then
-    fail("time must be a number of seconds in 0..86400, got " .. tostring(opts.time))
+    bad("time must be a number of seconds in 0..86400, got " .. tostring(opts.time))
   end
   if opts.seed ~= nil and (math.type(opts.seed) ~= "integer" or opts.seed < 0) then
-    fail("seed must be a non-negative integer, got " .. tostring(opts.seed))
+    bad("seed must be a non-negative integer, got " .. tostring(opts.seed))
   end
 end
 
@@ -270,18 +276,22 @@ local function run_one(pl, c, opts, budget, progress)
     memory = opts.memory, w_share = opts.w_share or 0, split = split_codes[opts.split or "auto"],
     pairs = opts.pairs == false and 0 or 1, objective = opts.objective or "makespan",
     seed = opts.seed or 1 }
+  -- the core's messages are in the search's own terms; this API names itself
   local S, err = core.search_new(spec)
-  if not S then return nil, err end
+  if not S then return nil, "search: " .. err, err end
   local families = {}
   local interrupted = false
+  -- a Ctrl-C is told by the host's count of them (core.interrupts, absent
+  -- outside the luapipe program), never by the message
+  local interrupts = core.interrupts and core.interrupts() or 0
   local ok, perr = pcall(function()
     if opts.families ~= false then
       local schedules = require("luapipe.schedules")
       for _, name in ipairs(schedules.list()) do
         local bok, s = pcall(schedules[name], { pp = P, microbatches = Mb, chunks = 2 })
         if bok and s and s:info().stages == pl.stages and #pl.vstage_stage == s:info().vstages then
-          local fits, obj, peak = S:add_schedule(s, name)
-          if fits == nil then error(obj, 0) end
+          local fits, obj = S:add_schedule(s, name)
+          if fits == nil then util.fail({ what = "search: " .. obj, reason = obj }, 0) end
         end
       end
     end
@@ -289,7 +299,10 @@ local function run_one(pl, c, opts, budget, progress)
       local keys, n, V = {}, 0, #pl.vstage_stage
       local pos = {}
       for k = 1, pl.nroutes do
-        for st = 0, pl.stages - 1 do pos[pl.routes[(k - 1) * pl.stages + st + 1]] = pos[pl.routes[(k - 1) * pl.stages + st + 1]] or st end
+        for st = 0, pl.stages - 1 do
+          local v = pl.routes[(k - 1) * pl.stages + st + 1]
+          pos[v] = pos[v] or st
+        end
       end
       local kinds = { "F", "B", "W" }
       for v = 0, V - 1 do
@@ -307,7 +320,7 @@ local function run_one(pl, c, opts, budget, progress)
         end
       end
       local sok, serr = S:seed_keys(keys, "priority function", n)
-      if not sok then error(serr, 0) end
+      if not sok then util.fail({ what = "search: " .. serr, reason = serr }, 0) end
     end
     assert(S:seed_rules())
     local t0 = core.now()
@@ -316,7 +329,7 @@ local function run_one(pl, c, opts, budget, progress)
       local left = budget - (core.now() - t0)
       if left <= 0 then break end
       local rok, rerr = S:run(math.min(left, 0.1))
-      if not rok then error(rerr, 0) end
+      if not rok then util.fail({ what = "search: " .. rerr, reason = rerr }, 0) end
       local st = S:stats()
       if progress and core.now() - last >= 0.25 then
         last = core.now()
@@ -330,23 +343,23 @@ local function run_one(pl, c, opts, budget, progress)
   end)
   if progress then io.stderr:write("\r\27[K"); io.stderr:flush() end
   if not ok then
-    if tostring(perr):find("interrupted!", 1, true) then
+    if core.interrupts and core.interrupts() > interrupts then
       interrupted = true
       io.stderr:write("search interrupted: keeping the best so far\n")
     else
       S:close()
-      return nil, tostring(perr)
+      return nil, util.message(perr), util.is_error(perr) and perr.reason or util.message(perr)
     end
   end
   local st = S:stats()
   if st.best == math.huge then
     S:close()
-    return nil, "no schedule found"
+    return nil, "no schedule found", "no schedule found"
   end
   local sched, serr = S:schedule()
   if not sched then
     S:close()
-    return nil, serr
+    return nil, "search: " .. serr, serr
   end
   local res = setmetatable({ _schedule = sched, stats = st, bounds = S:bounds(), peak = S:peak(P),
     placement_name = pl.name, placement = pl, interrupted = interrupted, families = families,
@@ -355,8 +368,10 @@ local function run_one(pl, c, opts, budget, progress)
   return res
 end
 
--- luapipe.search(opts) -> SearchResult (raises on bad options; returns nil,
--- message when nothing can be found, e.g. a limit below one micro-batch's need)
+-- luapipe.search(opts) -> SearchResult (raises on bad options, a
+-- luapipe.Error with reason = the text after "search: "; returns nil,
+-- message, reason when nothing can be found, e.g. a limit below one
+-- micro-batch's need: reason is the message without the API's name)
 function M.search(opts)
   util.arg("search.search", 1, "opts", opts, "table", "a table of options {pp =, microbatches =, ...}")
   check_opts(opts)
@@ -378,7 +393,7 @@ function M.search(opts)
   local robust = opts.robust
   if robust == true then robust = {} end
   local rounds = robust and (robust.candidates or 4) or 1
-  local best, lasterr
+  local best, lasterr, lastreason
   local found = {}
   local t0 = core.now()
   local stop = false
@@ -388,19 +403,19 @@ function M.search(opts)
       local pl = placement(name, P, Mb)
       local left = budget - (core.now() - t0)
       local share = left / ((rounds - round) * #candidates + #candidates - i + 1)
-      local r, err = run_one(pl, c, o, math.max(share, 0), progress)
+      local r, err, reason = run_one(pl, c, o, math.max(share, 0), progress)
       if r then
         r.cost = c
         found[#found + 1] = r
         if not best or r.stats.best < best.stats.best then best = r end
         if r.interrupted then stop = true break end
       else
-        lasterr = err
+        lasterr, lastreason = err, reason
       end
     end
     if stop then break end
   end
-  if not best then return nil, lasterr end
+  if not best then return nil, lasterr, lastreason end
   if robust then best = M._internal.robust_choice(found, c, opts, robust) end
   best.seconds_total = core.now() - t0
   return best
@@ -482,7 +497,7 @@ function M.families(opts, c)
     local row = { family = name, label = schedules.label(name) }
     local ok, s = pcall(schedules[name], { pp = opts.pp, microbatches = opts.microbatches, chunks = 2 })
     if not ok then
-      row.error = tostring(s):gsub("^[^:]*:%d+: ", "")
+      row.error = util.message(s)
     else
       local sc, err = M._internal.score(s, c, o)
       if not sc then

@@ -37,26 +37,37 @@ function M.parse_cost(text)
   if type(text) ~= "string" then
     error("parse_cost: expected a string such as 'F=1,B=2,W=1', got " .. type(text), 2)
   end
+  local cost, err = M.read_cost(text)
+  if not cost then error(err, 2) end
+  return cost
+end
+
+-- sim.read_cost(text) -> cost table | nil, message naming the bad item:
+-- parse_cost for callers that report the message their own way (the CLI).
+function M.read_cost(text)
+  if type(text) ~= "string" then
+    return nil, "parse_cost: expected a string such as 'F=1,B=2,W=1', got " .. type(text)
+  end
   local cost = {}
   for item in (text .. ","):gmatch("([^,]*),") do
     local it = item:match("^%s*(.-)%s*$")
     if it ~= "" then
       local key, value = it:match("^([%w_%[%]]+)%s*=%s*(.+)$")
       if not key then
-        error(string.format("cost item '%s': expected KEY=NUMBER (keys: F, B, I, W, FB, latency, bytes)", it), 2)
+        return nil, string.format("cost item '%s': expected KEY=NUMBER (keys: F, B, I, W, FB, latency, bytes)", it)
       end
       local name, stage = key:match("^(%a+)%[(%d+)%]$")
       name = canonical[(name or key):lower()]
       if not name or (stage and (name == "latency" or name == "bytes")) then
-        error(string.format("cost item '%s': unknown key '%s' (keys: F, B, I, W, FB, latency, bytes%s)",
-          it, key, stage and "; per stage: F[k], B[k], I[k], W[k], FB[k]" or ""), 2)
+        return nil, string.format("cost item '%s': unknown key '%s' (keys: F, B, I, W, FB, latency, bytes%s)",
+          it, key, stage and "; per stage: F[k], B[k], I[k], W[k], FB[k]" or "")
       end
       local v = tonumber(value)
       if not v then
-        error(string.format("cost item '%s': '%s' is not a number", it, value), 2)
+        return nil, string.format("cost item '%s': '%s' is not a number", it, value)
       end
       local ok, why = core.sim_check_time(name, v) -- the core's one rule
-      if not ok then error(string.format("cost item '%s': %s", it, why), 2) end
+      if not ok then return nil, string.format("cost item '%s': %s", it, why) end
       if stage then
         cost.stages = cost.stages or {}
         local k = math.tointeger(tonumber(stage))

@@ -3,125 +3,15 @@
 -- single-process reference it must agree with.
 --
 --   local train = require("luapipe.train")
---   local r = train {
---     model = model,                 -- luapipe.nn.sequential{...}
---     schedule = "1f1b",             -- a family name or a luapipe.Schedule
---     microbatches = 8,              -- for a family name (pp = job size)
---     data = function(step, mb) return input, target end,  -- luapipe.Tensor each
---     steps = 10, seed = 1,
---     optimizer = { kind = "sgd", lr = 0.05 },  -- or { kind = "adamw", lr = ... }
---     trace = "trace.json",          -- optional: measured Chrome trace, all ranks
---     svg = "step.svg",              -- optional: the measured last step as an SVG timeline
---     trace_steps = 20,              -- optional: trace/svg keep only the last 20 steps
---     log_every = 10,                -- optional: progress line every 10 steps (default 1)
---     checkpoint = { dir = "ckpt", every = 100 },  -- optional: save every 100 steps
---     resume = true,                 -- optional: continue from ckpt's latest checkpoint
---     device = "cuda",               -- optional: "cpu" (default), "cuda" (this rank's GPU), "cuda:N"
---     precision = "bf16",            -- optional: "f32" (default) or "bf16": GEMMs on bf16-rounded
---                                    -- inputs with float32 sums; the rest float32 (see below)
---     partition = "layers",          -- optional: equal layer counts per model stage; the
---                                    -- default "cost" balances measured layer costs
---   }
---   r.losses[k]       -- loss of step k (the same on every rank)
---   r.partition       -- {by =, bounds = {{first =, last =}, ...}, costs =, seconds =}
---   r.stage_params()  -- {{id =, stage =, params = {[name] = {values}}}, ...} of this rank
---   r.precision       -- "f32" | "bf16"; r.bf16_engine: what ran bf16 GEMMs (bf16 only)
---   r.summary         -- measured vs simulated, the same on every rank (luapipe.perf):
---                     -- step_ms, predicted_ms, ratio, bubble_pct, sim_bubble_pct,
---                     -- overhead_pct, costs, stages, latency_ms, steps; rank 0 prints
---                     -- it after the progress lines (the first step is warm-up)
+--   local r = train { model = model, schedule = "1f1b", microbatches = 8,
+--     data = function(step, mb) return input, target end, steps = 10 }
+--   r.losses[k]   -- loss of step k (the same on every rank)
 --
--- Checkpoints: checkpoint = {dir =, every = N (default 1)} saves, after
--- every N-th step, each rank's virtual stages (parameters and optimizer
--- state: SGD momentum, AdamW moments and step count) to
--- <dir>/step<k>/rank<R>.ckpt,
--- each file written to .tmp, fsynced and renamed; when all ranks are done
--- rank 0 replaces <dir>/latest (also atomically) and the previous
--- checkpoint is deleted, so `latest` always names a complete one. resume =
--- true (or resume = "dir") loads it on every rank and runs steps k+1..steps
--- (data gets the true step numbers); r.losses[k] is then set for those
--- steps only and r.first_step = k+1. The result is bitwise the run that
--- never stopped. A missing, truncated or corrupt file, or one written for
--- another schedule, rank count, model or optimizer, fails on every rank
--- with a message naming the file and what differs. dir need not be shared:
--- each host may have its own copy at the same path (its ranks' files; rank
--- 0's host also latest and state.json, which rank 0 reads and shares; see
--- luapipe.checkpoint).
--- Partition: by "cost" (the default) every rank measures each layer's
--- forward + backward time on its micro-batch shape (model:partition: one
--- layer built at a time, the best of 3 runs, the fastest rank's time, the
--- same figures on every rank), then the model is split into contiguous
--- model stages minimising the costliest; "layers" gives equal layer
--- counts. <dir>/step<k>/state.json records the partition, and a resume
--- uses the recorded one (rank 0 reads it, every rank gets it) instead of
--- measuring: the rank files hold those stages. A checkpoint with no record
--- (an older luapipe's) is loaded with this run's split; a mismatch then
--- fails naming the parameters, with a hint to pass the partition it was
--- written with.
--- With MoE layers each rank's file also holds every MoE layer's router
--- bias and expert placement (restored before the parameters are read), and
--- <dir>/step<k>/state.json holds the EPLB loop's state (placements, the
--- Balancer's history and plan in force, the summary tallies), so a resumed
--- run with eplb plans and trains bitwise as the one that never stopped;
--- state.json written with another ep, eplb.every or eplb.redundant is
--- refused naming the file (a resumed run is the run that was saved; a
--- custom predictor or threshold is not stored: give the same again).
---
--- Mixture of experts: pp = P, ep = E run on P x E ranks (mpirun -np P*E;
--- rank = pipeline rank * E + EP index); each EP rank takes its share of
--- every micro-batch (rows; the micro-batch size must divide by E) and holds
--- its share of every MoE layer's experts. link = "lat=50us,bw=2GB/s" sets
--- the emulated link (luapipe.comm.set_link) before the grid forms. eplb =
--- {every = N, redundant = K, threshold =, predictor =, window =} records
--- the expert loads of every step in a luapipe.eplb.Balancer and, from
--- step N on every N steps (or while balancedness is under threshold),
--- applies its plan with K extra slots per EP rank: weights and optimizer
--- state move between EP ranks at the step boundary, the losses stay those
--- of training without it. r.summary.eplb = {before =, after =, plans =,
--- bytes =}: mean over MoE layers of the EP ranks' max/mean token load
--- under the first and the last placement, and the bytes moved.
---
--- overlapped_fb = function(exec, pair) ... end replaces the executor's own
--- running of every overlapped pair (FB action, as DeepSeek's
--- overlapped_forward_backward): pair = {f_stage =, f_mb =, b_type = "B" | "I",
--- b_stage =, b_mb =, text =}; it must run both halves, in any order, with
--- exec:run_half("F", pair.f_stage, pair.f_mb) and
--- exec:run_half(pair.b_type, pair.b_stage, pair.b_mb), or phase by phase:
--- exec:begin_half("F", pair.f_stage, pair.f_mb) and exec:begin_half(pair.b_type,
--- pair.b_stage, pair.b_mb), then exec:advance("F") / exec:advance("B") (each
--- -> done, the next phase's name) in any order until both are done
--- (the same order on every rank of the EP group: an advance waits for its
--- half's exchange); exec:phase("F" | "B") names what the next advance runs ("attn/dense",
--- "dispatch", "experts", "combine", "done"); exec:weight_grad_part() runs
--- one weight-grad piece a full backward half has made ready (an MoE
--- layer's experts, a finished block: true) or finds none (false). The
--- default runs whichever half can go on without waiting (the forward when
--- both can: its chain of exchanges is the longer), ready weight-grad
--- pieces while both halves' exchanges fly (the previous pair's backward's
--- last weight-grads, carried over, first), and waits for whichever ends
--- first only when nothing is left; so each one's all-to-all flies while
--- the other computes. (Over a comm backend that needs one order on every
--- rank, as NCCL does, it would be DeepSeek's fixed alternation, backward
--- first, weight-grad pieces after each backward advance; EP exchanges go
--- over MPI today.)
---
--- device = "cuda" runs the whole model on the GPU of each rank: rank r of
--- a node (mpirun's local rank) takes GPU r modulo the GPUs it sees;
--- "cuda:N" names one. Parameters, optimizer state, activations and
--- gradients stay there; inputs from data() are copied there (targets may
--- stay on the host); activations travel between ranks over NCCL when
--- every rank has a GPU of its own, else through MPI staged in pinned host
--- memory (LUAPIPE_COMM=nccl|mpi chooses). MoE layers run there too (their
--- routing decisions are made on the host from the [tokens, experts]
--- affinities; EP exchanges are staged through host memory). Without a
--- visible GPU it stops at the start with one line. r.device names the
--- device of this rank.
---
--- The data function must give the same micro-batch on every rank that asks
--- for it (input on the rank where the micro-batch enters, target where its
--- loss is computed); steps are numbered from 1. Each micro-batch's loss is
--- scaled by 1/M, so gradients are those of the mean loss of the whole
--- batch, and the printed loss is that mean.
+-- `luapipe help train` (luapipe.cli.help) documents the options, the
+-- result, checkpoints and resume, the partition, MoE (pp x ep, EPLB),
+-- overlapped_fb and devices. Failures are luapipe.Error values
+-- (luapipe.util); the program's job policy (luapipe.cli.job) decides what
+-- a failure does to the job: this module never ends the process.
 local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 local schedule = require("luapipe.schedule")
@@ -264,32 +154,30 @@ local function eplb_loop(exec, opts, ep)
   return L
 end
 
-local function fail(msg)
-  error(msg, 0)
+-- Errors are luapipe.Error values (luapipe.util): the text, and fields
+-- that tell the program's job policy (luapipe.cli.job) what the job does.
+-- The library never ends the process.
+local function fail(msg, option)
+  util.fail({ what = msg, option = option }, 0)
 end
 
--- An error whose text is the whole report: the host prints it as one line,
--- with no traceback (tostring(err) gives the text).
-local report_mt = { __tostring = function(e) return e.message end }
-local function report(msg)
-  error(setmetatable({ message = msg }, report_mt), 0)
+-- A failure that leaves the other ranks waiting on this one (they are in a
+-- collective or an exchange it will never join): the error says so
+-- (stranded), and the job policy takes the job down. On one process a
+-- plain error.
+local function fail_stranded(msg)
+  util.fail({ what = msg, stranded = comm.size() > 1 }, 0)
 end
 
 -- A mistake in how the job was started or configured, found the same way
--- on every rank: under mpirun rank 0 prints it as one line and every rank
--- exits with status 2 (no traceback, no copy per rank); on one process it
--- is an error printed as one line (a REPL session goes on).
+-- on every rank: every rank raises it (everywhere: the job policy prints
+-- it once, on rank 0, and every rank exits with status 2; a script that
+-- catches it goes on, on every rank); on one process an error printed as
+-- one line (a REPL session goes on).
 local function usage_fail(msg)
   util.arg("train.usage_fail", 1, "msg", msg, "string", "a message")
-  if comm.size() > 1 then
-    if comm.rank() == 0 then
-      io.stderr:write("luapipe: ", msg, "\n")
-      io.stderr:flush()
-    end
-    comm.barrier("luapipe.train: every rank stops on a usage error")
-    os.exit(2)
-  end
-  report(msg)
+  if comm.size() > 1 then util.fail({ what = msg, everywhere = true, status = 2 }, 0) end
+  util.fail(msg, 0)
 end
 M.usage_fail = usage_fail
 
@@ -327,9 +215,52 @@ local function in_rank_terms(p, nprocs, ep)
 end
 M.in_rank_terms = in_rank_terms
 
+-- A schedule file named by train{schedule = "found.csv"}: a .csv or .json
+-- file (as `luapipe search -o` writes) or a .lua schedule file (run with
+-- {pp =, microbatches =, chunks =}). Loaded, then checked against this
+-- job: its pipeline ranks against the job's (pp, or the ranks mpirun
+-- started / ep), its micro-batches against opts.microbatches when given
+-- (else the file's count is the run's). A mismatch is a usage error
+-- naming the file, both counts and the way out.
+local function is_schedule_file(spec)
+  return type(spec) == "string" and require("luapipe.schedules").canonical(spec) == nil
+    and (spec:match("%.csv$") or spec:match("%.json$") or spec:match("%.lua$")) ~= nil
+end
+
+local function schedule_file(opts, path)
+  local size, ep = comm.size(), opts.ep or 1
+  local pp = opts.pp or size // ep
+  if opts.chunks ~= nil then
+    usage_fail(string.format("luapipe.train: chunks applies to a family (interleaved1f1b); the schedule"
+      .. " file %s has its own placement", path))
+  end
+  local mb = opts.microbatches
+  local s, err = schedule.load(path, { pp = pp, microbatches = mb or 2 * pp })
+  if not s then usage_fail("cannot load the schedule file " .. tostring(err)) end
+  local i = s:info()
+  if i.ranks ~= pp then
+    local job = ep > 1 and string.format("pp x ep = %d x %d", pp, ep)
+      or (size > 1 and "mpirun -np " .. size or "one process")
+    local fix = ep > 1 and string.format("run it with mpirun -np %d (pp %d x ep %d)", i.ranks * ep, i.ranks, ep)
+      or string.format("run it with mpirun -np %d", i.ranks)
+    usage_fail(string.format("schedule file %s is for %s, but this run has %d (%s): %s, or make a"
+      .. " schedule for %d (luapipe search --pp %d)", path, util.count(i.ranks, "pipeline rank"), pp, job, fix,
+      pp, pp))
+  end
+  if mb ~= nil and i.microbatches ~= mb then
+    usage_fail(string.format("schedule file %s has %s per step, but this run asks for %d"
+      .. " (microbatches = %d): leave it out to take the file's, or make a schedule for %d"
+      .. " (luapipe search -m %d)", path, util.count(i.microbatches, "micro-batch"), mb, mb, mb, mb))
+  end
+  local ok, verr = s:validate()
+  if not ok then usage_fail(string.format("schedule file %s is invalid: %s", path, tostring(verr))) end
+  return s
+end
+
 -- Resolves opts.schedule to a validated compute-only schedule.
 local function get_schedule(opts)
   local s = opts.schedule
+  if is_schedule_file(s) then s = schedule_file(opts, s) end
   if opts.chunks ~= nil and type(s) ~= "string" then
     usage_fail("luapipe.train: chunks applies to a family name (interleaved1f1b); this schedule is "
       .. "built already")
@@ -352,13 +283,13 @@ local function get_schedule(opts)
     if bad and by_job then usage_fail(in_rank_terms(bad, comm.size(), ep)) end
     local ok, res = pcall(schedule.build, s, { pp = pp, microbatches = mb, chunks = opts.chunks })
     if not ok then
-      local msg = tostring(res):gsub("^[^:]*:%d+: ", "") -- the position is ours, not the user's
+      local msg = util.message(res) -- the position is ours, not the user's
       if by_job then usage_fail(msg) end
       fail("luapipe.train: " .. msg)
     end
     s = res
   elseif s == nil then
-    fail("luapipe.train: 'schedule' is required (a family name or a luapipe.Schedule)")
+    fail("luapipe.train: 'schedule' is required (a family name or a luapipe.Schedule)", "schedule")
   end
   local ok, err = s:validate()
   if not ok then fail("luapipe.train: the schedule is invalid: " .. tostring(err)) end
@@ -371,15 +302,16 @@ end
 
 local function check_common(opts, who)
   if type(opts) ~= "table" then util.raise(who .. " expects a table of options, got " .. util.shown(opts)) end
+  local function bad(option, msg) util.raise { what = who .. ": " .. msg, option = option } end
   if type(opts.model) ~= "table" or getmetatable(opts.model) == nil or not opts.model.partition then
-    util.raise(who .. ": 'model' must be a luapipe.nn model (nn.sequential{...}), got " .. util.shown(opts.model))
+    bad("model", "'model' must be a luapipe.nn model (nn.sequential{...}), got " .. util.shown(opts.model))
   end
   if type(opts.data) ~= "function" then
-    util.raise(who .. ": 'data' must be a function(step, mb) -> input, target, got " .. util.shown(opts.data))
+    bad("data", "'data' must be a function(step, mb) -> input, target, got " .. util.shown(opts.data))
   end
   local steps = opts.steps or 1
   if math.type(steps) ~= "integer" or steps < 0 then
-    util.raise(who .. ": 'steps' must be a non-negative integer, got " .. util.shown(steps))
+    bad("steps", "'steps' must be a non-negative integer, got " .. util.shown(steps))
   end
   return steps
 end
@@ -406,18 +338,19 @@ end
 -- fixed rate). A mistake is the user's: one line, exit 2.
 local function check_recipe(opts, steps, who)
   local clip = opts.clip
-  if clip ~= nil and (type(clip) ~= "number" or not (clip > 0) or clip == math.huge) then
+  if clip ~= nil and (type(clip) ~= "number" or clip ~= clip or clip <= 0 or clip == math.huge) then
     usage_fail(who .. ": 'clip' must be a positive number (the largest gradient norm), got " .. util.shown(clip))
   end
-  local lr_at
+  local lr_at, record
   if opts.lr_schedule ~= nil then
     local bad = lr.check(opts.lr_schedule, "lr_schedule")
     if bad then usage_fail(who .. ": " .. bad) end
     local o = type(opts.optimizer) == "table" and opts.optimizer or {}
     local base = o.lr or (o.kind == "adamw" and 1e-3 or 0.01)
     lr_at = lr.at(opts.lr_schedule, base, math.max(steps, 1), "lr_schedule")
+    record = lr.record(opts.lr_schedule, base, math.max(steps, 1))
   end
-  return clip or 0, lr_at
+  return clip or 0, lr_at, record
 end
 
 -- precision = "bf16": Linear, attention (projections, scores, values) and
@@ -431,7 +364,7 @@ end
 local function check_precision(opts, fn)
   local p = opts.precision or "f32"
   if p ~= "f32" and p ~= "bf16" then
-    fail(string.format("%s: 'precision' must be \"f32\" or \"bf16\", got %s", fn, util.shown(p)))
+    fail(string.format("%s: 'precision' must be \"f32\" or \"bf16\", got %s", fn, util.shown(p)), "precision")
   end
   opts.model:set_precision(p)
   if p ~= "bf16" then return p end
@@ -447,30 +380,36 @@ end
 local function configure(opts)
   local steps = check_common(opts, "luapipe.train")
   local ckpt = checkpoint.options(opts) -- nil without checkpoint / resume
+  if ckpt then ckpt.last = steps end -- the last step saves too (checkpoint.after_step)
   local model, seed = opts.model, opts.seed or 0
   local precision, bf16_engine = check_precision(opts, "luapipe.train")
-  local rank, size = comm.rank(), comm.size()
+  local size = comm.size()
   local ep = opts.ep or 1
   if math.type(ep) ~= "integer" or ep < 1 then
-    fail("luapipe.train: 'ep' must be a positive integer, got " .. tostring(opts.ep))
+    fail("luapipe.train: 'ep' must be a positive integer, got " .. tostring(opts.ep), "ep")
   end
   if opts.pp ~= nil and (math.type(opts.pp) ~= "integer" or opts.pp < 1) then
-    fail("luapipe.train: 'pp' must be a positive integer, got " .. tostring(opts.pp))
+    fail("luapipe.train: 'pp' must be a positive integer, got " .. tostring(opts.pp), "pp")
   end
   if ep > 1 then
     local started = size > 1 and "mpirun started " .. size or "this is one process"
     if opts.pp == nil and size % ep ~= 0 then
       usage_fail(string.format("ep = %d needs a multiple of %d ranks (pp x ep), but %s", ep, ep, started))
     end
-    local pp = opts.pp or size // ep
-    if pp * ep ~= size then
-      usage_fail(string.format("pp x ep = %d x %d needs %d ranks, but %s (run it with mpirun -np %d)",
-        pp, ep, pp * ep, size > 1 and "mpirun started " .. size or "this is one process", pp * ep))
-    end
+    local gok, gerr = core.exec_grid_check(opts.pp or size // ep, ep, size) -- the core's one rule
+    if not gok then usage_fail(gerr) end
+  end
+  if opts.announce ~= nil and type(opts.announce) ~= "function" then
+    fail("luapipe.train: 'announce' must be a function(info), got " .. util.shown(opts.announce))
+  end
+  if opts.eval ~= nil and (type(opts.eval) ~= "table" or math.type(opts.eval.every) ~= "integer"
+      or opts.eval.every < 1 or type(opts.eval.fn) ~= "function") then
+    fail("luapipe.train: 'eval' must be {every = N (a positive integer), fn = function(step, layer)},"
+      .. " got " .. util.shown(opts.eval))
   end
   if opts.eplb ~= nil then
     local e = opts.eplb
-    if type(e) ~= "table" then fail("luapipe.train: 'eplb' must be a table {every =, redundant =}") end
+    if type(e) ~= "table" then fail("luapipe.train: 'eplb' must be a table {every =, redundant =}", "eplb") end
     if e.every ~= nil and (math.type(e.every) ~= "integer" or e.every < 1) then
       fail("luapipe.train: eplb.every must be a positive integer, got " .. tostring(e.every))
     end
@@ -478,23 +417,18 @@ local function configure(opts)
       fail("luapipe.train: eplb.redundant must be a non-negative integer, got " .. tostring(e.redundant))
     end
   end
-  local clip, lr_at = check_recipe(opts, steps, "luapipe.train")
+  local clip, lr_at, lr_record = check_recipe(opts, steps, "luapipe.train")
   local device = opts.device or "cpu"
   if type(device) ~= "string" then
-    fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got " .. tostring(device))
+    fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got " .. tostring(device), "device")
   end
   local device_name, derr = core.exec_device(device)
   if not device_name then device_fail("luapipe.train: " .. derr) end
   local s = get_schedule(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
-  if ep > 1 and info.ranks * ep ~= size then
-    usage_fail(string.format("schedule '%s' runs on %s; with ep = %d that is %d ranks,"
-      .. " but mpirun started %d", sname, util.count(info.ranks, "pipeline rank"), ep, info.ranks * ep, size))
-  elseif ep == 1 and info.ranks ~= size then
-    usage_fail(string.format("schedule '%s' needs %s, but %s (run it with mpirun -np %d)",
-      sname, util.count(info.ranks, "rank"), size > 1 and "mpirun started " .. size or "this is one process", info.ranks))
-  end
+  local gok, gerr = core.exec_grid_check(info.ranks, ep, size, sname) -- the same rule exec_new applies
+  if not gok then usage_fail(gerr) end
   local lowered = s
   if not info.lowered then
     local err
@@ -513,7 +447,7 @@ local function configure(opts)
   end
   local by = opts.partition or "cost"
   if by ~= "cost" and by ~= "layers" then
-    fail("luapipe.train: 'partition' must be \"cost\" or \"layers\", got " .. util.shown(by))
+    fail("luapipe.train: 'partition' must be \"cost\" or \"layers\", got " .. util.shown(by), "partition")
   end
   -- resume: the partition the checkpoint was written with, whatever this
   -- run would measure (its rank files hold those stages' layers)
@@ -551,7 +485,7 @@ local function configure(opts)
   local popts = { stages = info.stages, by = by, input_shape = in_shape, seed = seed, score = score }
   if recorded then popts.by, popts.bounds = recorded.by, recorded.bounds end
   local ok, part = pcall(model.partition, model, popts)
-  if not ok then fail("luapipe.train: " .. tostring(part):gsub("^[^:]*:%d+: ", "")) end
+  if not ok then fail("luapipe.train: " .. util.message(part)) end
   if recorded then
     part.recorded = recorded.file
     if recorded.by ~= by and comm.rank() == 0 and not opts.quiet then
@@ -570,19 +504,86 @@ local function configure(opts)
   if not ok2 then fail("luapipe.train: " .. tostring(act_shapes)) end
   if opts.link then
     local lok, lerr = pcall(comm.set_link, opts.link)
-    if not lok then usage_fail("luapipe.train: link: " .. tostring(lerr):gsub("^[^:]*:%d+: ", "")) end
+    if not lok then usage_fail("luapipe.train: link: " .. util.message(lerr)) end
   end
-  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep, clip = clip, lr_at = lr_at,
+  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep,
+    clip = clip, lr_at = lr_at, lr_record = lr_record,
     device = device, device_name = device_name, info = info, lowered = lowered, in_shape = in_shape,
     part = part, act_shapes = act_shapes, precision = precision, bf16_engine = bf16_engine }
 end
 
+-- ---- the whole model on rank 0 (evaluation, sampling) ----
+
+-- Gathers every model stage's parameters into one luapipe.Layer of the
+-- whole model on rank 0 (built on the host once and kept in held, its
+-- values replaced at each call); nil on the other ranks. Collective: every
+-- rank calls it after the same step. A model stage's values come from the
+-- rank of its first virtual stage, as one list of floats (parameters are
+-- float32: exact), stage after stage in order, so no send waits on a
+-- receive that comes later. Models with MoE layers are refused (their
+-- expert placement and router bias live beside the parameters).
+local GATHER_TAG = 7177
+local function gather_model(c, exec, held)
+  if #exec:expert_loads() > 0 then
+    checkpoint.fail_all("luapipe.train: the whole model cannot be gathered on rank 0 with MoE layers"
+      .. " (their experts and router biases are not parameters of one layer)")
+  end
+  local rank, part = comm.rank(), c.part
+  local owner = {} -- model stage -> the rank of its first virtual stage
+  for v = 0, c.info.vstages - 1 do
+    local stage, r = c.lowered:vstage(v)
+    if owner[stage] == nil then owner[stage] = r end
+  end
+  local mine = {}
+  for _, v in ipairs(exec:vstages()) do
+    if owner[v.stage] == rank and not mine[v.stage] then mine[v.stage] = v.layer else v.layer:close() end
+  end
+  local values = {}
+  for st = 0, part.stages - 1 do
+    local what = string.format("gathering model stage %d on rank 0", st)
+    if owner[st] == rank then
+      local ps = mine[st]:params()
+      mine[st]:close()
+      if rank == 0 then
+        for _, p in ipairs(ps) do values[p.name] = p.value end
+      else
+        local flat = {}
+        for _, p in ipairs(ps) do table.move(p.value, 1, #p.value, #flat + 1, flat) end
+        local ok, err = comm.send(0, flat, GATHER_TAG, what)
+        if not ok then fail_stranded("luapipe.train: " .. tostring(err)) end
+      end
+    elseif rank == 0 then
+      local names = held.names[st] -- the stage's parameter names and sizes, from a copy built once
+      if not names then
+        local l = c.model:build_stage(part, st, c.seed)
+        names = {}
+        for i, p in ipairs(l:params()) do names[i] = { name = p.name, n = #p.value } end
+        l:close()
+        held.names[st] = names
+      end
+      local total = 0
+      for _, x in ipairs(names) do total = total + x.n end
+      local flat, err = comm.recv(owner[st], total, GATHER_TAG, what)
+      if not flat then fail_stranded("luapipe.train: " .. tostring(err)) end
+      local at = 1
+      for _, x in ipairs(names) do
+        values[x.name] = table.move(flat, at, at + x.n - 1, 1, {})
+        at = at + x.n
+      end
+    end
+  end
+  if rank ~= 0 then return nil end
+  held.layer = held.layer or c.model:build(c.seed)
+  held.layer:set_params(values)
+  return held.layer
+end
+
 -- A mistake in train{}'s options is found on every rank alike (configure
--- runs the same code on the same options): under mpirun it is printed
--- once, by rank 0 (or, when rank 0 found none, by the first rank that
--- did), and every rank exits with status 2; on one process it is raised
--- as before. Every rank reaches the one all-reduce below whether its
--- configure failed or not.
+-- runs the same code on the same options): under mpirun every rank raises
+-- it (everywhere, status 2: the job policy prints it once, by rank 0, or,
+-- when rank 0 found none, by the first rank that did; cause: that rank's
+-- own error); on one process it is raised as it is. Every rank reaches the
+-- one all-reduce below whether its configure failed or not.
 local function configure_all(opts)
   local size = comm.size()
   if size == 1 then return configure(opts) end
@@ -591,41 +592,43 @@ local function configure_all(opts)
   for r = 1, size do flags[r] = 0 end
   if not ok then flags[comm.rank() + 1] = 1 end
   local all = comm.allreduce(flags, "luapipe.train: checking the options on every rank")
-  if not all then comm.abort("luapipe.train: the ranks could not agree that the options are valid") end
+  if not all then fail_stranded("luapipe.train: the ranks could not agree that the options are valid") end
   local first
   for r = 1, size do
     if all[r] ~= 0 then first = r - 1; break end
   end
   if not first then return c end
-  if comm.rank() == first then
+  local text
+  if not ok then
     local okm, msg = pcall(tostring, c)
-    msg = okm and msg or "luapipe.train: invalid options"
-    io.stderr:write("luapipe: ", first == 0 and "" or ("rank " .. first .. ": "), msg, "\n")
-    io.stderr:flush()
+    text = (first == comm.rank() and first ~= 0 and ("rank " .. first .. ": ") or "")
+      .. (okm and msg or "luapipe.train: invalid options")
+  else
+    text = string.format("luapipe.train: the options were refused on rank %d (see its message)", first)
   end
-  comm.barrier("luapipe.train: every rank stops on an error in the options")
-  os.exit(2)
+  util.fail({ what = text, everywhere = true, speaker = first, status = 2, rank = first,
+    option = (not ok) and util.is_error(c) and c.option or nil, cause = (not ok) and c or nil }, 0)
 end
 
 -- luapipe.train{model=, schedule=, data=, steps=, optimizer=, seed=,
 --   microbatches=, pp=, chunks=, partition = "cost" | "layers", trace=,
---   quiet=, lookahead=, overlapped_fb=, checkpoint = {dir=, every=}, resume=} -> result
+--   quiet=, lookahead=, overlapped_fb=, checkpoint = {dir=, every=}, resume=,
+--   save = DIR2 (a luapipe.models model: written back there)} -> result
 function M.run(opts)
   local c = configure_all(opts)
   local steps, ckpt, model, seed, ep = c.steps, c.ckpt, c.model, c.seed, c.ep
   local device, device_name, info, lowered = c.device, c.device_name, c.info, c.lowered
   local in_shape, part, act_shapes = c.in_shape, c.part, c.act_shapes
   local rank, size = comm.rank(), comm.size()
+  if rank == 0 and opts.announce then opts.announce(info) end -- the options are valid: the run's header
   local exec, err = core.exec_new(lowered, {
-    build = function(stage) return model:build_stage(part, stage, seed) end,
+    -- ep: a loaded model reads its own experts
+    build = function(stage) return model:build_stage(part, stage, seed, ep) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
     optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
     overlapped_fb = opts.overlapped_fb, ep = ep, device = device, clip = c.clip,
   })
-  if not exec then
-    if size > 1 then comm.abort("luapipe.train: " .. err) end
-    fail("luapipe.train: " .. err)
-  end
+  if not exec then fail_stranded("luapipe.train: " .. err) end
   local M_ = info.microbatches
   local samples = M_ * (in_shape[1] or 1) * ep -- whole micro-batches (each EP rank has a share)
   local losses, timing, gnorms, rates = {}, {}, {}, {}
@@ -643,6 +646,28 @@ function M.run(opts)
         and string.format("running steps %d..%d", first_step, steps)
         or string.format("no steps left to run (steps = %d)", steps)))
     io.flush()
+    if ckpt.written_under and ckpt.written_under ~= info.name then -- (rank 0 read latest)
+      io.stderr:write(string.format("luapipe.train: note: the checkpoint was written under schedule"
+        .. " '%s', this run's is '%s': it places the model stages on the ranks alike, so parameters and"
+        .. " optimizer state carry over (they do not depend on the schedule)\n", ckpt.written_under,
+        info.name))
+      io.stderr:flush()
+    end
+  end
+  -- what a job stopped by a signal (Ctrl-C to mpirun) prints: where a
+  -- resume would start (rank 0; updated at every save)
+  local set_stop_note = rank == 0 and not quiet and ckpt and ckpt.dir and core.set_stop_note
+    or function() end
+  local function stop_note(at)
+    local due = ckpt.every * ((first_step + ckpt.every - 1) // ckpt.every)
+    set_stop_note(at and string.format("luapipe: stopped; a resume (resume = true, the examples'"
+      .. " --resume) would start from checkpoint %s/step%d (after step %d)", ckpt.dir, at, at)
+      or string.format("luapipe: stopped before this run's first checkpoint (due after step %d):"
+      .. " nothing of this run to resume from", math.min(steps, due)))
+  end
+  if ckpt and ckpt.dir then
+    stop_note(first_step > 1 and ckpt.resume_dir == ckpt.dir and first_step - 1 or nil)
+    ckpt.on_commit = stop_note -- (rank 0, as soon as latest names the new step)
   end
   if ckpt and ckpt.state and type(ckpt.state.partition) == "table" then
     -- the checkpoint loaded is the one whose partition configure used
@@ -655,6 +680,16 @@ function M.run(opts)
     end
   end
   local balance = eplb_loop(exec, opts.eplb, ep)
+  local held = { names = {} } -- gather_model's whole model on rank 0
+  if ckpt and ckpt.state and rank == 0 and not quiet and (ckpt.state.lr_schedule or c.lr_record)
+      and not lr.same(ckpt.state.lr_schedule, c.lr_record) then
+    -- the rate is a function of the step: the run goes on under this run's schedule
+    io.write(string.format("note: the learning-rate schedule differs from the one checkpoint %s was"
+      .. " trained under (%s there, %s here): this run's applies from step %d\n", ckpt.state_file,
+      ckpt.state.lr_schedule and lr.describe_record(ckpt.state.lr_schedule) or "none",
+      c.lr_record and lr.describe_record(c.lr_record) or "none", first_step))
+    io.flush()
+  end
   if ckpt and ckpt.state and ckpt.state.eplb then
     local rok, rerr = pcall(balance.restore, ckpt.state.eplb, ckpt.state_file)
     if not rok then checkpoint.fail_all(tostring(rerr)) end -- every rank has rank 0's state.json
@@ -666,18 +701,13 @@ function M.run(opts)
     local rate
     if c.lr_at then
       local rok, r = pcall(c.lr_at, k)
-      if not rok then
-        if size > 1 then comm.abort(tostring(r)) end
-        fail(tostring(r))
-      end
+      -- the same function of the step on every rank: a mistake found everywhere
+      if not rok then usage_fail(util.message(r)) end
       rate = r
       exec:set_lr(rate)
     end
     local loss, serr = exec:step(k)
-    if not loss then
-      if size > 1 then comm.abort(serr) end
-      fail(serr)
-    end
+    if not loss then fail_stranded(serr) end
     losses[k] = loss
     gnorms[k] = exec:grad_norm()
     rates[k] = rate
@@ -698,13 +728,25 @@ function M.run(opts)
       io.flush()
     end
     local eok, eerr = pcall(balance.after_step, k)
-    if not eok then
-      if size > 1 then comm.abort(tostring(eerr)) end
-      fail(tostring(eerr))
+    if not eok then fail_stranded(tostring(eerr)) end
+    if opts.eval and (k % opts.eval.every == 0 or k == steps) then
+      -- the whole model on rank 0, given to the hook there; every rank
+      -- learns whether it failed
+      local layer = gather_model(c, exec, held)
+      local hok, herr = true, nil
+      if layer then hok, herr = pcall(opts.eval.fn, k, layer) end
+      if size > 1 then
+        local all = comm.allreduce({ hok and 0 or 1 }, "luapipe.train: the eval hook on rank 0")
+        hok = all and all[1] == 0
+      end
+      if not hok then
+        checkpoint.fail_all("luapipe.train: eval hook after step " .. k .. ": " .. tostring(herr))
+      end
     end
     if ckpt then
       local saved = checkpoint.after_step(ckpt, exec, k, info, function()
-        return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()) }
+        return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()),
+          lr_schedule = c.lr_record }
       end)
       if saved and rank == 0 and not quiet then
         io.write(string.format("checkpoint after step %d written to %s\n", k, saved))
@@ -712,6 +754,7 @@ function M.run(opts)
       end
     end
   end
+  set_stop_note(nil)
   local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec,
     device = device_name, grad_norms = gnorms, lrs = rates, precision = c.precision, bf16_engine = c.bf16_engine }
   result.first_step = first_step -- > 1 after resume: losses[k] for k = first_step..steps
@@ -724,6 +767,9 @@ function M.run(opts)
     end
     return out
   end
+  -- the whole model as one luapipe.Layer on rank 0 (host memory), nil on
+  -- the other ranks; collective: every rank calls it (sampling at the end)
+  function result.model() return gather_model(c, exec, held) end
   -- {[name] = values} of this rank's stages (a replicated stage's first copy)
   function result.params()
     local out = {}
@@ -732,12 +778,13 @@ function M.run(opts)
     end
     return out
   end
+  if opts.save ~= nil then -- a luapipe.models model, written back (luapipe.models.save)
+    local sok, serr = pcall(require("luapipe.models").save, model, opts.save, { from = result })
+    if not sok then fail_stranded("save: " .. util.message(serr)) end
+  end
   if opts.trace then
     local tok, terr = exec:trace_write(opts.trace) -- gathered over the comm on rank 0
-    if not tok then
-      if size > 1 then comm.abort("trace: " .. tostring(terr)) end
-      fail("trace: " .. tostring(terr))
-    end
+    if not tok then fail_stranded("trace: " .. tostring(terr)) end
   end
   -- measured vs predicted (luapipe.perf): every rank takes part
   if steps >= first_step then
@@ -752,10 +799,7 @@ function M.run(opts)
     end
     if opts.svg then
       local sok, serr = perf.write_measured_svg(exec, lowered, opts.svg)
-      if not sok then
-        if size > 1 then comm.abort("svg: " .. tostring(serr)) end
-        fail("svg: " .. tostring(serr))
-      end
+      if not sok then fail_stranded("svg: " .. tostring(serr)) end
     end
   end
   return result

@@ -24,13 +24,93 @@ local function internal(level)
   return here ~= nil and src:sub(1, 1) == "@" and src:sub(2, #here + 1) == here
 end
 
--- util.raise(msg): raises msg at the first Lua caller outside the library
--- (its position is the user's line), past the library's own frames and
--- any C function (pcall) between them.
-function M.raise(msg)
-  local level = 2 -- the caller of raise
+-- ---- errors as values ----
+-- A luapipe.Error is a table of fields:
+--   what      the text in the user's terms ("schedule.load: spec (argument
+--             1) must be ...", "search: the memory limit of rank 0 ...")
+--   file, line  the user's line it was raised at (nil: no place)
+--   rank, action, option  where, when the raiser knows (optional)
+--   status    the exit status the program should end with (default 1)
+--   everywhere  true: every rank of the job raised it alike (the program
+--             prints it once, on rank `speaker`, default 0)
+--   stranded  true: other ranks may be left waiting on this one (the
+--             program must take the whole job down)
+-- tostring(e) is "file:line: what" (or "what"): the text Lua's error(msg,
+-- level) would have made. Code that catches one reads e.what and the other
+-- fields; nothing parses the text back. The program's edge (the luapipe
+-- host, luapipe.cli.job) prints it and decides what the job does.
+local Error = { __name = "luapipe.Error" }
+function Error.__tostring(e)
+  if e.file then return string.format("%s:%s: %s", e.file, tostring(e.line), tostring(e.what)) end
+  return tostring(e.what)
+end
+function Error.__concat(a, b) return tostring(a) .. tostring(b) end
+-- err:match(...), err:find(...) read the text, as they did when errors
+-- were strings
+function Error.__index(_, k)
+  local f = string[k]
+  if f then return function(self, ...) return f(tostring(self), ...) end end
+end
+
+-- Raises the text msg (a misuse of these helpers) at the first Lua caller
+-- outside the library.
+local function misuse(msg)
+  local level = 2
   while internal(level) do level = level + 1 end
   error(msg, level)
+end
+
+-- util.error(fields) -> a luapipe.Error (fields.what: the text, a string;
+-- the other fields as above). A string is {what = string}.
+function M.error(fields)
+  if type(fields) == "string" then fields = { what = fields } end
+  if type(fields) ~= "table" or getmetatable(fields) ~= nil or type(fields.what) ~= "string" then
+    misuse("util.error: fields (argument 1) must be a message or a table with what = message, got "
+      .. M.shown(fields))
+  end
+  return setmetatable(fields, Error)
+end
+
+-- util.is_error(v) -> true when v is a luapipe.Error
+function M.is_error(v) return getmetatable(v) == Error end
+
+-- util.message(err) -> the text of a caught error without its position:
+-- a luapipe.Error's what; any other value as tostring gives it (errors of
+-- the C binding carry no position; a user's own error keeps its own).
+function M.message(err)
+  if getmetatable(err) == Error then return tostring(err.what) end
+  local ok, s = pcall(tostring, err)
+  return ok and s or "(error object is not printable)"
+end
+
+-- Places a luapipe.Error at `level` (as error(msg, level) would: 1 is the
+-- function that calls this one's caller) and raises it.
+local function raise_at(e, level)
+  local info = debug.getinfo(level + 1, "Sl")
+  if info and info.currentline and info.currentline > 0 then
+    e.file, e.line = info.short_src, info.currentline
+  end
+  error(e, 0)
+end
+
+-- util.fail(msg_or_fields[, level]): raises a luapipe.Error placed at level
+-- as error(msg, level) places it (1, the default: the line that calls
+-- fail; 2: that function's caller; 0: no place).
+function M.fail(fields, level)
+  local e = M.error(fields)
+  level = level or 1
+  if level <= 0 then error(e, 0) end
+  raise_at(e, level + 1)
+end
+
+-- util.raise(msg_or_fields): raises a luapipe.Error at the first Lua caller
+-- outside the library (its position is the user's line), past the
+-- library's own frames and any C function (pcall) between them.
+function M.raise(msg)
+  local e = M.error(msg)
+  local level = 2 -- the caller of raise
+  while internal(level) do level = level + 1 end
+  raise_at(e, level)
 end
 
 -- util.shown(v) -> v as an error message shows it: 5, "x", nil, true,

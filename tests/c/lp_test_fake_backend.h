@@ -182,6 +182,13 @@ static lp_status f_dot_rows(const lp_tensor_backend *be, int64_t n,
   return cpu->dot_rows(cpu, n, c, U(a), idx, U(b), U(o));
 }
 
+static lp_status f_rope(const lp_tensor_backend *be, int64_t rows,
+                        int64_t seq, int64_t heads, int64_t d, int64_t ld,
+                        int64_t hs, const float *cs, int conj, float *x) {
+  (void)be;
+  return cpu->rope(cpu, rows, seq, heads, d, ld, hs, U(cs), conj, U(x));
+}
+
 static const lp_tensor_backend fake = {
     .name = "fake:0",
     .host_accessible = 0,
@@ -214,5 +221,6 @@ static const lp_tensor_backend fake = {
     .sgd_step = f_sgd,
     .adamw_step = f_adamw,
     .dot_rows = f_dot_rows,
+    .rope = f_rope,
 };
 

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "exec_fixtures.h"
 #include "lp_exec.h"
 #include "lp_test_oom.h"
 
@@ -26,19 +27,7 @@
 
 /* stage 0: linear(5,7) + gelu; stage 1: linear(7,3) */
 static lp_status build_stage(int stage, uint64_t seed, lp_nn_layer **out) {
-  lp_nn_layer *ls[2] = {NULL, NULL};
-  lp_status st;
-  if (stage == 0) {
-    st = lp_nn_linear_new("layers.0", D_IN, D_H, 1, seed, &ls[0]);
-    if (st == LP_OK) st = lp_nn_act_new("layers.1", LP_TENSOR_ACT_GELU, &ls[1]);
-    if (st == LP_OK) st = lp_nn_chunk_new("stage.0", ls, 2, out);
-  } else {
-    st = lp_nn_linear_new("layers.2", D_H, D_OUT, 1, seed, &ls[0]);
-    if (st == LP_OK) st = lp_nn_chunk_new("stage.1", ls, 1, out);
-  }
-  lp_nn_layer_release(ls[0]);
-  lp_nn_layer_release(ls[1]);
-  return st;
+  return fx_mlp_stage(stage, 2, D_IN, D_H, D_OUT, seed, out);
 }
 
 static lp_status chunk_fn(void *ud, int stage, lp_nn_layer **out, char *err) {
@@ -57,11 +46,7 @@ static lp_status data_fn(void *ud, int64_t step, int mb, lp_tensor **in, lp_tens
     lp_errf(err, "no data for micro-batch %d", mb);
     return LP_ERR_IO;
   }
-  float x[BATCH * D_IN], y[BATCH * D_OUT];
-  for (int i = 0; i < BATCH * D_IN; i++) x[i] = (float)sin(0.3 * (double)step + 1.1 * mb + 0.7 * i);
-  for (int i = 0; i < BATCH * D_OUT; i++) y[i] = (float)cos(0.5 * (double)step + 0.9 * mb + 0.4 * i);
-  if (in) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D_IN}, x, in), LP_OK);
-  if (tg) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D_OUT}, y, tg), LP_OK);
+  fx_wave_data(step, mb, 2, (int64_t[]){BATCH, D_IN}, 2, (int64_t[]){BATCH, D_OUT}, in, tg);
   return LP_OK;
 }
 
@@ -84,15 +69,7 @@ static lp_exec_opts base_opts(void) {
 
 /* One rank, two stages (both on rank 0), actions from text. */
 static lp_schedule *two_stage(const char *const *acts, int n) {
-  lp_schedule *s = NULL;
-  assert_int_equal(lp_schedule_new(1, 2, MB, &s), LP_OK);
-  assert_int_equal(lp_schedule_add_vstage(s, 0, 0, NULL), LP_OK);
-  assert_int_equal(lp_schedule_add_vstage(s, 1, 0, NULL), LP_OK);
-  int route[2] = {0, 1};
-  for (int mb = 0; mb < MB; mb++) assert_int_equal(lp_schedule_set_route(s, mb, route, 2), LP_OK);
-  for (int i = 0; i < n; i++) assert_int_equal(lp_schedule_push_text(s, 0, acts[i]), LP_OK);
-  if (lp_schedule_validate(s) != LP_OK) fail_msg("invalid: %s", lp_schedule_last_error(s));
-  return s;
+  return fx_two_stage(MB, acts, n, 1, NULL);
 }
 
 /* Trains 3 steps with schedule s and with the reference; compares. */
@@ -326,7 +303,7 @@ static void test_errors(void **state) {
   for (int mb = 0; mb < 2; mb++) lp_schedule_set_route(s, mb, route, 2);
   assert_int_equal(lp_exec_new(s, &o, &e, err), LP_ERR_ARG);
   assert_null(e);
-  assert_string_equal(err, "schedule 'mine' needs 2 ranks, but this job has 1 (run it with "
+  assert_string_equal(err, "schedule 'mine' needs 2 ranks, but this is one process (run it with "
                            "mpirun -np 2)");
   lp_schedule_free(s);
 
@@ -395,13 +372,23 @@ static void test_errors(void **state) {
     lp_schedule_free(c);
   }
 
-  /* an EP group that does not divide the job */
+  /* an EP group the job has no room for: the one rule of the job's shape
+   * (lp_exec_grid_check, which luapipe.train asks too) */
   o = base_opts();
   o.ep = 2;
   assert_int_equal(lp_exec_new(s, &o, &e, err), LP_ERR_ARG);
   assert_null(e);
-  assert_string_equal(err, "ep = 2 does not divide the 1 rank mpirun started (pp x ep ranks are "
-                           "needed)");
+  assert_string_equal(err, "schedule '(unnamed)' runs on 1 pipeline rank; with ep = 2 that is 2 "
+                           "ranks, but this is one process");
+  char gerr[LP_ERRLEN];
+  assert_int_equal(lp_exec_grid_check(2, 2, 4, "x", gerr), LP_OK);
+  assert_int_equal(lp_exec_grid_check(3, 0, 3, "x", gerr), LP_OK);
+  assert_int_equal(lp_exec_grid_check(1, 2, 3, NULL, gerr), LP_ERR_ARG);
+  assert_string_equal(gerr, "pp x ep = 1 x 2 needs 2 ranks, but mpirun started 3 (run it with "
+                            "mpirun -np 2)");
+  assert_int_equal(lp_exec_grid_check(4, 1, 2, "1f1b", gerr), LP_ERR_ARG);
+  assert_string_equal(gerr, "schedule '1f1b' needs 4 ranks, but mpirun started 2 (run it with "
+                            "mpirun -np 4)");
   lp_schedule_free(s);
 }
 

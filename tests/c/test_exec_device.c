@@ -29,6 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "exec_fixtures.h"
 #include "lp_exec.h"
 #include "lp_test_fake_backend.h"
 #include "schedule_fixtures.h"
@@ -59,6 +60,7 @@ static lp_status block_new(const char *name, lp_nn_layer **out) {
 }
 
 static lp_status build_stage(int stage, lp_nn_layer **out) {
+  if (!use_lm) return fx_mlp_stage(stage, nstages, D_IN, D_H, D_OUT, 42, out);
   lp_nn_layer *ls[2] = {NULL, NULL};
   lp_status st;
   char n0[32], n1[32], cn[32];
@@ -66,12 +68,7 @@ static lp_status build_stage(int stage, lp_nn_layer **out) {
   snprintf(n1, sizeof n1, "layers.%d", 2 * stage + 1);
   snprintf(cn, sizeof cn, "stage.%d", stage);
   int last = stage == nstages - 1;
-  if (!use_lm && !last) {
-    st = lp_nn_linear_new(n0, stage ? D_H : D_IN, D_H, 1, 42, &ls[0]);
-    if (st == LP_OK) st = lp_nn_act_new(n1, LP_TENSOR_ACT_GELU, &ls[1]);
-  } else if (!use_lm) {
-    st = lp_nn_linear_new(n0, D_H, D_OUT, 1, 42, &ls[0]);
-  } else if (stage == 0) {
+  if (stage == 0) {
     st = lp_nn_embedding_new(n0, V, D, 42, &ls[0]);
     if (st == LP_OK)
       st = block_new(n1, &ls[1]);
@@ -106,11 +103,7 @@ static lp_status data_fn(void *ud, int64_t step, int mb, lp_tensor **in, lp_tens
     if (tg) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, T}, y, tg), LP_OK);
     return LP_OK;
   }
-  float x[BATCH * D_IN], y[BATCH * D_OUT];
-  for (int i = 0; i < BATCH * D_IN; i++) x[i] = (float)sin(0.3 * (double)step + 1.1 * mb + 0.7 * i);
-  for (int i = 0; i < BATCH * D_OUT; i++) y[i] = (float)cos(0.5 * (double)step + 0.9 * mb + 0.4 * i);
-  if (in) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D_IN}, x, in), LP_OK);
-  if (tg) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D_OUT}, y, tg), LP_OK);
+  fx_wave_data(step, mb, 2, (int64_t[]){BATCH, D_IN}, 2, (int64_t[]){BATCH, D_OUT}, in, tg);
   return LP_OK;
 }
 
@@ -216,18 +209,7 @@ static void twin(const lp_schedule *s) {
 
 /* One rank, two stages (both on rank 0), actions from text. */
 static lp_schedule *two_stage(const char *const *acts, int n, int copies) {
-  lp_schedule *s = NULL;
-  assert_int_equal(lp_schedule_new(1, 2, MB, &s), LP_OK);
-  for (int c = 0; c < copies; c++) {
-    assert_int_equal(lp_schedule_add_vstage(s, 0, 0, NULL), LP_OK);
-    assert_int_equal(lp_schedule_add_vstage(s, 1, 0, NULL), LP_OK);
-  }
-  int ra[2] = {0, 1}, rb[2] = {2, 3};
-  for (int mb = 0; mb < MB; mb++)
-    assert_int_equal(lp_schedule_set_route(s, mb, copies == 2 && mb >= 2 ? rb : ra, 2), LP_OK);
-  for (int i = 0; i < n; i++) assert_int_equal(lp_schedule_push_text(s, 0, acts[i]), LP_OK);
-  if (lp_schedule_validate(s) != LP_OK) fail_msg("invalid: %s", lp_schedule_last_error(s));
-  return s;
+  return fx_two_stage(MB, acts, n, copies, NULL);
 }
 
 static void test_one_rank(void **state) {

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "comm_internal.h"
+#include "exec_fixtures.h"
 #include "lp_exec.h"
 #include "lp_test_oom.h"
 
@@ -146,14 +147,8 @@ static lp_status chunk_fn(void *ud, int stage, lp_nn_layer **out, char *err) {
 static lp_status data_fn(void *ud, int64_t step, int mb, lp_tensor **in, lp_tensor **tg,
                          char *err) {
   (void)ud, (void)err;
-  float x[BATCH * T * D], y[BATCH * T * D];
-  for (int i = 0; i < BATCH * T * D; i++) {
-    x[i] = (float)sin(0.3 * (double)step + 1.1 * mb + 0.7 * i);
-    y[i] = (float)cos(0.5 * (double)step + 0.9 * mb + 0.4 * i);
-  }
   int64_t sh[3] = {BATCH, T, D};
-  if (in) assert_int_equal(lp_tensor_from_data(NULL, 3, sh, x, in), LP_OK);
-  if (tg) assert_int_equal(lp_tensor_from_data(NULL, 3, sh, y, tg), LP_OK);
+  fx_wave_data(step, mb, 3, sh, 3, sh, in, tg);
   return LP_OK;
 }
 
@@ -164,16 +159,7 @@ static lp_schedule *pairs_schedule(void) {
   const char *acts[] = {"0F0", "1F0", "0F1", "(1F1;1B0)OVERLAP_F_B", "0B0",
                         "0F2", "(1F2;1B1)OVERLAP_F_B", "0B1", "0F3",
                         "(1F3;1B2)OVERLAP_F_B", "0B2", "1B3", "0B3"};
-  lp_schedule *s = NULL;
-  assert_int_equal(lp_schedule_new(1, 2, MB, &s), LP_OK);
-  assert_int_equal(lp_schedule_add_vstage(s, 0, 0, NULL), LP_OK);
-  assert_int_equal(lp_schedule_add_vstage(s, 1, 0, NULL), LP_OK);
-  int route[2] = {0, 1};
-  for (int mb = 0; mb < MB; mb++) assert_int_equal(lp_schedule_set_route(s, mb, route, 2), LP_OK);
-  for (size_t i = 0; i < sizeof acts / sizeof *acts; i++)
-    assert_int_equal(lp_schedule_push_text(s, 0, acts[i]), LP_OK);
-  if (lp_schedule_validate(s) != LP_OK) fail_msg("invalid: %s", lp_schedule_last_error(s));
-  return s;
+  return fx_two_stage(MB, acts, (int)(sizeof acts / sizeof *acts), 1, NULL);
 }
 
 static partner world_state;

@@ -196,7 +196,7 @@ fi
 # ---- commands: unknown words, family names, counting options ----
 expect_rc "neither a command nor a file exits 2" 2 "$LP" frobnicate
 expect_in "says so" "$tmp/err" "luapipe: 'frobnicate' is neither a command nor a file"
-expect_in "lists the commands" "$tmp/err" "Commands: schedule, simulate, bubbles, eplb, search, profile, help"
+expect_in "lists the commands" "$tmp/err" "Commands: schedule, simulate, bubbles, eplb, search, profile, model, help"
 expect_rc "a missing script exits 1" 1 "$LP" "$tmp/no-such-script.lua"
 expect_in "a missing script is named with the reason" "$tmp/err" "cannot open $tmp/no-such-script.lua: No such file or directory"
 expect_rc "a missing *.lua name is a script, not a command" 1 "$LP" no-such-script.lua

@@ -28,7 +28,7 @@ static const char chunk[] =
     "  assert(code == 1 or code == 2, 'exit code ' .. tostring(code))\n"
     "  assert(msg ~= '', 'exit ' .. code .. ' without a message')\n"
     "  assert(select(2, msg:gsub('\\n', '')) == 1, 'more than one line: ' .. msg)\n"
-    "  fuzz_check_message(msg)\n"
+    "  fuzz_check_message(msg, text)\n"
     "  assert(io.open(plan) == nil, 'a plan was written on failure')\n"
     "end\n";
 

@@ -12,11 +12,13 @@
 #include "lp_lua.h"
 
 static inline int fuzz_lua_check_message(lua_State *L) {
-  fuzz_check_message(luaL_checkstring(L, 1));
+  size_t size = 0, mlen = 0;
+  const char *msg = luaL_checklstring(L, 1, &mlen), *in = luaL_checklstring(L, 2, &size);
+  fuzz_check_message_n(msg, mlen, (const uint8_t *)in, size);
   return 0;
 }
 
-/* The state; its global fuzz_check_message(msg) is fuzz.h's. */
+/* The state; its global fuzz_check_message(msg, input) is fuzz.h's. */
 static inline lua_State *fuzz_lua(void) {
   static lua_State *L;
   if (L) return L;

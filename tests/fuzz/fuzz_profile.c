@@ -76,7 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!msg[0]) FUZZ_FAIL("status %d without a message", (int)st);
     if (!strstr(msg, path)) FUZZ_FAIL("the message does not name the file: %s", msg);
     if (strchr(msg, '\n')) FUZZ_FAIL("more than one line: %s", msg);
-    fuzz_check_message(msg);
+    fuzz_check_message(msg, data, size);
   }
   lp_profile_free(p);
   remove(path);

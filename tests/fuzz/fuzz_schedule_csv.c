@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (s) FUZZ_FAIL("status %d but a schedule was returned", (int)st);
     if (st != LP_ERR_NOMEM && strncmp(err, "fuzz.csv", 8) != 0)
       FUZZ_FAIL("error does not name the source: '%s'", err);
-    fuzz_check_message(err);
+    fuzz_check_message(err, data, size);
     return 0;
   }
   if (!s) FUZZ_FAIL("LP_OK without a schedule");

@@ -4,8 +4,12 @@
 # its seed corpus tests/fuzz/corpus/<reader>/. A harness aborts when a
 # reader breaks its contract; under the ASan/UBSan build the sanitizers
 # report memory errors and undefined behaviour.
+# Strict (LUAPIPE_FUZZ_STRICT=1, unless set): the messages are judged too,
+# without the input they quote (seeds quoted_*: a user's text that looks
+# like a Lua internal).
 set -u
 build=${1:?usage: replay.sh BUILD_DIR}
+export LUAPIPE_FUZZ_STRICT=${LUAPIPE_FUZZ_STRICT:-1}
 corpus=$(cd "$(dirname "$0")" && pwd)/corpus
 fails=0 n=0
 for dir in "$corpus"/*/; do

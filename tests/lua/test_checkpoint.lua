@@ -8,11 +8,8 @@ local nn = require("luapipe.nn")
 local train = require("luapipe.train")
 local core = require("luapipe.core")
 
-local function error_of(f, ...)
-  local ok, err = pcall(f, ...)
-  lu.assertFalse(ok, "expected an error")
-  return (tostring(err):gsub("^[^:]*:%d+: ", ""))
-end
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local error_of = dofile(here .. "errors.lua").error_of
 
 local model = nn.sequential {
   nn.linear(4, 8), nn.gelu(), nn.mlp_block(8, 16), nn.rmsnorm(8), nn.linear(8, 2), loss = "mse",

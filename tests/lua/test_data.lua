@@ -78,7 +78,9 @@ function TestData:test_bad_files_name_the_file()
   lu.assertErrorMsgContains("cannot open " .. dir .. "/none.bin: No such file or directory",
     data.tokens, dir .. "/none.bin", { seq_len = 8 })
   local big = data.write_tokens(dir .. "/big.bin", range(40, function(i) return i == 30 and 999 or i end))
-  local ds = data.tokens(big, { seq_len = 4, vocab = 100 })
+  lu.assertErrorMsgContains(big .. ": token 999 at byte offset 60 is not below the vocabulary size 100",
+    data.tokens, big, { seq_len = 4, vocab = 100 }) -- every token checked at open
+  local ds = data.tokens(big, { seq_len = 4, vocab = 100, check = false })
   ds:batches { microbatches = 1, rows = 2 }(1, 0) -- windows 0, 1: fine
   lu.assertErrorMsgEquals(big .. ": token 999 at byte offset 60 is not below the vocabulary size 100",
     ds:batches { microbatches = 1, rows = 2 }, 4, 0) -- windows 6, 7: token 30

@@ -12,11 +12,8 @@ local function model()
   }
 end
 
-local function error_of(f, ...)
-  local ok, err = pcall(f, ...)
-  lu.assertFalse(ok, "expected an error")
-  return (tostring(err):gsub("^[^:]*:%d+: ", ""))
-end
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local error_of = dofile(here .. "errors.lua").error_of
 
 function test_cpu_and_bad_names()
   local m = model():build(1)

@@ -3,6 +3,7 @@
 -- every module of the library has a topic, unknown topics answer in one
 -- line and never raise, and help prints nothing for the REPL to echo.
 local lu = require("luaunit")
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local core = require("luapipe.core")
 local help = require("luapipe.cli.help")
 local cli = require("luapipe.cli")
@@ -12,9 +13,14 @@ local eplb = require("luapipe.eplb")
 -- What a signature's receiver names stand for.
 local model = nn.sequential { nn.linear(2, 2), loss = "mse" }
 local balancer = eplb.balancer { replicas = 4, gpus = 2, on_warning = function() end }
+local data = require("luapipe.data")
+local dpath = os.tmpname()
+data.write_tokens(dpath, { 0, 1, 2, 3, 4, 5, 6, 7 })
+local dataset = data.tokens(dpath, { seq_len = 2 })
+os.remove(dpath) -- (mapped: it stays readable)
 local receivers = {
   s = core.Schedule, res = core.SimResult, t = core.Tensor, layer = core.Layer, exec = core.Exec,
-  model = model, b = balancer,
+  model = model, b = balancer, ds = dataset,
 }
 
 local function lookup(path, name)
@@ -108,6 +114,14 @@ function TestHelp.test_topics_cover_the_options()
     'partition = "cost" | "layers"', "measured layer", "whose simulated", "or equal layer counts", 'device = "cpu" | "cuda" | "cuda:N"', "chunks for interleaved1f1b only" } do
     lu.assertStrContains(train_text, want)
   end
+  -- luapipe.train's manual (once its file's header): result, checkpoints,
+  -- partition, MoE, overlapped_fb, devices, failures
+  for _, want in ipairs { "r.stage_params() = {{id =, stage =, params =", "resume = true (or resume = \"dir\")",
+    "Partition: by \"cost\" (the default)", "rank = pipeline rank * E + EP index",
+    "exec:weight_grad_part() runs one weight-grad piece", "rank r of a node (mpirun's local rank)",
+    "pcall(train, ...) returns on every rank" } do
+    lu.assertStrContains(train_text, want)
+  end
   for _, want in ipairs { 'link = "lat=50us,bw=2GB/s"', "bytes = N", "exchanges = {[stage] = {F = {n =, "
     .. "bytes_out =, bytes_in =}", "link_unit", "pending W (peak weight-grads waiting" } do
     lu.assertStrContains(sim_text, want)
@@ -178,11 +192,7 @@ end
 -- A mistyped name of the library gets a "did you mean" where it is used;
 -- other missing names stay nil.
 function TestHelp.test_did_you_mean_on_names()
-  local function err_of(f)
-    local ok, e = pcall(f)
-    lu.assertFalse(ok)
-    return (tostring(e):gsub("^[^:]*:%d+: ", ""))
-  end
+  local err_of = dofile(here .. "errors.lua").error_of
   lu.assertEquals(err_of(function() return luapipe.schedul end), "luapipe has no 'schedul' (did you mean 'schedule'?)")
   lu.assertEquals(err_of(function() return luapipe.schedule.buld end),
     "luapipe.schedule has no 'buld' (did you mean 'build'?)")

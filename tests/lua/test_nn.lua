@@ -8,11 +8,8 @@ local nn = require("luapipe.nn")
 local train = require("luapipe.train")
 local core = require("luapipe.core")
 
-local function error_of(f, ...)
-  local ok, err = pcall(f, ...)
-  lu.assertFalse(ok, "expected an error")
-  return (tostring(err):gsub("^[^:]*:%d+: ", ""))
-end
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local error_of = dofile(here .. "errors.lua").error_of
 
 local function mlp()
   return nn.sequential {
@@ -810,6 +807,24 @@ function test_moe_eplb_one_rank()
     "ep = 2 needs a multiple of 2 ranks (pp x ep), but this is one process")
   lu.assertStrContains(error_of(train, { model = m, schedule = "1f1b", data = char_data, pp = 1,
     ep = 2 }), "pp x ep = 1 x 2 needs 2 ranks, but this is one process (run it with mpirun -np 2)")
+end
+
+-- train's failures are luapipe.Error values: the text as before (tostring),
+-- the option and the user's line as fields; nothing ends the process.
+function test_train_errors_are_values()
+  local ok, e = pcall(train, { model = mlp(), schedule = "1f1b", data = data, steps = "ten" })
+  lu.assertFalse(ok)
+  lu.assertTrue(require("luapipe.util").is_error(e))
+  lu.assertEquals(e.option, "steps")
+  lu.assertEquals(e.what, "luapipe.train: 'steps' must be a non-negative integer, got \"ten\"")
+  lu.assertStrContains(e.file, "test_nn.lua")
+  lu.assertEquals(tostring(e), string.format("%s:%d: %s", e.file, e.line, e.what))
+  ok, e = pcall(train, { model = mlp(), schedule = "1f1b", data = data, partition = "even" })
+  lu.assertFalse(ok)
+  lu.assertEquals(e.option, "partition")
+  lu.assertNil(e.file) -- found after the checks of the call itself: no line of the user's to name
+  lu.assertEquals(tostring(e), "luapipe.train: 'partition' must be \"cost\" or \"layers\", got \"even\"")
+  lu.assertNil(e.stranded) -- one process: nothing waits
 end
 
 -- Layer constructors check their arguments: the message names the

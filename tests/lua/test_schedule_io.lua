@@ -8,11 +8,8 @@ local schedule = require("luapipe.schedule")
 
 local DATA = (arg and arg[0] and arg[0]:match("^(.*)/[^/]*$") or ".") .. "/data/"
 
-local function error_of(f, ...)
-  local ok, err = pcall(f, ...)
-  lu.assertFalse(ok, "expected an error")
-  return (tostring(err):gsub("^[^:]*:%d+: ", ""))
-end
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local error_of = dofile(here .. "errors.lua").error_of
 
 local function load_csv(name)
   return assert(schedule.from_csv(DATA .. name))

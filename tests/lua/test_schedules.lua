@@ -15,11 +15,8 @@ local function build(name, opts) return schedules[name](opts) end
 local function joined(s, r) return table.concat(s:actions(r), " ") end
 
 -- error text of f(...) without the "file:line: " prefix
-local function error_of(f, ...)
-  local ok, err = pcall(f, ...)
-  lu.assertFalse(ok, "expected an error")
-  return (tostring(err):gsub("^[^:]*:%d+: ", ""))
-end
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local error_of = dofile(here .. "errors.lua").error_of
 
 -- Reference simulator: an INDEPENDENT CROSS-CHECK of s:simulate, written
 -- from the definitions only (every action starts when its rank is free and

@@ -526,7 +526,7 @@ function TestSimulate:test_invalid_schedule()
   local res, err = s:try_simulate()
   lu.assertNil(res)
   lu.assertStrContains(err, "rank 0")
-  lu.assertStrContains(select(2, pcall(s.simulate, s)), "simulate: rank 0")
+  lu.assertStrContains(tostring(select(2, pcall(s.simulate, s))), "simulate: rank 0")
 end
 
 function TestSimulate:test_result_methods()

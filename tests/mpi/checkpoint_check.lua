@@ -16,8 +16,12 @@
 --           "rank R: ok ..." or "rank R: FAIL ..." and exits with the job's
 --           failure count
 --   error   resume = true from DIR/ckpt up to STEPS (default 6): expected to
---           fail (corrupt file, other schedule, no checkpoint); the error
+--           fail (corrupt file, other placement, no checkpoint); the error
 --           text goes to stderr via the host
+--   other   resume = true from DIR/ckpt up to STEPS (default 6), not quiet
+--           (the resume's lines and notes printed), under another schedule
+--           than the checkpoint's: prints "rank R: ok other ..." with the
+--           first step it ran and whether every loss is finite
 local train = require("luapipe.train")
 local comm = require("luapipe.comm")
 
@@ -144,6 +148,13 @@ elseif mode == "resume" then
 elseif mode == "error" then
   run { steps = steps or 6, resume = true, checkpoint = { dir = ckdir, every = 2 } }
   print(string.format("rank %d: resumed without an error", rank))
+elseif mode == "other" then
+  steps = steps or 6
+  local r = run { steps = steps, resume = true, checkpoint = { dir = ckdir, every = 2 }, quiet = false }
+  local finite = true
+  for k = r.first_step, steps do finite = finite and r.losses[k] == r.losses[k] and r.losses[k] < math.huge end
+  print(string.format("rank %d: ok other %s (steps %d..%d, losses %s)", rank, family, r.first_step, steps,
+    finite and "finite" or "NOT finite"))
 else
   error("unknown mode " .. tostring(mode))
 end

@@ -7,7 +7,8 @@
 # true for steps 3..4, whose losses and final parameters must equal the
 # uninterrupted run's bitwise (checkpoint_check.lua), and which leaves only
 # the step-4 checkpoint. Then the clear errors (non-zero exit, message on
-# every rank): a truncated rank file, a checkpoint of another schedule,
+# every rank): a truncated rank file, a checkpoint of another placement
+# (dualpipe; zb1p, the same placement as 1f1b, resumes it with a note),
 # another rank count, and resume = true with no checkpoint. Then MoE: the
 # MoE LM (router-bias balancing) at pp=2 x ep=2 with EPLB every 2 steps (one
 # redundant slot, 3-step window) for 1f1b and dualpipe: 6 steps unbroken, 2
@@ -63,11 +64,21 @@ done
 # no traceback, every rank exits non-zero
 d=$tmp/1f1b
 if [ -f "$d/ckpt/step4/rank1.ckpt" ]; then
-  # another schedule over the same model and ranks
-  run "zb1p resuming a 1f1b checkpoint" 4 zb1p error "$d"
-  n=$(grep -c "does not match this run: schedule '1f1b' in the checkpoint, 'zb1p' in this run" "$tmp/out")
+  # another schedule with the same placement (zb1p: model stage r on rank r,
+  # as 1f1b) resumes it (on a copy, so the step-4 checkpoint stays), noted once
+  mkdir -p "$tmp/other" && cp -r "$d/ckpt" "$tmp/other/ckpt"
+  run "zb1p resuming a 1f1b checkpoint" 4 zb1p other "$tmp/other"
+  n=$(grep -c "^luapipe.train: note: the checkpoint was written under schedule '1f1b', this run's is 'zb1p': it places the model stages on the ranks alike" "$tmp/out")
+  ok=$(grep -c ": ok other zb1p (steps 5..6, losses finite)" "$tmp/out")
+  { [ "$rc" -eq 0 ] && [ "$n" -eq 1 ] && [ "$ok" -eq 4 ]; } ||
+    { fail "zb1p resuming 1f1b's checkpoint (noted $n times, $ok ranks ok)"; cat "$tmp/out"; }
+  grep -q '"step": 6, .*"schedule": "zb1p"' "$tmp/other/ckpt/latest" || fail "zb1p's resume did not save step 6"
+  # another placement (DualPipe: two virtual stages per rank): refused, naming
+  # the schedule it was written under as the way out, once
+  run "dualpipe resuming a 1f1b checkpoint" 4 dualpipe error "$d"
+  n=$(grep -c "does not match this run: .* (it was written under schedule '1f1b', this run's is 'dualpipe': resume under '1f1b', or a schedule that places the model stages on the ranks alike)$" "$tmp/out")
   { [ "$rc" -ne 0 ] && [ "$n" -eq 1 ] && ! grep -q "stack traceback" "$tmp/out"; } ||
-    { fail "schedule mismatch ($n ranks said it)"; cat "$tmp/out"; }
+    { fail "placement mismatch ($n ranks said it)"; cat "$tmp/out"; }
   # another rank count
   run "1f1b on 2 ranks resuming a 4-rank checkpoint" 2 1f1b error "$d"
   n=$(grep -c "4 ranks in the checkpoint, 2 in this run" "$tmp/out")

@@ -7,7 +7,8 @@
 # (comm_ops_overlap_us / comm_ops_us over the ranks; pipeline messages
 # ignored by a rules file, as the summary counts all-to-alls only). The two
 # differ only by the executor's bookkeeping gaps (posting, polling): within
-# 1 percentage point. Exits 77 (skipped) without mpirun.
+# 1 percentage point. Then `profile --svg` of that trace: a "wrote" line and
+# a time axis. Exits 77 (skipped) without mpirun.
 . "$(dirname "$0")/lib.sh"
 cat >"$tmp/rules.lua" <<'LUA'
 return { { cat = "comm", class = "ignore" } } -- pipeline messages: not all-to-all
@@ -45,5 +46,16 @@ for family in dualpipe 1f1b; do
   echo "$family: summary printed ${printed}% hidden (report $summary), trace read back $read_back%: $verdict"
   [ "$verdict" = ok ] || fail "$family: hidden share read back $read_back% vs summary $summary%"
 done
+# --svg: says where it wrote (after the text report, on stdout), and the
+# picture has a time axis in ms from 0 (the first GPU operation)
+if [ -s "$tmp/t.json" ]; then
+  "$luapipe" profile "$tmp/t.json" --svg "$tmp/p.svg" >"$tmp/pout" 2>&1
+  rc=$?
+  ticks=$(grep -c '" text-anchor="middle">[0-9.]*</text>$' "$tmp/p.svg")
+  echo "profile --svg: rc $rc, $ticks ticks, last line: $(tail -1 "$tmp/pout")"
+  { [ "$rc" -eq 0 ] && [ "$(tail -1 "$tmp/pout")" = "wrote SVG timeline of rank 0 to $tmp/p.svg" ] &&
+    grep -q '>time (ms)</text>' "$tmp/p.svg" && grep -q '" text-anchor="middle">0</text>$' "$tmp/p.svg" &&
+    [ "$ticks" -ge 3 ]; } || { fail "profile --svg: no 'wrote' line or no time axis"; cat "$tmp/pout"; }
+fi
 if [ "$fails" -ne 0 ]; then echo "test_profile_trace: $fails failure(s)"; exit 1; fi
 echo "test_profile_trace: all passed"

@@ -5,6 +5,7 @@
 -- (DeepSeek's convention: every chunk costs --cost).
 local cli = require("luapipe.cli")
 local common = require("luapipe.cli.common")
+local util = require("luapipe.util")
 local schedule = require("luapipe.schedule")
 local sim = require("luapipe.sim")
 
@@ -86,7 +87,7 @@ function M.measure(family, P, Mb, v, cost, per_chunk)
   local row = { family = family, label = labels[family] }
   local ok, s = pcall(schedule.build, family, { pp = P, microbatches = Mb, chunks = v })
   if not ok then
-    row.error = tostring(s):gsub("^[^:]*:%d+: ", "")
+    row.error = util.message(s)
     return row
   end
   local S = s:info().stages

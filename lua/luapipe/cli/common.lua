@@ -83,10 +83,45 @@ end
 -- cost rule, lp_sim_time_check). Returns the cost table, or nil, message
 -- naming the item as the user typed it.
 function M.parse_cost(text)
-  local sim = require("luapipe.sim")
-  local ok, cost = pcall(sim.parse_cost, text)
-  if not ok then return nil, "--cost: " .. (tostring(cost):gsub("^[^:]*:%d+: ", "")) end
+  local cost, err = require("luapipe.sim").read_cost(text)
+  if not cost then return nil, "--cost: " .. err end
   return cost
+end
+
+-- The text of an error s:simulate raised. (The binding raises its messages
+-- as "simulate: <text>" strings; the command names itself instead. This
+-- one cut goes when the binding returns its errors as values.)
+local function simulate_text(err)
+  local msg = util.message(err)
+  return msg:sub(1, 10) == "simulate: " and msg:sub(11) or msg
+end
+
+-- Which option holds the cost s:simulate refused, found by checking the
+-- pieces themselves (never by reading the message): a per-stage cost of a
+-- stage the schedule lacks (--cost), the link's latency under the core's
+-- one cost rule (--link), the costs without the link (--cost); else the
+-- two together (--cost/--link: a message's whole delay). Returns the
+-- option and, when the check itself has the words, the text.
+local function cost_fault(s, cost)
+  local S = s:info().stages
+  for k in pairs(type(cost.stages) == "table" and cost.stages or {}) do
+    if math.type(k) ~= "integer" or k < 0 or k >= S then
+      return "--cost", string.format("per-stage cost [%s] (as in F[%s]=...): this schedule's model "
+        .. "stages are 0..%d", tostring(k), tostring(k), S - 1)
+    end
+  end
+  if cost.link == nil then return "--cost" end
+  local l = require("luapipe.comm").parse_link(cost.link)
+  if l then
+    local ok, why = require("luapipe.core").sim_check_time("link latency", l.latency)
+    if not ok then return "--link", "cost model: " .. why end
+  end
+  local plain = {}
+  for k, v in pairs(cost) do
+    if k ~= "link" and k ~= "bytes" and k ~= "link_unit" then plain[k] = v end
+  end
+  if not pcall(s.simulate, s, plain) then return "--cost" end
+  return "--cost/--link"
 end
 
 -- s:try_simulate(cost) with cost errors (a stage out of range, B < W, ...) as
@@ -94,16 +129,8 @@ end
 function M.simulate(s, cost)
   local ok, res, err = pcall(s.try_simulate, s, cost)
   if not ok then
-    local msg = tostring(res):gsub("^[^:]*:%d+: ", ""):gsub("^simulate: ", "")
-    -- the Lua API's "stages key K" is "KEY[K]=" on the command line
-    local k, range = msg:match("^stages key (%d+) is not a model stage (%S+)$")
-    if k then
-      msg = string.format("per-stage cost [%s] (as in F[%s]=...): this schedule's model stages "
-        .. "are %s", k, k, range)
-    end
-    local opt = msg:find("a message takes", 1, true) and "--cost/--link"
-      or msg:find("link latency", 1, true) and "--link" or "--cost"
-    return nil, opt .. ": " .. msg, 2
+    local opt, text = cost_fault(s, cost)
+    return nil, opt .. ": " .. (text or simulate_text(res)), 2
   end
   if not res then return nil, err, 1 end
   return res

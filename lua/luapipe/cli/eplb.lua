@@ -171,8 +171,8 @@ local function read_matrix(path, want)
         for e = 1, #row do
           local bad = problem(row[e])
           if bad then
-            local pos = json_pos(text, l - 1, e - 1)
-            local tok = object and "" or " ('" .. (text:match("^[^,%]%s]+", pos) or "") .. "')"
+            local at = json_pos(text, l - 1, e - 1)
+            local tok = object and "" or " ('" .. (text:match("^[^,%]%s]+", at) or "") .. "')"
             return nil, string.format("%s:%d: layer %d, entry %d%s%s", path, line_of(l, e), l - 1,
               e - 1, tok, bad)
           end
@@ -343,21 +343,21 @@ function M.run(args)
       end
     end
   end
-  local r
-  r, err = eplb.rebalance{ load = load, replicas = args.replicas, groups = args.groups,
+  local r, where
+  r, err, where = eplb.rebalance{ load = load, replicas = args.replicas, groups = args.groups,
     nodes = args.nodes, gpus = args.gpus, mode = args.mode, spill = args.spill or nil,
     previous = previous, max_moves = args.max_moves, json = true,
     fixed_x = args.padded and args.replicas - #load[1] + 1 or nil }
   if not r then
-    -- the planner's "previous plan, layer L, ..." names the file and line too
-    local l = lines and tostring(err):match("^previous plan, layer (%d+)")
-    if l then err = string.format("%s:%s: %s", args.previous, lines(tonumber(l) + 1), err) end
+    -- a layer of the previous plan refused: name the file and line too
+    local l = lines and where and where.layer
+    if l then err = string.format("%s:%s: %s", args.previous, lines(l + 1), err) end
     return fail(err)
   end
   local text = args.format == "text" and to_text(r) or to_json(r)
   if args.output then
-    local ok, oerr = require("luapipe.util").write_file(args.output, text)
-    if not ok then return fail("cannot write " .. oerr) end
+    local wok, oerr = require("luapipe.util").write_file(args.output, text)
+    if not wok then return fail("cannot write " .. oerr) end
     io.write("wrote ", args.format, " plan to ", args.output, "\n")
   else
     io.write(text)

@@ -1,6 +1,7 @@
 -- luapipe.cli.help: the Lua API help topics of luapipe.help(topic) and
 -- `luapipe help <topic>`. Each topic is a module of the library with its
--- functions and methods, one line each: { signature, summary }.
+-- functions and methods, one line each: { signature, summary }; details
+-- (optional): paragraphs printed after them (luapipe.train's manual).
 -- tests/lua/test_help.lua resolves every call written in a signature
 -- (schedule.build(...), s:validate(), res:events(...), ...) against the
 -- modules and classes and fails when one is missing, so a renamed function
@@ -108,17 +109,68 @@ M.topics = {
   {
     name = "train", summary = "pipeline-parallel training under mpirun (luapipe.train)",
     intro = "Run one process per rank: mpirun -np 4 build/luapipe train_script.lua",
-    { "train{model=, schedule=, microbatches=, data=, steps=, optimizer=, ...}", "train; returns {losses, summary, stage_params}" },
+    { "train{model=, schedule=, microbatches=, data=, steps=, optimizer=, ...}", "train; returns {losses, summary, stage_params, model}" },
+    { "  schedule = \"1f1b\" | \"found.csv\" | s", "a family, a schedule file (.csv/.json as search -o writes, .lua) checked against the job's pp and microbatches, or a Schedule" },
     { "  optimizer = {kind = \"sgd\", lr=, momentum=, weight_decay=}", "SGD (defaults lr 0.01, momentum 0, weight_decay 0)" },
     { "  optimizer = {kind = \"adamw\", lr=, beta1=, beta2=, eps=, weight_decay=}", "AdamW (defaults 1e-3, 0.9, 0.999, 1e-8, 0.01)" },
     { "  partition = \"cost\" | \"layers\"", "model stages of measured layer cost, the split whose simulated step on the schedule is shortest (default; a resume keeps the checkpoint's), or equal layer counts" },
     { "  device = \"cpu\" | \"cuda\" | \"cuda:N\"", "where each rank's stages run (cuda: local rank modulo the GPUs)" },
+    { "  precision = \"f32\" | \"bf16\"", "GEMMs on bf16-rounded inputs with float32 sums (oneDNN on AVX512-BF16/AMX, else a float32 fallback, said once); the rest float32" },
     { "  chunks=, seed=, quiet=, lookahead=", "chunks for interleaved1f1b only (refused otherwise); seed of init and data" },
     { "  trace=, svg=, trace_steps=, log_every=", "measured Chrome trace, SVG of the last step, progress" },
-    { "  checkpoint = {dir=, every=}, resume = true", "save every N steps; continue from dir/latest" },
+    { "  checkpoint = {dir=, every=}, resume = true", "save every N steps and after the last; continue from dir/latest (another schedule if it places the stages alike)" },
+    { "  resume = \"auto\"", "resume from the newest complete checkpoint when there is one, else start at step 1 (jobs that restart themselves, examples/slurm/train.sbatch)" },
+    { "  clip = 1.0", "global gradient-norm clipping as torch's clip_grad_norm_, every parameter counted once over all ranks; r.grad_norms[k]" },
+    { "  lr_schedule = {warmup=, decay=, steps=, min_lr=} | fn(step)", "warmup then cosine/linear/constant decay to min_lr at steps (default the run's), or a Lua function of the step (luapipe.lr); r.lrs[k]" },
+    { "  eval = {every=, fn = function(step, layer)}, announce = function(info)", "rank 0: the whole model every N steps; a header once the options are checked" },
     { "  pp=, ep=, link=, eplb = {every=, redundant=}", "MoE: pp x ep grid of ranks, emulated link, EPLB in the loop" },
     { "  overlapped_fb = function(exec, pair) ... end", "script DualPipe's F&B pairs (exec's begin_half, advance, phase, weight_grad_part)" },
     { "train.reference{model=, data=, steps=, microbatches=, optimizer=, seed=}", "the same steps in one process, unsplit: {losses, params}" },
+    details = {
+      "The result: r.losses[k] is the loss of step k (the same on every rank); r.partition = {by =, bounds = {{first =, last =}, ...}, costs =, seconds =}; r.stage_params() = {{id =, stage =, params = {[name] = {values}}}, ...} of this rank; r.device names this rank's device; r.summary is measured vs simulated, the same on every rank (luapipe.perf: step_ms, predicted_ms, ratio, bubble_pct, sim_bubble_pct, overhead_pct, costs, stages, latency_ms, steps), printed by rank 0 after the progress lines (the first step is warm-up). Options beyond the table: trace = \"trace.json\" (measured Chrome trace, all ranks), svg = \"step.svg\" (the measured last step as an SVG timeline), trace_steps = N (trace and svg keep the last N steps), log_every = N (a progress line every N steps, default 1).",
+      "Schedule files: schedule = \"found.csv\" (or .json, as luapipe search -o writes, or a .lua schedule file run with {pp =, microbatches =}) is loaded and checked against the job: its pipeline ranks against pp (or the ranks mpirun started / ep), its micro-batches against microbatches when given (else the file's count is the run's); a mismatch is one line naming the file, both counts and the way out (exit 2 under mpirun).",
+      "eval = {every = N, fn = function(step, layer) ... end} gathers the whole model after every N-th and the last step onto rank 0 (each model stage's parameters from the rank of its first virtual stage) and calls fn there with it as one luapipe.Layer on the host (layer:forward(x)); r.model() does the same once after training (collective: every rank calls it; nil on the other ranks). Models with MoE layers are refused. announce = function(info) runs on rank 0 once the options are checked, before the first step (info: the schedule's, s:info()): the examples print their header there.",
+      "The data function must give the same micro-batch on every rank that asks for it (input on the rank where the micro-batch enters, target where its loss is computed); steps are numbered from 1. Each micro-batch's loss is scaled by 1/M, so gradients are those of the mean loss of the whole batch, and the printed loss is that mean.",
+      "Checkpoints: checkpoint = {dir =, every = N (default 1)} saves, after every N-th step and after the last, each rank's virtual stages (parameters and optimizer state: SGD momentum, AdamW moments and step count) to <dir>/step<k>/rank<R>.ckpt, each file written to .tmp, fsynced and renamed; when all ranks are done rank 0 replaces <dir>/latest (also atomically) and the previous checkpoint is deleted, so latest always names a complete one. resume = true (or resume = \"dir\") loads it on every rank and runs steps k+1..steps (data gets the true step numbers); r.losses[k] is then set for those steps only and r.first_step = k+1. The result is bitwise the run that never stopped. Another schedule may resume it when it places the model stages on the ranks alike (1f1b, gpipe, zb1p; parameters and optimizer state do not depend on the schedule; rank 0 notes it once); a missing, truncated or corrupt file, or one written for another placement, rank count, model or optimizer, fails on every rank with a message naming the file, what differs and the schedule it was written under. A job stopped by a signal (Ctrl-C to mpirun: SIGTERM to every rank) prints on rank 0 which checkpoint a resume would start from. dir need not be shared: each host may have its own copy at the same path (its ranks' files; rank 0's host also latest and state.json, which rank 0 reads and shares; see luapipe.checkpoint).",
+      "Partition: by \"cost\" (the default) every rank measures each layer's forward + backward time on its micro-batch shape (one layer built at a time, the best of 3 runs, the fastest rank's time, the same figures on every rank), then the model is split into contiguous model stages minimising the costliest; \"layers\" gives equal layer counts. <dir>/step<k>/state.json records the partition, and a resume uses the recorded one (rank 0 reads it, every rank gets it) instead of measuring: the rank files hold those stages. A checkpoint with no record (an older luapipe's) is loaded with this run's split; a mismatch then fails naming the parameters, with a hint to pass the partition it was written with.",
+      "With MoE layers each rank's file also holds every MoE layer's router bias and expert placement (restored before the parameters are read), and <dir>/step<k>/state.json holds the EPLB loop's state (placements, the Balancer's history and plan in force, the summary tallies), so a resumed run with eplb plans and trains bitwise as the one that never stopped; state.json written with another ep, eplb.every or eplb.redundant is refused naming the file (a resumed run is the run that was saved; a custom predictor or threshold is not stored: give the same again).",
+      "Mixture of experts: pp = P, ep = E run on P x E ranks (mpirun -np P*E; rank = pipeline rank * E + EP index); each EP rank takes its share of every micro-batch (rows; the micro-batch size must divide by E) and holds its share of every MoE layer's experts. link = \"lat=50us,bw=2GB/s\" sets the emulated link (luapipe.comm.set_link) before the grid forms. eplb = {every = N, redundant = K, threshold =, predictor =, window =} records the expert loads of every step in a luapipe.eplb.Balancer and, from step N on every N steps (or while balancedness is under threshold), applies its plan with K extra slots per EP rank: weights and optimizer state move between EP ranks at the step boundary, the losses stay those of training without it. r.summary.eplb = {before =, after =, plans =, bytes =}: mean over MoE layers of the EP ranks' max/mean token load under the first and the last placement, and the bytes moved.",
+      "overlapped_fb = function(exec, pair) ... end replaces the executor's own running of every overlapped pair (FB action, as DeepSeek's overlapped_forward_backward): pair = {f_stage =, f_mb =, b_type = \"B\" | \"I\", b_stage =, b_mb =, text =}; it must run both halves, in any order, with exec:run_half(\"F\", pair.f_stage, pair.f_mb) and exec:run_half(pair.b_type, pair.b_stage, pair.b_mb), or phase by phase: exec:begin_half(\"F\", pair.f_stage, pair.f_mb) and exec:begin_half(pair.b_type, pair.b_stage, pair.b_mb), then exec:advance(\"F\") / exec:advance(\"B\") (each -> done, the next phase's name) in any order until both are done (the same order on every rank of the EP group: an advance waits for its half's exchange); exec:phase(\"F\" | \"B\") names what the next advance runs (\"attn/dense\", \"dispatch\", \"experts\", \"combine\", \"done\"); exec:weight_grad_part() runs one weight-grad piece a full backward half has made ready (an MoE layer's experts, a finished block: true) or finds none (false). The default runs whichever half can go on without waiting (the forward when both can: its chain of exchanges is the longer), ready weight-grad pieces while both halves' exchanges fly (the previous pair's backward's last weight-grads, carried over, first), and waits for whichever ends first only when nothing is left; so each one's all-to-all flies while the other computes. Over a comm backend that needs one order on every rank, as NCCL does, it is DeepSeek's fixed alternation, backward first, weight-grad pieces after each backward advance.",
+      "device = \"cuda\" runs the whole model on the GPU of each rank: rank r of a node (mpirun's local rank) takes GPU r modulo the GPUs it sees; \"cuda:N\" names one. Parameters, optimizer state, activations and gradients stay there; inputs from data() are copied there (targets may stay on the host); activations travel between ranks over NCCL when every rank has a GPU of its own, else through MPI staged in pinned host memory (LUAPIPE_COMM=nccl|mpi chooses). MoE layers run there too (their routing decisions are made on the host from the [tokens, experts] affinities; EP exchanges move the token rows in device memory over the EP group's context, NCCL or staged MPI as activations). Without a visible GPU it stops at the start with one line.",
+      "Failures are luapipe.Error values (fields what, rank, status, everywhere, stranded): a mistake in the options under mpirun is raised on every rank alike, so pcall(train, ...) returns on every rank; a failure that leaves the other ranks waiting (a step that failed on one rank) says so (stranded). When a script does not catch it, the luapipe program's job policy (luapipe.cli.job) prints it once, or takes the whole job down for a stranded one, and sets the exit status (2 for a mistake in the options under mpirun).",
+    },
+  },
+  {
+    name = "data", summary = "token files as training data (luapipe.data)",
+    intro = "nanoGPT's train.bin (uint16, no header; token_bytes = 4 for uint32) and llm.c's shards "
+      .. "(1024-byte header, magic 20240520), memory-mapped. Windows of seq_len + 1 tokens; step k's "
+      .. "micro-batch mb reads sequences ((k - 1) * microbatches + mb) * rows + row, in a seeded "
+      .. "per-epoch order with shuffle: the position follows from the step, so a resume continues "
+      .. "where the run stopped. A bad file (or a token id not below vocab, checked at open) is one "
+      .. "line naming the file and byte offset.",
+    { "data.tokens(path, {seq_len=, vocab=, token_bytes=, shuffle=, seed=, check=})", "a Dataset; ds.info = {format, tokens, windows, token_bytes, seq_len}" },
+    { "ds:batches{microbatches=, rows=, dp=, dp_rank=}", "function(step, mb) -> input, target ({rows / dp, seq_len} each): train{data =}" },
+    { "ds:window(g) / ds:position(step, microbatches, rows)", "the window sequence g reads; where a step starts" },
+    { "data.write_tokens(path, ids, {token_bytes=, header=})", "write a token file (atomically)" },
+  },
+  {
+    name = "models", summary = "DeepSeek-V3 / V2-Lite: checkpoints in, trained, out (luapipe.models)",
+    intro = "The architecture of DeepSeek's inference/model.py as a chunk graph (embed, per layer "
+      .. "nn.mla_block{attn = nn.mla, ffn = nn.swiglu or nn.moe}, norm, head; cross-entropy over every "
+      .. "position), under model.py's parameter names. Checkpoint folders: DeepSeek's converted form "
+      .. "(config.json with ModelArgs keys, model0-mp1.safetensors) or Hugging Face's (config.json "
+      .. "with its keys, model.safetensors or shards + model.safetensors.index.json); F32, BF16, or "
+      .. "FP8 E4M3 with 128x128 block scales (quantization_config.weight_block_size). A rank reads "
+      .. "only its own stages' tensors (with ep, its own experts); MTP layers are listed in .unused. "
+      .. "A bad folder raises one line naming the file and tensor (the CLI exits 2). "
+      .. "Command line: luapipe model info|forward|grad DIR.",
+    { "models.load(dir, {ep=, bias_speed=})", "a model train{} takes (partition, schedules, pp x ep, EPLB); fields args (ModelArgs), form (\"deepseek\" or \"hf\"), unused, dtypes; ckpt:bytes_read() counts what was read" },
+    { "models.deepseek_v3(args)", "the same architecture from ModelArgs keys, initialised from the seed" },
+    { "models.save(model, dir, {from=, dtype=})", "config.json + safetensors in the layout and names it was loaded with, \"f32\" or \"bf16\"; from = a built layer or train{}'s result (every rank calls it; rank 0 writes)" },
+    { "  train{..., save = dir}", "the same after training (f32)" },
+    { "models.config.read(config_table, file)", "ModelArgs from either form of config.json" },
+    { "models.names.to_hf(name) / from_hf(name)", "model.py's names to Hugging Face's and back (inference/convert.py's map)" },
+    { "models.names.to_model(name) / from_model(name)", "luapipe's layer parameter names to model.py's and back" },
   },
   {
     name = "comm", summary = "this job's communicator (luapipe.comm)",
@@ -211,6 +263,10 @@ function M.text(name)
     else
       lines[#lines + 1] = string.format("  %-" .. w .. "s  %s", e[1], e[2])
     end
+  end
+  for _, para in ipairs(t.details or {}) do
+    lines[#lines + 1] = ""
+    lines[#lines + 1] = para
   end
   return table.concat(lines, "\n") .. "\n"
 end

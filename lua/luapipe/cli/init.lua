@@ -10,6 +10,7 @@ M.commands = {
   { name = "eplb", summary = "expert placement (DeepSeek EPLB) from a load file" },
   { name = "search", summary = "search a schedule for your costs and memory; lower bound and gap" },
   { name = "profile", summary = "read profiler traces: compute/communication overlap, phases, costs" },
+  { name = "model", summary = "a DeepSeek-V3 checkpoint: info, forward logits, gradients" },
   { name = "help", summary = "help on a command, or on environment variables (help env)" },
 }
 
@@ -209,18 +210,10 @@ function M.parse(parser, argv, prog, quiet)
   return nil, 2
 end
 
--- For scripts under mpirun: a usage error every rank found alike. Rank 0
--- writes "<prog>: <msg>" (none when msg is nil: cli.parse printed it
--- already); every rank waits for the others (so that rank 0's line is out
--- before mpirun takes the job down) and exits with status 2.
+-- For scripts: a usage error every rank found alike (the job policy,
+-- luapipe.cli.job.usage_exit). Does not return.
 function M.usage_exit(prog, msg)
-  local comm = require("luapipe.comm")
-  if msg and comm.rank() == 0 then
-    io.stderr:write(prog, ": ", msg, "\n")
-    io.stderr:flush()
-  end
-  if comm.size() > 1 then comm.barrier(prog .. ": every rank stops on a usage error") end
-  os.exit(2)
+  return require("luapipe.cli.job").usage_exit(prog, msg)
 end
 
 -- Runs `luapipe <argv[1]> argv[2..]`; returns the exit code.

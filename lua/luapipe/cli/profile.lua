@@ -4,6 +4,7 @@
 -- they give the simulator, and what a schedule would do with them.
 local cli = require("luapipe.cli")
 local common = require("luapipe.cli.common")
+local util = require("luapipe.util")
 
 local M = {}
 
@@ -64,10 +65,10 @@ local function search_row(cost, args, bubbles)
       mem, why = dp.activations_max, "DualPipe's peak"
     end
   end
-  local ok, r, err = pcall(search.search, { pp = args.pp, microbatches = args.microbatches,
+  local ok, r, err, reason = pcall(search.search, { pp = args.pp, microbatches = args.microbatches,
     cost = cost, memory = mem, placement = args.placement, time = args.time })
-  if not ok then return nil, (tostring(r):gsub("^[^:]*:%d+: ", ""):gsub("^search: ", "")) end
-  if not r then return nil, (tostring(err):gsub("^search: ", "")) end
+  if not ok then return nil, util.is_error(r) and r.reason or util.message(r) end
+  if not r then return nil, reason or err end
   local s = r:schedule()
   local f = args.pp / s:info().stages
   local c = r.cost
@@ -198,13 +199,17 @@ function M.run(args)
   if args.output and args.output ~= "-" then
     local ok, werr = require("luapipe.util").write_file(args.output, text)
     if not ok then return cli.fail("profile", werr, 1) end
+    io.stderr:write("wrote ", args.output, "\n")
   else
     io.write(text)
   end
   if svg then
     local ok, werr = require("luapipe.util").write_file(args.svg, svg)
     if not ok then return cli.fail("profile", werr, 1) end
-    io.stderr:write("wrote SVG timeline of rank ", rank.rank, " to ", args.svg, "\n")
+    -- (after a text report on stdout, there, as search does; else on stderr)
+    local where = (args.format == "text" and not (args.output and args.output ~= "-")) and io.stdout
+      or io.stderr
+    where:write("wrote SVG timeline of rank ", rank.rank, " to ", args.svg, "\n")
   end
   return 0
 end

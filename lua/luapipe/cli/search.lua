@@ -3,6 +3,7 @@
 -- bound and the gap (docs/search.md).
 local cli = require("luapipe.cli")
 local common = require("luapipe.cli.common")
+local util = require("luapipe.util")
 
 local M = {}
 
@@ -67,11 +68,12 @@ function M.run(args)
     w_share = args.w_share, placement = placement, objective = args.objective, split = args.split,
     time = args.time, seed = args.seed, robust = args.robust or nil }
   if args.format == "json" then opts.progress = false end
-  local ok, res, err = pcall(search.search, opts)
+  -- the command names itself: the reason is the text after the API's name
+  local ok, res, err, reason = pcall(search.search, opts)
   if not ok then
-    return cli.fail("search", tostring(res):gsub("^[^:]*:%d+: ", ""):gsub("^search: ", ""), 2)
+    return cli.fail("search", util.is_error(res) and res.reason or util.message(res), 2)
   end
-  if not res then return cli.fail("search", (tostring(err):gsub("^search: ", ""))) end
+  if not res then return cli.fail("search", reason or err) end
   local s = res:schedule()
   if args.output then
     local text = args.output:match("%.csv$") and s:to_csv() or s:to_json()
@@ -109,7 +111,6 @@ function M.run(args)
     print(string.format("%-22s %10s %10s %10s  %s", "schedule", "makespan", "span", "bubble",
       "peak memory per rank"))
     local bubble = 0
-    local busy = {}
     local info = s:info()
     local f = args.pp / info.stages
     local sres = s:simulate { F = c.F * f, B = c.B * f, I = c.I * f, W = c.W * f,

@@ -18,7 +18,8 @@
 -- Bubble of one unit with F = B (the paper's setting): (D/2 - 1)(F + B) on the
 -- worst rank, D - 2 slots of one pass, the paper's bubble ratio
 -- (D-2)/(2N+D-2) with N = D micro-batches; 1F1B has (D-1)(F+B). Units are
--- concatenated (the paper's direct concatenation): each adds its bubble. Peak live activations: between D/2+1 and D per rank.
+-- concatenated (the paper's direct concatenation): each adds its bubble.
+-- Peak live activations: between D/2+1 and D per rank.
 --
 -- Constraints: pp even, microbatches a multiple of pp.
 --

@@ -1,0 +1,252 @@
+-- test_v3.lua — luapipe.models against DeepSeek's own model.py: the three
+-- fixtures of tests/data/v3 (made by scripts/make_v3_fixtures.py running
+-- inference/model.py in float32; see their README) loaded from their
+-- checkpoint folders (DeepSeek's converted F32 and BF16, Hugging Face's
+-- sharded FP8 with an MTP layer). Logits within 1e-4 (max |d| / max
+-- |logit|), loss within 1e-5 relative, every gradient within 1e-3
+-- relative L2, five torch.optim.AdamW steps (losses within 1e-4, params
+-- after within 1e-3), the correction bias left as stored; a rank's reads
+-- (bytes) cover only its stage; save + reload round trip under the
+-- original names; bad folders give one line naming file and tensor.
+local lu = require("luaunit")
+local core = require("luapipe.core")
+local json = require("luapipe.json")
+local util = require("luapipe.util")
+local models = require("luapipe.models")
+local names = require("luapipe.models.names")
+local train = require("luapipe.train")
+
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local data = here .. "../data/v3/"
+local CASES = { "v3_f32", "v2lite_bf16", "hf_fp8" }
+
+local function ref_of(case)
+  local st = assert(core.safetensors_open(data .. case .. "/ref.safetensors"))
+  return st
+end
+
+local function batch(case)
+  local t = json.decode(assert(util.read_file(data .. case .. "/tokens.json")))
+  local B, T = #t.tokens, #t.tokens[1]
+  local x, y = {}, {}
+  for b = 1, B do
+    for j = 1, T do
+      x[#x + 1] = t.tokens[b][j]
+      y[#y + 1] = t.targets[b][j]
+    end
+  end
+  return function() return core.tensor({ B, T }, x), core.tensor({ B, T }, y) end
+end
+
+local function rel_l2(a, b)
+  local d, n = 0, 0
+  for i = 1, #b do
+    d = d + (a[i] - b[i]) ^ 2
+    n = n + b[i] ^ 2
+  end
+  return math.sqrt(d) / math.max(math.sqrt(n), 1e-30)
+end
+
+local function stored(model, mname)
+  return model.form == "hf" and names.to_hf(mname) or mname
+end
+
+local function check_case(case)
+  local model = models.load(data .. case .. "/checkpoint")
+  local ref = ref_of(case)
+  local layer <close> = model:build(0)
+  local mk = batch(case)
+  -- logits of every position
+  local x, y = mk()
+  local logits = layer:forward(x)
+  local want = ref:read("logits")
+  lu.assertEquals(logits:shape(), want:shape())
+  local a, b = logits:totable(), want:totable()
+  local flat_a, flat_b = {}, {}
+  local function flat(t, out)
+    for _, v in ipairs(t) do if type(v) == "table" then flat(v, out) else out[#out + 1] = v end end
+  end
+  flat(a, flat_a) flat(b, flat_b)
+  local dmax, lmax = 0, 0
+  for i = 1, #flat_b do
+    dmax = math.max(dmax, math.abs(flat_a[i] - flat_b[i]))
+    lmax = math.max(lmax, math.abs(flat_b[i]))
+  end
+  lu.assertTrue(dmax / lmax < 1e-4, string.format("%s: logits off by %.3g of %.3g", case, dmax, lmax))
+  -- loss and every gradient
+  local opt = core.nn_optim(layer, { kind = "sgd", lr = 0 })
+  local loss = assert(core.nn_reference_step(layer, opt, "cross_entropy", 1, mk, 1))
+  local rloss = ref:read("loss"):totable()[1]
+  lu.assertTrue(math.abs(loss - rloss) / rloss < 1e-5, string.format("%s: loss %.8f, model.py %.8f", case, loss, rloss))
+  local ngrad = 0
+  for _, p in ipairs(layer:params(true)) do
+    local n = stored(model, names.to_model(p.name))
+    local g = assert(ref:read("grad." .. n))
+    local o = {}
+    flat(g:totable(), o)
+    local e = rel_l2(p.value, o)
+    lu.assertTrue(e < 1e-3, string.format("%s: gradient of %s off by %.3g (relative L2)", case, n, e))
+    ngrad = ngrad + 1
+  end
+  local nref = 0
+  for k in pairs(ref:tensors()) do if k:match("^grad%.") then nref = nref + 1 end end
+  lu.assertEquals(ngrad, nref)
+  -- five AdamW steps as torch.optim.AdamW
+  local r = train.reference { model = model, data = mk, steps = 5, microbatches = 1,
+    optimizer = { kind = "adamw", lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1 } }
+  local rl = ref:read("adamw_losses"):totable()
+  for k = 1, 5 do
+    lu.assertTrue(math.abs(r.losses[k] - rl[k]) / rl[k] < 1e-4,
+      string.format("%s: AdamW loss %d %.7f, model.py %.7f", case, k, r.losses[k], rl[k]))
+  end
+  for name, v in pairs(r.params()) do
+    local n = stored(model, names.to_model(name))
+    local o = {}
+    flat(assert(ref:read("adamw." .. n)):totable(), o)
+    local e = rel_l2(v, o)
+    lu.assertTrue(e < 1e-3, string.format("%s: %s after AdamW off by %.3g", case, n, e))
+  end
+  -- the correction bias is not trained: as stored
+  if model.args.correction_bias then
+    local i = model.args.n_dense_layers
+    local bias = model.ckpt:read("layers." .. i .. ".ffn.gate.bias", { model.args.n_routed_experts }):totable()
+    local k = 0
+    for li = 1, #model.layers do
+      if model.layer_names[li] == "layers." .. i then break end
+      if model.layers[li].kind == "mla_block" and model.layers[li].ffn.kind == "moe" then k = k + 1 end
+    end
+    local got = r.layer:moe_bias(k + 1)
+    for e = 1, #bias do lu.assertEquals(got[e], bias[e]) end
+  end
+  r.layer:close()
+  return model
+end
+
+function test_v3_f32() check_case("v3_f32") end
+function test_v2lite_bf16() check_case("v2lite_bf16") end
+function test_hf_fp8() check_case("hf_fp8") end
+
+function test_hf_fp8_unused_mtp()
+  local model = models.load(data .. "hf_fp8/checkpoint")
+  lu.assertEquals(#model.unused, 76)
+  for _, n in ipairs(model.unused) do lu.assertStrContains(n, "model.layers.2.") end
+  lu.assertEquals(model.form, "hf")
+  lu.assertEquals(model.args.dim, 160)
+  lu.assertEquals(model.args.mscale, 1.0)
+end
+
+-- a stage reads its own tensors only; with EP, its own experts only
+function test_reads_per_stage()
+  local model = models.load(data .. "v3_f32/checkpoint")
+  local part = model:partition { stages = 2, by = "layers" }
+  local sizes = {}
+  for _, e in pairs(model.ckpt.index) do
+    local n = 1
+    for _, d in ipairs(e.info.shape) do n = n * d end
+    sizes[#sizes + 1] = n
+  end
+  local function bytes_of(first, last, ep_skip)
+    local n = 0
+    for _, p in ipairs(model:param_list()) do
+      if p.layer >= first and p.layer <= last and not (ep_skip and ep_skip(p.name)) then
+        n = n + 4 * p.shape[1] * (p.shape[2] or 1)
+      end
+    end
+    for i = model.args.n_dense_layers, model.args.n_layers - 1 do
+      if i + 2 >= first and i + 2 <= last then n = n + 4 * model.args.n_routed_experts end
+    end
+    return n
+  end
+  local b = part.bounds[2]
+  local before = model.ckpt:bytes_read()
+  local s1 = model:build_stage(part, 1, 0)
+  s1:close()
+  lu.assertEquals(model.ckpt:bytes_read() - before, bytes_of(b.first, b.last))
+  -- ep 2 as rank 0 of its EP group: experts 0..3 of 8
+  before = model.ckpt:bytes_read()
+  local s2 = model:build_stage(part, 1, 0, 2)
+  s2:close()
+  lu.assertEquals(model.ckpt:bytes_read() - before, bytes_of(b.first, b.last, function(n)
+    local e = tonumber(n:match("%.experts%.(%d+)%."))
+    return e and e >= 4
+  end))
+end
+
+function test_save_round_trip()
+  for _, case in ipairs({ "v3_f32", "hf_fp8" }) do
+    local model = models.load(data .. case .. "/checkpoint")
+    local dir = os.tmpname()
+    os.remove(dir)
+    local layer <close> = model:build(0)
+    models.save(model, dir, { from = layer })
+    if model.form == "hf" then -- sharded in, sharded out: one shard and its index
+      local idx = json.decode(util.read_file(dir .. "/model.safetensors.index.json"))
+      lu.assertEquals(idx.weight_map["lm_head.weight"], "model-00001-of-00001.safetensors")
+    end
+    local back = models.load(dir)
+    lu.assertEquals(back.form, model.form)
+    lu.assertEquals(#back.unused, 0)
+    local l2 <close> = back:build(0)
+    local want = {}
+    for _, p in ipairs(layer:params()) do want[p.name] = p.value end
+    for _, p in ipairs(l2:params()) do lu.assertEquals(p.value, want[p.name], p.name) end
+    lu.assertEquals(l2:moe_count(), layer:moe_count())
+    if model.args.correction_bias then lu.assertEquals(l2:moe_bias(1), layer:moe_bias(1)) end
+    -- the saved file under the original names, readable by our reader
+    local f = model.form == "hf" and "/model-00001-of-00001.safetensors" or "/model0-mp1.safetensors"
+    local st = assert(core.safetensors_open(dir .. f))
+    local t = st:tensors()
+    for _, p in ipairs(model:param_list()) do
+      lu.assertNotNil(t[model.form == "hf" and names.to_hf(p.name) or p.name], p.name)
+    end
+    st:close()
+    -- bf16: rounded values, same names
+    models.save(model, dir, { from = layer, dtype = "bf16" })
+    st = assert(core.safetensors_open(dir .. f))
+    for _, info in pairs(st:tensors()) do lu.assertEquals(info.dtype, "BF16") end
+    st:close()
+    os.execute("rm -rf '" .. dir .. "'")
+  end
+end
+
+-- bad folders: one line naming the file and the tensor
+local function copy_case(case)
+  local dir = os.tmpname()
+  os.remove(dir)
+  os.execute(string.format("cp -r '%s' '%s'", data .. case .. "/checkpoint", dir))
+  return dir
+end
+
+local function load_error(dir)
+  local ok, err = pcall(models.load, dir)
+  lu.assertFalse(ok)
+  lu.assertFalse(tostring(err):find("\n") ~= nil, tostring(err))
+  return tostring(err)
+end
+
+function test_bad_config()
+  local dir = copy_case("v3_f32")
+  local cfg = json.decode(util.read_file(dir .. "/config.json"), true)
+  cfg.n_layers = 4
+  util.write_file(dir .. "/config.json", json.encode(cfg))
+  lu.assertEquals(load_error(dir), dir .. ": tensor layers.3.attn_norm.weight is missing (the config's model has it)")
+  cfg.n_layers, cfg.dim = 3, 32
+  util.write_file(dir .. "/config.json", json.encode(cfg))
+  lu.assertEquals(load_error(dir), dir .. "/model0-mp1.safetensors: tensor embed.weight has shape [128, 64], "
+    .. "the config gives [128, 32]")
+  cfg.dim, cfg.n_limited_groups = 64, 5
+  util.write_file(dir .. "/config.json", json.encode(cfg))
+  lu.assertEquals(load_error(dir), dir .. "/config.json: n_limited_groups (5) is more than n_expert_groups (4)")
+  cfg.n_limited_groups, cfg.vocab_size = 2, nil
+  util.write_file(dir .. "/config.json", json.encode(cfg))
+  lu.assertEquals(load_error(dir), dir .. "/config.json: missing key 'vocab_size'")
+  os.execute("rm -rf '" .. dir .. "'")
+  dir = copy_case("hf_fp8")
+  cfg = json.decode(util.read_file(dir .. "/config.json"), true)
+  cfg.num_hidden_layers = nil
+  util.write_file(dir .. "/config.json", json.encode(cfg))
+  lu.assertEquals(load_error(dir), dir .. "/config.json: missing key 'num_hidden_layers'")
+  os.execute("rm -rf '" .. dir .. "'")
+end
+
+os.exit(lu.LuaUnit.run())

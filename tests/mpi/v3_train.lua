@@ -1,0 +1,80 @@
+-- v3_train.lua FAMILY EP [eplb] — under mpirun: the v3_f32 fixture
+-- (tests/data/v3, DeepSeek's converted checkpoint) loaded with
+-- luapipe.models.load, trained 3 AdamW steps (DeepSeek-V3's betas 0.9 /
+-- 0.95, weight decay 0.1) with the given schedule at pp = ranks / EP x ep =
+-- EP (EPLB after every step when asked), then written back with
+-- train{save = DIR}. Every rank checks its losses and parameters against
+-- train.reference (one process, the same micro-batches) within 1e-5;
+-- rank 0 checks the saved folder: it loads back to the reference's
+-- parameters and routers' biases. Prints "<rank>: ok" when all hold.
+local core = require("luapipe.core")
+local comm = require("luapipe.comm")
+local models = require("luapipe.models")
+local train = require("luapipe.train")
+
+local fam, EP, extra = arg[1], tonumber(arg[2]) or 1, arg[3]
+local rank, P = comm.rank(), comm.size()
+local pp = P // EP
+local M = 2 * pp
+local STEPS = 3
+local dir = "tests/data/v3/v3_f32/checkpoint"
+local model = models.load(dir)
+
+-- micro-batch mb: 2 sequences of 8 tokens, different per mb and step
+local function data(step, mb)
+  local x, y = {}, {}
+  for i = 1, 16 do
+    x[i] = (i * 7 + mb * 13 + step * 29) % 128
+    y[i] = (i * 11 + mb * 5 + step * 3 + 1) % 128
+  end
+  return core.tensor({ 2, 8 }, x), core.tensor({ 2, 8 }, y)
+end
+
+local opt = { kind = "adamw", lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1 }
+local sched = require("luapipe.schedule").build(fam, { pp = pp, microbatches = M })
+local out = os.getenv("V3_SAVE_DIR")
+local r = train { model = model, schedule = sched, microbatches = M, data = data, steps = STEPS,
+  optimizer = opt, quiet = true, partition = "layers", ep = EP, save = out,
+  eplb = extra == "eplb" and { every = 1, redundant = 1 } or nil }
+local ref = train.reference { model = model, microbatches = M, data = data, steps = STEPS, optimizer = opt }
+
+local fails = {}
+-- relative L2 (AdamW divides by sqrt(v): an element whose gradient is
+-- float noise moves by noise of up to lr per step, whatever the order of
+-- the sums; the tensor as a whole stays within 1e-5)
+local function close(what, got, want)
+  local d, w = 0, 0
+  for i = 1, #want do
+    d = d + (got[i] - want[i]) ^ 2
+    w = w + want[i] ^ 2
+  end
+  local e = math.sqrt(d) / math.max(math.sqrt(w), 1e-12)
+  if #got ~= #want or e > 1e-5 then
+    fails[#fails + 1] = string.format("%s: relative L2 difference %.3g", what, e)
+  end
+end
+for k = 1, STEPS do close("loss of step " .. k, { r.losses[k] }, { ref.losses[k] }) end
+local want = ref.params()
+local n = 0
+for _, vs in ipairs(r.stage_params()) do
+  for name, v in pairs(vs.params) do
+    if not want[name] then fails[#fails + 1] = "parameter " .. name .. " not in the reference"
+    else close("stage " .. vs.stage .. " " .. name, v, want[name]) n = n + 1 end
+  end
+end
+if n == 0 then fails[#fails + 1] = "no parameters checked" end
+if extra == "eplb" and not (r.summary.eplb and r.summary.eplb.plans == STEPS) then
+  fails[#fails + 1] = "expected " .. STEPS .. " EPLB plans"
+end
+-- the saved folder, read back in one process
+if out and rank == 0 then
+  local back = models.load(out)
+  local l <close> = back:build(0)
+  local m = 0
+  for _, p in ipairs(l:params()) do close("saved " .. p.name, p.value, want[p.name]) m = m + 1 end
+  if m ~= #model:param_list() then fails[#fails + 1] = "saved " .. m .. " parameters" end
+  for k = 1, l:moe_count() do close("saved bias " .. k, l:moe_bias(k), ref.layer:moe_bias(k)) end
+end
+if #fails == 0 then print(rank .. ": ok " .. fam) else
+  for _, f in ipairs(fails) do print(rank .. ": FAIL " .. f) end
+end
