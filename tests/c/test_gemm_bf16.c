@@ -308,6 +308,47 @@ static void test_layers(void **state) {
   lp_nn_layer_release(chunk);
 }
 
+/* MLA (DeepSeek's attention) and SwiGLU at bf16: the output differs from
+ * float32's and is close to it; both sides' GEMMs go through the layer's
+ * precision (MLA's own head GEMMs included). */
+static void test_mla_swiglu(void **state) {
+  (void)state;
+  lp_nn_mla_opts o = lp_nn_mla_defaults();
+  o.dim = 32, o.n_heads = 2, o.q_lora_rank = 0, o.kv_lora_rank = 16;
+  o.qk_nope_head_dim = 8, o.qk_rope_head_dim = 4, o.v_head_dim = 8;
+  lp_nn_layer *mla, *ffn;
+  assert_int_equal(lp_nn_mla_new("mla", &o, 3, &mla), LP_OK);
+  assert_int_equal(lp_nn_swiglu_new("ffn", 32, 48, 4, &ffn), LP_OK);
+  lp_nn_layer *kids[2] = {mla, ffn}, *chunk;
+  assert_int_equal(lp_nn_chunk_new("c", kids, 2, &chunk), LP_OK);
+  lp_tensor *x, *y32, *ybf;
+  assert_int_equal(lp_tensor_empty(NULL, 3, SH(2, 8, 32), &x), LP_OK);
+  fill(x->data, 512, 9);
+  lp_nn_ctx *ctx;
+  assert_int_equal(lp_nn_ctx_new(&ctx), LP_OK);
+  assert_int_equal(lp_nn_forward(chunk, ctx, x, &y32), LP_OK);
+  lp_nn_ctx_clear(ctx);
+  assert_int_equal(lp_nn_layer_set_precision(chunk, LP_TENSOR_BF16), LP_OK);
+  assert_int_equal(lp_nn_forward(chunk, ctx, x, &ybf), LP_OK);
+  lp_nn_ctx_clear(ctx);
+  assert_false(lp_tensor_equal(y32, ybf));
+  double d;
+  assert_int_equal(lp_tensor_max_abs_diff(y32, ybf, &d), LP_OK);
+  assert_true(d > 0 && d < 0.05);
+  /* MLA alone at bf16, SwiGLU at f32: still differs (MLA's GEMMs moved) */
+  lp_tensor *ym;
+  assert_int_equal(lp_nn_layer_set_precision(ffn, LP_TENSOR_F32), LP_OK);
+  assert_int_equal(lp_nn_forward(chunk, ctx, x, &ym), LP_OK);
+  lp_nn_ctx_clear(ctx);
+  assert_false(lp_tensor_equal(y32, ym));
+  assert_false(lp_tensor_equal(ybf, ym));
+  lp_nn_ctx_free(ctx);
+  lp_tensor_free(x), lp_tensor_free(y32), lp_tensor_free(ybf);
+  lp_tensor_free(ym);
+  lp_nn_layer_release(mla), lp_nn_layer_release(ffn);
+  lp_nn_layer_release(chunk);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rounding),
@@ -316,6 +357,7 @@ int main(void) {
       cmocka_unit_test(test_f32_engines),
       cmocka_unit_test(test_tensor_gemm_prec),
       cmocka_unit_test(test_layers),
+      cmocka_unit_test(test_mla_swiglu),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

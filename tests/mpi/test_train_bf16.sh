@@ -5,7 +5,8 @@
 # bf16 reference differs from float32's (the option took effect) by less
 # than 2% a step (train_equivalence.lua, mode suffix +bf16): every family
 # with the MLP on 2 ranks, the transformer LM on 2 ranks, the MoE LM at
-# pp 2 x ep 2; then the same through the float32 fallback
+# pp 2 x ep 2, DeepSeek-V3 (MLA) at pp 2 x ep 2 (tests/mpi/v3_train.lua);
+# then the same through the float32 fallback
 # (LUAPIPE_BF16_FALLBACK=1), which must say once that it ran. Bad input:
 # an unknown precision is one line naming the option.
 # Exits 77 (skipped) without mpirun.
@@ -31,6 +32,11 @@ done
 for fam in 1f1b zbv dualpipe; do run_case 2 "$fam" 4 lm+bf16; done
 for fam in 1f1b dualpipe; do run_case 4 "$fam" 4 moe_ep2+bf16; done
 run_case 2 1f1b 4 lm+bf16 LUAPIPE_BF16_FALLBACK=1
+# DeepSeek-V3 (MLA, SwiGLU, MoE) from its checkpoint folder at pp 2 x ep 2
+timeout 120 mpirun --oversubscribe -np 4 "$luapipe" tests/mpi/v3_train.lua dualpipe 2 bf16 >"$tmp/out" 2>&1 </dev/null
+rc=$?
+echo "DeepSeek-V3 dualpipe pp 2 x ep 2 (bf16): rc $rc"
+if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok ' "$tmp/out")" -ne 4 ]; then fail "V3 bf16"; cat "$tmp/out"; fi
 run_case 4 dualpipe 4 moe_ep2+bf16 LUAPIPE_BF16_FALLBACK=1
 
 # the fallback says what ran instead, once (train{} is quiet in the driver:
