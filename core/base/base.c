@@ -312,6 +312,7 @@ static const lp_env_knob knobs[] = {
     {"LUAPIPE_CUDA_SYNC", "0", "1 waits after every CUDA op, so an error names the op that raised it (debugging)"},
     {"LUAPIPE_BF16_FALLBACK", "0", "1 runs CPU bf16 GEMMs on the float32 fallback even where oneDNN could (tests, comparisons)"},
     {"LUAPIPE_F32_GEMM", "openblas", "CPU float32 GEMMs: openblas, onednn, or auto (oneDNN where OpenBLAS has only generic kernels for the CPU)"},
+    {"LUAPIPE_BLAS_CORE", "auto", "auto: when OpenBLAS does not know the CPU and fell back to its oldest kernels, the program restarts itself with OPENBLAS_CORETYPE for the CPU's AVX-512/AVX2; keep: never (OPENBLAS_CORETYPE, when set, always wins)"},
 };
 
 const lp_env_knob *lp_env_knobs(int *count) {
@@ -347,6 +348,7 @@ static const struct {
     {"LUAPIPE_CUDA_SYNC", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
     {"LUAPIPE_BF16_FALLBACK", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
     {"LUAPIPE_F32_GEMM", {"openblas", "onednn", "auto", NULL}, "use openblas, onednn or auto"},
+    {"LUAPIPE_BLAS_CORE", {"auto", "keep", NULL}, "use auto (a kernel set for this CPU when OpenBLAS does not know it) or keep"},
 };
 
 /* Checks the LUAPIPE_* knobs whose value has a fixed form, so a typo is

@@ -22,6 +22,7 @@
 #include "lp_base.h"
 #include "lp_comm.h"
 #include "lp_lua.h"
+#include "lp_tensor.h"
 
 static const char *progname = "luapipe";
 
@@ -499,6 +500,10 @@ static int pmain(lua_State *L) {
   script = i < argc ? i : 0;
   if (version) {
     printf("luapipe %s (%s)\n", LP_VERSION, LUA_RELEASE);
+    const char *ct = getenv("OPENBLAS_CORETYPE");
+    printf("BLAS: OpenBLAS, %s kernels%s\n", lp_tensor_blas_core(),
+           ct && getenv("LUAPIPE_BLAS_CORE_SET") ? " (set by luapipe: OpenBLAS does not know this CPU)"
+           : ct ? " (OPENBLAS_CORETYPE)" : "");
     if (run_string(L, "local k = require('luapipe.core').kernels() "
                       "print(string.format('CUDA kernels: %s, %d device(s) visible', "
                       "k.cuda and 'built' or 'not built', k.devices)) "
@@ -543,6 +548,25 @@ static int pmain(lua_State *L) {
   return 0;
 }
 
+/* OpenBLAS that does not know this CPU runs its oldest kernels (a float32
+ * GEMM at a fraction of the vector units' speed) and reads
+ * OPENBLAS_CORETYPE only when it loads: set it and start again, before
+ * anything else (MPI included) has happened. The same on every rank of a
+ * job, so every rank runs the same kernels. LUAPIPE_BLAS_CORE=keep, or an
+ * OPENBLAS_CORETYPE of the user's, leaves it alone; a failed exec goes on
+ * as it was. */
+static void blas_core_restart(char **argv) {
+  const char *knob = getenv("LUAPIPE_BLAS_CORE");
+  if (getenv("OPENBLAS_CORETYPE") || (knob && strcmp(knob, "auto") != 0)) return; /* keep, or a typo lp_env_check names */
+  const char *better = lp_tensor_blas_better_core();
+  if (!better) return;
+  if (setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
+  setenv("LUAPIPE_BLAS_CORE_SET", better, 1); /* for -v: who chose it */
+  execv("/proc/self/exe", argv);
+  unsetenv("OPENBLAS_CORETYPE"); /* (still here: the exec failed) */
+  unsetenv("LUAPIPE_BLAS_CORE_SET");
+}
+
 int main(int argc, char **argv) {
   /* stderr line-buffered: a message written in pieces (Lua's
    * io.stderr:write("luapipe: ", msg, "\n"), fprintf) leaves as one write,
@@ -552,6 +576,7 @@ int main(int argc, char **argv) {
   static char errbuf[BUFSIZ];
   setvbuf(stderr, errbuf, _IOLBF, sizeof errbuf);
   host_sigint_install();
+  blas_core_restart(argv);
   char env_err[LP_ERRLEN];
   if (lp_env_check(env_err) != LP_OK) { /* before MPI: nothing to undo */
     fprintf(stderr, "%s: %s\n", progname, env_err);

@@ -452,3 +452,14 @@ lp_status lp_tensor_fill_normal(lp_tensor *t, lp_tensor_rng *r, float mean,
                                 float std);
 lp_status lp_tensor_fill_uniform(lp_tensor *t, lp_tensor_rng *r, float lo,
                                  float hi);
+
+/* ---- the BLAS underneath (blas_core.c) ----
+ * The name of the OpenBLAS kernel set in use ("SkylakeX", "Haswell",
+ * "Prescott", ...). */
+const char *lp_tensor_blas_core(void);
+/* A kernel set for this CPU's vector units (AVX-512: "SkylakeX", AVX2 +
+ * FMA: "Haswell") when OpenBLAS fell back to a generic one because it does
+ * not know the CPU; NULL when the set in use is OpenBLAS's own choice or
+ * there is nothing better. Takes effect only through OPENBLAS_CORETYPE in
+ * a new process (the luapipe program does that: LUAPIPE_BLAS_CORE). */
+const char *lp_tensor_blas_better_core(void);
