@@ -20,7 +20,8 @@ jobs=$(nproc 2>/dev/null || echo 2)
 # frames. Left out here, the three slowest multi-rank tests (minutes each
 # under ASan on 2 cores; their code runs in the single-process checkpoint
 # and executor tests and in the other multi-rank tests): mpi_test_examples,
-# mpi_test_train_equivalence, mpi_test_checkpoint.
+# mpi_test_train_equivalence, mpi_test_checkpoint. Also the Slurm test (daemons and
+# jobs; its resume path runs in the checkpoint and examples tests).
 if [ "${LUAPIPE_SANITIZE:-1}" != 0 ]; then
   asan=${LUAPIPE_ASAN_BUILD_DIR:-$root/build-asan}
   echo "test: the suite under ASan + UBSan ($asan)"
@@ -31,5 +32,5 @@ if [ "${LUAPIPE_SANITIZE:-1}" != 0 ]; then
   export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   (cd "$asan" && ctest --output-on-failure -j "$jobs" \
-    -E '^mpi_test_(examples|train_equivalence|checkpoint)$' "$@")
+    -E '^(mpi_test_(examples|train_equivalence|checkpoint)|cluster_test_slurm)$' "$@")
 fi

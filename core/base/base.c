@@ -312,6 +312,7 @@ static const lp_env_knob knobs[] = {
     {"LUAPIPE_CUDA_SYNC", "0", "1 waits after every CUDA op, so an error names the op that raised it (debugging)"},
     {"LUAPIPE_BF16_FALLBACK", "0", "1 runs CPU bf16 GEMMs on the float32 fallback even where oneDNN could (tests, comparisons)"},
     {"LUAPIPE_F32_GEMM", "openblas", "CPU float32 GEMMs: openblas, onednn, or auto (oneDNN where OpenBLAS has only generic kernels for the CPU)"},
+    {"LUAPIPE_DP_BUCKET", "65536", "floats of a data-parallel gradient bucket: a stage's layers summed over dp by one all-reduce, started when their weight-grads are done"},
     {"LUAPIPE_BLAS_CORE", "auto", "auto: when OpenBLAS does not know the CPU and fell back to its oldest kernels, the program restarts itself with OPENBLAS_CORETYPE for the CPU's AVX-512/AVX2; keep: never (OPENBLAS_CORETYPE, when set, always wins)"},
 };
 

@@ -116,6 +116,11 @@ double lp_link_alltoallv_time(const lp_link *l, double bytes_out,
   return lp_link_time(l, bytes_out > bytes_in ? bytes_out : bytes_in);
 }
 
+double lp_link_allreduce_time(const lp_link *l, int ranks, double bytes) {
+  if (ranks <= 1 || bytes <= 0) return 0;
+  return 2.0 * (ranks - 1) * lp_link_time(l, bytes / ranks);
+}
+
 int lp_link_active(const lp_link *l) {
   return l && (l->latency_s > 0 || l->bytes_per_s > 0);
 }

@@ -154,6 +154,11 @@ double lp_link_time(const lp_link *l, double bytes);
  * rank's link serialises its own traffic, both directions at once, so
  * latency + max(bytes_out, bytes_in) / bandwidth; 0 when nothing moves. */
 double lp_link_alltoallv_time(const lp_link *l, double bytes_out, double bytes_in);
+/* Time of a ring all-reduce of `bytes` over `ranks` ranks on link l (what a
+ * DP group's gradient sum costs): 2 (ranks - 1) steps, each moving
+ * bytes / ranks, so 2 (ranks - 1) x lp_link_time(l, bytes / ranks); 0 for
+ * one rank or no bytes. */
+double lp_link_allreduce_time(const lp_link *l, int ranks, double bytes);
 /* 1 when l models any cost (latency or limited bandwidth). */
 int lp_link_active(const lp_link *l);
 /* Writes the canonical text of l ("lat=50us,bw=2GB/s", "none"). */

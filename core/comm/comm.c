@@ -372,6 +372,57 @@ lp_status lp_comm_allreduce_sum_double(lp_comm *c, double *buf, size_t n,
   return allreduce(c, buf, n, LP_COMM_DOUBLE, what);
 }
 
+lp_status lp_comm_iallreduce_sum_float(lp_comm *c, float *buf, size_t n,
+                                       lp_comm_req **req) {
+  *req = NULL;
+  if (!buf && n > 0) {
+    lp_errf(c->err, "all-reduce: NULL buffer for %zu %s", n,
+            comm_dtype_name(LP_COMM_FLOAT, n));
+    return LP_ERR_ARG;
+  }
+  lp_comm_req *r = new_req(c, COMM_OP_ALLREDUCE, LP_COMM_FLOAT, n, -1, -1);
+  if (!r) return LP_ERR_NOMEM;
+  lp_status st = c->be->iallreduce_sum(c, buf, n, LP_COMM_FLOAT, r);
+  if (st != LP_OK) {
+    lp_free(r);
+    return st;
+  }
+  if (lp_link_active(&c->link) && n > 0 && c->size > 1)
+    r->arrival = r->started + lp_link_allreduce_time(&c->link, c->size,
+                                                     (double)n * sizeof(float));
+  *req = r;
+  return LP_OK;
+}
+
+lp_status lp_comm_reduce_scatter_sum_float(lp_comm *c, const float *send, float *recv,
+                                           size_t shard, const char *what) {
+  size_t n = shard * (size_t)c->size;
+  if ((!send || !recv) && shard > 0) {
+    lp_errf(c->err, "reduce-scatter: NULL buffer for %zu floats", n);
+    return LP_ERR_ARG;
+  }
+  if (c->be->ireduce_scatter_sum) {
+    lp_comm_req *r = new_req(c, COMM_OP_ALLREDUCE, LP_COMM_FLOAT, n, -1, -1);
+    if (!r) return LP_ERR_NOMEM;
+    return collective(c, r, c->be->ireduce_scatter_sum(c, send, recv, shard, r), what);
+  }
+  float *tmp = lp_malloc((n ? n : 1) * sizeof *tmp);
+  if (!tmp) {
+    lp_errf(c->err, "reduce-scatter: out of memory");
+    return LP_ERR_NOMEM;
+  }
+  memcpy(tmp, send, n * sizeof *tmp);
+  lp_status st = allreduce(c, tmp, n, LP_COMM_FLOAT, what);
+  if (st == LP_OK) memcpy(recv, tmp + (size_t)c->rank * shard, shard * sizeof *tmp);
+  lp_free(tmp);
+  return st;
+}
+
+lp_status lp_comm_allgather_float(lp_comm *c, const float *send, float *recv, size_t shard,
+                                  const char *what) {
+  return lp_comm_allgather(c, send, shard * sizeof(float), recv, what);
+}
+
 lp_status lp_comm_barrier(lp_comm *c, const char *what) {
   lp_comm_req *r = new_req(c, COMM_OP_BARRIER, LP_COMM_FLOAT, 0, -1, -1);
   if (!r) return LP_ERR_NOMEM;

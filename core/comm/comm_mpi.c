@@ -294,6 +294,17 @@ static lp_status mpi_iallreduce(lp_comm *c, void *buf, size_t count,
   return LP_OK;
 }
 
+static lp_status mpi_ireduce_scatter(lp_comm *c, const float *send, float *recv,
+                                     size_t shard, lp_comm_req *req) {
+  LP_CHECK(check_count(c, shard * (size_t)c->size, "reduce-scatter"));
+  int rc = MPI_Ireduce_scatter_block(send, recv, (int)shard, MPI_FLOAT, MPI_SUM, mcomm(c),
+                                     mreq(req));
+  if (rc != MPI_SUCCESS)
+    return mpi_fail(c, rc, "reduce-scatter of %zu floats per rank on rank %d", shard, c->rank);
+  pending_add(1);
+  return LP_OK;
+}
+
 static lp_status mpi_ibarrier(lp_comm *c, lp_comm_req *req) {
   int rc = MPI_Ibarrier(mcomm(c), mreq(req));
   if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "barrier on rank %d", c->rank);
@@ -502,6 +513,7 @@ static const lp_comm_backend comm_mpi_backend = {
     .irecv = mpi_irecv,
     .iallreduce_sum = mpi_iallreduce,
     .ibarrier = mpi_ibarrier,
+    .ireduce_scatter_sum = mpi_ireduce_scatter,
     .ibcast = mpi_ibcast,
     .ialltoallv = mpi_ialltoallv,
     .iallgather = mpi_iallgather,

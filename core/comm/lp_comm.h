@@ -46,6 +46,12 @@ typedef struct lp_comm_backend {
   lp_status (*iallreduce_sum)(lp_comm *c, void *buf, size_t count,
                               lp_comm_dtype dt, lp_comm_req *req);
   lp_status (*ibarrier)(lp_comm *c, lp_comm_req *req);
+  /* Reduce-scatter of floats: send holds size x shard floats, recv gets
+   * the sum of every rank's piece `rank` (shard floats). Optional (NULL):
+   * comm.c then does it with an all-reduce (the same sums; more bytes
+   * moved). */
+  lp_status (*ireduce_scatter_sum)(lp_comm *c, const float *send, float *recv,
+                                   size_t shard, lp_comm_req *req);
   lp_status (*ibcast)(lp_comm *c, void *buf, size_t bytes, int root,
                       lp_comm_req *req);
   /* Starts an all-gather of `bytes` bytes per rank (checked by comm.c):
@@ -209,6 +215,26 @@ lp_status lp_comm_allreduce_sum_float(lp_comm *c, float *buf, size_t n,
 lp_status lp_comm_allreduce_sum_double(lp_comm *c, double *buf, size_t n,
                                        const char *what);
 lp_status lp_comm_barrier(lp_comm *c, const char *what);
+/* Nonblocking all-reduce (sum) of n floats in place: *req finishes as any
+ * request (lp_comm_wait / _test / _waitall under the watchdog); buf stays
+ * untouched until then; like every collective it cannot be cancelled once
+ * started. On an emulated link it arrives no earlier than
+ * lp_link_allreduce_time after its start (a ring over the context's
+ * ranks). For sums that overlap with other work (a DP group's gradient
+ * buckets). */
+lp_status lp_comm_iallreduce_sum_float(lp_comm *c, float *buf, size_t n,
+                                       lp_comm_req **req);
+/* Reduce-scatter (sum): send holds lp_comm_size(c) x shard floats; recv
+ * (shard floats) gets the sum over every rank of its piece number
+ * lp_comm_rank(c); backends without their own (self, staged, NCCL) run it
+ * as an all-reduce. All-gather of floats: send holds this rank's shard
+ * floats; recv (size x shard) gets every rank's, in rank order
+ * (lp_comm_allgather of shard x 4 bytes). Blocking, under the watchdog
+ * (ZeRO-1's gradient shards and parameter shards). */
+lp_status lp_comm_reduce_scatter_sum_float(lp_comm *c, const float *send, float *recv,
+                                           size_t shard, const char *what);
+lp_status lp_comm_allgather_float(lp_comm *c, const float *send, float *recv, size_t shard,
+                                  const char *what);
 /* Copies `bytes` bytes of buf on rank `root` into buf on every rank. */
 lp_status lp_comm_bcast(lp_comm *c, void *buf, size_t bytes, int root,
                         const char *what);

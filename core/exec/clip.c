@@ -1,7 +1,8 @@
 /* clip.c — global gradient-norm clipping at the end of a step (as
  * torch.nn.utils.clip_grad_norm_ over the whole model): the norm over every
  * parameter of the model, each counted once however many ranks hold it,
- * then every gradient scaled by min(1, clip / (norm + 1e-6)). It owns
+ * then every gradient scaled by min(1, clip / (norm + 1e-6)) (ZeRO-1's
+ * gradient shards too). It owns
  * e->cl. Runs after every gradient sum of the step (replicated stages,
  * the EP group, expert replicas), so copies hold equal gradients. */
 #include "exec_internal.h"
@@ -19,11 +20,16 @@ static int first_copy(const lp_exec *e, int li) {
 }
 
 /* Sum of squares of the gradients this rank counts. Dense parameters
- * (routers and shared experts included) count on EP index 0; a routed
- * expert's counts on the first global slot that holds that expert. */
+ * (routers and shared experts included) count on DP index 0 (the DP
+ * group holds them summed, equal); a routed expert's on the first global
+ * slot that holds that expert, in the first EP group of the DP group.
+ * With ZeRO-1 the summed gradients of sharded parameters are this rank's
+ * shards: each rank counts its own part (ex_dp_shard_sumsq), the same
+ * parameters counted once. */
 static lp_status local_sumsq(lp_exec *e, double *out) {
   lp_nn_param_role *roles = NULL;
   int *p2l = NULL;
+  char *counts = NULL;
   size_t rcap = 0, pcap = 0;
   lp_status st = LP_OK;
   double sum = 0;
@@ -34,16 +40,19 @@ static lp_status local_sumsq(lp_exec *e, double *out) {
     const lp_nn_param *p = lp_nn_params(chunk, &np);
     if (np > rcap) {
       lp_nn_param_role *nr = lp_realloc(roles, np * sizeof *nr);
-      if (!nr) { st = LP_ERR_NOMEM; break; }
-      roles = nr;
+      char *nc = lp_realloc(counts, np);
+      if (nr) roles = nr;
+      if (nc) counts = nc;
+      if (!nr || !nc) { st = LP_ERR_NOMEM; break; }
       rcap = np;
     }
     if (np && (st = lp_nn_param_roles(chunk, roles, np)) != LP_OK) break;
     int cur_moe = -1;
     for (size_t i = 0; i < np && st == LP_OK; i++) {
       const lp_nn_param_role *r = &roles[i];
+      counts[i] = 0;
       if (r->slot < 0) {
-        if (e->ep_rank != 0) continue;
+        if (e->dp_rank != 0 && !e->o.zero) continue;
       } else {
         if (r->moe != cur_moe) {
           lp_nn_layer *moe = lp_nn_moe_find(chunk, r->moe);
@@ -62,12 +71,24 @@ static lp_status local_sumsq(lp_exec *e, double *out) {
           if (p2l[s] == r->expert) { first = s; break; }
         if (first != r->slot) continue;
       }
+      counts[i] = 1;
+    }
+    if (st != LP_OK) break;
+    double shard = 0;
+    if ((st = ex_dp_shard_sumsq(e, &e->vs[li], counts, &shard)) != LP_OK) break;
+    sum += shard;
+    for (size_t i = 0; i < np && st == LP_OK; i++) {
+      /* a sharded parameter counted above; an expert's only in EP group 0
+       * when not sharded (the other groups hold the same sums) */
+      if (!counts[i] || counts[i] == 2) continue;
+      if (roles[i].slot < 0 ? e->dp_rank != 0 : e->dp_rank >= e->ep) continue;
       double d = 0;
       if ((st = lp_tensor_dot(p[i].grad, p[i].grad, &d)) != LP_OK) break;
       sum += d;
     }
   }
   lp_free(roles);
+  lp_free(counts);
   lp_free(p2l);
   *out = sum;
   return st;
@@ -97,6 +118,7 @@ lp_status ex_clip(lp_exec *e) {
     size_t np;
     const lp_nn_param *p = lp_nn_params(e->vs[li].chunk, &np);
     for (size_t i = 0; i < np; i++) LP_CHECK(lp_tensor_scale(p[i].grad, (float)coef));
+    LP_CHECK(ex_dp_shard_scale(e, &e->vs[li], (float)coef));
   }
   return LP_OK;
 }

@@ -14,34 +14,51 @@
 #include <string.h>
 
 lp_status ex_grid_new(lp_exec *e) {
-  int W = lp_comm_size(e->world), E = e->ep;
+  int W = lp_comm_size(e->world), E = e->ep < 1 ? 1 : e->ep, D = e->dp < 1 ? E : e->dp;
   e->rank = lp_comm_rank(e->world);
-  if (E <= 1) {
-    e->ep = 1;
-    e->ep_rank = 0;
+  e->ep = E;
+  e->dp = D;
+  if (D % E != 0) {
+    lp_errf(e->err, "ep = %d does not divide dp = %d (each EP group is ep of a stage's dp ranks)",
+            E, D);
+    return LP_ERR_ARG;
+  }
+  if (D <= 1) {
+    e->ep_rank = e->dp_rank = 0;
     e->comm = e->world;
     e->prank = e->rank;
     return LP_OK;
   }
-  if (W % E != 0) {
-    lp_errf(e->err, "ep = %d does not divide the %d rank%s mpirun started (pp x ep ranks are "
-            "needed)", E, W, LP_PLURAL(W));
+  if (W % D != 0) {
+    if (D == E)
+      lp_errf(e->err, "ep = %d does not divide the %d rank%s mpirun started (pp x ep ranks are "
+              "needed)", E, W, LP_PLURAL(W));
+    else
+      lp_errf(e->err, "dp = %d does not divide the %d rank%s mpirun started (pp x dp ranks are "
+              "needed)", D, W, LP_PLURAL(W));
     return LP_ERR_ARG;
   }
-  e->ep_rank = e->rank % E;
-  int p = e->rank / E;
-  lp_status st = lp_comm_split(e->world, e->ep_rank, p, &e->pp_own);
-  if (st == LP_OK) st = lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm);
+  /* rank = p * dp + d; EP index d % ep, EP group d / ep */
+  int p = e->rank / D, d = e->rank % D, G = D / E, g = d / E;
+  e->dp_rank = d;
+  e->ep_rank = d % E;
+  lp_status st = lp_comm_split(e->world, d, p, &e->pp_own);
+  if (st == LP_OK && E > 1) st = lp_comm_split(e->world, p * G + g, e->ep_rank, &e->ep_comm);
   /* backward halves exchange over a context of their own, so an
    * overlapped pair can run whichever half's exchange finished first (each
    * context still sees one order of exchanges on every rank: its half's) */
-  if (st == LP_OK && lp_comm_any_order(e->ep_comm))
-    st = lp_comm_split(e->world, p, e->ep_rank, &e->ep_comm_b);
+  if (st == LP_OK && E > 1 && lp_comm_any_order(e->ep_comm))
+    st = lp_comm_split(e->world, p * G + g, e->ep_rank, &e->ep_comm_b);
+  /* the DP group (dense sums); the expert-DP group (experts' sums) */
+  if (st == LP_OK && G > 1) st = lp_comm_split(e->world, p, d, &e->dp_own);
+  if (st == LP_OK && G > 1 && E > 1) st = lp_comm_split(e->world, p * E + e->ep_rank, g, &e->xdp_own);
   if (st != LP_OK) {
-    lp_errf(e->err, "rank %d: forming the pp x ep grid: %s", e->rank,
+    lp_errf(e->err, "rank %d: forming the pp x dp grid: %s", e->rank,
             lp_comm_last_error(e->world));
     return st;
   }
+  e->dp_comm = G > 1 ? e->dp_own : e->ep_comm;
+  e->xdp_comm = G == 1 ? NULL : E > 1 ? e->xdp_own : e->dp_comm;
   e->comm = e->pp_own;
   e->prank = lp_comm_rank(e->comm);
   return LP_OK;
@@ -74,7 +91,10 @@ void ex_grid_free(lp_exec *e) {
   lp_comm_free(e->ep_comm_b);
   lp_comm_free(e->ep_comm);
   lp_comm_free(e->pp_own);
+  lp_comm_free(e->xdp_own);
+  lp_comm_free(e->dp_own);
   e->ep_comm = e->pp_own = e->ep_comm_b = NULL;
+  e->dp_comm = e->xdp_comm = e->dp_own = e->xdp_own = NULL;
   lp_free(e->moe.counts);
   lp_free(e->moe.off);
   lp_free(e->moe.experts);
@@ -83,7 +103,7 @@ void ex_grid_free(lp_exec *e) {
   e->moe.experts = NULL;
 }
 
-int ex_world(const lp_exec *e, int p) { return p * e->ep + e->ep_rank; }
+int ex_world(const lp_exec *e, int p) { return p * e->dp + e->dp_rank; }
 
 /* ---- the EP exchange ---- */
 
@@ -260,17 +280,22 @@ lp_status ex_ep_attach(lp_exec *e, vst *vs) {
 }
 
 lp_status ex_shard(lp_exec *e, lp_tensor **t, const char *what, int mb) {
-  if (e->ep <= 1) return LP_OK;
+  if (e->dp <= 1) return LP_OK;
   int64_t rows = (*t)->ndim > 0 ? (*t)->shape[0] : 1;
-  if ((*t)->ndim < 1 || rows % e->ep != 0) {
-    lp_errf(e->err, "rank %d: the %s of micro-batch %d has %lld rows (dim 1), which the %d EP "
-            "ranks cannot share evenly: make the micro-batch size a multiple of ep",
-            e->rank, what, mb, (long long)rows, e->ep);
+  if ((*t)->ndim < 1 || rows % e->dp != 0) {
+    if (e->dp == e->ep)
+      lp_errf(e->err, "rank %d: the %s of micro-batch %d has %lld rows (dim 1), which the %d EP "
+              "ranks cannot share evenly: make the micro-batch size a multiple of ep",
+              e->rank, what, mb, (long long)rows, e->ep);
+    else
+      lp_errf(e->err, "rank %d: the %s of micro-batch %d has %lld rows (dim 1), which the %d DP "
+              "ranks cannot share evenly: make the micro-batch size a multiple of dp",
+              e->rank, what, mb, (long long)rows, e->dp);
     return LP_ERR_ARG;
   }
-  int64_t n = rows / e->ep;
+  int64_t n = rows / e->dp;
   lp_tensor *part = NULL;
-  lp_status st = lp_tensor_rows(*t, n * e->ep_rank, n, &part);
+  lp_status st = lp_tensor_rows(*t, n * e->dp_rank, n, &part);
   if (st != LP_OK) return st;
   lp_tensor_free(*t);
   *t = part;
@@ -353,9 +378,11 @@ done:
 }
 
 /* Dense grads (everything but routed experts' slots) summed over the EP
- * group (none without EP). */
+ * group (none without EP) when the EP group is the DP group (dp = ep,
+ * without ZeRO-1): one all-reduce at the step's end, as before data
+ * parallelism; otherwise dp.c's buckets sum them. */
 static lp_status reduce_dense(lp_exec *e) {
-  if (e->ep <= 1) return LP_OK;
+  if (e->ep <= 1 || e->dpr.on) return LP_OK; /* dp.c sums them over the DP group */
   lp_nn_param_role *roles = NULL;
   size_t cap = 0, n = 0;
   float *buf = NULL;
@@ -433,7 +460,7 @@ static int stage_experts(const lp_exec *e, int s) {
 
 lp_status ex_moe_loads_new(lp_exec *e) {
   /* every rank learns every stage's size and experts per layer: holders
-   * write theirs, the sum is divided by the holder count (copies x EP
+   * write theirs, the sum is divided by the holder count (copies x DP
    * ranks) */
   double *sz = lp_calloc(2 * (size_t)e->S, sizeof *sz);
   e->moe.off = lp_calloc((size_t)e->S + 1, sizeof *e->moe.off);
@@ -458,8 +485,8 @@ lp_status ex_moe_loads_new(lp_exec *e) {
     int copies = 0;
     for (int v = 0; v < e->V; v++) copies += e->vstage[v] == s;
     e->moe.off[s] = tot;
-    size_t n = (size_t)(sz[s] / (copies * e->ep) + 0.5);
-    int ex = (int)(sz[e->S + s] / (copies * e->ep) + 0.5);
+    size_t n = (size_t)(sz[s] / (copies * e->dp) + 0.5);
+    int ex = (int)(sz[e->S + s] / (copies * e->dp) + 0.5);
     tot += n;
     if (ex > 0) e->moe.layers += (int)(n / (size_t)ex);
   }
@@ -472,7 +499,7 @@ lp_status ex_moe_loads_new(lp_exec *e) {
   for (int s = 0, l = 0; s < e->S; s++) {
     int copies = 0;
     for (int v = 0; v < e->V; v++) copies += e->vstage[v] == s;
-    int ex = (int)(sz[e->S + s] / (copies * e->ep) + 0.5);
+    int ex = (int)(sz[e->S + s] / (copies * e->dp) + 0.5);
     if (ex <= 0) continue;
     for (size_t k = 0; k < (e->moe.off[s + 1] - e->moe.off[s]) / (size_t)ex; k++)
       e->moe.experts[l++] = ex;

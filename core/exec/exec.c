@@ -110,31 +110,47 @@ fail:
 }
 
 /* The number of shares the step's loss is the mean over: its micro-batches
- * times the EP shares of each (every EP rank computes the loss of its rows).
+ * times the DP shares of each (every DP rank computes the loss of its
+ * rows; dp = ep without data parallelism beyond the EP group).
  * Each share's loss is scaled by 1 / loss_shares, and the step's loss is
  * the sum of all shares over it. */
-static int loss_shares(const lp_exec *e) { return e->M * e->ep; }
+static int loss_shares(const lp_exec *e) { return e->M * e->dp; }
 
-lp_status lp_exec_grid_check(int P, int ep, int nprocs, const char *sname, char *err) {
+lp_status lp_exec_grid_check_dp(int P, int ep, int dp, int nprocs, const char *sname,
+                                char *err) {
   if (ep < 0) {
     lp_errf(err, "ep must be at least 1, got %d", ep);
     return LP_ERR_ARG;
   }
-  int E = ep > 1 ? ep : 1;
-  if ((int64_t)P * E == nprocs) return LP_OK;
+  if (dp < 0) {
+    lp_errf(err, "dp must be at least 1, got %d", dp);
+    return LP_ERR_ARG;
+  }
+  int E = ep > 1 ? ep : 1, D = dp > 0 ? dp : E;
+  if (D % E != 0) {
+    lp_errf(err, "ep = %d does not divide dp = %d (each EP group is ep of a pipeline stage's dp "
+            "ranks)", E, D);
+    return LP_ERR_ARG;
+  }
+  if ((int64_t)P * D == nprocs) return LP_OK;
   char started[48];
   if (nprocs > 1) snprintf(started, sizeof started, "mpirun started %d", nprocs);
   else snprintf(started, sizeof started, "this is one process");
+  const char *word = D > E ? "dp" : "ep"; /* the user's words: ep when dp = ep */
   if (!sname)
-    lp_errf(err, "pp x ep = %d x %d needs %lld ranks, but %s (run it with mpirun -np %lld)", P, E,
-            (long long)P * E, started, (long long)P * E);
-  else if (E > 1)
-    lp_errf(err, "schedule '%s' runs on %d pipeline rank%s; with ep = %d that is %lld ranks, but "
-            "%s", sname, P, LP_PLURAL(P), E, (long long)P * E, started);
+    lp_errf(err, "pp x %s = %d x %d needs %lld ranks, but %s (run it with mpirun -np %lld)", word,
+            P, D, (long long)P * D, started, (long long)P * D);
+  else if (D > 1)
+    lp_errf(err, "schedule '%s' runs on %d pipeline rank%s; with %s = %d that is %lld ranks, but "
+            "%s", sname, P, LP_PLURAL(P), word, D, (long long)P * D, started);
   else
     lp_errf(err, "schedule '%s' needs %d rank%s, but %s (run it with mpirun -np %d)", sname, P,
             LP_PLURAL(P), started, P);
   return LP_ERR_ARG;
+}
+
+lp_status lp_exec_grid_check(int P, int ep, int nprocs, const char *sname, char *err) {
+  return lp_exec_grid_check_dp(P, ep, 0, nprocs, sname, err);
 }
 
 static lp_status f_finish(lp_exec *e, half *h, lp_tensor *y) {
@@ -216,7 +232,7 @@ static lp_status b_finish(lp_exec *e, half *h, lp_tensor *dx) {
   slot *sl = &vs->slots[mb];
   lp_status st = LP_OK;
   if (h->type == LP_ACT_B && !h->keep_w) {
-    st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
+    st = ex_dp_weight_grad(e, vs, sl->ctx);
     if (st != LP_OK) { ex_nnfail(e, sl, "weight-grad", st); goto out; }
   } else if (h->type != LP_ACT_B) {
     vs->wq[(vs->wq_head + vs->wq_len) % e->M] = mb;
@@ -351,7 +367,7 @@ static lp_status run_w(lp_exec *e, int v, int mb) {
   vs->wq_head = (vs->wq_head + 1) % e->M;
   vs->wq_len--;
   slot *sl = &vs->slots[mb];
-  lp_status st = lp_nn_weight_grad(vs->chunk, sl->ctx, NULL);
+  lp_status st = ex_dp_weight_grad(e, vs, sl->ctx);
   if (st != LP_OK) return ex_nnfail(e, sl, "weight-grad", st);
   ex_trace_memory(e, lp_now(), 0, -1);
   return LP_OK;
@@ -372,12 +388,18 @@ lp_status lp_exec_run_half(lp_exec *e, int type, int v, int mb) {
 
 /* ---- construction ---- */
 
+/* vs's optimizer: over its parameters, or with ZeRO-1 over the unsharded
+ * ones and its shards (ex_dp_optim_params). */
 static lp_status setup_optim(lp_exec *e, vst *vs) {
   size_t np;
-  const lp_nn_param *p = lp_nn_params(vs->chunk, &np);
-  if (e->o.optim == LP_NN_OPTIM_ADAMW)
-    return lp_nn_optim_adamw_new(p, np, &e->o.adamw, &vs->optim);
-  return lp_nn_optim_sgd_new(p, np, &e->o.sgd, &vs->optim);
+  lp_nn_param *p;
+  int own = 0;
+  LP_CHECK(ex_dp_optim_params(e, vs, &p, &np, &own));
+  lp_status st = e->o.optim == LP_NN_OPTIM_ADAMW
+                     ? lp_nn_optim_adamw_new(p, np, &e->o.adamw, &vs->optim)
+                     : lp_nn_optim_sgd_new(p, np, &e->o.sgd, &vs->optim);
+  if (own) lp_free(p);
+  return st;
 }
 
 /* Moves a freshly built chunk to opts.backend (before its optimizer is
@@ -413,6 +435,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   e->o = *opts;
   e->world = opts->comm ? opts->comm : lp_comm_world();
   e->ep = opts->ep;
+  e->dp = opts->dp;
   e->pr.carry_v = -1;
   e->s = lp_schedule_clone(s);
   if (!e->s) { st = LP_ERR_NOMEM; goto fail; }
@@ -421,9 +444,18 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   e->V = lp_schedule_vstages(s);
   e->M = lp_schedule_microbatches(s);
   const char *sname = *lp_schedule_name(s) ? lp_schedule_name(s) : "(unnamed)";
-  if ((st = lp_exec_grid_check(e->P, opts->ep, lp_comm_size(e->world), sname, e->err)) != LP_OK)
+  if ((st = lp_exec_grid_check_dp(e->P, opts->ep, opts->dp, lp_comm_size(e->world), sname,
+                                  e->err)) != LP_OK)
     goto fail;
+  if (opts->zero != 0 && opts->zero != 1) {
+    lp_errf(e->err, "zero = %d: ZeRO stage 0 (off) or 1 (optimizer state sharded over dp)",
+            opts->zero);
+    st = LP_ERR_ARG;
+    goto fail;
+  }
   LP_CHECK_GOTO(ex_grid_new(e), st, fail);
+  /* dp.c's buckets: DP beyond the EP group, or ZeRO-1's shards */
+  e->dpr.on = e->dp > 1 && (e->dp > e->ep || e->o.zero);
   e->be = opts->backend ? opts->backend : lp_tensor_backend_cpu();
   LP_CHECK_GOTO(ex_ep_device_new(e), st, fail);
   if (e->P > 1 && !lp_schedule_has_comm(s)) {
@@ -496,6 +528,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
     /* what the loss takes (loss_shares): MoE balance losses become means
      * over the step's sequences too */
     LP_CHECK_GOTO(lp_nn_set_loss_scale(vs->chunk, 1.0f / (float)loss_shares(e)), st, fail);
+    LP_CHECK_GOTO(ex_dp_new(e, vs), st, fail);
     LP_CHECK_GOTO(setup_optim(e, vs), st, fail);
     vs->slots = lp_calloc((size_t)e->M, sizeof(slot));
     vs->wq = lp_calloc((size_t)e->M, sizeof(int));
@@ -516,6 +549,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   for (int i = 0; i < e->nacts; i++)
     if (lp_action_is_compute(e->acts[i].type)) e->compute_idx[e->ncompute++] = i;
   ex_reduce_plan(e);
+  ex_dp_plan(e);
   LP_CHECK_GOTO(ex_timing_new(e), st, fail);
   LP_CHECK_GOTO(ex_host_share_new(e), st, fail);
   *out = e;
@@ -553,6 +587,7 @@ void lp_exec_free(lp_exec *e) {
       lp_free(vs->slots);
       lp_free(vs->wq);
       ex_reduce_free(e, vs);
+      ex_dp_free(e, vs);
       lp_nn_optim_free(vs->optim);
       lp_nn_layer_release(vs->chunk);
     }
@@ -636,6 +671,7 @@ static lp_status run_action(lp_exec *e, const lp_action *a) {
 static void reset_step(lp_exec *e) {
   ex_halves_clear(e);
   ex_reduce_reset(e);
+  ex_dp_drop(e);
   ex_sends_drop(e);
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
@@ -659,7 +695,10 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   ex_msg_reset(e);
   ex_xchg_reset(e);
   double start = ex_time_step_begin(e);
-  for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_zero_grad(e->vs[li].optim), st, fail);
+  for (int li = 0; li < e->nloc; li++) {
+    LP_CHECK_GOTO(lp_nn_optim_zero_grad(e->vs[li].optim), st, fail);
+    LP_CHECK_GOTO(ex_dp_zero_grad(e, &e->vs[li]), st, fail);
+  }
   ex_time_zero_grad(e, lp_now() - start);
   int L = e->o.recv_lookahead == 0 ? 4 : e->o.recv_lookahead;
   int ci = 0; /* compute actions before e->cur */
@@ -699,6 +738,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     LP_CHECK_GOTO(ex_poll_sends(e), st, fail);
     /* a replicated stage whose gradients are final: its sums fly now */
     LP_CHECK_GOTO(ex_reduce_early(e), st, fail);
+    /* a stage whose gradients are final: its sums over dp fly now */
+    LP_CHECK_GOTO(ex_dp_early(e), st, fail);
     ex_time_post(e, lp_now() - t1); /* polling, trace recording */
   }
   e->cur = e->nacts;
@@ -727,17 +768,24 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     }
   }
   double wait_before = e->tm.wait, to, t_opt, t_step = 0;
-  if (e->ep > 1 || e->moe.layers > 0 || e->o.clip > 0) {
+  if (e->ep > 1 || e->moe.layers > 0 || e->o.clip > 0 || e->dpr.on) {
     /* sums over the EP group (and of expert replicas) take every stage's
-     * reduced gradients at once; so does the global norm of clipping */
+     * reduced gradients at once; so does the global norm of clipping.
+     * The DP sums (started early, or now for replicated stages) come
+     * after the copies' sums; ZeRO-1 reduce-scatters the sums of the
+     * replicas, the other DP sums were packed before them */
     LP_CHECK_GOTO(ex_reduce_finish(e), st, fail);
     LP_CHECK_GOTO(ex_wait_sends(e), st, fail);
+    if (!e->o.zero) LP_CHECK_GOTO(ex_dp_finish(e), st, fail);
     if (e->ep > 1 || e->moe.layers > 0) LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
+    if (e->o.zero) LP_CHECK_GOTO(ex_dp_finish(e), st, fail);
     LP_CHECK_GOTO(ex_clip(e), st, fail);
     to = lp_now();
     for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_step(e->vs[li].optim), st, fail);
     t_opt = lp_now();
     t_step = t_opt - to;
+    LP_CHECK_GOTO(ex_dp_gather(e), st, fail);
+    t_opt = lp_now();
   } else {
     /* stage by stage, those without a reduction in flight first, then in
      * the order their reductions started: the optimizer of one runs while
@@ -758,6 +806,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     t_opt = lp_now();
   }
   ex_reduce_reset(e);
+  ex_dp_reset(e);
   /* summing reduced grads */
   ex_time_reduce(e, (t_opt - tr) - t_step - (e->tm.wait - wait_before));
   if (to - tr > 1e-6)

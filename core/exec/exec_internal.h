@@ -8,8 +8,12 @@
  *   timing.c always-on timing, measured trace events and their gathering,
  *            the job's timing gathered on every rank
  *   host.c   ranks and cores of this rank's host (does the prediction apply?)
- *   ep.c     the pp x ep grid, the MoE exchanges (lp_nn_ep) and their
- *            accounting, the step-end sums over the EP group
+ *   ep.c     the pp x dp grid with its EP groups, the MoE exchanges
+ *            (lp_nn_ep) and their accounting, the step-end sums over the
+ *            EP group
+ *   dp.c     data parallelism: each stage's gradient buckets summed over
+ *            its DP group (dense) and expert-DP group (experts), started
+ *            as soon as the stage's gradients are final; ZeRO-1's shards
  *   placement.c  EPLB: expert weights and optimizer state moved between ranks
  *   checkpoint.c saving and loading each rank's stages
  *   reference.c  the one-process reference step (tests, --reference)
@@ -30,10 +34,13 @@
  *         posted ahead, sends in flight
  *   rd    reduce.c, with vst.rd of every local vstage: gradient reduction
  *   cl    clip.c: the last step's gradient norm (global clipping)
+ *   dpr   dp.c, with vst.dp of every local vstage: the DP sums in flight,
+ *         their accounting, ZeRO-1's shards
  *   host  host.c: the ranks and cores of this host
  *   fail  exec.c (ex_comm_fail): the first failed communication
- *   the grid (world, comm, pp_own, ep_comm, ep_comm_b, rank, prank, ep,
- *         ep_rank): ep.c's ex_grid_new / ex_ep_device_new, at construction
+ *   the grid (world, comm, pp_own, ep_comm, ep_comm_b, dp_comm, xdp_comm,
+ *         dp_own, xdp_own, rank, prank, ep, ep_rank, dp, dp_rank):
+ *         ep.c's ex_grid_new / ex_ep_device_new, at construction
  *   the plan (s, o, be, P, S, V, M, nloc, vs, loc, vrank, vstage, kpos,
  *         route, rlen, shape, ndim, numel, acts, nacts, compute_idx,
  *         ncompute): exec.c at construction, read-only after (kept flat:
@@ -75,6 +82,44 @@ typedef struct vst_reduce {
                         * (-1: none), for an early start (ex_reduce_early) */
 } vst_reduce;
 
+/* dp.c: the gradients of a local vstage's parameters of one kind (dense
+ * ones, or routed experts' slots) that one group sums: flat in chunk
+ * order, in segments (vst_dp's groups of children) each summed by its own
+ * all-reduce as soon as its children's weight-grads are final */
+typedef struct dp_bucket {
+  lp_comm *comm;    /* the group summing it (NULL: nothing to sum) */
+  size_t *idx;      /* [np]: indices in the chunk's parameter list */
+  size_t *off;      /* [np]: offset of each in the flat pack */
+  size_t np, n;     /* parameters, floats */
+  float *pack;      /* [n padded to a multiple of the group's size] */
+  size_t *seg;      /* [ng + 1]: the pack range [seg[j + 1], seg[j]) of
+                     * group j (groups from the chunk's end) */
+  size_t *seg_p;    /* [ng + 1]: the same as ranges of idx */
+  lp_comm_req **req; /* [ng]: their all-reduces in flight (zero = 0) */
+  /* ZeRO-1: this rank's shard [lo, lo + shard) of the flat parameters,
+   * its master values and summed gradients (host tensors of `shard`
+   * floats: a parameter of the vstage's optimizer) */
+  size_t shard, lo;
+  lp_tensor *wv, *wg;
+} dp_bucket;
+
+/* dp.c: a local vstage's buckets (dense over the DP group, experts over
+ * the expert-DP group), summed in groups of its chunk's children: group 0
+ * the last children (the first whose weight-grads a backward finishes),
+ * each group at least LUAPIPE_DP_BUCKET floats but the first children's */
+enum { DP_DENSE = 0, DP_EXPERT = 1, DP_NB = 2 };
+typedef struct vst_dp {
+  dp_bucket b[DP_NB];
+  int ng;        /* groups */
+  int *child0;   /* [ng]: the first child of group j (children child0[j]..
+                  * child0[j - 1] - 1) */
+  int nchild;    /* children of the chunk (1 for a lone layer) */
+  int started;   /* groups whose sums started this step */
+  int last_grad; /* the last action writing its grads (-1: none) */
+  double t0;     /* lp_now() at the first start */
+  double done_at; /* > 0: lp_now() when a poll found every sum finished */
+} vst_dp;
+
 typedef struct vst {
   int id, stage;
   lp_nn_layer *chunk;
@@ -83,6 +128,7 @@ typedef struct vst {
   int *wq;     /* FIFO of micro-batches waiting for W */
   int wq_head, wq_len;
   vst_reduce rd; /* reduce.c */
+  vst_dp dp;     /* dp.c */
 } vst;
 
 typedef struct pending_send {
@@ -213,6 +259,15 @@ typedef struct ex_clip_room {
   double norm;
 } ex_clip_room;
 
+/* dp.c: the step's DP gradient sums (the buckets are in vst.dp): on (dp
+ * beyond the EP group, or ZeRO-1), and their time, the part hidden under
+ * the rank's other work, the link model's time, the count */
+typedef struct ex_dp {
+  int on;
+  double s, hidden, link;
+  int64_t n;
+} ex_dp;
+
 /* exec.c (ex_comm_fail): a failed communication (0: none) and its text */
 typedef struct ex_fail {
   lp_status st;
@@ -225,6 +280,14 @@ struct lp_exec {
                    * comm when ep = 1) */
   lp_comm *world; /* the job's comm: pp x ep ranks */
   lp_comm *pp_own, *ep_comm; /* owned split contexts when ep > 1 */
+  lp_comm *dp_comm;   /* the DP group: the dp ranks of this pipeline rank
+                       * (ep_comm when dp = ep, NULL when dp = 1) */
+  lp_comm *xdp_comm;  /* the expert-DP group: the dp / ep ranks of this
+                       * pipeline rank and EP index (dp_comm when ep = 1,
+                       * NULL when dp = ep) */
+  lp_comm *dp_own, *xdp_own; /* owned split contexts */
+  int dp, dp_rank;   /* DP group size (1: none) and this rank's index d in
+                      * it (EP index = d % ep, EP group = d / ep) */
   lp_comm *ep_comm_b; /* the EP group again, for backward halves' exchanges
                        * (when its backend lets ranks start operations on
                        * two contexts in any order), else NULL: then every
@@ -263,6 +326,7 @@ struct lp_exec {
   ex_reduce rd; /* reduce.c */
   ex_host host; /* host.c */
   ex_clip_room cl; /* clip.c */
+  ex_dp dpr;    /* dp.c */
   ex_fail fail; /* exec.c: a communication failed (LP_ERR_TIMEOUT / _COMM): a
                  * started operation may still be in flight, so the executor
                  * refuses further steps */
@@ -302,8 +366,9 @@ lp_status ex_fill_with_carry(lp_exec *e, int which);
 
 /* ---- clip.c ---- */
 /* With o.clip > 0: the global gradient norm (every parameter once: the
- * first copy of a replicated stage, dense ones on EP index 0, a routed
- * expert on its first slot), summed over the world, then every local
+ * first copy of a replicated stage, dense ones on DP index 0, a routed
+ * expert on its first slot of the first EP group; ZeRO-1's shards each on
+ * its rank), summed over the world, then every local
  * gradient scaled by min(1, clip / (norm + 1e-6)). Call after every
  * gradient sum of the step, before any optimizer step. */
 lp_status ex_clip(lp_exec *e);
@@ -422,6 +487,48 @@ lp_status ex_shard(lp_exec *e, lp_tensor **t, const char *what, int mb);
  * summed over their holders; router biases from the loads of all ranks. */
 lp_status ex_ep_reduce(lp_exec *e);
 lp_status ex_moe_bias_update(lp_exec *e);
+
+/* ---- dp.c ---- */
+/* Buckets of local vstage vs (after its chunk is built, before its
+ * optimizer): dense parameters over the DP group, routed experts' over
+ * the expert-DP group; with ZeRO-1 the shards' master values and grads. */
+lp_status ex_dp_new(lp_exec *e, vst *vs);
+void ex_dp_free(lp_exec *e, vst *vs);
+/* The parameters vs's optimizer updates: with ZeRO-1 the unsharded ones
+ * and one shard parameter per sharded bucket (*params to lp_free), else
+ * the chunk's list (*own = 0: borrowed). */
+lp_status ex_dp_optim_params(lp_exec *e, vst *vs, lp_nn_param **params, size_t *n, int *own);
+/* Each local vstage's last grad-writing action. */
+void ex_dp_plan(lp_exec *e);
+/* zero = 0: starts the sums of every local stage (not replicated) whose
+ * gradients are final (index <= e->cur, no queued or carried
+ * weight-grad), so they fly under the rank's remaining actions. */
+lp_status ex_dp_early(lp_exec *e);
+/* Step end, after the replicated stages' sums: starts the rest, waits for
+ * every bucket and writes the sums into the grads (zero = 0); with ZeRO-1
+ * reduce-scatters each bucket into this rank's shard instead. */
+lp_status ex_dp_finish(lp_exec *e);
+/* The weight-grad of vs's micro-batch ctx; when it is the stage's last
+ * (action e->cur is its last grad-writing one, nothing queued, zero = 0,
+ * not replicated) child by child, each group's sums started as soon as its
+ * children are done, while the weight-grads of the earlier children run
+ * (the same gradients, bitwise). */
+lp_status ex_dp_weight_grad(lp_exec *e, vst *vs, lp_nn_ctx *ctx);
+/* ZeRO-1, after the optimizer step: the updated shards all-gathered into
+ * every rank's parameters. */
+lp_status ex_dp_gather(lp_exec *e);
+/* ZeRO-1: zeroes the grads of the sharded parameters (the optimizer
+ * zeroes the rest). */
+lp_status ex_dp_zero_grad(lp_exec *e, vst *vs);
+/* Clipping with ZeRO-1: the sum of squares of vs's gradient shards, over
+ * the parameters with counts[i] (chunk order) set; those of sharded
+ * parameters become 2 (counted here). Nothing without ZeRO-1. Scaling the
+ * shards by coef. */
+lp_status ex_dp_shard_sumsq(lp_exec *e, vst *vs, char *counts, double *out);
+lp_status ex_dp_shard_scale(lp_exec *e, vst *vs, float coef);
+/* A failed step: sums in flight dropped. */
+void ex_dp_drop(lp_exec *e);
+void ex_dp_reset(lp_exec *e);
 
 /* ---- host.c ---- */
 /* Counts the ranks of this host and the cores their affinity allows

@@ -69,6 +69,25 @@ typedef struct lp_exec_opts {
    * are summed over the EP group and replicated experts' grads over their
    * holders; the step's loss is the mean over micro-batches and shares. */
   int ep;
+  /* data parallelism: the comm's ranks form a pp x dp grid, rank =
+   * pipeline rank * dp + DP index d (0: dp = ep, the pp x ep grid above;
+   * ep must divide dp). The DP ranks of one pipeline rank run the same
+   * actions, each on its 1/dp share of every micro-batch (rows of dim 0;
+   * act_shape is that share's shape); EP groups are the DP indices in
+   * blocks of ep (EP index d % ep, group d / ep). Dense gradients are
+   * summed over the DP group, routed experts' over the expert-DP group
+   * (the dp / ep ranks with the same EP index), each stage's as soon as
+   * its gradients are final (nonblocking, under the remaining backward
+   * work; when dp = ep the dense sum stays one all-reduce over the EP
+   * group at the step's end). The step's loss is the mean over the global
+   * batch: micro-batches x dp shares. */
+  int dp;
+  /* ZeRO-1 (1; 0: off): each stage's optimizer state sharded over the
+   * parameter's DP group (dense) / expert-DP group (experts): gradients
+   * reduce-scattered, each rank's optimizer updates its shard, parameters
+   * all-gathered. Results equal zero = 0's. Not with expert placements
+   * that change (lp_exec_set_placement refuses). */
+  int zero;
   /* where the whole model runs (NULL: chunks stay where `chunk` built
    * them, the CPU): every chunk is moved there (lp_nn_layer_to) before its
    * optimizer is made, inputs from the data source are copied there
@@ -108,6 +127,13 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts,
  * as given ("pp x ep = 1 x 2 needs 2 ranks, but this is one process ...").
  * lp_exec_new asks it; so does luapipe.train before it builds anything. */
 lp_status lp_exec_grid_check(int P, int ep, int nprocs, const char *sname, char *err);
+/* The same rule with data parallelism: P pipeline ranks of dp DP ranks
+ * each (0: dp = ep), EP groups of ep of them (ep must divide dp), on
+ * P x dp processes (rank = pipeline rank * dp + DP index); the messages
+ * speak of dp when it goes beyond ep ("pp x dp = 1 x 2 needs 2 ranks, but
+ * mpirun started 4 ...", "ep = 4 does not divide dp = 2 ..."). */
+lp_status lp_exec_grid_check_dp(int P, int ep, int dp, int nprocs, const char *sname,
+                                char *err);
 void lp_exec_free(lp_exec *e);
 
 /* Text of the last failure ("" when none). */
@@ -277,9 +303,10 @@ typedef struct lp_exec_kind_times {
 enum { LP_EXEC_JOB_KEPT_MAX = 1000000 };
 
 typedef struct lp_exec_job_times {
-  int ranks;                /* world ranks (pp x ep) */
+  int ranks;                /* world ranks (pp x dp) */
   int stages;               /* model stages */
-  int ep;                   /* EP group size: world rank = pipeline rank * ep + EP index */
+  int ep;                   /* ranks per pipeline rank (the DP group, dp; = the EP group
+                             * size without DP): world rank = pipeline rank * ep + index */
   lp_exec_rank_times *rank; /* [ranks], by world rank */
   lp_exec_timing sum;       /* every rank's total, summed in rank order */
   lp_exec_kind_times *kinds; /* [LP_EXEC_NKINDS x stages]: kind k (LP_EXEC_K_*)
@@ -344,6 +371,27 @@ lp_status lp_exec_restore_placement(lp_exec *e, int i, int moe, int slots_per_ra
                                     const int *phys_to_log);
 /* The EP group size (1: no EP) and this rank's index in it. */
 int lp_exec_ep(const lp_exec *e, int *ep_rank);
+/* The DP group size (1: none) and this rank's index in it. */
+int lp_exec_dp(const lp_exec *e, int *dp_rank);
+/* Bytes of optimizer state this rank holds (every local stage's). */
+size_t lp_exec_optim_bytes(const lp_exec *e);
+/* The DP gradient sums (dp beyond the EP group, or ZeRO-1) since the
+ * executor started: count, their time (start to finish), the part hidden
+ * under the rank's other work (in flight before the step end's wait for
+ * them), the link model's time of them. */
+typedef struct lp_exec_dp_timing {
+  int64_t n;
+  double s, hidden, link;
+} lp_exec_dp_timing;
+void lp_exec_dp_timing_of(const lp_exec *e, lp_exec_dp_timing *out);
+/* The same per rank (the mean over every rank), and the optimizer bytes
+ * per rank (the mean): collective over the job's comm, between steps. */
+typedef struct lp_exec_dp_stats {
+  int dp, ep, zero;
+  double optim_bytes;     /* per rank, mean over ranks */
+  lp_exec_dp_timing sums; /* per rank: the mean over ranks */
+} lp_exec_dp_stats;
+lp_status lp_exec_dp_stats_of(lp_exec *e, lp_exec_dp_stats *out);
 /* Ranks of the job on this rank's host; *cores: the CPUs their affinity
  * masks allow together. More ranks than cores: ranks also wait for a core,
  * which the simulator does not model (its prediction does not apply). */

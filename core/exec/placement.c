@@ -247,6 +247,7 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
   lp_nn_optim_free(old);
   vs->optim = no;
   st = ex_reduce_resize(e, vs);
+  if (st == LP_OK) st = ex_dp_new(e, vs); /* the experts' bucket over the new list */
 cleanup:
   lp_free(oval);
   lp_free(ooff);
@@ -272,6 +273,11 @@ lp_status lp_exec_set_placement(lp_exec *e, int layer, int slots_per_rank,
   if (s < 0 || slots_per_rank < 1) {
     lp_errf(e->err, "set_placement: no MoE layer %d (the model has %d) or bad slots per rank %d",
             layer, e->moe.layers, slots_per_rank);
+    return LP_ERR_ARG;
+  }
+  if (e->o.zero) {
+    lp_errf(e->err, "set_placement: expert placements cannot change under ZeRO-1 (zero = 1): "
+            "the experts' optimizer state is sharded over the expert-DP group");
     return LP_ERR_ARG;
   }
   int E = e->moe.experts[layer];
@@ -313,12 +319,19 @@ lp_status lp_exec_restore_placement(lp_exec *e, int i, int moe, int slots_per_ra
             vs->stage, lp_strerror(st));
     return st;
   }
-  /* a fresh optimizer over the new list (its state is the caller's to import) */
-  size_t np;
-  const lp_nn_param *p = lp_nn_params(vs->chunk, &np);
+  /* a fresh optimizer over the new list (its state is the caller's to
+   * import): the buckets follow the list first (ZeRO-1's shards are
+   * parameters of the optimizer) */
+  st = ex_dp_new(e, vs);
+  size_t np = 0;
+  lp_nn_param *p = NULL;
+  int own = 0;
+  if (st == LP_OK) st = ex_dp_optim_params(e, vs, &p, &np, &own);
   lp_nn_optim *no = NULL;
-  st = e->o.optim == LP_NN_OPTIM_ADAMW ? lp_nn_optim_adamw_new(p, np, &e->o.adamw, &no)
-                                        : lp_nn_optim_sgd_new(p, np, &e->o.sgd, &no);
+  if (st == LP_OK)
+    st = e->o.optim == LP_NN_OPTIM_ADAMW ? lp_nn_optim_adamw_new(p, np, &e->o.adamw, &no)
+                                          : lp_nn_optim_sgd_new(p, np, &e->o.sgd, &no);
+  if (own) lp_free(p);
   if (st == LP_OK) {
     lp_nn_optim_free(vs->optim);
     vs->optim = no;

@@ -617,7 +617,7 @@ lp_status lp_exec_job_timing(lp_exec *e, lp_exec_job_times **out) {
   }
   t->ranks = P;
   t->stages = S;
-  t->ep = e->ep;
+  t->ep = e->dp; /* ranks per pipeline rank: the DP group (= ep without DP) */
   t->rank = lp_calloc((size_t)P, sizeof *t->rank);
   t->kinds = lp_calloc((size_t)NK * (S ? S : 1), sizeof *t->kinds);
   int64_t fewest = -1, per_step = 0;

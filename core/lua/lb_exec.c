@@ -252,13 +252,13 @@ static int lb_exec_device(lua_State *L) {
   return 1;
 }
 
-/* core.exec_grid_check(P, ep, nprocs[, schedule name]) -> true | nil,
- * message: the job-shape rule (lp_exec_grid_check) luapipe.train asks
- * before it builds anything. */
+/* core.exec_grid_check(P, ep, nprocs[, schedule name[, dp]]) -> true |
+ * nil, message: the job-shape rule (lp_exec_grid_check_dp) luapipe.train
+ * asks before it builds anything. */
 static int lb_exec_grid_check(lua_State *L) {
   char err[LP_ERRLEN];
-  if (lp_exec_grid_check(lb_check_int(L, 1), lb_check_int(L, 2), lb_check_int(L, 3),
-                         luaL_optstring(L, 4, NULL), err) != LP_OK)
+  if (lp_exec_grid_check_dp(lb_check_int(L, 1), lb_check_int(L, 2), (int)luaL_optinteger(L, 5, 0),
+                            lb_check_int(L, 3), luaL_optstring(L, 4, NULL), err) != LP_OK)
     return lb_fail(L, err);
   lua_pushboolean(L, 1);
   return 1;
@@ -318,6 +318,14 @@ static int lb_exec_new(lua_State *L) {
   lua_getfield(L, 2, "ep");
   o.ep = (int)luaL_optinteger(L, -1, 1);
   luaL_argcheck(L, o.ep >= 1, 2, "'ep' must be a positive integer");
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "dp");
+  o.dp = (int)luaL_optinteger(L, -1, 0);
+  luaL_argcheck(L, o.dp >= 0, 2, "'dp' must be a positive integer (0: ep)");
+  lua_pop(L, 1);
+  lua_getfield(L, 2, "zero");
+  o.zero = (int)luaL_optinteger(L, -1, 0);
+  luaL_argcheck(L, o.zero == 0 || o.zero == 1, 2, "'zero' must be 0 or 1");
   lua_pop(L, 1);
   lua_getfield(L, 2, "lookahead");
   o.recv_lookahead = (int)luaL_optinteger(L, -1, 0);
@@ -801,6 +809,52 @@ static int lb_exec_grad_norm(lua_State *L) {
 }
 
 /* exec:set_lr(lr): every optimizer of this rank, from the next step on */
+/* exec:dp() -> DP group size, this rank's index in it */
+static int lb_exec_dp(lua_State *L) {
+  int r = 0;
+  lua_pushinteger(L, lp_exec_dp(check_exec(L, 1)->e, &r));
+  lua_pushinteger(L, r);
+  return 2;
+}
+
+/* exec:optim_bytes() -> bytes of optimizer state on this rank */
+static int lb_exec_optim_bytes(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)lp_exec_optim_bytes(check_exec(L, 1)->e));
+  return 1;
+}
+
+/* exec:dp_timing() -> {n =, s =, hidden =, link =}: the DP gradient sums
+ * since the start (seconds) */
+static int lb_exec_dp_timing(lua_State *L) {
+  lp_exec_dp_timing t;
+  lp_exec_dp_timing_of(check_exec(L, 1)->e, &t);
+  lua_createtable(L, 0, 4);
+  lb_set_integer(L, "n", t.n);
+  lb_set_number(L, "s", t.s);
+  lb_set_number(L, "hidden", t.hidden);
+  lb_set_number(L, "link", t.link);
+  return 1;
+}
+
+/* exec:dp_stats() -> {dp =, ep =, zero =, optim_bytes =, n =, s =,
+ * hidden =, link =} (collective: the DP sums since the start and the
+ * optimizer bytes, per rank: the mean over ranks), or nil, message */
+static int lb_exec_dp_stats(lua_State *L) {
+  exec_box *b = check_exec(L, 1);
+  lp_exec_dp_stats t;
+  if (lp_exec_dp_stats_of(b->e, &t) != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  lua_createtable(L, 0, 8);
+  lb_set_integer(L, "dp", t.dp);
+  lb_set_integer(L, "ep", t.ep);
+  lb_set_integer(L, "zero", t.zero);
+  lb_set_number(L, "optim_bytes", t.optim_bytes);
+  lb_set_integer(L, "n", t.sums.n);
+  lb_set_number(L, "s", t.sums.s);
+  lb_set_number(L, "hidden", t.sums.hidden);
+  lb_set_number(L, "link", t.sums.link);
+  return 1;
+}
+
 static int lb_exec_set_lr(lua_State *L) {
   lp_exec *e = check_exec(L, 1)->e;
   lua_Number lr = luaL_checknumber(L, 2);
@@ -821,6 +875,10 @@ void lb_open_exec(lua_State *L) {
                                      {"trace_clear", lb_exec_trace_clear},
                                      {"vstages", lb_exec_vstages},
                                      {"ep", lb_exec_ep},
+                                     {"dp", lb_exec_dp},
+                                     {"optim_bytes", lb_exec_optim_bytes},
+                                     {"dp_timing", lb_exec_dp_timing},
+                                     {"dp_stats", lb_exec_dp_stats},
                                      {"host_share", lb_exec_host_share},
                                      {"message_floats", lb_exec_message_floats},
                                      {"expert_loads", lb_exec_expert_loads},

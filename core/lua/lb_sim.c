@@ -217,6 +217,40 @@ static void read_exchanges(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c
   c->nexchange_stages = S;
 }
 
+/* Data parallelism: cost.dp = ranks of a DP group, cost.dp_bytes =
+ * {[stage] = bytes of its gradients} (lp_sim_cost.dp_ranks / dp_bytes)
+ * into a userdata left on the stack. */
+static void read_dp(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
+  double dp = 0;
+  get_time(L, idx, "dp", &dp, "simulate");
+  if (dp != (int)dp) luaL_error(L, "simulate: dp must be a whole number of ranks, got %g", dp);
+  c->dp_ranks = (int)dp;
+  if (lua_getfield(L, idx, "dp_bytes") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (!lua_istable(L, -1)) luaL_error(L, "simulate: dp_bytes must be a table {[stage] = bytes}");
+  int S = lp_schedule_stages(s);
+  double *b = lua_newuserdatauv(L, (size_t)(S > 0 ? S : 1) * sizeof *b, 0);
+  for (int k = 0; k < S; k++) b[k] = 0;
+  lua_pushnil(L);
+  while (lua_next(L, -3)) { /* [dp_bytes, b, key, value] */
+    int isint, isnum;
+    lua_Integer k = lua_tointegerx(L, -2, &isint);
+    lua_Number v = lua_tonumberx(L, -1, &isnum);
+    if (!isint || k < 0 || k >= S)
+      luaL_error(L, "simulate: dp_bytes key %s is not a model stage 0..%d",
+                 luaL_tolstring(L, -2, NULL), S - 1);
+    if (!isnum || !(v >= 0) || v > LP_SIM_MAX_TIME)
+      luaL_error(L, "simulate: dp_bytes[%d] must be a number of bytes >= 0", (int)k);
+    b[k] = (double)v;
+    lua_pop(L, 1);
+  }
+  lua_remove(L, -2); /* [b]: kept on the stack with the cost */
+  c->dp_bytes = b;
+  c->ndp_stages = S;
+}
+
 /* Per-action times: cost.actions = {[rank] = {[index] = time, ...}} (ranks
  * and action indices 0-based, as messages and s:action print them; only
  * compute actions) into a userdata left on the stack: [P] row pointers,
@@ -287,9 +321,9 @@ static void read_actions(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) 
  * overrides live in a userdata left on the stack (collected with it). */
 static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
   static const char *const others[] = {"latency", "stages", "link", "bytes", "exchanges",
-                                       "link_unit", "actions", NULL};
-  const char *top_keys[LP_NKINDS + 8];
-  char expected[128];
+                                       "link_unit", "actions", "dp", "dp_bytes", NULL};
+  const char *top_keys[LP_NKINDS + 10];
+  char expected[160];
   kind_keys(top_keys, LP_NKINDS, others, expected, sizeof expected);
   lp_sim_cost_init(c);
   if (lua_isnoneornil(L, idx)) return;
@@ -301,6 +335,7 @@ static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
   read_link(L, idx, c);
   read_exchanges(L, idx, s, c);
   read_actions(L, idx, s, c);
+  read_dp(L, idx, s, c);
   if (lua_getfield(L, idx, "stages") == LUA_TNIL) {
     lua_pop(L, 1);
     return;
@@ -369,7 +404,7 @@ static int lb_simres_info(lua_State *L) {
 }
 
 /* r:ranks() -> {{rank=, busy=, bubble=, bubble_ratio=, finish=,
- *                peak_live=, peak_pending_w=, a2a=, a2a_hidden=}, ...}
+ *                peak_live=, peak_pending_w=, a2a=, a2a_hidden=, dp=, dp_hidden=}, ...}
  * for ranks 0..P-1 (a2a: modelled MoE exchange time, a2a_hidden: its part
  * hidden in overlapped pairs) */
 static int lb_simres_ranks(lua_State *L) {
@@ -389,6 +424,8 @@ static int lb_simres_ranks(lua_State *L) {
     lb_set_integer(L, "peak_pending_w", st.peak_pending_w);
     lb_set_number(L, "a2a", st.a2a);
     lb_set_number(L, "a2a_hidden", st.a2a_hidden);
+    lb_set_number(L, "dp", st.dp);
+    lb_set_number(L, "dp_hidden", st.dp_hidden);
     lua_rawseti(L, -2, k + 1);
   }
   return 1;

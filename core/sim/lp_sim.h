@@ -71,6 +71,18 @@ typedef struct lp_sim_cost {
    * Borrowed, only read during lp_sim_run. */
   const double *const *durations;
   int nduration_ranks;
+  /* Data parallelism: every model stage's gradients summed over a DP
+   * group of dp_ranks ranks (0 or 1: none), dp_bytes[stage] bytes
+   * (stages 0..ndp_stages-1; NULL: none; borrowed). A copy's sum starts
+   * at the end of its last grad-writing action (B, W, an FB pair's B; a
+   * stage with two copies on the pipeline at the end of its rank's last
+   * action, after the copies' sum), one at a time on the rank's link, and
+   * takes link_unit * lp_link_allreduce_time(&link, dp_ranks, bytes) (a
+   * ring); the rank finishes no earlier than its sums. The part of each
+   * before the rank's last action ends is hidden (lp_sim_rank_stats). */
+  int dp_ranks;
+  const double *dp_bytes;
+  int ndp_stages;
   int nstages;    /* entries in `stages` (0: no overrides) */
   /* [model stage]: overrides, LP_SIM_UNSET = inherit; borrowed, only
    * read during lp_sim_run */
@@ -151,6 +163,9 @@ typedef struct lp_sim_rank_stats {
    * rank's actions, and the part hidden under the other half's compute of
    * an FB pair (hidden share = a2a_hidden / a2a) */
   double a2a, a2a_hidden;
+  /* data-parallel gradient sums (cost.dp_ranks): their modelled time and
+   * the part hidden under the rank's actions (the rest extends finish) */
+  double dp, dp_hidden;
 } lp_sim_rank_stats;
 
 /* A point of a rank's memory counters: values from time t on. */

@@ -52,6 +52,9 @@ void lp_sim_cost_init(lp_sim_cost *c) {
   c->exchanges = NULL;
   c->nexchange_stages = 0;
   c->durations = NULL;
+  c->dp_ranks = 0;
+  c->dp_bytes = NULL;
+  c->ndp_stages = 0;
   c->nduration_ranks = 0;
   c->nstages = 0;
   c->stages = NULL;
@@ -582,6 +585,54 @@ static void sample(lp_sim_result *res, int rank, double t, int live, int pw) {
 }
 
 /* Pass 4: copy the timeline into the result. */
+/* Rank r's data-parallel gradient sums (cost.dp_ranks > 1): each local
+ * vstage's, from the end of its last grad-writing action (a replicated
+ * stage's from the rank's last action), one at a time on the rank's link;
+ * the part before the rank's last action ends is hidden; *finish grows to
+ * the last one's end. */
+static lp_status dp_sums(const run *R, int r, lp_sim_rank_stats *stt) {
+  const lp_sim_cost *c = R->cost;
+  if (!c || c->dp_ranks <= 1 || !c->dp_bytes) return LP_OK;
+  double last = stt->finish, unit = c->link_unit > 0 ? c->link_unit : 1;
+  double *ready = lp_malloc(2 * (size_t)R->V * sizeof *ready), *took = ready + R->V;
+  if (!ready) return LP_ERR_NOMEM;
+  int n = 0;
+  for (int v = 0; v < R->V; v++) {
+    if (lp_schedule_vstage_rank(R->s, v) != r) continue;
+    int stage = lp_schedule_vstage_stage(R->s, v);
+    if (stage >= c->ndp_stages || !(c->dp_bytes[stage] > 0)) continue;
+    int copies = 0;
+    for (int u = 0; u < R->V; u++) copies += lp_schedule_vstage_stage(R->s, u) == stage;
+    double t = copies > 1 ? last : -1;
+    for (int i = 0; i < R->nacts[r] && copies == 1; i++) {
+      const lp_action *a = &R->acts[r][i];
+      int writes = ((a->type == LP_ACT_B || a->type == LP_ACT_W) && a->stage == v) ||
+                   (a->type == LP_ACT_FB && a->bstage == v && a->btype == LP_ACT_B);
+      if (writes && R->nodes[r][i].end > t) t = R->nodes[r][i].end;
+    }
+    if (t < 0) t = last;
+    /* in order of readiness */
+    int k = n++;
+    while (k > 0 && ready[k - 1] > t) {
+      ready[k] = ready[k - 1];
+      took[k] = took[k - 1];
+      k--;
+    }
+    ready[k] = t;
+    took[k] = unit * lp_link_allreduce_time(&c->link, c->dp_ranks, c->dp_bytes[stage]);
+  }
+  double free_at = 0;
+  for (int k = 0; k < n; k++) {
+    double start = ready[k] > free_at ? ready[k] : free_at, end = start + took[k];
+    stt->dp += took[k];
+    stt->dp_hidden += (end < last ? end : last) > start ? (end < last ? end : last) - start : 0;
+    free_at = end;
+  }
+  if (free_at > stt->finish) stt->finish = free_at;
+  lp_free(ready);
+  return LP_OK;
+}
+
 static lp_status collect(run *R, lp_sim_result *res, double latency) {
   int nev = 0, nmsg = 0;
   for (int r = 0; r < R->P; r++) {
@@ -655,6 +706,7 @@ static lp_status collect(run *R, lp_sim_result *res, double latency) {
         lp_action_format(&m->what, m->text, sizeof m->text);
       }
     }
+    LP_CHECK(dp_sums(R, r, stt));
     if (stt->finish > res->makespan) res->makespan = stt->finish;
   }
   res->ev_first[R->P] = res->nev;

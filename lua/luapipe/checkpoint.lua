@@ -377,6 +377,32 @@ function M.resume(cfg, exec)
     cfg.cleaned = true
   end
   local sdir = step_dir(dir, step)
+  -- the grid it was written at (state.json's, when it records one): rank
+  -- files hold each rank's share (its ZeRO-1 shard), so another dp or
+  -- zero is refused naming both, before any file is read
+  if cfg.grid then
+    local g = { 0, 0, 0, 0 }
+    if rank == 0 then
+      local f = io.open(sdir .. "/state.json", "rb")
+      local t = f and json.decode(f:read("a") or "")
+      if f then f:close() end
+      local gr = type(t) == "table" and type(t.grid) == "table" and t.grid
+      if gr and math.tointeger(gr.dp) and math.tointeger(gr.zero) then
+        g = { 1, gr.dp, gr.zero, math.tointeger(gr.ep) or gr.dp }
+      end
+    end
+    g = share(g, "resume: the grid recorded in " .. sdir .. "/state.json")
+    -- (two pp x ep grids without ZeRO: the rank files' own check names
+    -- the EP sizes)
+    local ep_only = g[2] == g[4] and g[3] == 0 and cfg.grid.dp == cfg.grid.ep and cfg.grid.zero == 0
+    if g[1] == 1 and (g[2] ~= cfg.grid.dp or g[3] ~= cfg.grid.zero) and not ep_only then
+      fail(string.format("luapipe.train: checkpoint %s was written at dp = %d, zero = %d; this run has"
+        .. " dp = %d, zero = %d: each rank's file holds its share of the data-parallel group, so"
+        .. " resume with dp = %d, zero = %d (re-sharding is not supported)", sdir,
+        math.tointeger(g[2]), math.tointeger(g[3]), cfg.grid.dp, cfg.grid.zero,
+        math.tointeger(g[2]), math.tointeger(g[3])))
+    end
+  end
   local got, err = exec:load_checkpoint(sdir)
   if got and got ~= step then
     got, err = nil, string.format("rank %d: checkpoint %s/rank%d.ckpt holds step %d, but %s says %d",

@@ -500,6 +500,16 @@ function M.format(s)
       .. " %d rebalance%s moved %d bytes of expert weights and optimizer state", s.eplb.before,
       s.eplb.after, s.eplb.plans, s.eplb.plans == 1 and "" or "s", s.eplb.bytes)
   end
+  if s.dp and (s.dp.dp > 1 or s.dp.zero == 1) then -- (train adds it: exec:dp_stats)
+    local d = s.dp
+    L[#L + 1] = string.format("  data parallel: dp %d (ep %d), zero %d, optimizer state %.0f bytes per rank",
+      d.dp, d.ep, d.zero, d.optim_bytes)
+    if d.n > 0 and d.s > 0 then
+      L[#L + 1] = string.format("    gradient sums over dp: %d per rank, %s ms each, %s%% hidden under backward work"
+        .. " (link model %s ms each)", d.n, f2(1e3 * d.s / d.n), f1(100 * d.hidden / d.s),
+        f2(1e3 * d.link / d.n))
+    end
+  end
   L[#L + 1] = string.format("  overhead: %s%% of the step (neither compute nor waiting; "
     .. "posting/polling %s%%), waiting on messages %s%%, compute %s%%", f2(s.overhead_pct),
     f2(s.post_pct), f1(s.wait_pct), f1(s.compute_pct))

@@ -188,8 +188,9 @@ local device_fail = usage_fail
 -- A family's constraint on pp or microbatches that the job breaks
 -- (schedules.problem's fields), in the words of someone who only chose how
 -- many processes mpirun starts: nprocs processes, ep of them per pipeline
--- rank. The text is built from the fields, never parsed from a message.
-local function in_rank_terms(p, nprocs, ep)
+-- rank (word: what those are called, "ep" or "dp"; default "ep"). The text
+-- is built from the fields, never parsed from a message.
+local function in_rank_terms(p, nprocs, ep, word)
   util.arg("train.in_rank_terms", 1, "problem", p, "table", "a table from schedules.problem")
   util.arg("train.in_rank_terms", 2, "nprocs", nprocs, "integer", "the number of processes")
   util.arg("train.in_rank_terms", 3, "ep", ep, "integer", "the expert-parallel degree")
@@ -203,8 +204,8 @@ local function in_rank_terms(p, nprocs, ep)
       return string.format("%s needs an even number of ranks; this is one process (start it with "
         .. "mpirun -np 2 or more)", name)
     elseif ep > 1 then
-      return string.format("%s needs an even number of pipeline ranks; mpirun started %d = pp %d x ep %d",
-        name, nprocs, p.got, ep)
+      return string.format("%s needs an even number of pipeline ranks; mpirun started %d = pp %d x %s %d",
+        name, nprocs, p.got, word or "ep", ep)
     end
     return string.format("%s needs an even number of ranks; mpirun started %d", name, p.got)
   elseif p.field == "microbatches" and p.rule == "at_least" then
@@ -272,7 +273,7 @@ local function get_schedule(opts)
         .. "fixed placement (%s)", tostring(opts.chunks), s, (fam == "zbv" or fam == "dualpipev")
         and "two chunks per rank" or "one model stage per rank"))
     end
-    local ep = opts.ep or 1
+    local ep = opts.dp or opts.ep or 1 -- the ranks per pipeline rank
     local pp = opts.pp or comm.size() // ep
     local mb = opts.microbatches or 2 * pp
     -- pp is the job's (derived, or what the job's size gives): a broken
@@ -280,7 +281,9 @@ local function get_schedule(opts)
     local by_job = opts.pp == nil or pp * ep == comm.size()
     local bad = fam and math.type(pp) == "integer" and pp >= 1 and math.type(mb) == "integer" and mb >= 1
       and require("luapipe.schedules").problem(fam, pp, mb)
-    if bad and by_job then usage_fail(in_rank_terms(bad, comm.size(), ep)) end
+    if bad and by_job then
+      usage_fail(in_rank_terms(bad, comm.size(), ep, opts.dp and opts.dp ~= (opts.ep or 1) and "dp" or "ep"))
+    end
     local ok, res = pcall(schedule.build, s, { pp = pp, microbatches = mb, chunks = opts.chunks })
     if not ok then
       local msg = util.message(res) -- the position is ours, not the user's
@@ -391,7 +394,34 @@ local function configure(opts)
   if opts.pp ~= nil and (math.type(opts.pp) ~= "integer" or opts.pp < 1) then
     fail("luapipe.train: 'pp' must be a positive integer, got " .. tostring(opts.pp), "pp")
   end
-  if ep > 1 then
+  -- data parallelism: pp x dp ranks, EP groups of ep of each stage's dp
+  -- ranks (dp = ep without it: the pp x ep grid)
+  local dp = opts.dp or ep
+  if math.type(dp) ~= "integer" or dp < 1 then
+    usage_fail("luapipe.train: 'dp' must be a positive integer, got " .. util.shown(opts.dp))
+  end
+  if dp % ep ~= 0 then
+    usage_fail(string.format("luapipe.train: ep = %d does not divide dp = %d (each EP group is ep of"
+      .. " a pipeline stage's dp ranks)", ep, dp))
+  end
+  local zero = opts.zero or 0
+  if zero ~= 0 and zero ~= 1 then
+    usage_fail("luapipe.train: 'zero' must be 0 (off) or 1 (optimizer state sharded over dp), got "
+      .. util.shown(opts.zero))
+  end
+  if zero == 1 and type(opts.eplb) == "table" and opts.eplb.every then
+    usage_fail("luapipe.train: zero = 1 and eplb.every: expert placements cannot change while the"
+      .. " experts' optimizer state is sharded (use one or the other)")
+  end
+  if dp > ep then
+    local started = size > 1 and "mpirun started " .. size or "this is one process"
+    if opts.pp == nil and size % dp ~= 0 then
+      usage_fail(string.format("dp = %d does not divide the ranks: %s (pp x dp ranks are needed)",
+        dp, started))
+    end
+    local gok, gerr = core.exec_grid_check(opts.pp or size // dp, ep, size, nil, dp) -- the core's one rule
+    if not gok then usage_fail(gerr) end
+  elseif ep > 1 then
     local started = size > 1 and "mpirun started " .. size or "this is one process"
     if opts.pp == nil and size % ep ~= 0 then
       usage_fail(string.format("ep = %d needs a multiple of %d ranks (pp x ep), but %s", ep, ep, started))
@@ -427,7 +457,8 @@ local function configure(opts)
   local s = get_schedule(opts)
   local info = s:info()
   local sname = info.name ~= "" and info.name or "(unnamed)"
-  local gok, gerr = core.exec_grid_check(info.ranks, ep, size, sname) -- the same rule exec_new applies
+  -- the same rule exec_new applies (dp: the grid's, dp = ep without DP)
+  local gok, gerr = core.exec_grid_check(info.ranks, ep, size, sname, dp)
   if not gok then usage_fail(gerr) end
   local lowered = s
   if not info.lowered then
@@ -436,14 +467,18 @@ local function configure(opts)
     if not lowered then fail("luapipe.train: lowering the schedule failed: " .. tostring(err)) end
   end
   local in_shape = input_shape_of(opts.data)
-  if ep > 1 then
-    -- every EP rank takes its share of each micro-batch's rows
-    if (in_shape[1] or 1) % ep ~= 0 then
-      usage_fail(string.format("a micro-batch of %d rows cannot be shared by ep = %d ranks: make the"
-        .. " micro-batch size a multiple of %d", in_shape[1] or 1, ep, ep))
+  if dp > 1 then
+    -- every DP rank takes its share of each micro-batch's rows
+    if (in_shape[1] or 1) % dp ~= 0 then
+      if dp == ep then
+        usage_fail(string.format("a micro-batch of %d rows cannot be shared by ep = %d ranks: make the"
+          .. " micro-batch size a multiple of %d", in_shape[1] or 1, ep, ep))
+      end
+      usage_fail(string.format("a micro-batch of %d rows cannot be shared by dp = %d ranks: make the"
+        .. " micro-batch size a multiple of %d", in_shape[1] or 1, dp, dp))
     end
     in_shape = { table.unpack(in_shape) }
-    in_shape[1] = in_shape[1] // ep
+    in_shape[1] = in_shape[1] // dp
   end
   local by = opts.partition or "cost"
   if by ~= "cost" and by ~= "layers" then
@@ -506,7 +541,8 @@ local function configure(opts)
     local lok, lerr = pcall(comm.set_link, opts.link)
     if not lok then usage_fail("luapipe.train: link: " .. util.message(lerr)) end
   end
-  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep,
+  if ckpt then ckpt.grid = { dp = dp, ep = ep, zero = zero } end
+  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep, dp = dp, zero = zero,
     clip = clip, lr_at = lr_at, lr_record = lr_record,
     device = device, device_name = device_name, info = info, lowered = lowered, in_shape = in_shape,
     part = part, act_shapes = act_shapes, precision = precision, bf16_engine = bf16_engine }
@@ -626,11 +662,11 @@ function M.run(opts)
     build = function(stage) return model:build_stage(part, stage, seed, ep) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
     optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
-    overlapped_fb = opts.overlapped_fb, ep = ep, device = device, clip = c.clip,
+    overlapped_fb = opts.overlapped_fb, ep = ep, dp = c.dp, zero = c.zero, device = device, clip = c.clip,
   })
   if not exec then fail_stranded("luapipe.train: " .. err) end
   local M_ = info.microbatches
-  local samples = M_ * (in_shape[1] or 1) * ep -- whole micro-batches (each EP rank has a share)
+  local samples = M_ * (in_shape[1] or 1) * c.dp -- whole micro-batches (each DP rank has a share)
   local losses, timing, gnorms, rates = {}, {}, {}, {}
   local quiet = opts.quiet
   -- resume: every rank loads its file of the latest checkpoint, then the
@@ -746,7 +782,7 @@ function M.run(opts)
     if ckpt then
       local saved = checkpoint.after_step(ckpt, exec, k, info, function()
         return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()),
-          lr_schedule = c.lr_record }
+          lr_schedule = c.lr_record, grid = { dp = c.dp, ep = c.ep, zero = c.zero } }
       end)
       if saved and rank == 0 and not quiet then
         io.write(string.format("checkpoint after step %d written to %s\n", k, saved))
@@ -791,6 +827,9 @@ function M.run(opts)
     local perf = require("luapipe.perf")
     result.summary = perf.summary(exec, lowered)
     result.summary.skipped = steps > first_step
+    local dps, dperr = exec:dp_stats() -- collective: every rank's DP sums, optimizer bytes
+    if not dps then fail_stranded("luapipe.train: " .. tostring(dperr)) end
+    result.summary.dp = dps
     if #exec:expert_loads() > 0 then result.summary.eplb = balance.result() end
     if rank == 0 and not quiet then
       io.write(perf.format(result.summary), "\n")

@@ -116,4 +116,57 @@ function TestActionTimes:test_replay_and_errors()
   lu.assertStrContains(err({ actions = 3 }), "simulate: actions must be a table")
 end
 
+-- Data parallelism: each stage's gradient sum over dp ranks (a ring
+-- all-reduce on the link) starts at the end of its last backward; the
+-- rank finishes no earlier; the part before its last action is hidden.
+TestDataParallel = {}
+
+function TestDataParallel:test_dp_sums()
+  local schedule = require("luapipe.schedule")
+  -- link 1 MB/s, 1 cost unit a second: a sum of 0.5 MB over 2 ranks takes
+  -- 2 x (0.25 MB / 1 MB/s) = 0.5
+  local link = { F = 1, B = 2, I = 1, W = 1, link = "bw=1MB/s", link_unit = 1, dp = 2 }
+  for _, fam in ipairs { "1f1b", "interleaved1f1b" } do
+    local s = schedule.build(fam, { pp = 2, microbatches = 4 })
+    local base = assert(s:simulate { F = 1, B = 2, I = 1, W = 1 })
+    local cost = {}
+    for k, v in pairs(link) do cost[k] = v end
+    cost.dp_bytes = {}
+    for st = 0, s:info().stages - 1 do cost.dp_bytes[st] = 0.5e6 end
+    local res = assert(s:simulate(cost))
+    local finish = 0
+    for _, r in ipairs(res:ranks()) do
+      -- each local stage's sum, from its last B, one at a time
+      local last, ends = 0, {}
+      for _, ev in ipairs(res:events(r.rank)) do
+        last = math.max(last, ev.finish)
+        if ev.type == "B" then ends[ev.stage] = math.max(ends[ev.stage] or 0, ev.finish) end
+      end
+      local t, took, hidden = {}, 0, 0
+      for _, e in pairs(ends) do t[#t + 1] = e end
+      table.sort(t)
+      local free = 0
+      for _, e in ipairs(t) do
+        local a = math.max(e, free)
+        free = a + 0.5
+        took, hidden = took + 0.5, hidden + math.max(0, math.min(free, last) - a)
+      end
+      lu.assertAlmostEquals(r.dp, took, 1e-9, fam .. " rank " .. r.rank)
+      lu.assertAlmostEquals(r.dp_hidden, hidden, 1e-9, fam .. " rank " .. r.rank)
+      lu.assertAlmostEquals(r.finish, math.max(last, free), 1e-9, fam .. " rank " .. r.rank)
+      finish = math.max(finish, r.finish)
+    end
+    lu.assertAlmostEquals(res:makespan(), finish, 1e-9)
+    lu.assertTrue(res:makespan() > base:makespan(), fam)
+    if fam == "interleaved1f1b" then
+      -- a rank's first chunk ends its backwards before the other: hidden
+      lu.assertTrue(res:ranks()[1].dp_hidden > 0)
+    end
+  end
+  local s = schedule.build("1f1b", { pp = 2, microbatches = 4 })
+  local ok, err = pcall(s.simulate, s, { dp = 2, dp_bytes = { [5] = 1 } })
+  lu.assertFalse(ok)
+  lu.assertStrContains(tostring(err), "simulate: dp_bytes key 5 is not a model stage 0..1")
+end
+
 os.exit(lu.LuaUnit.run())

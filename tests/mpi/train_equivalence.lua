@@ -35,6 +35,10 @@
 -- the results must not change.
 -- FAMILY may be a .csv schedule (PyTorch's format, with SEND/RECV): it runs
 -- as written, receives posted where the file says and waited for at use.
+-- mode "dp<D>", "lm_dp<D>", "moe_dp<D>_ep<E>", ... (D in the mode, before
+-- any ep<E>): the pp x dp grid, pp = ranks / D, each DP rank training on its
+-- 1/D share of every micro-batch, EP groups of E of each stage's D ranks;
+-- "zero" anywhere in the mode adds ZeRO-1.
 -- mode "ranks": asks for pp = 4 on a smaller job (expects a clear error).
 -- mode "stages": a model with fewer layers than stages (expects an error).
 local nn = require("luapipe.nn")
@@ -61,8 +65,12 @@ local fx = dofile("tests/mpi/fixtures.lua")
 local model, data = fx.mlp(), fx.regression_data
 
 local optimizer = { kind = "sgd", lr = 0.05, momentum = 0.9 }
-local EP = tonumber((mode or ""):match("ep(%d+)$")) or 1
-local PP = P // EP
+local EP = tonumber((mode or ""):match("_?ep(%d+)$")) or 1
+-- "dp<D>" in the mode (before any "ep<E>"): the pp x dp grid, EP groups of
+-- E of each stage's D ranks; "zero" in it: ZeRO-1 (optimizer state sharded)
+local DP = tonumber((mode or ""):match("dp(%d+)")) or EP
+local ZERO = (mode or ""):match("zero") and 1 or 0
+local PP = P // DP
 
 if mode == "lm" or (mode or ""):match("^lm_") then
   model, data = fx.lm(), fx.lm_data
@@ -159,8 +167,10 @@ local r = train { model = model, schedule = sched, overlapped_fb = hook, microba
   clip = recipe and CLIP or nil, lr_schedule = lr_schedule,
   link = link,
   steps = STEPS, seed = SEED, optimizer = optimizer, quiet = true, lookahead = lookahead,
-  partition = mode == "cost" and "cost" or "layers", ep = EP,
-  eplb = (mode or ""):match("eplb") and { every = 1, redundant = 1 } or nil, precision = precision }
+  partition = mode == "cost" and "cost" or "layers", ep = EP, dp = DP ~= EP and DP or nil,
+  zero = ZERO == 1 and 1 or nil,
+  eplb = (mode or ""):match("eplb") and { every = 1, redundant = 1 } or nil,
+  precision = precision }
 local ref = train.reference { model = model, microbatches = M, data = data, steps = STEPS,
   seed = SEED, optimizer = optimizer, clip = recipe and CLIP or nil, lr_schedule = lr_schedule,
   precision = precision }
@@ -284,8 +294,9 @@ end
 
 for _, f in ipairs(fails) do print(string.format("rank %d: FAIL %s %d ranks: %s", rank, family, P, f)) end
 if #fails == 0 then
-  print(string.format("rank %d: ok %s pp=%d ep=%d M=%d (%d params, %d replicated stages, losses %.6f %.6f %.6f)",
-    rank, family, PP, EP, M, nchecked, copies, r.losses[1], r.losses[2], r.losses[3]))
+  print(string.format("rank %d: ok %s pp=%d dp=%d ep=%d zero=%d M=%d (%d params, %d replicated stages, "
+    .. "losses %.6f %.6f %.6f; optimizer %d bytes)", rank, family, PP, DP, EP, ZERO, M, nchecked, copies,
+    r.losses[1], r.losses[2], r.losses[3], r.exec:optim_bytes()))
 end
 local total = assert(comm.allreduce({ #fails }, "gathering failure counts"))[1]
 os.exit(total == 0 and 0 or 1)

@@ -124,6 +124,8 @@ M.topics = {
     { "  lr_schedule = {warmup=, decay=, steps=, min_lr=} | fn(step)", "warmup then cosine/linear/constant decay to min_lr at steps (default the run's), or a Lua function of the step (luapipe.lr); r.lrs[k]" },
     { "  eval = {every=, fn = function(step, layer)}, announce = function(info)", "rank 0: the whole model every N steps; a header once the options are checked" },
     { "  pp=, ep=, link=, eplb = {every=, redundant=}", "MoE: pp x ep grid of ranks, emulated link, EPLB in the loop" },
+    { "  dp=, zero = 0 | 1", "data parallelism: pp x dp ranks, rank = pipeline rank x dp + DP index d; EP groups of ep of each stage's dp ranks (ep divides dp; EP index d % ep, group d / ep; default dp = ep); each DP rank takes 1/dp of every micro-batch; zero = 1 shards the optimizer state over dp (ZeRO-1)" },
+    { "  (placing ranks)", "mpirun fills a node's slots in rank order: the dp ranks of a pipeline stage (its EP groups first) are consecutive, so with dp dividing the ranks per node the EP and DP groups stay inside a node (NVLink) and only the pipeline crosses nodes" },
     { "  overlapped_fb = function(exec, pair) ... end", "script DualPipe's F&B pairs (exec's begin_half, advance, phase, weight_grad_part)" },
     { "train.reference{model=, data=, steps=, microbatches=, optimizer=, seed=}", "the same steps in one process, unsplit: {losses, params}" },
     details = {
