@@ -9,8 +9,10 @@
  *  - the float32 fallback: the operands are rounded to bf16 values held
  *    in floats and OpenBLAS sgemm multiplies them. A product of two bf16
  *    values is exact in float32, so only the order of the sums differs.
- * Which one runs is fixed per process (lp_tensor_bf16_engine says which),
- * so every rank of a run on one kind of machine makes the same choice.
+ * Which one runs is fixed per process (lp_tensor_bf16_engine says which;
+ * products under 64^3 multiply-adds take the fallback even there, a rule
+ * of the shape), so every rank of a run on one kind of machine makes the
+ * same choice.
  *
  * oneDNN primitives are cached by shape (a table under a mutex; shapes
  * that are not multiples of 16 share one made for run-time dims, use_rt);
@@ -143,6 +145,10 @@ static void dnnl_threads(void) {
  * fastest kernels), else one with the dims given at run time (shared by
  * every shape: MoE experts see a new token count at nearly every call,
  * and making a primitive per count costs more than the GEMM). */
+/* m * n * k below which the fallback runs (see lp_tensor_cpu_gemm_bf16):
+ * at 64^3 the char-LM's bf16 step went from 1.27x float32's (OpenBLAS
+ * AVX-512) to even with it; at 2e6, 1.2x again */
+#define SMALL_GEMM ((int64_t)64 * 64 * 64)
 static int use_rt(int64_t m, int64_t n, int64_t k) {
   return (m | n | k) % 16 != 0;
 }
@@ -441,7 +447,10 @@ lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
     return LP_OK;
   }
 #ifdef LP_TENSOR_WITH_ONEDNN
-  if (lp_tensor_bf16_native()) {
+  /* small products (attention's per-head GEMMs) cost less on the fallback
+   * than a oneDNN call's fixed price; a rule of the shape, so every rank
+   * makes the same choice */
+  if (lp_tensor_bf16_native() && m * n * k >= SMALL_GEMM) {
     dnnl_threads();
     int64_t ar = trans_a ? k : m, ac = trans_a ? m : k;
     int64_t br = trans_b ? n : k, bc = trans_b ? k : n;

@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h>
+
 #include "lp_nn.h"
 #include "lp_tensor.h"
 
@@ -92,7 +94,7 @@ static void check_batch(int ta, int tb, int64_t m, int64_t n, int64_t k,
  * beta, on the engine in force. */
 static void gemm_cases(void) {
   const lp_tensor_backend *be = lp_tensor_backend_cpu();
-  const int64_t m = 37, n = 19, k = 53, pad = 3, batch = 2;
+  const int64_t m = 67, n = 45, k = 129, pad = 3, batch = 2; /* > 64^3 */
   for (int ta = 0; ta < 2; ta++)
     for (int tb = 0; tb < 2; tb++) {
       int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k,
@@ -132,6 +134,22 @@ static void test_gemm_engines(void **state) {
   if (!lp_tensor_have_onednn())
     assert_false(lp_tensor_bf16_native());
   gemm_cases(); /* the engine this machine runs */
+  /* under 64^3 multiply-adds the fallback runs even where oneDNN could:
+   * bitwise sgemm over rounded copies */
+  {
+    const lp_tensor_backend *be = lp_tensor_backend_cpu();
+    float a[8 * 16], b[16 * 8], ra[8 * 16], rb[16 * 8], c1[64], c2[64];
+    fill(a, 128, 21);
+    fill(b, 128, 22);
+    for (int i = 0; i < 128; i++)
+      ra[i] = lp_tensor_bf16_round(a[i]), rb[i] = lp_tensor_bf16_round(b[i]);
+    assert_int_equal(be->gemm_bf16(be, 0, 0, 8, 8, 16, 1.0f, a, 16, 0, b, 8, 0,
+                                   0.0f, c1, 8, 0, 1),
+                     LP_OK);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 8, 8, 16, 1.0f, ra,
+                16, rb, 8, 0.0f, c2, 8);
+    assert_memory_equal(c1, c2, sizeof c1);
+  }
   lp_tensor_bf16_force_fallback(1);
   assert_false(lp_tensor_bf16_native());
   assert_non_null(strstr(lp_tensor_bf16_engine(), "float32 fallback"));
