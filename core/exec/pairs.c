@@ -1,8 +1,11 @@
 /* pairs.c — the overlapped F&B pair (DualPipe's point): the two halves'
  * phases interleaved so one micro-batch's expert-parallel exchange flies
- * while the other computes (run_fb_any: whichever half can go on, on
- * backends that let two contexts finish in any order; run_fb_fixed:
- * DeepSeek-V3's fixed alternation, one order on every rank), the pair's
+ * while the other computes (run_fb_phases: chunks of DeepSeek-V3's blocks,
+ * whose attention is a phase of its own, in the 10-phase order of
+ * DeepSeek's training profile on every backend; run_fb_any: whichever
+ * half can go on, on backends that let two contexts finish in any order;
+ * run_fb_fixed: DeepSeek-V3's fixed alternation, one order on every rank;
+ * each advance a "phase" slice of the trace), the pair's
  * waits (pair_wait), and the weight-grad work that fills them: pieces of
  * the running backward (ex_bw_parts) and the weight-grad a pair's full
  * backward leaves to the next pair (the carry, ex_carry_w), which lone
@@ -67,6 +70,76 @@ lp_status ex_carry_w(lp_exec *e, int *ran) {
   return st == LP_OK ? LP_OK : ex_nnfail(e, sl, "weight-grad", st);
 }
 
+/* ---- phase slices: each advance of a pair's halves (and the weight-grad
+ * pieces run between them) as a slice of category "phase" in the trace,
+ * named as DeepSeek's profile names its pair's phases (attn(F),
+ * dispatch(F), mlp(F), combine(F); combine(B), mlp(B), dispatch(B),
+ * attn(B); mlp(W), attn(W)); "dense(F)" / "dense(B)" for an advance that
+ * reaches no exchange and no attention first (a stage's embedding, its
+ * head and loss) ---- */
+
+static const char *phase_slice_name(int which, lp_nn_phase p) {
+  static const char *const f[] = {"dense(F)", "dense(F)", "dispatch(F)", "mlp(F)", "combine(F)",
+                                  "attn(F)"};
+  static const char *const b[] = {"dense(B)", "dense(B)", "dispatch(B)", "mlp(B)", "combine(B)",
+                                  "attn(B)"};
+  if (p < LP_NN_PHASE_DONE || p > LP_NN_PHASE_ATTN) p = LP_NN_PHASE_DENSE;
+  return which ? b[p] : f[p];
+}
+
+/* ex_half_advance, traced as one phase slice. */
+static lp_status pair_advance(lp_exec *e, int which, int *done) {
+  half *h = &e->pr.hf[which];
+  int v = h->v, mb = h->mb;
+  const char *name = phase_slice_name(which, ex_half_phase(e, which));
+  double t0 = lp_now();
+  lp_status st = ex_half_advance(e, which, done);
+  if (st == LP_OK) ex_trace_add(e, LP_TRACE_COMPUTE, name, "phase", t0, lp_now(), v, mb, e->cur, -1, -1);
+  return st;
+}
+
+/* The weight-grad pieces the backward half's last advance (of phase p)
+ * made ready, traced as one slice: mlp(W) after dispatch(B) (the experts',
+ * then the rest of the feed-forward's), attn(W) after attn(B). */
+static lp_status pair_parts(lp_exec *e, lp_nn_phase p) {
+  half *b = &e->pr.hf[1];
+  int v = b->v, mb = b->mb;
+  double t0 = lp_now();
+  int did = 0;
+  for (int one = 1; one;) {
+    LP_CHECK(ex_bw_parts(e, &one));
+    did |= one;
+  }
+  if (did)
+    ex_trace_add(e, LP_TRACE_COMPUTE, p == LP_NN_PHASE_ATTN ? "attn(W)" : "mlp(W)", "phase", t0,
+                 lp_now(), v, mb, e->cur, -1, -1);
+  return LP_OK;
+}
+
+/* The pair of a chunk with phase stops (DeepSeek-V3's blocks,
+ * lp_nn_mla_block_new) in DeepSeek's order, on every backend: the
+ * halves' advances alternate backward first, and the weight-grad pieces
+ * run after dispatch(B) and attn(B), so that one layer of the pair is
+ * combine(B), attn(F), mlp(B), dispatch(F), dispatch(B), mlp(W), mlp(F),
+ * attn(B), attn(W), combine(F) — the 10 phases of DeepSeek's training
+ * profile, in its order (that is the order in which DeepSeek's pair
+ * launches its kernels; here each advance first waits for the exchange
+ * its half started before, so an exchange flies under the other half's
+ * next advance only). Every rank of the EP group takes this order
+ * (decided by phase names only). */
+static lp_status run_fb_phases(lp_exec *e) {
+  int fd = 0, bd = 0;
+  while (!fd || !bd) {
+    if (!bd) {
+      lp_nn_phase p = ex_half_phase(e, 1);
+      LP_CHECK(pair_advance(e, 1, &bd));
+      if (!bd && (p == LP_NN_PHASE_DISPATCH || p == LP_NN_PHASE_ATTN)) LP_CHECK(pair_parts(e, p));
+    }
+    if (!fd) LP_CHECK(pair_advance(e, 0, &fd));
+  }
+  return LP_OK;
+}
+
 /* The overlapped pair in a fixed order, DeepSeek-V3's: both halves begun
  * (inputs in hand), then their phases alternate, backward first, so each
  * advance starts the next all-to-all of its half and returns while the
@@ -88,11 +161,11 @@ lp_status ex_carry_w(lp_exec *e, int *ran) {
 static lp_status run_fb_fixed(lp_exec *e) {
   int fd = 0, bd = 0;
   while (!fd || !bd) {
-    if (!bd) LP_CHECK(ex_half_advance(e, 1, &bd));
+    if (!bd) LP_CHECK(pair_advance(e, 1, &bd));
     LP_CHECK(ex_bw_parts(e, NULL));
-    if (!fd) LP_CHECK(ex_half_advance(e, 0, &fd));
+    if (!fd) LP_CHECK(pair_advance(e, 0, &fd));
     if (!fd && ex_half_phase(e, 0) == LP_NN_PHASE_DISPATCH)
-      LP_CHECK(ex_half_advance(e, 0, &fd));
+      LP_CHECK(pair_advance(e, 0, &fd));
   }
   return LP_OK;
 }
@@ -144,12 +217,12 @@ static lp_status run_fb_any(lp_exec *e, const lp_action *a, int *adopted_out) {
     int rf = 0, rb = 0;
     if (!fd) LP_CHECK(ex_half_ready(e, 0, 0, &rf));
     if (rf) {
-      LP_CHECK(ex_half_advance(e, 0, &fd));
+      LP_CHECK(pair_advance(e, 0, &fd));
       continue;
     }
     if (!bd) LP_CHECK(ex_half_ready(e, 1, 0, &rb));
     if (rb) {
-      LP_CHECK(ex_half_advance(e, 1, &bd));
+      LP_CHECK(pair_advance(e, 1, &bd));
       continue;
     }
     int did = 0;
@@ -165,7 +238,7 @@ static lp_status run_fb_any(lp_exec *e, const lp_action *a, int *adopted_out) {
     }
     if (did) continue;
     LP_CHECK(pair_wait(e, fd, bd, &rf, &rb));
-    if (!rf && !rb) LP_CHECK(ex_half_advance(e, bd ? 0 : 1, bd ? &fd : &bd));
+    if (!rf && !rb) LP_CHECK(pair_advance(e, bd ? 0 : 1, bd ? &fd : &bd));
   }
   return LP_OK;
 }
@@ -175,6 +248,9 @@ lp_status ex_run_fb(lp_exec *e, const lp_action *a) {
   if (e->pr.carry_v == a->bstage) LP_CHECK(ex_carry_w(e, NULL));
   LP_CHECK(ex_f_begin(e, a->stage, a->mb));
   LP_CHECK(ex_b_begin(e, a->bstage, a->bmb, a->btype == LP_ACT_B));
+  if (lp_nn_has_phase_stops(e->vs[e->loc[a->stage]].chunk) &&
+      lp_nn_has_phase_stops(e->vs[e->loc[a->bstage]].chunk))
+    return run_fb_phases(e);
   if (!e->ep_comm_b) return run_fb_fixed(e);
   int keep = a->btype == LP_ACT_B;
   e->pr.hf[1].keep_w = keep;

@@ -453,7 +453,7 @@ static lp_status trace_pieces(const lp_exec *e, msg_rec **msgs, int64_t *nmsg,
     }
   for (int i = 0; i < n; i++) {
     const lp_trace_event *v = &ev[i];
-    if (v->kind == LP_TRACE_COMPUTE && i >= first)
+    if (v->kind == LP_TRACE_COMPUTE && i >= first && strcmp(v->cat, "phase") != 0)
       (*slices)[(*nslices)++] = (lp_exec_slice){v->index, v->start_us, v->dur_us};
     if (v->peer < 0 || v->tag < 0) continue;
     if (v->kind == LP_TRACE_SEND)

@@ -348,13 +348,15 @@ static lp_status build_mla(lua_State *L, int idx, const char *name, uint64_t see
   return lp_nn_mla_new(name, &o, seed, out);
 }
 
+/* ep[0] ranks in the EP group, this one ep[1]: MoE layers are built
+ * placed for it (lp_nn_moe_new_placed); {1, 0} builds every expert. */
 static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t seed,
-                             lp_nn_layer **out);
+                             const int *ep, lp_nn_layer **out);
 
 /* model.py's Block: {kind = "mla_block", attn = <mla spec>, ffn = <spec>};
  * the ffn is built as "<name>.ffn". */
 static lp_status build_mla_block(lua_State *L, int idx, const char *name, uint64_t seed,
-                                 lp_nn_layer **out) {
+                                 const int *ep, lp_nn_layer **out) {
   idx = lua_absindex(L, idx);
   lp_nn_mla_opts o;
   lua_getfield(L, idx, "attn");
@@ -367,7 +369,7 @@ static lp_status build_mla_block(lua_State *L, int idx, const char *name, uint64
   char sub[256];
   snprintf(sub, sizeof sub, "%s.ffn", name);
   lp_nn_layer *ffn = NULL;
-  lp_status st = build_layer(L, -1, sub, seed, &ffn);
+  lp_status st = build_layer(L, -1, sub, seed, ep, &ffn);
   lua_pop(L, 1);
   if (st != LP_OK) return st;
   st = lp_nn_mla_block_new(name, &o, ffn, seed, out);
@@ -377,7 +379,7 @@ static lp_status build_mla_block(lua_State *L, int idx, const char *name, uint64
 
 /* Builds the layer described by the spec table at idx. */
 static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t seed,
-                             lp_nn_layer **out) {
+                             const int *ep, lp_nn_layer **out) {
   idx = lua_absindex(L, idx);
   luaL_checktype(L, idx, LUA_TTABLE);
   lua_getfield(L, idx, "kind");
@@ -415,14 +417,14 @@ static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t s
         field_int(L, idx, "d_hidden", 0, 1, kind), field_act(L, idx, kind), seed, out);
   if (strcmp(kind, "moe") == 0) {
     lp_nn_moe_opts o = moe_opts(L, idx, kind);
-    return lp_nn_moe_new(name, &o, seed, out);
+    return lp_nn_moe_new_placed(name, &o, seed, ep[0], ep[1], out);
   }
   if (strcmp(kind, "moe_block") == 0) {
     lp_nn_moe_opts o = moe_opts(L, idx, kind);
     return lp_nn_moe_block_new(name, field_int(L, idx, "heads", 1, 0, kind), &o, seed, out);
   }
   if (strcmp(kind, "mla") == 0) return build_mla(L, idx, name, seed, out);
-  if (strcmp(kind, "mla_block") == 0) return build_mla_block(L, idx, name, seed, out);
+  if (strcmp(kind, "mla_block") == 0) return build_mla_block(L, idx, name, seed, ep, out);
   if (strcmp(kind, "swiglu") == 0)
     return lp_nn_swiglu_new(name, field_int(L, idx, "dim", 0, 1, kind),
                             field_int(L, idx, "inter_dim", 0, 1, kind), seed, out);
@@ -431,7 +433,7 @@ static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t s
     char sub[256];
     snprintf(sub, sizeof sub, "%s.inner", name);
     lp_nn_layer *inner = NULL;
-    lp_status st = build_layer(L, -1, sub, seed, &inner);
+    lp_status st = build_layer(L, -1, sub, seed, ep, &inner);
     lua_pop(L, 1);
     if (st != LP_OK) return st;
     st = lp_nn_residual_new(name, inner, out);
@@ -443,12 +445,18 @@ static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t s
   return LP_ERR_ARG;
 }
 
-/* core.nn_layer(spec, name, seed) -> Layer */
+/* core.nn_layer(spec, name, seed [, ep_size, ep_rank]) -> Layer; with
+ * ep_size > 1 its MoE layers are built placed for EP rank ep_rank (only
+ * that rank's expert slots; lp_nn_moe_new_placed) */
 static int lb_nn_layer(lua_State *L) {
   const char *name = luaL_checkstring(L, 2);
   uint64_t seed = (uint64_t)luaL_optinteger(L, 3, 0);
+  lua_Integer es = luaL_optinteger(L, 4, 1), er = luaL_optinteger(L, 5, 0);
+  luaL_argcheck(L, es >= 1 && es <= 65536, 4, "EP size must be 1..65536");
+  luaL_argcheck(L, er >= 0 && er < es, 5, "EP rank must be in 0..size-1");
+  int ep[2] = {(int)es, (int)er};
   layer_box *b = new_layer_box(L); /* closed-first */
-  lp_status st = build_layer(L, 1, name, seed, &b->l);
+  lp_status st = build_layer(L, 1, name, seed, ep, &b->l);
   if (st == LP_ERR_NOMEM) return luaL_error(L, "out of memory");
   if (st != LP_OK)
     return luaL_error(L, "layer '%s': bad sizes (%s)", name, lp_strerror(st));

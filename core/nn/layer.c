@@ -217,6 +217,7 @@ static lp_status start_pass(lp_nn_layer *l, lp_nn_ctx *ctx,
   ctx->pass = pass;
   ctx->want_dx = want_dx;
   ctx->phase = LP_NN_PHASE_DENSE;
+  ctx->stopped = 0;
   ctx->pos = 0;
   ctx->wdone = 0;
   return LP_OK;
@@ -282,6 +283,11 @@ lp_status lp_nn_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
     return nn_fail(ctx, l, LP_ERR_ARG,
                    "advance: no pass of this layer was begun on the context");
   int fwd = ctx->pass == NN_PASS_FORWARD;
+  if (l->stop[fwd ? 0 : 1] != LP_NN_PHASE_DONE && ctx->stopped == 0) {
+    ctx->stopped = 1; /* a phase stop: this advance ends before the layer */
+    return LP_OK;
+  }
+  ctx->stopped = 2;
   lp_status st = l->phased ? l->phased->advance(l, ctx, done, &res)
                            : leaf_advance(l, ctx, done, &res);
   if (st != LP_OK) {
@@ -309,6 +315,7 @@ lp_status lp_nn_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
 lp_nn_phase lp_nn_phase_of(const lp_nn_ctx *ctx) {
   if (!ctx || ctx->pass == NN_PASS_NONE || !ctx->layer) return LP_NN_PHASE_DONE;
   const lp_nn_layer *l = ctx->layer;
+  if (ctx->stopped == 1) return l->stop[ctx->pass == NN_PASS_FORWARD ? 0 : 1];
   return l->phased && l->phased->phase ? l->phased->phase(l, ctx)
                                        : LP_NN_PHASE_DENSE;
 }
@@ -319,9 +326,21 @@ const char *lp_nn_phase_text(lp_nn_phase p) {
   case LP_NN_PHASE_DISPATCH: return "dispatch";
   case LP_NN_PHASE_EXPERTS: return "experts";
   case LP_NN_PHASE_COMBINE: return "combine";
+  case LP_NN_PHASE_ATTN: return "attn";
   default: return "done";
   }
 }
+
+lp_status lp_nn_set_phase_stop(lp_nn_layer *l, lp_nn_phase fwd, lp_nn_phase bwd) {
+  if (!l || fwd < LP_NN_PHASE_DONE || fwd > LP_NN_PHASE_ATTN || bwd < LP_NN_PHASE_DONE ||
+      bwd > LP_NN_PHASE_ATTN)
+    return LP_ERR_ARG;
+  l->stop[0] = fwd, l->stop[1] = bwd;
+  l->has_stops = fwd != LP_NN_PHASE_DONE || bwd != LP_NN_PHASE_DONE;
+  return LP_OK;
+}
+
+int lp_nn_has_phase_stops(const lp_nn_layer *l) { return l && l->has_stops; }
 
 const char *lp_nn_phase_name(const lp_nn_ctx *ctx) {
   return lp_nn_phase_text(lp_nn_phase_of(ctx));
@@ -632,8 +651,10 @@ static lp_status composite_new(const nn_ops *ops, const nn_phased *phased,
     lp_nn_layer_release(l);
     return LP_ERR_NOMEM;
   }
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
     l->child[l->nchild++] = lp_nn_layer_retain(children[i]);
+    l->has_stops |= children[i]->has_stops;
+  }
   lp_status st = nn_composite_collect_params(l);
   if (st != LP_OK) {
     lp_nn_layer_release(l);

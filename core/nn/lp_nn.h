@@ -282,12 +282,24 @@ typedef enum lp_nn_phase {
   LP_NN_PHASE_DENSE,
   LP_NN_PHASE_DISPATCH,
   LP_NN_PHASE_EXPERTS,
-  LP_NN_PHASE_COMBINE
+  LP_NN_PHASE_COMBINE,
+  LP_NN_PHASE_ATTN /* a stop before an attention (lp_nn_set_phase_stop) */
 } lp_nn_phase;
 lp_nn_phase lp_nn_phase_of(const lp_nn_ctx *ctx);
-/* Its text: "done", "attn/dense", "dispatch", "experts", "combine"
+/* Its text: "done", "attn/dense", "dispatch", "experts", "combine", "attn"
  * (static strings, for hooks and traces; decide on the enum). */
 const char *lp_nn_phase_text(lp_nn_phase p);
+/* A phase stop before layer l: a phased pass (lp_nn_advance) that reaches
+ * l stops there, the advance returning (not done, nothing in flight), and
+ * the next advance runs l; meanwhile lp_nn_phase_of reports fwd (in a
+ * forward) or bwd (in an input-grad), LP_NN_PHASE_DONE being no stop in
+ * that pass. Splits a chunk's advances finer (DeepSeek-V3's pair: the
+ * attention forward, backward and weight-grad as phases of their own,
+ * lp_nn_mla_block_new) without changing any result: only where an advance
+ * returns moves. Call before l goes into a composite (composites note
+ * their children's stops when built: lp_nn_has_phase_stops). */
+lp_status lp_nn_set_phase_stop(lp_nn_layer *l, lp_nn_phase fwd, lp_nn_phase bwd);
+int lp_nn_has_phase_stops(const lp_nn_layer *l);
 /* lp_nn_phase_text(lp_nn_phase_of(ctx)). */
 const char *lp_nn_phase_name(const lp_nn_ctx *ctx);
 /* An opaque tag of ctx (and its sub-contexts), set by whoever runs the
@@ -368,6 +380,16 @@ typedef struct lp_nn_moe_opts {
  * this rank). LP_ERR_ARG for bad sizes. kind "moe". */
 lp_status lp_nn_moe_new(const char *name, const lp_nn_moe_opts *o,
                         uint64_t seed, lp_nn_layer **layer);
+/* The same layer already placed for EP rank ep_rank of ep_size under the
+ * default placement (slot s holds expert s % experts, ceil(experts /
+ * ep_size) slots per rank): only this rank's expert slots are allocated,
+ * so building a model for expert parallelism never holds every expert.
+ * The values equal those lp_nn_moe_new then lp_nn_set_ep gives (each from
+ * seed and its name). With ep_size > 1 the layer needs lp_nn_set_ep (same
+ * size and rank: it keeps every slot) before a pass (an exchange without
+ * an EP group is LP_ERR_ARG with a message). lp_nn_moe_new is (1, 0). */
+lp_status lp_nn_moe_new_placed(const char *name, const lp_nn_moe_opts *o, uint64_t seed,
+                               int ep_size, int ep_rank, lp_nn_layer **layer);
 
 /* Pre-norm MoE transformer block: x + attn(rmsnorm(x)), then
  * x + moe(rmsnorm(x)). Children: <name>.attn_norm, <name>.attn,
@@ -561,6 +583,21 @@ lp_status lp_nn_optim_adamw_new(const lp_nn_param *params, size_t n,
                                 lp_nn_optim **out);
 /* One update of every param from its grad (grads are not zeroed). */
 lp_status lp_nn_optim_step(lp_nn_optim *o);
+/* The same, leaving alone every param i with skip[i] != 0 (skip NULL: none)
+ * exactly as torch.optim.AdamW / SGD leave a parameter whose .grad is None
+ * (a routed expert no token reached in the step): no decay, no moment
+ * update, and its own step count (AdamW's bias corrections use the steps
+ * that updated that parameter, lp_nn_optim_param_steps) does not advance.
+ * The optimizer's step count (lp_nn_optim_steps) does. Without skips the
+ * results are those of lp_nn_optim_step, bitwise. The caller decides the
+ * mask, the same on every rank holding a copy of the parameter. */
+lp_status lp_nn_optim_step_masked(lp_nn_optim *o, const unsigned char *skip);
+/* Per param, the steps that updated it (n must be the list's length);
+ * set: each <= lp_nn_optim_steps (after lp_nn_optim_state_import, which
+ * sets every one to the imported step count: a checkpoint of skipped
+ * params needs these too). */
+lp_status lp_nn_optim_param_steps(const lp_nn_optim *o, int64_t *steps, size_t n);
+lp_status lp_nn_optim_set_param_steps(lp_nn_optim *o, const int64_t *steps, size_t n);
 /* Sets every grad in the list to zero. */
 lp_status lp_nn_optim_zero_grad(lp_nn_optim *o);
 void lp_nn_optim_set_lr(lp_nn_optim *o, float lr);
@@ -657,7 +694,11 @@ lp_status lp_nn_swiglu_new(const char *name, int64_t dim, int64_t inter_dim,
  * o->eps), ffn the given layer (a new reference is taken; build it named
  * <name>.ffn: an lp_nn_swiglu_new for the first n_dense_layers, else an
  * lp_nn_moe_new), so the parameters are model.py's layers.<i>.* names.
- * x [batch, seq, o->dim]. */
+ * x [batch, seq, o->dim]. Phase stops (lp_nn_set_phase_stop) before the
+ * attention in both passes (LP_NN_PHASE_ATTN) and, for a phased ffn (the
+ * MoE), before its input-grad (LP_NN_PHASE_COMBINE: it starts with the
+ * combine-backward), so a pair's advances are DeepSeek-V3's phases: F
+ * attn, dispatch, experts, combine; B combine, experts, dispatch, attn. */
 lp_status lp_nn_mla_block_new(const char *name, const lp_nn_mla_opts *o,
                               lp_nn_layer *ffn, uint64_t seed,
                               lp_nn_layer **layer);

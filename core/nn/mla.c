@@ -544,6 +544,12 @@ lp_status lp_nn_mla_block_new(const char *name, const lp_nn_mla_opts *o,
   lp_nn_layer *attn = NULL, *b[2] = {NULL, NULL};
   snprintf(buf, sizeof buf, "%s.attn", name);
   lp_status st = lp_nn_mla_new(buf, o, seed, &attn);
+  /* DeepSeek-V3's pair phases: the attention's forward and backward each
+   * an advance of their own, and the MoE's backward starting one (its
+   * combine-backward); see lp_nn_set_phase_stop */
+  if (st == LP_OK) st = lp_nn_set_phase_stop(attn, LP_NN_PHASE_ATTN, LP_NN_PHASE_ATTN);
+  if (st == LP_OK && ffn->phased)
+    st = lp_nn_set_phase_stop(ffn, LP_NN_PHASE_DONE, LP_NN_PHASE_COMBINE);
   if (st == LP_OK)
     st = prenorm(name, "attn_norm", "attn_inner", "attn_res", o->dim, o->eps,
                  attn, &b[0]);

@@ -89,6 +89,10 @@ static lp_status xstart(lp_nn_layer *l, lp_nn_ctx *ctx, const float *send,
   const lp_nn_ep *ep = &moe_of(l)->ep;
   moe_route *rt = ctx->ext;
   void *h = NULL;
+  if (!ep->start)
+    return nn_fail(ctx, l, LP_ERR_ARG,
+                   "placed for EP rank %d of %d but in no EP group (lp_nn_set_ep first)",
+                   moe_of(l)->rank, moe_of(l)->size);
   lp_nn_xinfo xi = {kind, l->name, lp_nn_ctx_tag(ctx), be};
   lp_status st = ep->start(ep->ud, &xi, send, sc, recv, rc, &h);
   if (st != LP_OK)

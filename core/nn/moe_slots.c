@@ -151,8 +151,14 @@ static lp_status default_placement(lp_nn_layer *l, int size, int rank) {
 
 lp_status lp_nn_moe_new(const char *name, const lp_nn_moe_opts *o,
                         uint64_t seed, lp_nn_layer **layer) {
+  return lp_nn_moe_new_placed(name, o, seed, 1, 0, layer);
+}
+
+lp_status lp_nn_moe_new_placed(const char *name, const lp_nn_moe_opts *o, uint64_t seed,
+                               int ep_size, int ep_rank, lp_nn_layer **layer) {
   if (!layer) return LP_ERR_ARG;
   *layer = NULL;
+  if (ep_size < 1 || ep_rank < 0 || ep_rank >= ep_size) return LP_ERR_ARG;
   if (!o || o->dim < 1 || o->hidden < 1 || o->experts < 1 ||
       o->experts > 65536 || o->topk < 1 || o->topk > o->experts ||
       o->shared < 0 || !(o->balance_alpha >= 0.0f) ||
@@ -194,7 +200,9 @@ lp_status lp_nn_moe_new(const char *name, const lp_nn_moe_opts *o,
   }
   if (st != LP_OK) goto fail;
   m->slot0 = fixed;
-  st = default_placement(l, 1, 0);
+  /* only this EP rank's slots are ever made: a slot's values come from
+   * (seed, its name), so they equal those of a layer placed later */
+  st = default_placement(l, ep_size, ep_rank);
   if (st != LP_OK) goto fail;
   *layer = l;
   return LP_OK;

@@ -64,6 +64,11 @@ struct lp_nn_layer {
   void (*sub_free)(void *sub);
   /* composites: the param generation their list was collected at */
   unsigned param_gen;
+  /* lp_nn_set_phase_stop: the phase a pass reports while stopped before
+   * this layer ([0] forward, [1] input-grad; DONE: no stop), and whether
+   * this layer or one inside it has a stop (composites: from children) */
+  lp_nn_phase stop[2];
+  int has_stops;
 };
 
 #define NN_SLOTS 28
@@ -81,6 +86,8 @@ struct lp_nn_ctx {
   int want_dx;     /* input-grad: the caller wants dx */
   lp_nn_phase phase; /* phased leaves (moe): what the next advance runs
                       * (LP_NN_PHASE_DENSE when a pass begins) */
+  int stopped;     /* 1: a pass stopped before its layer (a phase stop);
+                    * the next advance runs it (2) */
   size_t pos;      /* composites: the child being advanced */
   size_t wdone;    /* chunks: children whose weight-grad already ran (the
                     * last wdone, in backward order: lp_nn_weight_grad_part) */

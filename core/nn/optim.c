@@ -15,7 +15,9 @@ struct lp_nn_optim {
   size_t n;
   lp_tensor **m; /* momentum buffer / first moment, one per param */
   lp_tensor **v; /* second moment (AdamW only) */
-  int64_t t;
+  int64_t t;     /* steps taken (lp_nn_optim_steps) */
+  int64_t *ts;   /* per param: the steps that updated it (AdamW's bias
+                  * corrections), t unless a masked step skipped it */
 };
 
 void lp_nn_optim_free(lp_nn_optim *o) {
@@ -26,6 +28,7 @@ void lp_nn_optim_free(lp_nn_optim *o) {
   }
   lp_free(o->m);
   lp_free(o->v);
+  lp_free(o->ts);
   lp_free(o->params);
   lp_free(o);
 }
@@ -48,8 +51,9 @@ static lp_status optim_new(int kind, const lp_nn_param *params, size_t n,
   size_t cnt = n ? n : 1;
   o->params = lp_malloc(cnt * sizeof *o->params);
   o->m = lp_calloc(cnt, sizeof *o->m);
+  o->ts = lp_calloc(cnt, sizeof *o->ts);
   if (kind == OPT_ADAMW) o->v = lp_calloc(cnt, sizeof *o->v);
-  if (!o->params || !o->m || (kind == OPT_ADAMW && !o->v)) {
+  if (!o->params || !o->m || !o->ts || (kind == OPT_ADAMW && !o->v)) {
     lp_nn_optim_free(o);
     return LP_ERR_NOMEM;
   }
@@ -91,10 +95,13 @@ lp_status lp_nn_optim_adamw_new(const lp_nn_param *params, size_t n,
   return LP_OK;
 }
 
-lp_status lp_nn_optim_step(lp_nn_optim *o) {
+lp_status lp_nn_optim_step(lp_nn_optim *o) { return lp_nn_optim_step_masked(o, NULL); }
+
+lp_status lp_nn_optim_step_masked(lp_nn_optim *o, const unsigned char *skip) {
   if (!o) return LP_ERR_ARG;
   o->t++;
   for (size_t i = 0; i < o->n; i++) {
+    if (skip && skip[i]) continue; /* as torch does for a grad of None */
     lp_tensor *pt = o->params[i].value;
     const lp_tensor_backend *be = lp_tensor_backend_of(pt);
     /* parameters moved (lp_nn_layer_to) after the optimizer was made */
@@ -106,6 +113,7 @@ lp_status lp_nn_optim_step(lp_nn_optim *o) {
       if (i == 0) o->t--; /* nothing was updated */
       return LP_ERR_ARG;
     }
+    o->ts[i]++;
     float *p = pt->data, *m = o->m[i]->data;
     const float *g = o->params[i].grad->data;
     int64_t n = lp_tensor_numel(pt);
@@ -115,8 +123,8 @@ lp_status lp_nn_optim_step(lp_nn_optim *o) {
     } else {
       const lp_nn_adamw_opts *a = &o->adam;
       double b1 = a->beta1, b2 = a->beta2;
-      double bc1 = 1.0 - pow(b1, (double)o->t),
-             bc2 = 1.0 - pow(b2, (double)o->t);
+      double bc1 = 1.0 - pow(b1, (double)o->ts[i]),
+             bc2 = 1.0 - pow(b2, (double)o->ts[i]);
       double decay = 1.0 - (double)a->lr * (double)a->weight_decay;
       LP_CHECK(be->adamw_step(be, n, a->lr, b1, b2, a->eps, decay, bc1, bc2, p,
                               g, m, o->v[i]->data));
@@ -141,6 +149,20 @@ void lp_nn_optim_set_lr(lp_nn_optim *o, float lr) {
 }
 
 int64_t lp_nn_optim_steps(const lp_nn_optim *o) { return o ? o->t : 0; }
+
+lp_status lp_nn_optim_param_steps(const lp_nn_optim *o, int64_t *steps, size_t n) {
+  if (!o || n != o->n || (n && !steps)) return LP_ERR_ARG;
+  if (n) memcpy(steps, o->ts, n * sizeof *steps);
+  return LP_OK;
+}
+
+lp_status lp_nn_optim_set_param_steps(lp_nn_optim *o, const int64_t *steps, size_t n) {
+  if (!o || n != o->n || (n && !steps)) return LP_ERR_ARG;
+  for (size_t i = 0; i < n; i++)
+    if (steps[i] < 0 || steps[i] > o->t) return LP_ERR_ARG;
+  if (n) memcpy(o->ts, steps, n * sizeof *steps);
+  return LP_OK;
+}
 
 /* ---- state export / import (checkpoints) ---- */
 
@@ -186,5 +208,6 @@ lp_status lp_nn_optim_state_import(lp_nn_optim *o, const float *buf, size_t n,
     }
   }
   o->t = steps;
+  for (size_t i = 0; i < o->n; i++) o->ts[i] = steps;
   return LP_OK;
 }

@@ -110,6 +110,7 @@ M.rules = {
   { plain = "cross_device_reduce", class = "communication" },
   -- traces luapipe wrote: an exchange, the part of it a rank sat blocked
   -- in, messages, and actions
+  { cat = "phase", class = "ignore" }, -- a pair's phases: inside its FB slice (see M.read)
   { cat = "a2a", match = "^all%-to%-all wait", class = "wait" },
   { cat = "a2a", class = "communication" },
   { cat = "comm", class = "communication" },
@@ -242,6 +243,46 @@ local orders = {
 }
 local function ordered(t, o) return setmetatable(t, { __jsonorder = orders[o] }) end
 
+-- The phases of a trace luapipe wrote: the slices of category "phase"
+-- (an overlapped pair's advances and weight-grad pieces, named as
+-- DeepSeek's profile names its phases: core/exec/pairs.c), per file and
+-- rank, in start order, each as a phase of a PyTorch trace would be: its
+-- duration is CPU work of that rank (waits for the exchange it finishes
+-- included), counted as compute. Read from the files again (luapipe's
+-- traces are small); {} when no name has that category.
+local function luapipe_phases(ranks, names)
+  local out, any = {}, false
+  for _, n in ipairs(names) do if n.cat == "phase" then any = true end end
+  if not any then return out end
+  local json = require("luapipe.json")
+  for _, r in ipairs(ranks) do
+    if not out[r.file] then
+      out[r.file] = {}
+      local f = io.open(r.file, "rb")
+      local text = f and f:read("a")
+      if f then f:close() end
+      local ok, t = pcall(json.decode, text or "")
+      local evs = ok and type(t) == "table" and t.traceEvents or {}
+      local by = out[r.file]
+      for _, e in ipairs(evs) do
+        if e.cat == "phase" and e.ph == "X" then
+          local rk = math.tointeger(e.pid) or e.pid
+          by[rk] = by[rk] or {}
+          local l = by[rk]
+          l[#l + 1] = { name = e.name, cpu_us = e.dur, gpu_us = e.dur, ops = 1, ts = e.ts,
+            gpu_first_us = e.ts, gpu_last_us = e.ts + e.dur,
+            class_us = { compute = e.dur, communication = 0, memory = 0 } }
+        end
+      end
+      for _, l in pairs(by) do
+        table.sort(l, function(a, b) return a.ts < b.ts end)
+        for _, ph in ipairs(l) do ph.ts = nil end
+      end
+    end
+  end
+  return out
+end
+
 -- M.read(paths[, opts]) -> report | nil, message. opts.rules: the rule
 -- list (default M.rules). The report: {ranks = {...}, bytes =, events =,
 -- files = paths, profile = the luapipe.Profile (for M.svg)}; each rank as
@@ -273,7 +314,12 @@ function M.read(paths, opts)
   p:set_classes(classes)
   local ranks, aerr = p:analyze()
   if not ranks then return nil, aerr end
+  local own_phases = luapipe_phases(ranks, names)
   for ri, r in ipairs(ranks) do
+    if #r.phases == 0 and own_phases[r.file] and own_phases[r.file][r.rank] then
+      r.phases = own_phases[r.file][r.rank]
+      r.unattributed_ops = r.unattributed_ops or 0
+    end
     made_ranks[r] = true
     ordered(r, "rank")
     ordered(r.busy_us, "busy")
@@ -384,7 +430,10 @@ function M.text(rep, opts)
         .. "blocked in exchanges, %s ms here; the busy compute above leaves that time out)",
         own and "track" or "stream", ms(track_compute - r.busy_us.compute))
     end
-    if #r.phases > 0 then
+    if #r.phases > 0 and own then
+      add("  phases (an overlapped pair's advances and weight-grad pieces, in order; CPU time of "
+        .. "the rank, waits included, in both time columns)")
+    elseif #r.phases > 0 then
       add("  phases (innermost annotations, CPU order; GPU = summed durations of what each launched)")
       add("  %4s %-24s %10s %10s %10s %10s %6s", "#", "phase", "CPU ms", "GPU ms", "compute",
         "comm", "ops")
@@ -413,6 +462,81 @@ function M.text(rep, opts)
       end
     end
   end
+  return table.concat(L, "\n") .. "\n"
+end
+
+-- The names of one layer of an overlapped pair in a rank's phases: the
+-- first run of DeepSeek's 10 names (from the first combine(B) on) that
+-- holds each of them once, or the first 10 phases from the first
+-- combine(B) (or the start) when none does.
+local layer_names = { "combine(B)", "attn(F)", "mlp(B)", "dispatch(F)", "dispatch(B)", "mlp(W)",
+  "mlp(F)", "attn(B)", "attn(W)", "combine(F)" }
+M.deepseek_layer = layer_names
+local function one_layer(r)
+  local ph, want = r.phases, {}
+  for _, n in ipairs(layer_names) do want[n] = true end
+  local first
+  for i = 1, #ph do
+    if ph[i].name == "combine(B)" then
+      first = first or i
+      local seen, ok = {}, true
+      for j = i, i + #layer_names - 1 do
+        local n = ph[j] and ph[j].name
+        if not n or not want[n] or seen[n] then ok = false break end
+        seen[n] = true
+      end
+      if ok then
+        local t = {}
+        for j = i, i + #layer_names - 1 do t[#t + 1] = ph[j].name end
+        return t
+      end
+    end
+  end
+  local t = {}
+  for j = first or 1, math.min(#ph, (first or 1) + #layer_names - 1) do t[#t + 1] = ph[j].name end
+  return t
+end
+
+-- M.beside(rank_a, rank_b) -> text: the phase tables of two ranks (of two
+-- reports: luapipe's own trace and DeepSeek's, say) side by side: per
+-- phase name (a's order, then b's others) count and ms in each (GPU ms of
+-- a profiler trace, CPU ms of a trace luapipe wrote), and the order of one
+-- layer of the overlapped pair in each, checked against DeepSeek's.
+function M.beside(a, b)
+  rank_arg("profile.beside", 1, a)
+  rank_arg("profile.beside", 2, b)
+  local L = {}
+  local function add(...) L[#L + 1] = string.format(...) end
+  local function label(r) return string.format("rank %d of %s", r.rank, r.file) end
+  add("phases beside: A = %s, B = %s", label(a), label(b))
+  add("  %-14s %8s %12s %8s %12s", "phase", "A count", "A ms", "B count", "B ms")
+  local names, seen = {}, {}
+  for _, r in ipairs({ a, b }) do
+    for _, n in ipairs(r.phase_order or {}) do
+      if not seen[n] then seen[n] = true names[#names + 1] = n end
+    end
+  end
+  local function cell(r, n)
+    local t = r.phase_totals and r.phase_totals[n]
+    if not t then return "-", "-" end
+    local us = t.gpu_us > 0 and t.gpu_us or t.cpu_us
+    return tostring(t.count), ms(us)
+  end
+  for _, n in ipairs(names) do
+    local ac, am = cell(a, n)
+    local bc, bm = cell(b, n)
+    add("  %-14s %8s %12s %8s %12s", n, ac, am, bc, bm)
+  end
+  local oa, ob = one_layer(a), one_layer(b)
+  local function same(t)
+    if #t ~= #layer_names then return false end
+    for i, n in ipairs(layer_names) do if t[i] ~= n then return false end end
+    return true
+  end
+  add("  one layer of the pair, A: %s%s", table.concat(oa, ", "),
+    same(oa) and " (DeepSeek's order)" or "")
+  add("  one layer of the pair, B: %s%s", table.concat(ob, ", "),
+    same(ob) and " (DeepSeek's order)" or "")
   return table.concat(L, "\n") .. "\n"
 end
 

@@ -627,6 +627,88 @@ static void test_block_moe(void **state) {
   lp_nn_layer_release(blk);
 }
 
+/* The Block's phase stops: a phased pass stops before the attention (both
+ * passes) and before the MoE's input-grad, reporting DeepSeek's phase
+ * names, and gives the bits of the unphased pass. */
+static void test_block_phase_stops(void **state) {
+  (void)state;
+  lp_nn_mla_opts o = tiny(1, 0);
+  lp_nn_moe_opts mo = {0};
+  mo.dim = 10, mo.hidden = 6, mo.experts = 4, mo.topk = 2, mo.shared = 1;
+  lp_nn_layer *moe = NULL, *blk = NULL;
+  assert_int_equal(lp_nn_moe_new("layers.3.ffn", &mo, 3, &moe), LP_OK);
+  assert_int_equal(lp_nn_mla_block_new("layers.3", &o, moe, 3, &blk), LP_OK);
+  lp_nn_layer_release(moe);
+  assert_true(lp_nn_has_phase_stops(blk));
+  lp_tensor *x = randn(3, SH(2, 4, 10), 6), *y = NULL, *y2 = NULL, *dx = NULL, *dx2 = NULL;
+  lp_nn_ctx *c = NULL;
+  assert_int_equal(lp_nn_ctx_new(&c), LP_OK);
+  assert_int_equal(lp_nn_forward(blk, c, x, &y), LP_OK);
+  assert_int_equal(lp_nn_input_grad(blk, c, y, &dx), LP_OK);
+  lp_nn_ctx_clear(c);
+  /* phased: forward dense (the norm), attn; backward dense, combine (the
+   * MoE's backward), attn */
+  const lp_nn_phase fw[] = {LP_NN_PHASE_DENSE, LP_NN_PHASE_ATTN};
+  const lp_nn_phase bw[] = {LP_NN_PHASE_DENSE, LP_NN_PHASE_COMBINE, LP_NN_PHASE_ATTN};
+  int done = 0, k = 0;
+  assert_int_equal(lp_nn_forward_begin(blk, c, x), LP_OK);
+  for (; !done; k++) {
+    assert_true(k < 2);
+    assert_int_equal(lp_nn_phase_of(c), fw[k]);
+    assert_int_equal(lp_nn_advance(blk, c, &done, &y2), LP_OK);
+  }
+  assert_int_equal(k, 2);
+  assert_true(lp_tensor_equal(y2, y));
+  assert_int_equal(lp_nn_input_grad_begin(blk, c, y), LP_OK);
+  for (done = 0, k = 0; !done; k++) {
+    assert_true(k < 3);
+    assert_int_equal(lp_nn_phase_of(c), bw[k]);
+    assert_int_equal(lp_nn_advance(blk, c, &done, &dx2), LP_OK);
+  }
+  assert_int_equal(k, 3);
+  assert_true(lp_tensor_equal(dx2, dx));
+  assert_string_equal(lp_nn_phase_text(LP_NN_PHASE_ATTN), "attn");
+  lp_tensor_free(x), lp_tensor_free(y), lp_tensor_free(y2);
+  lp_tensor_free(dx), lp_tensor_free(dx2);
+  lp_nn_ctx_free(c);
+  lp_nn_layer_release(blk);
+}
+
+/* An MoE built placed for EP rank 1 of 2 holds only that rank's slots
+ * (experts 2 and 3 of 4), with the values of a full build, and refuses a
+ * pass before it has an EP group. */
+static void test_moe_new_placed(void **state) {
+  (void)state;
+  lp_nn_moe_opts mo = {0};
+  mo.dim = 10, mo.hidden = 6, mo.experts = 4, mo.topk = 2, mo.shared = 1;
+  lp_nn_layer *full = NULL, *mine = NULL;
+  assert_int_equal(lp_nn_moe_new("ffn", &mo, 3, &full), LP_OK);
+  assert_int_equal(lp_nn_moe_new_placed("ffn", &mo, 3, 2, 1, &mine), LP_OK);
+  assert_int_equal(lp_nn_param_numel(mine), lp_nn_param_numel(full) - 2 * 3 * 10 * 6);
+  size_t nf, nm;
+  const lp_nn_param *pf = lp_nn_params(full, &nf), *pm = lp_nn_params(mine, &nm);
+  assert_int_equal(nm, nf - 6);
+  for (size_t i = 0; i < nm; i++) {
+    const lp_nn_param *w = NULL;
+    for (size_t j = 0; j < nf && !w; j++)
+      if (strcmp(pf[j].name, pm[i].name) == 0) w = &pf[j];
+    assert_non_null(w);
+    assert_null(strstr(pm[i].name, "experts.0.")), assert_null(strstr(pm[i].name, "experts.1."));
+    assert_true(lp_tensor_equal(pm[i].value, w->value));
+  }
+  lp_tensor *x = randn(2, SH(4, 10), 8), *y = NULL;
+  lp_nn_ctx *c = NULL;
+  assert_int_equal(lp_nn_ctx_new(&c), LP_OK);
+  assert_int_equal(lp_nn_forward(mine, c, x, &y), LP_ERR_ARG);
+  assert_non_null(strstr(lp_nn_ctx_last_error(c), "placed for EP rank 1 of 2 but in no EP group"));
+  lp_nn_layer_release(mine);
+  assert_int_equal(lp_nn_moe_new_placed("ffn", &mo, 3, 2, 2, &mine), LP_ERR_ARG);
+  assert_null(mine);
+  lp_tensor_free(x);
+  lp_nn_ctx_free(c);
+  lp_nn_layer_release(full);
+}
+
 /* ---- the fake non-host backend gives the CPU's bits ---- */
 
 static void assert_same(const lp_tensor *got, const lp_tensor *want) {
@@ -740,6 +822,8 @@ int main(void) {
       cmocka_unit_test(test_grad_swiglu),
       cmocka_unit_test(test_block),
       cmocka_unit_test(test_block_moe),
+      cmocka_unit_test(test_block_phase_stops),
+      cmocka_unit_test(test_moe_new_placed),
       cmocka_unit_test(test_on_fake_backend),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_oom),

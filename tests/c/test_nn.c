@@ -710,6 +710,48 @@ static void test_adamw(void **state) {
   lp_tensor_free(p.value), lp_tensor_free(p.grad);
 }
 
+/* A masked step leaves a param alone as torch.optim.AdamW does a param
+ * whose grad is None: no decay, no moments, its own step count (the bias
+ * corrections of its next update are those of its first), while the
+ * others go on; unmasked steps are bitwise the plain ones. */
+static void test_adamw_masked(void **state) {
+  (void)state;
+  lp_nn_param p[2] = {make_param("a", 1.0f, -2.0f, 0.5f, 0.25f),
+                      make_param("b", 1.0f, -2.0f, 0.5f, 0.25f)};
+  lp_nn_param q = make_param("c", 1.0f, -2.0f, 0.5f, 0.25f);
+  lp_nn_adamw_opts o = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                        .weight_decay = 0.01f};
+  lp_nn_optim *opt = NULL, *plain = NULL;
+  assert_int_equal(lp_nn_optim_adamw_new(p, 2, &o, &opt), LP_OK);
+  assert_int_equal(lp_nn_optim_adamw_new(&q, 1, &o, &plain), LP_OK);
+  const unsigned char skip_b[2] = {0, 1};
+  assert_int_equal(lp_nn_optim_step_masked(opt, skip_b), LP_OK); /* b: no grad */
+  assert_int_equal(lp_nn_optim_step(plain), LP_OK);
+  assert_true(p[0].value->data[0] == q.value->data[0]); /* a: a plain step */
+  assert_true(p[1].value->data[0] == 1.0f && p[1].value->data[1] == -2.0f); /* b: untouched */
+  int64_t ts[2];
+  assert_int_equal(lp_nn_optim_param_steps(opt, ts, 2), LP_OK);
+  assert_true(ts[0] == 1 && ts[1] == 0);
+  assert_int_equal(lp_nn_optim_steps(opt), 1);
+  /* step 2 for both: b's first update (bias corrections of t = 1, like
+   * step 1 of test_adamw), a's second */
+  assert_int_equal(lp_nn_optim_step_masked(opt, NULL), LP_OK);
+  assert_int_equal(lp_nn_optim_step(plain), LP_OK);
+  NEAR(p[1].value->data[0], 0.999 - 0.1 * 0.5 / (0.5 + 1e-8));
+  NEAR(p[1].value->data[1], -1.998 - 0.1 * 0.25 / (0.25 + 1e-8));
+  assert_true(p[0].value->data[0] == q.value->data[0]);
+  NEAR(p[0].value->data[0], 0.898101 - 0.1 * 0.5 / (0.5 + 1e-8));
+  assert_int_equal(lp_nn_optim_param_steps(opt, ts, 2), LP_OK);
+  assert_true(ts[0] == 2 && ts[1] == 1);
+  /* set: each within the optimizer's steps */
+  int64_t bad[2] = {3, 0};
+  assert_int_equal(lp_nn_optim_set_param_steps(opt, bad, 2), LP_ERR_ARG);
+  assert_int_equal(lp_nn_optim_param_steps(opt, ts, 1), LP_ERR_ARG);
+  lp_nn_optim_free(opt), lp_nn_optim_free(plain);
+  for (int i = 0; i < 2; i++) lp_tensor_free(p[i].value), lp_tensor_free(p[i].grad);
+  lp_tensor_free(q.value), lp_tensor_free(q.grad);
+}
+
 /* Training actually learns: a tiny LM memorises one batch. */
 static void test_training_converges(void **state) {
   (void)state;
@@ -1921,6 +1963,7 @@ int main(void) {
       cmocka_unit_test(test_split_init_and_compute),
       cmocka_unit_test(test_sgd),
       cmocka_unit_test(test_adamw),
+      cmocka_unit_test(test_adamw_masked),
       cmocka_unit_test(test_training_converges),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_oom),

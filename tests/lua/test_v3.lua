@@ -249,4 +249,51 @@ function test_bad_config()
   os.execute("rm -rf '" .. dir .. "'")
 end
 
+-- With EP, a rank builds only its own expert slots (lp_nn_moe_new_placed):
+-- the stage's parameters at build are the non-expert ones plus its share
+-- of the experts, with the values a full build (or the checkpoint) gives.
+function test_ep_build_holds_only_own_experts()
+  local model = models.load(data .. "v3_f32/checkpoint")
+  local a = model.args
+  local per_expert = 3 * a.dim * a.moe_inter_dim
+  local n_moe = a.n_layers - a.n_dense_layers
+  local full <close> = model:build(0)
+  local want = {}
+  for _, p in ipairs(full:params()) do want[p.name] = p.value end
+  for _, ep in ipairs({ 2, 3 }) do
+    local spr = (a.n_routed_experts + ep - 1) // ep
+    for r = 0, ep - 1 do
+      for i = 1, #model.layers do
+        local l <close> = model:build_layer(i, 0, ep, r)
+        local f <close> = model:build_layer(i, 0)
+        local moe = f:moe_count() > 0
+        lu.assertEquals(l:numel(), moe and f:numel() - (a.n_routed_experts - spr) * per_expert
+          or f:numel(), string.format("layer %d, EP rank %d of %d", i, r, ep))
+        if moe then
+          local held = {}
+          for _, p in ipairs(l:params()) do
+            local e = p.name:match("%.experts%.(%d+)%.w1")
+            if e then held[#held + 1] = tonumber(e) end
+          end
+          table.sort(held)
+          local exp = {}
+          for s = r * spr, (r + 1) * spr - 1 do exp[#exp + 1] = s % a.n_routed_experts end
+          table.sort(exp)
+          lu.assertEquals(held, exp)
+        end
+      end
+    end
+  end
+  -- a stage built for EP rank 0 of 2 (this process is rank 0) from the
+  -- checkpoint: its share, the checkpoint's values
+  local part = { stages = 1, bounds = { { first = 1, last = #model.layers } } }
+  local st <close> = model:build_stage(part, 0, 0, 2)
+  lu.assertEquals(st:numel(), full:numel() - n_moe * (a.n_routed_experts // 2) * per_expert)
+  for _, p in ipairs(st:params()) do
+    local w = want[p.name]
+    lu.assertNotNil(w, p.name)
+    lu.assertEquals(p.value, w, p.name)
+  end
+end
+
 os.exit(lu.LuaUnit.run())

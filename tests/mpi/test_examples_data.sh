@@ -39,6 +39,14 @@ n=$(grep -c "^note: the learning-rate schedule differs from the one checkpoint c
 grep -qE '^step 1 loss [0-9.]+ +\(.*lr 0\.00167, gnorm [0-9.]+\)$' unbroken \
   || { fail "the progress line lacks lr / gnorm"; grep '^step 1 ' unbroken; }
 
+# data parallelism from the examples' options: pp 1 x dp 2 (ZeRO-1) against one process
+"$luapipe" "$ex" "${common[@]}" --steps 4 >one 2>&1 || { fail "one process"; cat one; }
+"${mpirun[@]}" "$luapipe" "$ex" "${common[@]}" --steps 4 --dp 2 --zero 1 >dp2 2>&1 || { fail "--dp 2"; cat dp2; }
+a=$(grep '^step 4 loss' one | awk '{printf "%.4f", $4}')
+b=$(grep '^step 4 loss' dp2 | awk '{printf "%.4f", $4}')
+echo "step 4 loss: one process $a, pp 1 x dp 2 with ZeRO-1 $b"
+[ -n "$a" ] && [ "$a" = "$b" ] || { fail "--dp 2 --zero 1 differs from one process"; cat one dp2; }
+
 "$luapipe" -e 'local d = require("luapipe.data"); local ids = {}
   for i = 1, 200 do ids[i] = i % 7 end; ids[150] = 300; d.write_tokens("bad.bin", ids)'
 "${mpirun[@]}" "$luapipe" "$ex" --data bad.bin --steps 2 >bad 2>&1

@@ -23,6 +23,8 @@ function M.parser(p)
     .. "(or {rules=, replace=true, mapping=}); see `luapipe help luapipe.profile`")
   p:option("--rank", "the rank --costs, --simulate and --svg use (default: the first)")
     :convert(cli.int_option("--rank", 0, 1 << 30))
+  p:option("--beside", "a second trace (DeepSeek's, say) whose phase table (of its first rank) "
+    .. "is printed beside the --rank one's, with the order of one layer of the pair in each")
   p:flag("--costs", "print the cost table the phases give (F, B, I, W, FB in ms) for "
     .. "simulate, bubbles and search (--cost)")
   p:flag("--no-exchanges", "--costs/--simulate: F, I, W without the exchanges' time (as if every "
@@ -44,7 +46,8 @@ function M.parser(p)
     .. "  luapipe profile traces/ --format json -o report.json\n"
     .. "  luapipe profile train.json --costs --simulate dualpipe --pp 16 --microbatches 32\n"
     .. "  luapipe profile train.json --simulate search --pp 16 --microbatches 32 --time 2\n"
-    .. "  luapipe profile train.json --svg timeline.svg")
+    .. "  luapipe profile train.json --svg timeline.svg\n"
+    .. "  luapipe profile trace.json --beside ../shared/data/deepseek-profile/train.json")
 end
 
 local function fmt(x)
@@ -174,6 +177,11 @@ function M.run(args)
     out[#out + 1] = profile.json(rep) .. "\n"
   else
     out[#out + 1] = profile.text(rep)
+  end
+  if args.beside then
+    local rb, berr = profile.read({ args.beside }, { rules = rules })
+    if not rb then return cli.fail("profile", "--beside: " .. berr, 2) end
+    out[#out + 1] = profile.beside(rank, rb.ranks[1])
   end
   local cost
   if args.costs or args.simulate then

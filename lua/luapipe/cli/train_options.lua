@@ -65,6 +65,13 @@ function M.add(parser, defaults)
   parser:option("--log-every", "Print the progress line every N steps.", "1")
     :convert(int("--log-every", 1, INT32))
   parser:option("--report", "Write the end-of-training summary figures (key=value lines) to this file.")
+  parser:option("--dp", "Data-parallel ranks per pipeline stage: the job is pp x dp ranks (rank = "
+    .. "pipeline rank * dp + DP index), each DP rank takes its share of every micro-batch (default: "
+    .. "1, or ep in an expert-parallel run).")
+    :convert(int("--dp", 1, 4096))
+  parser:option("--zero", "ZeRO-1: 1 shards the optimizer state over each parameter's data-parallel "
+    .. "ranks (default 0).", "0")
+    :choices { "0", "1" }
   parser:option("--clip", "Clip the global gradient norm (over the whole model, every parameter once) "
     .. "at this value, as torch.nn.utils.clip_grad_norm_ (default: off).")
     :convert(cli.number_option("--clip", 0, math.huge))
@@ -123,6 +130,8 @@ function M.train_fields(args, t)
   if args.checkpoint then t.checkpoint = { dir = args.checkpoint, every = args.every } end
   t.resume = args.resume or nil
   t.clip = args.clip
+  t.dp = t.dp or args.dp
+  if args.zero == "1" then t.zero = 1 end
   if args.warmup or args.decay or args.min_lr or args.decay_steps then
     t.lr_schedule = { warmup = args.warmup, min_lr = args.min_lr, steps = args.decay_steps,
       decay = args.decay or (args.min_lr and "cosine" or "constant") }

@@ -82,11 +82,13 @@ function M.deepseek_v3(args)
   return setmetatable(m, V3)
 end
 
--- model:build_layer(i, seed): layer i under model.py's name, initialised
--- from seed (partition's cost measurement builds these: it reads nothing)
-function V3:build_layer(i, seed)
+-- model:build_layer(i, seed [, ep, ep_rank]): layer i under model.py's
+-- name, initialised from seed (partition's cost measurement builds these:
+-- it reads nothing); with ep > 1 its MoE is built placed for EP rank
+-- ep_rank: only that rank's expert slots exist (the same values)
+function V3:build_layer(i, seed, ep, ep_rank)
   util.int_arg("model:build_layer", 1, "i", i, 1, #self.layers)
-  return core.nn_layer(self.layers[i], self.layer_names[i], seed or 0)
+  return core.nn_layer(self.layers[i], self.layer_names[i], seed or 0, ep or 1, ep_rank or 0)
 end
 
 -- The experts (0-based ids, as a set) that EP rank r of `ep` holds under
@@ -101,12 +103,13 @@ end
 -- only its own tensors are read; with ep > 1, of the routed experts only
 -- those this rank holds.
 local function load_layer(self, i, seed, ep)
-  local l = self:build_layer(i, seed)
+  local ep_rank = ep and ep > 1 and require("luapipe.comm").rank() % ep or 0
+  -- placed for its EP rank: the other experts are never allocated, so the
+  -- peak at load is the rank's share plus the tensor being read
+  local l = self:build_layer(i, seed, ep and ep > 1 and ep or 1, ep_rank)
   if not self.ckpt then return l end
   local own
-  if ep and ep > 1 then
-    own = own_experts(self.args.n_routed_experts, ep, require("luapipe.comm").rank() % ep)
-  end
+  if ep and ep > 1 then own = own_experts(self.args.n_routed_experts, ep, ep_rank) end
   local set = {}
   for _, p in ipairs(l:params()) do
     local e = p.name:match("%.ffn%.experts%.(%d+)%.")
