@@ -159,7 +159,7 @@ if args.reference then
   print(string.format("train_moe (reference, one process): %s, %s top-%d, %s of %dx%d",
     count(blocks, "MoE block"), count(E, "expert"), K, count(Mb, "micro-batch"), B, T))
   train.reference { model = model, data = data, steps = steps, microbatches = Mb, seed = seed,
-    optimizer = optimizer, verbose = true }
+    optimizer = optimizer, verbose = true, precision = args.precision }
   return
 end
 

@@ -8,6 +8,7 @@
 #include "cuda_internal.cuh"
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -519,6 +520,64 @@ lp_status cu_gemm(const lp_tensor_backend *be, int trans_a, int trans_b,
   return launched(d, "gemm");
 }
 
+// Rounds `batch` stored rows x cols matrices (row stride ld, batch stride
+// stride) to dense bf16 copies (nearest even, as the CPU's gemm_bf16).
+__global__ void k_to_bf16(int64_t batch, int64_t rows, int64_t cols,
+                          const float *src, int64_t ld, int64_t stride,
+                          __nv_bfloat16 *dst) {
+  GRID_STRIDE(i, batch * rows * cols) {
+    int64_t b = i / (rows * cols), r = (i / cols) % rows, c = i % cols;
+    dst[i] = __float2bfloat16_rn(src[b * stride + r * ld + c]);
+  }
+}
+
+// bf16 GEMM: both operands rounded to dense bf16 copies in scratch memory
+// (freed to the stream-ordered cache after the call), then cuBLAS with
+// float32 accumulation and a float32 C (CUBLAS_COMPUTE_32F).
+lp_status cu_gemm_bf16(const lp_tensor_backend *be, int trans_a, int trans_b,
+                       int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, int64_t stride_a,
+                       const float *b, int64_t ldb, int64_t stride_b,
+                       float beta, float *c, int64_t ldc, int64_t stride_c,
+                       int64_t batch) {
+  Device *d = dev_of(be);
+  if (m < 0 || n < 0 || k < 0 || batch < 0) return LP_ERR_ARG;
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX ||
+      ldb > INT32_MAX || ldc > INT32_MAX || batch > INT32_MAX)
+    return LP_ERR_ARG;
+  if (m == 0 || n == 0 || batch == 0 || k == 0) // nothing to round
+    return cu_gemm(be, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b,
+                   ldb, stride_b, beta, c, ldc, stride_c, batch);
+  ENTER("gemm_bf16");
+  int64_t ar = trans_a ? k : m, ac = trans_a ? m : k;
+  int64_t br = trans_b ? n : k, bc = trans_b ? k : n;
+  int64_t na = batch * ar * ac, nb = batch * br * bc;
+  __nv_bfloat16 *ha = (__nv_bfloat16 *)cu_alloc(be, (size_t)(na + nb) * 2);
+  if (!ha) return LP_ERR_NOMEM;
+  __nv_bfloat16 *hb = ha + na;
+  k_to_bf16<<<blocks_for(na), kThreads, 0, d->stream>>>(batch, ar, ac, a, lda,
+                                                        stride_a, ha);
+  k_to_bf16<<<blocks_for(nb), kThreads, 0, d->stream>>>(batch, br, bc, b, ldb,
+                                                        stride_b, hb);
+  // row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T
+  cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasStatus_t s = cublasGemmStridedBatchedEx(
+      d->blas, ob, oa, (int)n, (int)m, (int)k, &alpha, hb, CUDA_R_16BF,
+      (int)bc, br * bc, ha, CUDA_R_16BF, (int)ac, ar * ac, &beta, c,
+      CUDA_R_32F, (int)ldc, batch == 1 ? m * ldc : stride_c, (int)batch,
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  cu_free(be, ha);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    lpk_errorf("%s: cublasGemmStridedBatchedEx bf16 (m %lld, n %lld, k %lld, "
+               "batch %lld): %s",
+               d->name, (long long)m, (long long)n, (long long)k,
+               (long long)batch, blas_text(s));
+    return s == CUBLAS_STATUS_ALLOC_FAILED ? LP_ERR_NOMEM : LP_ERR_INTERNAL;
+  }
+  return launched(d, "gemm_bf16");
+}
+
 #define EW(op, launch)                                                         \
   do {                                                                         \
     Device *d = dev_of(be);                                                    \
@@ -766,6 +825,7 @@ Device *device_new(int index) {
   be->to_host = cu_to_host;
   be->from_host = cu_from_host;
   be->gemm = cu_gemm;
+  be->gemm_bf16 = cu_gemm_bf16;
   be->fill = cu_fill;
   be->copy = cu_copy;
   be->axpy = cu_axpy;

@@ -10,6 +10,7 @@ PACKAGES=(
   libcmocka-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev
+  libdnnl-dev # oneDNN: bf16 GEMMs (optional at build time; CI has it)
   libreadline-dev
   libyajl-dev zlib1g-dev
   iproute2 # tests/mpi/test_two_hosts.sh: network namespaces (ip netns)

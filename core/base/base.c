@@ -317,6 +317,11 @@ static const lp_env_knob knobs[] = {
      "1 lets CUDA float32 GEMMs use TF32 tensor cores (faster, ~1e-3 relative error)"},
     {"LUAPIPE_CUDA_SYNC", "0",
      "1 waits after every CUDA op, so an error names the op that raised it (debugging)"},
+    {"LUAPIPE_BF16_FALLBACK", "0",
+     "1 runs CPU bf16 GEMMs on the float32 fallback even where oneDNN could (tests, comparisons)"},
+    {"LUAPIPE_F32_GEMM", "openblas",
+     "CPU float32 GEMMs: openblas, onednn, or auto (oneDNN where OpenBLAS has only generic kernels "
+     "for the CPU)"},
     {"LUAPIPE_DP_BUCKET", "65536",
      "floats of a data-parallel gradient bucket: a stage's layers summed over dp by one "
      "all-reduce, started when their weight-grads are done"},
@@ -357,6 +362,8 @@ static const struct {
     {"LUAPIPE_COMM", {"nccl", "mpi", NULL}, "use nccl or mpi"},
     {"LUAPIPE_TF32", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
     {"LUAPIPE_CUDA_SYNC", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
+    {"LUAPIPE_BF16_FALLBACK", {"0", "1", NULL}, "use 0 (off) or 1 (on)"},
+    {"LUAPIPE_F32_GEMM", {"openblas", "onednn", "auto", NULL}, "use openblas, onednn or auto"},
     {"LUAPIPE_BLAS_CORE", {"auto", "keep", NULL},
      "use auto (a kernel set for this CPU when OpenBLAS does not know it) or keep"},
 };

@@ -241,7 +241,8 @@ static lp_status mpi_fail(lp_comm *c, int rc, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  if (MPI_Error_string(rc, estr, &len) != MPI_SUCCESS) snprintf(estr, sizeof estr, "MPI error %d", rc);
+  if (MPI_Error_string(rc, estr, &len) != MPI_SUCCESS)
+    snprintf(estr, sizeof estr, "MPI error %d", rc);
   lp_errf(c->err, "%s: %s", what, estr);
   return LP_ERR_COMM;
 }

@@ -228,7 +228,8 @@ static lp_status unpack(vst *vs, dp_bucket *b, const float *src) {
 
 static lp_status unpack_grads(vst *vs, dp_bucket *b) {
   const lp_nn_param *p = lp_nn_params(vs->chunk, &(size_t){0});
-  for (size_t j = 0; j < b->np; j++) LP_CHECK(lp_tensor_write(p[b->idx[j]].grad, b->pack + b->off[j]));
+  for (size_t j = 0; j < b->np; j++)
+    LP_CHECK(lp_tensor_write(p[b->idx[j]].grad, b->pack + b->off[j]));
   return LP_OK;
 }
 
@@ -351,7 +352,8 @@ lp_status ex_dp_finish(lp_exec *e) {
         /* the master values: this rank's slice of the parameters (equal
          * to the shard after every all-gather; a loaded checkpoint's) */
         const lp_nn_param *p = lp_nn_params(vs->chunk, &(size_t){0});
-        for (size_t j = 0; j < b->np; j++) LP_CHECK(lp_tensor_read(p[b->idx[j]].value, b->pack + b->off[j]));
+        for (size_t j = 0; j < b->np; j++)
+          LP_CHECK(lp_tensor_read(p[b->idx[j]].value, b->pack + b->off[j]));
         memcpy(b->wv->data, b->pack + b->lo, b->shard * sizeof(float));
       }
     }

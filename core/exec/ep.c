@@ -51,7 +51,8 @@ lp_status ex_grid_new(lp_exec *e) {
     st = lp_comm_split(e->world, p * G + g, e->ep_rank, &e->ep_comm_b);
   /* the DP group (dense sums); the expert-DP group (experts' sums) */
   if (st == LP_OK && G > 1) st = lp_comm_split(e->world, p, d, &e->dp_own);
-  if (st == LP_OK && G > 1 && E > 1) st = lp_comm_split(e->world, p * E + e->ep_rank, g, &e->xdp_own);
+  if (st == LP_OK && G > 1 && E > 1)
+    st = lp_comm_split(e->world, p * E + e->ep_rank, g, &e->xdp_own);
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d: forming the pp x dp grid: %s", e->rank,
             lp_comm_last_error(e->world));

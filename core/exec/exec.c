@@ -205,7 +205,8 @@ lp_status ex_b_begin(lp_exec *e, int v, int mb, int full) {
     dy = sl->bin;
     sl->bin = NULL;
     if (!dy) {
-      lp_errf(e->err, "rank %d, action %d: output gradient of micro-batch %d on stage %d is missing",
+      lp_errf(e->err,
+              "rank %d, action %d: output gradient of micro-batch %d on stage %d is missing",
               e->rank, e->cur, mb, v);
       return LP_ERR_INTERNAL;
     }
@@ -762,7 +763,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     if (vs->wq_len) {
-      lp_errf(e->err, "rank %d: %d weight-grads of stage %d never ran", e->rank, vs->wq_len, vs->id);
+      lp_errf(e->err, "rank %d: %d weight-grads of stage %d never ran", e->rank, vs->wq_len,
+              vs->id);
       st = LP_ERR_INVALID;
       goto fail;
     }
@@ -830,7 +832,8 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
   ex_timing_commit(e, t_opt - start);
   return LP_OK;
 fail:
-  if (!*e->err) lp_errf(e->err, "rank %d: step %lld failed: %s", e->rank, (long long)step, lp_strerror(st));
+  if (!*e->err)
+    lp_errf(e->err, "rank %d: step %lld failed: %s", e->rank, (long long)step, lp_strerror(st));
   reset_step(e);
   return st;
 }

@@ -53,8 +53,8 @@ lp_status ex_host_share_new(lp_exec *e) {
   }
   for (int i = 0; i < n; i++) use[i] = CPU_ISSET(i, &set) ? 1 : 0;
   use[n] = 1; /* ranks */
-  lp_status st = lp_comm_allreduce_sum_double(hc, use, (size_t)n + 1,
-                                              "lp_exec_new: counting the ranks and cores of a host");
+  lp_status st = lp_comm_allreduce_sum_double(
+      hc, use, (size_t)n + 1, "lp_exec_new: counting the ranks and cores of a host");
   if (st == LP_OK) {
     e->host.ranks = (int)(use[n] + 0.5);
     for (int i = 0; i < n; i++) e->host.cores += use[i] > 0;

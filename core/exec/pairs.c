@@ -94,7 +94,8 @@ static lp_status pair_advance(lp_exec *e, int which, int *done) {
   const char *name = phase_slice_name(which, ex_half_phase(e, which));
   double t0 = lp_now();
   lp_status st = ex_half_advance(e, which, done);
-  if (st == LP_OK) ex_trace_add(e, LP_TRACE_COMPUTE, name, "phase", t0, lp_now(), v, mb, e->cur, -1, -1);
+  if (st == LP_OK)
+    ex_trace_add(e, LP_TRACE_COMPUTE, name, "phase", t0, lp_now(), v, mb, e->cur, -1, -1);
   return st;
 }
 

@@ -134,7 +134,8 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
     st = lp_comm_waitall(e->ep_comm, reqs, nreq, what);
     if (st != LP_OK) {
       ex_comm_fail(e, e->ep_comm, st, what);
-      for (int i = 0; i < nreq; i++) lp_comm_cancel(e->ep_comm, &reqs[i]); /* before the buffers go */
+      /* before the buffers go */
+      for (int i = 0; i < nreq; i++) lp_comm_cancel(e->ep_comm, &reqs[i]);
       lp_free(reqs);
       for (int i = 0; i < spr; i++) lp_free(rbuf[i]);
       lp_free(rbuf);

@@ -384,7 +384,8 @@ lp_status lp_exec_trace_gather(lp_exec *e, lp_trace **out) {
   *out = all;
   all = NULL;
 done:
-  if (st == LP_ERR_NOMEM && !*e->err) lp_errf(e->err, "rank %d: out of memory gathering the trace", e->rank);
+  if (st == LP_ERR_NOMEM && !*e->err)
+    lp_errf(e->err, "rank %d: out of memory gathering the trace", e->rank);
   lp_trace_free(all);
   lp_free(rbuf);
   lp_free(mine);

@@ -179,7 +179,8 @@ static int lb_exec_run_half(lua_State *L) {
   static const int codes[] = {LP_ACT_F, LP_ACT_B, LP_ACT_I, LP_ACT_W};
   int ty = codes[luaL_checkoption(L, 2, NULL, types)];
   int v = (int)luaL_checkinteger(L, 3), mb = (int)luaL_checkinteger(L, 4);
-  if (!b->in_step) return luaL_error(L, "exec:run_half is only allowed inside an overlapped_fb hook");
+  if (!b->in_step)
+    return luaL_error(L, "exec:run_half is only allowed inside an overlapped_fb hook");
   lp_status st = lp_exec_run_half(b->e, ty, v, mb);
   if (st == LP_ERR_ARG && !*lp_exec_last_error(b->e))
     return luaL_error(L, "run_half: virtual stage %d / micro-batch %d is not on this rank", v, mb);
@@ -197,10 +198,12 @@ static int lb_exec_begin_half(lua_State *L) {
   static const int codes[] = {LP_ACT_F, LP_ACT_B, LP_ACT_I};
   int ty = codes[luaL_checkoption(L, 2, NULL, types)];
   int v = (int)luaL_checkinteger(L, 3), mb = (int)luaL_checkinteger(L, 4);
-  if (!b->in_step) return luaL_error(L, "exec:begin_half is only allowed inside an overlapped_fb hook");
+  if (!b->in_step)
+    return luaL_error(L, "exec:begin_half is only allowed inside an overlapped_fb hook");
   lp_status st = lp_exec_half_begin(b->e, ty, v, mb);
   if (st == LP_ERR_ARG && !*lp_exec_last_error(b->e))
-    return luaL_error(L, "begin_half: virtual stage %d / micro-batch %d is not on this rank", v, mb);
+    return luaL_error(L, "begin_half: virtual stage %d / micro-batch %d is not on this rank", v,
+                      mb);
   if (st != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
   lua_pushboolean(L, 1);
   return 1;
@@ -212,7 +215,8 @@ static int lb_exec_advance(lua_State *L) {
   exec_box *b = check_exec(L, 1);
   static const char *const which[] = {"F", "B", NULL};
   int bw = luaL_checkoption(L, 2, NULL, which);
-  if (!b->in_step) return luaL_error(L, "exec:advance is only allowed inside an overlapped_fb hook");
+  if (!b->in_step)
+    return luaL_error(L, "exec:advance is only allowed inside an overlapped_fb hook");
   int done = 0;
   if (lp_exec_half_advance(b->e, bw, &done) != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
   lua_pushboolean(L, done);
@@ -228,7 +232,8 @@ static int lb_exec_weight_grad_part(lua_State *L) {
   if (!b->in_step)
     return luaL_error(L, "exec:weight_grad_part is only allowed inside an overlapped_fb hook");
   int did = 0;
-  if (lp_exec_half_weight_grad_part(b->e, &did) != LP_OK) return lb_fail(L, lp_exec_last_error(b->e));
+  if (lp_exec_half_weight_grad_part(b->e, &did) != LP_OK)
+    return lb_fail(L, lp_exec_last_error(b->e));
   lua_pushboolean(L, did);
   return 1;
 }
@@ -288,7 +293,8 @@ static int lb_exec_new(lua_State *L) {
   luaL_argcheck(L, lua_isfunction(L, -1), 2, "'build' must be a function(stage) -> Layer");
   b->build_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_getfield(L, 2, "data");
-  luaL_argcheck(L, lua_isfunction(L, -1), 2, "'data' must be a function(step, mb) -> input, target");
+  luaL_argcheck(L, lua_isfunction(L, -1), 2,
+                "'data' must be a function(step, mb) -> input, target");
   b->data.ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_getfield(L, 2, "loss");
   o.loss = lb_loss_kind(L, -1, "loss");
@@ -297,9 +303,11 @@ static int lb_exec_new(lua_State *L) {
   if (S > 1) luaL_argcheck(L, lua_istable(L, -1), 2, "'act_shapes' {[stage] = shape} needed");
   for (int st = 1; st < S; st++) {
     lua_geti(L, -1, st);
-    if (!lua_istable(L, -1)) return luaL_error(L, "act_shapes[%d] (input shape of stage %d) is missing", st, st);
+    if (!lua_istable(L, -1))
+      return luaL_error(L, "act_shapes[%d] (input shape of stage %d) is missing", st, st);
     int n = (int)luaL_len(L, -1);
-    if (n < 1 || n > LP_TENSOR_MAXDIM) return luaL_error(L, "act_shapes[%d] must have 1 to 4 dims", st);
+    if (n < 1 || n > LP_TENSOR_MAXDIM)
+      return luaL_error(L, "act_shapes[%d] must have 1 to 4 dims", st);
     b->ndim[st] = n;
     for (int d = 0; d < n; d++) {
       lua_geti(L, -1, d + 1);
@@ -336,7 +344,8 @@ static int lb_exec_new(lua_State *L) {
   lua_pop(L, 1);
   lua_getfield(L, 2, "device");
   if (!lua_isnil(L, -1)) {
-    luaL_argcheck(L, lua_type(L, -1) == LUA_TSTRING, 2, "'device' must be \"cpu\", \"cuda\" or \"cuda:N\"");
+    luaL_argcheck(L, lua_type(L, -1) == LUA_TSTRING, 2,
+                  "'device' must be \"cpu\", \"cuda\" or \"cuda:N\"");
     char derr[LP_ERRLEN];
     if (lp_exec_device(lua_tostring(L, -1), &o.backend, derr) != LP_OK) {
       box_close(L, b);
@@ -634,11 +643,13 @@ static int lb_exec_set_placement(lua_State *L) {
   luaL_argcheck(L, spr >= 1, 3, "slots per rank must be at least 1");
   lua_Integer n = luaL_len(L, 4);
   if (n != (lua_Integer)spr * ep)
-    return luaL_error(L, "set_placement: phys_to_log has %d entries, %d x %d expected", (int)n, ep, spr);
+    return luaL_error(L, "set_placement: phys_to_log has %d entries, %d x %d expected", (int)n, ep,
+                      spr);
   int *p2l = lua_newuserdatauv(L, (size_t)n * sizeof(int) + 1, 0);
   for (lua_Integer i = 1; i <= n; i++) {
     lua_geti(L, 4, i);
-    if (!lua_isinteger(L, -1)) return luaL_error(L, "set_placement: phys_to_log[%d] is not an integer", (int)i);
+    if (!lua_isinteger(L, -1))
+      return luaL_error(L, "set_placement: phys_to_log[%d] is not an integer", (int)i);
     p2l[i - 1] = (int)lua_tointeger(L, -1);
     lua_pop(L, 1);
   }
@@ -674,7 +685,8 @@ static int lb_exec_host_share(lua_State *L) {
  * message on this rank (0 unless it holds a copy of a replicated stage) */
 static int lb_exec_message_floats(lua_State *L) {
   size_t act = 0, grad = 0;
-  if (lp_exec_message_floats(check_exec(L, 1)->e, (int)luaL_checkinteger(L, 2), &act, &grad) != LP_OK)
+  if (lp_exec_message_floats(check_exec(L, 1)->e, (int)luaL_checkinteger(L, 2), &act, &grad) !=
+      LP_OK)
     return luaL_argerror(L, 2, "no such model stage");
   lua_pushinteger(L, (lua_Integer)act);
   lua_pushinteger(L, (lua_Integer)grad);

@@ -440,8 +440,10 @@ static lp_status build_layer(lua_State *L, int idx, const char *name, uint64_t s
     lp_nn_layer_release(inner);
     return st;
   }
-  luaL_error(L, "unknown layer kind '%s' (linear, embedding, gelu, silu, rmsnorm, attention, "
-             "mlp_block, transformer_block, moe, moe_block, mla, swiglu, mla_block, residual)", kind);
+  luaL_error(L,
+             "unknown layer kind '%s' (linear, embedding, gelu, silu, rmsnorm, attention, "
+             "mlp_block, transformer_block, moe, moe_block, mla, swiglu, mla_block, residual)",
+             kind);
   return LP_ERR_ARG;
 }
 
@@ -716,9 +718,10 @@ static int lb_layer_set_moe_bias(lua_State *L) {
                         e + 1, e, ok ? lua_tostring(L, -1) : luaL_typename(L, -1));
     b[e] = (float)x;
     if (b[e] != 0.0f && lp_nn_moe_get_opts(m)->no_bias)
-      return luaL_error(L, "set_moe_bias: MoE layer %d of '%s' has no correction bias "
-                           "(correction_bias = false), but bias[%d] is %s", (int)lua_tointeger(L, 2),
-                        lp_nn_layer_name(l), e + 1, lua_tostring(L, -1));
+      return luaL_error(L,
+                        "set_moe_bias: MoE layer %d of '%s' has no correction bias "
+                        "(correction_bias = false), but bias[%d] is %s",
+                        (int)lua_tointeger(L, 2), lp_nn_layer_name(l), e + 1, lua_tostring(L, -1));
     lua_pop(L, 1);
   }
   lp_nn_moe_set_bias(m, b);
@@ -793,6 +796,36 @@ static int lb_layer_route(lua_State *L) {
 static int lb_layer_device(lua_State *L) {
   lua_pushstring(L, layer_backend(lb_check_layer(L, 1))->name);
   return 1;
+}
+
+/* layer:set_precision("f32" | "bf16") -> layer: the GEMMs of the layer and
+ * everything inside it (lp_nn_layer_set_precision). */
+static int lb_layer_set_precision(lua_State *L) {
+  lp_nn_layer *l = lb_check_layer(L, 1);
+  const char *p = luaL_checkstring(L, 2);
+  lp_tensor_precision prec;
+  if (!lp_tensor_precision_parse(p, &prec))
+    return luaL_argerror(
+        L, 2, lua_pushfstring(L, "precision must be \"f32\" or \"bf16\", got \"%s\"", p));
+  if (lp_nn_layer_set_precision(l, prec) != LP_OK) return luaL_error(L, "set_precision failed");
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* layer:precision() -> "f32" | "bf16" */
+static int lb_layer_precision(lua_State *L) {
+  lua_pushstring(L, lp_tensor_precision_name(lp_nn_layer_precision(lb_check_layer(L, 1))));
+  return 1;
+}
+
+/* core.bf16_engine() -> text, native, f32 text: which engine runs the
+ * CPU's bf16 GEMMs (lp_tensor_bf16_engine), whether it is oneDNN, and
+ * which runs its float32 GEMMs (lp_tensor_f32_engine). */
+static int lb_bf16_engine(lua_State *L) {
+  lua_pushstring(L, lp_tensor_bf16_engine());
+  lua_pushboolean(L, lp_tensor_bf16_native());
+  lua_pushstring(L, lp_tensor_f32_engine());
+  return 3;
 }
 
 /* ---- luapipe.Optim ---- */
@@ -1062,6 +1095,8 @@ void lb_open_nn(lua_State *L) {
                                            {"route", lb_layer_route},
                                            {"to", lb_layer_to},
                                            {"device", lb_layer_device},
+                                           {"set_precision", lb_layer_set_precision},
+                                           {"precision", lb_layer_precision},
                                            {"close", lb_layer_close},
                                            {NULL, NULL}};
   static const luaL_Reg layer_meta[] = {{"__gc", lb_layer_close}, {"__close", lb_layer_close},
@@ -1078,6 +1113,7 @@ void lb_open_nn(lua_State *L) {
                                    {"nn_layer", lb_nn_layer},
                                    {"nn_mla_check", lb_nn_mla_check},
                                    {"nn_chunk", lb_nn_chunk},
+                                   {"bf16_engine", lb_bf16_engine},
                                    {"nn_optim", lb_nn_optim},
                                    {"nn_reference_step", lb_nn_reference_step},
                                    {"nn_loss_names", lb_nn_loss_names},

@@ -21,17 +21,20 @@ enum { A_X, A_Q, A_K, A_V, A_P, A_O, A_DY, A_DQ, A_DK, A_DV };
  * `hd` operands are [T, dh] head blocks (ld D, head stride dh, batch stride
  * T*D); `tt` operands are [T, T] (ld T, head stride T*T, batch stride
  * H*T*T). kinds: 0 = hd, 1 = tt. */
-static lp_status head_gemm(const lp_tensor_backend *be, int64_t B, int64_t T,
+static lp_status head_gemm(const lp_tensor_backend *be,
+                           lp_tensor_precision prec, int64_t B, int64_t T,
                            int64_t D, int64_t H, int ta, int tb, int64_t m,
                            int64_t n, int64_t k, float alpha, const float *a,
                            int a_tt, const float *b, int b_tt, float *c,
                            int c_tt) {
   int64_t dh = D / H;
+  if (prec == LP_TENSOR_BF16 && !be->gemm_bf16) return LP_ERR_UNSUPPORTED;
   for (int64_t bi = 0; bi < B; bi++) {
     const float *ab = a + bi * (a_tt ? H * T * T : T * D);
     const float *bb = b + bi * (b_tt ? H * T * T : T * D);
     float *cb = c + bi * (c_tt ? H * T * T : T * D);
-    LP_CHECK(be->gemm(be, ta, tb, m, n, k, alpha, ab, a_tt ? T : D,
+    LP_CHECK((prec == LP_TENSOR_BF16 ? be->gemm_bf16 : be->gemm)(
+        be, ta, tb, m, n, k, alpha, ab, a_tt ? T : D,
                       a_tt ? T * T : dh, bb, b_tt ? T : D, b_tt ? T * T : dh,
                       0.0f, cb, c_tt ? T : D, c_tt ? T * T : dh, H));
   }
@@ -58,22 +61,22 @@ static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, &v), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, &o), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty(be, 4, (int64_t[]){B, H, T, T}, &p), st, fail);
-  LP_CHECK_GOTO(lp_tensor_gemm(q, 1.0f, xd, 0, WQ(l), 1, 0.0f), st, fail);
-  LP_CHECK_GOTO(lp_tensor_gemm(k, 1.0f, xd, 0, WK(l), 1, 0.0f), st, fail);
-  LP_CHECK_GOTO(lp_tensor_gemm(v, 1.0f, xd, 0, WV(l), 1, 0.0f), st, fail);
+  LP_CHECK_GOTO(nn_gemm(l->precision, q, 1.0f, xd, 0, WQ(l), 1, 0.0f), st, fail);
+  LP_CHECK_GOTO(nn_gemm(l->precision, k, 1.0f, xd, 0, WK(l), 1, 0.0f), st, fail);
+  LP_CHECK_GOTO(nn_gemm(l->precision, v, 1.0f, xd, 0, WV(l), 1, 0.0f), st, fail);
   /* S = Q K^T / sqrt(dh), masked above the diagonal, softmax -> P */
   float scale = (float)(1.0 / sqrt((double)dh));
-  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 0, 1, T, T, dh, scale, q->data, 0,
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 1, T, T, dh, scale, q->data, 0,
                           k->data, 0, p->data, 1),
                 st, fail);
   LP_CHECK_GOTO(be->causal_mask(be, B * H * T, T, p->data), st, fail);
   LP_CHECK_GOTO(lp_tensor_softmax_rows(p, p), st, fail);
   /* O = P V */
-  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 0, 0, T, dh, T, 1.0f, p->data, 1,
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 0, T, dh, T, 1.0f, p->data, 1,
                           v->data, 0, o->data, 0),
                 st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, y), st, fail);
-  LP_CHECK_GOTO(lp_tensor_gemm(*y, 1.0f, o, 0, WO(l), 1, 0.0f), st, fail);
+  LP_CHECK_GOTO(nn_gemm(l->precision, *y, 1.0f, o, 0, WO(l), 1, 0.0f), st, fail);
   nn_keep(ctx, A_X, xd);
   nn_keep(ctx, A_Q, q);
   nn_keep(ctx, A_K, k);
@@ -115,11 +118,11 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK_GOTO(lp_tensor_empty_like(x, &dk), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(x, &dv), st, fail);
   /* dO = dY Wo;  dP = dO V^T;  dV = P^T dO */
-  LP_CHECK_GOTO(lp_tensor_gemm(dout, 1.0f, dyd, 0, WO(l), 0, 0.0f), st, fail);
-  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 0, 1, T, T, dh, 1.0f, dout->data, 0,
+  LP_CHECK_GOTO(nn_gemm(l->precision, dout, 1.0f, dyd, 0, WO(l), 0, 0.0f), st, fail);
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 1, T, T, dh, 1.0f, dout->data, 0,
                           v->data, 0, ds->data, 1),
                 st, fail);
-  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 1, 0, T, dh, T, 1.0f, p->data, 1,
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 1, 0, T, dh, T, 1.0f, p->data, 1,
                           dout->data, 0, dv->data, 0),
                 st, fail);
   /* dS = P * (dP - rowsum(dP * P)), in place; masked entries have P = 0 */
@@ -127,17 +130,17 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                 st, fail);
   /* dQ = dS K / sqrt(dh);  dK = dS^T Q / sqrt(dh) */
   float scale = (float)(1.0 / sqrt((double)dh));
-  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 0, 0, T, dh, T, scale, ds->data, 1,
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 0, T, dh, T, scale, ds->data, 1,
                           k->data, 0, dq->data, 0),
                 st, fail);
-  LP_CHECK_GOTO(head_gemm(be, B, T, D, H, 1, 0, T, dh, T, scale, ds->data, 1,
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 1, 0, T, dh, T, scale, ds->data, 1,
                           q->data, 0, dk->data, 0),
                 st, fail);
   if (dx) {
     LP_CHECK_GOTO(lp_tensor_empty_like(x, dx), st, fail);
-    LP_CHECK_GOTO(lp_tensor_gemm(*dx, 1.0f, dq, 0, WQ(l), 0, 0.0f), st, fail);
-    LP_CHECK_GOTO(lp_tensor_gemm(*dx, 1.0f, dk, 0, WK(l), 0, 1.0f), st, fail);
-    LP_CHECK_GOTO(lp_tensor_gemm(*dx, 1.0f, dv, 0, WV(l), 0, 1.0f), st, fail);
+    LP_CHECK_GOTO(nn_gemm(l->precision, *dx, 1.0f, dq, 0, WQ(l), 0, 0.0f), st, fail);
+    LP_CHECK_GOTO(nn_gemm(l->precision, *dx, 1.0f, dk, 0, WK(l), 0, 1.0f), st, fail);
+    LP_CHECK_GOTO(nn_gemm(l->precision, *dx, 1.0f, dv, 0, WV(l), 0, 1.0f), st, fail);
   }
   lp_tensor_free(dout);
   lp_tensor_free(ds);
@@ -163,13 +166,13 @@ fail:
 static lp_status attention_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   const lp_tensor *x = ctx->saved[A_X], *o = ctx->saved[A_O];
   LP_CHECK(
-      lp_tensor_gemm(l->params[0].grad, 1.0f, ctx->saved[A_DQ], 1, x, 0, 1.0f));
+      nn_gemm(l->precision, l->params[0].grad, 1.0f, ctx->saved[A_DQ], 1, x, 0, 1.0f));
   LP_CHECK(
-      lp_tensor_gemm(l->params[1].grad, 1.0f, ctx->saved[A_DK], 1, x, 0, 1.0f));
+      nn_gemm(l->precision, l->params[1].grad, 1.0f, ctx->saved[A_DK], 1, x, 0, 1.0f));
   LP_CHECK(
-      lp_tensor_gemm(l->params[2].grad, 1.0f, ctx->saved[A_DV], 1, x, 0, 1.0f));
+      nn_gemm(l->precision, l->params[2].grad, 1.0f, ctx->saved[A_DV], 1, x, 0, 1.0f));
   LP_CHECK(
-      lp_tensor_gemm(l->params[3].grad, 1.0f, ctx->saved[A_DY], 1, o, 0, 1.0f));
+      nn_gemm(l->precision, l->params[3].grad, 1.0f, ctx->saved[A_DY], 1, o, 0, 1.0f));
   return LP_OK;
 }
 

@@ -598,6 +598,19 @@ lp_status lp_nn_layer_to(lp_nn_layer *l, const lp_tensor_backend *be) {
   return st;
 }
 
+lp_status lp_nn_layer_set_precision(lp_nn_layer *l, lp_tensor_precision prec) {
+  if (!l || (prec != LP_TENSOR_F32 && prec != LP_TENSOR_BF16))
+    return LP_ERR_ARG;
+  l->precision = prec;
+  for (size_t i = 0; i < l->nchild; i++)
+    LP_CHECK(lp_nn_layer_set_precision(l->child[i], prec));
+  return LP_OK;
+}
+
+lp_tensor_precision lp_nn_layer_precision(const lp_nn_layer *l) {
+  return l ? l->precision : LP_TENSOR_F32;
+}
+
 lp_status nn_composite_collect_params(lp_nn_layer *l) {
   size_t total = 0;
   for (size_t i = 0; i < l->nchild; i++) {

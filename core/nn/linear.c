@@ -39,7 +39,7 @@ static lp_status linear_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   nn_shape_last(x, l->out, sh);
   LP_CHECK_GOTO(lp_tensor_empty(lp_tensor_backend_of(x), x->ndim, sh, y), st,
                 fail);
-  LP_CHECK_GOTO(lp_tensor_gemm(*y, 1.0f, xd, 0, l->params[0].value, 1, 0.0f),
+  LP_CHECK_GOTO(nn_gemm(l->precision, *y, 1.0f, xd, 0, l->params[0].value, 1, 0.0f),
                 st, fail);
   if (l->nparams > 1)
     LP_CHECK_GOTO(lp_tensor_add_rowvec(*y, l->params[1].value), st, fail);
@@ -60,12 +60,12 @@ static lp_status linear_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   nn_keep(ctx, S_DY, dyd);
   if (!dx) return LP_OK;
   LP_CHECK(lp_tensor_empty_like(x, dx));
-  return lp_tensor_gemm(*dx, 1.0f, dyd, 0, l->params[0].value, 0, 0.0f);
+  return nn_gemm(l->precision, *dx, 1.0f, dyd, 0, l->params[0].value, 0, 0.0f);
 }
 
 static lp_status linear_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   const lp_tensor *x = ctx->saved[S_X], *dy = ctx->saved[S_DY];
-  LP_CHECK(lp_tensor_gemm(l->params[0].grad, 1.0f, dy, 1, x, 0, 1.0f));
+  LP_CHECK(nn_gemm(l->precision, l->params[0].grad, 1.0f, dy, 1, x, 0, 1.0f));
   if (l->nparams > 1) LP_CHECK(lp_tensor_sum_rows(l->params[1].grad, dy, 1.0f));
   return LP_OK;
 }

@@ -172,6 +172,14 @@ lp_status lp_nn_zero_grad(lp_nn_layer *l);
  * must then be on the same backend (token ids and loss targets may stay
  * on the host). On failure the parameters are back where they were. */
 lp_status lp_nn_layer_to(lp_nn_layer *l, const lp_tensor_backend *be);
+/* Sets the precision of the GEMMs of l and every layer inside it: Linear,
+ * attention's projections and score / value matmuls, MoE experts (routed
+ * and shared) run at `prec` (LP_TENSOR_BF16: inputs rounded to bf16,
+ * float32 sums); embeddings, norms, softmax, losses, MoE routers and the
+ * optimizer stay float32, as do parameters and activations. New layers
+ * are LP_TENSOR_F32. LP_ERR_ARG for an unknown precision. */
+lp_status lp_nn_layer_set_precision(lp_nn_layer *l, lp_tensor_precision prec);
+lp_tensor_precision lp_nn_layer_precision(const lp_nn_layer *l);
 
 /* ======================================================================
  * Per-micro-batch contexts

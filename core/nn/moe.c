@@ -150,8 +150,8 @@ static lp_status shared_fwd_in(lp_nn_layer *l, lp_nn_ctx *ctx) {
   nn_keep(ctx, M_SHA3, sa3);
   LP_CHECK(new2(rt, rt->n, m->hs, &sh));
   nn_keep(ctx, M_SHH, sh);
-  LP_CHECK(lp_tensor_gemm(sa1, 1.0f, ctx->saved[M_X], 0, P_SH(l, 0).value, 1, 0.0f));
-  LP_CHECK(lp_tensor_gemm(sa3, 1.0f, ctx->saved[M_X], 0, P_SH(l, 1).value, 1, 0.0f));
+  LP_CHECK(nn_gemm(l->precision, sa1, 1.0f, ctx->saved[M_X], 0, P_SH(l, 0).value, 1, 0.0f));
+  LP_CHECK(nn_gemm(l->precision, sa3, 1.0f, ctx->saved[M_X], 0, P_SH(l, 1).value, 1, 0.0f));
   LP_CHECK(lp_tensor_act(sh, LP_TENSOR_ACT_SILU, sa1));
   return lp_tensor_mul(sh, sh, sa3);
 }
@@ -163,7 +163,7 @@ static lp_status shared_fwd_out(lp_nn_layer *l, lp_nn_ctx *ctx) {
   lp_tensor *so;
   LP_CHECK(new2(rt, rt->n, m->o.dim, &so));
   nn_keep(ctx, M_SHOUT, so);
-  return lp_tensor_gemm(so, 1.0f, ctx->saved[M_SHH], 0, P_SH(l, 2).value, 1, 0.0f);
+  return nn_gemm(l->precision, so, 1.0f, ctx->saved[M_SHH], 0, P_SH(l, 2).value, 1, 0.0f);
 }
 
 static lp_status fwd_dense(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
@@ -264,7 +264,7 @@ static lp_status fwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
     if (st == LP_OK) st = rows_of(h, a, n, &v[3]);
     if (st == LP_OK) st = rows_of(oute, a, n, &v[4]);
     if (st == LP_OK)
-      st = nn_swiglu_fwd(v[0], P_SLOT(l, j, 0).value, P_SLOT(l, j, 1).value,
+      st = nn_swiglu_fwd(l->precision, v[0], P_SLOT(l, j, 0).value, P_SLOT(l, j, 1).value,
                       P_SLOT(l, j, 2).value, v[1], v[2], v[3], v[4]);
     for (int i = 0; i < 5; i++)
       lp_tensor_free(v[i]);
@@ -356,7 +356,7 @@ static lp_status bwd_dense(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
     nn_keep(ctx, M_SHDA1, da1);
     LP_CHECK(new2(rt, n, m->hs, &da3));
     nn_keep(ctx, M_SHDA3, da3);
-    LP_CHECK(nn_swiglu_bwd(dy2, ctx->saved[M_SHA1], ctx->saved[M_SHA3],
+    LP_CHECK(nn_swiglu_bwd(l->precision, dy2, ctx->saved[M_SHA1], ctx->saved[M_SHA3],
                         P_SH(l, 0).value, P_SH(l, 1).value, P_SH(l, 2).value,
                         da1, da3, dx, 1.0f));
     nn_drop(ctx, M_SHA1);
@@ -396,7 +396,7 @@ static lp_status bwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
     if (st == LP_OK) st = rows_of(da3, a, n, &v[4]);
     if (st == LP_OK) st = rows_of(dxe, a, n, &v[5]);
     if (st == LP_OK)
-      st = nn_swiglu_bwd(v[0], v[1], v[2], P_SLOT(l, j, 0).value,
+      st = nn_swiglu_bwd(l->precision, v[0], v[1], v[2], P_SLOT(l, j, 0).value,
                       P_SLOT(l, j, 1).value, P_SLOT(l, j, 2).value, v[3], v[4],
                       v[5], 0.0f);
     for (int i = 0; i < 6; i++)
@@ -492,7 +492,7 @@ static lp_status experts_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
     for (int i = 0; i < 5 && st == LP_OK; i++)
       st = rows_of(ctx->saved[src[i]], a, n, &v[i]);
     if (st == LP_OK)
-      st = nn_swiglu_wgrad(v[0], v[1], v[2], v[3], v[4], P_SLOT(l, j, 0).grad,
+      st = nn_swiglu_wgrad(l->precision, v[0], v[1], v[2], v[3], v[4], P_SLOT(l, j, 0).grad,
                         P_SLOT(l, j, 1).grad, P_SLOT(l, j, 2).grad);
     for (int i = 0; i < 5; i++)
       lp_tensor_free(v[i]);
@@ -511,7 +511,7 @@ static lp_status moe_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   LP_CHECK(lp_tensor_gemm(l->params[0].grad, 1.0f, ctx->saved[M_DLOG], 1, x, 0,
                           1.0f));
   if (m->o.shared > 0)
-    LP_CHECK(nn_swiglu_wgrad(x, ctx->saved[M_SHH], ctx->saved[M_DY],
+    LP_CHECK(nn_swiglu_wgrad(l->precision, x, ctx->saved[M_SHH], ctx->saved[M_DY],
                           ctx->saved[M_SHDA1], ctx->saved[M_SHDA3],
                           P_SH(l, 0).grad, P_SH(l, 1).grad, P_SH(l, 2).grad));
   return rt->experts_w_done ? LP_OK : experts_weight_grad(l, ctx);

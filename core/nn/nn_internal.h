@@ -55,6 +55,9 @@ struct lp_nn_layer {
   int64_t heads;   /* attention */
   float eps;       /* rmsnorm */
   lp_tensor_act_kind act;
+  /* the GEMMs' precision (lp_nn_layer_set_precision); norms, softmax,
+   * losses, routers and optimizers stay float32 whatever it is */
+  lp_tensor_precision precision;
   /* state of a kind the generic layer does not know (moe: config,
    * placement, bias, load), owned: freed by sub_free on release */
   void *sub;
@@ -98,6 +101,13 @@ struct lp_nn_ctx {
   void (*ext_free)(void *ext);
   char err[LP_ERRLEN];
 };
+
+/* A layer's GEMM at its precision (lp_tensor_gemm_prec). */
+static inline lp_status nn_gemm(lp_tensor_precision prec, lp_tensor *c,
+                                float alpha, const lp_tensor *a, int ta,
+                                const lp_tensor *b, int tb, float beta) {
+  return lp_tensor_gemm_prec(c, alpha, a, ta, b, tb, beta, prec);
+}
 
 enum { NN_PASS_NONE = 0, NN_PASS_FORWARD = 1, NN_PASS_INPUT_GRAD = 2 };
 
@@ -166,21 +176,21 @@ lp_status nn_composite_collect_params(lp_nn_layer *l);
 
 /* ---- SwiGLU (swiglu.c): out = (silu(x W1^T) * (x W3^T)) W2^T on rows,
  * W1, W3 [hidden, D], W2 [D, hidden]; the swiglu layer's and the MoE
- * experts' (moe.c) math. ---- */
+ * experts' (moe.c) math; the GEMMs at precision prec. ---- */
 /* a1 = x W1^T, a3 = x W3^T, h = silu(a1) * a3, out = h W2^T. */
-lp_status nn_swiglu_fwd(const lp_tensor *x, const lp_tensor *w1,
+lp_status nn_swiglu_fwd(lp_tensor_precision prec, const lp_tensor *x, const lp_tensor *w1,
                         const lp_tensor *w3, const lp_tensor *w2,
                         lp_tensor *a1, lp_tensor *a3, lp_tensor *h,
                         lp_tensor *out);
 /* dh = dout W2; da3 = dh * silu(a1); da1 = dh * a3 * silu'(a1);
  * dx = beta * dx + da1 W1 + da3 W3 (dx NULL: skip it). */
-lp_status nn_swiglu_bwd(const lp_tensor *dout, const lp_tensor *a1,
+lp_status nn_swiglu_bwd(lp_tensor_precision prec, const lp_tensor *dout, const lp_tensor *a1,
                         const lp_tensor *a3, const lp_tensor *w1,
                         const lp_tensor *w3, const lp_tensor *w2,
                         lp_tensor *da1, lp_tensor *da3, lp_tensor *dx,
                         float beta);
 /* g1 += da1^T x, g3 += da3^T x, g2 += dout^T h. */
-lp_status nn_swiglu_wgrad(const lp_tensor *x, const lp_tensor *h,
+lp_status nn_swiglu_wgrad(lp_tensor_precision prec, const lp_tensor *x, const lp_tensor *h,
                           const lp_tensor *dout, const lp_tensor *da1,
                           const lp_tensor *da3, lp_tensor *g1, lp_tensor *g3,
                           lp_tensor *g2);

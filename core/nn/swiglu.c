@@ -15,39 +15,39 @@ enum { S_X, S_A1, S_A3, S_H, S_DY, S_DA1, S_DA3 };
 #define W2(l) ((l)->params[1])
 #define W3(l) ((l)->params[2])
 
-lp_status nn_swiglu_fwd(const lp_tensor *x, const lp_tensor *w1,
+lp_status nn_swiglu_fwd(lp_tensor_precision prec, const lp_tensor *x, const lp_tensor *w1,
                         const lp_tensor *w3, const lp_tensor *w2,
                         lp_tensor *a1, lp_tensor *a3, lp_tensor *h,
                         lp_tensor *out) {
-  LP_CHECK(lp_tensor_gemm(a1, 1.0f, x, 0, w1, 1, 0.0f));
-  LP_CHECK(lp_tensor_gemm(a3, 1.0f, x, 0, w3, 1, 0.0f));
+  LP_CHECK(nn_gemm(prec, a1, 1.0f, x, 0, w1, 1, 0.0f));
+  LP_CHECK(nn_gemm(prec, a3, 1.0f, x, 0, w3, 1, 0.0f));
   LP_CHECK(lp_tensor_act(h, LP_TENSOR_ACT_SILU, a1));
   LP_CHECK(lp_tensor_mul(h, h, a3));
-  return lp_tensor_gemm(out, 1.0f, h, 0, w2, 1, 0.0f);
+  return nn_gemm(prec, out, 1.0f, h, 0, w2, 1, 0.0f);
 }
 
-lp_status nn_swiglu_bwd(const lp_tensor *dout, const lp_tensor *a1,
+lp_status nn_swiglu_bwd(lp_tensor_precision prec, const lp_tensor *dout, const lp_tensor *a1,
                         const lp_tensor *a3, const lp_tensor *w1,
                         const lp_tensor *w3, const lp_tensor *w2,
                         lp_tensor *da1, lp_tensor *da3, lp_tensor *dx,
                         float beta) {
-  LP_CHECK(lp_tensor_gemm(da1, 1.0f, dout, 0, w2, 0, 0.0f)); /* dh */
+  LP_CHECK(nn_gemm(prec, da1, 1.0f, dout, 0, w2, 0, 0.0f)); /* dh */
   LP_CHECK(lp_tensor_act(da3, LP_TENSOR_ACT_SILU, a1));
   LP_CHECK(lp_tensor_mul(da3, da3, da1));
   LP_CHECK(lp_tensor_mul(da1, da1, a3));
   LP_CHECK(lp_tensor_act_backward(da1, LP_TENSOR_ACT_SILU, a1, da1));
   if (!dx) return LP_OK;
-  LP_CHECK(lp_tensor_gemm(dx, 1.0f, da1, 0, w1, 0, beta));
-  return lp_tensor_gemm(dx, 1.0f, da3, 0, w3, 0, 1.0f);
+  LP_CHECK(nn_gemm(prec, dx, 1.0f, da1, 0, w1, 0, beta));
+  return nn_gemm(prec, dx, 1.0f, da3, 0, w3, 0, 1.0f);
 }
 
-lp_status nn_swiglu_wgrad(const lp_tensor *x, const lp_tensor *h,
+lp_status nn_swiglu_wgrad(lp_tensor_precision prec, const lp_tensor *x, const lp_tensor *h,
                           const lp_tensor *dout, const lp_tensor *da1,
                           const lp_tensor *da3, lp_tensor *g1, lp_tensor *g3,
                           lp_tensor *g2) {
-  LP_CHECK(lp_tensor_gemm(g1, 1.0f, da1, 1, x, 0, 1.0f));
-  LP_CHECK(lp_tensor_gemm(g3, 1.0f, da3, 1, x, 0, 1.0f));
-  return lp_tensor_gemm(g2, 1.0f, dout, 1, h, 0, 1.0f);
+  LP_CHECK(nn_gemm(prec, g1, 1.0f, da1, 1, x, 0, 1.0f));
+  LP_CHECK(nn_gemm(prec, g3, 1.0f, da3, 1, x, 0, 1.0f));
+  return nn_gemm(prec, g2, 1.0f, dout, 1, h, 0, 1.0f);
 }
 
 /* ---- the layer ---- */
@@ -70,7 +70,7 @@ static lp_status swiglu_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK_GOTO(lp_tensor_empty(be, xd->ndim, hs, &a3), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty(be, xd->ndim, hs, &h), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, y), st, fail);
-  LP_CHECK_GOTO(nn_swiglu_fwd(xd, W1(l).value, W3(l).value, W2(l).value, a1,
+  LP_CHECK_GOTO(nn_swiglu_fwd(l->precision, xd, W1(l).value, W3(l).value, W2(l).value, a1,
                               a3, h, *y),
                 st, fail);
   nn_keep(ctx, S_X, xd);
@@ -100,7 +100,7 @@ static lp_status swiglu_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK_GOTO(lp_tensor_empty_like(ctx->saved[S_A1], &da1), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(ctx->saved[S_A1], &da3), st, fail);
   if (dx) LP_CHECK_GOTO(lp_tensor_empty_like(x, dx), st, fail);
-  LP_CHECK_GOTO(nn_swiglu_bwd(dyd, ctx->saved[S_A1], ctx->saved[S_A3],
+  LP_CHECK_GOTO(nn_swiglu_bwd(l->precision, dyd, ctx->saved[S_A1], ctx->saved[S_A3],
                               W1(l).value, W3(l).value, W2(l).value, da1, da3,
                               dx ? *dx : NULL, 0.0f),
                 st, fail);
@@ -120,7 +120,7 @@ fail:
 }
 
 static lp_status swiglu_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
-  return nn_swiglu_wgrad(ctx->saved[S_X], ctx->saved[S_H], ctx->saved[S_DY],
+  return nn_swiglu_wgrad(l->precision, ctx->saved[S_X], ctx->saved[S_H], ctx->saved[S_DY],
                          ctx->saved[S_DA1], ctx->saved[S_DA3], W1(l).grad,
                          W3(l).grad, W2(l).grad);
 }

@@ -1,4 +1,5 @@
-/* backend_cpu.c — the CPU compute backend: lp_malloc memory, OpenBLAS sgemm,
+/* backend_cpu.c — the CPU compute backend: lp_malloc memory, OpenBLAS sgemm
+ * (oneDNN's matmul when LUAPIPE_F32_GEMM asks, lp_tensor_f32_onednn),
  * plain loops for elementwise ops. Fixed loop orders, so results are
  * bitwise reproducible for a fixed OPENBLAS_NUM_THREADS. */
 #include "lp_tensor.h"
@@ -37,6 +38,7 @@ static lp_status cpu_gemm(const lp_tensor_backend *be, int trans_a, int trans_b,
       ldb > INT_MAX || ldc > INT_MAX)
     return LP_ERR_ARG;
   if (m == 0 || n == 0) return LP_OK;
+  int dnnl = lp_tensor_f32_onednn();
   for (int64_t i = 0; i < batch; i++) {
     const float *ai = a + i * stride_a, *bi = b + i * stride_b;
     float *ci = c + i * stride_c;
@@ -45,6 +47,12 @@ static lp_status cpu_gemm(const lp_tensor_backend *be, int trans_a, int trans_b,
         for (int64_t j = 0; j < n; j++)
           ci[r * ldc + j] = beta == 0.0f ? 0.0f : beta * ci[r * ldc + j];
       continue;
+    }
+    if (dnnl) { /* see lp_tensor_f32_onednn */
+      lp_status st = lp_tensor_cpu_gemm_onednn_f32(
+          trans_a, trans_b, m, n, k, alpha, ai, lda, bi, ldb, beta, ci, ldc);
+      if (st == LP_OK) continue;
+      if (st != LP_ERR_UNSUPPORTED) return st;
     }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k,
@@ -455,6 +463,7 @@ static const lp_tensor_backend cpu_backend = {
     .adamw_step = cpu_adamw_step,
     .dot_rows = cpu_dot_rows,
     .rope = cpu_rope,
+    .gemm_bf16 = lp_tensor_cpu_gemm_bf16,
 };
 
 const lp_tensor_backend *lp_tensor_backend_cpu(void) { return &cpu_backend; }

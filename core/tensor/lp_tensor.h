@@ -169,11 +169,80 @@ struct lp_tensor_backend {
   lp_status (*rope)(const lp_tensor_backend *be, int64_t rows, int64_t seq,
                     int64_t heads, int64_t d, int64_t ld, int64_t hs,
                     const float *cs, int conj, float *x);
+
+  /* Mixed-precision GEMM, as gemm but with every element of A and B
+   * rounded to bf16 (nearest even) before the products, which are summed
+   * in float32; C stays float32. NULL: the backend has none (callers answer
+   * LP_ERR_UNSUPPORTED). */
+  lp_status (*gemm_bf16)(const lp_tensor_backend *be, int trans_a,
+                         int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda,
+                         int64_t stride_a, const float *b, int64_t ldb,
+                         int64_t stride_b, float beta, float *c, int64_t ldc,
+                         int64_t stride_c, int64_t batch);
 };
 
 /* The CPU backend: lp_malloc memory, OpenBLAS sgemm, plain loops. Static
  * storage; never freed. Deterministic for a fixed OPENBLAS_NUM_THREADS. */
 const lp_tensor_backend *lp_tensor_backend_cpu(void);
+
+/* ======================================================================
+ * Precision: the compute dtype of GEMMs. Tensors stay float32; a bf16 GEMM
+ * rounds its inputs to bf16 and sums in float32 (gemm_bf16.c). On the CPU
+ * oneDNN runs it where the build has oneDNN and the CPU has AVX512-BF16 or
+ * AMX; elsewhere a float32 fallback over the same rounded inputs does
+ * (equal products, another summation order).
+ * ====================================================================== */
+
+typedef enum lp_tensor_precision {
+  LP_TENSOR_F32 = 0,
+  LP_TENSOR_BF16 = 1
+} lp_tensor_precision;
+
+/* "f32" / "bf16". */
+const char *lp_tensor_precision_name(lp_tensor_precision p);
+/* 1 and *out set for "f32" ("float32"), "bf16" ("bfloat16"); else 0. */
+int lp_tensor_precision_parse(const char *s, lp_tensor_precision *out);
+/* float -> bf16 bits (round to nearest even; NaN stays a quiet NaN), back,
+ * and the two together. */
+uint16_t lp_tensor_bf16_from_float(float x);
+float lp_tensor_bf16_to_float(uint16_t h);
+float lp_tensor_bf16_round(float x);
+/* 1 when this build links oneDNN. */
+int lp_tensor_have_onednn(void);
+/* 1 when the CPU's bf16 GEMMs run on oneDNN (built with it, the CPU has
+ * AVX512-BF16 or AMX, not forced off); the same on every call. */
+int lp_tensor_bf16_native(void);
+/* Which engine runs the CPU's bf16 GEMMs, in words (for summaries):
+ * "oneDNN bf16 matmul (avx512_core_amx)", "float32 fallback (...why)". */
+const char *lp_tensor_bf16_engine(void);
+/* Tests and benchmarks: run the float32 fallback even where oneDNN could. */
+void lp_tensor_bf16_force_fallback(int on);
+/* The CPU backend's gemm_bf16 entry (the vtable's, callable directly). */
+lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
+                                  int trans_b, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda,
+                                  int64_t stride_a, const float *b,
+                                  int64_t ldb, int64_t stride_b, float beta,
+                                  float *c, int64_t ldc, int64_t stride_c,
+                                  int64_t batch);
+/* Float32 GEMMs on the CPU run on OpenBLAS, or on oneDNN's float32 matmul
+ * when LUAPIPE_F32_GEMM says: "onednn", or "auto" where OpenBLAS has only
+ * its generic (pre-AVX2) kernels for this CPU and oneDNN has AVX2 or
+ * better (a rule of the machine, the same on every rank of one kind of
+ * machine). lp_tensor_f32_onednn says which (1: oneDNN);
+ * lp_tensor_f32_engine says it in words; _force_openblas (tests,
+ * benchmarks) turns oneDNN off. */
+int lp_tensor_f32_onednn(void);
+const char *lp_tensor_f32_engine(void);
+void lp_tensor_f32_force_openblas(int on);
+/* oneDNN's float32 matmul on host buffers, as the backend's gemm with
+ * batch 1 (benchmarks); LP_ERR_UNSUPPORTED without oneDNN. */
+lp_status lp_tensor_cpu_gemm_onednn_f32(int trans_a, int trans_b, int64_t m,
+                                        int64_t n, int64_t k, float alpha,
+                                        const float *a, int64_t lda,
+                                        const float *b, int64_t ldb,
+                                        float beta, float *c, int64_t ldc);
 
 /* ======================================================================
  * Tensors
@@ -320,6 +389,11 @@ lp_status lp_tensor_softmax_rows(lp_tensor *y, const lp_tensor *x);
 lp_status lp_tensor_gemm(lp_tensor *c, float alpha, const lp_tensor *a,
                          int trans_a, const lp_tensor *b, int trans_b,
                          float beta);
+/* The same at a precision: LP_TENSOR_F32 is lp_tensor_gemm; LP_TENSOR_BF16
+ * runs the backend's gemm_bf16 (LP_ERR_UNSUPPORTED when it has none). */
+lp_status lp_tensor_gemm_prec(lp_tensor *c, float alpha, const lp_tensor *a,
+                              int trans_a, const lp_tensor *b, int trans_b,
+                              float beta, lp_tensor_precision prec);
 
 /* Row gather / index-add (rows as in lp_tensor_rows_cols; out and x dense,
  * same cols, no aliasing; idx, scale: host arrays, scale may be NULL).

@@ -292,6 +292,13 @@ static int as_matrix(const lp_tensor *t, mat *m) {
 lp_status lp_tensor_gemm(lp_tensor *c, float alpha, const lp_tensor *a,
                          int trans_a, const lp_tensor *b, int trans_b,
                          float beta) {
+  return lp_tensor_gemm_prec(c, alpha, a, trans_a, b, trans_b, beta,
+                             LP_TENSOR_F32);
+}
+
+lp_status lp_tensor_gemm_prec(lp_tensor *c, float alpha, const lp_tensor *a,
+                              int trans_a, const lp_tensor *b, int trans_b,
+                              float beta, lp_tensor_precision prec) {
   if (!c || !a || !b || !one_backend(c, a) || !one_backend(c, b))
     return LP_ERR_ARG;
   mat ma, mb, mc;
@@ -303,6 +310,12 @@ lp_status lp_tensor_gemm(lp_tensor *c, float alpha, const lp_tensor *a,
   int64_t kb = trans_b ? mb.cols : mb.rows, n = trans_b ? mb.rows : mb.cols;
   if (k != kb || mc.rows != m || mc.cols != n) return LP_ERR_ARG;
   const lp_tensor_backend *be = BE(c);
+  if (prec == LP_TENSOR_BF16) {
+    if (!be->gemm_bf16) return LP_ERR_UNSUPPORTED;
+    return be->gemm_bf16(be, trans_a ^ ma.stored_t, trans_b ^ mb.stored_t, m,
+                         n, k, alpha, ma.p, ma.ld, 0, mb.p, mb.ld, 0, beta,
+                         mc.p, mc.ld, 0, 1);
+  }
   return be->gemm(be, trans_a ^ ma.stored_t, trans_b ^ mb.stored_t, m, n, k,
                   alpha, ma.p, ma.ld, 0, mb.p, mb.ld, 0, beta, mc.p, mc.ld, 0,
                   1);

@@ -75,9 +75,10 @@ end
 
 -- cfg must be what checkpoint.options returned (field: the one fn needs).
 local function check_cfg(fn, cfg, field)
-  if type(cfg) ~= "table" or type(cfg.resume) ~= "boolean" or (field and type(cfg[field]) ~= "string") then
-    util.raise(string.format("%s: cfg (argument 1) must be what checkpoint.options returned%s, got %s",
-      fn, field and " (with " .. field .. ")" or "", util.shown(cfg)))
+  if type(cfg) ~= "table" or type(cfg.resume) ~= "boolean"
+    or (field and type(cfg[field]) ~= "string") then
+    util.raise(string.format("%s: cfg (argument 1) must be what checkpoint.options "
+      .. "returned%s, got %s", fn, field and " (with " .. field .. ")" or "", util.shown(cfg)))
   end
 end
 
@@ -136,7 +137,8 @@ function M.options(opts)
       cfg.resume_dir = resume
     elseif resume == true then
       if not cfg.dir then
-        util.raise("luapipe.train: resume = true needs checkpoint = {dir = \"path\"} (or resume = \"path\")")
+        util.raise("luapipe.train: resume = true needs checkpoint = {dir = \"path\"} (or "
+          .. "resume = \"path\")")
       end
       cfg.resume_dir = cfg.dir
     else
@@ -176,7 +178,8 @@ end
 
 local function damaged(path, why)
   return string.format("luapipe.train: checkpoint marker %s is damaged: %s; it should read "
-    .. "{\"step\": N, \"dir\": \"stepN\", ...}. Restore it, or remove it to start afresh", path, why)
+    .. "{\"step\": N, \"dir\": \"stepN\", ...}. Restore it, or remove it to start afresh",
+    path, why)
 end
 
 -- Rank 0's list of numbers on every rank (collective; the others pass a
@@ -308,7 +311,8 @@ function M.recorded_partition(cfg, stages, nlayers)
     end
   end
   if comm.size() > 1 then
-    local all, err = comm.world():bcast(v, 0, "resume: the partition recorded in " .. cfg.resume_dir)
+    local all, err = comm.world()
+      :bcast(v, 0, "resume: the partition recorded in " .. cfg.resume_dir)
     if not all then fail_comm(err) end
     v = all
   end
@@ -328,7 +332,8 @@ function M.partition_record(part, nlayers)
   util.arg("checkpoint.partition_record", 1, "part", part, "table", "a model:partition{...} result")
   util.arg("checkpoint.partition_record", 2, "nlayers", nlayers, "integer")
   if type(part.bounds) ~= "table" then
-    util.raise("checkpoint.partition_record: part (argument 1) must be a model:partition{...} result, got "
+    util.raise("checkpoint.partition_record: part (argument 1) must be a model:partition{...} "
+      .. "result, got "
       .. util.shown(part))
   end
   local bounds = {}
@@ -396,16 +401,17 @@ function M.resume(cfg, exec)
     -- the EP sizes)
     local ep_only = g[2] == g[4] and g[3] == 0 and cfg.grid.dp == cfg.grid.ep and cfg.grid.zero == 0
     if g[1] == 1 and (g[2] ~= cfg.grid.dp or g[3] ~= cfg.grid.zero) and not ep_only then
-      fail(string.format("luapipe.train: checkpoint %s was written at dp = %d, zero = %d; this run has"
-        .. " dp = %d, zero = %d: each rank's file holds its share of the data-parallel group, so"
-        .. " resume with dp = %d, zero = %d (re-sharding is not supported)", sdir,
-        math.tointeger(g[2]), math.tointeger(g[3]), cfg.grid.dp, cfg.grid.zero,
+      fail(string.format("luapipe.train: checkpoint %s was written at dp = %d, zero = %d; "
+        .. "this run has dp = %d, zero = %d: each rank's file holds its share of the "
+        .. "data-parallel group, so resume with dp = %d, zero = %d (re-sharding is not supported)",
+        sdir, math.tointeger(g[2]), math.tointeger(g[3]), cfg.grid.dp, cfg.grid.zero,
         math.tointeger(g[2]), math.tointeger(g[3])))
     end
   end
   local got, err = exec:load_checkpoint(sdir)
   if got and got ~= step then
-    got, err = nil, string.format("rank %d: checkpoint %s/rank%d.ckpt holds step %d, but %s says %d",
+    got, err = nil,
+      string.format("rank %d: checkpoint %s/rank%d.ckpt holds step %d, but %s says %d",
       rank, sdir, rank, got, marker, step)
   end
   if not got and cfg.load_hint then err = tostring(err) .. cfg.load_hint end

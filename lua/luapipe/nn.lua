@@ -71,7 +71,8 @@ end
 
 function M.linear(din, dout, opts)
   din, dout = int_arg("linear", "din", 1, din), int_arg("linear", "dout", 2, dout)
-  if opts ~= nil and (type(opts) ~= "table" or (opts.bias ~= nil and type(opts.bias) ~= "boolean")) then
+  if opts ~= nil
+    and (type(opts) ~= "table" or (opts.bias ~= nil and type(opts.bias) ~= "boolean")) then
     arg_error("linear", "opts", 3, "nil or {bias = true|false}", opts)
   end
   return { kind = "linear", din = din, dout = dout, bias = not (opts and opts.bias == false) }
@@ -121,13 +122,16 @@ local function moe_spec(kind, t)
   if type(t) ~= "table" then raise("nn." .. kind .. " expects a table of options") end
   local spec = { kind = kind }
   local known = {}
-  for _, k in ipairs(moe_fields) do known[k] = k ~= "heads" or kind == "moe_block"; spec[k] = t[k] end
+  for _, k in ipairs(moe_fields) do
+    known[k] = k ~= "heads" or kind == "moe_block"; spec[k] = t[k]
+  end
   for k in pairs(t) do
     if not known[k] then raise(string.format("nn.%s: unknown option '%s'", kind, tostring(k))) end
   end
   for _, k in ipairs({ "dim", "hidden", "experts" }) do
     if math.type(t[k]) ~= "integer" or t[k] < 1 then
-      raise(string.format("nn.%s: '%s' must be a positive integer, got %s", kind, k, tostring(t[k])))
+      raise(string.format("nn.%s: '%s' must be a positive integer, got %s", kind, k,
+        tostring(t[k])))
     end
   end
   for _, k in ipairs({ "topk", "groups", "topk_groups", "shared" }) do
@@ -152,7 +156,8 @@ local function moe_spec(kind, t)
       .. "(correction_bias = false)", kind, tostring(t.bias_speed)))
   end
   if spec.topk > spec.experts then
-    raise(string.format("nn.%s: topk (%d) is more than experts (%d)", kind, spec.topk, spec.experts))
+    raise(string.format("nn.%s: topk (%d) is more than experts (%d)", kind, spec.topk,
+      spec.experts))
   end
   return spec
 end
@@ -197,7 +202,9 @@ local mla_int = { dim = true, n_heads = true, q_lora_rank = true, kv_lora_rank =
 local mla_num = { rope_theta = true, rope_factor = true, beta_fast = true, beta_slow = true,
   mscale = true, eps = true }
 function M.mla(t)
-  if type(t) ~= "table" then raise("nn.mla expects a table of options (model.py's ModelArgs names)") end
+  if type(t) ~= "table" then
+    raise("nn.mla expects a table of options (model.py's ModelArgs names)")
+  end
   local spec = { kind = "mla" }
   for k, v in pairs(t) do
     if mla_int[k] then
@@ -229,21 +236,28 @@ end
 -- inter_dim) | nn.moe{dim =, ...}}. Params <name>.attn_norm.weight,
 -- <name>.attn.*, <name>.ffn_norm.weight, <name>.ffn.* (model.py's layers.<i>.*).
 function M.mla_block(t)
-  if type(t) ~= "table" then raise("nn.mla_block expects {attn = nn.mla{...}, ffn = <layer spec>}") end
+  if type(t) ~= "table" then
+    raise("nn.mla_block expects {attn = nn.mla{...}, ffn = <layer spec>}")
+  end
   for k in pairs(t) do
-    if k ~= "attn" and k ~= "ffn" then raise(string.format("nn.mla_block: unknown option '%s'", tostring(k))) end
+    if k ~= "attn" and k ~= "ffn" then
+      raise(string.format("nn.mla_block: unknown option '%s'", tostring(k)))
+    end
   end
   local function what(v)
-    return type(v) == "table" and type(v.kind) == "string" and ("a " .. v.kind .. " spec") or shown(v)
+    return type(v) == "table" and type(v.kind) == "string" and ("a " .. v.kind .. " spec")
+      or shown(v)
   end
   if type(t.attn) ~= "table" or t.attn.kind ~= "mla" then
     raise("nn.mla_block: 'attn' must be an nn.mla{...} spec, got " .. what(t.attn))
   end
   if type(t.ffn) ~= "table" or type(t.ffn.kind) ~= "string" then
-    raise("nn.mla_block: 'ffn' must be a layer spec (nn.swiglu(...), nn.moe{...}), got " .. what(t.ffn))
+    raise("nn.mla_block: 'ffn' must be a layer spec (nn.swiglu(...), nn.moe{...}), got "
+      .. what(t.ffn))
   end
   if t.ffn.dim ~= t.attn.dim then
-    raise(string.format("nn.mla_block: ffn dim (%s) differs from attn dim (%d)", shown(t.ffn.dim), t.attn.dim))
+    raise(string.format("nn.mla_block: ffn dim (%s) differs from attn dim (%d)", shown(t.ffn.dim),
+      t.attn.dim))
   end
   return { kind = "mla_block", attn = t.attn, ffn = t.ffn }
 end
@@ -328,11 +342,24 @@ function Model:shapes(input_shape)
   return shapes
 end
 
+-- model:set_precision("f32" | "bf16") -> model: the precision of the GEMMs
+-- of every layer built from now on (layer:set_precision; default "f32")
+function Model:set_precision(p)
+  if p ~= "f32" and p ~= "bf16" then
+    util.raise(string.format("model:set_precision: precision must be \"f32\" or \"bf16\", got %s",
+      util.shown(p)))
+  end
+  self.precision = p
+  return self
+end
+
 -- model:build_layer(i, seed) -> luapipe.Layer for layer i (1-based)
 function Model:build_layer(i, seed)
   util.int_arg("model:build_layer", 1, "i", i, 1, #self.layers)
   util.arg("model:build_layer", 2, "seed", seed, "?number", "a number")
-  return core.nn_layer(self.layers[i], "layers." .. (i - 1), seed or 0)
+  local l = core.nn_layer(self.layers[i], "layers." .. (i - 1), seed or 0)
+  if self.precision and self.precision ~= "f32" then l:set_precision(self.precision) end
+  return l
 end
 
 local function chunk_of(self, first, last, seed, name)
@@ -352,9 +379,10 @@ end
 -- model:build_stage(partition, stage, seed) -> luapipe.Layer of model stage
 -- `stage` (0-based)
 local function check_part(fn, part)
-  if type(part) ~= "table" or type(part.bounds) ~= "table" or math.type(part.stages) ~= "integer" then
-    util.raise(string.format("%s: partition (argument 1) must be a table from model:partition{...}, got %s",
-      fn, util.shown(part)))
+  if type(part) ~= "table" or type(part.bounds) ~= "table"
+    or math.type(part.stages) ~= "integer" then
+    util.raise(string.format("%s: partition (argument 1) must be a table from "
+      .. "model:partition{...}, got %s", fn, util.shown(part)))
   end
 end
 
@@ -363,7 +391,9 @@ function Model:build_stage(part, stage, seed)
   util.arg("model:build_stage", 2, "stage", stage, "integer", "a model stage (0-based integer)")
   util.arg("model:build_stage", 3, "seed", seed, "?number", "a number")
   local b = part.bounds[stage + 1]
-  if not b then error(string.format("build_stage: no stage %d in a %d-stage partition", stage, part.stages), 2) end
+  if not b then
+    error(string.format("build_stage: no stage %d in a %d-stage partition", stage, part.stages), 2)
+  end
   return chunk_of(self, b.first, b.last, seed, "stage." .. stage)
 end
 
@@ -570,7 +600,8 @@ end
 -- (checked: contiguous, covering every layer, S stages). A model with
 -- fewer layers than stages is an error.
 function Model:partition(opts)
-  opts = util.arg("model:partition", 1, "opts", opts, "?table", "a table {stages =, by =, input_shape =}") or {}
+  opts = util.arg("model:partition", 1, "opts", opts, "?table",
+    "a table {stages =, by =, input_shape =}") or {}
   local S, n = opts.stages, #self.layers
   if math.type(S) ~= "integer" or S < 1 then
     error("partition: 'stages' must be a positive integer, got " .. tostring(S), 2)
@@ -597,7 +628,9 @@ function Model:partition(opts)
   elseif by == "cost" then
     costs = opts.costs
     if not costs then
-      if not opts.input_shape then error("partition: by = \"cost\" needs input_shape (or costs)", 2) end
+      if not opts.input_shape then
+        error("partition: by = \"cost\" needs input_shape (or costs)", 2)
+      end
       self:shapes(opts.input_shape)
       local ok, c, t = pcall(measure_costs, self, opts.input_shape, opts.seed or 0, opts.reps or 3)
       if not ok then error(c, 2) end
@@ -606,7 +639,8 @@ function Model:partition(opts)
     bounds = balanced_bounds(costs, S)
     if opts.score ~= nil then
       if type(opts.score) ~= "function" then
-        error("partition: score must be a function(stage_costs) -> number, got " .. util.shown(opts.score), 2)
+        error("partition: score must be a function(stage_costs) -> number, got "
+          .. util.shown(opts.score), 2)
       end
       local ok, b = pcall(scored_bounds, costs, S, opts.score, bounds, opts.score_seconds or 1)
       if not ok then error(b, 2) end
@@ -626,7 +660,8 @@ function M.check_bounds(bounds, S, n)
   util.arg("nn.check_bounds", 3, "n", n, "integer")
   if type(bounds) ~= "table" then return nil, "not a list of {first, last}" end
   if #bounds ~= S then
-    return nil, string.format("%s for %s", util.count(#bounds, "stage"), util.count(S, "model stage"))
+    return nil, string.format("%s for %s", util.count(#bounds, "stage"),
+      util.count(S, "model stage"))
   end
   local out, next_first = {}, 1
   for s, b in ipairs(bounds) do
@@ -652,11 +687,13 @@ end
 -- nn.bounds_text(bounds) -> "1-3 | 4-8": a partition's layers per stage
 -- (1-based, as in the model's spec list)
 function M.bounds_text(bounds)
-  util.arg("nn.bounds_text", 1, "bounds", bounds, "table", "a partition's bounds {{first =, last =}, ...}")
+  util.arg("nn.bounds_text", 1, "bounds", bounds, "table",
+    "a partition's bounds {{first =, last =}, ...}")
   local t = {}
   for s, b in ipairs(bounds) do
     if type(b) ~= "table" or math.type(b.first) ~= "integer" or math.type(b.last) ~= "integer" then
-      util.raise(string.format("nn.bounds_text: bounds (argument 1): stage %d is not {first =, last =}", s - 1))
+      util.raise(string.format("nn.bounds_text: bounds (argument 1): stage %d is not "
+        .. "{first =, last =}", s - 1))
     end
     t[s] = b.first == b.last and tostring(b.first) or string.format("%d-%d", b.first, b.last)
   end

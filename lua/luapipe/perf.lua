@@ -93,13 +93,15 @@ end
 -- one host share the trace clock). Collective.
 function M.message_latency(exec, sched)
   util.arg("perf.message_latency", 1, "exec", exec, "luapipe.Exec")
-  util.arg("perf.message_latency", 2, "sched", sched, "schedule", "the lowered luapipe.Schedule exec runs")
+  util.arg("perf.message_latency", 2, "sched", sched, "schedule",
+    "the lowered luapipe.Schedule exec runs")
   return latency_of(job_timing(exec))
 end
 
 -- The replay (part of perf.summary): each of the last measured steps
--- (every rank's kept steps, up to 64, gathered by exec:job_timing) simulated with its own measured action
--- times (an action of a pipeline rank: the mean over its EP ranks) and its
+-- (every rank's kept steps, up to 64, gathered by exec:job_timing)
+-- simulated with its own measured action times (an action of a pipeline
+-- rank: the mean over its EP ranks) and its
 -- ranks' own optimizer times, against the measured time of the same step
 -- (the largest over ranks). Mean costs leave out how action times vary
 -- from step to step and from one position in the step to another; where
@@ -421,7 +423,8 @@ local function f2(x) return string.format(math.abs(x) < 0.1 and x ~= 0 and "%.2g
 -- perf.format(summary) -> text (several lines)
 function M.format(s)
   if type(s) ~= "table" or math.type(s.steps) ~= "integer" or type(s.step_ms) ~= "number" then
-    util.raise("perf.format: summary (argument 1) must be a table from perf.summary, got " .. util.shown(s))
+    util.raise("perf.format: summary (argument 1) must be a table from perf.summary, got "
+      .. util.shown(s))
   end
   local L = {}
   L[#L + 1] = string.format("summary (%d measured step%s%s, %d rank%s):", s.steps,
@@ -459,55 +462,61 @@ function M.format(s)
   end
   local too_short = longest_kind ~= nil and longest < 1
   if too_short then
-    L[#L + 1] = string.format("    (too short for the prediction to mean much: the longest mean action "
-      .. "here, %s, takes %s ms; under a millisecond a message's delivery and a rank's wake-up, "
-      .. "which the simulator does not model, are a large part of every action: compare steps of "
-      .. "more work, larger micro-batches or layers)", longest_kind, f2(longest))
+    L[#L + 1] = string.format("    (too short for the prediction to mean much: "
+      .. "the longest mean action here, %s, takes %s ms; under a millisecond a message's delivery "
+      .. "and a rank's wake-up, which the simulator does not model, are a large part of every "
+      .. "action: compare steps of more work, larger micro-batches or layers)", longest_kind,
+      f2(longest))
   end
   if s.replay_ms then
-    local miss = s.replay_step_ms > 0 and 100 * (s.replay_ms - s.predicted_ms) / s.replay_step_ms or 0
-    L[#L + 1] = string.format("    replaying each step's own measured action times (last %s): %s ms against "
-      .. "%s ms measured: %.3f", util.count(s.replay_steps, "step"), f1(s.replay_ms),
+    local miss = s.replay_step_ms > 0 and 100 * (s.replay_ms - s.predicted_ms) / s.replay_step_ms
+      or 0
+    L[#L + 1] = string.format("    replaying each step's own measured action times (last %s): "
+      .. "%s ms against %s ms measured: %.3f", util.count(s.replay_steps, "step"), f1(s.replay_ms),
       f1(s.replay_step_ms), s.replay_ratio)
     if s.spread_ms then
-      L[#L + 1] = string.format("    with the measured spread of action times (%d draws from each kind and stage's "
-        .. "times): %s ms: predicted/measured %.3f", s.spread_draws, f1(s.spread_ms), s.spread_ratio)
+      L[#L + 1] = string.format("    with the measured spread of action times (%d draws from each "
+        .. "kind and stage's times): %s ms: predicted/measured %.3f", s.spread_draws,
+        f1(s.spread_ms), s.spread_ratio)
     end
     if miss > 2 and not s.oversubscribed and not too_short then
-      L[#L + 1] = string.format("    (mean costs miss %s%% of the step here: action times vary from step to step "
-        .. "and with their place in the step, and this schedule has little slack to absorb that)", f1(miss))
+      L[#L + 1] = string.format("    (mean costs miss %s%% of the step here: action times vary "
+        .. "from step to step and with their place in the step, and this schedule has little slack "
+        .. "to absorb that)", f1(miss))
     end
   end
   if s.oversubscribed then
-    L[#L + 1] = string.format("    the prediction does not apply here: %d ranks share %d core%s on one host, "
-      .. "so ranks also wait for a core, which the simulator does not model (run at most one rank per core)",
+    L[#L + 1] = string.format("    the prediction does not apply here: %d ranks share %d core%s "
+      .. "on one host, so ranks also wait for a core, which the simulator does not "
+      .. "model (run at most one rank per core)",
       s.oversubscribed.ranks, s.oversubscribed.cores, s.oversubscribed.cores == 1 and "" or "s")
   end
   L[#L + 1] = string.format("  bubble: measured %s%%, simulated %s%%", f1(s.bubble_pct),
     f1(s.sim_bubble_pct))
   if s.a2a_hidden_pct then
-    L[#L + 1] = string.format("  all-to-all: %d exchanges, %s ms per rank and step, %s%% hidden under compute",
-      s.a2a_count, f2(s.a2a_ms), f1(s.a2a_hidden_pct))
+    L[#L + 1] = string.format("  all-to-all: %d exchanges, %s ms per rank and step, %s%% hidden "
+      .. "under compute", s.a2a_count, f2(s.a2a_ms), f1(s.a2a_hidden_pct))
     if s.sim_a2a_hidden_pct then
-      L[#L + 1] = string.format("    link model alone: %s ms per rank and step, %s%% hidden (FB pairs' max-style "
-        .. "overlap), step %s ms", f2(s.sim_a2a_ms), f1(s.sim_a2a_hidden_pct), f2(s.model_ms or 0))
+      L[#L + 1] = string.format("    link model alone: %s ms per rank and step, %s%% hidden (FB "
+        .. "pairs' max-style overlap), step %s ms", f2(s.sim_a2a_ms), f1(s.sim_a2a_hidden_pct),
+        f2(s.model_ms or 0))
     end
-    L[#L + 1] = string.format("    (blocked %s ms; the link model's time of these exchanges %s ms, the rest is "
-      .. "waiting for the EP partner)", f2(s.a2a_blocked_ms), f2(s.a2a_link_ms))
+    L[#L + 1] = string.format("    (blocked %s ms; the link model's time of these exchanges %s ms, "
+      .. "the rest is waiting for the EP partner)", f2(s.a2a_blocked_ms), f2(s.a2a_link_ms))
   end
   if s.eplb then
-    L[#L + 1] = string.format("  expert load (EP ranks' max/mean tokens, mean over MoE layers): %.3f -> %.3f;"
-      .. " %d rebalance%s moved %d bytes of expert weights and optimizer state", s.eplb.before,
-      s.eplb.after, s.eplb.plans, s.eplb.plans == 1 and "" or "s", s.eplb.bytes)
+    L[#L + 1] = string.format("  expert load (EP ranks' max/mean tokens, mean over MoE layers): "
+      .. "%.3f -> %.3f; %d rebalance%s moved %d bytes of expert weights and optimizer state",
+      s.eplb.before, s.eplb.after, s.eplb.plans, s.eplb.plans == 1 and "" or "s", s.eplb.bytes)
   end
   if s.dp and (s.dp.dp > 1 or s.dp.zero == 1) then -- (train adds it: exec:dp_stats)
     local d = s.dp
-    L[#L + 1] = string.format("  data parallel: dp %d (ep %d), zero %d, optimizer state %.0f bytes per rank",
-      d.dp, d.ep, d.zero, d.optim_bytes)
+    L[#L + 1] = string.format("  data parallel: dp %d (ep %d), zero %d, optimizer state %.0f "
+      .. "bytes per rank", d.dp, d.ep, d.zero, d.optim_bytes)
     if d.n > 0 and d.s > 0 then
-      L[#L + 1] = string.format("    gradient sums over dp: %d per rank, %s ms each, %s%% hidden under backward work"
-        .. " (link model %s ms each)", d.n, f2(1e3 * d.s / d.n), f1(100 * d.hidden / d.s),
-        f2(1e3 * d.link / d.n))
+      L[#L + 1] = string.format("    gradient sums over dp: %d per rank, %s ms each, %s%% hidden "
+        .. "under backward work (link model %s ms each)", d.n, f2(1e3 * d.s / d.n),
+        f1(100 * d.hidden / d.s), f2(1e3 * d.link / d.n))
     end
   end
   L[#L + 1] = string.format("  overhead: %s%% of the step (neither compute nor waiting; "
@@ -578,7 +587,8 @@ end
 -- in ms; grey slices are the optimizer step (in the legend). Collective.
 function M.write_measured_svg(exec, sched, path)
   util.arg("perf.write_measured_svg", 1, "exec", exec, "luapipe.Exec")
-  util.arg("perf.write_measured_svg", 2, "sched", sched, "schedule", "the lowered luapipe.Schedule exec runs")
+  util.arg("perf.write_measured_svg", 2, "sched", sched, "schedule",
+    "the lowered luapipe.Schedule exec runs")
   util.arg("perf.write_measured_svg", 3, "path", path, "string", "a file name")
   local m = M.measured(exec, sched)
   if not m then return true end

@@ -434,7 +434,8 @@ function M.text(rep, opts)
       add("  phases (an overlapped pair's advances and weight-grad pieces, in order; CPU time of "
         .. "the rank, waits included, in both time columns)")
     elseif #r.phases > 0 then
-      add("  phases (innermost annotations, CPU order; GPU = summed durations of what each launched)")
+      add("  phases (innermost annotations, CPU order; GPU = summed durations of what "
+        .. "each launched)")
       add("  %4s %-24s %10s %10s %10s %10s %6s", "#", "phase", "CPU ms", "GPU ms", "compute",
         "comm", "ops")
       for i, ph in ipairs(r.phases) do
@@ -557,8 +558,8 @@ function M.json(rep)
     o.streams = json.array(r.streams)
     local streams = {}
     for j, s in ipairs(r.streams) do
-      streams[j] = ordered({ stream = s.stream, device = s.device, busy_us = s.busy_us, ops = s.ops },
-        "stream")
+      streams[j] = ordered({ stream = s.stream, device = s.device, busy_us = s.busy_us,
+        ops = s.ops }, "stream")
     end
     o.streams = json.array(streams)
     ranks[i] = ordered(o, "rank")
@@ -611,9 +612,11 @@ end
 -- s:simulate and costs.text the --cost text.
 function M.costs(r, opts)
   rank_arg("profile.costs", 1, r)
-  opts = util.arg("profile.costs", 2, "opts", opts, "?table", "a table {mapping =, pairs =, exchanges =}")
+  opts = util.arg("profile.costs", 2, "opts", opts, "?table",
+    "a table {mapping =, pairs =, exchanges =}")
     or {}
-  local pairs_ = opts.pairs == nil and 1 or util.int_arg("profile.costs", 2, "opts.pairs", opts.pairs, 1)
+  local pairs_ = opts.pairs == nil and 1 or util.int_arg("profile.costs", 2, "opts.pairs",
+    opts.pairs, 1)
   local mt = type(opts.mapping)
   if opts.mapping ~= nil and mt ~= "table" and mt ~= "function" then
     util.raise("profile.costs: opts.mapping (argument 2) must be a table {phase name = {kind =, "
@@ -691,9 +694,10 @@ function M.costs_text(c)
   add("  %-4s %10.3f  measured overlapped pair (first start to last end of its GPU work); "
     .. "F + B = %.3f, the pair takes %.1f%% of that", "FB", c.FB, c.F + c.B,
     c.F + c.B > 0 and 100 * c.FB / (c.F + c.B) or 0)
-  add(c.exchanges and "  (cost = compute + exchanges, as if nothing hid them; compute and exchanges "
-    .. "are summed operation durations)" or "  (cost = compute only, as if every exchange were "
-    .. "hidden (--no-exchanges); summed operation durations)")
+  add(c.exchanges and "  (cost = compute + exchanges, as if nothing hid them; "
+    .. "compute and exchanges are summed operation durations)"
+    or "  (cost = compute only, as if every exchange were hidden (--no-exchanges); "
+    .. "summed operation durations)")
   add("--cost %s", c.text)
   return table.concat(L, "\n") .. "\n"
 end
@@ -772,8 +776,8 @@ function M.svg(rep, r)
     local fill = name and colour[name] or "#c8c8c8"
     local x, w = left + u.start * scale, math.max((u.finish - u.start) * scale, 0.5)
     put('<rect x="', f2(x), '" y="', f2(y + 4), '" width="', f2(w), '" height="', f2(lane - 8),
-      '" fill="', fill, '"', u.class == "communication" and ' stroke="black" stroke-width="0.8"' or "",
-      '><title>', esc(name or "no phase"), ' ', u.class, ' ', tostring(u.ops), ' ops ',
+      '" fill="', fill, '"', u.class == "communication" and ' stroke="black" stroke-width="0.8"'
+      or "", '><title>', esc(name or "no phase"), ' ', u.class, ' ', tostring(u.ops), ' ops ',
       string.format("%.3f", (u.finish - u.start) / 1000), ' ms</title></rect>\n')
   end
   -- time axis in ms (0 = the first GPU operation): ticks 1, 2 or 5 x 10^k

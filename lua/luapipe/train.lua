@@ -29,7 +29,8 @@ local M = {}
 -- an expert's tokens split evenly among its replicas.
 local function load_ratio(loads, placements, ep)
   util.arg("train.load_ratio", 1, "loads", loads, "table", "a list of per-layer expert loads")
-  util.arg("train.load_ratio", 2, "placements", placements, "table", "a list of per-layer placements")
+  util.arg("train.load_ratio", 2, "placements", placements, "table",
+    "a list of per-layer placements")
   util.int_arg("train.load_ratio", 3, "ep", ep, 1)
   local sum, n = 0, 0
   for l, c in ipairs(loads) do
@@ -96,7 +97,9 @@ local function eplb_loop(exec, opts, ep)
         .. "checkpoint, %s in this run", file, what, tostring(a), tostring(b)), 0)
     end
     if t.ep ~= ep then differs("EP size", t.ep, ep) end
-    if t.every ~= L.opts.every then differs("eplb.every", t.every or "none", L.opts.every or "none") end
+    if t.every ~= L.opts.every then
+      differs("eplb.every", t.every or "none", L.opts.every or "none")
+    end
     if t.redundant ~= (L.opts.redundant or 0) then
       differs("eplb.redundant", t.redundant, L.opts.redundant or 0)
     end
@@ -195,7 +198,8 @@ local function in_rank_terms(p, nprocs, ep, word)
   util.arg("train.in_rank_terms", 2, "nprocs", nprocs, "integer", "the number of processes")
   util.arg("train.in_rank_terms", 3, "ep", ep, "integer", "the expert-parallel degree")
   if type(p.label) ~= "string" or type(p.text) ~= "string" then
-    util.raise("train.in_rank_terms: problem (argument 1) must be a table from schedules.problem, got "
+    util.raise("train.in_rank_terms: problem (argument 1) must be a table from "
+      .. "schedules.problem, got "
       .. util.shown(p))
   end
   local name = p.label
@@ -204,13 +208,13 @@ local function in_rank_terms(p, nprocs, ep, word)
       return string.format("%s needs an even number of ranks; this is one process (start it with "
         .. "mpirun -np 2 or more)", name)
     elseif ep > 1 then
-      return string.format("%s needs an even number of pipeline ranks; mpirun started %d = pp %d x %s %d",
-        name, nprocs, p.got, word or "ep", ep)
+      return string.format("%s needs an even number of pipeline ranks; mpirun started %d "
+        .. "= pp %d x %s %d", name, nprocs, p.got, word or "ep", ep)
     end
     return string.format("%s needs an even number of ranks; mpirun started %d", name, p.got)
   elseif p.field == "microbatches" and p.rule == "at_least" then
-    return string.format("%s needs at least %d micro-batches per rank: %d micro-batches on %s, got %d",
-      name, p.per_pp, p.need, util.count(p.need // p.per_pp, "rank"), p.got)
+    return string.format("%s needs at least %d micro-batches per rank: %d micro-batches "
+      .. "on %s, got %d", name, p.per_pp, p.need, util.count(p.need // p.per_pp, "rank"), p.got)
   end
   return name .. ": " .. p.text
 end
@@ -232,8 +236,8 @@ local function schedule_file(opts, path)
   local size, ep = comm.size(), opts.ep or 1
   local pp = opts.pp or size // ep
   if opts.chunks ~= nil then
-    usage_fail(string.format("luapipe.train: chunks applies to a family (interleaved1f1b); the schedule"
-      .. " file %s has its own placement", path))
+    usage_fail(string.format("luapipe.train: chunks applies to a family (interleaved1f1b); "
+      .. "the schedule file %s has its own placement", path))
   end
   local mb = opts.microbatches
   local s, err = schedule.load(path, { pp = pp, microbatches = mb or 2 * pp })
@@ -242,19 +246,23 @@ local function schedule_file(opts, path)
   if i.ranks ~= pp then
     local job = ep > 1 and string.format("pp x ep = %d x %d", pp, ep)
       or (size > 1 and "mpirun -np " .. size or "one process")
-    local fix = ep > 1 and string.format("run it with mpirun -np %d (pp %d x ep %d)", i.ranks * ep, i.ranks, ep)
+    local fix = ep > 1 and string.format("run it with mpirun -np %d (pp %d x ep %d)", i.ranks * ep,
+      i.ranks, ep)
       or string.format("run it with mpirun -np %d", i.ranks)
     usage_fail(string.format("schedule file %s is for %s, but this run has %d (%s): %s, or make a"
-      .. " schedule for %d (luapipe search --pp %d)", path, util.count(i.ranks, "pipeline rank"), pp, job, fix,
-      pp, pp))
+      .. " schedule for %d (luapipe search --pp %d)", path, util.count(i.ranks, "pipeline rank"),
+      pp, job, fix, pp, pp))
   end
   if mb ~= nil and i.microbatches ~= mb then
     usage_fail(string.format("schedule file %s has %s per step, but this run asks for %d"
       .. " (microbatches = %d): leave it out to take the file's, or make a schedule for %d"
-      .. " (luapipe search -m %d)", path, util.count(i.microbatches, "micro-batch"), mb, mb, mb, mb))
+      .. " (luapipe search -m %d)", path, util.count(i.microbatches, "micro-batch"), mb,
+      mb, mb, mb))
   end
   local ok, verr = s:validate()
-  if not ok then usage_fail(string.format("schedule file %s is invalid: %s", path, tostring(verr))) end
+  if not ok then
+    usage_fail(string.format("schedule file %s is invalid: %s", path, tostring(verr)))
+  end
   return s
 end
 
@@ -269,8 +277,9 @@ local function get_schedule(opts)
   if type(s) == "string" then
     local fam = require("luapipe.schedules").canonical(s)
     if opts.chunks ~= nil and fam and fam ~= "interleaved1f1b" then
-      usage_fail(string.format("luapipe.train: chunks = %s applies to interleaved1f1b only; %s has a "
-        .. "fixed placement (%s)", tostring(opts.chunks), s, (fam == "zbv" or fam == "dualpipev")
+      usage_fail(string.format("luapipe.train: chunks = %s applies to interleaved1f1b "
+        .. "only; %s has a fixed placement (%s)", tostring(opts.chunks), s,
+        (fam == "zbv" or fam == "dualpipev")
         and "two chunks per rank" or "one model stage per rank"))
     end
     local ep = opts.dp or opts.ep or 1 -- the ranks per pipeline rank
@@ -279,10 +288,12 @@ local function get_schedule(opts)
     -- pp is the job's (derived, or what the job's size gives): a broken
     -- family constraint is a mistake in how it was started
     local by_job = opts.pp == nil or pp * ep == comm.size()
-    local bad = fam and math.type(pp) == "integer" and pp >= 1 and math.type(mb) == "integer" and mb >= 1
+    local bad = fam and math.type(pp) == "integer" and pp >= 1 and math.type(mb) == "integer"
+      and mb >= 1
       and require("luapipe.schedules").problem(fam, pp, mb)
     if bad and by_job then
-      usage_fail(in_rank_terms(bad, comm.size(), ep, opts.dp and opts.dp ~= (opts.ep or 1) and "dp" or "ep"))
+      usage_fail(in_rank_terms(bad, comm.size(), ep, opts.dp and opts.dp ~= (opts.ep or 1)
+        and "dp" or "ep"))
     end
     local ok, res = pcall(schedule.build, s, { pp = pp, microbatches = mb, chunks = opts.chunks })
     if not ok then
@@ -304,13 +315,17 @@ local function get_schedule(opts)
 end
 
 local function check_common(opts, who)
-  if type(opts) ~= "table" then util.raise(who .. " expects a table of options, got " .. util.shown(opts)) end
+  if type(opts) ~= "table" then
+    util.raise(who .. " expects a table of options, got " .. util.shown(opts))
+  end
   local function bad(option, msg) util.raise { what = who .. ": " .. msg, option = option } end
   if type(opts.model) ~= "table" or getmetatable(opts.model) == nil or not opts.model.partition then
-    bad("model", "'model' must be a luapipe.nn model (nn.sequential{...}), got " .. util.shown(opts.model))
+    bad("model", "'model' must be a luapipe.nn model (nn.sequential{...}), got "
+      .. util.shown(opts.model))
   end
   if type(opts.data) ~= "function" then
-    bad("data", "'data' must be a function(step, mb) -> input, target, got " .. util.shown(opts.data))
+    bad("data", "'data' must be a function(step, mb) -> input, target, got "
+      .. util.shown(opts.data))
   end
   local steps = opts.steps or 1
   if math.type(steps) ~= "integer" or steps < 0 then
@@ -322,7 +337,8 @@ end
 local function input_shape_of(data)
   local x = data(1, 0)
   if type(x) ~= "userdata" then
-    error("luapipe.train: data(step, mb) must return luapipe.Tensor values (nn.tensor(shape, values))", 0)
+    error("luapipe.train: data(step, mb) must return luapipe.Tensor values (nn.tensor(shape, "
+      .. "values))", 0)
   end
   return x:shape()
 end
@@ -342,7 +358,8 @@ end
 local function check_recipe(opts, steps, who)
   local clip = opts.clip
   if clip ~= nil and (type(clip) ~= "number" or clip ~= clip or clip <= 0 or clip == math.huge) then
-    usage_fail(who .. ": 'clip' must be a positive number (the largest gradient norm), got " .. util.shown(clip))
+    usage_fail(who .. ": 'clip' must be a positive number (the largest gradient norm), got "
+      .. util.shown(clip))
   end
   local lr_at, record
   if opts.lr_schedule ~= nil then
@@ -356,11 +373,37 @@ local function check_recipe(opts, steps, who)
   return clip or 0, lr_at, record
 end
 
+-- precision = "bf16": Linear, attention (projections, scores, values) and
+-- MoE experts multiply bf16-rounded inputs with float32 sums; embeddings,
+-- norms, softmax, the loss, MoE routers, parameters, optimizer state and
+-- activations stay float32 (model:set_precision). On the CPU oneDNN runs
+-- the bf16 GEMMs where the build has it and the CPU has AVX512-BF16 or AMX;
+-- elsewhere a float32 fallback over the same rounded inputs does (the
+-- same products, another order of sums, float32 speed), said once.
+-- -> "f32" | "bf16", engine text (bf16 only)
+local function check_precision(opts, fn)
+  local p = opts.precision or "f32"
+  if p ~= "f32" and p ~= "bf16" then
+    fail(string.format("%s: 'precision' must be \"f32\" or \"bf16\", got %s", fn, util.shown(p)),
+      "precision")
+  end
+  opts.model:set_precision(p)
+  if p ~= "bf16" then return p end
+  local engine, native = core.bf16_engine()
+  if not native and comm.rank() == 0 and not opts.quiet then
+    io.stderr:write(string.format("%s: note: precision bf16 runs as a %s: the same rounding,"
+      .. " float32 speed\n", fn, engine))
+    io.stderr:flush()
+  end
+  return p, engine
+end
+
 local function configure(opts)
   local steps = check_common(opts, "luapipe.train")
   local ckpt = checkpoint.options(opts) -- nil without checkpoint / resume
   if ckpt then ckpt.last = steps end -- the last step saves too (checkpoint.after_step)
   local model, seed = opts.model, opts.seed or 0
+  local precision, bf16_engine = check_precision(opts, "luapipe.train")
   local size = comm.size()
   local ep = opts.ep or 1
   if math.type(ep) ~= "integer" or ep < 1 then
@@ -376,8 +419,8 @@ local function configure(opts)
     usage_fail("luapipe.train: 'dp' must be a positive integer, got " .. util.shown(opts.dp))
   end
   if dp % ep ~= 0 then
-    usage_fail(string.format("luapipe.train: ep = %d does not divide dp = %d (each EP group is ep of"
-      .. " a pipeline stage's dp ranks)", ep, dp))
+    usage_fail(string.format("luapipe.train: ep = %d does not divide dp = %d (each "
+      .. "EP group is ep of a pipeline stage's dp ranks)", ep, dp))
   end
   local zero = opts.zero or 0
   if zero ~= 0 and zero ~= 1 then
@@ -394,12 +437,14 @@ local function configure(opts)
       usage_fail(string.format("dp = %d does not divide the ranks: %s (pp x dp ranks are needed)",
         dp, started))
     end
-    local gok, gerr = core.exec_grid_check(opts.pp or size // dp, ep, size, nil, dp) -- the core's one rule
+    -- the core's one rule
+    local gok, gerr = core.exec_grid_check(opts.pp or size // dp, ep, size, nil, dp)
     if not gok then usage_fail(gerr) end
   elseif ep > 1 then
     local started = size > 1 and "mpirun started " .. size or "this is one process"
     if opts.pp == nil and size % ep ~= 0 then
-      usage_fail(string.format("ep = %d needs a multiple of %d ranks (pp x ep), but %s", ep, ep, started))
+      usage_fail(string.format("ep = %d needs a multiple of %d ranks (pp x ep), but %s", ep,
+        ep, started))
     end
     local gok, gerr = core.exec_grid_check(opts.pp or size // ep, ep, size) -- the core's one rule
     if not gok then usage_fail(gerr) end
@@ -409,23 +454,27 @@ local function configure(opts)
   end
   if opts.eval ~= nil and (type(opts.eval) ~= "table" or math.type(opts.eval.every) ~= "integer"
       or opts.eval.every < 1 or type(opts.eval.fn) ~= "function") then
-    fail("luapipe.train: 'eval' must be {every = N (a positive integer), fn = function(step, layer)},"
-      .. " got " .. util.shown(opts.eval))
+    fail("luapipe.train: 'eval' must be {every = N (a positive integer), fn = function(step, "
+      .. "layer)}, got " .. util.shown(opts.eval))
   end
   if opts.eplb ~= nil then
     local e = opts.eplb
-    if type(e) ~= "table" then fail("luapipe.train: 'eplb' must be a table {every =, redundant =}", "eplb") end
+    if type(e) ~= "table" then
+      fail("luapipe.train: 'eplb' must be a table {every =, redundant =}", "eplb")
+    end
     if e.every ~= nil and (math.type(e.every) ~= "integer" or e.every < 1) then
       fail("luapipe.train: eplb.every must be a positive integer, got " .. tostring(e.every))
     end
     if e.redundant ~= nil and (math.type(e.redundant) ~= "integer" or e.redundant < 0) then
-      fail("luapipe.train: eplb.redundant must be a non-negative integer, got " .. tostring(e.redundant))
+      fail("luapipe.train: eplb.redundant must be a non-negative integer, got "
+        .. tostring(e.redundant))
     end
   end
   local clip, lr_at, lr_record = check_recipe(opts, steps, "luapipe.train")
   local device = opts.device or "cpu"
   if type(device) ~= "string" then
-    fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got " .. tostring(device), "device")
+    fail("luapipe.train: 'device' must be \"cpu\", \"cuda\" or \"cuda:N\", got "
+      .. tostring(device), "device")
   end
   local device_name, derr = core.exec_device(device)
   if not device_name then device_fail("luapipe.train: " .. derr) end
@@ -446,18 +495,19 @@ local function configure(opts)
     -- every DP rank takes its share of each micro-batch's rows
     if (in_shape[1] or 1) % dp ~= 0 then
       if dp == ep then
-        usage_fail(string.format("a micro-batch of %d rows cannot be shared by ep = %d ranks: make the"
-          .. " micro-batch size a multiple of %d", in_shape[1] or 1, ep, ep))
+        usage_fail(string.format("a micro-batch of %d rows cannot be shared by ep = %d "
+          .. "ranks: make the micro-batch size a multiple of %d", in_shape[1] or 1, ep, ep))
       end
-      usage_fail(string.format("a micro-batch of %d rows cannot be shared by dp = %d ranks: make the"
-        .. " micro-batch size a multiple of %d", in_shape[1] or 1, dp, dp))
+      usage_fail(string.format("a micro-batch of %d rows cannot be shared by dp = %d "
+        .. "ranks: make the micro-batch size a multiple of %d", in_shape[1] or 1, dp, dp))
     end
     in_shape = { table.unpack(in_shape) }
     in_shape[1] = in_shape[1] // dp
   end
   local by = opts.partition or "cost"
   if by ~= "cost" and by ~= "layers" then
-    fail("luapipe.train: 'partition' must be \"cost\" or \"layers\", got " .. util.shown(by), "partition")
+    fail("luapipe.train: 'partition' must be \"cost\" or \"layers\", got " .. util.shown(by),
+      "partition")
   end
   -- resume: the partition the checkpoint was written with, whatever this
   -- run would measure (its rank files hold those stages' layers)
@@ -477,7 +527,8 @@ local function configure(opts)
   local score
   if (info.vstages or 0) > info.ranks then
     local judge = s
-    local fam = type(opts.schedule) == "string" and require("luapipe.schedules").canonical(opts.schedule)
+    local fam = type(opts.schedule) == "string"
+      and require("luapipe.schedules").canonical(opts.schedule)
     local few = 2 * info.vstages
     if fam and info.microbatches > few then
       few = few + (-few) % info.ranks -- a multiple of the ranks (interleaved1f1b wants one)
@@ -487,12 +538,15 @@ local function configure(opts)
     end
     score = function(stage_costs)
       local st = {}
-      for k, c in ipairs(stage_costs) do st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 } end
+      for k, c in ipairs(stage_costs) do
+        st[k - 1] = { F = c / 3, B = 2 * c / 3, I = c / 3, W = c / 3 }
+      end
       local ok, res = pcall(judge.simulate, judge, { stages = st })
       return ok and res and res:makespan() or math.huge
     end
   end
-  local popts = { stages = info.stages, by = by, input_shape = in_shape, seed = seed, score = score }
+  local popts = { stages = info.stages, by = by, input_shape = in_shape, seed = seed,
+    score = score }
   if recorded then popts.by, popts.bounds = recorded.by, recorded.bounds end
   local ok, part = pcall(model.partition, model, popts)
   if not ok then fail("luapipe.train: " .. util.message(part)) end
@@ -505,10 +559,10 @@ local function configure(opts)
       io.stderr:flush()
     end
   elseif unrecorded == "none" then
-    ckpt.load_hint = string.format(" (the checkpoint records no partition, as an older luapipe wrote it,"
-      .. " and this run split the model by %s as layers %s: if it was written with another split,"
-      .. " resume with that partition, e.g. partition = \"layers\", the old default)", by,
-      nn.bounds_text(part.bounds))
+    ckpt.load_hint = string.format(" (the checkpoint records no partition, as an older "
+      .. "luapipe wrote it, and this run split the model by %s as layers %s: if it was written "
+      .. "with another split, resume with that partition, e.g. partition = \"layers\", "
+      .. "the old default)", by, nn.bounds_text(part.bounds))
   end
   local ok2, act_shapes = pcall(model.stage_input_shapes, model, part, in_shape)
   if not ok2 then fail("luapipe.train: " .. tostring(act_shapes)) end
@@ -517,10 +571,10 @@ local function configure(opts)
     if not lok then usage_fail("luapipe.train: link: " .. util.message(lerr)) end
   end
   if ckpt then ckpt.grid = { dp = dp, ep = ep, zero = zero } end
-  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep, dp = dp, zero = zero,
-    clip = clip, lr_at = lr_at, lr_record = lr_record,
+  return { opts = opts, steps = steps, ckpt = ckpt, model = model, seed = seed, ep = ep, dp = dp,
+    zero = zero, clip = clip, lr_at = lr_at, lr_record = lr_record,
     device = device, device_name = device_name, info = info, lowered = lowered, in_shape = in_shape,
-    part = part, act_shapes = act_shapes }
+    part = part, act_shapes = act_shapes, precision = precision, bf16_engine = bf16_engine }
 end
 
 -- ---- the whole model on rank 0 (evaluation, sampling) ----
@@ -536,8 +590,8 @@ end
 local GATHER_TAG = 7177
 local function gather_model(c, exec, held)
   if #exec:expert_loads() > 0 then
-    checkpoint.fail_all("luapipe.train: the whole model cannot be gathered on rank 0 with MoE layers"
-      .. " (their experts and router biases are not parameters of one layer)")
+    checkpoint.fail_all("luapipe.train: the whole model cannot be gathered on rank "
+      .. "0 with MoE layers (their experts and router biases are not parameters of one layer)")
   end
   local rank, part = comm.rank(), c.part
   local owner = {} -- model stage -> the rank of its first virtual stage
@@ -547,7 +601,11 @@ local function gather_model(c, exec, held)
   end
   local mine = {}
   for _, v in ipairs(exec:vstages()) do
-    if owner[v.stage] == rank and not mine[v.stage] then mine[v.stage] = v.layer else v.layer:close() end
+    if owner[v.stage] == rank and not mine[v.stage] then
+      mine[v.stage] = v.layer
+    else
+      v.layer:close()
+    end
   end
   local values = {}
   for st = 0, part.stages - 1 do
@@ -603,7 +661,9 @@ local function configure_all(opts)
   for r = 1, size do flags[r] = 0 end
   if not ok then flags[comm.rank() + 1] = 1 end
   local all = comm.allreduce(flags, "luapipe.train: checking the options on every rank")
-  if not all then fail_stranded("luapipe.train: the ranks could not agree that the options are valid") end
+  if not all then
+    fail_stranded("luapipe.train: the ranks could not agree that the options are valid")
+  end
   local first
   for r = 1, size do
     if all[r] ~= 0 then first = r - 1; break end
@@ -615,7 +675,8 @@ local function configure_all(opts)
     text = (first == comm.rank() and first ~= 0 and ("rank " .. first .. ": ") or "")
       .. (okm and msg or "luapipe.train: invalid options")
   else
-    text = string.format("luapipe.train: the options were refused on rank %d (see its message)", first)
+    text = string.format("luapipe.train: the options were refused on rank %d (see its message)",
+      first)
   end
   util.fail({ what = text, everywhere = true, speaker = first, status = 2, rank = first,
     option = (not ok) and util.is_error(c) and c.option or nil, cause = (not ok) and c or nil }, 0)
@@ -631,13 +692,16 @@ function M.run(opts)
   local device, device_name, info, lowered = c.device, c.device_name, c.info, c.lowered
   local in_shape, part, act_shapes = c.in_shape, c.part, c.act_shapes
   local rank, size = comm.rank(), comm.size()
-  if rank == 0 and opts.announce then opts.announce(info) end -- the options are valid: the run's header
+  -- the options are valid: the run's header
+  if rank == 0 and opts.announce then opts.announce(info) end
   local exec, err = core.exec_new(lowered, {
     -- ep: a loaded model reads its own experts
     build = function(stage) return model:build_stage(part, stage, seed, ep) end,
     data = opts.data, loss = model.loss, act_shapes = act_shapes,
-    optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false, lookahead = opts.lookahead,
-    overlapped_fb = opts.overlapped_fb, ep = ep, dp = c.dp, zero = c.zero, device = device, clip = c.clip,
+    optimizer = opts.optimizer, trace = (opts.trace or opts.svg) and true or false,
+      lookahead = opts.lookahead,
+    overlapped_fb = opts.overlapped_fb, ep = ep, dp = c.dp, zero = c.zero, device = device,
+      clip = c.clip,
   })
   if not exec then fail_stranded("luapipe.train: " .. err) end
   local M_ = info.microbatches
@@ -652,16 +716,16 @@ function M.run(opts)
     io.flush()
   end
   if first_step > 1 and rank == 0 and not quiet then
-    io.write(string.format("resumed from checkpoint %s/step%d (after step %d): %s\n", ckpt.resume_dir,
-      first_step - 1, first_step - 1, first_step <= steps
+    io.write(string.format("resumed from checkpoint %s/step%d (after step %d): %s\n",
+      ckpt.resume_dir, first_step - 1, first_step - 1, first_step <= steps
         and string.format("running steps %d..%d", first_step, steps)
         or string.format("no steps left to run (steps = %d)", steps)))
     io.flush()
     if ckpt.written_under and ckpt.written_under ~= info.name then -- (rank 0 read latest)
       io.stderr:write(string.format("luapipe.train: note: the checkpoint was written under schedule"
-        .. " '%s', this run's is '%s': it places the model stages on the ranks alike, so parameters and"
-        .. " optimizer state carry over (they do not depend on the schedule)\n", ckpt.written_under,
-        info.name))
+        .. " '%s', this run's is '%s': it places the model stages on the ranks alike, "
+        .. "so parameters and optimizer state carry over (they do not depend on the schedule)\n",
+        ckpt.written_under, info.name))
       io.stderr:flush()
     end
   end
@@ -730,8 +794,10 @@ function M.run(opts)
       wall_max, busy_sum = t[1] / size, t[2]
     end
     local bubble = wall_max > 0 and math.max(0, 100 * (1 - busy_sum / (size * wall_max))) or 0
-    timing[k] = { wall = wall_max, bubble = bubble, samples_per_s = samples / math.max(wall_max, 1e-9) }
-    if rank == 0 and not quiet and (k % (opts.log_every or 1) == 0 or k == first_step or k == steps) then
+    timing[k] = { wall = wall_max, bubble = bubble,
+      samples_per_s = samples / math.max(wall_max, 1e-9) }
+    if rank == 0 and not quiet and (k % (opts.log_every or 1) == 0 or k == first_step
+      or k == steps) then
       local extra = (rate and string.format(", lr %.3g", rate) or "")
         .. (exec:grad_norm() and string.format(", gnorm %.4g", exec:grad_norm()) or "")
       io.write(string.format("step %d loss %.6f  (%.1f samples/s, bubble %.1f%%%s)\n", k, loss,
@@ -756,7 +822,8 @@ function M.run(opts)
     end
     if ckpt then
       local saved = checkpoint.after_step(ckpt, exec, k, info, function()
-        return { eplb = balance.state(), partition = checkpoint.partition_record(part, model:nlayers()),
+        return { eplb = balance.state(),
+          partition = checkpoint.partition_record(part, model:nlayers()),
           lr_schedule = c.lr_record, grid = { dp = c.dp, ep = c.ep, zero = c.zero } }
       end)
       if saved and rank == 0 and not quiet then
@@ -766,8 +833,9 @@ function M.run(opts)
     end
   end
   set_stop_note(nil)
-  local result = { losses = losses, timing = timing, partition = part, schedule = lowered, exec = exec,
-    device = device_name, grad_norms = gnorms, lrs = rates }
+  local result = { losses = losses, timing = timing, partition = part, schedule = lowered,
+    exec = exec, device = device_name, grad_norms = gnorms, lrs = rates, precision = c.precision,
+    bf16_engine = c.bf16_engine }
   result.first_step = first_step -- > 1 after resume: losses[k] for k = first_step..steps
   -- {{id =, stage =, params = {[name] = values}}, ...} for this rank's virtual stages
   function result.stage_params()
@@ -806,7 +874,13 @@ function M.run(opts)
     if not dps then fail_stranded("luapipe.train: " .. tostring(dperr)) end
     result.summary.dp = dps
     if #exec:expert_loads() > 0 then result.summary.eplb = balance.result() end
-    if rank == 0 and not quiet then io.write(perf.format(result.summary), "\n") io.flush() end
+    if rank == 0 and not quiet then
+      io.write(perf.format(result.summary), "\n")
+      if c.precision == "bf16" then
+        io.write("precision bf16: GEMMs on the ", c.bf16_engine, "\n")
+      end
+      io.flush()
+    end
     if opts.svg then
       local sok, serr = perf.write_measured_svg(exec, lowered, opts.svg)
       if not sok then fail_stranded("svg: " .. tostring(serr)) end
@@ -827,6 +901,7 @@ function M.reference(opts)
     error("luapipe.train.reference: 'microbatches' must be a positive integer", 2)
   end
   local model = opts.model
+  local precision, bf16_engine = check_precision(opts, "luapipe.train.reference")
   model:shapes(input_shape_of(opts.data))
   local layer = model:build(opts.seed or 0)
   local optim = core.nn_optim(layer, opts.optimizer)
@@ -843,7 +918,8 @@ function M.reference(opts)
     if err >= 0 then gnorms[k] = err end
     if opts.verbose then io.write(string.format("step %d loss %.6f\n", k, loss)) end
   end
-  return { losses = losses, grad_norms = gnorms, lrs = rates, layer = layer,
+  return { losses = losses, grad_norms = gnorms, lrs = rates, layer = layer, precision = precision,
+    bf16_engine = bf16_engine,
     params = function() return params_of(layer) end }
 end
 

@@ -27,127 +27,26 @@
 #include "lp_test_oom.h"
 
 #define SH(...) ((int64_t[]){__VA_ARGS__})
-#define RTOL 1e-2
-#define ATOL 1e-3
-#define EPS 1e-2f
+#include "nn_gradcheck.h"
 
-static lp_tensor *randn(int ndim, const int64_t *shape, uint64_t seed) {
-  lp_tensor *t = NULL;
-  assert_int_equal(lp_tensor_empty(NULL, ndim, shape, &t), LP_OK);
-  lp_tensor_rng r;
-  lp_tensor_rng_seed(&r, seed);
-  assert_int_equal(lp_tensor_fill_normal(t, &r, 0.0f, 1.0f), LP_OK);
-  return t;
-}
-
-static lp_tensor *like(const lp_tensor *t) {
-  lp_tensor *c = NULL;
-  assert_int_equal(lp_tensor_clone(t, &c), LP_OK);
-  return c;
-}
-
-/* ---- gradient checks ---- */
-
-static void compare(const char *what, const float *ana, const double *num,
-                    int64_t n) {
-  double mx = 0, worst = 0;
-  for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(num[i]));
-  int bad = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double d = fabs(ana[i] - num[i]);
-    double tol = RTOL * fabs(num[i]) + ATOL * fmax(1.0, mx);
-    if (d > tol) {
-      if (bad < 5)
-        printf("  %s[%lld]: analytic %.6g numerical %.6g\n", what, (long long)i,
-               (double)ana[i], num[i]);
-      bad++;
-    }
-    worst = fmax(worst,
-                 d / fmax(1e-12, fmax(fabs(num[i]), ATOL * fmax(1, mx) / RTOL)));
-  }
-  printf("# gradcheck %-40s n=%-5lld max|g|=%-9.3g worst rel err %.2e\n", what,
-         (long long)n, mx, worst);
-  assert_int_equal(bad, 0);
-}
-
-typedef struct {
-  lp_nn_layer *l;
-  lp_tensor *x, *r;
-} probe;
-
-static double probe_eval(probe *p) {
-  lp_tensor *y = NULL;
-  assert_int_equal(lp_nn_forward(p->l, NULL, p->x, &y), LP_OK);
-  double v;
-  assert_int_equal(lp_tensor_dot(y, p->r, &v), LP_OK);
-  lp_tensor_free(y);
-  return v;
-}
-
-static double *numgrad(probe *p, lp_tensor *t) {
-  int64_t n = lp_tensor_numel(t);
-  double *g = malloc(sizeof(double) * (size_t)(n ? n : 1));
-  for (int64_t i = 0; i < n; i++) {
-    float save = t->data[i];
-    t->data[i] = save + EPS;
-    double fp = probe_eval(p);
-    t->data[i] = save - EPS;
-    double fm = probe_eval(p);
-    t->data[i] = save;
-    g[i] = (fp - fm) / (2.0 * (double)EPS);
-  }
-  return g;
-}
-
-/* dx and every parameter grad against central differences; then the one
- * call backward and W alone (it runs I's part) give the same bits, and
- * gradients accumulate over two micro-batches. */
-static void gradcheck(const char *label, probe *p) {
+/* gradcheck (nn_gradcheck.h: input and parameter gradients against central
+ * differences, the I/W split, one-call backward and W alone bitwise), then
+ * a second micro-batch's weight-grad adds the same again: 2 g. */
+static void gradcheck_mla(const char *label, probe *p) {
+  gradcheck(label, p, 1);
   lp_nn_layer *l = p->l;
   lp_nn_ctx *ctx = NULL;
-  lp_tensor *y = NULL, *dx = NULL;
+  lp_tensor *y = NULL;
   assert_int_equal(lp_nn_ctx_new(&ctx), LP_OK);
   assert_int_equal(lp_nn_zero_grad(l), LP_OK);
   assert_int_equal(lp_nn_forward(l, ctx, p->x, &y), LP_OK);
-  lp_tensor *y0 = NULL;
-  assert_int_equal(lp_nn_forward(l, NULL, p->x, &y0), LP_OK);
-  assert_true(lp_tensor_equal(y, y0));
-  lp_tensor_free(y0);
-  p->r = randn(y->ndim, y->shape, 4242);
-  assert_int_equal(lp_nn_input_grad(l, ctx, p->r, &dx), LP_OK);
-  assert_int_equal(lp_nn_ctx_stage_of(ctx), LP_NN_CTX_INPUT_GRAD);
-  assert_int_equal(lp_nn_weight_grad(l, ctx, NULL), LP_OK);
-  assert_int_equal(lp_nn_ctx_bytes(ctx), 0);
-  char what[160];
-  assert_true(lp_tensor_same_shape(dx, p->x));
-  double *num = numgrad(p, p->x);
-  snprintf(what, sizeof what, "%s d(input)", label);
-  compare(what, dx->data, num, lp_tensor_numel(dx));
-  free(num);
+  assert_int_equal(lp_nn_weight_grad(l, ctx, p->r), LP_OK);
   size_t np;
   const lp_nn_param *ps = lp_nn_params(l, &np);
   lp_tensor **g1 = calloc(np + 1, sizeof *g1);
-  for (size_t i = 0; i < np; i++) {
-    num = numgrad(p, ps[i].value);
-    snprintf(what, sizeof what, "%s d(%s)", label, ps[i].name);
-    compare(what, ps[i].grad->data, num, lp_tensor_numel(ps[i].grad));
-    free(num);
-    g1[i] = like(ps[i].grad);
-  }
-  lp_tensor *y2 = NULL, *dx2 = NULL;
-  assert_int_equal(lp_nn_zero_grad(l), LP_OK);
-  assert_int_equal(lp_nn_forward(l, ctx, p->x, &y2), LP_OK);
-  assert_int_equal(lp_nn_backward(l, ctx, p->r, &dx2), LP_OK);
-  assert_true(lp_tensor_equal(dx, dx2));
-  for (size_t i = 0; i < np; i++) assert_true(lp_tensor_equal(g1[i], ps[i].grad));
-  assert_int_equal(lp_nn_zero_grad(l), LP_OK);
-  lp_tensor_free(y2);
-  assert_int_equal(lp_nn_forward(l, ctx, p->x, &y2), LP_OK);
-  assert_int_equal(lp_nn_weight_grad(l, ctx, p->r), LP_OK);
-  for (size_t i = 0; i < np; i++) assert_true(lp_tensor_equal(g1[i], ps[i].grad));
-  /* a second micro-batch adds the same again: 2 g */
-  lp_tensor_free(y2);
-  assert_int_equal(lp_nn_forward(l, ctx, p->x, &y2), LP_OK);
+  for (size_t i = 0; i < np; i++) g1[i] = like(ps[i].grad);
+  lp_tensor_free(y);
+  assert_int_equal(lp_nn_forward(l, ctx, p->x, &y), LP_OK);
   assert_int_equal(lp_nn_weight_grad(l, ctx, p->r), LP_OK);
   for (size_t i = 0; i < np; i++) {
     const float *a = g1[i]->data, *b = ps[i].grad->data;
@@ -156,13 +55,8 @@ static void gradcheck(const char *label, probe *p) {
   }
   for (size_t i = 0; i < np; i++) lp_tensor_free(g1[i]);
   free(g1);
-  lp_tensor_free(y), lp_tensor_free(y2), lp_tensor_free(dx), lp_tensor_free(dx2);
+  lp_tensor_free(y);
   lp_nn_ctx_free(ctx);
-}
-
-static void probe_done(probe *p) {
-  lp_nn_layer_release(p->l);
-  lp_tensor_free(p->x), lp_tensor_free(p->r);
 }
 
 /* ---- configs ---- */
@@ -189,7 +83,7 @@ static void test_grad_mla(void **state) {
     probe p = {0};
     assert_int_equal(lp_nn_mla_new("layers.0.attn", &o, 11 + v, &p.l), LP_OK);
     p.x = randn(3, SH(2, 6, 10), 30 + v);
-    gradcheck(labels[v], &p);
+    gradcheck_mla(labels[v], &p);
     probe_done(&p);
   }
 }
@@ -199,12 +93,12 @@ static void test_grad_swiglu(void **state) {
   probe p = {0};
   assert_int_equal(lp_nn_swiglu_new("layers.0.ffn", 6, 9, 3, &p.l), LP_OK);
   p.x = randn(3, SH(2, 3, 6), 40);
-  gradcheck("swiglu", &p);
+  gradcheck_mla("swiglu", &p);
   probe_done(&p);
   probe q = {0}; /* rows without a batch dim */
   assert_int_equal(lp_nn_swiglu_new("ffn", 4, 3, 4, &q.l), LP_OK);
   q.x = randn(2, SH(5, 4), 41);
-  gradcheck("swiglu (2-d)", &q);
+  gradcheck_mla("swiglu (2-d)", &q);
   probe_done(&q);
 }
 
@@ -593,8 +487,8 @@ static void test_block(void **state) {
   lp_tensor_free(d), lp_tensor_free(y), lp_tensor_free(yb);
   lp_nn_layer_release(n1), lp_nn_layer_release(n2), lp_nn_layer_release(attn);
   /* and its gradients */
-  probe p = {blk, x, NULL};
-  gradcheck("mla block (swiglu)", &p);
+  probe p = {.l = blk, .x = x};
+  gradcheck_mla("mla block (swiglu)", &p);
   probe_done(&p);
   lp_nn_layer_release(ffn);
   assert_int_equal(lp_nn_mla_block_new("layers.2", &o, NULL, 7, &blk), LP_ERR_ARG);

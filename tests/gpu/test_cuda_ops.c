@@ -21,22 +21,25 @@ static void check_out(const char *what, float *dev, const float *want,
 }
 
 static void test_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k,
-                      int64_t batch, float beta) {
+                      int64_t batch, float beta, int bf16) {
   int64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
   int64_t sa = m * k, sb = k * n, sc = m * n;
   float *a = twin_rand((size_t)(sa * batch), -1, 1);
   float *b = twin_rand((size_t)(sb * batch), -1, 1);
   float *c = twin_rand((size_t)(sc * batch), -1, 1);
   float *want = twin_copy(c, (size_t)(sc * batch));
-  twin_status("cpu gemm", C->gemm(C, ta, tb, m, n, k, 0.75f, a, lda, sa, b, ldb,
-                                  sb, beta, want, ldc, sc, batch));
+  twin_status("cpu gemm", (bf16 ? C->gemm_bf16 : C->gemm)(
+                              C, ta, tb, m, n, k, 0.75f, a, lda, sa, b, ldb,
+                              sb, beta, want, ldc, sc, batch));
   float *da = UP(a, sa * batch), *db = UP(b, sb * batch);
   float *dc = beta == 0.0f ? twin_poison(G, (size_t)(sc * batch))
                            : UP(c, sc * batch);
-  twin_status("cuda gemm", G->gemm(G, ta, tb, m, n, k, 0.75f, da, lda, sa, db,
-                                   ldb, sb, beta, dc, ldc, sc, batch));
+  twin_status("cuda gemm", (bf16 ? G->gemm_bf16 : G->gemm)(
+                               G, ta, tb, m, n, k, 0.75f, da, lda, sa, db,
+                               ldb, sb, beta, dc, ldc, sc, batch));
   char what[96];
-  snprintf(what, sizeof what, "gemm %c%c %lldx%lldx%lld b%lld beta %g",
+  snprintf(what, sizeof what, "gemm%s %c%c %lldx%lldx%lld b%lld beta %g",
+           bf16 ? " bf16" : "",
            ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n,
            (long long)k, (long long)batch, (double)beta);
   check_out(what, dc, want, (size_t)(sc * batch), k ? 1e-5 : 0);
@@ -346,11 +349,15 @@ int main(void) {
   G = twin_device_or_skip();
   C = lp_tensor_backend_cpu();
   lp_tensor_rng_seed(&twin_rng, 20261201);
-  for (int ta = 0; ta < 2; ta++)
-    for (int tb = 0; tb < 2; tb++) test_gemm(ta, tb, 67, 45, 129, 1, 0.0f);
-  test_gemm(0, 1, 128, 256, 64, 1, 1.0f);
-  test_gemm(1, 0, 31, 16, 16, 6, 0.0f);
-  test_gemm(0, 0, 9, 7, 0, 2, 0.5f);
+  /* bf16: both sides round the same inputs; the sums' order differs */
+  for (int bf = 0; bf < 2; bf++) {
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++)
+        test_gemm(ta, tb, 67, 45, 129, 1, 0.0f, bf);
+    test_gemm(0, 1, 128, 256, 64, 1, 1.0f, bf);
+    test_gemm(1, 0, 31, 16, 16, 6, 0.0f, bf);
+    test_gemm(0, 0, 9, 7, 0, 2, 0.5f, bf);
+  }
   test_elementwise();
   test_rows(1, 5);
   test_rows(57, 64);

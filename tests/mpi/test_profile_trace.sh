@@ -7,7 +7,8 @@
 # (comm_ops_overlap_us / comm_ops_us over the ranks; pipeline messages
 # ignored by a rules file, as the summary counts all-to-alls only). The two
 # differ only by the executor's bookkeeping gaps (posting, polling): within
-# 1 percentage point. Then `profile --svg` of that trace: a "wrote" line and
+# 1 percentage point (3 under AddressSanitizer, whose bookkeeping is slower:
+# a loaded fresh-root run saw 2.2). Then `profile --svg` of that trace: a "wrote" line and
 # a time axis. Exits 77 (skipped) without mpirun.
 . "$(dirname "$0")/lib.sh"
 cat >"$tmp/rules.lua" <<'LUA'
@@ -41,8 +42,10 @@ for family in dualpipe 1f1b; do
       "$tmp/text" || fail "$family: no note where a track's compute exceeds the union's"
   fi
   read_back=$("$luapipe" "$tmp/share.lua" "$tmp/p.json")
-  verdict=$(awk -v s="$summary" -v p="$read_back" 'BEGIN { d = s - p; if (d < 0) d = -d;
-    print (s != "" && p >= 0 && d <= 1.0) ? "ok" : "bad" }')
+  tol=1.0
+  [ -n "${ASAN_OPTIONS:-}" ] && tol=3.0
+  verdict=$(awk -v s="$summary" -v p="$read_back" -v t="$tol" 'BEGIN { d = s - p; if (d < 0) d = -d;
+    print (s != "" && p >= 0 && d <= t) ? "ok" : "bad" }')
   echo "$family: summary printed ${printed}% hidden (report $summary), trace read back $read_back%: $verdict"
   [ "$verdict" = ok ] || fail "$family: hidden share read back $read_back% vs summary $summary%"
 done

@@ -51,6 +51,12 @@ local family, M, mode, lookahead = arg[1], tonumber(arg[2]), arg[3], tonumber(ar
 -- then cosine decay): the norms of every step must equal the reference's
 local recipe = mode and mode:match("%+recipe$") ~= nil
 if recipe then mode = mode:gsub("%+recipe$", "") end
+-- a mode ending in "+bf16" trains both (the ranks and the reference) with
+-- precision = "bf16"; the reference must then also differ from float32's
+-- (the option took effect) by less than 2% a step
+local bf16 = mode and mode:match("%+bf16$") ~= nil
+if bf16 then mode = mode:gsub("%+bf16$", "") end
+local precision = bf16 and "bf16" or nil
 if mode == "mlp" or mode == "" then mode = nil end
 local rank, P = comm.rank(), comm.size()
 local STEPS, SEED = 3, 1234
@@ -165,9 +171,11 @@ local r = train { model = model, schedule = sched, overlapped_fb = hook, microba
   steps = STEPS, seed = SEED, optimizer = optimizer, quiet = true, lookahead = lookahead,
   partition = mode == "cost" and "cost" or "layers", ep = EP, dp = DP ~= EP and DP or nil,
   zero = ZERO == 1 and 1 or nil,
-  eplb = (mode or ""):match("eplb") and { every = 1, redundant = 1 } or nil }
+  eplb = (mode or ""):match("eplb") and { every = 1, redundant = 1 } or nil,
+  precision = precision }
 local ref = train.reference { model = model, microbatches = M, data = data, steps = STEPS,
-  seed = SEED, optimizer = optimizer, clip = recipe and CLIP or nil, lr_schedule = lr_schedule }
+  seed = SEED, optimizer = optimizer, clip = recipe and CLIP or nil, lr_schedule = lr_schedule,
+  precision = precision }
 
 local fails = {}
 local function check(what, got, want)
@@ -178,6 +186,22 @@ local function check(what, got, want)
 end
 
 for k = 1, STEPS do check("loss of step " .. k, r.losses[k], ref.losses[k]) end
+if bf16 then
+  if r.precision ~= "bf16" then fails[#fails + 1] = "r.precision is " .. tostring(r.precision) end
+  local f32 = train.reference { model = model, microbatches = M, data = data, steps = STEPS,
+    seed = SEED, optimizer = optimizer, clip = recipe and CLIP or nil, lr_schedule = lr_schedule }
+  local differ = false
+  for k = 1, STEPS do
+    differ = differ or f32.losses[k] ~= ref.losses[k]
+    if math.abs(f32.losses[k] - ref.losses[k]) > 0.02 * math.abs(f32.losses[k]) then
+      fails[#fails + 1] = string.format("bf16 loss of step %d: %.9g, float32's %.9g: "
+        .. "more than 2%% apart", k, ref.losses[k], f32.losses[k])
+    end
+  end
+  if not differ then
+    fails[#fails + 1] = "bf16 losses equal float32's bitwise: the precision did nothing"
+  end
+end
 if recipe then
   local clipped = false
   for k = 1, STEPS do

@@ -44,9 +44,10 @@ local sched = require("luapipe.schedule").build(fam, { pp = pp, microbatches = M
 local out = os.getenv("V3_SAVE_DIR")
 local r = train { model = model, schedule = sched, microbatches = M, data = data, steps = STEPS,
   optimizer = opt, quiet = true, partition = "layers", ep = EP, save = out,
-  eplb = extra == "eplb" and { every = 1, redundant = 1 } or nil }
+  eplb = extra == "eplb" and { every = 1, redundant = 1 } or nil,
+  precision = extra == "bf16" and "bf16" or nil } -- extra "bf16": both sides in bf16
 local ref = train.reference { model = model, microbatches = M, data = data, steps = STEPS,
-  optimizer = opt }
+  optimizer = opt, precision = extra == "bf16" and "bf16" or nil }
 
 local fails = {}
 -- relative L2 (AdamW divides by sqrt(v): an element whose gradient is

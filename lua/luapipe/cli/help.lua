@@ -115,6 +115,7 @@ M.topics = {
     { "  optimizer = {kind = \"adamw\", lr=, beta1=, beta2=, eps=, weight_decay=}", "AdamW (defaults 1e-3, 0.9, 0.999, 1e-8, 0.01)" },
     { "  partition = \"cost\" | \"layers\"", "model stages of measured layer cost, the split whose simulated step on the schedule is shortest (default; a resume keeps the checkpoint's), or equal layer counts" },
     { "  device = \"cpu\" | \"cuda\" | \"cuda:N\"", "where each rank's stages run (cuda: local rank modulo the GPUs)" },
+    { "  precision = \"f32\" | \"bf16\"", "GEMMs on bf16-rounded inputs with float32 sums (oneDNN on AVX512-BF16/AMX, else a float32 fallback, said once); the rest float32" },
     { "  chunks=, seed=, quiet=, lookahead=", "chunks for interleaved1f1b only (refused otherwise); seed of init and data" },
     { "  trace=, svg=, trace_steps=, log_every=", "measured Chrome trace, SVG of the last step, progress" },
     { "  checkpoint = {dir=, every=}, resume = true", "save every N steps and after the last; continue from dir/latest (another schedule if it places the stages alike)" },

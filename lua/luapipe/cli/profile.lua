@@ -82,7 +82,8 @@ local function search_row(cost, args, bubbles)
   local act = 0
   for _, v in ipairs(r:peak_memory()) do act = math.max(act, v) end
   local num = require("luapipe.sim").format_number
-  local row = string.format("%-22s %10s %10s %7.1f%% %7dx  %s", "search (" .. r.placement_name .. ")",
+  local row = string.format("%-22s %10s %10s %7.1f%% %7dx  %s",
+    "search (" .. r.placement_name .. ")",
     fmt(res:makespan()), fmt(res:max_bubble()), 100 * res:max_bubble() / res:makespan(),
     params, num(act))
   local note = string.format("search: memory limit %s activations per rank (%s), placement %s, "
@@ -111,7 +112,8 @@ local function simulate_text(cost, args)
   if not with_search and (args.memory or args.placement ~= "any" or args.time ~= 1) then
     return nil, "--memory, --placement and --time apply to --simulate search (or all)"
   end
-  if with_search and not (placements[args.placement] or args.placement:match("^interleaved:%d+$")) then
+  if with_search and not (placements[args.placement]
+    or args.placement:match("^interleaved:%d+$")) then
     return nil, string.format("--placement '%s': expected linear, interleaved:V, v, bidirectional "
       .. "or any", args.placement)
   end

@@ -1,6 +1,6 @@
 -- luapipe.cli.train_options: the training options every example script
 -- takes (examples/train_*.lua), declared once: the schedule and its
--- counts, steps, seed, partition, device, checkpoints and resume, the
+-- counts, steps, seed, partition, device, precision, checkpoints and resume, the
 -- measured trace and SVG, the report. A script adds them to its argparse
 -- parser, checks them, turns them into train{}'s fields and, after
 -- training, prints what was written:
@@ -33,22 +33,28 @@ end
 function M.add(parser, defaults)
   util.arg("train_options.add", 2, "defaults", defaults, "table")
   local d = defaults
-  parser:option("--schedule", "Schedule: a family (" .. table.concat(require("luapipe.schedules").list(), ", ")
+  parser:option("--schedule",
+    "Schedule: a family (" .. table.concat(require("luapipe.schedules").list(), ", ")
     .. ") or a schedule file: .csv or .json (as `luapipe search -o` writes) or .lua.", d.schedule)
-  parser:option("--microbatches", string.format("Micro-batches per step (default %s; a .csv or .json "
+  parser:option("--microbatches",
+    string.format("Micro-batches per step (default %s; a .csv or .json "
     .. "schedule file has its own).", d.microbatches_help or tostring(d.microbatches)))
     :convert(int("--microbatches", 1, limits.microbatches))
   parser:option("--chunks", "Chunks per rank (interleaved1f1b only; default 2).")
     :convert(int("--chunks", 1, limits.chunks))
-  parser:option("--steps", "Training steps.", tostring(d.steps)):convert(int("--steps", d.steps_min or 1, INT32))
+  parser:option("--steps", "Training steps.", tostring(d.steps))
+    :convert(int("--steps", d.steps_min or 1, INT32))
   parser:option("--seed", "Seed for initialisation and data.", "1"):convert(int("--seed", 0, INT32))
-  parser:option("--partition", "Split the model into stages of balanced measured \"cost\" or of equal"
-    .. " \"layers\" counts.", "cost")
+  parser:option("--partition", "Split the model into stages of balanced measured "
+    .. "\"cost\" or of equal \"layers\" counts.", "cost")
     :choices { "layers", "cost" }
-  parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local rank modulo the "
-    .. "GPUs) or cuda:N.", "cpu")
-  parser:option("--checkpoint", "Save checkpoints (every rank's stages and optimizer state) in this "
-    .. "directory: every --every steps and after the last step.")
+  parser:option("--device", "Where the model runs: cpu, cuda (each rank's GPU: local "
+    .. "rank modulo the GPUs) or cuda:N.", "cpu")
+  parser:option("--precision", "GEMM precision: f32, or bf16 (bf16 inputs with float32 "
+    .. "sums; norms, softmax, loss, routers, optimizer and master weights stay float32).", "f32")
+    :choices { "f32", "bf16" }
+  parser:option("--checkpoint", "Save checkpoints (every rank's stages and optimizer "
+    .. "state) in this directory: every --every steps and after the last step.")
   parser:option("--every", "Steps between checkpoints.", tostring(d.every or 10))
     :convert(int("--every", 1, INT32))
   parser:option("--resume", "Continue from the latest checkpoint in --checkpoint (the same model, "
@@ -61,16 +67,17 @@ function M.add(parser, defaults)
     :convert(int("--trace-steps", 1, INT32))
   parser:option("--log-every", "Print the progress line every N steps.", "1")
     :convert(int("--log-every", 1, INT32))
-  parser:option("--report", "Write the end-of-training summary figures (key=value lines) to this file.")
+  parser:option("--report", "Write the end-of-training summary figures (key=value lines) "
+    .. "to this file.")
   parser:option("--dp", "Data-parallel ranks per pipeline stage: the job is pp x dp ranks (rank = "
-    .. "pipeline rank * dp + DP index), each DP rank takes its share of every micro-batch (default: "
-    .. "1, or ep in an expert-parallel run).")
+    .. "pipeline rank * dp + DP index), each DP rank takes its share of every "
+    .. "micro-batch (default: 1, or ep in an expert-parallel run).")
     :convert(int("--dp", 1, 4096))
-  parser:option("--zero", "ZeRO-1: 1 shards the optimizer state over each parameter's data-parallel "
-    .. "ranks (default 0).", "0")
+  parser:option("--zero", "ZeRO-1: 1 shards the optimizer state over each parameter's "
+    .. "data-parallel ranks (default 0).", "0")
     :choices { "0", "1" }
-  parser:option("--clip", "Clip the global gradient norm (over the whole model, every parameter once) "
-    .. "at this value, as torch.nn.utils.clip_grad_norm_ (default: off).")
+  parser:option("--clip", "Clip the global gradient norm (over the whole model, every "
+    .. "parameter once) at this value, as torch.nn.utils.clip_grad_norm_ (default: off).")
     :convert(cli.number_option("--clip", 0, math.huge))
   parser:option("--warmup", "Learning-rate warmup: the rate rises linearly over the first N steps.")
     :convert(int("--warmup", 0, INT32))
@@ -97,7 +104,8 @@ function M.check(args, prog)
     args.resume = v or true
   end
   if args.resume and not args.checkpoint then
-    cli.usage_exit(prog, "--resume needs --checkpoint DIR, the directory the checkpoints were saved in")
+    cli.usage_exit(prog, "--resume needs --checkpoint DIR, the directory the checkpoints "
+      .. "were saved in")
   end
   if args.clip == 0 then
     cli.usage_exit(prog, "--clip must be above 0 (leave it out for no clipping)")
@@ -122,7 +130,9 @@ end
 function M.train_fields(args, t)
   t.schedule, t.microbatches, t.chunks = args.schedule, M.microbatches(args), args.chunks
   t.steps, t.seed, t.partition, t.device = args.steps, args.seed, args.partition, args.device
-  t.trace, t.svg, t.trace_steps, t.log_every = args.trace, args.svg, args.trace_steps, args.log_every
+  t.precision = args.precision
+  t.trace, t.svg, t.trace_steps, t.log_every = args.trace, args.svg, args.trace_steps,
+    args.log_every
   if args.checkpoint then t.checkpoint = { dir = args.checkpoint, every = args.every } end
   t.resume = args.resume or nil
   t.clip = args.clip
@@ -137,8 +147,8 @@ end
 
 -- The summary figures --report writes by default (luapipe.perf's names).
 M.report_keys = { "steps", "step_ms", "predicted_ms", "makespan_ms", "ratio", "bubble_pct",
-  "sim_bubble_pct", "overhead_pct", "wait_pct", "post_pct", "latency_ms", "replay_ms", "replay_step_ms",
-  "replay_ratio", "spread_ms", "spread_ratio" }
+  "sim_bubble_pct", "overhead_pct", "wait_pct", "post_pct", "latency_ms", "replay_ms",
+  "replay_step_ms", "replay_ratio", "spread_ms", "spread_ratio" }
 
 -- After training, on rank 0: names the files written and writes --report
 -- (summary[k] for each of keys, default M.report_keys, then final_loss and oversubscribed, and
@@ -147,13 +157,18 @@ M.report_keys = { "steps", "step_ms", "predicted_ms", "makespan_ms", "ratio", "b
 function M.finish(args, result, keys, extra)
   if require("luapipe.comm").rank() ~= 0 then return end
   if args.trace then print("measured Chrome/Perfetto trace written to " .. args.trace) end
-  if args.svg and result.summary then print("measured SVG timeline (last step) written to " .. args.svg) end
+  if args.svg and result.summary then
+    print("measured SVG timeline (last step) written to " .. args.svg)
+  end
   if args.report and result.summary then
     local s, lines = result.summary, {}
-    for _, k in ipairs(keys or M.report_keys) do lines[#lines + 1] = string.format("%s=%s\n", k, tostring(s[k])) end
+    for _, k in ipairs(keys or M.report_keys) do
+      lines[#lines + 1] = string.format("%s=%s\n", k, tostring(s[k]))
+    end
     for _, l in ipairs(extra or {}) do lines[#lines + 1] = l .. "\n" end
     lines[#lines + 1] = string.format("final_loss=%.6f\n", result.losses[args.steps] or 0)
     lines[#lines + 1] = string.format("oversubscribed=%d\n", s.oversubscribed and 1 or 0)
+    lines[#lines + 1] = string.format("precision=%s\n", result.precision or "f32")
     local ok, err = util.write_file(args.report, table.concat(lines))
     if not ok then
       io.stderr:write("luapipe: --report: ", tostring(err), "\n")

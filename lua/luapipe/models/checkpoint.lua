@@ -116,7 +116,8 @@ local function open_files(dir, form)
     elseif exists(dir .. "/model.safetensors") then
       paths[1] = dir .. "/model.safetensors"
     else
-      fail(dir .. ": no model.safetensors and no model.safetensors.index.json (Hugging Face's layout)")
+      fail(dir .. ": no model.safetensors and no model.safetensors.index.json (Hugging "
+        .. "Face's layout)")
     end
   else
     local p = dir .. "/model0-mp1.safetensors"
@@ -160,7 +161,9 @@ local function check(self, model)
     if e.info.dtype == "F8_E4M3" then
       local scn = sname:gsub("weight$", self.form == "hf" and "weight_scale_inv" or "scale")
       local s = self.index[scn]
-      if not s then fail(string.format("%s: FP8 tensor %s has no scale tensor %s", e.path, sname, scn)) end
+      if not s then
+        fail(string.format("%s: FP8 tensor %s has no scale tensor %s", e.path, sname, scn))
+      end
       local b = a.block
       local want = { (shape[1] + b - 1) // b, (shape[2] + b - 1) // b }
       if #shape ~= 2 or shape_text(s.info.shape) ~= shape_text(want) then
@@ -194,7 +197,9 @@ end
 function M.loader(models, _)
   -- models.load(DIR [, {ep =}]) -> model (see luapipe.models)
   return function(dir, opts)
-    if type(dir) ~= "string" then fail("models.load: DIR must be a folder path, got " .. util.shown(dir)) end
+    if type(dir) ~= "string" then
+      fail("models.load: DIR must be a folder path, got " .. util.shown(dir))
+    end
     opts = opts or {}
     dir = dir:gsub("/+$", "")
     local cpath = dir .. "/config.json"
@@ -202,11 +207,14 @@ function M.loader(models, _)
     local cfg = read_json(cpath)
     local args, form = config.read(cfg, cpath)
     local files, index = open_files(dir, form)
-    local ck = setmetatable({ dir = dir, form = form, args = args, files = files, index = index }, Ckpt)
+    local ck = setmetatable({ dir = dir, form = form, args = args, files = files, index = index },
+      Ckpt)
     -- the bias decides the model: look before building the specs
     args.correction_bias = false
     for i = args.n_dense_layers, args.n_layers - 1 do
-      if index[stored_name(ck, "layers." .. i .. ".ffn.gate.bias")] then args.correction_bias = true end
+      if index[stored_name(ck, "layers." .. i .. ".ffn.gate.bias")] then
+        args.correction_bias = true
+      end
     end
     local a2 = {}
     for k, v in pairs(args) do a2[k] = v end
@@ -250,7 +258,8 @@ local function entries(model)
   for _, p in ipairs(model:param_list()) do list[#list + 1] = { name = p.name, shape = p.shape } end
   if model.args.correction_bias then
     for i = model.args.n_dense_layers, model.args.n_layers - 1 do
-      list[#list + 1] = { name = "layers." .. i .. ".ffn.gate.bias", shape = { model.args.n_routed_experts } }
+      list[#list + 1] = { name = "layers." .. i .. ".ffn.gate.bias",
+        shape = { model.args.n_routed_experts } }
     end
   end
   return list
@@ -272,7 +281,8 @@ local function gather(list, held)
     for q = P - 1, 0, -1 do if all[(i - 1) * P + q + 1] > 0 then owner[i] = q end end
     if not owner[i] then
       -- the same answer on every rank (from the all-reduce): nobody is left waiting
-      util.fail({ what = string.format("model save: no rank holds %s", e.name), everywhere = true }, 0)
+      util.fail({ what = string.format("model save: no rank holds %s", e.name), everywhere = true },
+        0)
     end
   end
   local TAG = 2323
@@ -284,8 +294,11 @@ local function gather(list, held)
   end
   local out = {}
   for i, e in ipairs(list) do
-    if owner[i] == 0 then out[e.name] = held[e.name]
-    else out[e.name] = assert(comm.recv(owner[i], numel(e.shape), TAG, "model save: " .. e.name)) end
+    if owner[i] == 0 then
+      out[e.name] = held[e.name]
+    else
+      out[e.name] = assert(comm.recv(owner[i], numel(e.shape), TAG, "model save: " .. e.name))
+    end
   end
   return out
 end
@@ -297,7 +310,9 @@ local function write_folder(model, dir2, values, list, dtype)
   for k, v in pairs(model.config_json or {}) do cfg[k] = v end
   if not model.config_json then -- a model made by deepseek_v3{...}: ModelArgs keys
     for k, v in pairs(model.args) do
-      if k ~= "block" and k ~= "mtp" and k ~= "correction_bias" and k ~= "bias_speed" then cfg[k] = v end
+      if k ~= "block" and k ~= "mtp" and k ~= "correction_bias" and k ~= "bias_speed" then
+        cfg[k] = v
+      end
     end
   end
   local form = model.form or "deepseek"
@@ -335,7 +350,8 @@ local function write_folder(model, dir2, values, list, dtype)
       { metadata = { total_size = bytes }, weight_map = map }, { indent = true }) .. "\n")
     if not iok then fail("model save: " .. tostring(ierr)) end
   end
-  local cok, cerr = util.write_file(dir2 .. "/config.json", json.encode(cfg, { indent = true }) .. "\n")
+  local cok, cerr = util.write_file(dir2 .. "/config.json",
+    json.encode(cfg, { indent = true }) .. "\n")
   if not cok then fail("model save: " .. tostring(cerr)) end
   return dir2
 end
@@ -347,8 +363,12 @@ function M.saver(_, V3)
   -- which writes); default: the model's own weights (a fresh build).
   return function(model, dir2, opts)
     opts = opts or {}
-    if getmetatable(model) ~= V3 then fail("models.save: argument 1 must be a model of luapipe.models") end
-    if type(dir2) ~= "string" then fail("models.save: DIR2 must be a folder path, got " .. util.shown(dir2)) end
+    if getmetatable(model) ~= V3 then
+      fail("models.save: argument 1 must be a model of luapipe.models")
+    end
+    if type(dir2) ~= "string" then
+      fail("models.save: DIR2 must be a folder path, got " .. util.shown(dir2))
+    end
     local dtype = opts.dtype or "f32"
     if dtype ~= "f32" and dtype ~= "bf16" then
       fail("models.save: dtype must be \"f32\" or \"bf16\", got " .. util.shown(dtype))

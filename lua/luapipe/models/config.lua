@@ -72,7 +72,8 @@ local function from_hf(cfg, file)
   if type(rs) == "table" then
     local kind = rs.type or rs.rope_type
     if kind ~= "yarn" then
-      fail(file, "rope_scaling of type %s: only \"yarn\" (DeepSeek-V3's) is supported", tostring(kind))
+      fail(file, "rope_scaling of type %s: only \"yarn\" (DeepSeek-V3's) is supported",
+        tostring(kind))
     end
     a.max_seq_len = cfg.max_position_embeddings
     a.original_seq_len = rs.original_max_position_embeddings
@@ -82,8 +83,8 @@ local function from_hf(cfg, file)
     -- yarn(mscale) / yarn(mscale_all_dim), which is 1 only when they agree
     a.mscale = rs.mscale_all_dim or rs.mscale
     if rs.mscale ~= nil and rs.mscale_all_dim ~= nil and rs.mscale ~= rs.mscale_all_dim then
-      fail(file, "rope_scaling.mscale (%s) differs from mscale_all_dim (%s): model.py has one mscale",
-        tostring(rs.mscale), tostring(rs.mscale_all_dim))
+      fail(file, "rope_scaling.mscale (%s) differs from mscale_all_dim (%s): "
+        .. "model.py has one mscale", tostring(rs.mscale), tostring(rs.mscale_all_dim))
     end
     for _, k in ipairs({ "original_max_position_embeddings", "factor" }) do
       if rs[k] == nil then fail(file, "rope_scaling of type yarn lacks '%s'", k) end
@@ -95,7 +96,8 @@ local function from_hf(cfg, file)
   end
   if cfg.max_position_embeddings == nil then fail(file, "missing key 'max_position_embeddings'") end
   if cfg.hidden_act ~= nil and cfg.hidden_act ~= "silu" then
-    fail(file, "hidden_act \"%s\": DeepSeek-V3's MLPs are SwiGLU (\"silu\")", tostring(cfg.hidden_act))
+    fail(file, "hidden_act \"%s\": DeepSeek-V3's MLPs are SwiGLU (\"silu\")",
+      tostring(cfg.hidden_act))
   end
   if cfg.tie_word_embeddings == true then
     fail(file, "tie_word_embeddings is true: DeepSeek-V3's head is not tied to the embedding")
@@ -135,7 +137,8 @@ function M.read(cfg, file)
   if type(cfg) ~= "table" then fail(file, "is not a JSON object") end
   local form = M.form(cfg)
   if not form then
-    fail(file, "has neither 'dim' (DeepSeek's ModelArgs keys) nor 'hidden_size' (Hugging Face's keys)")
+    fail(file, "has neither 'dim' (DeepSeek's ModelArgs keys) nor 'hidden_size' (Hugging "
+      .. "Face's keys)")
   end
   local a
   if form == "hf" then
@@ -143,7 +146,9 @@ function M.read(cfg, file)
   else
     a = {}
     for k, v in pairs(cfg) do a[k] = v end
-    if cfg.hidden_size ~= nil then fail(file, "mixes DeepSeek's 'dim' with Hugging Face's 'hidden_size'") end
+    if cfg.hidden_size ~= nil then
+      fail(file, "mixes DeepSeek's 'dim' with Hugging Face's 'hidden_size'")
+    end
   end
   for _, k in ipairs(M.required) do
     if a[k] == nil then
@@ -161,7 +166,9 @@ function M.read(cfg, file)
     a[k] = v
   end
   for _, k in ipairs({ "route_scale", "rope_theta", "rope_factor", "mscale" }) do
-    if type(a[k]) ~= "number" then fail(file, "'%s' must be a number, got %s", k, tostring(a[k])) end
+    if type(a[k]) ~= "number" then
+      fail(file, "'%s' must be a number, got %s", k, tostring(a[k]))
+    end
   end
   if a.score_func ~= "softmax" and a.score_func ~= "sigmoid" then
     fail(file, "score_func must be \"softmax\" or \"sigmoid\", got %s", tostring(a.score_func))
@@ -181,7 +188,9 @@ function M.read(cfg, file)
     fail(file, "n_limited_groups (%d) is more than n_expert_groups (%d)", a.n_limited_groups,
       a.n_expert_groups)
   end
-  if a.qk_rope_head_dim % 2 ~= 0 then fail(file, "qk_rope_head_dim (%d) must be even", a.qk_rope_head_dim) end
+  if a.qk_rope_head_dim % 2 ~= 0 then
+    fail(file, "qk_rope_head_dim (%d) must be even", a.qk_rope_head_dim)
+  end
   a.block = block_of(cfg, file)
   a.mtp = whole(cfg.num_nextn_predict_layers) or 0
   a.eps = a.eps or 1e-6

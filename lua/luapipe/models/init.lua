@@ -120,7 +120,8 @@ local function load_layer(self, i, seed, ep)
   l:set_params(set)
   for _, t in pairs(set) do t:close() end
   if l:moe_count() > 0 and self.args.correction_bias then
-    local b = self.ckpt:read(self.layer_names[i] .. ".ffn.gate.bias", { self.args.n_routed_experts })
+    local b = self.ckpt:read(self.layer_names[i] .. ".ffn.gate.bias",
+      { self.args.n_routed_experts })
     l:set_moe_bias(1, b:totable())
     b:close()
   end
@@ -141,7 +142,9 @@ function V3:build(seed) return chunk(self, 1, #self.layers, seed, "model") end
 -- that a rank reads only its own experts
 function V3:build_stage(part, stage, seed, ep)
   local b = part.bounds[stage + 1]
-  if not b then error(string.format("build_stage: no stage %d in a %d-stage partition", stage, part.stages), 2) end
+  if not b then
+    error(string.format("build_stage: no stage %d in a %d-stage partition", stage, part.stages), 2)
+  end
   return chunk(self, b.first, b.last, seed, "stage." .. stage, ep or self.ep)
 end
 
@@ -150,7 +153,9 @@ end
 -- the config (nothing built).
 function V3:param_list()
   local a, out = self.args, {}
-  local function p(layer, name, shape) out[#out + 1] = { layer = layer, name = name, shape = shape } end
+  local function p(layer, name, shape)
+    out[#out + 1] = { layer = layer, name = name, shape = shape }
+  end
   p(1, "embed.weight", { a.vocab_size, a.dim })
   local dq = a.qk_nope_head_dim + a.qk_rope_head_dim
   for i = 0, a.n_layers - 1 do
@@ -165,7 +170,8 @@ function V3:param_list()
     end
     p(L, pre .. "attn.wkv_a.weight", { a.kv_lora_rank + a.qk_rope_head_dim, a.dim })
     p(L, pre .. "attn.kv_norm.weight", { a.kv_lora_rank })
-    p(L, pre .. "attn.wkv_b.weight", { a.n_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank })
+    p(L, pre .. "attn.wkv_b.weight", { a.n_heads * (a.qk_nope_head_dim + a.v_head_dim),
+      a.kv_lora_rank })
     p(L, pre .. "attn.wo.weight", { a.dim, a.n_heads * a.v_head_dim })
     p(L, pre .. "ffn_norm.weight", { a.dim })
     if i < a.n_dense_layers then

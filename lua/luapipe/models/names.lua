@@ -39,8 +39,8 @@ local to_hf_part = {
 }
 local from_hf_part = {}
 for k, v in pairs(to_hf_part) do from_hf_part[v] = k end
-local top_to_hf = { ["embed.weight"] = "model.embed_tokens.weight", ["head.weight"] = "lm_head.weight",
-  ["norm.weight"] = "model.norm.weight" }
+local top_to_hf = { ["embed.weight"] = "model.embed_tokens.weight",
+  ["head.weight"] = "lm_head.weight", ["norm.weight"] = "model.norm.weight" }
 local top_from_hf = {}
 for k, v in pairs(top_to_hf) do top_from_hf[v] = k end
 

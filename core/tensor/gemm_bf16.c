@@ -1,0 +1,500 @@
+/* gemm_bf16.c — the CPU backend's mixed-precision GEMM (bf16 inputs,
+ * float32 accumulation and output) and oneDNN's float32 matmul.
+ *
+ * Two engines give the same numbers up to summation order:
+ *  - oneDNN (built with LP_TENSOR_WITH_ONEDNN, run when the CPU has
+ *    AVX512-BF16 or AMX, asked of oneDNN at run time): the operands are
+ *    rounded to bf16 copies (round to nearest even, as oneDNN's own
+ *    reorder does) and a oneDNN matmul multiplies them;
+ *  - the float32 fallback: the operands are rounded to bf16 values held
+ *    in floats and OpenBLAS sgemm multiplies them. A product of two bf16
+ *    values is exact in float32, so only the order of the sums differs.
+ * Which one runs is fixed per process (lp_tensor_bf16_engine says which;
+ * products under 64^3 multiply-adds take the fallback even there, a rule
+ * of the shape), so every rank of a run on one kind of machine makes the
+ * same choice.
+ *
+ * oneDNN primitives are cached by shape (a table under a mutex; shapes
+ * that are not multiples of 16 share one made for run-time dims, use_rt);
+ * oneDNN runs on one OpenMP thread per rank unless OMP_NUM_THREADS says
+ * otherwise, so results do not depend on how many cores a rank sees. */
+#include "lp_tensor.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef LP_TENSOR_WITH_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+#endif
+
+/* ---- bf16 rounding ---------------------------------------------------- */
+
+uint16_t lp_tensor_bf16_from_float(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it a quiet NaN */
+    return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */
+  return (uint16_t)(u >> 16);
+}
+
+float lp_tensor_bf16_to_float(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+float lp_tensor_bf16_round(float x) {
+  return lp_tensor_bf16_to_float(lp_tensor_bf16_from_float(x));
+}
+
+const char *lp_tensor_precision_name(lp_tensor_precision p) {
+  return p == LP_TENSOR_BF16 ? "bf16" : "f32";
+}
+
+int lp_tensor_precision_parse(const char *s, lp_tensor_precision *out) {
+  if (!s) return 0;
+  if (!strcmp(s, "f32") || !strcmp(s, "float32")) {
+    *out = LP_TENSOR_F32;
+    return 1;
+  }
+  if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) {
+    *out = LP_TENSOR_BF16;
+    return 1;
+  }
+  return 0;
+}
+
+/* Rounds the stored rows x cols matrix at a (row stride lda) to bf16
+ * values, dense (row stride cols) into dst. */
+static void round_matrix(int64_t rows, int64_t cols, const float *a,
+                         int64_t lda, float *dst) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++)
+      dst[r * cols + c] = lp_tensor_bf16_round(a[r * lda + c]);
+}
+
+/* ---- engine choice ---------------------------------------------------- */
+
+static int force_fallback; /* tests and benchmarks */
+#ifdef LP_TENSOR_WITH_ONEDNN
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static int env_fallback; /* LUAPIPE_BF16_FALLBACK=1 */
+
+static void read_env(void) {
+  env_fallback = lp_env_int("LUAPIPE_BF16_FALLBACK", 0) == 1;
+}
+#endif
+
+void lp_tensor_bf16_force_fallback(int on) { force_fallback = !!on; }
+
+int lp_tensor_have_onednn(void) {
+#ifdef LP_TENSOR_WITH_ONEDNN
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+#ifdef LP_TENSOR_WITH_ONEDNN
+
+static pthread_once_t dnnl_once = PTHREAD_ONCE_INIT;
+static dnnl_engine_t dnnl_eng;
+static dnnl_stream_t dnnl_strm;
+static int dnnl_ok;      /* engine and stream made */
+static int dnnl_bf16_ok; /* ... and the CPU has AVX512-BF16 or AMX */
+static const char *dnnl_isa = "";
+
+static void dnnl_init(void) {
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  /* the enum values are nested bit sets: bf16 needs all of its bits */
+  dnnl_bf16_ok = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) ==
+                 (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+  dnnl_isa = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_amx) ==
+                     (unsigned)dnnl_cpu_isa_avx512_core_amx
+                 ? "avx512_core_amx"
+             : dnnl_bf16_ok ? "avx512_core_bf16"
+                            : "no bf16 ISA";
+  if (dnnl_engine_create(&dnnl_eng, dnnl_cpu, 0) != dnnl_success) return;
+  if (dnnl_stream_create(&dnnl_strm, dnnl_eng, dnnl_stream_default_flags) !=
+      dnnl_success) {
+    dnnl_engine_destroy(dnnl_eng);
+    return;
+  }
+  dnnl_ok = 1;
+}
+
+/* One OpenMP thread per rank unless the user set OMP_NUM_THREADS (the
+ * setting is per thread, so every calling thread makes it once). */
+static void dnnl_threads(void) {
+  static _Thread_local int done;
+  if (done) return;
+  done = 1;
+  if (!getenv("OMP_NUM_THREADS")) omp_set_num_threads(1);
+}
+
+/* Which primitive a shape gets, a rule of the shape alone (so every rank
+ * and the one-process reference choose alike): one made for the exact
+ * shape when m, n and k are multiples of 16 (the dense layers' shapes; the
+ * fastest kernels), else one with the dims given at run time (shared by
+ * every shape: MoE experts see a new token count at nearly every call,
+ * and making a primitive per count costs more than the GEMM). */
+/* m * n * k below which the fallback runs (see lp_tensor_cpu_gemm_bf16):
+ * at 64^3 the char-LM's bf16 step went from 1.27x float32's (OpenBLAS
+ * AVX-512) to even with it; at 2e6, 1.2x again */
+#define SMALL_GEMM ((int64_t)64 * 64 * 64)
+static int use_rt(int64_t m, int64_t n, int64_t k) {
+  return (m | n | k) % 16 != 0;
+}
+
+typedef struct pkey {
+  int rt; /* dims and strides at run time (then m..ldc are 0 in the key) */
+  int bf16, ta, tb;
+  int64_t m, n, k, lda, ldb, ldc;
+  float alpha, beta;
+} pkey;
+
+typedef struct pent {
+  int used;
+  pkey key;
+  dnnl_primitive_t prim; /* NULL: oneDNN refused the shape */
+  dnnl_memory_desc_t a, b, c;
+} pent;
+
+#define NCACHE 512
+static pent cache[NCACHE];
+static int cache_next;
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int key_eq(const pkey *x, const pkey *y) {
+  return x->rt == y->rt && x->bf16 == y->bf16 && x->ta == y->ta && x->tb == y->tb &&
+         x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda &&
+         x->ldb == y->ldb && x->ldc == y->ldc && x->alpha == y->alpha &&
+         x->beta == y->beta;
+}
+
+/* The memory descriptors of A (m x k; ta: stored k x m), B (k x n; tb:
+ * stored n x k) and C (m x n) with row strides lda / ldb / ldc; with rt,
+ * every dim and stride is left to run time. */
+static int make_descs(const pkey *key, int rt, dnnl_memory_desc_t *a,
+                      dnnl_memory_desc_t *b, dnnl_memory_desc_t *c) {
+  dnnl_data_type_t dt = key->bf16 ? dnnl_bf16 : dnnl_f32;
+  const int64_t R = DNNL_RUNTIME_DIM_VAL;
+  dnnl_dims_t ad = {rt ? R : key->m, rt ? R : key->k};
+  dnnl_dims_t bd = {rt ? R : key->k, rt ? R : key->n};
+  dnnl_dims_t cd = {rt ? R : key->m, rt ? R : key->n};
+  int64_t la = rt ? R : key->lda, lb = rt ? R : key->ldb, lc = rt ? R : key->ldc;
+  dnnl_dims_t as = {key->ta ? 1 : la, key->ta ? la : 1};
+  dnnl_dims_t bs = {key->tb ? 1 : lb, key->tb ? lb : 1};
+  dnnl_dims_t cs = {lc, 1};
+  return dnnl_memory_desc_init_by_strides(a, 2, ad, dt, as) == dnnl_success &&
+         dnnl_memory_desc_init_by_strides(b, 2, bd, dt, bs) == dnnl_success &&
+         dnnl_memory_desc_init_by_strides(c, 2, cd, dnnl_f32, cs) ==
+             dnnl_success;
+}
+
+/* Makes the matmul for key: dst = alpha A B + beta dst (key->rt: for any
+ * shape, the dims given at run time). Fills e (prim NULL when oneDNN has
+ * no implementation). */
+static void make_prim(const pkey *key, pent *e) {
+  dnnl_primitive_attr_t attr = NULL;
+  dnnl_post_ops_t po = NULL;
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_matmul_desc_t md;
+  e->prim = NULL;
+  if (!make_descs(key, key->rt, &e->a, &e->b, &e->c) ||
+      dnnl_matmul_desc_init(&md, &e->a, &e->b, NULL, &e->c) != dnnl_success ||
+      dnnl_primitive_attr_create(&attr) != dnnl_success)
+    return;
+  if (key->alpha != 1.0f)
+    dnnl_primitive_attr_set_output_scales(attr, 1, 0, &key->alpha);
+  if (key->beta != 0.0f && dnnl_post_ops_create(&po) == dnnl_success) {
+    dnnl_post_ops_append_sum(po, key->beta);
+    dnnl_primitive_attr_set_post_ops(attr, po);
+    dnnl_post_ops_destroy(po);
+  }
+  if (dnnl_primitive_desc_create(&pd, &md, attr, dnnl_eng, NULL) ==
+      dnnl_success) {
+    if (dnnl_primitive_create(&e->prim, pd) != dnnl_success) e->prim = NULL;
+    dnnl_primitive_desc_destroy(pd);
+  }
+  dnnl_primitive_attr_destroy(attr);
+}
+
+/* The cache entry for key (its primitive made on first use; NULL when
+ * oneDNN has none). Needs cache_mu held. */
+static const pent *get_prim(const pkey *key) {
+  pent *e = NULL;
+  for (int i = 0; i < NCACHE && cache[i].used; i++)
+    if (key_eq(&cache[i].key, key)) {
+      e = &cache[i];
+      break;
+    }
+  if (!e) {
+    e = &cache[cache_next];
+    cache_next = (cache_next + 1) % NCACHE;
+    if (e->used && e->prim) dnnl_primitive_destroy(e->prim);
+    e->used = 1;
+    e->key = *key;
+    make_prim(key, e);
+  }
+  return e;
+}
+
+/* Runs one matmul with the buffers given; LP_ERR_UNSUPPORTED when oneDNN
+ * has no implementation for the shape, LP_ERR_INTERNAL when it fails. The
+ * lock is held through the run (a rank computes on one thread; this keeps
+ * an entry from being replaced while another thread runs it). */
+static lp_status dnnl_run(const pkey *shape, int rt, const void *a,
+                          const void *b, float *c) {
+  pkey key = *shape;
+  dnnl_memory_desc_t ad, bd, cd;
+  if (rt) {
+    key.rt = 1;
+    key.m = key.n = key.k = key.lda = key.ldb = key.ldc = 0;
+    if (!make_descs(shape, 0, &ad, &bd, &cd)) return LP_ERR_INTERNAL;
+  }
+  pthread_mutex_lock(&cache_mu);
+  const pent *e = get_prim(&key);
+  if (!e->prim) {
+    pthread_mutex_unlock(&cache_mu);
+    return LP_ERR_UNSUPPORTED;
+  }
+  if (!rt) ad = e->a, bd = e->b, cd = e->c;
+  dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
+  lp_status st = LP_ERR_INTERNAL;
+  if (dnnl_memory_create(&ma, &ad, dnnl_eng, (void *)a) == dnnl_success &&
+      dnnl_memory_create(&mb, &bd, dnnl_eng, (void *)b) == dnnl_success &&
+      dnnl_memory_create(&mc, &cd, dnnl_eng, c) == dnnl_success) {
+    dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+    if (dnnl_primitive_execute(e->prim, dnnl_strm, 3, args) == dnnl_success &&
+        dnnl_stream_wait(dnnl_strm) == dnnl_success)
+      st = LP_OK;
+  }
+  pthread_mutex_unlock(&cache_mu);
+  if (ma) dnnl_memory_destroy(ma);
+  if (mb) dnnl_memory_destroy(mb);
+  if (mc) dnnl_memory_destroy(mc);
+  return st;
+}
+
+/* Rounds the stored rows x cols matrix at a (row stride lda) to a dense
+ * bf16 copy. */
+static void to_bf16(int64_t rows, int64_t cols, const float *a, int64_t lda,
+                    uint16_t *dst) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++)
+      dst[r * cols + c] = lp_tensor_bf16_from_float(a[r * lda + c]);
+}
+
+#endif /* LP_TENSOR_WITH_ONEDNN */
+
+int lp_tensor_bf16_native(void) {
+#ifdef LP_TENSOR_WITH_ONEDNN
+  pthread_once(&dnnl_once, dnnl_init);
+  pthread_once(&env_once, read_env);
+  return dnnl_ok && dnnl_bf16_ok && !force_fallback && !env_fallback;
+#else
+  return 0;
+#endif
+}
+
+const char *lp_tensor_bf16_engine(void) {
+#ifdef LP_TENSOR_WITH_ONEDNN
+  static char buf[96];
+  if (lp_tensor_bf16_native()) {
+    snprintf(buf, sizeof buf, "oneDNN bf16 matmul (%s)", dnnl_isa);
+    return buf;
+  }
+  if (force_fallback) return "float32 fallback (bf16-rounded inputs; forced)";
+  if (env_fallback)
+    return "float32 fallback (bf16-rounded inputs; LUAPIPE_BF16_FALLBACK=1)";
+  if (!dnnl_ok) return "float32 fallback (bf16-rounded inputs; oneDNN failed to start)";
+  return "float32 fallback (bf16-rounded inputs; this CPU has no AVX512-BF16 or AMX)";
+#else
+  return "float32 fallback (bf16-rounded inputs; this build has no oneDNN)";
+#endif
+}
+
+/* ---- float32: OpenBLAS, or oneDNN's matmul when asked ------------------
+ * OpenBLAS picks its kernels by CPU model at load time; on a CPU it does
+ * not know (a new model, or a VM that hides the model) it falls back to a
+ * generic SSE3 core ("Prescott"), several times slower than oneDNN's
+ * float32 matmul on the same AVX-512 hardware. LUAPIPE_F32_GEMM=onednn
+ * sends float32 GEMMs to oneDNN, =auto only where OpenBLAS is generic and
+ * oneDNN has AVX2 or better: a rule of the machine, so every rank of a job
+ * on one kind of machine makes it alike (as OpenBLAS's own kernel choice
+ * already does). The default stays OpenBLAS: oneDNN's sums differ in the
+ * last bits, more so between the shapes that pipeline and EP splits give
+ * (tests/mpi/test_train_recipe.sh's AdamW + clipping runs then exceed
+ * their 1e-5 parameter tolerance by a little). */
+
+static int force_openblas; /* tests and benchmarks */
+
+void lp_tensor_f32_force_openblas(int on) { force_openblas = !!on; }
+
+#ifdef LP_TENSOR_WITH_ONEDNN
+/* 1 when OpenBLAS runs one of its AVX2 / AVX-512 kernels. */
+static int blas_has_fast_core(void) {
+  static const char *const fast[] = {"Haswell",    "Zen",        "SkylakeX",
+                                     "Cooperlake", "SapphireRapids",
+                                     "Sandybridge"};
+  const char *core = openblas_get_corename();
+  for (size_t i = 0; core && i < sizeof fast / sizeof fast[0]; i++)
+    if (!strcmp(core, fast[i])) return 1;
+  return 0;
+}
+
+static pthread_once_t f32_once = PTHREAD_ONCE_INIT;
+static int f32_dnnl; /* LUAPIPE_F32_GEMM chose oneDNN (see above) */
+
+static void f32_init(void) {
+  pthread_once(&dnnl_once, dnnl_init);
+  dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  const char *knob = getenv("LUAPIPE_F32_GEMM");
+  if (!knob || !strcmp(knob, "openblas") || !*knob) return;
+  if (!strcmp(knob, "onednn")) {
+    f32_dnnl = dnnl_ok;
+    return;
+  }
+  f32_dnnl = !strcmp(knob, "auto") && dnnl_ok && !blas_has_fast_core() &&
+             ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx2) ==
+                 (unsigned)dnnl_cpu_isa_avx2;
+}
+#endif
+
+int lp_tensor_f32_onednn(void) {
+#ifdef LP_TENSOR_WITH_ONEDNN
+  pthread_once(&f32_once, f32_init);
+  return f32_dnnl && !force_openblas;
+#else
+  return 0;
+#endif
+}
+
+const char *lp_tensor_f32_engine(void) {
+  static char buf[128];
+  if (lp_tensor_f32_onednn())
+    snprintf(buf, sizeof buf, "oneDNN f32 matmul (LUAPIPE_F32_GEMM; OpenBLAS's core here: %s)",
+             openblas_get_corename());
+  else
+    snprintf(buf, sizeof buf, "OpenBLAS sgemm (%s)", openblas_get_corename());
+  return buf;
+}
+
+/* ---- the GEMMs -------------------------------------------------------- */
+
+static lp_status check_dims(int64_t m, int64_t n, int64_t k, int64_t lda,
+                            int64_t ldb, int64_t ldc, int64_t batch) {
+  if (m < 0 || n < 0 || k < 0 || batch < 0) return LP_ERR_ARG;
+  if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX ||
+      ldb > INT_MAX || ldc > INT_MAX)
+    return LP_ERR_ARG;
+  return LP_OK;
+}
+
+/* C = beta * C for the k == 0 case (no product to round). */
+static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
+  for (int64_t r = 0; r < m; r++)
+    for (int64_t j = 0; j < n; j++)
+      c[r * ldc + j] = beta == 0.0f ? 0.0f : beta * c[r * ldc + j];
+}
+
+/* The float32 fallback: round, then sgemm on the dense rounded copies. */
+static lp_status gemm_bf16_fallback(int ta, int tb, int64_t m, int64_t n,
+                                    int64_t k, float alpha, const float *a,
+                                    int64_t lda, int64_t stride_a,
+                                    const float *b, int64_t ldb,
+                                    int64_t stride_b, float beta, float *c,
+                                    int64_t ldc, int64_t stride_c,
+                                    int64_t batch) {
+  int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+  float *ra = lp_malloc((size_t)(ar * ac + br * bc) * sizeof(float));
+  if (!ra) return LP_ERR_NOMEM;
+  float *rb = ra + ar * ac;
+  for (int64_t i = 0; i < batch; i++) {
+    round_matrix(ar, ac, a + i * stride_a, lda, ra);
+    round_matrix(br, bc, b + i * stride_b, ldb, rb);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha,
+                ra, (int)ac, rb, (int)bc, beta, c + i * stride_c, (int)ldc);
+  }
+  lp_free(ra);
+  return LP_OK;
+}
+
+lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
+                                  int trans_b, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda,
+                                  int64_t stride_a, const float *b,
+                                  int64_t ldb, int64_t stride_b, float beta,
+                                  float *c, int64_t ldc, int64_t stride_c,
+                                  int64_t batch) {
+  (void)be;
+  LP_CHECK(check_dims(m, n, k, lda, ldb, ldc, batch));
+  if (m == 0 || n == 0 || batch == 0) return LP_OK;
+  trans_a = !!trans_a, trans_b = !!trans_b;
+  if (k == 0) {
+    for (int64_t i = 0; i < batch; i++)
+      scale_c(m, n, beta, c + i * stride_c, ldc);
+    return LP_OK;
+  }
+#ifdef LP_TENSOR_WITH_ONEDNN
+  /* small products (attention's per-head GEMMs) cost less on the fallback
+   * than a oneDNN call's fixed price; a rule of the shape, so every rank
+   * makes the same choice */
+  if (lp_tensor_bf16_native() && m * n * k >= SMALL_GEMM) {
+    dnnl_threads();
+    int64_t ar = trans_a ? k : m, ac = trans_a ? m : k;
+    int64_t br = trans_b ? n : k, bc = trans_b ? k : n;
+    pkey key = {0, 1, trans_a, trans_b, m, n, k, ac, bc, ldc, alpha, beta};
+    int rt = use_rt(m, n, k);
+    uint16_t *ha = lp_malloc((size_t)(ar * ac + br * bc) * sizeof(uint16_t));
+    if (!ha) return LP_ERR_NOMEM;
+    uint16_t *hb = ha + ar * ac;
+    lp_status st = LP_OK;
+    for (int64_t i = 0; i < batch && st == LP_OK; i++) {
+      to_bf16(ar, ac, a + i * stride_a, lda, ha);
+      to_bf16(br, bc, b + i * stride_b, ldb, hb);
+      st = dnnl_run(&key, rt, ha, hb, c + i * stride_c);
+    }
+    lp_free(ha);
+    if (st != LP_ERR_UNSUPPORTED) return st;
+    /* no oneDNN kernel for this shape (the same on every rank): the
+     * fallback gives the same products */
+  }
+#endif
+  return gemm_bf16_fallback(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a,
+                            b, ldb, stride_b, beta, c, ldc, stride_c, batch);
+}
+
+lp_status lp_tensor_cpu_gemm_onednn_f32(int trans_a, int trans_b, int64_t m,
+                                        int64_t n, int64_t k, float alpha,
+                                        const float *a, int64_t lda,
+                                        const float *b, int64_t ldb,
+                                        float beta, float *c, int64_t ldc) {
+  LP_CHECK(check_dims(m, n, k, lda, ldb, ldc, 1));
+#ifdef LP_TENSOR_WITH_ONEDNN
+  pthread_once(&dnnl_once, dnnl_init);
+  if (!dnnl_ok) return LP_ERR_UNSUPPORTED;
+  if (m == 0 || n == 0) return LP_OK;
+  if (k == 0) {
+    scale_c(m, n, beta, c, ldc);
+    return LP_OK;
+  }
+  dnnl_threads();
+  pkey key = {0, 0, !!trans_a, !!trans_b, m, n, k, lda, ldb, ldc, alpha, beta};
+  return dnnl_run(&key, use_rt(m, n, k), a, b, c);
+#else
+  (void)trans_a, (void)trans_b, (void)alpha, (void)a, (void)b, (void)beta;
+  (void)c;
+  return LP_ERR_UNSUPPORTED;
+#endif
+}

@@ -1,0 +1,187 @@
+/* precision.c — bench_precision: CPU GEMM GFLOP/s by engine on the model
+ * shapes, one row per shape (M x N x K, C = A B^T as Linear's forward):
+ *   blas_f32   OpenBLAS sgemm
+ *   dnnl_f32   oneDNN's float32 matmul
+ *   bf16       the backend's gemm_bf16 as training runs it (bf16 rounding
+ *              of both operands included; oneDNN or the fallback, see the
+ *              header line)
+ *   fb_bf16    the float32 fallback (rounding + sgemm), for comparison
+ * with the ratios dnnl_f32/blas_f32 and bf16/blas_f32 taken from the same
+ * run (the engines alternate, run after run; the figure is the median of
+ * --runs runs of at least --min-ms each, in CPU time of the one thread
+ * all engines run on, so other jobs on the machine count less), and #wrong: entries of the bf16
+ * results (oneDNN and fallback) off the double-precision product of the
+ * bf16-rounded inputs by more than 1e-5 of sum |a||b|.
+ * Usage: bench_precision [--quick] [--runs N] [--min-ms T].
+ * Exit status 1 when an entry is wrong. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "lp_tensor.h"
+
+#define CHECK(call)                                                            \
+  do {                                                                         \
+    lp_status st_ = (call);                                                    \
+    if (st_ != LP_OK) {                                                        \
+      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, lp_strerror(st_));    \
+      exit(2);                                                                 \
+    }                                                                          \
+  } while (0)
+
+enum { E_BLAS, E_DNNL, E_BF16, E_FB, NE };
+static const char *const ename[NE] = {"blas_f32", "dnnl_f32", "bf16",
+                                      "fb_bf16"};
+
+typedef struct {
+  int64_t m, n, k;
+  float *a, *b, *c;
+} shape;
+
+static void run(int e, shape *s) {
+  const lp_tensor_backend *be = lp_tensor_backend_cpu();
+  switch (e) {
+  case E_BLAS: /* OpenBLAS whatever lp_tensor_f32_engine says */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)s->m, (int)s->n,
+                (int)s->k, 1.0f, s->a, (int)s->k, s->b, (int)s->k, 0.0f, s->c,
+                (int)s->n);
+    break;
+  case E_DNNL:
+    CHECK(lp_tensor_cpu_gemm_onednn_f32(0, 1, s->m, s->n, s->k, 1.0f, s->a,
+                                        s->k, s->b, s->k, 0.0f, s->c, s->n));
+    break;
+  case E_BF16:
+  case E_FB:
+    lp_tensor_bf16_force_fallback(e == E_FB);
+    CHECK(be->gemm_bf16(be, 0, 1, s->m, s->n, s->k, 1.0f, s->a, s->k, 0, s->b,
+                        s->k, 0, 0.0f, s->c, s->n, 0, 1));
+    lp_tensor_bf16_force_fallback(0);
+    break;
+  }
+}
+
+/* CPU seconds of this thread: on a machine shared with other jobs the
+ * figure counts the time the GEMM ran, not the time it waited for a core
+ * (every engine runs on this one thread). */
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds per call: repeats until min_s has passed (at least 2). */
+static double timeit(int e, shape *s, double min_s) {
+  int n = 0;
+  double t0 = cpu_now(), t;
+  do {
+    run(e, s);
+    n++;
+    t = cpu_now() - t0;
+  } while (n < 2 || t < min_s);
+  return t / n;
+}
+
+static int cmp_d(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+/* Entries of s->c off the double product of the rounded inputs. */
+static int count_wrong(const shape *s) {
+  int wrong = 0;
+  for (int64_t i = 0; i < s->m; i += 1 + s->m / 16)
+    for (int64_t j = 0; j < s->n; j += 1 + s->n / 16) {
+      double ref = 0, mag = 0;
+      for (int64_t p = 0; p < s->k; p++) {
+        double x = lp_tensor_bf16_round(s->a[i * s->k + p]);
+        double y = lp_tensor_bf16_round(s->b[j * s->k + p]);
+        ref += x * y;
+        mag += fabs(x * y);
+      }
+      if (fabs(s->c[i * s->n + j] - ref) > 1e-5 * mag + 1e-30) wrong++;
+    }
+  return wrong;
+}
+
+int main(int argc, char **argv) {
+  int runs = 5, quick = 0;
+  double min_ms = 60;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--quick"))
+      quick = 1;
+    else if (!strcmp(argv[i], "--runs") && i + 1 < argc)
+      runs = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--min-ms") && i + 1 < argc)
+      min_ms = atof(argv[++i]);
+    else {
+      fprintf(stderr, "usage: bench_precision [--quick] [--runs N] [--min-ms T]\n");
+      return 2;
+    }
+  }
+  if (runs < 1 || runs > 99) runs = 5;
+  int have_dnnl = lp_tensor_have_onednn();
+  printf("# bf16 engine: %s; OpenBLAS core: %s\n", lp_tensor_bf16_engine(),
+         openblas_get_corename());
+  printf("# training's float32 GEMMs: %s\n", lp_tensor_f32_engine());
+  printf("# GFLOP/s, median of %d runs (engines alternate within a run)%s\n",
+         runs, have_dnnl ? "" : "; no oneDNN in this build: dnnl_f32 is -");
+  printf("%6s %6s %6s %9s %9s %9s %9s %9s %9s %6s\n", "M", "N", "K",
+         ename[0], ename[1], ename[2], ename[3], "dnnl/bl", "bf16/bl",
+         "#wrong");
+  static const int64_t ms[] = {256, 1024, 4096}, nk[] = {64, 256, 1024};
+  int nm = quick ? 2 : 3, nn = quick ? 2 : 3;
+  int total_wrong = 0;
+  for (int im = 0; im < nm; im++)
+    for (int in = 0; in < nn; in++)
+      for (int ik = 0; ik < nn; ik++) {
+        shape s = {ms[im], nk[in], nk[ik], NULL, NULL, NULL};
+        s.a = lp_malloc((size_t)(s.m * s.k) * sizeof(float));
+        s.b = lp_malloc((size_t)(s.n * s.k) * sizeof(float));
+        s.c = lp_malloc((size_t)(s.m * s.n) * sizeof(float));
+        if (!s.a || !s.b || !s.c) return 2;
+        lp_tensor_rng r;
+        lp_tensor_rng_seed(&r, 7);
+        for (int64_t i = 0; i < s.m * s.k; i++)
+          s.a[i] = (float)lp_tensor_rng_normal(&r);
+        for (int64_t i = 0; i < s.n * s.k; i++)
+          s.b[i] = (float)lp_tensor_rng_normal(&r);
+        int wrong = 0;
+        run(E_BF16, &s);
+        wrong += count_wrong(&s);
+        run(E_FB, &s);
+        wrong += count_wrong(&s);
+        total_wrong += wrong;
+        double t[NE][99];
+        for (int e = 0; e < NE; e++)
+          if (e != E_DNNL || have_dnnl) run(e, &s); /* warm-up */
+        for (int rr = 0; rr < runs; rr++)
+          for (int e = 0; e < NE; e++)
+            t[e][rr] = e == E_DNNL && !have_dnnl
+                           ? 0
+                           : timeit(e, &s, min_ms / 1000.0);
+        double flop = 2.0 * (double)s.m * (double)s.n * (double)s.k, g[NE];
+        for (int e = 0; e < NE; e++) {
+          qsort(t[e], (size_t)runs, sizeof(double), cmp_d);
+          double med = t[e][runs / 2];
+          g[e] = med > 0 ? flop / med / 1e9 : 0;
+        }
+        char dn[16] = "-", rd[16] = "-";
+        if (have_dnnl) {
+          snprintf(dn, sizeof dn, "%.1f", g[E_DNNL]);
+          snprintf(rd, sizeof rd, "%.2f", g[E_DNNL] / g[E_BLAS]);
+        }
+        printf("%6lld %6lld %6lld %9.1f %9s %9.1f %9.1f %9s %9.2f %6d\n",
+               (long long)s.m, (long long)s.n, (long long)s.k, g[E_BLAS], dn,
+               g[E_BF16], g[E_FB], rd, g[E_BF16] / g[E_BLAS], wrong);
+        fflush(stdout);
+        lp_free(s.a);
+        lp_free(s.b);
+        lp_free(s.c);
+      }
+  printf("# %d wrong\n", total_wrong);
+  return total_wrong ? 1 : 0;
+}
