@@ -2,15 +2,6 @@
  * ctx slots: act: 0 = x.  rmsnorm: 0 = x, 1 = rstd [rows], 2 = dy. */
 #include "nn_internal.h"
 
-
-static lp_status check_same(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
-                            const lp_tensor *dy) {
-  if (lp_tensor_same_shape(x, dy)) return LP_OK;
-  char a[64], b[64];
-  return nn_fail(ctx, l, LP_ERR_ARG, "dy has shape %s, forward output had %s",
-                 nn_shape_str(dy, a, sizeof a), nn_shape_str(x, b, sizeof b));
-}
-
 /* ---- activations ---- */
 
 static lp_status act_forward(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
@@ -30,7 +21,7 @@ static lp_status act_forward(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
 static lp_status act_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                                 const lp_tensor *dy, lp_tensor **dx) {
   const lp_tensor *x = ctx->saved[0];
-  LP_CHECK(check_same(l, ctx, x, dy));
+  LP_CHECK(nn_check_dy_shape(l, ctx, x, dy));
   if (dx) {
     LP_CHECK(lp_tensor_empty_like(x, dx));
     LP_CHECK(lp_tensor_act_backward(*dx, l->act, x, dy));
@@ -99,7 +90,7 @@ fail:
 static lp_status rmsnorm_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                                     const lp_tensor *dy, lp_tensor **dx) {
   const lp_tensor *x = ctx->saved[R_X], *rstd = ctx->saved[R_RSTD];
-  LP_CHECK(check_same(l, ctx, x, dy));
+  LP_CHECK(nn_check_dy_shape(l, ctx, x, dy));
   LP_CHECK(nn_check_device(ctx, l, "dy", dy));
   lp_tensor *dyd;
   LP_CHECK(nn_dense(dy, &dyd));

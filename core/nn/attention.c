@@ -97,11 +97,7 @@ fail:
 static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                                       const lp_tensor *dy, lp_tensor **dx) {
   const lp_tensor *x = ctx->saved[A_X];
-  if (!lp_tensor_same_shape(x, dy)) {
-    char a[64], b[64];
-    return nn_fail(ctx, l, LP_ERR_ARG, "dy has shape %s, forward output had %s",
-                   nn_shape_str(dy, a, sizeof a), nn_shape_str(x, b, sizeof b));
-  }
+  LP_CHECK(nn_check_dy_shape(l, ctx, x, dy));
   LP_CHECK(nn_check_device(ctx, l, "dy", dy));
   int64_t B = x->shape[0], T = x->shape[1], D = l->dim, H = l->heads;
   int64_t dh = D / H;

@@ -846,3 +846,11 @@ lp_status lp_nn_residual_new(const char *name, lp_nn_layer *inner,
   return composite_new(&residual_ops, &residual_phased, name, &inner, 1,
                        layer);
 }
+
+lp_status nn_check_dy_shape(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
+                            const lp_tensor *dy) {
+  if (lp_tensor_same_shape(x, dy)) return LP_OK;
+  char a[64], b[64];
+  return nn_fail(ctx, l, LP_ERR_ARG, "dy has shape %s, forward output had %s",
+                 nn_shape_str(dy, a, sizeof a), nn_shape_str(x, b, sizeof b));
+}

@@ -288,11 +288,7 @@ static lp_status mla_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   const lp_nn_mla_opts *o = &m->o;
   lp_tensor *const *sv = ctx->saved;
   const lp_tensor *x = sv[M_X];
-  if (!lp_tensor_same_shape(x, dy)) {
-    char a[64], b[64];
-    return nn_fail(ctx, l, LP_ERR_ARG, "dy has shape %s, forward output had %s",
-                   nn_shape_str(dy, a, sizeof a), nn_shape_str(x, b, sizeof b));
-  }
+  LP_CHECK(nn_check_dy_shape(l, ctx, x, dy));
   LP_CHECK(nn_check_device(ctx, l, "dy", dy));
   int64_t D = o->dim, B = x->shape[0], T = x->shape[1], N = B * T;
   int64_t H = o->n_heads, dn = o->qk_nope_head_dim, dr = o->qk_rope_head_dim;

@@ -142,6 +142,11 @@ lp_status nn_host(const lp_tensor *x, lp_tensor **out);
 /* LP_OK when t is on the backend of l's parameters, else LP_ERR_ARG with
  * text naming both devices ("input is on cuda:0 but the parameters are
  * on cpu"). */
+/* LP_OK when dy has the shape of the forward's output (a layer whose
+ * output is shaped like its input x passes x), else LP_ERR_ARG with "dy has
+ * shape [..], forward output had [..]" in ctx's error. */
+lp_status nn_check_dy_shape(lp_nn_layer *l, lp_nn_ctx *ctx, const lp_tensor *x,
+                            const lp_tensor *dy);
 lp_status nn_check_device(lp_nn_ctx *ctx, const lp_nn_layer *l,
                           const char *what, const lp_tensor *t);
 /* A dense tensor on backend `be` with x's values: nn_dense when x is
