@@ -16,14 +16,7 @@
 #include "lp_nn.h"
 #include "lp_tensor.h"
 
-#define CHECK(call)                                                            \
-  do {                                                                         \
-    lp_status st_ = (call);                                                    \
-    if (st_ != LP_OK) {                                                        \
-      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, lp_strerror(st_));    \
-      exit(2);                                                                 \
-    }                                                                          \
-  } while (0)
+#include "bench_check.h"
 
 static lp_tensor *randn(const int64_t *shape, uint64_t seed) {
   lp_tensor *t;

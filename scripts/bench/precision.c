@@ -24,14 +24,7 @@
 
 #include "lp_tensor.h"
 
-#define CHECK(call)                                                            \
-  do {                                                                         \
-    lp_status st_ = (call);                                                    \
-    if (st_ != LP_OK) {                                                        \
-      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, lp_strerror(st_));    \
-      exit(2);                                                                 \
-    }                                                                          \
-  } while (0)
+#include "bench_check.h"
 
 enum { E_BLAS, E_DNNL, E_BF16, E_FB, NE };
 static const char *const ename[NE] = {"blas_f32", "dnnl_f32", "bf16",
