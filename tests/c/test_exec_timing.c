@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "lp_exec.h"
+#include "exec_fixtures.h"
 #include "schedule_fixtures.h"
 
 static lp_comm *W;
@@ -62,31 +63,16 @@ static void test_allgather(void **state) {
 
 static int EP, PP;
 
+/* The MLP and data every executor test trains (exec_fixtures.h). */
 static lp_status chunk_fn(void *ud, int stage, lp_nn_layer **out, char *err) {
   (void)ud, (void)err;
-  lp_nn_layer *ls[2] = {NULL, NULL};
-  char n0[32], n1[32], cn[32];
-  snprintf(n0, sizeof n0, "layers.%d", 2 * stage);
-  snprintf(n1, sizeof n1, "layers.%d", 2 * stage + 1);
-  snprintf(cn, sizeof cn, "stage.%d", stage);
-  int last = stage == PP - 1;
-  lp_status st = lp_nn_linear_new(n0, D, last ? D_OUT : D, 1, 42, &ls[0]);
-  if (st == LP_OK && !last) st = lp_nn_act_new(n1, LP_TENSOR_ACT_GELU, &ls[1]);
-  if (st == LP_OK) st = lp_nn_chunk_new(cn, ls, last ? 1 : 2, out);
-  lp_nn_layer_release(ls[0]);
-  lp_nn_layer_release(ls[1]);
-  return st;
+  return fx_mlp_stage(stage, PP, D, D, D_OUT, 42, out);
 }
 
 static lp_status data_fn(void *ud, int64_t step, int mb, lp_tensor **in, lp_tensor **tg,
                          char *err) {
   (void)ud, (void)err;
-  float x[BATCH * D], y[BATCH * D_OUT];
-  for (int i = 0; i < BATCH * D; i++) x[i] = (float)sin(0.3 * (double)step + 1.1 * mb + 0.7 * i);
-  for (int i = 0; i < BATCH * D_OUT; i++)
-    y[i] = (float)cos(0.5 * (double)step + 0.9 * mb + 0.4 * i);
-  if (in) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D}, x, in), LP_OK);
-  if (tg) assert_int_equal(lp_tensor_from_data(NULL, 2, (int64_t[]){BATCH, D_OUT}, y, tg), LP_OK);
+  fx_wave_data(step, mb, 2, (int64_t[]){BATCH, D}, 2, (int64_t[]){BATCH, D_OUT}, in, tg);
   return LP_OK;
 }
 
