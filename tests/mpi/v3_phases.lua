@@ -10,7 +10,6 @@
 -- noise by up to lr, as in test_v3_train.sh), so the
 -- phased pair computes what running the halves one after the other does.
 -- Prints "<rank>: ok" when all hold.
-local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 local json = require("luapipe.json")
 local models = require("luapipe.models")
@@ -24,14 +23,7 @@ local model = models.deepseek_v3 { vocab_size = 64, dim = 32, inter_dim = 48, mo
   qk_rope_head_dim = 4, v_head_dim = 8, max_seq_len = 16, score_func = "sigmoid",
   correction_bias = true }
 local M = 6
-local function data(step, mb)
-  local x, y = {}, {}
-  for i = 1, 16 do
-    x[i] = (i * 7 + mb * 13 + step * 29) % 64
-    y[i] = (i * 11 + mb * 5 + step * 3 + 1) % 64
-  end
-  return core.tensor({ 2, 8 }, x), core.tensor({ 2, 8 }, y)
-end
+local data = dofile("tests/mpi/fixtures.lua").token_data(64)
 local opt = { kind = "adamw", lr = 1e-3, beta1 = 0.9, beta2 = 0.95, weight_decay = 0.1 }
 local sched = require("luapipe.schedule").build("dualpipe", { pp = 2, microbatches = M })
 local r = train { model = model, schedule = sched, microbatches = M, data = data, steps = 2,

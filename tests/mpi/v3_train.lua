@@ -7,7 +7,6 @@
 -- train.reference (one process, the same micro-batches) within 1e-5;
 -- rank 0 checks the saved folder: it loads back to the reference's
 -- parameters and routers' biases. Prints "<rank>: ok" when all hold.
-local core = require("luapipe.core")
 local comm = require("luapipe.comm")
 local models = require("luapipe.models")
 local train = require("luapipe.train")
@@ -21,14 +20,7 @@ local dir = "tests/data/v3/v3_f32/checkpoint"
 local model = models.load(dir)
 
 -- micro-batch mb: 2 sequences of 8 tokens, different per mb and step
-local function data(step, mb)
-  local x, y = {}, {}
-  for i = 1, 16 do
-    x[i] = (i * 7 + mb * 13 + step * 29) % 128
-    y[i] = (i * 11 + mb * 5 + step * 3 + 1) % 128
-  end
-  return core.tensor({ 2, 8 }, x), core.tensor({ 2, 8 }, y)
-end
+local data = dofile("tests/mpi/fixtures.lua").token_data(128)
 
 local opt = { kind = "adamw", lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1 }
 -- V3_OPTIM=sgd: SGD with momentum instead, where a parameter's update is
