@@ -110,12 +110,4 @@ function M.describe_record(r)
     r.steps, r.min_lr)
 end
 
--- lr.describe(spec) -> text for progress lines and checkpoints
-function M.describe(spec)
-  if type(spec) == "function" then return "a Lua function of the step" end
-  return string.format("warmup %d, %s decay%s%s", spec.warmup or 0, spec.decay or "cosine",
-    spec.steps and (" over " .. spec.steps .. " steps") or "",
-    spec.min_lr and string.format(" to %g", spec.min_lr) or "")
-end
-
 return M
