@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The DeepSeek-V3 benchmark's PyTorch side (scripts/bench/v3 runs it).
 
-    v3_torch.py MODEL_PY [--steps N] [--threads T]
+    v3_torch.py MODEL_PY [--steps N] [--threads T] [--autocast]
 
 MODEL_PY is DeepSeek's inference/model.py (github.com/deepseek-ai/DeepSeek-V3,
 MIT), read from where the user keeps it, never copied into this repository;
@@ -12,8 +12,11 @@ safetensors). The config is scripts/bench/v3.lua's: dim 256, 4 layers (the
 first dense), 16 routed experts top 4 + 1 shared, no query LoRA, vocab 3072;
 a step is the logits of every position for 4 x 256 tokens, the mean
 cross-entropy, autograd backward and one torch.optim.AdamW step, eager, in
-float32 on T threads (default 1). Prints "params N step_ms X min_ms Y"
-(median and best of N steps after one warm-up step).
+float32 on T threads (default 1); with --autocast the forward and the loss
+run under torch.autocast("cpu", dtype=torch.bfloat16) (PyTorch's mixed
+precision on the CPU: bf16 GEMMs, float32 weights and optimizer). Prints
+"params N step_ms X min_ms Y" (median and best of N steps after one
+warm-up step).
 """
 
 import argparse
@@ -21,6 +24,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import torch
 
@@ -41,8 +45,13 @@ def main():
     ap.add_argument("model_py")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--autocast", action="store_true",
+                    help='torch.autocast("cpu", dtype=torch.bfloat16) around forward and loss')
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    # under autocast, RMSNorm's bf16 input and float32 weight take the
+    # unfused path; PyTorch warns about it at every call
+    warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
     mod = fx.load_model_py(a.model_py)
     _, model = fx.build_model(mod, ARGS, B, False)
     gen = torch.Generator().manual_seed(0)
@@ -55,7 +64,8 @@ def main():
     for k in range(a.steps + 1):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = fx.loss_of(fx.forward_all(model, tok), tgt)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast):
+            loss = fx.loss_of(fx.forward_all(model, tok), tgt)
         loss.backward()
         opt.step()
         if k > 0:
