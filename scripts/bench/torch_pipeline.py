@@ -35,7 +35,8 @@ key=value lines: family, autocast, stages, params (the whole model's
 parameter count), step_ms (median over the steps after --warmup of each
 step's time, the mean over ranks of the time a rank spends in zero_grad +
 schedule.step + optimizer.step: what luapipe's samples/s measures),
-min_ms, first_loss (the mean loss of step 1's micro-batches), final_loss,
+min_ms, cpu_ms (the same median of the CPU time of each rank's process,
+all its threads, over those spans), first_loss (the mean loss of step 1's micro-batches), final_loss,
 rss_mb_R (rank R's peak resident memory, ru_maxrss), rss_mb_max.
 Needs PyTorch >= 2.6 (pip install torch into a venv of your own).
 """
@@ -266,13 +267,13 @@ def worker(rank, a, port, q):
     params = [p for m in modules for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     has_first, has_last = 0 in mine, nstages - 1 in mine
-    times, losses_of = [], {}
+    times, cpu, losses_of = [], [], {}
     for k in range(1, a.steps + 1):
         x, y = step_batch(ids, a, k)
         losses = [] if has_last else None
         args = (x,) if has_first else ()
         kw = {"target": y, "losses": losses} if has_last else {}
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         if a.autocast:
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -281,16 +282,19 @@ def worker(rank, a, port, q):
             sched.step(*args, **kw)
         opt.step()
         times.append((time.perf_counter() - t0) * 1000)
+        cpu.append((time.process_time() - c0) * 1000)
         if has_last:
             losses_of[k] = float(torch.stack([v.detach().float() for v in losses]).mean())
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    mine_out = {"times": times, "losses": losses_of, "rss_mb": rss_mb,
+    mine_out = {"times": times, "cpu": cpu, "losses": losses_of, "rss_mb": rss_mb,
                 "params": sum(p.numel() for p in params)}
     every = [None] * P
     dist.all_gather_object(every, mine_out)
     if rank == 0:
         per_step = [sum(r["times"][i] for r in every) / P for i in range(a.steps)]
         kept = per_step[a.warmup:] or per_step
+        cpu_step = [sum(r["cpu"][i] for r in every) / P for i in range(a.steps)]
+        cpu_kept = cpu_step[a.warmup:] or cpu_step
         losses = {}
         for r in every:
             losses.update(r["losses"])
@@ -298,6 +302,7 @@ def worker(rank, a, port, q):
                "stages": "|".join(f"{f}-{l}" for f, l in bounds),
                "params": sum(r["params"] for r in every),
                "step_ms": f"{statistics.median(kept):.3f}", "min_ms": f"{min(kept):.3f}",
+               "cpu_ms": f"{statistics.median(cpu_kept):.3f}",
                "first_loss": f"{losses[1]:.6f}", "final_loss": f"{losses[a.steps]:.6f}"}
         for r, e in enumerate(every):
             res[f"rss_mb_{r}"] = f"{e['rss_mb']:.1f}"
