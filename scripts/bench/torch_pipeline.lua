@@ -15,7 +15,8 @@ local o = { seed = 1, blocks = 6, dim = 64, heads = 4, text = "/usr/share/common
 for i = 2, #arg, 2 do
   local k = arg[i]:match("^%-%-(%a+)$")
   if not k or o[k] == nil or arg[i + 1] == nil then
-    error("usage: torch_pipeline.lua OUT [--seed N] [--blocks N] [--dim N] [--heads N] [--text PATH]")
+    error("usage: torch_pipeline.lua OUT [--seed N] [--blocks N] [--dim N] [--heads N] "
+      .. "[--text PATH]")
   end
   o[k] = k == "text" and arg[i + 1] or math.tointeger(tonumber(arg[i + 1]))
 end
@@ -29,7 +30,9 @@ for c in text:gmatch(".") do
 end
 -- the example's model (examples/train_char_lm.lua)
 local specs = { nn.embedding(V, o.dim) }
-for _ = 1, o.blocks do specs[#specs + 1] = nn.transformer_block(o.dim, o.heads, 4 * o.dim, "gelu") end
+for _ = 1, o.blocks do
+  specs[#specs + 1] = nn.transformer_block(o.dim, o.heads, 4 * o.dim, "gelu")
+end
 specs[#specs + 1] = nn.rmsnorm(o.dim)
 specs[#specs + 1] = nn.linear(o.dim, V)
 specs.loss = "cross_entropy"
