@@ -175,7 +175,7 @@ size_t lp_nn_ctx_bytes(const lp_nn_ctx *ctx) {
   size_t b = 0;
   for (int i = 0; i < NN_SLOTS; i++)
     if (ctx->saved[i])
-      b += (size_t)lp_tensor_numel(ctx->saved[i]) * sizeof(float);
+      b += (size_t)lp_tensor_numel(ctx->saved[i]) * lp_tensor_elem_bytes(ctx->saved[i]);
   for (size_t i = 0; i < ctx->nchild; i++)
     b += lp_nn_ctx_bytes(ctx->child[i]);
   return b;
@@ -497,6 +497,7 @@ lp_status nn_param_make(const lp_nn_layer *l, const char *suffix, int ndim,
   p->init = init;
   p->init_std = init_std;
   LP_CHECK(lp_tensor_empty(NULL, ndim, shape, &p->value));
+  lp_tensor_keep_bf16(p->value); /* bf16 GEMMs read a copy made once per change */
   LP_CHECK(lp_tensor_zeros(NULL, ndim, shape, &p->grad));
   return init_param(p, seed);
 }

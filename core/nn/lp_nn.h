@@ -199,7 +199,8 @@ void lp_nn_ctx_free(lp_nn_ctx *ctx);
 void lp_nn_ctx_clear(lp_nn_ctx *ctx);
 lp_nn_ctx_stage lp_nn_ctx_stage_of(const lp_nn_ctx *ctx);
 /* Bytes of tensor data the ctx (and its sub-contexts) keeps alive, counted
- * per stashed view (numel * 4) — the activation memory of this mb. */
+ * per stashed view (numel * 4, or * 2 for a packed bf16 one) — the
+ * activation memory of this mb. */
 size_t lp_nn_ctx_bytes(const lp_nn_ctx *ctx);
 /* Text of the last failure recorded in this ctx ("" when none). */
 const char *lp_nn_ctx_last_error(const lp_nn_ctx *ctx);

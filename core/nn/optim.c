@@ -129,6 +129,7 @@ lp_status lp_nn_optim_step_masked(lp_nn_optim *o, const unsigned char *skip) {
       LP_CHECK(be->adamw_step(be, n, a->lr, b1, b2, a->eps, decay, bc1, bc2, p,
                               g, m, o->v[i]->data));
     }
+    lp_tensor_touch(pt); /* written through its data: bf16 copies are stale */
   }
   return LP_OK;
 }

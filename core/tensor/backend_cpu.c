@@ -464,6 +464,7 @@ static const lp_tensor_backend cpu_backend = {
     .dot_rows = cpu_dot_rows,
     .rope = cpu_rope,
     .gemm_bf16 = lp_tensor_cpu_gemm_bf16,
+    .gemm_bf16h = lp_tensor_cpu_gemm_bf16h,
 };
 
 const lp_tensor_backend *lp_tensor_backend_cpu(void) { return &cpu_backend; }

@@ -54,6 +54,71 @@ float lp_tensor_bf16_round(float x) {
   return lp_tensor_bf16_to_float(lp_tensor_bf16_from_float(x));
 }
 
+/* The loops below are lp_tensor_bf16_from_float / _to_float without
+ * branches, so that the compiler vectorizes them; each has an AVX-512BW
+ * twin, run where the CPU has it (integer operations: the same bits either
+ * way). */
+#define ROUND_BODY                                                         \
+  for (int64_t i = 0; i < n; i++) {                                        \
+    uint32_t u;                                                            \
+    memcpy(&u, &src[i], sizeof u);                                         \
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;                   \
+    uint32_t q = (u >> 16) | 0x0040u; /* NaN: a quiet NaN */               \
+    dst[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);          \
+  }
+#define ROUNDF_BODY                                                        \
+  for (int64_t i = 0; i < n; i++) {                                        \
+    uint32_t u;                                                            \
+    memcpy(&u, &src[i], sizeof u);                                         \
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;           \
+    uint32_t q = (u & 0xffff0000u) | 0x00400000u;                          \
+    u = (u & 0x7fffffffu) > 0x7f800000u ? q : r;                           \
+    memcpy(&dst[i], &u, sizeof u);                                         \
+  }
+#define WIDEN_BODY                                                         \
+  for (int64_t i = 0; i < n; i++) {                                        \
+    uint32_t u = (uint32_t)src[i] << 16;                                   \
+    memcpy(&dst[i], &u, sizeof u);                                         \
+  }
+
+static void round_to_c(int64_t n, const float *src, uint16_t *dst) { ROUND_BODY }
+static void round_floats_c(int64_t n, const float *src, float *dst) { ROUNDF_BODY }
+static void widen_c(int64_t n, const uint16_t *src, float *dst) { WIDEN_BODY }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define AVX512 __attribute__((target("avx512f,avx512bw")))
+AVX512 static void round_to_512(int64_t n, const float *src, uint16_t *dst) { ROUND_BODY }
+AVX512 static void round_floats_512(int64_t n, const float *src, float *dst) { ROUNDF_BODY }
+AVX512 static void widen_512(int64_t n, const uint16_t *src, float *dst) { WIDEN_BODY }
+static int have_512(void) {
+  static int v = -1; /* a rule of the machine, asked once */
+  if (v < 0) {
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx512bw") ? 1 : 0;
+  }
+  return v;
+}
+#else
+#define round_to_512 round_to_c
+#define round_floats_512 round_floats_c
+#define widen_512 widen_c
+static int have_512(void) { return 0; }
+#endif
+
+void lp_tensor_bf16_round_to(int64_t n, const float *src, uint16_t *dst) {
+  (have_512() ? round_to_512 : round_to_c)(n, src, dst);
+}
+
+/* dst[i] = src[i] rounded to a bf16 value, held in a float. */
+static void round_floats(int64_t n, const float *src, float *dst) {
+  (have_512() ? round_floats_512 : round_floats_c)(n, src, dst);
+}
+
+/* dst[i] = the float of bf16 value src[i] (exact). */
+static void widen(int64_t n, const uint16_t *src, float *dst) {
+  (have_512() ? widen_512 : widen_c)(n, src, dst);
+}
+
 const char *lp_tensor_precision_name(lp_tensor_precision p) {
   return p == LP_TENSOR_BF16 ? "bf16" : "f32";
 }
@@ -71,13 +136,18 @@ int lp_tensor_precision_parse(const char *s, lp_tensor_precision *out) {
   return 0;
 }
 
-/* Rounds the stored rows x cols matrix at a (row stride lda) to bf16
- * values, dense (row stride cols) into dst. */
-static void round_matrix(int64_t rows, int64_t cols, const float *a,
+/* Rounds the stored rows x cols matrix at a (row stride lda; floats, or
+ * bf16 values when h, widened exactly) to bf16 values held in floats,
+ * dense (row stride cols) into dst. */
+static void round_matrix(int64_t rows, int64_t cols, const void *a, int h,
                          int64_t lda, float *dst) {
+  if (lda == cols) /* dense: one run */
+    cols *= rows, rows = 1;
   for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++)
-      dst[r * cols + c] = lp_tensor_bf16_round(a[r * lda + c]);
+    if (h)
+      widen(cols, (const uint16_t *)a + r * lda, dst + r * cols);
+    else
+      round_floats(cols, (const float *)a + r * lda, dst + r * cols);
 }
 
 /* ---- engine choice ---------------------------------------------------- */
@@ -289,9 +359,10 @@ static lp_status dnnl_run(const pkey *shape, int rt, const void *a,
  * bf16 copy. */
 static void to_bf16(int64_t rows, int64_t cols, const float *a, int64_t lda,
                     uint16_t *dst) {
+  if (lda == cols) /* dense: one run */
+    cols *= rows, rows = 1;
   for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++)
-      dst[r * cols + c] = lp_tensor_bf16_from_float(a[r * lda + c]);
+    lp_tensor_bf16_round_to(cols, a + r * lda, dst + r * cols);
 }
 
 #endif /* LP_TENSOR_WITH_ONEDNN */
@@ -409,19 +480,23 @@ static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 
 /* The float32 fallback: round, then sgemm on the dense rounded copies. */
 static lp_status gemm_bf16_fallback(int ta, int tb, int64_t m, int64_t n,
-                                    int64_t k, float alpha, const float *a,
-                                    int64_t lda, int64_t stride_a,
-                                    const float *b, int64_t ldb,
+                                    int64_t k, float alpha, const void *a,
+                                    int a_h, int64_t lda, int64_t stride_a,
+                                    const void *b, int b_h, int64_t ldb,
                                     int64_t stride_b, float beta, float *c,
                                     int64_t ldc, int64_t stride_c,
                                     int64_t batch) {
+  size_t ea = a_h ? sizeof(uint16_t) : sizeof(float);
+  size_t eb = b_h ? sizeof(uint16_t) : sizeof(float);
   int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
   float *ra = lp_malloc((size_t)(ar * ac + br * bc) * sizeof(float));
   if (!ra) return LP_ERR_NOMEM;
   float *rb = ra + ar * ac;
   for (int64_t i = 0; i < batch; i++) {
-    round_matrix(ar, ac, a + i * stride_a, lda, ra);
-    round_matrix(br, bc, b + i * stride_b, ldb, rb);
+    round_matrix(ar, ac, (const char *)a + (size_t)(i * stride_a) * ea, a_h,
+                 lda, ra);
+    round_matrix(br, bc, (const char *)b + (size_t)(i * stride_b) * eb, b_h,
+                 ldb, rb);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                 tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha,
                 ra, (int)ac, rb, (int)bc, beta, c + i * stride_c, (int)ldc);
@@ -437,7 +512,21 @@ lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
                                   int64_t ldb, int64_t stride_b, float beta,
                                   float *c, int64_t ldc, int64_t stride_c,
                                   int64_t batch) {
+  return lp_tensor_cpu_gemm_bf16h(be, trans_a, trans_b, m, n, k, alpha, a, 0,
+                                  lda, stride_a, b, 0, ldb, stride_b, beta, c,
+                                  ldc, stride_c, batch);
+}
+
+lp_status lp_tensor_cpu_gemm_bf16h(const lp_tensor_backend *be, int trans_a,
+                                   int trans_b, int64_t m, int64_t n,
+                                   int64_t k, float alpha, const void *a,
+                                   int a_h, int64_t lda, int64_t stride_a,
+                                   const void *b, int b_h, int64_t ldb,
+                                   int64_t stride_b, float beta, float *c,
+                                   int64_t ldc, int64_t stride_c,
+                                   int64_t batch) {
   (void)be;
+  a_h = !!a_h, b_h = !!b_h;
   LP_CHECK(check_dims(m, n, k, lda, ldb, ldc, batch));
   if (m == 0 || n == 0 || batch == 0) return LP_OK;
   trans_a = !!trans_a, trans_b = !!trans_b;
@@ -454,25 +543,41 @@ lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
     dnnl_threads();
     int64_t ar = trans_a ? k : m, ac = trans_a ? m : k;
     int64_t br = trans_b ? n : k, bc = trans_b ? k : n;
-    pkey key = {0, 1, trans_a, trans_b, m, n, k, ac, bc, ldc, alpha, beta};
+    /* operands in bf16 already go as they are (their own row strides);
+     * float ones are rounded to dense copies */
+    pkey key = {0, 1, trans_a, trans_b, m, n, k, a_h ? lda : ac,
+                b_h ? ldb : bc, ldc, alpha, beta};
     int rt = use_rt(m, n, k);
-    uint16_t *ha = lp_malloc((size_t)(ar * ac + br * bc) * sizeof(uint16_t));
-    if (!ha) return LP_ERR_NOMEM;
-    uint16_t *hb = ha + ar * ac;
+    size_t na = a_h ? 0 : (size_t)(ar * ac), nb = b_h ? 0 : (size_t)(br * bc);
+    uint16_t *tmp = NULL;
+    if (na + nb && !(tmp = lp_malloc((na + nb) * sizeof(uint16_t))))
+      return LP_ERR_NOMEM;
     lp_status st = LP_OK;
     for (int64_t i = 0; i < batch && st == LP_OK; i++) {
-      to_bf16(ar, ac, a + i * stride_a, lda, ha);
-      to_bf16(br, bc, b + i * stride_b, ldb, hb);
-      st = dnnl_run(&key, rt, ha, hb, c + i * stride_c);
+      const uint16_t *pa, *pb;
+      if (a_h) {
+        pa = (const uint16_t *)a + i * stride_a;
+      } else {
+        to_bf16(ar, ac, (const float *)a + i * stride_a, lda, tmp);
+        pa = tmp;
+      }
+      if (b_h) {
+        pb = (const uint16_t *)b + i * stride_b;
+      } else {
+        to_bf16(br, bc, (const float *)b + i * stride_b, ldb, tmp + na);
+        pb = tmp + na;
+      }
+      st = dnnl_run(&key, rt, pa, pb, c + i * stride_c);
     }
-    lp_free(ha);
+    lp_free(tmp);
     if (st != LP_ERR_UNSUPPORTED) return st;
     /* no oneDNN kernel for this shape (the same on every rank): the
      * fallback gives the same products */
   }
 #endif
-  return gemm_bf16_fallback(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a,
-                            b, ldb, stride_b, beta, c, ldc, stride_c, batch);
+  return gemm_bf16_fallback(trans_a, trans_b, m, n, k, alpha, a, a_h, lda,
+                            stride_a, b, b_h, ldb, stride_b, beta, c, ldc,
+                            stride_c, batch);
 }
 
 lp_status lp_tensor_cpu_gemm_onednn_f32(int trans_a, int trans_b, int64_t m,
