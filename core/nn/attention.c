@@ -56,6 +56,9 @@ static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   lp_tensor *xd = NULL, *q = NULL, *k = NULL, *v = NULL, *p = NULL, *o = NULL;
   lp_status st;
   LP_CHECK(nn_dense(x, &xd));
+  /* x and o are read by GEMMs only (here and in weight_grad): at bf16 they
+   * are kept as the bf16 values those GEMMs read (nn_pack) */
+  LP_CHECK_GOTO(nn_pack(l->precision, &xd), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, &q), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, &k), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, &v), st, fail);
@@ -75,6 +78,7 @@ static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 0, T, dh, T, 1.0f, p->data, 1,
                           v->data, 0, o->data, 0),
                 st, fail);
+  LP_CHECK_GOTO(nn_pack(l->precision, &o), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, y), st, fail);
   LP_CHECK_GOTO(nn_gemm(l->precision, *y, 1.0f, o, 0, WO(l), 1, 0.0f), st, fail);
   nn_keep(ctx, A_X, xd);
@@ -108,6 +112,9 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
             *dv = NULL;
   lp_status st;
   LP_CHECK(nn_dense(dy, &dyd));
+  /* dy, dq, dk, dv: read by GEMMs only (dx here, the weights' gradients in
+   * weight_grad) */
+  LP_CHECK_GOTO(nn_pack(l->precision, &dyd), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(x, &dout), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(p, &ds), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(x, &dq), st, fail);
@@ -132,6 +139,9 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 1, 0, T, dh, T, scale, ds->data, 1,
                           q->data, 0, dk->data, 0),
                 st, fail);
+  LP_CHECK_GOTO(nn_pack(l->precision, &dq), st, fail);
+  LP_CHECK_GOTO(nn_pack(l->precision, &dk), st, fail);
+  LP_CHECK_GOTO(nn_pack(l->precision, &dv), st, fail);
   if (dx) {
     LP_CHECK_GOTO(lp_tensor_empty_like(x, dx), st, fail);
     LP_CHECK_GOTO(nn_gemm(l->precision, *dx, 1.0f, dq, 0, WQ(l), 0, 0.0f), st, fail);

@@ -60,6 +60,27 @@ void nn_drop(lp_nn_ctx *ctx, int i) {
   ctx->saved[i] = NULL;
 }
 
+static int pack_off; /* lp_nn_bf16_pack_force_off */
+
+void lp_nn_bf16_pack_force_off(int on) { pack_off = !!on; }
+
+lp_status nn_pack(lp_tensor_precision prec, lp_tensor **t) {
+  const lp_tensor_backend *be = lp_tensor_backend_of(*t);
+  if (prec != LP_TENSOR_BF16 || pack_off || !be->gemm_bf16h || !be->host_accessible ||
+      lp_tensor_is_bf16(*t) || !lp_tensor_is_contiguous(*t))
+    return LP_OK;
+  lp_tensor *p;
+  LP_CHECK(lp_tensor_bf16_pack(*t, &p));
+  lp_tensor_free(*t);
+  *t = p;
+  return LP_OK;
+}
+
+lp_status nn_pack_slot(lp_nn_ctx *ctx, lp_tensor_precision prec, int i) {
+  if (!ctx || !ctx->saved[i]) return LP_OK;
+  return nn_pack(prec, &ctx->saved[i]);
+}
+
 lp_status nn_dense(const lp_tensor *x, lp_tensor **out) {
   if (lp_tensor_is_contiguous(x)) return lp_tensor_view(x, out);
   return lp_tensor_clone(x, out);

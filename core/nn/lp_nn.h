@@ -176,10 +176,18 @@ lp_status lp_nn_layer_to(lp_nn_layer *l, const lp_tensor_backend *be);
  * attention's projections and score / value matmuls, MoE experts (routed
  * and shared) run at `prec` (LP_TENSOR_BF16: inputs rounded to bf16,
  * float32 sums); embeddings, norms, softmax, losses, MoE routers and the
- * optimizer stay float32, as do parameters and activations. New layers
- * are LP_TENSOR_F32. LP_ERR_ARG for an unknown precision. */
+ * optimizer stay float32, as do parameters (the GEMMs read a bf16 copy of
+ * each weight, made again after it changes: lp_tensor_keep_bf16). At bf16
+ * on the CPU, activations that only GEMMs read are kept for backward as
+ * packed bf16 (a Linear's x, attention's x, o, dy, dq, dk, dv, the
+ * SwiGLU / experts' x, h, dy, da1, da3): the same results at half their
+ * bytes; the rest stays float32. New layers are LP_TENSOR_F32.
+ * LP_ERR_ARG for an unknown precision. */
 lp_status lp_nn_layer_set_precision(lp_nn_layer *l, lp_tensor_precision prec);
 lp_tensor_precision lp_nn_layer_precision(const lp_nn_layer *l);
+/* Tests and benchmarks: 1 keeps every activation float32 at bf16 too (the
+ * same results, more memory); 0 (the default) packs them as above. */
+void lp_nn_bf16_pack_force_off(int on);
 
 /* ======================================================================
  * Per-micro-batch contexts

@@ -133,6 +133,16 @@ lp_status nn_fail(lp_nn_ctx *ctx, const lp_nn_layer *l, lp_status st,
 void nn_keep(lp_nn_ctx *ctx, int i, lp_tensor *t);
 /* Frees slot i. */
 void nn_drop(lp_nn_ctx *ctx, int i);
+/* What a layer at precision prec keeps of an activation that only GEMMs
+ * read: at bf16, on a backend whose GEMMs take bf16 operands, *t is
+ * replaced by a packed bf16 copy (lp_tensor_bf16_pack; the old header
+ * freed): the values those GEMMs would round it to, so the results are
+ * bitwise the same, at half the bytes and one rounding instead of one per
+ * GEMM. Otherwise (f32, a device, already packed) *t stays. On failure *t
+ * is unchanged. nn_pack_slot does it to ctx slot i (no-op: NULL ctx or an
+ * empty slot). */
+lp_status nn_pack(lp_tensor_precision prec, lp_tensor **t);
+lp_status nn_pack_slot(lp_nn_ctx *ctx, lp_tensor_precision prec, int i);
 /* A dense, owned tensor with x's values: a view when x is dense, else a
  * clone. */
 lp_status nn_dense(const lp_tensor *x, lp_tensor **out);
