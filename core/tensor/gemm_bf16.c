@@ -219,6 +219,18 @@ static void dnnl_threads(void) {
  * at 64^3 the char-LM's bf16 step went from 1.27x float32's (OpenBLAS
  * AVX-512) to even with it; at 2e6, 1.2x again */
 #define SMALL_GEMM ((int64_t)64 * 64 * 64)
+/* LUAPIPE_BF16_HEADS=batched: batches of small products (attention's
+ * per-head GEMMs) as one batched oneDNN matmul instead of the fallback
+ * (see docs/benchmarks.md for what it measured) */
+static int heads_batched(void) {
+  static int v = -1;
+  if (v < 0) {
+    const char *e = getenv("LUAPIPE_BF16_HEADS");
+    v = e && !strcmp(e, "batched");
+  }
+  return v;
+}
+
 static int use_rt(int64_t m, int64_t n, int64_t k) {
   return (m | n | k) % 16 != 0;
 }
@@ -228,6 +240,8 @@ typedef struct pkey {
   int bf16, ta, tb;
   int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
+  int64_t batch, sa, sb, sc; /* batch > 1: a batched matmul (strides of
+                              * A, B, C between items); else 0 */
 } pkey;
 
 typedef struct pent {
@@ -246,7 +260,8 @@ static int key_eq(const pkey *x, const pkey *y) {
   return x->rt == y->rt && x->bf16 == y->bf16 && x->ta == y->ta && x->tb == y->tb &&
          x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda &&
          x->ldb == y->ldb && x->ldc == y->ldc && x->alpha == y->alpha &&
-         x->beta == y->beta;
+         x->beta == y->beta && x->batch == y->batch && x->sa == y->sa &&
+         x->sb == y->sb && x->sc == y->sc;
 }
 
 /* The memory descriptors of A (m x k; ta: stored k x m), B (k x n; tb:
@@ -255,6 +270,16 @@ static int key_eq(const pkey *x, const pkey *y) {
 static int make_descs(const pkey *key, int rt, dnnl_memory_desc_t *a,
                       dnnl_memory_desc_t *b, dnnl_memory_desc_t *c) {
   dnnl_data_type_t dt = key->bf16 ? dnnl_bf16 : dnnl_f32;
+  if (key->batch > 1) { /* fixed dims, a leading batch dim */
+    dnnl_dims_t ad = {key->batch, key->m, key->k}, bd = {key->batch, key->k, key->n},
+                cd = {key->batch, key->m, key->n};
+    dnnl_dims_t as = {key->sa, key->ta ? 1 : key->lda, key->ta ? key->lda : 1};
+    dnnl_dims_t bs = {key->sb, key->tb ? 1 : key->ldb, key->tb ? key->ldb : 1};
+    dnnl_dims_t cs = {key->sc, key->ldc, 1};
+    return dnnl_memory_desc_init_by_strides(a, 3, ad, dt, as) == dnnl_success &&
+           dnnl_memory_desc_init_by_strides(b, 3, bd, dt, bs) == dnnl_success &&
+           dnnl_memory_desc_init_by_strides(c, 3, cd, dnnl_f32, cs) == dnnl_success;
+  }
   const int64_t R = DNNL_RUNTIME_DIM_VAL;
   dnnl_dims_t ad = {rt ? R : key->m, rt ? R : key->k};
   dnnl_dims_t bd = {rt ? R : key->k, rt ? R : key->n};
@@ -539,6 +564,35 @@ lp_status lp_tensor_cpu_gemm_bf16h(const lp_tensor_backend *be, int trans_a,
   /* small products (attention's per-head GEMMs) cost less on the fallback
    * than a oneDNN call's fixed price; a rule of the shape, so every rank
    * makes the same choice */
+  if (lp_tensor_bf16_native() && batch > 1 &&
+      heads_batched()) {
+    /* small products in a batch (attention's heads): one batched matmul
+     * over the items, the operands rounded to dense bf16 copies first */
+    dnnl_threads();
+    int64_t ar = trans_a ? k : m, ac = trans_a ? m : k;
+    int64_t br = trans_b ? n : k, bc = trans_b ? k : n;
+    pkey key = {0, 1, trans_a, trans_b, m, n, k, ac, bc, ldc, alpha, beta,
+                batch, ar * ac, br * bc, stride_c};
+    size_t na = (size_t)(batch * ar * ac), nb = (size_t)(batch * br * bc);
+    uint16_t *tmp = lp_malloc((na + nb) * sizeof(uint16_t));
+    if (!tmp) return LP_ERR_NOMEM;
+    size_t ea = a_h ? sizeof(uint16_t) : sizeof(float);
+    size_t eb = b_h ? sizeof(uint16_t) : sizeof(float);
+    for (int64_t i = 0; i < batch; i++) {
+      const char *ai = (const char *)a + (size_t)(i * stride_a) * ea;
+      const char *bi = (const char *)b + (size_t)(i * stride_b) * eb;
+      uint16_t *da = tmp + i * ar * ac, *db = tmp + na + i * br * bc;
+      for (int64_t r = 0; r < ar; r++)
+        if (a_h) memcpy(da + r * ac, (const uint16_t *)ai + r * lda, (size_t)ac * 2);
+        else lp_tensor_bf16_round_to(ac, (const float *)ai + r * lda, da + r * ac);
+      for (int64_t r = 0; r < br; r++)
+        if (b_h) memcpy(db + r * bc, (const uint16_t *)bi + r * ldb, (size_t)bc * 2);
+        else lp_tensor_bf16_round_to(bc, (const float *)bi + r * ldb, db + r * bc);
+    }
+    lp_status st = dnnl_run(&key, 0, tmp, tmp + na, c);
+    lp_free(tmp);
+    if (st != LP_ERR_UNSUPPORTED) return st;
+  }
   if (lp_tensor_bf16_native() && m * n * k >= SMALL_GEMM) {
     dnnl_threads();
     int64_t ar = trans_a ? k : m, ac = trans_a ? m : k;
@@ -546,7 +600,7 @@ lp_status lp_tensor_cpu_gemm_bf16h(const lp_tensor_backend *be, int trans_a,
     /* operands in bf16 already go as they are (their own row strides);
      * float ones are rounded to dense copies */
     pkey key = {0, 1, trans_a, trans_b, m, n, k, a_h ? lda : ac,
-                b_h ? ldb : bc, ldc, alpha, beta};
+                b_h ? ldb : bc, ldc, alpha, beta, 0, 0, 0, 0};
     int rt = use_rt(m, n, k);
     size_t na = a_h ? 0 : (size_t)(ar * ac), nb = b_h ? 0 : (size_t)(br * bc);
     uint16_t *tmp = NULL;
@@ -595,7 +649,7 @@ lp_status lp_tensor_cpu_gemm_onednn_f32(int trans_a, int trans_b, int64_t m,
     return LP_OK;
   }
   dnnl_threads();
-  pkey key = {0, 0, !!trans_a, !!trans_b, m, n, k, lda, ldb, ldc, alpha, beta};
+  pkey key = {0, 0, !!trans_a, !!trans_b, m, n, k, lda, ldb, ldc, alpha, beta, 0, 0, 0, 0};
   return dnnl_run(&key, use_rt(m, n, k), a, b, c);
 #else
   (void)trans_a, (void)trans_b, (void)alpha, (void)a, (void)b, (void)beta;

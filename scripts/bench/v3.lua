@@ -6,7 +6,9 @@
 --   single    one process, one micro-batch a step: the model built whole,
 --             each step forward + backward + AdamW (core.nn_reference_step,
 --             what train.reference runs); prints "step_ms X" (median of
---             STEPS steps after one warm-up step)
+--             STEPS steps after one warm-up step) and "cpu_ms Y" (the
+--             median step in the process's CPU time, os.clock: what other
+--             jobs on a shared machine disturb less)
 --   dualpipe  under mpirun -np 4: DualPipe at pp 2 x ep 2, 8 micro-batches
 --             a step; rank 0 prints "tokens_per_s X step_ms Y" from
 --             train's summary (measured step time, first step left out)
@@ -45,16 +47,20 @@ if mode == "single" then
   local layer = model:build(0)
   layer:set_precision(precision)
   local optim = core.nn_optim(layer, opt)
-  local times = {}
+  local times, cpu = {}, {}
   for k = 0, steps do
-    local t0 = core.now()
+    local t0, c0 = core.now(), os.clock()
     local loss, err = core.nn_reference_step(layer, optim, model.loss, 1, data, k + 1, nil)
     if not loss then error(err) end
-    if k > 0 then times[#times + 1] = (core.now() - t0) * 1000 end
+    if k > 0 then
+      times[#times + 1] = (core.now() - t0) * 1000
+      cpu[#cpu + 1] = (os.clock() - c0) * 1000
+    end
   end
   table.sort(times)
-  print(string.format("params %d precision %s step_ms %.1f min_ms %.1f", total, precision,
-    times[(#times + 1) // 2], times[1]))
+  table.sort(cpu)
+  print(string.format("params %d precision %s step_ms %.1f min_ms %.1f cpu_ms %.1f", total,
+    precision, times[(#times + 1) // 2], times[1], cpu[(#cpu + 1) // 2]))
 elseif mode == "dualpipe" then
   local M = 8
   local sched = require("luapipe.schedule").build("dualpipe", { pp = 2, microbatches = M })
