@@ -147,6 +147,8 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   /* dS = P * (dP - rowsum(dP * P)), in place; masked entries have P = 0 */
   LP_CHECK_GOTO(be->softmax_backward_rows(be, B * H * T, T, p->data, ds->data),
                 st, fail);
+  /* dS feeds two GEMMs: rounded once */
+  LP_CHECK_GOTO(nn_pack(l->precision, &ds), st, fail);
   /* dQ = dS K / sqrt(dh);  dK = dS^T Q / sqrt(dh) */
   float scale = (float)(1.0 / sqrt((double)dh));
   LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 0, T, dh, T, scale, ds, 1,

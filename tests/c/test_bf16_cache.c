@@ -3,7 +3,8 @@
  *  1. weights' rounded copies (lp_tensor_keep_bf16): after a forward at
  *     bf16 has made them, every route that writes parameter values makes
  *     the next forward use the new values, checked bitwise against a fresh
- *     layer given the same values: SGD and AdamW steps, lp_tensor_write
+ *     layer given the same values (a Linear; MLA, whose GEMMs take
+ *     pointers into its weights, with SwiGLU): SGD and AdamW steps, lp_tensor_write
  *     (ZeRO-1's all-gather, checkpoint load, EPLB's placement writes),
  *     lp_tensor_copy (set_params, models.load, a new expert slot's copy),
  *     fill / scale / axpy / RNG fills, a raw write followed by
@@ -71,6 +72,19 @@ static lp_nn_layer *make_moe(void) {
   lp_nn_layer *l = NULL;
   lp_nn_moe_opts o = moe_opts();
   assert_int_equal(lp_nn_moe_new("moe", &o, 2, &l), LP_OK);
+  return bf16(l);
+}
+
+/* MLA (its GEMMs take weights as pointers into them) with SwiGLU. */
+static lp_nn_layer *make_mla(void) {
+  lp_nn_mla_opts o = lp_nn_mla_defaults();
+  o.dim = 32, o.n_heads = 2, o.q_lora_rank = 8, o.kv_lora_rank = 16;
+  o.qk_nope_head_dim = 8, o.qk_rope_head_dim = 4, o.v_head_dim = 8;
+  lp_nn_layer *k[2], *l = NULL;
+  assert_int_equal(lp_nn_mla_new("mla", &o, 3, &k[0]), LP_OK);
+  assert_int_equal(lp_nn_swiglu_new("ffn", 32, 48, 4, &k[1]), LP_OK);
+  assert_int_equal(lp_nn_chunk_new("c", k, 2, &l), LP_OK);
+  lp_nn_layer_release(k[0]), lp_nn_layer_release(k[1]);
   return bf16(l);
 }
 
@@ -190,6 +204,31 @@ static void test_weight_routes(void **state) {
   changed(&y, check_fresh(l, make_linear, x));
 
   free(buf);
+  lp_tensor_free(x), lp_tensor_free(y);
+  lp_nn_layer_release(l);
+}
+
+/* MLA's weights after optimizer steps and a write. */
+static void test_mla_routes(void **state) {
+  (void)state;
+  lp_nn_layer *l = make_mla();
+  lp_tensor *x;
+  assert_int_equal(lp_tensor_empty(NULL, 3, SH(2, 8, 32), &x), LP_OK);
+  fill(x->data, 2 * 8 * 32, 4);
+  lp_tensor *y = check_fresh(l, make_mla, x);
+  size_t n;
+  const lp_nn_param *p = lp_nn_params(l, &n);
+  lp_nn_optim *o;
+  lp_nn_adamw_opts adam = {0.01f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  assert_int_equal(lp_nn_optim_adamw_new(p, n, &adam, &o), LP_OK);
+  for (int s = 0; s < 2; s++) {
+    set_grads(l, s ? -0.5f : 0.25f);
+    assert_int_equal(lp_nn_optim_step(o), LP_OK);
+    changed(&y, check_fresh(l, make_mla, x));
+  }
+  lp_nn_optim_free(o);
+  assert_int_equal(lp_tensor_scale(p[0].value, -1.0f), LP_OK);
+  changed(&y, check_fresh(l, make_mla, x));
   lp_tensor_free(x), lp_tensor_free(y);
   lp_nn_layer_release(l);
 }
@@ -401,6 +440,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pack),
       cmocka_unit_test(test_weight_routes),
+      cmocka_unit_test(test_mla_routes),
       cmocka_unit_test(test_eplb_routes),
       cmocka_unit_test(test_packed_layers),
   };
