@@ -215,22 +215,12 @@ static void dnnl_threads(void) {
  * fastest kernels), else one with the dims given at run time (shared by
  * every shape: MoE experts see a new token count at nearly every call,
  * and making a primitive per count costs more than the GEMM). */
-/* m * n * k below which the fallback runs (see lp_tensor_cpu_gemm_bf16):
+/* m * n * k up to which the fallback runs (see lp_tensor_cpu_gemm_bf16):
  * at 64^3 the char-LM's bf16 step went from 1.27x float32's (OpenBLAS
- * AVX-512) to even with it; at 2e6, 1.2x again */
+ * AVX-512) to even with it; at 2e6, 1.2x again. 64^3 itself stays on the
+ * fallback: oneDNN 2.6 gives it its gemm:jit kernel, not AMX (33 us a
+ * call on the MoE LM's attention heads, DNNL_VERBOSE) */
 #define SMALL_GEMM ((int64_t)64 * 64 * 64)
-/* LUAPIPE_BF16_HEADS=batched: batches of small products (attention's
- * per-head GEMMs) as one batched oneDNN matmul instead of the fallback
- * (see docs/benchmarks.md for what it measured) */
-static int heads_batched(void) {
-  static int v = -1;
-  if (v < 0) {
-    const char *e = getenv("LUAPIPE_BF16_HEADS");
-    v = e && !strcmp(e, "batched");
-  }
-  return v;
-}
-
 static int use_rt(int64_t m, int64_t n, int64_t k) {
   return (m | n | k) % 16 != 0;
 }
@@ -530,6 +520,126 @@ static lp_status gemm_bf16_fallback(int ta, int tb, int64_t m, int64_t n,
   return LP_OK;
 }
 
+#ifdef LP_TENSOR_WITH_ONEDNN
+/* One oneDNN matmul per batch item: operands in bf16 already go as they
+ * are (their own row strides), float ones are rounded to dense copies. */
+static lp_status matmul_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k,
+                           float alpha, const void *a, int a_h, int64_t lda,
+                           int64_t stride_a, const void *b, int b_h,
+                           int64_t ldb, int64_t stride_b, float beta,
+                           float *c, int64_t ldc, int64_t stride_c,
+                           int64_t batch) {
+  dnnl_threads();
+  int64_t ar = ta ? k : m, ac = ta ? m : k;
+  int64_t br = tb ? n : k, bc = tb ? k : n;
+  pkey key = {0, 1, ta, tb, m, n, k, a_h ? lda : ac, b_h ? ldb : bc, ldc,
+              alpha, beta, 0, 0, 0, 0};
+  int rt = use_rt(m, n, k);
+  size_t na = a_h ? 0 : (size_t)(ar * ac), nb = b_h ? 0 : (size_t)(br * bc);
+  uint16_t *tmp = NULL;
+  if (na + nb && !(tmp = lp_malloc((na + nb) * sizeof(uint16_t))))
+    return LP_ERR_NOMEM;
+  lp_status st = LP_OK;
+  for (int64_t i = 0; i < batch && st == LP_OK; i++) {
+    const uint16_t *pa, *pb;
+    if (a_h) {
+      pa = (const uint16_t *)a + i * stride_a;
+    } else {
+      to_bf16(ar, ac, (const float *)a + i * stride_a, lda, tmp);
+      pa = tmp;
+    }
+    if (b_h) {
+      pb = (const uint16_t *)b + i * stride_b;
+    } else {
+      to_bf16(br, bc, (const float *)b + i * stride_b, ldb, tmp + na);
+      pb = tmp + na;
+    }
+    st = dnnl_run(&key, rt, pa, pb, c + i * stride_c);
+  }
+  lp_free(tmp);
+  return st;
+}
+
+/* dst (rows_p x cols_p, dense bf16) = the logical block [r0, r0 + rows) x
+ * [c0, c0 + cols) of op(P) (op: transposed when t; P floats, rounded, or
+ * bf16 values when h; row stride ld), zeros around it. */
+static void gather_block(const void *p, int h, int t, int64_t ld, int64_t r0,
+                         int64_t rows, int64_t c0, int64_t cols,
+                         int64_t rows_p, int64_t cols_p, uint16_t *dst) {
+  memset(dst, 0, (size_t)(rows_p * cols_p) * sizeof *dst);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) {
+      int64_t at = t ? (c0 + j) * ld + (r0 + i) : (r0 + i) * ld + (c0 + j);
+      dst[i * cols_p + j] = h ? ((const uint16_t *)p)[at]
+                              : lp_tensor_bf16_from_float(((const float *)p)[at]);
+    }
+}
+
+/* The oneDNN path with shapes kept to multiples of 16 where one dim is
+ * not (MoE experts' token counts: m in their forward and dx, k in their
+ * weight-grads): oneDNN's kernels for fixed shapes (AMX) instead of the
+ * much slower one it has for run-time dims. The first multiple-of-16 rows
+ * (or sum terms) go to a primitive of that shape; the rest, padded with
+ * zeros to 16, to a 16-row (16-term) one; only when two or more dims are
+ * ragged does the run-time-dims primitive run. A rule of the shape: every
+ * rank splits alike. */
+static lp_status dnnl_split(int ta, int tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const void *a, int a_h, int64_t lda,
+                            int64_t stride_a, const void *b, int b_h,
+                            int64_t ldb, int64_t stride_b, float beta,
+                            float *c, int64_t ldc, int64_t stride_c,
+                            int64_t batch) {
+  int64_t m16 = m & ~(int64_t)15, k16 = k & ~(int64_t)15;
+  int split_m = m % 16 && n % 16 == 0 && k % 16 == 0 && m16 > 0;
+  int split_k = !split_m && k % 16 && m % 16 == 0 && n % 16 == 0 && k16 > 0;
+  if (!split_m && !split_k)
+    return matmul_bf16(ta, tb, m, n, k, alpha, a, a_h, lda, stride_a, b, b_h, ldb,
+                     stride_b, beta, c, ldc, stride_c, batch);
+  size_t ea = a_h ? sizeof(uint16_t) : sizeof(float);
+  size_t eb = b_h ? sizeof(uint16_t) : sizeof(float);
+  int64_t rm = split_m ? m - m16 : m, rk = split_k ? k - k16 : k;
+  /* the tail: A's rest padded (16 x k, or m x 16 with B's rest 16 x n);
+   * its result (16 x n, or added into C) */
+  int64_t pm = split_m ? 16 : m, pk = split_k ? 16 : k, nb = split_k ? 16 * n : 0;
+  uint16_t *ta_ = lp_malloc((size_t)(pm * pk + nb) * sizeof(uint16_t));
+  float *tc = split_m ? lp_malloc((size_t)(16 * n) * sizeof(float)) : NULL;
+  if (!ta_ || (split_m && !tc)) {
+    lp_free(ta_), lp_free(tc);
+    return LP_ERR_NOMEM;
+  }
+  uint16_t *tb_ = ta_ + pm * pk;
+  lp_status st = LP_OK;
+  for (int64_t i = 0; i < batch && st == LP_OK; i++) {
+    const char *ai = (const char *)a + (size_t)(i * stride_a) * ea;
+    const char *bi = (const char *)b + (size_t)(i * stride_b) * eb;
+    float *ci = c + i * stride_c;
+    /* the multiple-of-16 part */
+    st = matmul_bf16(ta, tb, split_m ? m16 : m, n, split_k ? k16 : k, alpha, ai,
+                   a_h, lda, 0, bi, b_h, ldb, 0, beta, ci, ldc, 0, 1);
+    if (st != LP_OK) break;
+    if (split_m) { /* rows m16.. of op(A), all of B as it is */
+      gather_block(ai, a_h, ta, lda, m16, rm, 0, k, 16, k, ta_);
+      st = matmul_bf16(0, tb, 16, n, k, alpha, ta_, 1, k, 0, bi, b_h, ldb, 0, 0.0f,
+                     tc, n, 0, 1);
+      for (int64_t r = 0; r < rm && st == LP_OK; r++)
+        for (int64_t j = 0; j < n; j++) {
+          float *o = &ci[(m16 + r) * ldc + j];
+          *o = (beta == 0.0f ? 0.0f : beta * *o) + tc[r * n + j];
+        }
+    } else { /* sum terms k16.. of op(A) and op(B), added to C */
+      gather_block(ai, a_h, ta, lda, 0, m, k16, rk, m, 16, ta_);
+      gather_block(bi, b_h, tb, ldb, k16, rk, 0, n, 16, n, tb_);
+      st = matmul_bf16(0, 0, m, n, 16, alpha, ta_, 1, 16, 0, tb_, 1, n, 0, 1.0f, ci,
+                     ldc, 0, 1);
+    }
+    /* C holds part of the result: no falling back now */
+    if (st == LP_ERR_UNSUPPORTED) st = LP_ERR_INTERNAL;
+  }
+  lp_free(ta_), lp_free(tc);
+  return st;
+}
+#endif
+
 lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
                                   int trans_b, int64_t m, int64_t n, int64_t k,
                                   float alpha, const float *a, int64_t lda,
@@ -564,66 +674,10 @@ lp_status lp_tensor_cpu_gemm_bf16h(const lp_tensor_backend *be, int trans_a,
   /* small products (attention's per-head GEMMs) cost less on the fallback
    * than a oneDNN call's fixed price; a rule of the shape, so every rank
    * makes the same choice */
-  if (lp_tensor_bf16_native() && batch > 1 &&
-      heads_batched()) {
-    /* small products in a batch (attention's heads): one batched matmul
-     * over the items, the operands rounded to dense bf16 copies first */
-    dnnl_threads();
-    int64_t ar = trans_a ? k : m, ac = trans_a ? m : k;
-    int64_t br = trans_b ? n : k, bc = trans_b ? k : n;
-    pkey key = {0, 1, trans_a, trans_b, m, n, k, ac, bc, ldc, alpha, beta,
-                batch, ar * ac, br * bc, stride_c};
-    size_t na = (size_t)(batch * ar * ac), nb = (size_t)(batch * br * bc);
-    uint16_t *tmp = lp_malloc((na + nb) * sizeof(uint16_t));
-    if (!tmp) return LP_ERR_NOMEM;
-    size_t ea = a_h ? sizeof(uint16_t) : sizeof(float);
-    size_t eb = b_h ? sizeof(uint16_t) : sizeof(float);
-    for (int64_t i = 0; i < batch; i++) {
-      const char *ai = (const char *)a + (size_t)(i * stride_a) * ea;
-      const char *bi = (const char *)b + (size_t)(i * stride_b) * eb;
-      uint16_t *da = tmp + i * ar * ac, *db = tmp + na + i * br * bc;
-      for (int64_t r = 0; r < ar; r++)
-        if (a_h) memcpy(da + r * ac, (const uint16_t *)ai + r * lda, (size_t)ac * 2);
-        else lp_tensor_bf16_round_to(ac, (const float *)ai + r * lda, da + r * ac);
-      for (int64_t r = 0; r < br; r++)
-        if (b_h) memcpy(db + r * bc, (const uint16_t *)bi + r * ldb, (size_t)bc * 2);
-        else lp_tensor_bf16_round_to(bc, (const float *)bi + r * ldb, db + r * bc);
-    }
-    lp_status st = dnnl_run(&key, 0, tmp, tmp + na, c);
-    lp_free(tmp);
-    if (st != LP_ERR_UNSUPPORTED) return st;
-  }
-  if (lp_tensor_bf16_native() && m * n * k >= SMALL_GEMM) {
-    dnnl_threads();
-    int64_t ar = trans_a ? k : m, ac = trans_a ? m : k;
-    int64_t br = trans_b ? n : k, bc = trans_b ? k : n;
-    /* operands in bf16 already go as they are (their own row strides);
-     * float ones are rounded to dense copies */
-    pkey key = {0, 1, trans_a, trans_b, m, n, k, a_h ? lda : ac,
-                b_h ? ldb : bc, ldc, alpha, beta, 0, 0, 0, 0};
-    int rt = use_rt(m, n, k);
-    size_t na = a_h ? 0 : (size_t)(ar * ac), nb = b_h ? 0 : (size_t)(br * bc);
-    uint16_t *tmp = NULL;
-    if (na + nb && !(tmp = lp_malloc((na + nb) * sizeof(uint16_t))))
-      return LP_ERR_NOMEM;
-    lp_status st = LP_OK;
-    for (int64_t i = 0; i < batch && st == LP_OK; i++) {
-      const uint16_t *pa, *pb;
-      if (a_h) {
-        pa = (const uint16_t *)a + i * stride_a;
-      } else {
-        to_bf16(ar, ac, (const float *)a + i * stride_a, lda, tmp);
-        pa = tmp;
-      }
-      if (b_h) {
-        pb = (const uint16_t *)b + i * stride_b;
-      } else {
-        to_bf16(br, bc, (const float *)b + i * stride_b, ldb, tmp + na);
-        pb = tmp + na;
-      }
-      st = dnnl_run(&key, rt, pa, pb, c + i * stride_c);
-    }
-    lp_free(tmp);
+  if (lp_tensor_bf16_native() && m * n * k > SMALL_GEMM) {
+    lp_status st = dnnl_split(trans_a, trans_b, m, n, k, alpha, a, a_h, lda,
+                              stride_a, b, b_h, ldb, stride_b, beta, c, ldc,
+                              stride_c, batch);
     if (st != LP_ERR_UNSUPPORTED) return st;
     /* no oneDNN kernel for this shape (the same on every rank): the
      * fallback gives the same products */
