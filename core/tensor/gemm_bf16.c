@@ -567,6 +567,16 @@ static void gather_block(const void *p, int h, int t, int64_t ld, int64_t r0,
                          int64_t rows, int64_t c0, int64_t cols,
                          int64_t rows_p, int64_t cols_p, uint16_t *dst) {
   memset(dst, 0, (size_t)(rows_p * cols_p) * sizeof *dst);
+  if (!t) { /* rows of P: whole runs */
+    for (int64_t i = 0; i < rows; i++) {
+      int64_t at = (r0 + i) * ld + c0;
+      if (h)
+        memcpy(dst + i * cols_p, (const uint16_t *)p + at, (size_t)cols * sizeof *dst);
+      else
+        lp_tensor_bf16_round_to(cols, (const float *)p + at, dst + i * cols_p);
+    }
+    return;
+  }
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = 0; j < cols; j++) {
       int64_t at = t ? (c0 + j) * ld + (r0 + i) : (r0 + i) * ld + (c0 + j);
