@@ -3,19 +3,25 @@
  *
  * Two engines give the same numbers up to summation order:
  *  - oneDNN (built with LP_TENSOR_WITH_ONEDNN, run when the CPU has
- *    AVX512-BF16 or AMX, asked of oneDNN at run time): the operands are
+ *    AVX512-BF16 or AMX, asked of oneDNN at run time): float operands are
  *    rounded to bf16 copies (round to nearest even, as oneDNN's own
- *    reorder does) and a oneDNN matmul multiplies them;
- *  - the float32 fallback: the operands are rounded to bf16 values held
- *    in floats and OpenBLAS sgemm multiplies them. A product of two bf16
- *    values is exact in float32, so only the order of the sums differs.
+ *    reorder does), operands in bf16 already (gemm_bf16h: a weight's kept
+ *    copy, a packed activation; see lp_tensor.h) go as they are, with
+ *    their own strides (a transposed use is a memory format, not a copy),
+ *    and a oneDNN matmul multiplies them;
+ *  - the float32 fallback: the operands are rounded to (or widened from)
+ *    bf16 values held in floats and OpenBLAS sgemm multiplies them. A
+ *    product of two bf16 values is exact in float32, so only the order of
+ *    the sums differs.
  * Which one runs is fixed per process (lp_tensor_bf16_engine says which;
  * products under 64^3 multiply-adds take the fallback even there, a rule
  * of the shape), so every rank of a run on one kind of machine makes the
  * same choice.
  *
- * oneDNN primitives are cached by shape (a table under a mutex; shapes
- * that are not multiples of 16 share one made for run-time dims, use_rt);
+ * oneDNN primitives are cached by shape (a table under a mutex; a shape
+ * with one dim off a multiple of 16 is split into a fixed-shape part and
+ * a zero-padded 16-wide tail, dnnl_split; shapes with more ragged dims
+ * share one primitive made for run-time dims, use_rt);
  * oneDNN runs on one OpenMP thread per rank unless OMP_NUM_THREADS says
  * otherwise, so results do not depend on how many cores a rank sees. */
 #include "lp_tensor.h"
@@ -590,9 +596,12 @@ static void gather_block(const void *p, int h, int t, int64_t ld, int64_t r0,
  * weight-grads): oneDNN's kernels for fixed shapes (AMX) instead of the
  * much slower one it has for run-time dims. The first multiple-of-16 rows
  * (or sum terms) go to a primitive of that shape; the rest, padded with
- * zeros to 16, to a 16-row (16-term) one; only when two or more dims are
- * ragged does the run-time-dims primitive run. A rule of the shape: every
- * rank splits alike. */
+ * zeros to 16, to a 16-row (16-term) one. Two calls cost more than one
+ * run-time-dims call when the ragged dim is small (the MoE LM's experts
+ * of ~32 tokens: its step 0.93x; DeepSeek-V3 bench's ~256: 1.2x), so
+ * under SPLIT_MIN, or with two or more ragged dims, the run-time-dims
+ * primitive runs. A rule of the shape: every rank splits alike. */
+#define SPLIT_MIN 64
 static lp_status dnnl_split(int ta, int tb, int64_t m, int64_t n, int64_t k,
                             float alpha, const void *a, int a_h, int64_t lda,
                             int64_t stride_a, const void *b, int b_h,
@@ -600,8 +609,8 @@ static lp_status dnnl_split(int ta, int tb, int64_t m, int64_t n, int64_t k,
                             float *c, int64_t ldc, int64_t stride_c,
                             int64_t batch) {
   int64_t m16 = m & ~(int64_t)15, k16 = k & ~(int64_t)15;
-  int split_m = m % 16 && n % 16 == 0 && k % 16 == 0 && m16 > 0;
-  int split_k = !split_m && k % 16 && m % 16 == 0 && n % 16 == 0 && k16 > 0;
+  int split_m = m % 16 && n % 16 == 0 && k % 16 == 0 && m16 >= SPLIT_MIN;
+  int split_k = !split_m && k % 16 && m % 16 == 0 && n % 16 == 0 && k16 >= SPLIT_MIN;
   if (!split_m && !split_k)
     return matmul_bf16(ta, tb, m, n, k, alpha, a, a_h, lda, stride_a, b, b_h, ldb,
                      stride_b, beta, c, ldc, stride_c, batch);
