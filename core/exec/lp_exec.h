@@ -196,6 +196,10 @@ typedef struct lp_exec_timing {
   /* step end before the optimizer: summing the copies of replicated stages
    * and the EP group's gradients, waits excluded (part of compute) */
   double reduce;
+  /* bytes this rank sent: activations and gradients to other pipeline
+   * ranks (bf16 between stages: 2 a value, else 4), and MoE token rows to
+   * the other EP ranks (the all-to-alls' pieces for other ranks) */
+  double msg_bytes, a2a_bytes;
 } lp_exec_timing;
 
 /* Compute action kinds of lp_exec_action_time, in this order: the
@@ -402,6 +406,10 @@ int lp_exec_host_share(const lp_exec *e, int *cores);
  * stage when this rank holds a copy of it that is stored more than once
  * (DualPipe), else 0. LP_ERR_ARG for a stage out of range. */
 lp_status lp_exec_message_floats(const lp_exec *e, int stage, size_t *act, size_t *grad);
+/* The precision of the values between model stages (the chunks' boundary
+ * precision, lp_nn_chunk_boundary) and *value_bytes (optional), the bytes
+ * a value takes in a message: 2 for bf16 values of host tensors, else 4. */
+lp_tensor_precision lp_exec_wire(const lp_exec *e, int *value_bytes);
 int lp_exec_vstage_id(const lp_exec *e, int i);
 int lp_exec_vstage_stage(const lp_exec *e, int i);
 lp_nn_layer *lp_exec_vstage_chunk(const lp_exec *e, int i);

@@ -693,6 +693,15 @@ static lp_status chunk_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
       return nn_fail(ctx, l, LP_ERR_ARG,
                      "layer %s has no input gradient but is not first",
                      c->name);
+    /* a layer boundary inside the chunk: bf16 values there (in place, as
+     * the executor rounds at a stage boundary) */
+    if (next && l->boundary == LP_TENSOR_BF16 && ctx->pos + 1 < l->nchild) {
+      lp_status rs = lp_tensor_round_bf16(&next);
+      if (rs != LP_OK) {
+        lp_tensor_free(next);
+        return nn_fail(ctx, l, rs, "rounding the output of layer %s to bf16 failed", c->name);
+      }
+    }
     ctx->cur = next;
     ctx->pos++;
   }
@@ -763,6 +772,17 @@ lp_status lp_nn_chunk_new(const char *name, lp_nn_layer *const *layers,
                           size_t n, lp_nn_layer **layer) {
   if (!layer) return LP_ERR_ARG;
   return composite_new(&chunk_ops, &chunk_phased, name, layers, n, layer);
+}
+
+lp_status lp_nn_chunk_set_boundary(lp_nn_layer *l, lp_tensor_precision prec) {
+  if (!l || l->ops != &chunk_ops || (prec != LP_TENSOR_F32 && prec != LP_TENSOR_BF16))
+    return LP_ERR_ARG;
+  l->boundary = prec;
+  return LP_OK;
+}
+
+lp_tensor_precision lp_nn_chunk_boundary(const lp_nn_layer *l) {
+  return l && l->ops == &chunk_ops ? l->boundary : LP_TENSOR_F32;
 }
 
 /* ---- residual: y = x + inner(x) ---- */

@@ -122,6 +122,17 @@ lp_status lp_nn_residual_new(const char *name, lp_nn_layer *inner,
  * listed once (a layer that appears twice shares its params). n >= 1. */
 lp_status lp_nn_chunk_new(const char *name, lp_nn_layer *const *layers,
                           size_t n, lp_nn_layer **layer);
+/* The precision of the activations between a chunk's layers and of the
+ * gradients flowing back between them (LP_TENSOR_F32 at creation):
+ * LP_TENSOR_BF16 rounds each layer's output but the last (forward) and
+ * each input-grad but the first layer's (backward) to bf16 values, in
+ * place, before the next layer sees it: the layer boundaries where a
+ * pipeline stage may end, whose messages then carry bf16 losslessly (the
+ * executor rounds at its stage boundaries alike). Not inherited by layers
+ * inside (a block's own inner steps stay float32). LP_ERR_ARG when l is
+ * not a chunk or prec unknown. */
+lp_status lp_nn_chunk_set_boundary(lp_nn_layer *l, lp_tensor_precision prec);
+lp_tensor_precision lp_nn_chunk_boundary(const lp_nn_layer *l);
 
 /* Residual MLP block: x + fc2(act(fc1(rmsnorm(x)))), with children
  * <name>.norm, <name>.fc1 [d_hidden, d_model] (+bias), <name>.act,

@@ -58,6 +58,9 @@ struct lp_nn_layer {
   /* the GEMMs' precision (lp_nn_layer_set_precision); norms, softmax,
    * losses, routers and optimizers stay float32 whatever it is */
   lp_tensor_precision precision;
+  /* chunks: the precision of the values between children
+   * (lp_nn_chunk_set_boundary; bf16: rounded there) */
+  lp_tensor_precision boundary;
   /* state of a kind the generic layer does not know (moe: config,
    * placement, bias, load), owned: freed by sub_free on release */
   void *sub;
