@@ -754,6 +754,22 @@ function M.run(opts)
         b and nn.bounds_text(b) or "(unreadable)", nn.bounds_text(part.bounds)))
     end
   end
+  if ckpt and ckpt.state and ckpt.state.precision ~= nil then
+    -- the checkpoint's precision (state.json; none recorded: an older
+    -- luapipe, nothing said): masters and optimizer state are float32 at
+    -- either, so another precision resumes from them, said once
+    local was = ckpt.state.precision
+    if was ~= "f32" and was ~= "bf16" then
+      checkpoint.fail_all(string.format("luapipe.train: checkpoint %s is damaged: its precision is"
+        .. " %s, not \"f32\" or \"bf16\"", ckpt.state_file, util.shown(was)))
+    end
+    if was ~= c.precision and rank == 0 and not quiet then
+      io.stderr:write(string.format("luapipe.train: note: checkpoint %s was trained at precision"
+        .. " %s, this run trains at %s: its master weights and optimizer state are float32 either"
+        .. " way, so it resumes from them at %s\n", ckpt.state_file, was, c.precision, c.precision))
+      io.stderr:flush()
+    end
+  end
   local balance = eplb_loop(exec, opts.eplb, ep)
   local held = { names = {} } -- gather_model's whole model on rank 0
   if ckpt and ckpt.state and rank == 0 and not quiet and (ckpt.state.lr_schedule or c.lr_record)
@@ -824,7 +840,8 @@ function M.run(opts)
       local saved = checkpoint.after_step(ckpt, exec, k, info, function()
         return { eplb = balance.state(),
           partition = checkpoint.partition_record(part, model:nlayers()),
-          lr_schedule = c.lr_record, grid = { dp = c.dp, ep = c.ep, zero = c.zero } }
+          lr_schedule = c.lr_record, grid = { dp = c.dp, ep = c.ep, zero = c.zero },
+          precision = c.precision }
       end)
       if saved and rank == 0 and not quiet then
         io.write(string.format("checkpoint after step %d written to %s\n", k, saved))
