@@ -334,11 +334,11 @@ function M.summary(exec, sched, opts)
     local grad = job.rank[r].grad_floats
     red[r + 1] = grad > 0 and link_ms(4 * grad) or 0
   end
-  local act_ms, act_n, act_b = 0, 0, 0
-  local _, vb = exec:wire() -- bytes a value takes on the wire (bf16: 2)
+  local act_ms, act_n, act_v = 0, 0, 0
+  local wire, vb = exec:wire() -- the run's precision between stages; bytes a value (bf16: 2)
   for s = 0, S - 1 do
     local act = exec:message_floats(s)
-    if act > 0 then act_ms, act_n, act_b = act_ms + link_ms(vb * act), act_n + 1, act_b + vb * act end
+    if act > 0 then act_ms, act_n, act_v = act_ms + link_ms(vb * act), act_n + 1, act_v + act end
   end
   if lk and act_n > 0 then
     opts.latency_ms = act_ms / act_n
@@ -404,8 +404,10 @@ function M.summary(exec, sched, opts)
   -- (an EP partner that starts its side late), so beside the measured step
   -- it shows what the link alone would cost and hide.
   if xch then
+    -- messages of the mean activation's values at the run's precision (the
+    -- simulator sizes them: 2 bytes a value in bf16 when they travel so)
     local mcost = { latency = 0, link = link, link_unit = ms, exchanges = xch, stages = mstages,
-      bytes = act_n > 0 and act_b / act_n or 0 }
+      values = act_n > 0 and act_v / act_n or 0, precision = vb == 2 and wire or "f32" }
     local mok, mres = pcall(sched.simulate, sched, mcost)
     if mok and mres then
       out.model_ms = predict(mres)
