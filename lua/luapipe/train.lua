@@ -383,9 +383,9 @@ end
 -- -> "f32" | "bf16", engine text (bf16 only)
 local function check_precision(opts, fn)
   local p = opts.precision or "f32"
-  if p ~= "f32" and p ~= "bf16" then
-    fail(string.format("%s: 'precision' must be \"f32\" or \"bf16\", got %s", fn, util.shown(p)),
-      "precision")
+  if p ~= "f32" and p ~= "bf16" then -- a usage error, the same on every rank: exit 2
+    util.fail({ what = string.format("%s: 'precision' must be \"f32\" or \"bf16\", got %s", fn,
+      util.shown(p)), option = "precision", status = 2, everywhere = comm.size() > 1 }, 0)
   end
   opts.model:set_precision(p)
   if p ~= "bf16" then return p end
