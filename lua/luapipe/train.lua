@@ -375,8 +375,10 @@ end
 
 -- precision = "bf16": Linear, attention (projections, scores, values) and
 -- MoE experts multiply bf16-rounded inputs with float32 sums; embeddings,
--- norms, softmax, the loss, MoE routers, parameters, optimizer state and
--- activations stay float32 (model:set_precision). On the CPU oneDNN runs
+-- norms, softmax, the loss, MoE routers, parameters and optimizer state
+-- stay float32 (model:set_precision); activations at layer boundaries and
+-- their gradients, and MoE expert rows, are bf16 values in every path and
+-- travel as bf16 (lp_nn_chunk_set_boundary, the executor's messages). On the CPU oneDNN runs
 -- the bf16 GEMMs where the build has it and the CPU has AVX512-BF16 or AMX;
 -- elsewhere a float32 fallback over the same rounded inputs does (the
 -- same products, another order of sums, float32 speed), said once.
