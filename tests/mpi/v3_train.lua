@@ -75,7 +75,14 @@ local function close(what, got, want, tol)
   end
 end
 if resume and r.first_step ~= 4 then fails[#fails + 1] = "resumed at step " .. tostring(r.first_step) end
-for k = r.first_step or 1, STEPS do close("loss of step " .. k, { r.losses[k] }, { ref.losses[k] }, 1e-5) end
+-- bf16 with EP: each EP rank takes half of a micro-batch's rows, so the
+-- GEMMs have other shapes than one process's and their float32 results
+-- differ in the last bits now and then; where such a value sits at a bf16
+-- rounding boundary the next GEMM's input moves by 2^-8, and training
+-- spreads that: losses are held to 1e-3 there (measured 1.0e-4 at step 3
+-- with AdamW), parameters to 1e-4 as in float32
+local LOSS_TOL = (extra == "bf16" and EP > 1) and 1e-3 or 1e-5
+for k = r.first_step or 1, STEPS do close("loss of step " .. k, { r.losses[k] }, { ref.losses[k] }, LOSS_TOL) end
 local want = ref.params()
 local n = 0
 for _, vs in ipairs(r.stage_params()) do
@@ -85,6 +92,19 @@ for _, vs in ipairs(r.stage_params()) do
   end
 end
 if n == 0 then fails[#fails + 1] = "no parameters checked" end
+-- bf16 took effect: the bf16 reference's losses differ from float32's, by
+-- less than 2%
+if extra == "bf16" then
+  local f32 = train.reference { model = model, microbatches = M, data = data, steps = STEPS,
+    optimizer = opt, precision = "f32" }
+  for k = 1, STEPS do
+    local d = math.abs(ref.losses[k] - f32.losses[k]) / f32.losses[k]
+    if not (d > 0 and d < 0.02) then
+      fails[#fails + 1] = string.format("bf16 loss of step %d is %.3g off float32's", k, d)
+    end
+  end
+  f32.layer:close()
+end
 -- v3_sparse: the same training in one process, probed before every step
 -- with a forward of its micro-batches: (MoE layer, expert, step) triples
 -- that got no token from any micro-batch; the case means something only
