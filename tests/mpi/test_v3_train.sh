@@ -41,5 +41,20 @@ for resume in "" "$tmp/resume"; do
     cat "$tmp/out" "$tmp/err"
   fi
 done
+# hf_fp8 (Hugging Face's names, 2 shards + index, FP8): trained the same
+# way and saved by train{save =} into the same two shards and an index
+rm -rf "$tmp/saved"
+V3_CASE=hf_fp8 V3_SAVE_DIR="$tmp/saved" timeout 120 mpirun --oversubscribe -np 4 "$luapipe" \
+  tests/mpi/v3_train.lua dualpipe 2 eplb >"$tmp/out" 2>"$tmp/err"
+rc=$?
+echo "hf_fp8 dualpipe 2 eplb: rc $rc"
+if [ "$rc" -ne 0 ] || [ "$(grep -c ': ok ' "$tmp/out")" -ne 4 ]; then
+  fail "hf_fp8 on 4 ranks"
+  cat "$tmp/out" "$tmp/err"
+fi
+for f in model-00001-of-00002.safetensors model-00002-of-00002.safetensors model.safetensors.index.json; do
+  [ -f "$tmp/saved/$f" ] || fail "hf_fp8: $f not saved"
+done
+[ -e "$tmp/saved/model.safetensors" ] && fail "hf_fp8: saved as one model.safetensors"
 [ "$fails" -eq 0 ] || exit 1
 echo "ok"
