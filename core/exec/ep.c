@@ -581,7 +581,7 @@ lp_status ex_moe_loads_new(lp_exec *e) {
   return LP_OK;
 }
 
-lp_status ex_moe_bias_update(lp_exec *e) {
+lp_status ex_moe_loads_sum(lp_exec *e) {
   if (!e->moe.total) return LP_OK;
   memset(e->moe.counts, 0, e->moe.total * sizeof *e->moe.counts);
   int64_t *c = NULL;
@@ -614,6 +614,16 @@ lp_status ex_moe_bias_update(lp_exec *e) {
       goto done;
     }
   }
+done:
+  lp_free(c);
+  return st;
+}
+
+lp_status ex_moe_bias_update(lp_exec *e) {
+  if (!e->moe.total) return LP_OK;
+  int64_t *c = NULL;
+  size_t cap = 0;
+  lp_status st = LP_OK;
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     size_t off = e->moe.off[vs->stage];
@@ -621,6 +631,12 @@ lp_status ex_moe_bias_update(lp_exec *e) {
     for (int i = 0; i < nm; i++) {
       lp_nn_layer *m = lp_nn_moe_find(vs->chunk, i);
       size_t E = (size_t)lp_nn_moe_get_opts(m)->experts;
+      if (E > cap) {
+        int64_t *nc = lp_realloc(c, E * sizeof *c);
+        if (!nc) { st = LP_ERR_NOMEM; goto done; }
+        c = nc;
+        cap = E;
+      }
       for (size_t x = 0; x < E; x++) c[x] = (int64_t)(e->moe.counts[off + x] + 0.5);
       LP_CHECK_GOTO(lp_nn_moe_update_bias(m, c), st, done);
       lp_nn_moe_load_reset(m);

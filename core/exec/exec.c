@@ -787,8 +787,11 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     if (e->ep > 1 || e->moe.layers > 0) LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
     if (e->o.zero) LP_CHECK_GOTO(ex_dp_finish(e), st, fail);
     LP_CHECK_GOTO(ex_clip(e), st, fail);
+    /* the loads first: an expert no rank routed a token to has no
+     * gradient, and its optimizer step leaves it alone (nograd.c) */
+    LP_CHECK_GOTO(ex_moe_loads_sum(e), st, fail);
     to = lp_now();
-    for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_step(e->vs[li].optim), st, fail);
+    for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(ex_optim_step(e, li), st, fail);
     t_opt = lp_now();
     t_step = t_opt - to;
     LP_CHECK_GOTO(ex_dp_gather(e), st, fail);
@@ -812,6 +815,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       }
     t_opt = lp_now();
   }
+  /* (without MoE layers here: no loads, no masks) */
   ex_reduce_reset(e);
   ex_dp_reset(e);
   /* summing reduced grads */

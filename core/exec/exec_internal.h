@@ -511,7 +511,18 @@ lp_status ex_shard(lp_exec *e, lp_tensor **t, const char *what, int mb);
 /* Step end: dense grads summed over the EP group, replicated experts' grads
  * summed over their holders; router biases from the loads of all ranks. */
 lp_status ex_ep_reduce(lp_exec *e);
+/* The step's expert loads of every rank summed into e->moe.counts
+ * (collective over the world; before the optimizer: nograd.c's masks),
+ * then the router biases from them (loads reset). */
+lp_status ex_moe_loads_sum(lp_exec *e);
 lp_status ex_moe_bias_update(lp_exec *e);
+
+/* ---- nograd.c ---- */
+/* The optimizer step of local vstage li, leaving alone the routed experts
+ * no rank routed a token to in this step (e->moe.counts, summed by
+ * ex_moe_loads_sum), as torch does with a grad of None. Without MoE layers,
+ * or under ZeRO-1 (whose expert shard mixes experts), a plain step. */
+lp_status ex_optim_step(lp_exec *e, int li);
 
 /* ---- dp.c ---- */
 /* Buckets of local vstage vs (after its chunk is built, before its

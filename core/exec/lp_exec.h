@@ -490,9 +490,13 @@ lp_status lp_exec_trace_clear(lp_exec *e);
  * stage its MoE layers (experts, slots per rank, the placement in force as
  * phys_to_log, the router bias); then per local virtual stage its id, model
  * stage, optimizer step count, parameter names and shapes, parameter values
- * and optimizer state (floats, native byte order); an FNV-1a 64 checksum of
- * everything before it at the end (format version 2; version 1 files, which
- * have no MoE records, are refused naming both versions). A DualPipe rank
+ * and optimizer state (floats, native byte order), the steps that updated
+ * each parameter of the optimizer (count, then int64s: an expert no token
+ * reached in a step was not updated); an FNV-1a 64 checksum of everything
+ * before it at the end (format version 3; version 2 files, without the
+ * per-parameter steps, are read as every parameter taking every step;
+ * version 1 files, which have no MoE records, are refused naming the
+ * versions read). A DualPipe rank
  * saves each of its copies. Loading restores each MoE layer's placement
  * (lp_exec_restore_placement) before it checks and reads the parameters, so
  * slot parameters land in their slots, and sets the router biases last.

@@ -167,10 +167,13 @@ M.topics = {
       .. "FP8 E4M3 with 128x128 block scales (quantization_config.weight_block_size). A rank reads "
       .. "only its own stages' tensors (with ep, its own experts); MTP layers are listed in .unused. "
       .. "A bad folder raises one line naming the file and tensor (the CLI exits 2). "
-      .. "Command line: luapipe model info|forward|grad DIR.",
+      .. "An expert no token reached in a step is left alone by the optimizer (no decay, no "
+      .. "moment update, its own step count stays), as torch.optim.AdamW leaves a grad of None. "
+      .. "Command line: luapipe model info|forward|grad DIR [--precision bf16].",
     { "models.load(dir, {ep=, bias_speed=})", "a model train{} takes (partition, schedules, pp x ep, EPLB); fields args (ModelArgs), form (\"deepseek\" or \"hf\"), unused, dtypes; ckpt:bytes_read() counts what was read" },
     { "models.deepseek_v3(args)", "the same architecture from ModelArgs keys, initialised from the seed" },
-    { "models.save(model, dir, {from=, dtype=})", "config.json + safetensors in the layout and names it was loaded with, \"f32\" or \"bf16\"; from = a built layer or train{}'s result (every rank calls it; rank 0 writes)" },
+    { "models.save(model, dir, {from=, dtype=})", "config.json + safetensors in the layout and names it was loaded with (HF with an index: the same shards, each tensor in its file, and an index with weight_map and total_size), \"f32\" or \"bf16\"; from = a built layer or train{}'s result (every rank calls it; rank 0 writes); all or nothing" },
+    { "model:set_precision(\"f32\" | \"bf16\")", "GEMM precision of what is built next (train{precision=} sets it)" },
     { "  train{..., save = dir}", "the same after training (f32)" },
     { "models.config.read(config_table, file)", "ModelArgs from either form of config.json" },
     { "models.names.to_hf(name) / from_hf(name)", "model.py's names to Hugging Face's and back (inference/convert.py's map)" },
