@@ -70,7 +70,7 @@ lp_status nn_pack(lp_tensor_precision prec, lp_tensor **t) {
       lp_tensor_is_bf16(*t) || !lp_tensor_is_contiguous(*t))
     return LP_OK;
   lp_tensor *p;
-  LP_CHECK(lp_tensor_bf16_pack(*t, &p));
+  LP_CHECK(lp_tensor_new_bf16(*t, &p));
   lp_tensor_free(*t);
   *t = p;
   return LP_OK;
@@ -715,6 +715,15 @@ static lp_status chunk_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
       return nn_fail(ctx, l, LP_ERR_ARG,
                      "layer %s has no input gradient but is not first",
                      c->name);
+    /* a layer boundary inside the chunk: bf16 values there (in place, as
+     * the executor rounds at a stage boundary) */
+    if (next && l->boundary == LP_TENSOR_BF16 && ctx->pos + 1 < l->nchild) {
+      lp_status rs = lp_tensor_round_bf16(&next);
+      if (rs != LP_OK) {
+        lp_tensor_free(next);
+        return nn_fail(ctx, l, rs, "rounding the output of layer %s to bf16 failed", c->name);
+      }
+    }
     ctx->cur = next;
     ctx->pos++;
   }
@@ -785,6 +794,17 @@ lp_status lp_nn_chunk_new(const char *name, lp_nn_layer *const *layers,
                           size_t n, lp_nn_layer **layer) {
   if (!layer) return LP_ERR_ARG;
   return composite_new(&chunk_ops, &chunk_phased, name, layers, n, layer);
+}
+
+lp_status lp_nn_chunk_set_boundary(lp_nn_layer *l, lp_tensor_precision prec) {
+  if (!l || l->ops != &chunk_ops || (prec != LP_TENSOR_F32 && prec != LP_TENSOR_BF16))
+    return LP_ERR_ARG;
+  l->boundary = prec;
+  return LP_OK;
+}
+
+lp_tensor_precision lp_nn_chunk_boundary(const lp_nn_layer *l) {
+  return l && l->ops == &chunk_ops ? l->boundary : LP_TENSOR_F32;
 }
 
 /* ---- residual: y = x + inner(x) ---- */

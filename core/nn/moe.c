@@ -276,6 +276,9 @@ static lp_status fwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
       lp_tensor_free(v[i]);
   }
   if (st == LP_OK) st = lp_tensor_gather_rows(outr, oute, rt->rmap, NULL);
+  /* bf16: the experts' outputs are bf16 values, with EP or without (the
+   * combine then carries them as bf16 bits, lossless) */
+  if (st == LP_OK && l->precision == LP_TENSOR_BF16) st = lp_tensor_round_bf16(&outr);
   lp_tensor_free(oute);
   LP_CHECK(st);
   LP_CHECK(nn_pack_slot(ctx, l->precision, M_H));
@@ -416,6 +419,8 @@ static lp_status bwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
       lp_tensor_free(v[i]);
   }
   if (st == LP_OK) st = lp_tensor_gather_rows(dxr, dxe, rt->rmap, NULL);
+  /* bf16: so are their input-grads (the dispatch backward's rows) */
+  if (st == LP_OK && l->precision == LP_TENSOR_BF16) st = lp_tensor_round_bf16(&dxr);
   lp_tensor_free(dxe);
   LP_CHECK(st);
   nn_drop(ctx, M_A1);

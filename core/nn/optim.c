@@ -151,6 +151,8 @@ void lp_nn_optim_set_lr(lp_nn_optim *o, float lr) {
 
 int64_t lp_nn_optim_steps(const lp_nn_optim *o) { return o ? o->t : 0; }
 
+size_t lp_nn_optim_count(const lp_nn_optim *o) { return o ? o->n : 0; }
+
 lp_status lp_nn_optim_param_steps(const lp_nn_optim *o, int64_t *steps, size_t n) {
   if (!o || n != o->n || (n && !steps)) return LP_ERR_ARG;
   if (n) memcpy(steps, o->ts, n * sizeof *steps);

@@ -24,7 +24,7 @@
  * share one primitive made for run-time dims, use_rt);
  * oneDNN runs on one OpenMP thread per rank unless OMP_NUM_THREADS says
  * otherwise, so results do not depend on how many cores a rank sees. */
-#include "lp_tensor.h"
+#include "tensor_internal.h"
 
 #include <cblas.h>
 #include <limits.h>
@@ -111,17 +111,15 @@ static int have_512(void) {
 static int have_512(void) { return 0; }
 #endif
 
-void lp_tensor_bf16_round_to(int64_t n, const float *src, uint16_t *dst) {
+void tensor_bf16_round_to(int64_t n, const float *src, uint16_t *dst) {
   (have_512() ? round_to_512 : round_to_c)(n, src, dst);
 }
 
-/* dst[i] = src[i] rounded to a bf16 value, held in a float. */
-static void round_floats(int64_t n, const float *src, float *dst) {
+void tensor_bf16_round_floats(int64_t n, const float *src, float *dst) {
   (have_512() ? round_floats_512 : round_floats_c)(n, src, dst);
 }
 
-/* dst[i] = the float of bf16 value src[i] (exact). */
-static void widen(int64_t n, const uint16_t *src, float *dst) {
+void tensor_bf16_widen(int64_t n, const uint16_t *src, float *dst) {
   (have_512() ? widen_512 : widen_c)(n, src, dst);
 }
 
@@ -151,9 +149,9 @@ static void round_matrix(int64_t rows, int64_t cols, const void *a, int h,
     cols *= rows, rows = 1;
   for (int64_t r = 0; r < rows; r++)
     if (h)
-      widen(cols, (const uint16_t *)a + r * lda, dst + r * cols);
+      tensor_bf16_widen(cols, (const uint16_t *)a + r * lda, dst + r * cols);
     else
-      round_floats(cols, (const float *)a + r * lda, dst + r * cols);
+      tensor_bf16_round_floats(cols, (const float *)a + r * lda, dst + r * cols);
 }
 
 /* ---- engine choice ---------------------------------------------------- */
@@ -383,7 +381,7 @@ static void to_bf16(int64_t rows, int64_t cols, const float *a, int64_t lda,
   if (lda == cols) /* dense: one run */
     cols *= rows, rows = 1;
   for (int64_t r = 0; r < rows; r++)
-    lp_tensor_bf16_round_to(cols, a + r * lda, dst + r * cols);
+    tensor_bf16_round_to(cols, a + r * lda, dst + r * cols);
 }
 
 #endif /* LP_TENSOR_WITH_ONEDNN */
@@ -579,7 +577,7 @@ static void gather_block(const void *p, int h, int t, int64_t ld, int64_t r0,
       if (h)
         memcpy(dst + i * cols_p, (const uint16_t *)p + at, (size_t)cols * sizeof *dst);
       else
-        lp_tensor_bf16_round_to(cols, (const float *)p + at, dst + i * cols_p);
+        tensor_bf16_round_to(cols, (const float *)p + at, dst + i * cols_p);
     }
     return;
   }

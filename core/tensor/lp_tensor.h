@@ -219,8 +219,12 @@ int lp_tensor_precision_parse(const char *s, lp_tensor_precision *out);
 uint16_t lp_tensor_bf16_from_float(float x);
 float lp_tensor_bf16_to_float(uint16_t h);
 float lp_tensor_bf16_round(float x);
-/* dst[i] = lp_tensor_bf16_from_float(src[i]) for i < n. */
-void lp_tensor_bf16_round_to(int64_t n, const float *src, uint16_t *dst);
+/* bf16 on the wire (bf16_wire.c): n floats to bf16 bits and back (lossless
+ * for values already rounded), n floats rounded in place
+ * (lp_tensor_round_bf16 rounds a tensor). */
+void lp_tensor_bf16_pack(const float *src, size_t n, uint16_t *dst);
+void lp_tensor_bf16_unpack(const uint16_t *src, size_t n, float *dst);
+void lp_tensor_bf16_round_buf(float *x, size_t n);
 /* 1 when this build links oneDNN. */
 int lp_tensor_have_onednn(void);
 /* 1 when the CPU's bf16 GEMMs run on oneDNN (built with it, the CPU has
@@ -335,6 +339,11 @@ lp_status lp_tensor_to_host(const lp_tensor *t, lp_tensor **out);
  * checkpoints, messages). LP_ERR_ARG when t is not dense. */
 lp_status lp_tensor_read(const lp_tensor *t, float *dst);
 lp_status lp_tensor_write(lp_tensor *t, const float *src);
+/* Rounds *t's values to bf16 values in place, on any backend (device
+ * memory through a host copy; bf16_wire.c). A strided *t is first replaced
+ * by a dense copy (the old header freed), so every holder of a dense
+ * tensor sees the rounding and the caller's header ends dense. */
+lp_status lp_tensor_round_bf16(lp_tensor **t);
 
 /* Frees the header and drops its storage reference. NULL is a no-op. */
 void lp_tensor_free(lp_tensor *t);
@@ -381,7 +390,7 @@ size_t lp_tensor_elem_bytes(const lp_tensor *t);
  * receive into its buffer) calls lp_tensor_touch after, or the next GEMM
  * reads the old values. lp_tensor_move keeps the mark.
  *
- * Activations: lp_tensor_bf16_pack makes a new tensor of x's shape whose
+ * Activations: lp_tensor_new_bf16 makes a new tensor of x's shape whose
  * storage holds x's values rounded to bf16 (half the bytes): what a GEMM at
  * bf16 would read of x, so keeping it for backward instead of x gives the
  * same results. A packed tensor is read only by lp_tensor_gemm_prec at
@@ -391,7 +400,7 @@ size_t lp_tensor_elem_bytes(const lp_tensor *t);
  * (LP_ERR_UNSUPPORTED elsewhere); x dense (LP_ERR_ARG). */
 void lp_tensor_keep_bf16(lp_tensor *t);
 void lp_tensor_touch(lp_tensor *t);
-lp_status lp_tensor_bf16_pack(const lp_tensor *x, lp_tensor **out);
+lp_status lp_tensor_new_bf16(const lp_tensor *x, lp_tensor **out);
 /* 1 when t is a packed bf16 tensor. */
 int lp_tensor_is_bf16(const lp_tensor *t);
 /* t's bf16 values at t's first element (row strides as t's): a packed

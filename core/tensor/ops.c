@@ -331,7 +331,7 @@ lp_status lp_tensor_gemm_prec(lp_tensor *c, float alpha, const lp_tensor *a,
   const lp_tensor_backend *be = BE(c);
   tensor_touch(c);
   if (prec == LP_TENSOR_BF16) {
-    /* operands in bf16 already: packed ones (lp_tensor_bf16_pack) and
+    /* operands in bf16 already: packed ones (lp_tensor_new_bf16) and
      * weights' kept copies (lp_tensor_keep_bf16), which go to the engine
      * as they are instead of being rounded again */
     const uint16_t *ha = be->gemm_bf16h ? lp_tensor_bf16_data(a) : NULL;

@@ -319,7 +319,7 @@ void lp_tensor_keep_bf16(lp_tensor *t) {
 
 int lp_tensor_is_bf16(const lp_tensor *t) { return tensor_bf16(t); }
 
-lp_status lp_tensor_bf16_pack(const lp_tensor *x, lp_tensor **out) {
+lp_status lp_tensor_new_bf16(const lp_tensor *x, lp_tensor **out) {
   if (!out) return LP_ERR_ARG;
   *out = NULL;
   if (!x || !lp_tensor_is_contiguous(x) || tensor_bf16(x)) return LP_ERR_ARG;
@@ -338,7 +338,7 @@ lp_status lp_tensor_bf16_pack(const lp_tensor *x, lp_tensor **out) {
     lp_free(st);
     return LP_ERR_NOMEM;
   }
-  lp_tensor_bf16_round_to(n, x->data, h);
+  tensor_bf16_round_to(n, x->data, h);
   st->data = (float *)(void *)h;
   lp_tensor *t = header_new(st, st->data, x->ndim, x->shape, NULL);
   if (!t) {
@@ -361,7 +361,7 @@ const uint16_t *lp_tensor_bf16_data(const lp_tensor *t) {
   unsigned v = atomic_load(&st->ver);
   if (!st->h) st->h = lp_malloc((st->n ? st->n : 1) * sizeof(uint16_t));
   if (st->h && (!st->h_ok || st->h_ver != v)) {
-    lp_tensor_bf16_round_to((int64_t)st->n, st->data, st->h);
+    tensor_bf16_round_to((int64_t)st->n, st->data, st->h);
     st->h_ver = v;
     st->h_ok = 1;
   }

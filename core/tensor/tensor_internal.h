@@ -14,7 +14,7 @@ struct lp_tensor_storage {
   int owns;        /* 0 for lp_tensor_wrap: data belongs to the caller */
   /* bf16 (gemm_bf16.c): */
   int bf16;        /* 1: data holds n bf16 values (uint16), not floats
-                    * (lp_tensor_bf16_pack); only GEMMs and copies out read it */
+                    * (lp_tensor_new_bf16); only GEMMs and copies out read it */
   int keep_bf16;   /* lp_tensor_keep_bf16: bf16 GEMMs use the rounded copy h */
   atomic_uint ver; /* bumped by every write through this module and by
                     * lp_tensor_touch */
@@ -30,7 +30,15 @@ static inline void tensor_touch(const lp_tensor *t) {
   if (t) atomic_fetch_add_explicit(&t->storage->ver, 1, memory_order_relaxed);
 }
 
-/* 1 when t's storage holds bf16 values (lp_tensor_bf16_pack). */
+/* The bf16 conversions over n values, vectorized (gemm_bf16.c; the same
+ * bits as lp_tensor_bf16_from_float / _to_float / _round one by one):
+ * floats to bf16 bits, floats to bf16 values held in floats (dst may be
+ * src), bf16 bits to floats. */
+void tensor_bf16_round_to(int64_t n, const float *src, uint16_t *dst);
+void tensor_bf16_round_floats(int64_t n, const float *src, float *dst);
+void tensor_bf16_widen(int64_t n, const uint16_t *src, float *dst);
+
+/* 1 when t's storage holds bf16 values (lp_tensor_new_bf16). */
 static inline int tensor_bf16(const lp_tensor *t) {
   return t && t->storage->bf16;
 }

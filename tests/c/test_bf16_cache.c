@@ -16,7 +16,7 @@
  *     transformer block give bitwise the same output, input gradient and
  *     parameter gradients at bf16 with packing on and off, and keep fewer
  *     bytes for backward (a bias-free Linear: x and dy exactly half);
- *  3. lp_tensor_bf16_pack itself: values rounded as lp_tensor_bf16_round,
+ *  3. lp_tensor_new_bf16 itself: values rounded as lp_tensor_bf16_round,
  *     copies out widen exactly, other ops refuse a packed tensor. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -386,7 +386,7 @@ static void test_packed_layers(void **state) {
   lp_tensor_free(x);
 }
 
-/* ---- lp_tensor_bf16_pack ---- */
+/* ---- lp_tensor_new_bf16 ---- */
 
 static void test_pack(void **state) {
   (void)state;
@@ -395,7 +395,7 @@ static void test_pack(void **state) {
   fill(x->data, 60, 21);
   x->data[7] = NAN;
   x->data[8] = 1e-40f; /* subnormal: rounded like any value */
-  assert_int_equal(lp_tensor_bf16_pack(x, &p), LP_OK);
+  assert_int_equal(lp_tensor_new_bf16(x, &p), LP_OK);
   assert_true(lp_tensor_is_bf16(p) && !lp_tensor_is_bf16(x));
   assert_int_equal(lp_tensor_storage_bytes(p), 60 * 2);
   assert_int_equal(lp_tensor_clone(p, &back), LP_OK);
@@ -423,7 +423,7 @@ static void test_pack(void **state) {
   assert_int_equal(lp_tensor_zeros(NULL, 2, SH(6, 6), &c2), LP_OK);
   x->data[7] = 0.5f;
   lp_tensor_free(p);
-  assert_int_equal(lp_tensor_bf16_pack(x, &p), LP_OK);
+  assert_int_equal(lp_tensor_new_bf16(x, &p), LP_OK);
   assert_int_equal(lp_tensor_gemm_prec(c1, 1.0f, p, 0, x, 1, 0.0f, LP_TENSOR_BF16), LP_OK);
   assert_int_equal(lp_tensor_gemm_prec(c2, 1.0f, x, 0, x, 1, 0.0f, LP_TENSOR_BF16), LP_OK);
   assert_true(lp_tensor_equal(c1, c2));
