@@ -88,8 +88,13 @@ static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 1, T, T, dh, scale, q, 0,
                           k, 0, p->data, 1),
                 st, fail);
-  LP_CHECK_GOTO(be->causal_mask(be, B * H * T, T, p->data), st, fail);
-  LP_CHECK_GOTO(lp_tensor_softmax_rows(p, p), st, fail);
+  if (be->causal_softmax_rows) { /* fused: skips the masked triangle */
+    LP_CHECK_GOTO(be->causal_softmax_rows(be, B * H * T, T, p->data, p->data),
+                  st, fail);
+  } else {
+    LP_CHECK_GOTO(be->causal_mask(be, B * H * T, T, p->data), st, fail);
+    LP_CHECK_GOTO(lp_tensor_softmax_rows(p, p), st, fail);
+  }
   /* O = P V */
   LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 0, T, dh, T, 1.0f, p, 1,
                           v, 0, o->data, 0),
@@ -145,7 +150,10 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                           dout, 0, dv->data, 0),
                 st, fail);
   /* dS = P * (dP - rowsum(dP * P)), in place; masked entries have P = 0 */
-  LP_CHECK_GOTO(be->softmax_backward_rows(be, B * H * T, T, p->data, ds->data),
+  LP_CHECK_GOTO((be->causal_softmax_backward_rows
+                     ? be->causal_softmax_backward_rows
+                     : be->softmax_backward_rows)(be, B * H * T, T, p->data,
+                                                  ds->data),
                 st, fail);
   /* dS feeds two GEMMs: rounded once */
   LP_CHECK_GOTO(nn_pack(l->precision, &ds), st, fail);

@@ -283,8 +283,12 @@ static lp_status mla_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
                      kpe + b * T * dr, dr, 0, 1.0f, pb, T, T * T, H),
                   st, fail);
   }
-  LP_CHECK_GOTO(be->causal_mask(be, B * H * T, T, p), st, fail);
-  LP_CHECK_GOTO(be->softmax_rows(be, B * H * T, T, p, p), st, fail);
+  if (be->causal_softmax_rows) { /* fused: skips the masked triangle */
+    LP_CHECK_GOTO(be->causal_softmax_rows(be, B * H * T, T, p, p), st, fail);
+  } else {
+    LP_CHECK_GOTO(be->causal_mask(be, B * H * T, T, p), st, fail);
+    LP_CHECK_GOTO(be->softmax_rows(be, B * H * T, T, p, p), st, fail);
+  }
   /* o_h = P_h v_h;  y = o Wo^T */
   LP_CHECK_GOTO(new2(be, N, HV, &s[M_O]), st, fail);
   for (int64_t b = 0; b < B; b++)
@@ -346,8 +350,11 @@ static lp_status mla_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
                   st, fail);
   }
   /* dS = P * (dP - rowsum(dP * P)) (in place) */
-  LP_CHECK_GOTO(be->softmax_backward_rows(be, B * H * T, T, p, ds->data), st,
-                fail);
+  LP_CHECK_GOTO((be->causal_softmax_backward_rows
+                     ? be->causal_softmax_backward_rows
+                     : be->softmax_backward_rows)(be, B * H * T, T, p,
+                                                  ds->data),
+                st, fail);
   /* dq_nope = dS k_nope, dq_pe = dS k_pe, dk_nope = dS^T q_nope (all times
    * the scale); dk_pe = sum over heads of dS_h^T q_pe_h */
   LP_CHECK_GOTO(new2(be, N, HQ, &s[M_DQ]), st, fail);

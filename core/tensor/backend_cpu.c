@@ -1,13 +1,109 @@
 /* backend_cpu.c — the CPU compute backend: lp_malloc memory, OpenBLAS sgemm
  * (oneDNN's matmul when LUAPIPE_F32_GEMM asks, lp_tensor_f32_onednn),
  * plain loops for elementwise ops. Fixed loop orders, so results are
- * bitwise reproducible for a fixed OPENBLAS_NUM_THREADS. */
+ * bitwise reproducible for a fixed OPENBLAS_NUM_THREADS.
+ *
+ * The elementwise and per-row loops are written so that the compiler
+ * vectorizes them, and built three times (LP_VEC: AVX-512, AVX2, the
+ * generic x86-64 of the build) with the one the CPU supports chosen once
+ * at load. Every one gives the same bits: the C fixes each operation
+ * (ISO C mode: no contraction into FMAs; no -ffast-math), a vector lane
+ * computes exactly what the scalar tail does, and sums run in LANES
+ * fixed partial sums (element j into lane j % LANES, the lanes added in
+ * order at the end) whatever the vector width. exp is lp_expf below, a
+ * polynomial in plain float operations, not libm's per element. */
 #include "lp_tensor.h"
+#include "tensor_internal.h"
 
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
+    defined(__linux__) && !defined(LP_NO_VEC_CLONES)
+#define LP_VEC                                                          \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3",    \
+                               "default")))
+#else
+#define LP_VEC
+#endif
+#define LP_INLINE static inline __attribute__((always_inline))
+
+/* Partial sums of a reduction: element j goes to lane j % LANES. */
+#define LANES 16
+
+/* e^x in float: Cody-Waite reduction x = k ln2 + r (|r| <= ln2/2, ln2 in
+ * two parts so k * LN2_HI is exact), Cephes' degree-7 polynomial for e^r,
+ * then 2^k applied as two halves 2^k1 2^k2 so that one rounding gives
+ * overflow to inf and gradual underflow to subnormals and 0. Within 2 ulp
+ * of e^x (tests/c/test_cpu_kernels.c); +-inf, NaN as libm's expf. */
+LP_INLINE float lp_expf(float x) {
+  x = x < -104.0f ? -104.0f : x; /* e^-104 < half the least subnormal */
+  x = x > 89.0f ? 89.0f : x;     /* e^89 > FLT_MAX (NaN passes both) */
+  const float shift = 0x1.8p23f; /* adding it rounds to an integer */
+  float t = x * 1.44269504088896341f + shift;
+  float kf = t - shift;
+  uint32_t tb;
+  memcpy(&tb, &t, sizeof tb);
+  int32_t k = (int32_t)(tb - 0x4B400000u); /* t's low bits hold k */
+  float r = x - kf * 0.693145751953125f;   /* LN2_HI: 16 bits, exact */
+  r = r - kf * 1.428606765330187e-6f;      /* LN2_LO */
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  int32_t k1 = k / 2, k2 = k - k1; /* each in [-75, 64]: normal powers */
+  uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+  float s1, s2;
+  memcpy(&s1, &b1, sizeof s1);
+  memcpy(&s2, &b2, sizeof s2);
+  return p * s1 * s2;
+}
+
+LP_VEC void lp_tensor_cpu_expf(int64_t n, const float *x, float *y) {
+  for (int64_t i = 0; i < n; i++)
+    y[i] = lp_expf(x[i]);
+}
+
+/* acc[(j0 + j) % LANES] += e[j] for j < n, in order of j (j0 a multiple of
+ * LANES: the caller's offset in the row). */
+LP_INLINE void lanes_add(double acc[LANES], int64_t n, const float *e) {
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int k = 0; k < LANES; k++)
+      acc[k] += (double)e[j + k];
+  for (int k = 0; j < n; j++, k++)
+    acc[k] += (double)e[j];
+}
+
+LP_INLINE double lanes_total(const double acc[LANES]) {
+  double s = 0.0;
+  for (int k = 0; k < LANES; k++)
+    s += acc[k];
+  return s;
+}
+
+/* The largest of x[0..n) that is not NaN; -inf when there is none. */
+LP_INLINE float lanes_max(int64_t n, const float *x) {
+  float mx[LANES];
+  for (int k = 0; k < LANES; k++)
+    mx[k] = -INFINITY;
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int k = 0; k < LANES; k++)
+      mx[k] = x[j + k] > mx[k] ? x[j + k] : mx[k];
+  for (int k = 0; j < n; j++, k++)
+    mx[k] = x[j] > mx[k] ? x[j] : mx[k];
+  float m = mx[0];
+  for (int k = 1; k < LANES; k++)
+    m = mx[k] > m ? mx[k] : m;
+  return m;
+}
 
 static void *cpu_alloc(const lp_tensor_backend *be, size_t bytes) {
   (void)be;
@@ -61,7 +157,7 @@ static lp_status cpu_gemm(const lp_tensor_backend *be, int trans_a, int trans_b,
   return LP_OK;
 }
 
-static lp_status cpu_fill(const lp_tensor_backend *be, int64_t n, float v,
+LP_VEC static lp_status cpu_fill(const lp_tensor_backend *be, int64_t n, float v,
                           float *x) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
@@ -76,7 +172,7 @@ static lp_status cpu_copy(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
-static lp_status cpu_axpy(const lp_tensor_backend *be, int64_t n, float alpha,
+LP_VEC static lp_status cpu_axpy(const lp_tensor_backend *be, int64_t n, float alpha,
                           const float *x, float *y) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
@@ -84,7 +180,7 @@ static lp_status cpu_axpy(const lp_tensor_backend *be, int64_t n, float alpha,
   return LP_OK;
 }
 
-static lp_status cpu_scale(const lp_tensor_backend *be, int64_t n, float alpha,
+LP_VEC static lp_status cpu_scale(const lp_tensor_backend *be, int64_t n, float alpha,
                            float *x) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
@@ -92,7 +188,7 @@ static lp_status cpu_scale(const lp_tensor_backend *be, int64_t n, float alpha,
   return LP_OK;
 }
 
-static lp_status cpu_add(const lp_tensor_backend *be, int64_t n, const float *a,
+LP_VEC static lp_status cpu_add(const lp_tensor_backend *be, int64_t n, const float *a,
                          const float *b, float *out) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
@@ -100,7 +196,7 @@ static lp_status cpu_add(const lp_tensor_backend *be, int64_t n, const float *a,
   return LP_OK;
 }
 
-static lp_status cpu_mul(const lp_tensor_backend *be, int64_t n, const float *a,
+LP_VEC static lp_status cpu_mul(const lp_tensor_backend *be, int64_t n, const float *a,
                          const float *b, float *out) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
@@ -111,31 +207,33 @@ static lp_status cpu_mul(const lp_tensor_backend *be, int64_t n, const float *a,
 #define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f
 
-static lp_status cpu_act(const lp_tensor_backend *be, lp_tensor_act_kind kind,
-                         int64_t n, const float *x, float *y) {
+LP_VEC static lp_status cpu_act(const lp_tensor_backend *be,
+                                lp_tensor_act_kind kind, int64_t n,
+                                const float *x, float *y) {
   (void)be;
   switch (kind) {
   case LP_TENSOR_ACT_GELU:
-    /* 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one expf instead of tanhf */
+    /* 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one exp instead of tanhf */
     for (int64_t i = 0; i < n; i++) {
       float v = x[i];
       float u = GELU_C * (v + GELU_A * v * v * v);
-      y[i] = v / (1.0f + expf(-2.0f * u));
+      y[i] = v / (1.0f + lp_expf(-2.0f * u));
     }
     return LP_OK;
   case LP_TENSOR_ACT_SILU:
     for (int64_t i = 0; i < n; i++) {
       float v = x[i];
-      y[i] = v / (1.0f + expf(-v));
+      y[i] = v / (1.0f + lp_expf(-v));
     }
     return LP_OK;
   }
   return LP_ERR_ARG;
 }
 
-static lp_status cpu_act_backward(const lp_tensor_backend *be,
-                                  lp_tensor_act_kind kind, int64_t n,
-                                  const float *x, const float *dy, float *dx) {
+LP_VEC static lp_status cpu_act_backward(const lp_tensor_backend *be,
+                                         lp_tensor_act_kind kind, int64_t n,
+                                         const float *x, const float *dy,
+                                         float *dx) {
   (void)be;
   switch (kind) {
   case LP_TENSOR_ACT_GELU:
@@ -143,7 +241,7 @@ static lp_status cpu_act_backward(const lp_tensor_backend *be,
     for (int64_t i = 0; i < n; i++) {
       float v = x[i];
       float u = GELU_C * (v + GELU_A * v * v * v);
-      float s = 1.0f / (1.0f + expf(-2.0f * u));
+      float s = 1.0f / (1.0f + lp_expf(-2.0f * u));
       float du = GELU_C * (1.0f + 3.0f * GELU_A * v * v);
       dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
     }
@@ -151,7 +249,7 @@ static lp_status cpu_act_backward(const lp_tensor_backend *be,
   case LP_TENSOR_ACT_SILU:
     for (int64_t i = 0; i < n; i++) {
       float v = x[i];
-      float s = 1.0f / (1.0f + expf(-v));
+      float s = 1.0f / (1.0f + lp_expf(-v));
       dx[i] = dy[i] * (s * (1.0f + v * (1.0f - s)));
     }
     return LP_OK;
@@ -159,34 +257,53 @@ static lp_status cpu_act_backward(const lp_tensor_backend *be,
   return LP_ERR_ARG;
 }
 
-static lp_status cpu_softmax_rows(const lp_tensor_backend *be, int64_t rows,
-                                  int64_t cols, const float *x, float *y) {
+/* Softmax of one row of n floats (y may alias x); the sum of the
+ * exponentials in double lanes. A fully masked row (all -inf) gives
+ * zeros. Entries at -inf add exact zeros to the lanes, so a row with
+ * -inf after its first i entries equals the softmax of those i. */
+LP_INLINE void softmax_row(int64_t n, const float *x, float *y) {
+  float mx = lanes_max(n, x);
+  if (mx == -INFINITY) {
+    for (int64_t j = 0; j < n; j++)
+      y[j] = 0.0f;
+    return;
+  }
+  for (int64_t j = 0; j < n; j++)
+    y[j] = lp_expf(x[j] - mx);
+  double acc[LANES] = {0};
+  lanes_add(acc, n, y);
+  float inv = (float)(1.0 / lanes_total(acc));
+  for (int64_t j = 0; j < n; j++)
+    y[j] *= inv;
+}
+
+LP_VEC static lp_status cpu_softmax_rows(const lp_tensor_backend *be,
+                                         int64_t rows, int64_t cols,
+                                         const float *x, float *y) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++)
+    softmax_row(cols, x + r * cols, y + r * cols);
+  return LP_OK;
+}
+
+/* Causal softmax: row r (position i = r % t of its block) is the softmax
+ * of its first i + 1 entries, zeros after; the same bits as causal_mask
+ * then softmax_rows, without the masked triangle's work. */
+LP_VEC static lp_status cpu_causal_softmax_rows(const lp_tensor_backend *be,
+                                                int64_t rows, int64_t t,
+                                                const float *x, float *y) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
-    const float *xr = x + r * cols;
-    float *yr = y + r * cols;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < cols; j++)
-      if (xr[j] > mx) mx = xr[j];
-    if (mx == -INFINITY) { /* fully masked row: define as zeros */
-      for (int64_t j = 0; j < cols; j++)
-        yr[j] = 0.0f;
-      continue;
-    }
-    double sum = 0.0;
-    for (int64_t j = 0; j < cols; j++) {
-      float e = expf(xr[j] - mx);
-      yr[j] = e;
-      sum += e;
-    }
-    float inv = (float)(1.0 / sum);
-    for (int64_t j = 0; j < cols; j++)
-      yr[j] *= inv;
+    int64_t n = r % t + 1;
+    float *yr = y + r * t;
+    softmax_row(n, x + r * t, yr);
+    for (int64_t j = n; j < t; j++)
+      yr[j] = 0.0f;
   }
   return LP_OK;
 }
 
-static lp_status cpu_sum_rows(const lp_tensor_backend *be, int64_t rows,
+LP_VEC static lp_status cpu_sum_rows(const lp_tensor_backend *be, int64_t rows,
                               int64_t cols, const float *x, float beta,
                               float *out) {
   (void)be;
@@ -217,7 +334,7 @@ static lp_status cpu_gather_rows(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
-static lp_status cpu_scatter_add_rows(const lp_tensor_backend *be, int64_t n,
+LP_VEC static lp_status cpu_scatter_add_rows(const lp_tensor_backend *be, int64_t n,
                                       int64_t cols, const float *x,
                                       const int64_t *idx, const float *scale,
                                       float *out) {
@@ -254,38 +371,46 @@ static lp_status cpu_add_rowvec(const lp_tensor_backend *be, int64_t rows,
   return LP_OK;
 }
 
-static lp_status cpu_rmsnorm(const lp_tensor_backend *be, int64_t rows,
-                             int64_t d, float eps, const float *x,
-                             const float *w, float *y, float *rstd) {
+LP_VEC static lp_status cpu_rmsnorm(const lp_tensor_backend *be, int64_t rows,
+                                    int64_t d, float eps, const float *x,
+                                    const float *w, float *y, float *rstd) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * d;
     float *yr = y + r * d;
-    double ss = 0.0;
-    for (int64_t c = 0; c < d; c++)
-      ss += (double)xr[c] * xr[c];
+    double acc[LANES] = {0};
+    int64_t c = 0;
+    for (; c + LANES <= d; c += LANES)
+      for (int k = 0; k < LANES; k++)
+        acc[k] += (double)xr[c + k] * xr[c + k];
+    for (int k = 0; c < d; c++, k++)
+      acc[k] += (double)xr[c] * xr[c];
+    double ss = lanes_total(acc);
     float rs = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
     rstd[r] = rs;
-    for (int64_t c = 0; c < d; c++)
+    for (c = 0; c < d; c++)
       yr[c] = xr[c] * rs * w[c];
   }
   return LP_OK;
 }
 
-static lp_status cpu_rmsnorm_backward(const lp_tensor_backend *be,
-                                      int64_t rows, int64_t d, const float *x,
-                                      const float *w, const float *rstd,
-                                      const float *dy, float *dx, float *gw) {
+LP_VEC static lp_status cpu_rmsnorm_backward(
+    const lp_tensor_backend *be, int64_t rows, int64_t d, const float *x,
+    const float *w, const float *rstd, const float *dy, float *dx, float *gw) {
   (void)be;
   for (int64_t r = 0; dx && r < rows; r++) {
     const float *xr = x + r * d, *gr = dy + r * d;
     float *dr = dx + r * d;
     float rs = rstd[r];
-    double m = 0.0; /* mean of (dy * w) * xhat */
-    for (int64_t c = 0; c < d; c++)
-      m += (double)(gr[c] * w[c]) * (xr[c] * rs);
-    float mf = (float)(m / (double)d);
-    for (int64_t c = 0; c < d; c++)
+    double acc[LANES] = {0}; /* mean of (dy * w) * xhat */
+    int64_t c = 0;
+    for (; c + LANES <= d; c += LANES)
+      for (int k = 0; k < LANES; k++)
+        acc[k] += (double)(gr[c + k] * w[c + k]) * (xr[c + k] * rs);
+    for (int k = 0; c < d; c++, k++)
+      acc[k] += (double)(gr[c] * w[c]) * (xr[c] * rs);
+    float mf = (float)(lanes_total(acc) / (double)d);
+    for (c = 0; c < d; c++)
       dr[c] = rs * (gr[c] * w[c] - xr[c] * rs * mf);
   }
   for (int64_t r = 0; gw && r < rows; r++) {
@@ -326,43 +451,78 @@ static lp_status cpu_causal_mask(const lp_tensor_backend *be, int64_t rows,
   return LP_OK;
 }
 
-static lp_status cpu_softmax_backward_rows(const lp_tensor_backend *be,
-                                           int64_t rows, int64_t cols,
-                                           const float *p, float *ds) {
+/* ds = p * (ds - sum_j ds[j] p[j]) over one row of n (sum in double
+ * lanes). Entries with p = 0 add exact zeros to the sum. */
+LP_INLINE void softmax_backward_row(int64_t n, const float *pr, float *dr) {
+  double acc[LANES] = {0};
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int k = 0; k < LANES; k++)
+      acc[k] += (double)dr[j + k] * pr[j + k];
+  for (int k = 0; j < n; j++, k++)
+    acc[k] += (double)dr[j] * pr[j];
+  float sf = (float)lanes_total(acc);
+  for (j = 0; j < n; j++)
+    dr[j] = pr[j] * (dr[j] - sf);
+}
+
+LP_VEC static lp_status cpu_softmax_backward_rows(const lp_tensor_backend *be,
+                                                  int64_t rows, int64_t cols,
+                                                  const float *p, float *ds) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++)
+    softmax_backward_row(cols, p + r * cols, ds + r * cols);
+  return LP_OK;
+}
+
+/* The backward of causal_softmax_rows: row r's first r % t + 1 entries as
+ * softmax_backward_rows gives them, zeros after (where p is 0). */
+LP_VEC static lp_status cpu_causal_softmax_backward_rows(
+    const lp_tensor_backend *be, int64_t rows, int64_t t, const float *p,
+    float *ds) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
-    const float *pr = p + r * cols;
-    float *dr = ds + r * cols;
-    double s = 0.0;
-    for (int64_t j = 0; j < cols; j++)
-      s += (double)dr[j] * pr[j];
-    float sf = (float)s;
-    for (int64_t j = 0; j < cols; j++)
-      dr[j] = pr[j] * (dr[j] - sf);
+    int64_t n = r % t + 1;
+    float *dr = ds + r * t;
+    softmax_backward_row(n, p + r * t, dr);
+    for (int64_t j = n; j < t; j++)
+      dr[j] = 0.0f;
   }
   return LP_OK;
 }
 
-static lp_status cpu_cross_entropy(const lp_tensor_backend *be, int64_t rows,
-                                   int64_t v, const float *logits,
-                                   const float *targets, double gs,
-                                   double *loss, float *dl) {
+/* Per row: m = max, e_j = lp_expf(l_j - m) (float), s = sum e_j in
+ * double lanes; loss = m + log s - l_t; dl_j = gs (e_j / s - [j == t]).
+ * Without dl the exponentials go through a stack block of CE_BLOCK (a
+ * multiple of LANES, so the lanes and the loss are the same bits). */
+#define CE_BLOCK 512
+LP_VEC static lp_status cpu_cross_entropy(const lp_tensor_backend *be,
+                                          int64_t rows, int64_t v,
+                                          const float *logits,
+                                          const float *targets, double gs,
+                                          double *loss, float *dl) {
   (void)be;
+  float eb[CE_BLOCK];
   for (int64_t r = 0; r < rows; r++) {
     const float *lr = logits + r * v;
     int64_t t = (int64_t)targets[r];
-    float m = lr[0];
-    for (int64_t j = 1; j < v; j++)
-      if (lr[j] > m) m = lr[j];
-    double s = 0.0;
-    for (int64_t j = 0; j < v; j++)
-      s += exp((double)lr[j] - m);
+    float m = lanes_max(v, lr);
+    double acc[LANES] = {0};
+    float *g = dl ? dl + r * v : NULL;
+    for (int64_t j0 = 0; j0 < v; j0 += CE_BLOCK) {
+      int64_t n = v - j0 < CE_BLOCK ? v - j0 : CE_BLOCK;
+      float *e = g ? g + j0 : eb;
+      for (int64_t j = 0; j < n; j++)
+        e[j] = lp_expf(lr[j0 + j] - m);
+      lanes_add(acc, n, e);
+    }
+    double s = lanes_total(acc);
     loss[r] = (double)m + log(s) - (double)lr[t];
-    if (dl) {
-      float *g = dl + r * v;
+    if (g) {
+      double et = g[t];
       for (int64_t j = 0; j < v; j++)
-        g[j] =
-            (float)(gs * (exp((double)lr[j] - m) / s - (j == t ? 1.0 : 0.0)));
+        g[j] = (float)(gs * ((double)g[j] / s));
+      g[t] = (float)(gs * (et / s - 1.0));
     }
   }
   return LP_OK;
@@ -380,7 +540,7 @@ static lp_status cpu_sq_error(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
-static lp_status cpu_sgd_step(const lp_tensor_backend *be, int64_t n,
+LP_VEC static lp_status cpu_sgd_step(const lp_tensor_backend *be, int64_t n,
                               double lr, double mu, double wd, float *p,
                               const float *g, float *m) {
   (void)be;
@@ -393,18 +553,26 @@ static lp_status cpu_sgd_step(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
-static lp_status cpu_adamw_step(const lp_tensor_backend *be, int64_t n,
-                                double lr, double b1, double b2, double eps,
-                                double decay, double bc1, double bc2, float *p,
-                                const float *g, float *m, float *v) {
+/* The same operations in the same order as the loop it replaced, so the
+ * same bits; p, g, m, v are separate buffers (restrict: no alias checks).
+ * sqrt vectorizes because this file is built with -fno-math-errno (it
+ * never sets errno here: v >= 0). */
+LP_VEC static lp_status cpu_adamw_step(const lp_tensor_backend *be, int64_t n,
+                                       double lr, double b1, double b2,
+                                       double eps, double decay, double bc1,
+                                       double bc2, float *restrict p,
+                                       const float *restrict g,
+                                       float *restrict m, float *restrict v) {
   (void)be;
   for (int64_t j = 0; j < n; j++) {
     double gj = g[j];
     double pj = (double)p[j] * decay;
-    m[j] = (float)(b1 * (double)m[j] + (1.0 - b1) * gj);
-    v[j] = (float)(b2 * (double)v[j] + (1.0 - b2) * gj * gj);
-    double den = sqrt((double)v[j] / bc2) + eps;
-    p[j] = (float)(pj - lr * ((double)m[j] / bc1) / den);
+    float mj = (float)(b1 * (double)m[j] + (1.0 - b1) * gj);
+    float vj = (float)(b2 * (double)v[j] + (1.0 - b2) * gj * gj);
+    m[j] = mj;
+    v[j] = vj;
+    double den = sqrt((double)vj / bc2) + eps;
+    p[j] = (float)(pj - lr * ((double)mj / bc1) / den);
   }
   return LP_OK;
 }
@@ -463,6 +631,8 @@ static const lp_tensor_backend cpu_backend = {
     .adamw_step = cpu_adamw_step,
     .dot_rows = cpu_dot_rows,
     .rope = cpu_rope,
+    .causal_softmax_rows = cpu_causal_softmax_rows,
+    .causal_softmax_backward_rows = cpu_causal_softmax_backward_rows,
     .gemm_bf16 = lp_tensor_cpu_gemm_bf16,
     .gemm_bf16h = lp_tensor_cpu_gemm_bf16h,
 };

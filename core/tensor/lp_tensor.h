@@ -169,6 +169,17 @@ struct lp_tensor_backend {
   lp_status (*rope)(const lp_tensor_backend *be, int64_t rows, int64_t seq,
                     int64_t heads, int64_t d, int64_t ld, int64_t hs,
                     const float *cs, int conj, float *x);
+  /* Causal softmax over [.., T, T] score blocks: row r (position i = r %
+   * t) becomes the softmax of its first i + 1 entries and zeros after (x's
+   * entries after i are not read; y may alias x): what causal_mask then
+   * softmax_rows give, to the bit. Its backward in place: ds = p * (ds -
+   * sum_{j<=i} ds[j] p[j]) on the first i + 1 entries, zeros after. NULL:
+   * callers run causal_mask + softmax_rows (softmax_backward_rows). */
+  lp_status (*causal_softmax_rows)(const lp_tensor_backend *be, int64_t rows,
+                                   int64_t t, const float *x, float *y);
+  lp_status (*causal_softmax_backward_rows)(const lp_tensor_backend *be,
+                                            int64_t rows, int64_t t,
+                                            const float *p, float *ds);
 
   /* Mixed-precision GEMM, as gemm but with every element of A and B
    * rounded to bf16 (nearest even) before the products, which are summed

@@ -69,3 +69,7 @@ static inline int64_t tensor_offset4(const int64_t sh[4], const int64_t st[4],
 static inline int tensor_host(const lp_tensor *t) {
   return t->storage->be->host_accessible;
 }
+
+/* y[i] = e^x[i] for i < n with the CPU backend's exp (backend_cpu.c's
+ * lp_expf: within 2 ulp, vectorized); for its tests. */
+void lp_tensor_cpu_expf(int64_t n, const float *x, float *y);
