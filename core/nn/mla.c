@@ -13,8 +13,9 @@
  * drops q, kv, k_pe, the rotation table and P, and keeps the gradients W
  * needs (dy, dq, dkv, d(kv_norm out), dc, dk_pe, and with q LoRA d(q_norm
  * out), d(wq_a out)). The rotation table (cos, sin per position and pair)
- * is made on the host for the seq of each call and copied to the input's
- * backend; the backend's rope op applies it. */
+ * is made on the host, copied to the input's backend and kept by the layer
+ * (rows for the longest seq seen so far); a call keeps a view of its first
+ * seq rows, and the backend's rope op applies it. */
 #include "nn_internal.h"
 
 #include <math.h>
@@ -30,6 +31,8 @@ typedef struct mla_priv {
   lp_nn_mla_opts o;
   float *freqs; /* qk_rope_head_dim / 2 */
   float scale;  /* softmax scale */
+  lp_tensor *cs; /* the rotation table of the longest seq so far, or NULL:
+                  * a layer runs on one thread at a time, as its grads do */
 } mla_priv;
 
 /* ---- configuration ---- */
@@ -184,8 +187,8 @@ static lp_status mm(const lp_nn_layer *l, const lp_tensor_backend *be,
 /* The rotation table for positions 0..T-1 on backend be: [T, dr], (cos,
  * sin) of the float32 angle t * f_i for each pair, as torch.polar of
  * torch.outer(t, freqs) gives them. */
-static lp_status rope_table(const mla_priv *m, int64_t T,
-                            const lp_tensor_backend *be, lp_tensor **out) {
+static lp_status rope_table_make(const mla_priv *m, int64_t T,
+                                 const lp_tensor_backend *be, lp_tensor **out) {
   int64_t d = m->o.qk_rope_head_dim;
   float *h = lp_malloc(sizeof(float) * (size_t)(T * d));
   if (!h) return LP_ERR_NOMEM;
@@ -200,6 +203,21 @@ static lp_status rope_table(const mla_priv *m, int64_t T,
   return st;
 }
 
+/* *out: a new view of the first T rows of the layer's table on be (an
+ * entry depends only on its position and pair, so the rows of a longer
+ * table are the same bits), made anew only for a longer T or another
+ * backend. */
+static lp_status rope_table(mla_priv *m, int64_t T, const lp_tensor_backend *be,
+                            lp_tensor **out) {
+  if (!m->cs || m->cs->shape[0] < T || lp_tensor_backend_of(m->cs) != be) {
+    lp_tensor *t = NULL;
+    LP_CHECK(rope_table_make(m, T, be, &t));
+    lp_tensor_free(m->cs); /* views that calls keep hold its storage */
+    m->cs = t;
+  }
+  return lp_tensor_rows(m->cs, 0, T, out);
+}
+
 static lp_status new2(const lp_tensor_backend *be, int64_t r, int64_t c,
                       lp_tensor **out) {
   return lp_tensor_empty(be, 2, (int64_t[]){r, c}, out);
@@ -209,7 +227,7 @@ static lp_status new2(const lp_tensor_backend *be, int64_t r, int64_t c,
 
 static lp_status mla_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
                              const lp_tensor *x, lp_tensor **y) {
-  const mla_priv *m = l->sub;
+  mla_priv *m = l->sub;
   const lp_nn_mla_opts *o = &m->o;
   int64_t D = o->dim;
   if (x->ndim != 3 || x->shape[2] != D) {
@@ -486,6 +504,7 @@ static void mla_priv_free(void *p) {
   mla_priv *m = p;
   if (!m) return;
   lp_free(m->freqs);
+  lp_tensor_free(m->cs);
   lp_free(m);
 }
 
