@@ -9,8 +9,8 @@
  * at load. Every one gives the same bits: the C fixes each operation
  * (ISO C mode: no contraction into FMAs; no -ffast-math), a vector lane
  * computes exactly what the scalar tail does, and sums run in LANES
- * fixed partial sums (element j into lane j % LANES, the lanes added in
- * order at the end) whatever the vector width. exp is lp_expf below, a
+ * fixed partial sums (element j into lane j % LANES, the lanes added as
+ * a fixed tree at the end) whatever the vector width. exp is lp_expf below, a
  * polynomial in plain float operations, not libm's per element. */
 #include "lp_tensor.h"
 #include "tensor_internal.h"
@@ -82,11 +82,13 @@ LP_INLINE void lanes_add(double acc[LANES], int64_t n, const float *e) {
     acc[k] += (double)e[j];
 }
 
-LP_INLINE double lanes_total(const double acc[LANES]) {
-  double s = 0.0;
-  for (int k = 0; k < LANES; k++)
-    s += acc[k];
-  return s;
+/* The lanes' total, added as a fixed tree (lane k + lane k + w for w = 8,
+ * 4, 2, 1: a few vector adds, not a chain of 16); acc is spent. */
+LP_INLINE double lanes_total(double acc[LANES]) {
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; k++)
+      acc[k] += acc[k + w];
+  return acc[0];
 }
 
 /* The largest of x[0..n) that is not NaN; -inf when there is none. */
@@ -100,10 +102,10 @@ LP_INLINE float lanes_max(int64_t n, const float *x) {
       mx[k] = x[j + k] > mx[k] ? x[j + k] : mx[k];
   for (int k = 0; j < n; j++, k++)
     mx[k] = x[j] > mx[k] ? x[j] : mx[k];
-  float m = mx[0];
-  for (int k = 1; k < LANES; k++)
-    m = mx[k] > m ? mx[k] : m;
-  return m;
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; k++)
+      mx[k] = mx[k + w] > mx[k] ? mx[k + w] : mx[k];
+  return mx[0];
 }
 
 static void *cpu_alloc(const lp_tensor_backend *be, size_t bytes) {
@@ -262,14 +264,17 @@ LP_VEC static lp_status cpu_act_backward(const lp_tensor_backend *be,
  * exponentials in double lanes. A fully masked row (all -inf) gives
  * zeros. Entries at -inf add exact zeros to the lanes, so a row with
  * -inf after its first i entries equals the softmax of those i. */
-LP_INLINE void softmax_row(int64_t n, const float *x, float *y) {
+/* m >= n: the exponentials are taken over m entries (a whole number of
+ * vectors where the row has room: no scalar tail), only the first n
+ * count; y[n..m) is left to the caller. */
+LP_INLINE void softmax_row(int64_t n, int64_t m, const float *x, float *y) {
   float mx = lanes_max(n, x);
   if (mx == -INFINITY) {
     for (int64_t j = 0; j < n; j++)
       y[j] = 0.0f;
     return;
   }
-  for (int64_t j = 0; j < n; j++)
+  for (int64_t j = 0; j < m; j++)
     y[j] = lp_expf(x[j] - mx);
   double acc[LANES] = {0};
   lanes_add(acc, n, y);
@@ -283,21 +288,23 @@ LP_VEC static lp_status cpu_softmax_rows(const lp_tensor_backend *be,
                                          const float *x, float *y) {
   (void)be;
   for (int64_t r = 0; r < rows; r++)
-    softmax_row(cols, x + r * cols, y + r * cols);
+    softmax_row(cols, cols, x + r * cols, y + r * cols);
   return LP_OK;
 }
 
 /* Causal softmax: row r (position i = r % t of its block) is the softmax
  * of its first i + 1 entries, zeros after; the same bits as causal_mask
- * then softmax_rows, without the masked triangle's work. */
+ * then softmax_rows, without the masked triangle's work. The exponentials
+ * run up to a multiple of LANES inside the row (entries that are then
+ * zeroed: x's values there do not matter). */
 LP_VEC static lp_status cpu_causal_softmax_rows(const lp_tensor_backend *be,
                                                 int64_t rows, int64_t t,
                                                 const float *x, float *y) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
-    int64_t n = r % t + 1;
+    int64_t n = r % t + 1, m = (n + LANES - 1) / LANES * LANES;
     float *yr = y + r * t;
-    softmax_row(n, x + r * t, yr);
+    softmax_row(n, m < t ? m : t, x + r * t, yr);
     for (int64_t j = n; j < t; j++)
       yr[j] = 0.0f;
   }
@@ -454,7 +461,9 @@ static lp_status cpu_causal_mask(const lp_tensor_backend *be, int64_t rows,
 
 /* ds = p * (ds - sum_j ds[j] p[j]) over one row of n (sum in double
  * lanes). Entries with p = 0 add exact zeros to the sum. */
-LP_INLINE void softmax_backward_row(int64_t n, const float *pr, float *dr) {
+/* (the product runs over m >= n entries; those past n are the caller's) */
+LP_INLINE void softmax_backward_row(int64_t n, int64_t m, const float *pr,
+                                    float *dr) {
   double acc[LANES] = {0};
   int64_t j = 0;
   for (; j + LANES <= n; j += LANES)
@@ -463,7 +472,7 @@ LP_INLINE void softmax_backward_row(int64_t n, const float *pr, float *dr) {
   for (int k = 0; j < n; j++, k++)
     acc[k] += (double)dr[j] * pr[j];
   float sf = (float)lanes_total(acc);
-  for (j = 0; j < n; j++)
+  for (j = 0; j < m; j++)
     dr[j] = pr[j] * (dr[j] - sf);
 }
 
@@ -472,7 +481,7 @@ LP_VEC static lp_status cpu_softmax_backward_rows(const lp_tensor_backend *be,
                                                   const float *p, float *ds) {
   (void)be;
   for (int64_t r = 0; r < rows; r++)
-    softmax_backward_row(cols, p + r * cols, ds + r * cols);
+    softmax_backward_row(cols, cols, p + r * cols, ds + r * cols);
   return LP_OK;
 }
 
@@ -483,9 +492,9 @@ LP_VEC static lp_status cpu_causal_softmax_backward_rows(
     float *ds) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
-    int64_t n = r % t + 1;
+    int64_t n = r % t + 1, m = (n + LANES - 1) / LANES * LANES;
     float *dr = ds + r * t;
-    softmax_backward_row(n, p + r * t, dr);
+    softmax_backward_row(n, m < t ? m : t, p + r * t, dr);
     for (int64_t j = n; j < t; j++)
       dr[j] = 0.0f;
   }

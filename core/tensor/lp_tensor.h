@@ -171,7 +171,7 @@ struct lp_tensor_backend {
                     const float *cs, int conj, float *x);
   /* Causal softmax over [.., T, T] score blocks: row r (position i = r %
    * t) becomes the softmax of its first i + 1 entries and zeros after (x's
-   * entries after i are not read; y may alias x): what causal_mask then
+   * entries after i do not matter; y may alias x): what causal_mask then
    * softmax_rows give, to the bit. Its backward in place: ds = p * (ds -
    * sum_{j<=i} ds[j] p[j]) on the first i + 1 entries, zeros after. NULL:
    * callers run causal_mask + softmax_rows (softmax_backward_rows). */
