@@ -71,41 +71,109 @@ LP_VEC void lp_tensor_cpu_expf(int64_t n, const float *x, float *y) {
     y[i] = lp_expf(x[i]);
 }
 
-/* acc[(j0 + j) % LANES] += e[j] for j < n, in order of j (j0 a multiple of
- * LANES: the caller's offset in the row). */
-LP_INLINE void lanes_add(double acc[LANES], int64_t n, const float *e) {
-  int64_t j = 0;
-  for (; j + LANES <= n; j += LANES)
-    for (int k = 0; k < LANES; k++)
-      acc[k] += (double)e[j + k];
-  for (int k = 0; j < n; j++, k++)
-    acc[k] += (double)e[j];
+/* Reductions keep their LANES partial sums in GCC vector types (the
+ * generic x86-64 clone splits them into SSE registers; AVX-512 holds 8
+ * doubles a register), so they stay in registers. A chunk is 16 floats
+ * (two halves of 8); a row's last, shorter chunk is padded (0 for sums: a
+ * lane adds +0, which changes nothing; -inf for maxima). `room` >= n
+ * floats may be read (the causal rows' whole vectors): a short chunk with
+ * room is loaded whole and blended, else gathered one by one. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef double v8d __attribute__((vector_size(64)));
+typedef struct f16 { v8f a, b; } f16;  /* floats j..j+7, j+8..j+15 */
+typedef struct lanes { v8d a, b; } lanes; /* lanes 0..7, 8..15 */
+_Static_assert(LANES == 16, "a chunk is two halves of 8 floats");
+
+/* v: the n (<= LANES) floats at p, then pad. */
+LP_INLINE void f16_load(f16 *v, const float *p, int64_t n, int64_t room,
+                        float pad) {
+  if (n >= LANES || room >= LANES) {
+    memcpy(&v->a, p, sizeof v->a);
+    memcpy(&v->b, p + 8, sizeof v->b);
+    if (n >= LANES) return;
+    const v8i lo = {0, 1, 2, 3, 4, 5, 6, 7}, hi = lo + 8;
+    v8f pv = {pad, pad, pad, pad, pad, pad, pad, pad};
+    v8i ka = lo < (int32_t)n, kb = hi < (int32_t)n;
+    v->a = (v8f)(((v8i)v->a & ka) | ((v8i)pv & ~ka));
+    v->b = (v8f)(((v8i)v->b & kb) | ((v8i)pv & ~kb));
+    return;
+  }
+  float t[LANES];
+  for (int k = 0; k < LANES; k++)
+    t[k] = k < n ? p[k] : pad;
+  memcpy(&v->a, t, sizeof v->a);
+  memcpy(&v->b, t + 8, sizeof v->b);
 }
 
-/* The lanes' total, added as a fixed tree (lane k + lane k + w for w = 8,
- * 4, 2, 1: a few vector adds, not a chain of 16); acc is spent. */
-LP_INLINE double lanes_total(double acc[LANES]) {
-  for (int w = LANES / 2; w > 0; w /= 2)
-    for (int k = 0; k < w; k++)
-      acc[k] += acc[k + w];
-  return acc[0];
+LP_INLINE void lanes_zero(lanes *l) {
+  memset(l, 0, sizeof *l);
+}
+
+/* l[k] += (double)x[k] */
+LP_INLINE void lanes_add(lanes *l, const f16 *x) {
+  l->a += __builtin_convertvector(x->a, v8d);
+  l->b += __builtin_convertvector(x->b, v8d);
+}
+
+/* l[k] += (double)x[k] * (double)y[k] */
+LP_INLINE void lanes_add_prod(lanes *l, const f16 *x, const f16 *y) {
+  l->a += __builtin_convertvector(x->a, v8d) * __builtin_convertvector(y->a, v8d);
+  l->b += __builtin_convertvector(x->b, v8d) * __builtin_convertvector(y->b, v8d);
+}
+
+/* sum_j (double)e[j] over j < n into l (element j into lane j % LANES). */
+LP_INLINE void lanes_sum(lanes *l, int64_t n, int64_t room, const float *e) {
+  f16 x;
+  for (int64_t j = 0; j < n; j += LANES) {
+    f16_load(&x, e + j, n - j, room - j, 0.0f);
+    lanes_add(l, &x);
+  }
+}
+
+/* sum_j (double)a[j] * (double)b[j] over j < n into l. */
+LP_INLINE void lanes_dot(lanes *l, int64_t n, int64_t room, const float *a,
+                         const float *b) {
+  f16 x, y;
+  for (int64_t j = 0; j < n; j += LANES) {
+    f16_load(&x, a + j, n - j, room - j, 0.0f);
+    f16_load(&y, b + j, n - j, room - j, 0.0f);
+    lanes_add_prod(l, &x, &y);
+  }
+}
+
+/* The lanes' total, added as a fixed tree: lane k + lane k + w for w = 8,
+ * 4, 2, 1. */
+LP_INLINE double lanes_total(const lanes *l) {
+  v8d s = l->a + l->b;
+  double t0 = s[0] + s[4], t1 = s[1] + s[5], t2 = s[2] + s[6],
+         t3 = s[3] + s[7];
+  return (t0 + t2) + (t1 + t3);
+}
+
+/* m = x where x > m (a NaN x never enters) */
+LP_INLINE void max8(v8f *m, const v8f *x) {
+  v8i gt = *x > *m;
+  *m = (v8f)(((v8i)*x & gt) | ((v8i)*m & ~gt));
 }
 
 /* The largest of x[0..n) that is not NaN; -inf when there is none. */
-LP_INLINE float lanes_max(int64_t n, const float *x) {
-  float mx[LANES];
-  for (int k = 0; k < LANES; k++)
-    mx[k] = -INFINITY;
-  int64_t j = 0;
-  for (; j + LANES <= n; j += LANES)
-    for (int k = 0; k < LANES; k++)
-      mx[k] = x[j + k] > mx[k] ? x[j + k] : mx[k];
-  for (int k = 0; j < n; j++, k++)
-    mx[k] = x[j] > mx[k] ? x[j] : mx[k];
-  for (int w = LANES / 2; w > 0; w /= 2)
-    for (int k = 0; k < w; k++)
-      mx[k] = mx[k + w] > mx[k] ? mx[k + w] : mx[k];
-  return mx[0];
+LP_INLINE float lanes_max(int64_t n, int64_t room, const float *x) {
+  f16 m, v;
+  f16_load(&m, x, 0, 0, -INFINITY);
+  for (int64_t j = 0; j < n; j += LANES) {
+    f16_load(&v, x + j, n - j, room - j, -INFINITY);
+    max8(&m.a, &v.a);
+    max8(&m.b, &v.b);
+  }
+  max8(&m.a, &m.b);
+  float t0 = m.a[4] > m.a[0] ? m.a[4] : m.a[0];
+  float t1 = m.a[5] > m.a[1] ? m.a[5] : m.a[1];
+  float t2 = m.a[6] > m.a[2] ? m.a[6] : m.a[2];
+  float t3 = m.a[7] > m.a[3] ? m.a[7] : m.a[3];
+  t0 = t2 > t0 ? t2 : t0;
+  t1 = t3 > t1 ? t3 : t1;
+  return t1 > t0 ? t1 : t0;
 }
 
 static void *cpu_alloc(const lp_tensor_backend *be, size_t bytes) {
@@ -268,7 +336,7 @@ LP_VEC static lp_status cpu_act_backward(const lp_tensor_backend *be,
  * vectors where the row has room: no scalar tail), only the first n
  * count; y[n..m) is left to the caller. */
 LP_INLINE void softmax_row(int64_t n, int64_t m, const float *x, float *y) {
-  float mx = lanes_max(n, x);
+  float mx = lanes_max(n, m, x);
   if (mx == -INFINITY) {
     for (int64_t j = 0; j < n; j++)
       y[j] = 0.0f;
@@ -276,9 +344,10 @@ LP_INLINE void softmax_row(int64_t n, int64_t m, const float *x, float *y) {
   }
   for (int64_t j = 0; j < m; j++)
     y[j] = lp_expf(x[j] - mx);
-  double acc[LANES] = {0};
-  lanes_add(acc, n, y);
-  float inv = (float)(1.0 / lanes_total(acc));
+  lanes acc;
+  lanes_zero(&acc);
+  lanes_sum(&acc, n, m, y);
+  float inv = (float)(1.0 / lanes_total(&acc));
   for (int64_t j = 0; j < n; j++)
     y[j] *= inv;
 }
@@ -386,17 +455,13 @@ LP_VEC static lp_status cpu_rmsnorm(const lp_tensor_backend *be, int64_t rows,
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * d;
     float *yr = y + r * d;
-    double acc[LANES] = {0};
-    int64_t c = 0;
-    for (; c + LANES <= d; c += LANES)
-      for (int k = 0; k < LANES; k++)
-        acc[k] += (double)xr[c + k] * xr[c + k];
-    for (int k = 0; c < d; c++, k++)
-      acc[k] += (double)xr[c] * xr[c];
-    double ss = lanes_total(acc);
+    lanes acc;
+    lanes_zero(&acc);
+    lanes_dot(&acc, d, d, xr, xr);
+    double ss = lanes_total(&acc);
     float rs = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
     rstd[r] = rs;
-    for (c = 0; c < d; c++)
+    for (int64_t c = 0; c < d; c++)
       yr[c] = xr[c] * rs * w[c];
   }
   return LP_OK;
@@ -410,15 +475,19 @@ LP_VEC static lp_status cpu_rmsnorm_backward(
     const float *xr = x + r * d, *gr = dy + r * d;
     float *dr = dx + r * d;
     float rs = rstd[r];
-    double acc[LANES] = {0}; /* mean of (dy * w) * xhat */
-    int64_t c = 0;
-    for (; c + LANES <= d; c += LANES)
-      for (int k = 0; k < LANES; k++)
-        acc[k] += (double)(gr[c + k] * w[c + k]) * (xr[c + k] * rs);
-    for (int k = 0; c < d; c++, k++)
-      acc[k] += (double)(gr[c] * w[c]) * (xr[c] * rs);
-    float mf = (float)(lanes_total(acc) / (double)d);
-    for (c = 0; c < d; c++)
+    lanes acc; /* mean of (dy * w) * xhat */
+    lanes_zero(&acc);
+    f16 gv, wv, xv;
+    for (int64_t c = 0; c < d; c += LANES) {
+      f16_load(&gv, gr + c, d - c, d - c, 0.0f);
+      f16_load(&wv, w + c, d - c, d - c, 0.0f);
+      f16_load(&xv, xr + c, d - c, d - c, 0.0f);
+      gv.a *= wv.a, gv.b *= wv.b; /* float products, as dx's below */
+      xv.a *= rs, xv.b *= rs;
+      lanes_add_prod(&acc, &gv, &xv);
+    }
+    float mf = (float)(lanes_total(&acc) / (double)d);
+    for (int64_t c = 0; c < d; c++)
       dr[c] = rs * (gr[c] * w[c] - xr[c] * rs * mf);
   }
   for (int64_t r = 0; gw && r < rows; r++) {
@@ -464,15 +533,11 @@ static lp_status cpu_causal_mask(const lp_tensor_backend *be, int64_t rows,
 /* (the product runs over m >= n entries; those past n are the caller's) */
 LP_INLINE void softmax_backward_row(int64_t n, int64_t m, const float *pr,
                                     float *dr) {
-  double acc[LANES] = {0};
-  int64_t j = 0;
-  for (; j + LANES <= n; j += LANES)
-    for (int k = 0; k < LANES; k++)
-      acc[k] += (double)dr[j + k] * pr[j + k];
-  for (int k = 0; j < n; j++, k++)
-    acc[k] += (double)dr[j] * pr[j];
-  float sf = (float)lanes_total(acc);
-  for (j = 0; j < m; j++)
+  lanes acc;
+  lanes_zero(&acc);
+  lanes_dot(&acc, n, m, dr, pr);
+  float sf = (float)lanes_total(&acc);
+  for (int64_t j = 0; j < m; j++)
     dr[j] = pr[j] * (dr[j] - sf);
 }
 
@@ -516,17 +581,18 @@ LP_VEC static lp_status cpu_cross_entropy(const lp_tensor_backend *be,
   for (int64_t r = 0; r < rows; r++) {
     const float *lr = logits + r * v;
     int64_t t = (int64_t)targets[r];
-    float m = lanes_max(v, lr);
-    double acc[LANES] = {0};
+    float m = lanes_max(v, v, lr);
+    lanes acc;
+    lanes_zero(&acc);
     float *g = dl ? dl + r * v : NULL;
     for (int64_t j0 = 0; j0 < v; j0 += CE_BLOCK) {
       int64_t n = v - j0 < CE_BLOCK ? v - j0 : CE_BLOCK;
       float *e = g ? g + j0 : eb;
       for (int64_t j = 0; j < n; j++)
         e[j] = lp_expf(lr[j0 + j] - m);
-      lanes_add(acc, n, e);
+      lanes_sum(&acc, n, n, e);
     }
-    double s = lanes_total(acc);
+    double s = lanes_total(&acc);
     loss[r] = (double)m + log(s) - (double)lr[t];
     if (g) {
       double et = g[t];
