@@ -89,8 +89,7 @@ static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
                           k, 0, p->data, 1),
                 st, fail);
   if (be->causal_softmax_rows) { /* fused: skips the masked triangle */
-    LP_CHECK_GOTO(be->causal_softmax_rows(be, B * H * T, T, p->data, p->data),
-                  st, fail);
+    LP_CHECK_GOTO(be->causal_softmax_rows(be, B * H * T, T, p->data, p->data), st, fail);
   } else {
     LP_CHECK_GOTO(be->causal_mask(be, B * H * T, T, p->data), st, fail);
     LP_CHECK_GOTO(lp_tensor_softmax_rows(p, p), st, fail);
@@ -152,8 +151,7 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   /* dS = P * (dP - rowsum(dP * P)), in place; masked entries have P = 0 */
   LP_CHECK_GOTO((be->causal_softmax_backward_rows
                      ? be->causal_softmax_backward_rows
-                     : be->softmax_backward_rows)(be, B * H * T, T, p->data,
-                                                  ds->data),
+                     : be->softmax_backward_rows)(be, B * H * T, T, p->data, ds->data),
                 st, fail);
   /* dS feeds two GEMMs: rounded once */
   LP_CHECK_GOTO(nn_pack(l->precision, &ds), st, fail);

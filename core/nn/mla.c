@@ -187,8 +187,8 @@ static lp_status mm(const lp_nn_layer *l, const lp_tensor_backend *be,
 /* The rotation table for positions 0..T-1 on backend be: [T, dr], (cos,
  * sin) of the float32 angle t * f_i for each pair, as torch.polar of
  * torch.outer(t, freqs) gives them. */
-static lp_status rope_table_make(const mla_priv *m, int64_t T,
-                                 const lp_tensor_backend *be, lp_tensor **out) {
+static lp_status rope_table_make(const mla_priv *m, int64_t T, const lp_tensor_backend *be,
+                                 lp_tensor **out) {
   int64_t d = m->o.qk_rope_head_dim;
   float *h = lp_malloc(sizeof(float) * (size_t)(T * d));
   if (!h) return LP_ERR_NOMEM;
@@ -207,8 +207,7 @@ static lp_status rope_table_make(const mla_priv *m, int64_t T,
  * entry depends only on its position and pair, so the rows of a longer
  * table are the same bits), made anew only for a longer T or another
  * backend. */
-static lp_status rope_table(mla_priv *m, int64_t T, const lp_tensor_backend *be,
-                            lp_tensor **out) {
+static lp_status rope_table(mla_priv *m, int64_t T, const lp_tensor_backend *be, lp_tensor **out) {
   if (!m->cs || m->cs->shape[0] < T || lp_tensor_backend_of(m->cs) != be) {
     lp_tensor *t = NULL;
     LP_CHECK(rope_table_make(m, T, be, &t));
@@ -370,8 +369,7 @@ static lp_status mla_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   /* dS = P * (dP - rowsum(dP * P)) (in place) */
   LP_CHECK_GOTO((be->causal_softmax_backward_rows
                      ? be->causal_softmax_backward_rows
-                     : be->softmax_backward_rows)(be, B * H * T, T, p,
-                                                  ds->data),
+                     : be->softmax_backward_rows)(be, B * H * T, T, p, ds->data),
                 st, fail);
   /* dq_nope = dS k_nope, dq_pe = dS k_pe, dk_nope = dS^T q_nope (all times
    * the scale); dk_pe = sum over heads of dS_h^T q_pe_h */

@@ -21,11 +21,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    defined(__linux__) && !defined(LP_NO_VEC_CLONES)
-#define LP_VEC                                                          \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3",    \
-                               "default")))
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) &&       \
+    !defined(LP_NO_VEC_CLONES)
+#define LP_VEC __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define LP_VEC
 #endif
@@ -81,13 +79,16 @@ LP_VEC void lp_tensor_cpu_expf(int64_t n, const float *x, float *y) {
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef double v8d __attribute__((vector_size(64)));
-typedef struct f16 { v8f a, b; } f16;  /* floats j..j+7, j+8..j+15 */
-typedef struct lanes { v8d a, b; } lanes; /* lanes 0..7, 8..15 */
+typedef struct f16 {
+  v8f a, b;
+} f16; /* floats j..j+7, j+8..j+15 */
+typedef struct lanes {
+  v8d a, b;
+} lanes; /* lanes 0..7, 8..15 */
 _Static_assert(LANES == 16, "a chunk is two halves of 8 floats");
 
 /* v: the n (<= LANES) floats at p, then pad. */
-LP_INLINE void f16_load(f16 *v, const float *p, int64_t n, int64_t room,
-                        float pad) {
+LP_INLINE void f16_load(f16 *v, const float *p, int64_t n, int64_t room, float pad) {
   if (n >= LANES || room >= LANES) {
     memcpy(&v->a, p, sizeof v->a);
     memcpy(&v->b, p + 8, sizeof v->b);
@@ -106,9 +107,7 @@ LP_INLINE void f16_load(f16 *v, const float *p, int64_t n, int64_t room,
   memcpy(&v->b, t + 8, sizeof v->b);
 }
 
-LP_INLINE void lanes_zero(lanes *l) {
-  memset(l, 0, sizeof *l);
-}
+LP_INLINE void lanes_zero(lanes *l) { memset(l, 0, sizeof *l); }
 
 /* l[k] += (double)x[k] */
 LP_INLINE void lanes_add(lanes *l, const f16 *x) {
@@ -132,8 +131,7 @@ LP_INLINE void lanes_sum(lanes *l, int64_t n, int64_t room, const float *e) {
 }
 
 /* sum_j (double)a[j] * (double)b[j] over j < n into l. */
-LP_INLINE void lanes_dot(lanes *l, int64_t n, int64_t room, const float *a,
-                         const float *b) {
+LP_INLINE void lanes_dot(lanes *l, int64_t n, int64_t room, const float *a, const float *b) {
   f16 x, y;
   for (int64_t j = 0; j < n; j += LANES) {
     f16_load(&x, a + j, n - j, room - j, 0.0f);
@@ -146,8 +144,7 @@ LP_INLINE void lanes_dot(lanes *l, int64_t n, int64_t room, const float *a,
  * 4, 2, 1. */
 LP_INLINE double lanes_total(const lanes *l) {
   v8d s = l->a + l->b;
-  double t0 = s[0] + s[4], t1 = s[1] + s[5], t2 = s[2] + s[6],
-         t3 = s[3] + s[7];
+  double t0 = s[0] + s[4], t1 = s[1] + s[5], t2 = s[2] + s[6], t3 = s[3] + s[7];
   return (t0 + t2) + (t1 + t3);
 }
 
@@ -228,8 +225,7 @@ static lp_status cpu_gemm(const lp_tensor_backend *be, int trans_a, int trans_b,
   return LP_OK;
 }
 
-LP_VEC static lp_status cpu_fill(const lp_tensor_backend *be, int64_t n, float v,
-                          float *x) {
+LP_VEC static lp_status cpu_fill(const lp_tensor_backend *be, int64_t n, float v, float *x) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
     x[i] = v;
@@ -244,15 +240,14 @@ static lp_status cpu_copy(const lp_tensor_backend *be, int64_t n,
 }
 
 LP_VEC static lp_status cpu_axpy(const lp_tensor_backend *be, int64_t n, float alpha,
-                          const float *x, float *y) {
+                                 const float *x, float *y) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
     y[i] += alpha * x[i];
   return LP_OK;
 }
 
-LP_VEC static lp_status cpu_scale(const lp_tensor_backend *be, int64_t n, float alpha,
-                           float *x) {
+LP_VEC static lp_status cpu_scale(const lp_tensor_backend *be, int64_t n, float alpha, float *x) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
     x[i] *= alpha;
@@ -260,7 +255,7 @@ LP_VEC static lp_status cpu_scale(const lp_tensor_backend *be, int64_t n, float 
 }
 
 LP_VEC static lp_status cpu_add(const lp_tensor_backend *be, int64_t n, const float *a,
-                         const float *b, float *out) {
+                                const float *b, float *out) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
     out[i] = a[i] + b[i];
@@ -268,7 +263,7 @@ LP_VEC static lp_status cpu_add(const lp_tensor_backend *be, int64_t n, const fl
 }
 
 LP_VEC static lp_status cpu_mul(const lp_tensor_backend *be, int64_t n, const float *a,
-                         const float *b, float *out) {
+                                const float *b, float *out) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
     out[i] = a[i] * b[i];
@@ -278,8 +273,7 @@ LP_VEC static lp_status cpu_mul(const lp_tensor_backend *be, int64_t n, const fl
 #define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f
 
-LP_VEC static lp_status cpu_act(const lp_tensor_backend *be,
-                                lp_tensor_act_kind kind, int64_t n,
+LP_VEC static lp_status cpu_act(const lp_tensor_backend *be, lp_tensor_act_kind kind, int64_t n,
                                 const float *x, float *y) {
   (void)be;
   switch (kind) {
@@ -301,10 +295,8 @@ LP_VEC static lp_status cpu_act(const lp_tensor_backend *be,
   return LP_ERR_ARG;
 }
 
-LP_VEC static lp_status cpu_act_backward(const lp_tensor_backend *be,
-                                         lp_tensor_act_kind kind, int64_t n,
-                                         const float *x, const float *dy,
-                                         float *dx) {
+LP_VEC static lp_status cpu_act_backward(const lp_tensor_backend *be, lp_tensor_act_kind kind,
+                                         int64_t n, const float *x, const float *dy, float *dx) {
   (void)be;
   switch (kind) {
   case LP_TENSOR_ACT_GELU:
@@ -352,8 +344,7 @@ LP_INLINE void softmax_row(int64_t n, int64_t m, const float *x, float *y) {
     y[j] *= inv;
 }
 
-LP_VEC static lp_status cpu_softmax_rows(const lp_tensor_backend *be,
-                                         int64_t rows, int64_t cols,
+LP_VEC static lp_status cpu_softmax_rows(const lp_tensor_backend *be, int64_t rows, int64_t cols,
                                          const float *x, float *y) {
   (void)be;
   for (int64_t r = 0; r < rows; r++)
@@ -366,9 +357,8 @@ LP_VEC static lp_status cpu_softmax_rows(const lp_tensor_backend *be,
  * then softmax_rows, without the masked triangle's work. The exponentials
  * run up to a multiple of LANES inside the row (entries that are then
  * zeroed: x's values there do not matter). */
-LP_VEC static lp_status cpu_causal_softmax_rows(const lp_tensor_backend *be,
-                                                int64_t rows, int64_t t,
-                                                const float *x, float *y) {
+LP_VEC static lp_status cpu_causal_softmax_rows(const lp_tensor_backend *be, int64_t rows,
+                                                int64_t t, const float *x, float *y) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
     int64_t n = r % t + 1, m = (n + LANES - 1) / LANES * LANES;
@@ -380,9 +370,8 @@ LP_VEC static lp_status cpu_causal_softmax_rows(const lp_tensor_backend *be,
   return LP_OK;
 }
 
-LP_VEC static lp_status cpu_sum_rows(const lp_tensor_backend *be, int64_t rows,
-                              int64_t cols, const float *x, float beta,
-                              float *out) {
+LP_VEC static lp_status cpu_sum_rows(const lp_tensor_backend *be, int64_t rows, int64_t cols,
+                                     const float *x, float beta, float *out) {
   (void)be;
   for (int64_t j = 0; j < cols; j++)
     out[j] = beta == 0.0f ? 0.0f : beta * out[j];
@@ -411,10 +400,9 @@ static lp_status cpu_gather_rows(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
-LP_VEC static lp_status cpu_scatter_add_rows(const lp_tensor_backend *be, int64_t n,
-                                      int64_t cols, const float *x,
-                                      const int64_t *idx, const float *scale,
-                                      float *out) {
+LP_VEC static lp_status cpu_scatter_add_rows(const lp_tensor_backend *be, int64_t n, int64_t cols,
+                                             const float *x, const int64_t *idx, const float *scale,
+                                             float *out) {
   (void)be;
   for (int64_t i = 0; i < n; i++) {
     const float *src = x + i * cols;
@@ -448,9 +436,8 @@ static lp_status cpu_add_rowvec(const lp_tensor_backend *be, int64_t rows,
   return LP_OK;
 }
 
-LP_VEC static lp_status cpu_rmsnorm(const lp_tensor_backend *be, int64_t rows,
-                                    int64_t d, float eps, const float *x,
-                                    const float *w, float *y, float *rstd) {
+LP_VEC static lp_status cpu_rmsnorm(const lp_tensor_backend *be, int64_t rows, int64_t d, float eps,
+                                    const float *x, const float *w, float *y, float *rstd) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * d;
@@ -467,9 +454,9 @@ LP_VEC static lp_status cpu_rmsnorm(const lp_tensor_backend *be, int64_t rows,
   return LP_OK;
 }
 
-LP_VEC static lp_status cpu_rmsnorm_backward(
-    const lp_tensor_backend *be, int64_t rows, int64_t d, const float *x,
-    const float *w, const float *rstd, const float *dy, float *dx, float *gw) {
+LP_VEC static lp_status cpu_rmsnorm_backward(const lp_tensor_backend *be, int64_t rows, int64_t d,
+                                             const float *x, const float *w, const float *rstd,
+                                             const float *dy, float *dx, float *gw) {
   (void)be;
   for (int64_t r = 0; dx && r < rows; r++) {
     const float *xr = x + r * d, *gr = dy + r * d;
@@ -531,8 +518,7 @@ static lp_status cpu_causal_mask(const lp_tensor_backend *be, int64_t rows,
 /* ds = p * (ds - sum_j ds[j] p[j]) over one row of n (sum in double
  * lanes). Entries with p = 0 add exact zeros to the sum. */
 /* (the product runs over m >= n entries; those past n are the caller's) */
-LP_INLINE void softmax_backward_row(int64_t n, int64_t m, const float *pr,
-                                    float *dr) {
+LP_INLINE void softmax_backward_row(int64_t n, int64_t m, const float *pr, float *dr) {
   lanes acc;
   lanes_zero(&acc);
   lanes_dot(&acc, n, m, dr, pr);
@@ -541,9 +527,8 @@ LP_INLINE void softmax_backward_row(int64_t n, int64_t m, const float *pr,
     dr[j] = pr[j] * (dr[j] - sf);
 }
 
-LP_VEC static lp_status cpu_softmax_backward_rows(const lp_tensor_backend *be,
-                                                  int64_t rows, int64_t cols,
-                                                  const float *p, float *ds) {
+LP_VEC static lp_status cpu_softmax_backward_rows(const lp_tensor_backend *be, int64_t rows,
+                                                  int64_t cols, const float *p, float *ds) {
   (void)be;
   for (int64_t r = 0; r < rows; r++)
     softmax_backward_row(cols, cols, p + r * cols, ds + r * cols);
@@ -552,9 +537,8 @@ LP_VEC static lp_status cpu_softmax_backward_rows(const lp_tensor_backend *be,
 
 /* The backward of causal_softmax_rows: row r's first r % t + 1 entries as
  * softmax_backward_rows gives them, zeros after (where p is 0). */
-LP_VEC static lp_status cpu_causal_softmax_backward_rows(
-    const lp_tensor_backend *be, int64_t rows, int64_t t, const float *p,
-    float *ds) {
+LP_VEC static lp_status cpu_causal_softmax_backward_rows(const lp_tensor_backend *be, int64_t rows,
+                                                         int64_t t, const float *p, float *ds) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
     int64_t n = r % t + 1, m = (n + LANES - 1) / LANES * LANES;
@@ -571,10 +555,8 @@ LP_VEC static lp_status cpu_causal_softmax_backward_rows(
  * Without dl the exponentials go through a stack block of CE_BLOCK (a
  * multiple of LANES, so the lanes and the loss are the same bits). */
 #define CE_BLOCK 512
-LP_VEC static lp_status cpu_cross_entropy(const lp_tensor_backend *be,
-                                          int64_t rows, int64_t v,
-                                          const float *logits,
-                                          const float *targets, double gs,
+LP_VEC static lp_status cpu_cross_entropy(const lp_tensor_backend *be, int64_t rows, int64_t v,
+                                          const float *logits, const float *targets, double gs,
                                           double *loss, float *dl) {
   (void)be;
   float eb[CE_BLOCK];
@@ -616,9 +598,8 @@ static lp_status cpu_sq_error(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
-LP_VEC static lp_status cpu_sgd_step(const lp_tensor_backend *be, int64_t n,
-                              double lr, double mu, double wd, float *p,
-                              const float *g, float *m) {
+LP_VEC static lp_status cpu_sgd_step(const lp_tensor_backend *be, int64_t n, double lr, double mu,
+                                     double wd, float *p, const float *g, float *m) {
   (void)be;
   for (int64_t j = 0; j < n; j++) {
     double gj = (double)g[j] + wd * (double)p[j];
@@ -633,11 +614,9 @@ LP_VEC static lp_status cpu_sgd_step(const lp_tensor_backend *be, int64_t n,
  * same bits; p, g, m, v are separate buffers (restrict: no alias checks).
  * sqrt vectorizes because this file is built with -fno-math-errno (it
  * never sets errno here: v >= 0). */
-LP_VEC static lp_status cpu_adamw_step(const lp_tensor_backend *be, int64_t n,
-                                       double lr, double b1, double b2,
-                                       double eps, double decay, double bc1,
-                                       double bc2, float *restrict p,
-                                       const float *restrict g,
+LP_VEC static lp_status cpu_adamw_step(const lp_tensor_backend *be, int64_t n, double lr, double b1,
+                                       double b2, double eps, double decay, double bc1, double bc2,
+                                       float *restrict p, const float *restrict g,
                                        float *restrict m, float *restrict v) {
   (void)be;
   for (int64_t j = 0; j < n; j++) {

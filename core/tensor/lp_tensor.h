@@ -175,10 +175,9 @@ struct lp_tensor_backend {
    * softmax_rows give, to the bit. Its backward in place: ds = p * (ds -
    * sum_{j<=i} ds[j] p[j]) on the first i + 1 entries, zeros after. NULL:
    * callers run causal_mask + softmax_rows (softmax_backward_rows). */
-  lp_status (*causal_softmax_rows)(const lp_tensor_backend *be, int64_t rows,
-                                   int64_t t, const float *x, float *y);
-  lp_status (*causal_softmax_backward_rows)(const lp_tensor_backend *be,
-                                            int64_t rows, int64_t t,
+  lp_status (*causal_softmax_rows)(const lp_tensor_backend *be, int64_t rows, int64_t t,
+                                   const float *x, float *y);
+  lp_status (*causal_softmax_backward_rows)(const lp_tensor_backend *be, int64_t rows, int64_t t,
                                             const float *p, float *ds);
 
   /* Mixed-precision GEMM, as gemm but with every element of A and B

@@ -86,18 +86,17 @@ static void test_expf_accuracy(void **state) {
       }
     }
   }
-  printf("# lp_expf: %lld inputs, worst %.3f ulp at %.9g\n", (long long)count,
-         worst, (double)worst_x);
+  printf("# lp_expf: %lld inputs, worst %.3f ulp at %.9g\n", (long long)count, worst,
+         (double)worst_x);
   assert_true(count > 2200000000 / STEP);
   assert_true(worst <= 2.0);
 }
 
 static void test_expf_specials(void **state) {
   (void)state;
-  float x[] = {0.0f,       -0.0f,     1.0f,   -1.0f,     INFINITY, -INFINITY,
-               NAN,        88.72f,    88.73f, 89.0f,     100.0f,   1e30f,
-               -87.33f,    -103.0f,   -103.9f, -104.0f,  -200.0f,  -1e30f,
-               1e-30f,     -1e-30f};
+  float x[] = {0.0f,    -0.0f,   1.0f,    -1.0f,  INFINITY, -INFINITY, NAN,
+               88.72f,  88.73f,  89.0f,   100.0f, 1e30f,    -87.33f,   -103.0f,
+               -103.9f, -104.0f, -200.0f, -1e30f, 1e-30f,   -1e-30f};
   enum { N = sizeof x / sizeof x[0] };
   float y[N];
   lp_tensor_cpu_expf(N, x, y);
@@ -159,9 +158,8 @@ static void test_elementwise_equal_alone(void **state) {
 }
 
 /* AdamW as lp_tensor.h states it, per element in double. */
-static void adamw_ref(int64_t n, double lr, double b1, double b2, double eps,
-                      double decay, double bc1, double bc2, float *p,
-                      const float *g, float *m, float *v) {
+static void adamw_ref(int64_t n, double lr, double b1, double b2, double eps, double decay,
+                      double bc1, double bc2, float *p, const float *g, float *m, float *v) {
   for (int64_t j = 0; j < n; j++) {
     double gj = g[j];
     double pj = (double)p[j] * decay;
@@ -185,13 +183,12 @@ static void test_adamw_matches_double_formula(void **state) {
   for (int step = 1; step <= 3; step++) {
     double bc1 = 1 - pow(0.9, step), bc2 = 1 - pow(0.95, step);
     double decay = 1 - 1e-3 * 0.1;
-    assert_int_equal(be->adamw_step(be, N, 1e-3, 0.9, 0.95, 1e-8, decay, bc1,
-                                    bc2, p, g, m, v),
+    assert_int_equal(be->adamw_step(be, N, 1e-3, 0.9, 0.95, 1e-8, decay, bc1, bc2, p, g, m, v),
                      LP_OK);
     adamw_ref(N, 1e-3, 0.9, 0.95, 1e-8, decay, bc1, bc2, p2, g, m2, v2);
     for (int j = 0; j < N; j++) /* one element at a time: the scalar tail */
-      assert_int_equal(be->adamw_step(be, 1, 1e-3, 0.9, 0.95, 1e-8, decay,
-                                      bc1, bc2, p3 + j, g + j, m3 + j, v3 + j),
+      assert_int_equal(be->adamw_step(be, 1, 1e-3, 0.9, 0.95, 1e-8, decay, bc1, bc2, p3 + j, g + j,
+                                      m3 + j, v3 + j),
                        LP_OK);
     for (int j = 0; j < N; j++) {
       assert_true(same_bits(p[j], p2[j]) && same_bits(p[j], p3[j]));
@@ -223,8 +220,10 @@ static void test_softmax_rows_and_backward(void **state) {
     for (int64_t r = 0; r < rows; r++) {
       const float *xr = x + r * c;
       double mx = -INFINITY, s = 0.0, dot = 0.0;
-      for (int64_t j = 0; j < c; j++) mx = fmax(mx, xr[j]);
-      for (int64_t j = 0; j < c; j++) s += exp(xr[j] - mx);
+      for (int64_t j = 0; j < c; j++)
+        mx = fmax(mx, xr[j]);
+      for (int64_t j = 0; j < c; j++)
+        s += exp(xr[j] - mx);
       for (int64_t j = 0; j < c; j++)
         dot += (double)d0[r * c + j] * (exp(xr[j] - mx) / s);
       for (int64_t j = 0; j < c; j++) {
@@ -239,7 +238,8 @@ static void test_softmax_rows_and_backward(void **state) {
   /* a fully masked row is zeros; NaN spreads */
   float x[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, y[4];
   assert_int_equal(be->softmax_rows(be, 1, 4, x, y), LP_OK);
-  for (int j = 0; j < 4; j++) assert_true(same_bits(y[j], 0.0f));
+  for (int j = 0; j < 4; j++)
+    assert_true(same_bits(y[j], 0.0f));
   x[2] = NAN, x[0] = 1.0f;
   assert_int_equal(be->softmax_rows(be, 1, 4, x, y), LP_OK);
   assert_true(isnan(y[2]) && isnan(y[0]));
@@ -280,7 +280,8 @@ static void test_cross_entropy_against_double(void **state) {
     int64_t v = widths[w], rows = 4;
     float *l = vec(rows * v, 40 + (uint64_t)w, -15, 15);
     float tg[4];
-    for (int r = 0; r < 4; r++) tg[r] = (float)((r * 7 + 3) % v);
+    for (int r = 0; r < 4; r++)
+      tg[r] = (float)((r * 7 + 3) % v);
     double loss[4], loss2[4];
     float *dl = malloc(sizeof(float) * (size_t)(rows * v));
     assert_int_equal(be->cross_entropy(be, rows, v, l, tg, 0.5, loss, dl), LP_OK);
@@ -289,8 +290,10 @@ static void test_cross_entropy_against_double(void **state) {
       const float *lr = l + r * v;
       assert_true(loss[r] == loss2[r]); /* with or without the gradient */
       double m = -INFINITY, s = 0.0;
-      for (int64_t j = 0; j < v; j++) m = fmax(m, lr[j]);
-      for (int64_t j = 0; j < v; j++) s += exp(lr[j] - m);
+      for (int64_t j = 0; j < v; j++)
+        m = fmax(m, lr[j]);
+      for (int64_t j = 0; j < v; j++)
+        s += exp(lr[j] - m);
       int64_t t = (int64_t)tg[r];
       double ref = m + log(s) - lr[t];
       assert_true(fabs(loss[r] - ref) <= 1e-6 * fabs(ref) + 1e-9);
@@ -314,15 +317,16 @@ static void test_rmsnorm_against_double(void **state) {
     float *dx = malloc(sizeof(float) * (size_t)(rows * d));
     float *gw = calloc((size_t)d, sizeof(float)), rstd[3];
     assert_int_equal(be->rmsnorm(be, rows, d, 1e-6f, x, wt, y, rstd), LP_OK);
-    assert_int_equal(be->rmsnorm_backward(be, rows, d, x, wt, rstd, dy, dx, gw),
-                     LP_OK);
+    assert_int_equal(be->rmsnorm_backward(be, rows, d, x, wt, rstd, dy, dx, gw), LP_OK);
     for (int64_t r = 0; r < rows; r++) {
       const float *xr = x + r * d, *gr = dy + r * d;
       double ss = 0.0, mm = 0.0;
-      for (int64_t c = 0; c < d; c++) ss += (double)xr[c] * xr[c];
+      for (int64_t c = 0; c < d; c++)
+        ss += (double)xr[c] * xr[c];
       double rs = 1.0 / sqrt(ss / (double)d + 1e-6);
       assert_true(fabs(rstd[r] - rs) <= 1e-6 * rs);
-      for (int64_t c = 0; c < d; c++) mm += (double)gr[c] * wt[c] * xr[c] * rs;
+      for (int64_t c = 0; c < d; c++)
+        mm += (double)gr[c] * wt[c] * xr[c] * rs;
       mm /= (double)d;
       for (int64_t c = 0; c < d; c++) {
         double yr = xr[c] * rs * wt[c];

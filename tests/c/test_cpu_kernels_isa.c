@@ -45,9 +45,7 @@ static float *dup(const float *x, int64_t n) {
   return y;
 }
 
-static void same(const void *a, const void *b, size_t bytes) {
-  assert_memory_equal(a, b, bytes);
-}
+static void same(const void *a, const void *b, size_t bytes) { assert_memory_equal(a, b, bytes); }
 
 static const int64_t lens[] = {1, 7, 16, 17, 31, 64, 100, 1000, 3072};
 enum { NL = sizeof lens / sizeof lens[0] };
@@ -90,7 +88,8 @@ static void test_rows(void **state) {
     same(da, db, sizeof(float) * (size_t)n);
     /* cross-entropy: loss and gradient */
     float tg[5];
-    for (int r = 0; r < 5; r++) tg[r] = (float)((r * 13 + 1) % c);
+    for (int r = 0; r < 5; r++)
+      tg[r] = (float)((r * 13 + 1) % c);
     double la[5], lb[5];
     assert_int_equal(v->cross_entropy(v, rows, c, x, tg, 0.25, la, da), LP_OK);
     assert_int_equal(g->cross_entropy(g, rows, c, x, tg, 0.25, lb, db), LP_OK);
@@ -138,10 +137,10 @@ static void test_optimizers_and_elementwise(void **state) {
     float *p = vec(n, 30, -1, 1), *gr = vec(n, 31, -0.1f, 0.1f);
     float *m = vec(n, 32, -0.01f, 0.01f), *s = vec(n, 33, 0, 1e-4f);
     float *p2 = dup(p, n), *m2 = dup(m, n), *s2 = dup(s, n);
-    assert_int_equal(v->adamw_step(v, n, 1e-3, 0.9, 0.95, 1e-8, 0.9999, 0.1,
-                                   0.05, p, gr, m, s), LP_OK);
-    assert_int_equal(g->adamw_step(g, n, 1e-3, 0.9, 0.95, 1e-8, 0.9999, 0.1,
-                                   0.05, p2, gr, m2, s2), LP_OK);
+    assert_int_equal(v->adamw_step(v, n, 1e-3, 0.9, 0.95, 1e-8, 0.9999, 0.1, 0.05, p, gr, m, s),
+                     LP_OK);
+    assert_int_equal(g->adamw_step(g, n, 1e-3, 0.9, 0.95, 1e-8, 0.9999, 0.1, 0.05, p2, gr, m2, s2),
+                     LP_OK);
     same(p, p2, sizeof(float) * (size_t)n);
     same(m, m2, sizeof(float) * (size_t)n);
     same(s, s2, sizeof(float) * (size_t)n);
