@@ -610,15 +610,20 @@ LP_VEC static lp_status cpu_sgd_step(const lp_tensor_backend *be, int64_t n, dou
   return LP_OK;
 }
 
-/* The same operations in the same order as the loop it replaced, so the
- * same bits; p, g, m, v are separate buffers (restrict: no alias checks).
- * sqrt vectorizes because this file is built with -fno-math-errno (it
- * never sets errno here: v >= 0). */
+/* The formula of lp_tensor.h in double, with the two bias corrections as
+ * multiplications by their reciprocals (one division and a sqrt per
+ * element instead of three and a sqrt: the loop was bound by them). The
+ * double results differ from the divisions' by an ulp of a double, so the
+ * float results are the same but for the rare one at a rounding boundary
+ * (tests/c/test_cpu_kernels.c counts them). p, g, m, v are separate
+ * buffers (restrict: no alias checks); sqrt vectorizes because this file
+ * is built with -fno-math-errno (it never sets errno here: v >= 0). */
 LP_VEC static lp_status cpu_adamw_step(const lp_tensor_backend *be, int64_t n, double lr, double b1,
                                        double b2, double eps, double decay, double bc1, double bc2,
                                        float *restrict p, const float *restrict g,
                                        float *restrict m, float *restrict v) {
   (void)be;
+  double ibc1 = 1.0 / bc1, ibc2 = 1.0 / bc2;
   for (int64_t j = 0; j < n; j++) {
     double gj = g[j];
     double pj = (double)p[j] * decay;
@@ -626,8 +631,8 @@ LP_VEC static lp_status cpu_adamw_step(const lp_tensor_backend *be, int64_t n, d
     float vj = (float)(b2 * (double)v[j] + (1.0 - b2) * gj * gj);
     m[j] = mj;
     v[j] = vj;
-    double den = sqrt((double)vj / bc2) + eps;
-    p[j] = (float)(pj - lr * ((double)mj / bc1) / den);
+    double den = sqrt((double)vj * ibc2) + eps;
+    p[j] = (float)(pj - lr * ((double)mj * ibc1) / den);
   }
   return LP_OK;
 }

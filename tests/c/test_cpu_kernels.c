@@ -2,7 +2,7 @@
  * against libm's (in double) over the whole float range, specials
  * included; every element-wise kernel equal to itself one element at a
  * time (the vector body and the scalar tail give the same bits, so a
- * shard of a tensor computes what the whole does); AdamW equal to the
+ * shard of a tensor computes what the whole does); AdamW against the
  * scalar double formula; softmax, its backward, cross-entropy and RMSNorm
  * against double references; the fused causal softmax equal to mask +
  * softmax to the bit. */
@@ -170,19 +170,25 @@ static void adamw_ref(int64_t n, double lr, double b1, double b2, double eps, do
   }
 }
 
+/* Each step from the same state: the backend's p within one float ulp of
+ * the formula's (its double results differ by an ulp of a double: only a
+ * float at a rounding boundary may differ), m and v to the bit, and one
+ * element at a time (the scalar tail) to the bit of the whole. */
 static void test_adamw_matches_double_formula(void **state) {
   (void)state;
   const lp_tensor_backend *be = cpu();
-  enum { N = 2051 };
+  enum { N = 200003 };
+  size_t B = N * sizeof(float);
   float *p = vec(N, 3, -1, 1), *g = vec(N, 4, -0.1f, 0.1f);
   float *m = vec(N, 5, -0.01f, 0.01f), *v = vec(N, 6, 0, 1e-4f);
-  float *p2 = malloc(N * 4), *m2 = malloc(N * 4), *v2 = malloc(N * 4);
-  float *p3 = malloc(N * 4), *m3 = malloc(N * 4), *v3 = malloc(N * 4);
-  memcpy(p2, p, N * 4), memcpy(m2, m, N * 4), memcpy(v2, v, N * 4);
-  memcpy(p3, p, N * 4), memcpy(m3, m, N * 4), memcpy(v3, v, N * 4);
+  float *p2 = malloc(B), *m2 = malloc(B), *v2 = malloc(B);
+  float *p3 = malloc(B), *m3 = malloc(B), *v3 = malloc(B);
+  long differ = 0;
   for (int step = 1; step <= 3; step++) {
     double bc1 = 1 - pow(0.9, step), bc2 = 1 - pow(0.95, step);
     double decay = 1 - 1e-3 * 0.1;
+    memcpy(p2, p, B), memcpy(m2, m, B), memcpy(v2, v, B);
+    memcpy(p3, p, B), memcpy(m3, m, B), memcpy(v3, v, B);
     assert_int_equal(be->adamw_step(be, N, 1e-3, 0.9, 0.95, 1e-8, decay, bc1, bc2, p, g, m, v),
                      LP_OK);
     adamw_ref(N, 1e-3, 0.9, 0.95, 1e-8, decay, bc1, bc2, p2, g, m2, v2);
@@ -191,11 +197,17 @@ static void test_adamw_matches_double_formula(void **state) {
                                       m3 + j, v3 + j),
                        LP_OK);
     for (int j = 0; j < N; j++) {
-      assert_true(same_bits(p[j], p2[j]) && same_bits(p[j], p3[j]));
-      assert_true(same_bits(m[j], m2[j]) && same_bits(m[j], m3[j]));
-      assert_true(same_bits(v[j], v2[j]) && same_bits(v[j], v3[j]));
+      assert_true(same_bits(p[j], p3[j]) && same_bits(m[j], m3[j]) && same_bits(v[j], v3[j]));
+      assert_true(same_bits(m[j], m2[j]) && same_bits(v[j], v2[j]));
+      if (!same_bits(p[j], p2[j])) {
+        differ++;
+        assert_true(fabsf(p[j] - p2[j]) <= nextafterf(fabsf(p2[j]), INFINITY) - fabsf(p2[j]));
+      }
     }
   }
+  printf("# adamw: %ld of %d parameters one float ulp from the divisions' result\n", differ,
+         3 * N);
+  assert_true(differ <= 3 * N / 10000);
   free(p), free(g), free(m), free(v);
   free(p2), free(m2), free(v2), free(p3), free(m3), free(v3);
 }
