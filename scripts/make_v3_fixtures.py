@@ -15,6 +15,9 @@ the logits of every position, the mean cross-entropy over every position, the
 autograd gradient of every trained parameter, and five torch.optim.AdamW steps
 on the same batch (the five losses and the parameters after). It refuses a
 seed where a router decision is within MARGIN of a tie and tries the next one.
+The case v3_sparse (many experts, few tokens) wants experts that get no
+token in some AdamW step after getting some before: torch gives them grad
+None and AdamW leaves them alone (no decay, no moment update, no step).
 Same inputs, same torch: the same bytes (one thread, fixed seeds).
 """
 
@@ -102,6 +105,19 @@ HF_FP8 = dict(
     beta_fast=32, beta_slow=1, mscale=1.0,
 )
 
+# Many experts, few tokens: in every AdamW step most experts get no token,
+# and some that had tokens in an earlier step get none (AdamW skips them
+# with their moments set). A larger lr moves the routing between steps.
+V3_SPARSE = dict(
+    vocab_size=64, dim=32, inter_dim=48, moe_inter_dim=8,
+    n_layers=3, n_dense_layers=1, n_heads=2,
+    n_routed_experts=32, n_shared_experts=1, n_activated_experts=2,
+    n_expert_groups=4, n_limited_groups=2, score_func="sigmoid", route_scale=2.5,
+    q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+    max_seq_len=16, original_seq_len=4096, rope_theta=10000.0, rope_factor=40.0,
+    beta_fast=32, beta_slow=1, mscale=1.0,
+)
+
 CASES = {
     "v3_f32": dict(args=V3_F32, layout="deepseek", store="f32", bias=True,
                    batch=2, seqlen=8, seed=1000),
@@ -109,6 +125,8 @@ CASES = {
                         batch=2, seqlen=8, seed=2000),
     "hf_fp8": dict(args=HF_FP8, layout="hf", store="fp8", bias=True,
                    batch=2, seqlen=10, seed=3000, mtp=1, shards=2),
+    "v3_sparse": dict(args=V3_SPARSE, layout="deepseek", store="f32", bias=True,
+                      batch=2, seqlen=4, seed=4000, sparse=True, adamw=dict(lr=1e-2)),
 }
 
 # ---------------------------------------------------------------------------
@@ -418,6 +436,7 @@ class MarginWatch:
     def __init__(self, model, mod):
         self.margin = math.inf
         self.min_tokens = math.inf
+        self.counts = []        # per gate call (step-major, layer-minor): tokens per expert
         self.handles = [layer.ffn.gate.register_forward_hook(self.hook)
                         for layer in model.layers if isinstance(layer.ffn, mod.MoE)]
 
@@ -429,6 +448,7 @@ class MarginWatch:
         self.margin = min(self.margin, route_margin(gate, x))
         counts = torch.bincount(out[1].flatten(), minlength=gate.weight.size(0))
         self.min_tokens = min(self.min_tokens, counts.min().item())
+        self.counts.append(counts.tolist())
         if self.calls < len(self.handles):   # the first forward: what bias and groups decide
             chosen = out[1].sort(dim=-1)[0]
             for what in ("bias", "groups"):
@@ -471,12 +491,14 @@ def run_case(mod, name, case, seed):
         last = model(tokens)
     watch = MarginWatch(model, mod)
     trained = [(n, p) for n, p in named if p.requires_grad]
-    opt = torch.optim.AdamW([p for _, p in trained], foreach=False, **ADAMW)
+    adamw = dict(ADAMW, **case.get("adamw", {}))
+    init = {n: p.detach().clone() for n, p in trained}
+    opt = torch.optim.AdamW([p for _, p in trained], foreach=False, **adamw)
     losses, grads = [], {}
     for step in range(ADAMW_STEPS):
         opt.zero_grad(set_to_none=True)
         logits = forward_all(model, tokens)
-        if watch.min_tokens == 0:
+        if watch.min_tokens == 0 and not case.get("sparse"):
             watch.close()
             return f"an expert gets no token at AdamW step {step + 1}"
         loss = loss_of(logits, targets)
@@ -484,7 +506,9 @@ def run_case(mod, name, case, seed):
         losses.append(loss.item())
         if step == 0:
             ref_logits, ref_loss = logits.detach().clone(), loss.detach().clone()
-            grads = {n: p.grad.detach().clone() for n, p in trained}
+            # (an expert without tokens: grad None, written as zeros)
+            grads = {n: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                     for n, p in trained}
             dlast = (ref_logits[:, -1] - last).abs().max().item()
             if dlast > 1e-5 * ref_logits.abs().max().item():
                 sys.exit(f"make_v3_fixtures: {name}: full-sequence forward disagrees with "
@@ -494,9 +518,43 @@ def run_case(mod, name, case, seed):
     if watch.margin < MARGIN:
         return f"a router decision within {watch.margin:.3g} of a tie"
     after = {n: p.detach().clone() for n, p in trained}
-    missing = [n for n, p in trained if n not in grads or grads[n] is None]
-    assert not missing, missing
-    return dict(args=args, files=files, mtp_files=mtp_files, tokens=tokens, targets=targets,
+    sparse = {}
+    if case.get("sparse"):
+        # (layer, expert, step) with no token after tokens in an earlier step
+        nmoe = len(watch.handles)
+        per = [watch.counts[k * nmoe:(k + 1) * nmoe] for k in range(ADAMW_STEPS)]
+        resumed = skipped = idle = 0
+        for li in range(nmoe):
+            for x in range(len(per[0][li])):
+                used = [per[k][li][x] > 0 for k in range(ADAMW_STEPS)]
+                skipped += sum(1 for k in range(ADAMW_STEPS) if not used[k] and any(used[:k]))
+                resumed += sum(1 for k in range(ADAMW_STEPS)
+                               if used[k] and any(not u for u in used[:k]) and any(used[:k]))
+                idle += sum(1 for u in used if not u)
+        if skipped == 0:
+            return "no expert loses its tokens after having some"
+        # the same five steps with every missing gradient taken as zero (what
+        # an optimizer that ignored grad None would do): how far that lands
+        with torch.no_grad():
+            for n, p in trained:
+                p.copy_(init[n])
+        opt0 = torch.optim.AdamW([p for _, p in trained], foreach=False, **adamw)
+        for step in range(ADAMW_STEPS):
+            opt0.zero_grad(set_to_none=True)
+            loss_of(forward_all(model, tokens), targets).backward()
+            for _, p in trained:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            opt0.step()
+        zero_grad_off = max(((p.detach() - after[n]).norm() / after[n].norm()).item()
+                            for n, p in trained)
+        sparse = dict(expert_steps_without_tokens=idle, skipped_after_tokens=skipped,
+                      resumed_after_skip=resumed, zero_grad_instead_rel_l2=f"{zero_grad_off:.6g}",
+                      tokens_per_step=json.dumps(per))
+    else:
+        missing = [n for n, p in trained if n not in grads or grads[n] is None]
+        assert not missing, missing
+    return dict(sparse=sparse, adamw=adamw,args=args, files=files, mtp_files=mtp_files, tokens=tokens, targets=targets,
                 logits=ref_logits, loss=ref_loss, grads=grads, losses=losses, after=after,
                 margin=watch.margin, changed=watch.changed, untrained=[n for n, p in named if not p.requires_grad])
 
@@ -566,6 +624,8 @@ def write_case(out, name, case, r, seed, meta):
     md.update(case=name, seed=str(seed), route_margin=f"{r['margin']:.6g}",
               tokens_routed_otherwise_without=json.dumps(r["changed"], sort_keys=True),
               loss=f"{r['loss'].item():.9g}", untrained=",".join(rename(n) for n in r["untrained"]))
+    if r["sparse"]:
+        md.update(r["sparse"], adamw=json.dumps(r["adamw"]))
     # one metadata key: safetensors keeps metadata in a hash map, whose order
     # would change the bytes from run to run
     save_file(ref, os.path.join(d, "ref.safetensors"),

@@ -14,7 +14,10 @@
 #include <unistd.h>
 
 #define CK_MAGIC "LPIPECKP"
-#define CK_VERSION 2u /* 2: EP size, expert placements, router biases */
+#define CK_VERSION 3u /* 2: EP size, expert placements, router biases;
+                       * 3: per-parameter optimizer steps (experts no
+                       * token reached were not updated) */
+#define CK_VERSION_MIN 2u /* read too: every parameter took every step */
 #define CK_BOM 0x01020304u
 #define CK_NAME_MAX 1024
 
@@ -171,6 +174,20 @@ static lp_status save_body(void *ud, wr *w, char *err) {
     put_i64(w, (int64_t)sn);
     put(w, state, sn * sizeof(float));
     lp_free(state);
+    /* version 3: the steps that updated each parameter of the optimizer */
+    size_t on = lp_nn_optim_count(o);
+    int64_t *ts = lp_malloc((on ? on : 1) * sizeof *ts);
+    st = ts ? lp_nn_optim_param_steps(o, ts, on) : LP_ERR_NOMEM;
+    if (st == LP_OK) {
+      put_u32(w, (uint32_t)on);
+      for (size_t j = 0; j < on; j++) put_i64(w, ts[j]);
+    }
+    lp_free(ts);
+    if (st != LP_OK) {
+      lp_errf(err, "reading the optimizer's step counts of stage %d: %s",
+              lp_exec_vstage_id(e, i), lp_strerror(st));
+      return st;
+    }
   }
   uint64_t h = w->h;
   put(w, &h, sizeof h);
@@ -262,6 +279,7 @@ static void add_diff(char *dst, size_t cap, const char *fmt, const char *a, cons
 
 typedef struct load_ctx {
   lp_exec *e;
+  uint32_t version; /* of the file */
   const char *path;
   char *msg;      /* LP_ERRLEN */
   size_t max_sn;  /* largest optimizer state (found by the check pass) */
@@ -344,9 +362,35 @@ static lp_status stages_pass(load_ctx *c, rd *r, int nloc, int apply) {
     }
     const void *q = take(r, (size_t)sn * sizeof(float));
     if (!q) goto corrupt;
+    /* version 3: per-parameter steps (version 2: all osteps) */
+    const unsigned char *tsq = NULL;
+    size_t on = lp_nn_optim_count(o);
+    if (c->version >= 3) {
+      uint32_t n = get_u32(r);
+      if (r->bad) goto corrupt;
+      if (n != on) {
+        lp_errf(c->msg, "checkpoint %s does not match this run: the optimizer of model stage %d "
+                "has %u parameters in the checkpoint, %zu in this run", c->path, stage, n, on);
+        return LP_ERR_INVALID;
+      }
+      tsq = take(r, (size_t)n * sizeof(int64_t));
+      if (!tsq) goto corrupt;
+      for (uint32_t j = 0; j < n; j++) {
+        int64_t t;
+        memcpy(&t, tsq + (size_t)j * sizeof t, sizeof t);
+        if (t < 0 || t > osteps) goto corrupt;
+      }
+    }
     if (apply) {
       if (sn) memcpy(c->scratch, q, (size_t)sn * sizeof(float));
       lp_status st = lp_nn_optim_state_import(o, c->scratch, (size_t)sn, osteps);
+      if (st == LP_OK && tsq) {
+        int64_t *ts = lp_malloc((on ? on : 1) * sizeof *ts);
+        st = ts ? LP_OK : LP_ERR_NOMEM;
+        if (ts && on) memcpy(ts, tsq, on * sizeof *ts);
+        if (st == LP_OK) st = lp_nn_optim_set_param_steps(o, ts, on);
+        lp_free(ts);
+      }
       if (st != LP_OK) {
         lp_errf(c->msg, "checkpoint %s: importing the optimizer state of model stage %d: %s",
                 c->path, stage, lp_strerror(st));
@@ -465,12 +509,13 @@ static lp_status load_file(load_ctx *c, unsigned char *data, size_t size, int64_
     lp_errf(c->msg, "checkpoint %s was written on a machine with another byte order", c->path);
     return LP_ERR_PARSE;
   }
-  if (version != CK_VERSION) {
-    lp_errf(c->msg, "checkpoint %s has format version %u; this luapipe reads version %u%s",
-            c->path, version, CK_VERSION, version == 1 ? " (version 1 has no expert placements "
-            "or router biases: resume it with the luapipe that wrote it)" : "");
+  if (version < CK_VERSION_MIN || version > CK_VERSION) {
+    lp_errf(c->msg, "checkpoint %s has format version %u; this luapipe reads versions %u to %u%s",
+            c->path, version, CK_VERSION_MIN, CK_VERSION, version == 1 ? " (version 1 has no "
+            "expert placements or router biases: resume it with the luapipe that wrote it)" : "");
     return LP_ERR_PARSE;
   }
+  c->version = version;
   uint64_t want, got = fnv1a(FNV_START, data, size - 8);
   memcpy(&want, data + size - 8, 8);
   if (want != got) {
@@ -639,7 +684,7 @@ lp_status lp_exec_checkpoint_load(lp_exec *e, const char *dir, int64_t *step) {
     st = LP_ERR_IO;
     goto out;
   }
-  load_ctx c = {e, path, msg, 0, NULL, ""};
+  load_ctx c = {e, 0, path, msg, 0, NULL, ""};
   st = load_file(&c, data, size, step);
 out:
   if (f) fclose(f);

@@ -6,7 +6,9 @@
  * rank holding a stage (router bias). It owns the grid (set at
  * construction), e->xc (ex_xchg: the exchanges in flight and the step's
  * all-to-all accounting, in one place) and e->moe (ex_moe: the device
- * contexts, the lp_nn_ep, the expert-load sums). */
+ * contexts, the lp_nn_ep, the expert-load sums). A bf16 model's token
+ * rows on the host travel as bf16 bits (a2a_pack): what they carry is
+ * bf16 already, or only ever enters a bf16 GEMM (lossless). */
 #include "exec_internal.h"
 #include "lp_comm_gpu.h"
 
@@ -108,6 +110,62 @@ int ex_world(const lp_exec *e, int p) { return p * e->dp + e->dp_rank; }
 
 /* ---- the EP exchange ---- */
 
+static void a2a_free(a2a *h) {
+  lp_free(h->displs);
+  lp_free(h->wsend);
+  lp_free(h->wrecv);
+  lp_free(h->counts);
+  lp_free(h);
+}
+
+/* bf16 rows: packs send (pieces of send_counts[r] floats, in rank order)
+ * into h->wsend as bf16 bits, (c + 1) / 2 floats a piece, and makes
+ * h->wrecv for the pieces that arrive; *sc / *rc become the packed counts
+ * (h->counts holds the caller's counts, then the packed ones). */
+static lp_status a2a_pack(lp_exec *e, a2a *h, const float *send, const size_t *send_counts,
+                          float *recv, const size_t *recv_counts, const size_t **sc,
+                          const size_t **rc) {
+  int E = e->ep;
+  h->counts = lp_malloc(4 * (size_t)E * sizeof *h->counts);
+  if (!h->counts) return LP_ERR_NOMEM;
+  size_t sw = 0, rw = 0;
+  for (int r = 0; r < E; r++) {
+    h->counts[r] = send_counts[r];
+    h->counts[E + r] = recv_counts[r];
+    h->counts[2 * E + r] = (send_counts[r] + 1) / 2;
+    h->counts[3 * E + r] = (recv_counts[r] + 1) / 2;
+    sw += h->counts[2 * E + r];
+    rw += h->counts[3 * E + r];
+  }
+  h->wsend = lp_malloc(sw * sizeof(float) + 1);
+  h->wrecv = lp_malloc(rw * sizeof(float) + 1);
+  if (!h->wsend || !h->wrecv) return LP_ERR_NOMEM;
+  size_t so = 0, wo = 0;
+  for (int r = 0; r < E; r++) {
+    uint16_t *w = (uint16_t *)(void *)(h->wsend + wo);
+    lp_tensor_bf16_pack(send + so, send_counts[r], w);
+    if (send_counts[r] % 2) w[send_counts[r]] = 0;
+    so += send_counts[r];
+    wo += h->counts[2 * E + r];
+  }
+  h->recv = recv;
+  *sc = h->counts + 2 * E;
+  *rc = h->counts + 3 * E;
+  return LP_OK;
+}
+
+/* The packed pieces that arrived, into the caller's receive buffer. */
+static void a2a_unpack(const lp_exec *e, a2a *h) {
+  int E = e->ep;
+  size_t ro = 0, wo = 0;
+  for (int r = 0; r < E; r++) {
+    lp_tensor_bf16_unpack((const uint16_t *)(const void *)(h->wrecv + wo), h->counts[E + r],
+                          h->recv + ro);
+    ro += h->counts[E + r];
+    wo += h->counts[3 * E + r];
+  }
+}
+
 static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
                           const size_t *send_counts, float *recv, const size_t *recv_counts,
                           void **handle) {
@@ -119,6 +177,17 @@ static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
   if (!h->displs) {
     lp_free(h);
     return LP_ERR_NOMEM;
+  }
+  /* bf16 token rows on the host: as bf16 bits (not the count exchange) */
+  if (e->msg.bf16 && !xi->be && xi->kind != LP_NN_X_DISPATCH_COUNT) {
+    lp_status pst = a2a_pack(e, h, send, send_counts, recv, recv_counts, &send_counts,
+                             &recv_counts);
+    if (pst != LP_OK) {
+      a2a_free(h);
+      return pst;
+    }
+    send = h->wsend;
+    recv = h->wrecv;
   }
   size_t so = 0, ro = 0, out = 0, in = 0;
   for (int r = 0; r < E; r++) {
@@ -150,6 +219,7 @@ static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
     x[EX_X_IN] += 4.0 * (double)in;
     x[EX_X_MAX] += 4.0 * (double)(out > in ? out : in);
   }
+  e->xc.bytes += 4.0 * (double)out;
   h->start = lp_now();
   h->blocked0 = e->xc.blocked + e->tm.wait;
   lp_status st = lp_comm_ialltoallv(h->comm, send, send_counts, h->displs, recv, recv_counts,
@@ -157,8 +227,7 @@ static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d: starting an all-to-all-v of the EP group: %s", e->rank,
             lp_comm_last_error(h->comm));
-    lp_free(h->displs);
-    lp_free(h);
+    a2a_free(h);
     return st;
   }
   e->xc.half_x[h->half] = h;
@@ -167,7 +236,7 @@ static lp_status ep_start(void *ud, const lp_nn_xinfo *xi, const float *send,
 }
 
 void ex_xchg_reset(lp_exec *e) {
-  e->xc.s = e->xc.blocked = e->xc.hidden = e->xc.link = 0;
+  e->xc.s = e->xc.blocked = e->xc.hidden = e->xc.link = e->xc.bytes = 0;
   e->xc.n = 0;
 }
 
@@ -210,8 +279,7 @@ static lp_status ep_wait(void *ud, void *handle) {
   if (e->fail.st) { /* a communication failed before: drop, do not wait */
     lp_comm_cancel(h->comm, &h->req); /* (backends copy the counts and
                                        * displacements at the start) */
-    lp_free(h->displs);
-    lp_free(h);
+    a2a_free(h);
     return e->fail.st;
   }
   double tw = lp_now();
@@ -222,10 +290,10 @@ static lp_status ep_wait(void *ud, void *handle) {
   if (st != LP_OK) {
     ex_comm_fail(e, h->comm, st, w);
     lp_comm_cancel(h->comm, &h->req);
-    lp_free(h->displs);
-    lp_free(h);
+    a2a_free(h);
     return st;
   }
+  if (h->wrecv) a2a_unpack(e, h);
   /* found finished by an overlapped pair's poll (ex_half_ready): while the
    * rank waited for both halves, it ended then (that wait is already
    * counted as blocked); after compute, like any exchange found done */
@@ -265,8 +333,7 @@ static lp_status ep_wait(void *ud, void *handle) {
     snprintf(name, sizeof name, "all-to-all wait: %s", k);
     ex_trace_add(e, LP_TRACE_SEND, name, "a2a", tw, t1, h->v, h->mb, e->cur, -1, -1);
   }
-  lp_free(h->displs);
-  lp_free(h);
+  a2a_free(h);
   return st;
 }
 
@@ -514,7 +581,7 @@ lp_status ex_moe_loads_new(lp_exec *e) {
   return LP_OK;
 }
 
-lp_status ex_moe_bias_update(lp_exec *e) {
+lp_status ex_moe_loads_sum(lp_exec *e) {
   if (!e->moe.total) return LP_OK;
   memset(e->moe.counts, 0, e->moe.total * sizeof *e->moe.counts);
   int64_t *c = NULL;
@@ -547,6 +614,16 @@ lp_status ex_moe_bias_update(lp_exec *e) {
       goto done;
     }
   }
+done:
+  lp_free(c);
+  return st;
+}
+
+lp_status ex_moe_bias_update(lp_exec *e) {
+  if (!e->moe.total) return LP_OK;
+  int64_t *c = NULL;
+  size_t cap = 0;
+  lp_status st = LP_OK;
   for (int li = 0; li < e->nloc; li++) {
     vst *vs = &e->vs[li];
     size_t off = e->moe.off[vs->stage];
@@ -554,6 +631,12 @@ lp_status ex_moe_bias_update(lp_exec *e) {
     for (int i = 0; i < nm; i++) {
       lp_nn_layer *m = lp_nn_moe_find(vs->chunk, i);
       size_t E = (size_t)lp_nn_moe_get_opts(m)->experts;
+      if (E > cap) {
+        int64_t *nc = lp_realloc(c, E * sizeof *c);
+        if (!nc) { st = LP_ERR_NOMEM; goto done; }
+        c = nc;
+        cap = E;
+      }
       for (size_t x = 0; x < E; x++) c[x] = (int64_t)(e->moe.counts[off + x] + 0.5);
       LP_CHECK_GOTO(lp_nn_moe_update_bias(m, c), st, done);
       lp_nn_moe_load_reset(m);

@@ -176,6 +176,7 @@ static lp_status f_finish(lp_exec *e, half *h, lp_tensor *y) {
     e->loss_sum += l;
     sl->bin = dy;
   } else {
+    LP_CHECK_GOTO(ex_round_boundary(e, &y), st, out);
     int nv = e->route[mb][k + 1];
     if (e->vrank[nv] == e->prank) {
       e->vs[e->loc[nv]].slots[mb].fin = y;
@@ -232,6 +233,9 @@ static lp_status b_finish(lp_exec *e, half *h, lp_tensor *dx) {
   int k = e->kpos[li][mb];
   slot *sl = &vs->slots[mb];
   lp_status st = LP_OK;
+  /* a stage boundary's gradient is bf16 before the weight-grad reads what
+   * may share it (as in a chunk, where the next layer's pass comes first) */
+  if (k > 0 && dx) LP_CHECK_GOTO(ex_round_boundary(e, &dx), st, out);
   if (h->type == LP_ACT_B && !h->keep_w) {
     st = ex_dp_weight_grad(e, vs, sl->ctx);
     if (st != LP_OK) { ex_nnfail(e, sl, "weight-grad", st); goto out; }
@@ -544,6 +548,7 @@ lp_status lp_exec_new(const lp_schedule *s, const lp_exec_opts *opts, lp_exec **
   }
   LP_CHECK_GOTO(ex_moe_loads_new(e), st, fail);
   LP_CHECK_GOTO(ex_pcomm_new(e), st, fail);
+  LP_CHECK_GOTO(ex_msg_setup(e), st, fail);
   e->acts = lp_schedule_actions(e->s, e->prank, &e->nacts);
   e->compute_idx = lp_malloc((size_t)(e->nacts + 1) * sizeof(int));
   if (!e->compute_idx) { st = LP_ERR_NOMEM; goto fail; }
@@ -562,8 +567,8 @@ fail:
 }
 
 static void clear_slot(lp_exec *e, slot *sl) {
-  ex_recv_drop(e, &sl->rreq_f, &sl->rbuf_f);
-  ex_recv_drop(e, &sl->rreq_b, &sl->rbuf_b);
+  ex_recv_drop(e, &sl->rreq_f, &sl->rbuf_f, &sl->rwire_f);
+  ex_recv_drop(e, &sl->rreq_b, &sl->rbuf_b, &sl->rwire_b);
   lp_tensor_free(sl->fin);
   lp_tensor_free(sl->bin);
   lp_tensor_free(sl->fout);
@@ -782,8 +787,11 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
     if (e->ep > 1 || e->moe.layers > 0) LP_CHECK_GOTO(ex_ep_reduce(e), st, fail);
     if (e->o.zero) LP_CHECK_GOTO(ex_dp_finish(e), st, fail);
     LP_CHECK_GOTO(ex_clip(e), st, fail);
+    /* the loads first: an expert no rank routed a token to has no
+     * gradient, and its optimizer step leaves it alone (nograd.c) */
+    LP_CHECK_GOTO(ex_moe_loads_sum(e), st, fail);
     to = lp_now();
-    for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(lp_nn_optim_step(e->vs[li].optim), st, fail);
+    for (int li = 0; li < e->nloc; li++) LP_CHECK_GOTO(ex_optim_step(e, li), st, fail);
     t_opt = lp_now();
     t_step = t_opt - to;
     LP_CHECK_GOTO(ex_dp_gather(e), st, fail);
@@ -807,6 +815,7 @@ lp_status lp_exec_step(lp_exec *e, int64_t step, double *loss) {
       }
     t_opt = lp_now();
   }
+  /* (without MoE layers here: no loads, no masks) */
   ex_reduce_reset(e);
   ex_dp_reset(e);
   /* summing reduced grads */

@@ -67,6 +67,8 @@ typedef struct slot {
   lp_tensor *rbuf_f, *rbuf_b; /* receive targets (on the model's backend)
                                * while a receive is pending */
   lp_comm_req *rreq_f, *rreq_b;
+  uint16_t *rwire_f, *rwire_b; /* bf16 wire: where a pending receive lands
+                                * (unpacked into rbuf_* when it completes) */
   lp_tensor *fout, *bout; /* outputs waiting for SEND_F / SEND_B */
 } slot;
 
@@ -134,6 +136,7 @@ typedef struct vst {
 typedef struct pending_send {
   lp_comm_req *req;
   lp_tensor *t;  /* kept alive until the send completes */
+  uint16_t *wire; /* bf16 wire: the packed values sent (owned), else NULL */
   double posted; /* lp_now() of the isend */
   int v, mb, fwd, index; /* what it carries, for its trace slice */
   int peer, tag;
@@ -162,6 +165,11 @@ typedef struct a2a {
   double blocked0;        /* the rank's blocked time (a2a + messages) at start */
   double done_at;   /* > 0: lp_now() when ex_half_ready found it finished */
   int found_waiting; /* ... while the rank polled for it (else: after compute) */
+  /* bf16 rows (token rows of a bf16 model on the host): what travels is
+   * their bf16 bits, two to a float; unpacked into recv at the wait */
+  float *wsend, *wrecv; /* packed send and receive buffers (owned) */
+  float *recv;          /* the caller's receive buffer */
+  size_t *counts;       /* [2 * ep]: the caller's send then receive counts */
 } a2a;
 
 /* The executor's rooms: each part of struct lp_exec below that one file
@@ -182,6 +190,7 @@ typedef struct ex_xchg {
   a2a *half_x[2]; /* NULL: none */
   double s, blocked, hidden, link;
   int64_t n;
+  double bytes; /* bytes sent to the other EP ranks this step */
 } ex_xchg;
 
 /* ep.c: what MoE layers get of the EP group, and the step-end sum of
@@ -240,6 +249,12 @@ typedef struct ex_msg {
   int posted;     /* RECV actions with index < posted are posted */
   pending_send *ps; /* [nps] sends in flight, oldest first (room for cps) */
   int nps, cps;
+  /* the values between model stages are bf16 (the chunks' boundary
+   * precision, lp_nn_chunk_boundary): rounded where a stage's output or
+   * input-grad is made (ex_round_boundary), and on host tensors carried
+   * as bf16 bits (wire16: two bytes a value, lossless) */
+  int bf16, wire16;
+  double bytes; /* bytes this rank sent between pipeline stages this step */
 } ex_msg;
 
 /* reduce.c (with vst.rd): the step's gradient reductions */
@@ -399,8 +414,18 @@ void ex_msg_reset(lp_exec *e);
 void ex_sends_drop(lp_exec *e);
 /* Frees msg.c's part (after ex_sends_drop and every slot's receives). */
 void ex_msg_free(lp_exec *e);
-/* Drops a pending receive of a slot (cancel, free its target). */
-void ex_recv_drop(lp_exec *e, lp_comm_req **req, lp_tensor **buf);
+/* Drops a pending receive of a slot (cancel, free its target and its
+ * bf16 landing buffer). */
+void ex_recv_drop(lp_exec *e, lp_comm_req **req, lp_tensor **buf, uint16_t **wire);
+/* After the chunks are built: the precision of the values between model
+ * stages (every local chunk's boundary precision; LP_ERR_ARG when they
+ * differ) and whether messages carry them as bf16 bits (host tensors). */
+lp_status ex_msg_setup(lp_exec *e);
+/* A stage output (forward) or input-grad (backward) that crosses a model
+ * stage boundary: rounded to bf16 values in place when the boundary is
+ * bf16 (as a chunk rounds between its layers), before anything else reads
+ * it; nothing at f32. */
+lp_status ex_round_boundary(lp_exec *e, lp_tensor **t);
 /* The input of a first stage (data source) on e->be; replaces *t. */
 lp_status ex_to_backend(lp_exec *e, lp_tensor **t);
 /* Past a backlog of sends (SEND_BACKLOG), drops the finished ones; nothing
@@ -486,7 +511,18 @@ lp_status ex_shard(lp_exec *e, lp_tensor **t, const char *what, int mb);
 /* Step end: dense grads summed over the EP group, replicated experts' grads
  * summed over their holders; router biases from the loads of all ranks. */
 lp_status ex_ep_reduce(lp_exec *e);
+/* The step's expert loads of every rank summed into e->moe.counts
+ * (collective over the world; before the optimizer: nograd.c's masks),
+ * then the router biases from them (loads reset). */
+lp_status ex_moe_loads_sum(lp_exec *e);
 lp_status ex_moe_bias_update(lp_exec *e);
+
+/* ---- nograd.c ---- */
+/* The optimizer step of local vstage li, leaving alone the routed experts
+ * no rank routed a token to in this step (e->moe.counts, summed by
+ * ex_moe_loads_sum), as torch does with a grad of None. Without MoE layers,
+ * or under ZeRO-1 (whose expert shard mixes experts), a plain step. */
+lp_status ex_optim_step(lp_exec *e, int li);
 
 /* ---- dp.c ---- */
 /* Buckets of local vstage vs (after its chunk is built, before its

@@ -196,6 +196,10 @@ typedef struct lp_exec_timing {
   /* step end before the optimizer: summing the copies of replicated stages
    * and the EP group's gradients, waits excluded (part of compute) */
   double reduce;
+  /* bytes this rank sent: activations and gradients to other pipeline
+   * ranks (bf16 between stages: 2 a value, else 4), and MoE token rows to
+   * the other EP ranks (the all-to-alls' pieces for other ranks) */
+  double msg_bytes, a2a_bytes;
 } lp_exec_timing;
 
 /* Compute action kinds of lp_exec_action_time, in this order: the
@@ -402,6 +406,10 @@ int lp_exec_host_share(const lp_exec *e, int *cores);
  * stage when this rank holds a copy of it that is stored more than once
  * (DualPipe), else 0. LP_ERR_ARG for a stage out of range. */
 lp_status lp_exec_message_floats(const lp_exec *e, int stage, size_t *act, size_t *grad);
+/* The precision of the values between model stages (the chunks' boundary
+ * precision, lp_nn_chunk_boundary) and *value_bytes (optional), the bytes
+ * a value takes in a message: 2 for bf16 values of host tensors, else 4. */
+lp_tensor_precision lp_exec_wire(const lp_exec *e, int *value_bytes);
 int lp_exec_vstage_id(const lp_exec *e, int i);
 int lp_exec_vstage_stage(const lp_exec *e, int i);
 lp_nn_layer *lp_exec_vstage_chunk(const lp_exec *e, int i);
@@ -482,9 +490,13 @@ lp_status lp_exec_trace_clear(lp_exec *e);
  * stage its MoE layers (experts, slots per rank, the placement in force as
  * phys_to_log, the router bias); then per local virtual stage its id, model
  * stage, optimizer step count, parameter names and shapes, parameter values
- * and optimizer state (floats, native byte order); an FNV-1a 64 checksum of
- * everything before it at the end (format version 2; version 1 files, which
- * have no MoE records, are refused naming both versions). A DualPipe rank
+ * and optimizer state (floats, native byte order), the steps that updated
+ * each parameter of the optimizer (count, then int64s: an expert no token
+ * reached in a step was not updated); an FNV-1a 64 checksum of everything
+ * before it at the end (format version 3; version 2 files, without the
+ * per-parameter steps, are read as every parameter taking every step;
+ * version 1 files, which have no MoE records, are refused naming the
+ * versions read). A DualPipe rank
  * saves each of its copies. Loading restores each MoE layer's placement
  * (lp_exec_restore_placement) before it checks and reads the parameters, so
  * slot parameters land in their slots, and sets the router biases last.

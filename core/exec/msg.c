@@ -8,8 +8,14 @@
  * actions earlier, never later, and waited for only by the F, B or I that
  * consumes it (ex_finish_recv); a SEND never waits: the non-blocking model
  * lp_schedule_validate proves deadlock-free (LP_SENDS_NONBLOCKING).
+ * At a bf16 stage boundary (the chunks' boundary precision) the values
+ * that cross are rounded to bf16 where they are made (ex_round_boundary,
+ * as a chunk rounds between its layers, so the one-process model gives
+ * the same numbers) and host tensors travel as bf16 bits: two bytes a
+ * value, packed two to a float of the comm's buffers, lossless.
  * It owns e->msg (ex_msg): that context, the receives posted ahead, the
- * sends in flight; the waits' time goes to timing.c (ex_time_wait). */
+ * sends in flight, the step's bytes sent; the waits' time goes to
+ * timing.c (ex_time_wait). */
 #include "exec_internal.h"
 
 #include "lp_comm_gpu.h"
@@ -51,6 +57,45 @@ static void send_done(lp_exec *e, pending_send *p, double end) {
   }
   lp_tensor_free(p->t);
   p->t = NULL;
+  lp_free(p->wire);
+  p->wire = NULL;
+}
+
+/* Floats of the comm's buffer that carry n values: n, or n bf16 values
+ * two to a float (the last half-float of an odd count unused). */
+static size_t wire_floats(const lp_exec *e, size_t n) {
+  return e->msg.wire16 ? (n + 1) / 2 : n;
+}
+
+lp_status ex_msg_setup(lp_exec *e) {
+  int bf16 = -1;
+  for (int i = 0; i < e->nloc; i++) {
+    if (!e->vs[i].chunk) continue;
+    int b = lp_nn_chunk_boundary(e->vs[i].chunk) == LP_TENSOR_BF16;
+    if (bf16 >= 0 && b != bf16) {
+      lp_errf(e->err, "rank %d: its model stages disagree on the precision between layers "
+              "(f32 and bf16): build every stage at one precision", e->rank);
+      return LP_ERR_ARG;
+    }
+    bf16 = b;
+  }
+  e->msg.bf16 = bf16 == 1;
+  e->msg.wire16 = e->msg.bf16 && e->be->host_accessible;
+  return LP_OK;
+}
+
+lp_tensor_precision lp_exec_wire(const lp_exec *e, int *value_bytes) {
+  if (value_bytes) *value_bytes = e->msg.wire16 ? 2 : 4;
+  return e->msg.bf16 ? LP_TENSOR_BF16 : LP_TENSOR_F32;
+}
+
+lp_status ex_round_boundary(lp_exec *e, lp_tensor **t) {
+  if (!e->msg.bf16 || !*t) return LP_OK;
+  lp_status st = lp_tensor_round_bf16(t);
+  if (st != LP_OK)
+    lp_errf(e->err, "rank %d: rounding a stage boundary's values to bf16 failed (%s)", e->rank,
+            lp_strerror(st));
+  return st;
 }
 
 /* Waits for *req under the watchdog; a failure is returned (ex_comm_fail). */
@@ -81,12 +126,16 @@ lp_status ex_pcomm_new(lp_exec *e) {
   return st;
 }
 
-void ex_msg_reset(lp_exec *e) { e->msg.posted = 0; }
+void ex_msg_reset(lp_exec *e) {
+  e->msg.posted = 0;
+  e->msg.bytes = 0;
+}
 
 void ex_sends_drop(lp_exec *e) {
   for (int i = 0; i < e->msg.nps; i++) {
     lp_comm_cancel(e->msg.pcomm, &e->msg.ps[i].req);
     lp_tensor_free(e->msg.ps[i].t);
+    lp_free(e->msg.ps[i].wire);
   }
   e->msg.nps = 0;
 }
@@ -100,10 +149,12 @@ void ex_msg_free(lp_exec *e) {
   e->msg.pcomm_own = 0;
 }
 
-void ex_recv_drop(lp_exec *e, lp_comm_req **req, lp_tensor **buf) {
+void ex_recv_drop(lp_exec *e, lp_comm_req **req, lp_tensor **buf, uint16_t **wire) {
   if (*req) lp_comm_cancel(e->msg.pcomm, req);
   lp_tensor_free(*buf);
   *buf = NULL;
+  lp_free(*wire);
+  *wire = NULL;
 }
 
 lp_status ex_to_backend(lp_exec *e, lp_tensor **t) {
@@ -189,6 +240,7 @@ static lp_status post_recv(lp_exec *e, const lp_action *a) {
   size_t n = e->numel[st_in];
   lp_tensor **buf = fwd ? &sl->rbuf_f : &sl->rbuf_b;
   lp_comm_req **req = fwd ? &sl->rreq_f : &sl->rreq_b;
+  uint16_t **wire = fwd ? &sl->rwire_f : &sl->rwire_b;
   if (*req || *buf) {
     lp_errf(e->err, "rank %d: receive for %s of micro-batch %d on stage %d posted twice",
             e->rank, fwd ? "forward" : "backward", mb, v);
@@ -196,13 +248,25 @@ static lp_status post_recv(lp_exec *e, const lp_action *a) {
   }
   /* the message lands in a tensor of the model's backend (no copy after) */
   LP_CHECK(lp_tensor_empty(e->be, e->ndim[st_in], e->shape[st_in], buf));
-  lp_status st = lp_comm_irecv(e->msg.pcomm, (*buf)->data, n, e->vrank[peer_v],
+  float *land = (*buf)->data;
+  if (e->msg.wire16) { /* bf16 bits land here, unpacked by ex_finish_recv */
+    *wire = lp_malloc(wire_floats(e, n) * sizeof(float) + 1);
+    if (!*wire) {
+      lp_tensor_free(*buf);
+      *buf = NULL;
+      return LP_ERR_NOMEM;
+    }
+    land = (float *)(void *)*wire;
+  }
+  lp_status st = lp_comm_irecv(e->msg.pcomm, land, wire_floats(e, n), e->vrank[peer_v],
                                ex_tag(e, fwd ? K_F : K_B, v, mb), req);
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d: posting a receive: %s", e->rank,
             lp_comm_last_error(e->msg.pcomm));
     lp_tensor_free(*buf);
     *buf = NULL;
+    lp_free(*wire);
+    *wire = NULL;
   }
   return st;
 }
@@ -245,6 +309,12 @@ lp_status ex_finish_recv(lp_exec *e, int fwd, int v, int mb, int stin,
   ex_trace_add(e, LP_TRACE_RECV, name, "comm", t0, t1, v, mb, e->cur, peer,
                ex_tag(e, fwd ? K_F : K_B, v, mb));
   (void)stin; /* the shape was set when the receive was posted */
+  uint16_t **wire = fwd ? &sl->rwire_f : &sl->rwire_b;
+  if (*wire) {
+    lp_tensor_bf16_unpack(*wire, (size_t)lp_tensor_numel(*buf), (*buf)->data);
+    lp_free(*wire);
+    *wire = NULL;
+  }
   *out = *buf;
   *buf = NULL;
   return LP_OK;
@@ -270,18 +340,35 @@ lp_status ex_send(lp_exec *e, const lp_action *a) {
     lp_tensor_free(*t);
     *t = d;
   }
-  lp_status st = lp_comm_isend(e->msg.pcomm, (*t)->data, (size_t)lp_tensor_numel(*t),
-                               e->vrank[u], ex_tag(e, fwd ? K_F : K_B, u, mb), &req);
+  size_t n = (size_t)lp_tensor_numel(*t);
+  const float *from = (*t)->data;
+  uint16_t *wire = NULL;
+  if (e->msg.wire16) { /* bf16 values already (ex_round_boundary): their bits */
+    wire = lp_calloc(wire_floats(e, n) * 2 + 1, sizeof *wire);
+    if (!wire) return LP_ERR_NOMEM;
+    lp_tensor_bf16_pack((*t)->data, n, wire);
+    from = (const float *)(const void *)wire;
+  }
+  size_t nf = wire_floats(e, n);
+  lp_status st = lp_comm_isend(e->msg.pcomm, from, nf, e->vrank[u],
+                               ex_tag(e, fwd ? K_F : K_B, u, mb), &req);
   if (st != LP_OK) {
     lp_errf(e->err, "rank %d, action %d (%s): %s", e->rank, e->cur,
             ex_act_text(e, e->cur, tx, sizeof tx), lp_comm_last_error(e->msg.pcomm));
+    lp_free(wire);
     return st;
   }
-  pending_send ps = {req, *t, lp_now(), v, mb, fwd, e->cur, ex_world(e, e->vrank[u]),
+  e->msg.bytes += 4.0 * (double)nf;
+  if (wire) { /* the bits travel from wire: the tensor is done with */
+    lp_tensor_free(*t);
+    *t = NULL;
+  }
+  pending_send ps = {req, *t, wire, lp_now(), v, mb, fwd, e->cur, ex_world(e, e->vrank[u]),
                      ex_tag(e, fwd ? K_F : K_B, u, mb)};
   st = push_send(e, &ps);
   if (st != LP_OK) {
     lp_comm_cancel(e->msg.pcomm, &req);
+    lp_free(wire);
     return st;
   }
   *t = NULL;

@@ -10,7 +10,9 @@
 #include <string.h>
 
 /* One logical expert's numbers: values of w1, w3, w2 then, per optimizer
- * state part (k of them: SGD momentum; AdamW m, v), the same three. */
+ * state part (k of them: SGD momentum; AdamW m, v), the same three, then
+ * the steps that updated it (lp_nn_optim_param_steps; one float, exact up
+ * to 2^24 steps: an expert no token reached in a step was not updated). */
 typedef struct expert_pack {
   int expert;
   float *data;
@@ -32,11 +34,11 @@ static int layer_stage(const lp_exec *e, int layer, int *idx) {
   return -1;
 }
 
-/* Floats of one expert in a pack (values and k state parts). */
+/* Floats of one expert in a pack (values, k state parts, its steps). */
 static size_t pack_numel(const lp_nn_param *sp, int k) {
   size_t q = 0;
   for (int j = 0; j < 3; j++) q += (size_t)lp_tensor_numel(sp[j].value);
-  return q * (size_t)(1 + k);
+  return q * (size_t)(1 + k) + 1;
 }
 
 /* Moves one MoE layer m of vstage vs to (spr, p2l). */
@@ -49,6 +51,7 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
   int *src = lp_malloc((size_t)E * sizeof *src);       /* lowest old holder */
   expert_pack *have = lp_calloc((size_t)E, sizeof *have); /* by expert */
   float *state = NULL, *nstate = NULL;
+  int64_t *ots = NULL, *nts = NULL; /* per-parameter steps, old and new list */
   lp_nn_param_role *roles = NULL;
   lp_nn_optim *no = NULL;
   lp_status st = LP_OK;
@@ -72,6 +75,9 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
   state = lp_malloc((sn ? sn : 1) * sizeof *state);
   if (!state) { st = LP_ERR_NOMEM; goto done; }
   LP_CHECK_GOTO(lp_nn_optim_state_export(vs->optim, state, sn, &steps), st, done);
+  ots = lp_malloc((np ? np : 1) * sizeof *ots);
+  if (!ots) { st = LP_ERR_NOMEM; goto done; }
+  LP_CHECK_GOTO(lp_nn_optim_param_steps(vs->optim, ots, np), st, done);
   /* this rank's experts (first slot of each), packed */
   const lp_nn_param *sp;
   int nsp;
@@ -97,6 +103,9 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
         memcpy(d, state + (size_t)part * tot + off, c * sizeof(float));
         d += c;
       }
+    size_t w1 = 0; /* its steps: w1's (w1, w3, w2 are skipped together) */
+    while (w1 < np && p[w1].value != sp[0].value) w1++;
+    *d = w1 < np ? (float)ots[w1] : (float)steps;
   }
   /* exchange: rank d needs expert x when a new slot of d holds x that d
    * did not hold; the lowest old holder sends it (tag = new slot). */
@@ -190,9 +199,10 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
   tot = 0;
   for (size_t i = 0; i < np; i++) tot += (size_t)lp_tensor_numel(p[i].value);
   nstate = lp_calloc((size_t)k * tot + 1, sizeof *nstate);
+  nts = lp_malloc((np ? np : 1) * sizeof *nts);
   lp_free(roles);
   roles = lp_malloc((np ? np : 1) * sizeof *roles);
-  if (!nstate || !roles) { st = LP_ERR_NOMEM; goto cleanup; }
+  if (!nstate || !nts || !roles) { st = LP_ERR_NOMEM; goto cleanup; }
   LP_CHECK_GOTO(lp_nn_param_roles(vs->chunk, roles, np), st, cleanup);
   for (size_t i = 0, off = 0; i < np; i++) {
     size_t c = (size_t)lp_tensor_numel(p[i].value);
@@ -220,6 +230,7 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
       for (int part = 0; part < k; part++)
         memcpy(nstate + (size_t)part * tot + off, d + vq * (size_t)(1 + part) + before,
                c * sizeof(float));
+      nts[i] = (int64_t)d[vq * (size_t)(1 + k)];
     } else {
       size_t oi = 0;
       while (oi < onp && oval[oi] != p[i].value) oi++;
@@ -232,6 +243,7 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
       for (int part = 0; part < k; part++)
         memcpy(nstate + (size_t)part * tot + off, dense + (size_t)part * otot + ooff[oi],
                c * sizeof(float));
+      nts[i] = ots[oi];
     }
     off += c;
   }
@@ -239,6 +251,7 @@ static lp_status move_layer(lp_exec *e, vst *vs, int mi, int spr, const int *p2l
   st = e->o.optim == LP_NN_OPTIM_ADAMW ? lp_nn_optim_adamw_new(p, np, &e->o.adamw, &no)
                                         : lp_nn_optim_sgd_new(p, np, &e->o.sgd, &no);
   if (st == LP_OK) st = lp_nn_optim_state_import(no, nstate, (size_t)k * tot, steps);
+  if (st == LP_OK) st = lp_nn_optim_set_param_steps(no, nts, np);
   if (st != LP_OK) {
     vs->optim = old; /* over the old list: the executor is unusable now (documented) */
     lp_nn_optim_free(no);
@@ -260,6 +273,8 @@ done:
   lp_free(src);
   lp_free(state);
   lp_free(nstate);
+  lp_free(ots);
+  lp_free(nts);
   lp_free(roles);
   if (st != LP_OK && !*e->err)
     lp_errf(e->err, "rank %d: applying a new expert placement failed (%s)", e->rank,

@@ -95,21 +95,35 @@ lp_status lp_exec_reference_step_clip(lp_nn_layer *model, lp_nn_optim *optim,
     LP_CHECK(clip_grads(model, clip, &n));
     if (gnorm) *gnorm = n;
   }
-  st = lp_nn_optim_step(optim);
-  if (st != LP_OK) return st;
+  /* this step's expert loads: an expert no token reached has no
+   * gradient (grad None in torch), and the optimizer leaves it alone */
+  int nm = lp_nn_moe_count(model);
+  size_t nl = 0, np = 0;
+  lp_nn_params(model, &np);
+  for (int i = 0; i < nm; i++) nl += (size_t)lp_nn_moe_get_opts(lp_nn_moe_find(model, i))->experts;
+  int64_t *loads = lp_malloc((nl ? nl : 1) * sizeof *loads);
+  unsigned char *skip = lp_malloc(np ? np : 1);
+  st = loads && skip ? LP_OK : LP_ERR_NOMEM;
+  for (int i = 0, off = 0; i < nm && st == LP_OK; i++) {
+    lp_nn_layer *m = lp_nn_moe_find(model, i);
+    st = lp_nn_moe_expert_load(m, loads + off);
+    off += lp_nn_moe_get_opts(m)->experts;
+  }
+  /* (an optimizer over another list than the model's: no mask) */
+  int masked = nm > 0 && lp_nn_optim_count(optim) == np;
+  if (st == LP_OK && masked) st = lp_nn_unrouted_mask(model, loads, skip, np);
+  if (st == LP_OK) st = lp_nn_optim_step_masked(optim, masked ? skip : NULL);
   /* MoE router biases from this step's expert loads (as the executor does
    * with the loads summed over the ranks) */
-  for (int i = 0; i < lp_nn_moe_count(model); i++) {
+  for (int i = 0, off = 0; i < nm && st == LP_OK; i++) {
     lp_nn_layer *m = lp_nn_moe_find(model, i);
-    int E = lp_nn_moe_get_opts(m)->experts;
-    int64_t *c = lp_malloc((size_t)E * sizeof *c);
-    if (!c) return LP_ERR_NOMEM;
-    st = lp_nn_moe_expert_load(m, c);
-    if (st == LP_OK) st = lp_nn_moe_update_bias(m, c);
-    lp_free(c);
-    if (st != LP_OK) return st;
+    st = lp_nn_moe_update_bias(m, loads + off);
     lp_nn_moe_load_reset(m);
+    off += lp_nn_moe_get_opts(m)->experts;
   }
+  lp_free(loads);
+  lp_free(skip);
+  if (st != LP_OK) return st;
   if (loss) *loss = sum / M;
   return LP_OK;
 }

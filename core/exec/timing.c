@@ -214,6 +214,8 @@ static void timing_add(lp_exec_timing *t, const lp_exec_timing *a) {
   t->a2a_hidden += a->a2a_hidden;
   t->a2a_link += a->a2a_link;
   t->reduce += a->reduce;
+  t->msg_bytes += a->msg_bytes;
+  t->a2a_bytes += a->a2a_bytes;
 }
 
 void ex_timing_commit(lp_exec *e, double wall) {
@@ -232,6 +234,8 @@ void ex_timing_commit(lp_exec *e, double wall) {
   l->a2a_hidden = e->xc.hidden;
   l->a2a_link = e->xc.link;
   l->reduce = e->tm.reduce;
+  l->msg_bytes = e->msg.bytes;
+  l->a2a_bytes = e->xc.bytes;
   timing_add(&e->tm.total, l);
   size_t nk = (size_t)LP_EXEC_NKINDS * e->S;
   for (size_t i = 0; i < nk; i++) {

@@ -415,6 +415,8 @@ static void push_timing(lua_State *L, const lp_exec_timing *t) {
   lb_set_number(L, "a2a_hidden", t->a2a_hidden);
   lb_set_number(L, "a2a_link", t->a2a_link);
   lb_set_number(L, "reduce", t->reduce);
+  lb_set_number(L, "msg_bytes", t->msg_bytes);
+  lb_set_number(L, "a2a_bytes", t->a2a_bytes);
 }
 
 /* exec:timing() -> wall_s, busy_s, {steps=1, wall=, compute=, wait=, post=,
@@ -693,6 +695,15 @@ static int lb_exec_message_floats(lua_State *L) {
   return 2;
 }
 
+/* exec:wire() -> "f32" | "bf16", bytes a value takes in a message
+ * (lp_exec_wire) */
+static int lb_exec_wire(lua_State *L) {
+  int vb = 4;
+  lua_pushstring(L, lp_tensor_precision_name(lp_exec_wire(check_exec(L, 1)->e, &vb)));
+  lua_pushinteger(L, vb);
+  return 2;
+}
+
 /* exec:vstages() -> {{id=, stage=, layer=Layer}, ...} (layers shared) */
 static int lb_exec_vstages(lua_State *L) {
   exec_box *b = check_exec(L, 1);
@@ -893,6 +904,7 @@ void lb_open_exec(lua_State *L) {
                                      {"dp_stats", lb_exec_dp_stats},
                                      {"host_share", lb_exec_host_share},
                                      {"message_floats", lb_exec_message_floats},
+                                     {"wire", lb_exec_wire},
                                      {"expert_loads", lb_exec_expert_loads},
                                      {"set_placement", lb_exec_set_placement},
                                      {"run_half", lb_exec_run_half},

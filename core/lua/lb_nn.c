@@ -465,10 +465,16 @@ static int lb_nn_layer(lua_State *L) {
   return 1;
 }
 
-/* core.nn_chunk(name, {Layer, ...}) -> Layer */
+/* core.nn_chunk(name, {Layer, ...} [, boundary "f32" | "bf16"]) -> Layer
+ * (boundary: lp_nn_chunk_set_boundary) */
 static int lb_nn_chunk(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
+  const char *bd = luaL_optstring(L, 3, "f32");
+  lp_tensor_precision bprec;
+  if (!lp_tensor_precision_parse(bd, &bprec))
+    return luaL_argerror(
+        L, 3, lua_pushfstring(L, "boundary must be \"f32\" or \"bf16\", got \"%s\"", bd));
   int n = (int)luaL_len(L, 2);
   luaL_argcheck(L, n >= 1, 2, "a chunk needs at least one layer");
   lp_nn_layer **ls = lua_newuserdatauv(L, (size_t)n * sizeof *ls, 0); /* scratch */
@@ -479,6 +485,7 @@ static int lb_nn_chunk(lua_State *L) {
   }
   layer_box *b = new_layer_box(L);
   if (lp_nn_chunk_new(name, ls, (size_t)n, &b->l) != LP_OK) return luaL_error(L, "out of memory");
+  lp_nn_chunk_set_boundary(b->l, bprec); /* a chunk, a known precision: cannot fail */
   return 1;
 }
 

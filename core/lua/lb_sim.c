@@ -10,6 +10,7 @@
 #include "lb_internal.h"
 #include "lp_lua.h"
 #include "lp_sim.h"
+#include "lp_tensor.h"
 #include "lp_trace.h"
 
 #define LB_SIMRESULT "luapipe.SimResult"
@@ -156,6 +157,18 @@ static void read_link(lua_State *L, int idx, lp_sim_cost *c) {
   }
   lua_pop(L, 1);
   get_time(L, idx, "bytes", &c->message_bytes, "simulate");
+  /* the activation's size by dtype: values = values in one activation,
+   * precision = "f32" (4 bytes a value) or "bf16" (2) */
+  get_time(L, idx, "values", &c->act_values, "simulate");
+  if (lua_getfield(L, idx, "precision") != LUA_TNIL) {
+    const char *p = lua_tostring(L, -1);
+    lp_tensor_precision prec;
+    if (lua_type(L, -1) != LUA_TSTRING || !lp_tensor_precision_parse(p, &prec))
+      luaL_error(L, "simulate: precision must be \"f32\" or \"bf16\", got %s",
+                 luaL_tolstring(L, -1, NULL));
+    c->value_bytes = prec == LP_TENSOR_BF16 ? 2 : 4;
+  }
+  lua_pop(L, 1);
 }
 
 /* The key of the [key, value] pair on top of the stack as a model stage of
@@ -322,8 +335,9 @@ static void read_actions(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) 
  * overrides live in a userdata left on the stack (collected with it). */
 static void read_cost(lua_State *L, int idx, lp_schedule *s, lp_sim_cost *c) {
   static const char *const others[] = {"latency", "stages", "link", "bytes", "exchanges",
-                                       "link_unit", "actions", "dp", "dp_bytes", NULL};
-  const char *top_keys[LP_NKINDS + 10];
+                                       "link_unit", "actions", "dp", "dp_bytes", "values",
+                                       "precision", NULL};
+  const char *top_keys[LP_NKINDS + 12];
   char expected[160];
   kind_keys(top_keys, LP_NKINDS, others, expected, sizeof expected);
   lp_sim_cost_init(c);
@@ -427,6 +441,7 @@ static int lb_simres_ranks(lua_State *L) {
     lb_set_number(L, "a2a_hidden", st.a2a_hidden);
     lb_set_number(L, "dp", st.dp);
     lb_set_number(L, "dp_hidden", st.dp_hidden);
+    lb_set_number(L, "peak_act_bytes", st.peak_act_bytes);
     lua_rawseti(L, -2, k + 1);
   }
   return 1;

@@ -20,23 +20,35 @@ enum { A_X, A_Q, A_K, A_V, A_P, A_O, A_DY, A_DQ, A_DK, A_DV };
 /* Per-batch, head-batched GEMM over the [B, T, D] / [B, H, T, T] layouts:
  * `hd` operands are [T, dh] head blocks (ld D, head stride dh, batch stride
  * T*D); `tt` operands are [T, T] (ld T, head stride T*T, batch stride
- * H*T*T). kinds: 0 = hd, 1 = tt. */
+ * H*T*T). kinds: 0 = hd, 1 = tt. A and B may be packed bf16 tensors
+ * (q, k, v at bf16: nn_pack), read as they are. */
 static lp_status head_gemm(const lp_tensor_backend *be,
                            lp_tensor_precision prec, int64_t B, int64_t T,
                            int64_t D, int64_t H, int ta, int tb, int64_t m,
-                           int64_t n, int64_t k, float alpha, const float *a,
-                           int a_tt, const float *b, int b_tt, float *c,
+                           int64_t n, int64_t k, float alpha, const lp_tensor *a,
+                           int a_tt, const lp_tensor *b, int b_tt, float *c,
                            int c_tt) {
   int64_t dh = D / H;
+  int ah = lp_tensor_is_bf16(a), bh = lp_tensor_is_bf16(b);
   if (prec == LP_TENSOR_BF16 && !be->gemm_bf16) return LP_ERR_UNSUPPORTED;
+  if ((ah || bh) && !be->gemm_bf16h) return LP_ERR_UNSUPPORTED;
+  const char *pa = ah ? (const char *)lp_tensor_bf16_data(a) : (const char *)a->data;
+  const char *pb = bh ? (const char *)lp_tensor_bf16_data(b) : (const char *)b->data;
+  size_t ea = ah ? sizeof(uint16_t) : sizeof(float), eb = bh ? sizeof(uint16_t) : sizeof(float);
   for (int64_t bi = 0; bi < B; bi++) {
-    const float *ab = a + bi * (a_tt ? H * T * T : T * D);
-    const float *bb = b + bi * (b_tt ? H * T * T : T * D);
+    const char *ab = pa + (size_t)(bi * (a_tt ? H * T * T : T * D)) * ea;
+    const char *bb = pb + (size_t)(bi * (b_tt ? H * T * T : T * D)) * eb;
     float *cb = c + bi * (c_tt ? H * T * T : T * D);
-    LP_CHECK((prec == LP_TENSOR_BF16 ? be->gemm_bf16 : be->gemm)(
-        be, ta, tb, m, n, k, alpha, ab, a_tt ? T : D,
-                      a_tt ? T * T : dh, bb, b_tt ? T : D, b_tt ? T * T : dh,
-                      0.0f, cb, c_tt ? T : D, c_tt ? T * T : dh, H));
+    if (ah || bh)
+      LP_CHECK(be->gemm_bf16h(be, ta, tb, m, n, k, alpha, ab, ah, a_tt ? T : D,
+                              a_tt ? T * T : dh, bb, bh, b_tt ? T : D,
+                              b_tt ? T * T : dh, 0.0f, cb, c_tt ? T : D,
+                              c_tt ? T * T : dh, H));
+    else
+      LP_CHECK((prec == LP_TENSOR_BF16 ? be->gemm_bf16 : be->gemm)(
+          be, ta, tb, m, n, k, alpha, (const float *)ab, a_tt ? T : D,
+          a_tt ? T * T : dh, (const float *)bb, b_tt ? T : D, b_tt ? T * T : dh,
+          0.0f, cb, c_tt ? T : D, c_tt ? T * T : dh, H));
   }
   return LP_OK;
 }
@@ -56,6 +68,9 @@ static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   lp_tensor *xd = NULL, *q = NULL, *k = NULL, *v = NULL, *p = NULL, *o = NULL;
   lp_status st;
   LP_CHECK(nn_dense(x, &xd));
+  /* x and o are read by GEMMs only (here and in weight_grad): at bf16 they
+   * are kept as the bf16 values those GEMMs read (nn_pack) */
+  LP_CHECK_GOTO(nn_pack(l->precision, &xd), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, &q), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, &k), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, &v), st, fail);
@@ -64,17 +79,26 @@ static lp_status attention_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK_GOTO(nn_gemm(l->precision, q, 1.0f, xd, 0, WQ(l), 1, 0.0f), st, fail);
   LP_CHECK_GOTO(nn_gemm(l->precision, k, 1.0f, xd, 0, WK(l), 1, 0.0f), st, fail);
   LP_CHECK_GOTO(nn_gemm(l->precision, v, 1.0f, xd, 0, WV(l), 1, 0.0f), st, fail);
+  /* q, k, v: read by the head GEMMs only */
+  LP_CHECK_GOTO(nn_pack(l->precision, &q), st, fail);
+  LP_CHECK_GOTO(nn_pack(l->precision, &k), st, fail);
+  LP_CHECK_GOTO(nn_pack(l->precision, &v), st, fail);
   /* S = Q K^T / sqrt(dh), masked above the diagonal, softmax -> P */
   float scale = (float)(1.0 / sqrt((double)dh));
-  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 1, T, T, dh, scale, q->data, 0,
-                          k->data, 0, p->data, 1),
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 1, T, T, dh, scale, q, 0,
+                          k, 0, p->data, 1),
                 st, fail);
-  LP_CHECK_GOTO(be->causal_mask(be, B * H * T, T, p->data), st, fail);
-  LP_CHECK_GOTO(lp_tensor_softmax_rows(p, p), st, fail);
+  if (be->causal_softmax_rows) { /* fused: skips the masked triangle */
+    LP_CHECK_GOTO(be->causal_softmax_rows(be, B * H * T, T, p->data, p->data), st, fail);
+  } else {
+    LP_CHECK_GOTO(be->causal_mask(be, B * H * T, T, p->data), st, fail);
+    LP_CHECK_GOTO(lp_tensor_softmax_rows(p, p), st, fail);
+  }
   /* O = P V */
-  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 0, T, dh, T, 1.0f, p->data, 1,
-                          v->data, 0, o->data, 0),
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 0, T, dh, T, 1.0f, p, 1,
+                          v, 0, o->data, 0),
                 st, fail);
+  LP_CHECK_GOTO(nn_pack(l->precision, &o), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(xd, y), st, fail);
   LP_CHECK_GOTO(nn_gemm(l->precision, *y, 1.0f, o, 0, WO(l), 1, 0.0f), st, fail);
   nn_keep(ctx, A_X, xd);
@@ -108,6 +132,9 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
             *dv = NULL;
   lp_status st;
   LP_CHECK(nn_dense(dy, &dyd));
+  /* dy, dq, dk, dv: read by GEMMs only (dx here, the weights' gradients in
+   * weight_grad) */
+  LP_CHECK_GOTO(nn_pack(l->precision, &dyd), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(x, &dout), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(p, &ds), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(x, &dq), st, fail);
@@ -115,23 +142,30 @@ static lp_status attention_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK_GOTO(lp_tensor_empty_like(x, &dv), st, fail);
   /* dO = dY Wo;  dP = dO V^T;  dV = P^T dO */
   LP_CHECK_GOTO(nn_gemm(l->precision, dout, 1.0f, dyd, 0, WO(l), 0, 0.0f), st, fail);
-  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 1, T, T, dh, 1.0f, dout->data, 0,
-                          v->data, 0, ds->data, 1),
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 1, T, T, dh, 1.0f, dout, 0,
+                          v, 0, ds->data, 1),
                 st, fail);
-  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 1, 0, T, dh, T, 1.0f, p->data, 1,
-                          dout->data, 0, dv->data, 0),
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 1, 0, T, dh, T, 1.0f, p, 1,
+                          dout, 0, dv->data, 0),
                 st, fail);
   /* dS = P * (dP - rowsum(dP * P)), in place; masked entries have P = 0 */
-  LP_CHECK_GOTO(be->softmax_backward_rows(be, B * H * T, T, p->data, ds->data),
+  LP_CHECK_GOTO((be->causal_softmax_backward_rows
+                     ? be->causal_softmax_backward_rows
+                     : be->softmax_backward_rows)(be, B * H * T, T, p->data, ds->data),
                 st, fail);
+  /* dS feeds two GEMMs: rounded once */
+  LP_CHECK_GOTO(nn_pack(l->precision, &ds), st, fail);
   /* dQ = dS K / sqrt(dh);  dK = dS^T Q / sqrt(dh) */
   float scale = (float)(1.0 / sqrt((double)dh));
-  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 0, T, dh, T, scale, ds->data, 1,
-                          k->data, 0, dq->data, 0),
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 0, 0, T, dh, T, scale, ds, 1,
+                          k, 0, dq->data, 0),
                 st, fail);
-  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 1, 0, T, dh, T, scale, ds->data, 1,
-                          q->data, 0, dk->data, 0),
+  LP_CHECK_GOTO(head_gemm(be, l->precision, B, T, D, H, 1, 0, T, dh, T, scale, ds, 1,
+                          q, 0, dk->data, 0),
                 st, fail);
+  LP_CHECK_GOTO(nn_pack(l->precision, &dq), st, fail);
+  LP_CHECK_GOTO(nn_pack(l->precision, &dk), st, fail);
+  LP_CHECK_GOTO(nn_pack(l->precision, &dv), st, fail);
   if (dx) {
     LP_CHECK_GOTO(lp_tensor_empty_like(x, dx), st, fail);
     LP_CHECK_GOTO(nn_gemm(l->precision, *dx, 1.0f, dq, 0, WQ(l), 0, 0.0f), st, fail);

@@ -60,6 +60,27 @@ void nn_drop(lp_nn_ctx *ctx, int i) {
   ctx->saved[i] = NULL;
 }
 
+static int pack_off; /* lp_nn_bf16_pack_force_off */
+
+void lp_nn_bf16_pack_force_off(int on) { pack_off = !!on; }
+
+lp_status nn_pack(lp_tensor_precision prec, lp_tensor **t) {
+  const lp_tensor_backend *be = lp_tensor_backend_of(*t);
+  if (prec != LP_TENSOR_BF16 || pack_off || !be->gemm_bf16h || !be->host_accessible ||
+      lp_tensor_is_bf16(*t) || !lp_tensor_is_contiguous(*t))
+    return LP_OK;
+  lp_tensor *p;
+  LP_CHECK(lp_tensor_new_bf16(*t, &p));
+  lp_tensor_free(*t);
+  *t = p;
+  return LP_OK;
+}
+
+lp_status nn_pack_slot(lp_nn_ctx *ctx, lp_tensor_precision prec, int i) {
+  if (!ctx || !ctx->saved[i]) return LP_OK;
+  return nn_pack(prec, &ctx->saved[i]);
+}
+
 lp_status nn_dense(const lp_tensor *x, lp_tensor **out) {
   if (lp_tensor_is_contiguous(x)) return lp_tensor_view(x, out);
   return lp_tensor_clone(x, out);
@@ -175,7 +196,7 @@ size_t lp_nn_ctx_bytes(const lp_nn_ctx *ctx) {
   size_t b = 0;
   for (int i = 0; i < NN_SLOTS; i++)
     if (ctx->saved[i])
-      b += (size_t)lp_tensor_numel(ctx->saved[i]) * sizeof(float);
+      b += (size_t)lp_tensor_numel(ctx->saved[i]) * lp_tensor_elem_bytes(ctx->saved[i]);
   for (size_t i = 0; i < ctx->nchild; i++)
     b += lp_nn_ctx_bytes(ctx->child[i]);
   return b;
@@ -497,6 +518,7 @@ lp_status nn_param_make(const lp_nn_layer *l, const char *suffix, int ndim,
   p->init = init;
   p->init_std = init_std;
   LP_CHECK(lp_tensor_empty(NULL, ndim, shape, &p->value));
+  lp_tensor_keep_bf16(p->value); /* bf16 GEMMs read a copy made once per change */
   LP_CHECK(lp_tensor_zeros(NULL, ndim, shape, &p->grad));
   return init_param(p, seed);
 }
@@ -693,6 +715,15 @@ static lp_status chunk_advance(lp_nn_layer *l, lp_nn_ctx *ctx, int *done,
       return nn_fail(ctx, l, LP_ERR_ARG,
                      "layer %s has no input gradient but is not first",
                      c->name);
+    /* a layer boundary inside the chunk: bf16 values there (in place, as
+     * the executor rounds at a stage boundary) */
+    if (next && l->boundary == LP_TENSOR_BF16 && ctx->pos + 1 < l->nchild) {
+      lp_status rs = lp_tensor_round_bf16(&next);
+      if (rs != LP_OK) {
+        lp_tensor_free(next);
+        return nn_fail(ctx, l, rs, "rounding the output of layer %s to bf16 failed", c->name);
+      }
+    }
     ctx->cur = next;
     ctx->pos++;
   }
@@ -763,6 +794,17 @@ lp_status lp_nn_chunk_new(const char *name, lp_nn_layer *const *layers,
                           size_t n, lp_nn_layer **layer) {
   if (!layer) return LP_ERR_ARG;
   return composite_new(&chunk_ops, &chunk_phased, name, layers, n, layer);
+}
+
+lp_status lp_nn_chunk_set_boundary(lp_nn_layer *l, lp_tensor_precision prec) {
+  if (!l || l->ops != &chunk_ops || (prec != LP_TENSOR_F32 && prec != LP_TENSOR_BF16))
+    return LP_ERR_ARG;
+  l->boundary = prec;
+  return LP_OK;
+}
+
+lp_tensor_precision lp_nn_chunk_boundary(const lp_nn_layer *l) {
+  return l && l->ops == &chunk_ops ? l->boundary : LP_TENSOR_F32;
 }
 
 /* ---- residual: y = x + inner(x) ---- */

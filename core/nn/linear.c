@@ -36,6 +36,9 @@ static lp_status linear_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   int64_t sh[LP_TENSOR_MAXDIM];
   lp_status st;
   LP_CHECK(nn_dense(x, &xd));
+  /* x is kept for dW = dy^T x only: at bf16, as the bf16 values both GEMMs
+   * read */
+  LP_CHECK_GOTO(nn_pack(l->precision, &xd), st, fail);
   nn_shape_last(x, l->out, sh);
   LP_CHECK_GOTO(lp_tensor_empty(lp_tensor_backend_of(x), x->ndim, sh, y), st,
                 fail);
@@ -57,6 +60,13 @@ static lp_status linear_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK(nn_check_device(ctx, l, "dy", dy));
   lp_tensor *dyd;
   LP_CHECK(nn_dense(dy, &dyd));
+  /* without a bias (whose gradient sums dy in float32), dy is read by the
+   * two GEMMs only */
+  lp_status st = l->nparams > 1 ? LP_OK : nn_pack(l->precision, &dyd);
+  if (st != LP_OK) {
+    lp_tensor_free(dyd);
+    return st;
+  }
   nn_keep(ctx, S_DY, dyd);
   if (!dx) return LP_OK;
   LP_CHECK(lp_tensor_empty_like(x, dx));

@@ -122,6 +122,17 @@ lp_status lp_nn_residual_new(const char *name, lp_nn_layer *inner,
  * listed once (a layer that appears twice shares its params). n >= 1. */
 lp_status lp_nn_chunk_new(const char *name, lp_nn_layer *const *layers,
                           size_t n, lp_nn_layer **layer);
+/* The precision of the activations between a chunk's layers and of the
+ * gradients flowing back between them (LP_TENSOR_F32 at creation):
+ * LP_TENSOR_BF16 rounds each layer's output but the last (forward) and
+ * each input-grad but the first layer's (backward) to bf16 values, in
+ * place, before the next layer sees it: the layer boundaries where a
+ * pipeline stage may end, whose messages then carry bf16 losslessly (the
+ * executor rounds at its stage boundaries alike). Not inherited by layers
+ * inside (a block's own inner steps stay float32). LP_ERR_ARG when l is
+ * not a chunk or prec unknown. */
+lp_status lp_nn_chunk_set_boundary(lp_nn_layer *l, lp_tensor_precision prec);
+lp_tensor_precision lp_nn_chunk_boundary(const lp_nn_layer *l);
 
 /* Residual MLP block: x + fc2(act(fc1(rmsnorm(x)))), with children
  * <name>.norm, <name>.fc1 [d_hidden, d_model] (+bias), <name>.act,
@@ -176,10 +187,18 @@ lp_status lp_nn_layer_to(lp_nn_layer *l, const lp_tensor_backend *be);
  * attention's projections and score / value matmuls, MoE experts (routed
  * and shared) run at `prec` (LP_TENSOR_BF16: inputs rounded to bf16,
  * float32 sums); embeddings, norms, softmax, losses, MoE routers and the
- * optimizer stay float32, as do parameters and activations. New layers
- * are LP_TENSOR_F32. LP_ERR_ARG for an unknown precision. */
+ * optimizer stay float32, as do parameters (the GEMMs read a bf16 copy of
+ * each weight, made again after it changes: lp_tensor_keep_bf16). At bf16
+ * on the CPU, activations that only GEMMs read are kept for backward as
+ * packed bf16 (a Linear's x, attention's x, o, dy, dq, dk, dv, the
+ * SwiGLU / experts' x, h, dy, da1, da3): the same results at half their
+ * bytes; the rest stays float32. New layers are LP_TENSOR_F32.
+ * LP_ERR_ARG for an unknown precision. */
 lp_status lp_nn_layer_set_precision(lp_nn_layer *l, lp_tensor_precision prec);
 lp_tensor_precision lp_nn_layer_precision(const lp_nn_layer *l);
+/* Tests and benchmarks: 1 keeps every activation float32 at bf16 too (the
+ * same results, more memory); 0 (the default) packs them as above. */
+void lp_nn_bf16_pack_force_off(int on);
 
 /* ======================================================================
  * Per-micro-batch contexts
@@ -199,7 +218,8 @@ void lp_nn_ctx_free(lp_nn_ctx *ctx);
 void lp_nn_ctx_clear(lp_nn_ctx *ctx);
 lp_nn_ctx_stage lp_nn_ctx_stage_of(const lp_nn_ctx *ctx);
 /* Bytes of tensor data the ctx (and its sub-contexts) keeps alive, counted
- * per stashed view (numel * 4) — the activation memory of this mb. */
+ * per stashed view (numel * 4, or * 2 for a packed bf16 one) — the
+ * activation memory of this mb. */
 size_t lp_nn_ctx_bytes(const lp_nn_ctx *ctx);
 /* Text of the last failure recorded in this ctx ("" when none). */
 const char *lp_nn_ctx_last_error(const lp_nn_ctx *ctx);
@@ -512,6 +532,16 @@ typedef struct lp_nn_param_role {
 } lp_nn_param_role;
 lp_status lp_nn_param_roles(const lp_nn_layer *l, lp_nn_param_role *roles,
                             size_t n);
+/* The parameters of l that get no gradient in a step whose expert loads
+ * are `loads` (for every MoE layer k of l in lp_nn_moe_find order, its
+ * experts' token counts, consecutive; summed over whoever routes tokens to
+ * those experts: every rank, micro-batch and copy): skip[i] = 1 for the
+ * w1 / w3 / w2 of a slot whose logical expert has load 0, else 0 (n the
+ * count of lp_nn_params(l)). The mask lp_nn_optim_step_masked takes for
+ * an optimizer over lp_nn_params(l): torch gives such an expert grad None
+ * (DeepSeek's model.py skips experts with no tokens). */
+lp_status lp_nn_unrouted_mask(const lp_nn_layer *l, const int64_t *loads, unsigned char *skip,
+                              size_t n);
 
 /* MoE layers inside l (depth first, in execution order; l itself counts). */
 int lp_nn_moe_count(const lp_nn_layer *l);
@@ -603,6 +633,9 @@ lp_status lp_nn_optim_zero_grad(lp_nn_optim *o);
 void lp_nn_optim_set_lr(lp_nn_optim *o, float lr);
 /* Steps taken so far. */
 int64_t lp_nn_optim_steps(const lp_nn_optim *o);
+/* Parameters in the optimizer's list (the length of a skip mask and of
+ * lp_nn_optim_param_steps); 0 for NULL. */
+size_t lp_nn_optim_count(const lp_nn_optim *o);
 /* Frees the state (not the params). NULL is a no-op. */
 void lp_nn_optim_free(lp_nn_optim *o);
 

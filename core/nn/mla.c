@@ -13,8 +13,9 @@
  * drops q, kv, k_pe, the rotation table and P, and keeps the gradients W
  * needs (dy, dq, dkv, d(kv_norm out), dc, dk_pe, and with q LoRA d(q_norm
  * out), d(wq_a out)). The rotation table (cos, sin per position and pair)
- * is made on the host for the seq of each call and copied to the input's
- * backend; the backend's rope op applies it. */
+ * is made on the host, copied to the input's backend and kept by the layer
+ * (rows for the longest seq seen so far); a call keeps a view of its first
+ * seq rows, and the backend's rope op applies it. */
 #include "nn_internal.h"
 
 #include <math.h>
@@ -30,6 +31,8 @@ typedef struct mla_priv {
   lp_nn_mla_opts o;
   float *freqs; /* qk_rope_head_dim / 2 */
   float scale;  /* softmax scale */
+  lp_tensor *cs; /* the rotation table of the longest seq so far, or NULL:
+                  * a layer runs on one thread at a time, as its grads do */
 } mla_priv;
 
 /* ---- configuration ---- */
@@ -134,33 +137,58 @@ static lp_nn_param *par(lp_nn_layer *l, int role) {
 #define VAL(role) (par(l, role)->value->data)
 #define GRAD(role) (par(l, role)->grad->data)
 
-/* C = alpha op(A) op(B) + beta C, one matrix, at the layer's precision
- * (bf16: the backend's gemm_bf16). */
-static lp_status mm(lp_tensor_precision prec, const lp_tensor_backend *be,
-                    int ta, int tb, int64_t m, int64_t n, int64_t k,
-                    float alpha, const float *a, int64_t lda, const float *b,
-                    int64_t ldb, float beta, float *c, int64_t ldc) {
-  if (prec == LP_TENSOR_BF16 && !be->gemm_bf16) return LP_ERR_UNSUPPORTED;
-  return (prec == LP_TENSOR_BF16 ? be->gemm_bf16 : be->gemm)(
-      be, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
+/* At bf16, an operand that points into one of l's weights is read from
+ * the weight's kept bf16 copy (lp_tensor_bf16_data: made once per change,
+ * not rounded per call); *h = 1 then. Anything else stays as it is. */
+static const void *operand(const lp_nn_layer *l, const lp_tensor_backend *be,
+                           const float *p, int *h) {
+  *h = 0;
+  if (l->precision != LP_TENSOR_BF16 || !be->gemm_bf16h) return p;
+  for (size_t i = 0; i < l->nparams; i++) {
+    const lp_tensor *w = l->params[i].value;
+    uintptr_t lo = (uintptr_t)w->data, at = (uintptr_t)p;
+    if (w->ndim == 2 && at >= lo && at < lo + (uintptr_t)lp_tensor_numel(w) * sizeof(float)) {
+      const uint16_t *c = lp_tensor_bf16_data(w);
+      if (!c) return p;
+      *h = 1;
+      return c + (p - w->data);
+    }
+  }
+  return p;
 }
 
-/* The same over `h` heads: operand i of head j at x + j * s_x. */
-static lp_status hm(lp_tensor_precision prec, const lp_tensor_backend *be,
+/* C = alpha op(A) op(B) + beta C over `h` items (operand i of item j at
+ * x + j * s_x), at the layer's precision (bf16: the backend's gemm_bf16,
+ * weights from their kept copies). */
+static lp_status hm(const lp_nn_layer *l, const lp_tensor_backend *be,
                     int ta, int tb, int64_t m, int64_t n, int64_t k,
                     float alpha, const float *a, int64_t lda, int64_t sa,
                     const float *b, int64_t ldb, int64_t sb, float beta,
                     float *c, int64_t ldc, int64_t sc, int64_t h) {
+  lp_tensor_precision prec = l->precision;
   if (prec == LP_TENSOR_BF16 && !be->gemm_bf16) return LP_ERR_UNSUPPORTED;
+  int ah, bh;
+  const void *pa = operand(l, be, a, &ah), *pb = operand(l, be, b, &bh);
+  if (ah || bh)
+    return be->gemm_bf16h(be, ta, tb, m, n, k, alpha, pa, ah, lda, sa, pb, bh, ldb,
+                          sb, beta, c, ldc, sc, h);
   return (prec == LP_TENSOR_BF16 ? be->gemm_bf16 : be->gemm)(
       be, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, h);
+}
+
+/* The same, one matrix. */
+static lp_status mm(const lp_nn_layer *l, const lp_tensor_backend *be,
+                    int ta, int tb, int64_t m, int64_t n, int64_t k,
+                    float alpha, const float *a, int64_t lda, const float *b,
+                    int64_t ldb, float beta, float *c, int64_t ldc) {
+  return hm(l, be, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 1);
 }
 
 /* The rotation table for positions 0..T-1 on backend be: [T, dr], (cos,
  * sin) of the float32 angle t * f_i for each pair, as torch.polar of
  * torch.outer(t, freqs) gives them. */
-static lp_status rope_table(const mla_priv *m, int64_t T,
-                            const lp_tensor_backend *be, lp_tensor **out) {
+static lp_status rope_table_make(const mla_priv *m, int64_t T, const lp_tensor_backend *be,
+                                 lp_tensor **out) {
   int64_t d = m->o.qk_rope_head_dim;
   float *h = lp_malloc(sizeof(float) * (size_t)(T * d));
   if (!h) return LP_ERR_NOMEM;
@@ -175,6 +203,20 @@ static lp_status rope_table(const mla_priv *m, int64_t T,
   return st;
 }
 
+/* *out: a new view of the first T rows of the layer's table on be (an
+ * entry depends only on its position and pair, so the rows of a longer
+ * table are the same bits), made anew only for a longer T or another
+ * backend. */
+static lp_status rope_table(mla_priv *m, int64_t T, const lp_tensor_backend *be, lp_tensor **out) {
+  if (!m->cs || m->cs->shape[0] < T || lp_tensor_backend_of(m->cs) != be) {
+    lp_tensor *t = NULL;
+    LP_CHECK(rope_table_make(m, T, be, &t));
+    lp_tensor_free(m->cs); /* views that calls keep hold its storage */
+    m->cs = t;
+  }
+  return lp_tensor_rows(m->cs, 0, T, out);
+}
+
 static lp_status new2(const lp_tensor_backend *be, int64_t r, int64_t c,
                       lp_tensor **out) {
   return lp_tensor_empty(be, 2, (int64_t[]){r, c}, out);
@@ -184,7 +226,7 @@ static lp_status new2(const lp_tensor_backend *be, int64_t r, int64_t c,
 
 static lp_status mla_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
                              const lp_tensor *x, lp_tensor **y) {
-  const mla_priv *m = l->sub;
+  mla_priv *m = l->sub;
   const lp_nn_mla_opts *o = &m->o;
   int64_t D = o->dim;
   if (x->ndim != 3 || x->shape[2] != D) {
@@ -213,22 +255,22 @@ static lp_status mla_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
     LP_CHECK_GOTO(new2(be, N, qr, &s[M_QA]), st, fail);
     LP_CHECK_GOTO(new2(be, N, qr, &s[M_QN]), st, fail);
     LP_CHECK_GOTO(lp_tensor_empty(be, 1, (int64_t[]){N}, &s[M_RQ]), st, fail);
-    LP_CHECK_GOTO(mm(l->precision, be, 0, 1, N, qr, D, 1.0f, xp, D, VAL(W_QA), D, 0.0f,
+    LP_CHECK_GOTO(mm(l, be, 0, 1, N, qr, D, 1.0f, xp, D, VAL(W_QA), D, 0.0f,
                      s[M_QA]->data, qr), st, fail);
     LP_CHECK_GOTO(be->rmsnorm(be, N, qr, o->eps, s[M_QA]->data, VAL(W_QN),
                               s[M_QN]->data, s[M_RQ]->data), st, fail);
-    LP_CHECK_GOTO(mm(l->precision, be, 0, 1, N, HQ, qr, 1.0f, s[M_QN]->data, qr, VAL(W_QB),
+    LP_CHECK_GOTO(mm(l, be, 0, 1, N, HQ, qr, 1.0f, s[M_QN]->data, qr, VAL(W_QB),
                      qr, 0.0f, s[M_Q]->data, HQ), st, fail);
   } else {
-    LP_CHECK_GOTO(mm(l->precision, be, 0, 1, N, HQ, D, 1.0f, xp, D, VAL(W_Q), D, 0.0f,
+    LP_CHECK_GOTO(mm(l, be, 0, 1, N, HQ, D, 1.0f, xp, D, VAL(W_Q), D, 0.0f,
                      s[M_Q]->data, HQ), st, fail);
   }
   /* wkv_a's two row blocks: the latent c and the shared rope key */
   LP_CHECK_GOTO(new2(be, N, kvr, &s[M_C]), st, fail);
   LP_CHECK_GOTO(new2(be, N, dr, &s[M_KPE]), st, fail);
-  LP_CHECK_GOTO(mm(l->precision, be, 0, 1, N, kvr, D, 1.0f, xp, D, VAL(W_KVA), D, 0.0f,
+  LP_CHECK_GOTO(mm(l, be, 0, 1, N, kvr, D, 1.0f, xp, D, VAL(W_KVA), D, 0.0f,
                    s[M_C]->data, kvr), st, fail);
-  LP_CHECK_GOTO(mm(l->precision, be, 0, 1, N, dr, D, 1.0f, xp, D, VAL(W_KVA) + kvr * D, D,
+  LP_CHECK_GOTO(mm(l, be, 0, 1, N, dr, D, 1.0f, xp, D, VAL(W_KVA) + kvr * D, D,
                    0.0f, s[M_KPE]->data, dr), st, fail);
   /* kv_norm -> wkv_b: per-head nope keys and values */
   LP_CHECK_GOTO(new2(be, N, kvr, &s[M_CN]), st, fail);
@@ -236,7 +278,7 @@ static lp_status mla_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK_GOTO(be->rmsnorm(be, N, kvr, o->eps, s[M_C]->data, VAL(W_KVN),
                             s[M_CN]->data, s[M_RKV]->data), st, fail);
   LP_CHECK_GOTO(new2(be, N, HKV, &s[M_KV]), st, fail);
-  LP_CHECK_GOTO(mm(l->precision, be, 0, 1, N, HKV, kvr, 1.0f, s[M_CN]->data, kvr,
+  LP_CHECK_GOTO(mm(l, be, 0, 1, N, HKV, kvr, 1.0f, s[M_CN]->data, kvr,
                    VAL(W_KVB), kvr, 0.0f, s[M_KV]->data, HKV), st, fail);
   /* decoupled RoPE: every head's query rope part, the one shared key */
   LP_CHECK_GOTO(rope_table(m, T, be, &s[M_CS]), st, fail);
@@ -251,24 +293,28 @@ static lp_status mla_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   float *p = s[M_P]->data;
   for (int64_t b = 0; b < B; b++) {
     float *pb = p + b * H * T * T;
-    LP_CHECK_GOTO(hm(l->precision, be, 0, 1, T, T, dn, m->scale, q + b * T * HQ, HQ, dq,
+    LP_CHECK_GOTO(hm(l, be, 0, 1, T, T, dn, m->scale, q + b * T * HQ, HQ, dq,
                      kv + b * T * HKV, HKV, dn + dv, 0.0f, pb, T, T * T, H),
                   st, fail);
-    LP_CHECK_GOTO(hm(l->precision, be, 0, 1, T, T, dr, m->scale, q + b * T * HQ + dn, HQ, dq,
+    LP_CHECK_GOTO(hm(l, be, 0, 1, T, T, dr, m->scale, q + b * T * HQ + dn, HQ, dq,
                      kpe + b * T * dr, dr, 0, 1.0f, pb, T, T * T, H),
                   st, fail);
   }
-  LP_CHECK_GOTO(be->causal_mask(be, B * H * T, T, p), st, fail);
-  LP_CHECK_GOTO(be->softmax_rows(be, B * H * T, T, p, p), st, fail);
+  if (be->causal_softmax_rows) { /* fused: skips the masked triangle */
+    LP_CHECK_GOTO(be->causal_softmax_rows(be, B * H * T, T, p, p), st, fail);
+  } else {
+    LP_CHECK_GOTO(be->causal_mask(be, B * H * T, T, p), st, fail);
+    LP_CHECK_GOTO(be->softmax_rows(be, B * H * T, T, p, p), st, fail);
+  }
   /* o_h = P_h v_h;  y = o Wo^T */
   LP_CHECK_GOTO(new2(be, N, HV, &s[M_O]), st, fail);
   for (int64_t b = 0; b < B; b++)
-    LP_CHECK_GOTO(hm(l->precision, be, 0, 0, T, dv, T, 1.0f, p + b * H * T * T, T, T * T,
+    LP_CHECK_GOTO(hm(l, be, 0, 0, T, dv, T, 1.0f, p + b * H * T * T, T, T * T,
                      kv + b * T * HKV + dn, HKV, dn + dv, 0.0f,
                      s[M_O]->data + b * T * HV, HV, dv, H),
                   st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(s[M_X], y), st, fail);
-  LP_CHECK_GOTO(mm(l->precision, be, 0, 1, N, D, HV, 1.0f, s[M_O]->data, HV, VAL(W_O), HV,
+  LP_CHECK_GOTO(mm(l, be, 0, 1, N, D, HV, 1.0f, s[M_O]->data, HV, VAL(W_O), HV,
                    0.0f, (*y)->data, D), st, fail);
   for (int i = 0; i < M__N; i++)
     if (s[i]) nn_keep(ctx, i, s[i]);
@@ -302,7 +348,7 @@ static lp_status mla_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   LP_CHECK(nn_dense(dy, &s[M_DY]));
   /* dO = dY Wo */
   LP_CHECK_GOTO(new2(be, N, HV, &dout), st, fail);
-  LP_CHECK_GOTO(mm(l->precision, be, 0, 0, N, HV, D, 1.0f, s[M_DY]->data, D, VAL(W_O), HV,
+  LP_CHECK_GOTO(mm(l, be, 0, 0, N, HV, D, 1.0f, s[M_DY]->data, D, VAL(W_O), HV,
                    0.0f, dout->data, HV), st, fail);
   /* dP_h = dO_h v_h^T;  dv_h = P_h^T dO_h (into dkv's value columns) */
   LP_CHECK_GOTO(lp_tensor_empty(be, 4, (int64_t[]){B, H, T, T}, &ds), st,
@@ -311,18 +357,20 @@ static lp_status mla_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   float *dkv = s[M_DKV]->data;
   for (int64_t b = 0; b < B; b++) {
     const float *dob = dout->data + b * T * HV;
-    LP_CHECK_GOTO(hm(l->precision, be, 0, 1, T, T, dv, 1.0f, dob, HV, dv,
+    LP_CHECK_GOTO(hm(l, be, 0, 1, T, T, dv, 1.0f, dob, HV, dv,
                      kv + b * T * HKV + dn, HKV, dn + dv, 0.0f,
                      ds->data + b * H * T * T, T, T * T, H),
                   st, fail);
-    LP_CHECK_GOTO(hm(l->precision, be, 1, 0, T, dv, T, 1.0f, p + b * H * T * T, T, T * T,
+    LP_CHECK_GOTO(hm(l, be, 1, 0, T, dv, T, 1.0f, p + b * H * T * T, T, T * T,
                      dob, HV, dv, 0.0f, dkv + b * T * HKV + dn, HKV, dn + dv,
                      H),
                   st, fail);
   }
   /* dS = P * (dP - rowsum(dP * P)) (in place) */
-  LP_CHECK_GOTO(be->softmax_backward_rows(be, B * H * T, T, p, ds->data), st,
-                fail);
+  LP_CHECK_GOTO((be->causal_softmax_backward_rows
+                     ? be->causal_softmax_backward_rows
+                     : be->softmax_backward_rows)(be, B * H * T, T, p, ds->data),
+                st, fail);
   /* dq_nope = dS k_nope, dq_pe = dS k_pe, dk_nope = dS^T q_nope (all times
    * the scale); dk_pe = sum over heads of dS_h^T q_pe_h */
   LP_CHECK_GOTO(new2(be, N, HQ, &s[M_DQ]), st, fail);
@@ -331,17 +379,17 @@ static lp_status mla_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   for (int64_t b = 0; b < B; b++) {
     const float *dsb = ds->data + b * H * T * T, *qb = q + b * T * HQ;
     float *dqb = dq_ + b * T * HQ;
-    LP_CHECK_GOTO(hm(l->precision, be, 0, 0, T, dn, T, sc, dsb, T, T * T, kv + b * T * HKV,
+    LP_CHECK_GOTO(hm(l, be, 0, 0, T, dn, T, sc, dsb, T, T * T, kv + b * T * HKV,
                      HKV, dn + dv, 0.0f, dqb, HQ, dq, H),
                   st, fail);
-    LP_CHECK_GOTO(hm(l->precision, be, 0, 0, T, dr, T, sc, dsb, T, T * T, kpe + b * T * dr,
+    LP_CHECK_GOTO(hm(l, be, 0, 0, T, dr, T, sc, dsb, T, T * T, kpe + b * T * dr,
                      dr, 0, 0.0f, dqb + dn, HQ, dq, H),
                   st, fail);
-    LP_CHECK_GOTO(hm(l->precision, be, 1, 0, T, dn, T, sc, dsb, T, T * T, qb, HQ, dq, 0.0f,
+    LP_CHECK_GOTO(hm(l, be, 1, 0, T, dn, T, sc, dsb, T, T * T, qb, HQ, dq, 0.0f,
                      dkv + b * T * HKV, HKV, dn + dv, H),
                   st, fail);
     for (int64_t h = 0; h < H; h++)
-      LP_CHECK_GOTO(mm(l->precision, be, 1, 0, T, dr, T, sc, dsb + h * T * T, T,
+      LP_CHECK_GOTO(mm(l, be, 1, 0, T, dr, T, sc, dsb + h * T * T, T,
                        qb + h * dq + dn, HQ, h ? 1.0f : 0.0f,
                        dkpe + b * T * dr, dr),
                     st, fail);
@@ -354,7 +402,7 @@ static lp_status mla_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   /* through wkv_b and kv_norm */
   LP_CHECK_GOTO(new2(be, N, kvr, &s[M_DCN]), st, fail);
   LP_CHECK_GOTO(new2(be, N, kvr, &s[M_DC]), st, fail);
-  LP_CHECK_GOTO(mm(l->precision, be, 0, 0, N, kvr, HKV, 1.0f, dkv, HKV, VAL(W_KVB), kvr,
+  LP_CHECK_GOTO(mm(l, be, 0, 0, N, kvr, HKV, 1.0f, dkv, HKV, VAL(W_KVB), kvr,
                    0.0f, s[M_DCN]->data, kvr), st, fail);
   LP_CHECK_GOTO(be->rmsnorm_backward(be, N, kvr, sv[M_C]->data, VAL(W_KVN),
                                      sv[M_RKV]->data, s[M_DCN]->data,
@@ -363,7 +411,7 @@ static lp_status mla_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   if (qr > 0) {
     LP_CHECK_GOTO(new2(be, N, qr, &s[M_DQN]), st, fail);
     LP_CHECK_GOTO(new2(be, N, qr, &s[M_DQA]), st, fail);
-    LP_CHECK_GOTO(mm(l->precision, be, 0, 0, N, qr, HQ, 1.0f, dq_, HQ, VAL(W_QB), qr, 0.0f,
+    LP_CHECK_GOTO(mm(l, be, 0, 0, N, qr, HQ, 1.0f, dq_, HQ, VAL(W_QB), qr, 0.0f,
                      s[M_DQN]->data, qr), st, fail);
     LP_CHECK_GOTO(be->rmsnorm_backward(be, N, qr, sv[M_QA]->data, VAL(W_QN),
                                        sv[M_RQ]->data, s[M_DQN]->data,
@@ -374,14 +422,14 @@ static lp_status mla_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
     LP_CHECK_GOTO(lp_tensor_empty_like(x, dx), st, fail);
     float *dxp = (*dx)->data;
     if (qr > 0)
-      LP_CHECK_GOTO(mm(l->precision, be, 0, 0, N, D, qr, 1.0f, s[M_DQA]->data, qr,
+      LP_CHECK_GOTO(mm(l, be, 0, 0, N, D, qr, 1.0f, s[M_DQA]->data, qr,
                        VAL(W_QA), D, 0.0f, dxp, D), st, fail);
     else
-      LP_CHECK_GOTO(mm(l->precision, be, 0, 0, N, D, HQ, 1.0f, dq_, HQ, VAL(W_Q), D, 0.0f,
+      LP_CHECK_GOTO(mm(l, be, 0, 0, N, D, HQ, 1.0f, dq_, HQ, VAL(W_Q), D, 0.0f,
                        dxp, D), st, fail);
-    LP_CHECK_GOTO(mm(l->precision, be, 0, 0, N, D, kvr, 1.0f, s[M_DC]->data, kvr,
+    LP_CHECK_GOTO(mm(l, be, 0, 0, N, D, kvr, 1.0f, s[M_DC]->data, kvr,
                      VAL(W_KVA), D, 1.0f, dxp, D), st, fail);
-    LP_CHECK_GOTO(mm(l->precision, be, 0, 0, N, D, dr, 1.0f, dkpe, dr, VAL(W_KVA) + kvr * D,
+    LP_CHECK_GOTO(mm(l, be, 0, 0, N, D, dr, 1.0f, dkpe, dr, VAL(W_KVA) + kvr * D,
                      D, 1.0f, dxp, D), st, fail);
   }
   lp_tensor_free(dout);
@@ -416,27 +464,27 @@ static lp_status mla_weight_grad(lp_nn_layer *l, lp_nn_ctx *ctx) {
   const lp_tensor_backend *be = lp_tensor_backend_of(x);
   const float *xp = x->data;
   if (qr > 0) {
-    LP_CHECK(mm(l->precision, be, 1, 0, HQ, qr, N, 1.0f, sv[M_DQ]->data, HQ, sv[M_QN]->data,
+    LP_CHECK(mm(l, be, 1, 0, HQ, qr, N, 1.0f, sv[M_DQ]->data, HQ, sv[M_QN]->data,
                 qr, 1.0f, GRAD(W_QB), qr));
     LP_CHECK(be->rmsnorm_backward(be, N, qr, sv[M_QA]->data, VAL(W_QN),
                                   sv[M_RQ]->data, sv[M_DQN]->data, NULL,
                                   GRAD(W_QN)));
-    LP_CHECK(mm(l->precision, be, 1, 0, qr, D, N, 1.0f, sv[M_DQA]->data, qr, xp, D, 1.0f,
+    LP_CHECK(mm(l, be, 1, 0, qr, D, N, 1.0f, sv[M_DQA]->data, qr, xp, D, 1.0f,
                 GRAD(W_QA), D));
   } else {
-    LP_CHECK(mm(l->precision, be, 1, 0, HQ, D, N, 1.0f, sv[M_DQ]->data, HQ, xp, D, 1.0f,
+    LP_CHECK(mm(l, be, 1, 0, HQ, D, N, 1.0f, sv[M_DQ]->data, HQ, xp, D, 1.0f,
                 GRAD(W_Q), D));
   }
-  LP_CHECK(mm(l->precision, be, 1, 0, kvr, D, N, 1.0f, sv[M_DC]->data, kvr, xp, D, 1.0f,
+  LP_CHECK(mm(l, be, 1, 0, kvr, D, N, 1.0f, sv[M_DC]->data, kvr, xp, D, 1.0f,
               GRAD(W_KVA), D));
-  LP_CHECK(mm(l->precision, be, 1, 0, dr, D, N, 1.0f, sv[M_DKPE]->data, dr, xp, D, 1.0f,
+  LP_CHECK(mm(l, be, 1, 0, dr, D, N, 1.0f, sv[M_DKPE]->data, dr, xp, D, 1.0f,
               GRAD(W_KVA) + kvr * D, D));
   LP_CHECK(be->rmsnorm_backward(be, N, kvr, sv[M_C]->data, VAL(W_KVN),
                                 sv[M_RKV]->data, sv[M_DCN]->data, NULL,
                                 GRAD(W_KVN)));
-  LP_CHECK(mm(l->precision, be, 1, 0, HKV, kvr, N, 1.0f, sv[M_DKV]->data, HKV,
+  LP_CHECK(mm(l, be, 1, 0, HKV, kvr, N, 1.0f, sv[M_DKV]->data, HKV,
               sv[M_CN]->data, kvr, 1.0f, GRAD(W_KVB), kvr));
-  return mm(l->precision, be, 1, 0, D, HV, N, 1.0f, sv[M_DY]->data, D, sv[M_O]->data, HV,
+  return mm(l, be, 1, 0, D, HV, N, 1.0f, sv[M_DY]->data, D, sv[M_O]->data, HV,
             1.0f, GRAD(W_O), HV);
 }
 
@@ -454,6 +502,7 @@ static void mla_priv_free(void *p) {
   mla_priv *m = p;
   if (!m) return;
   lp_free(m->freqs);
+  lp_tensor_free(m->cs);
   lp_free(m);
 }
 

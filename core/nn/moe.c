@@ -153,7 +153,9 @@ static lp_status shared_fwd_in(lp_nn_layer *l, lp_nn_ctx *ctx) {
   LP_CHECK(nn_gemm(l->precision, sa1, 1.0f, ctx->saved[M_X], 0, P_SH(l, 0).value, 1, 0.0f));
   LP_CHECK(nn_gemm(l->precision, sa3, 1.0f, ctx->saved[M_X], 0, P_SH(l, 1).value, 1, 0.0f));
   LP_CHECK(lp_tensor_act(sh, LP_TENSOR_ACT_SILU, sa1));
-  return lp_tensor_mul(sh, sh, sa3);
+  LP_CHECK(lp_tensor_mul(sh, sh, sa3));
+  /* h: read by GEMMs only (the output, W2's gradient) */
+  return nn_pack_slot(ctx, l->precision, M_SHH);
 }
 
 static lp_status shared_fwd_out(lp_nn_layer *l, lp_nn_ctx *ctx) {
@@ -245,6 +247,10 @@ static lp_status fwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   nn_keep(ctx, M_XIN, xin);
   LP_CHECK(lp_tensor_gather_rows(xin, ctx->saved[M_RECV], rt->emap, NULL));
   nn_drop(ctx, M_RECV);
+  /* the experts' x and h are read by GEMMs only: at bf16 kept as the bf16
+   * values those read (nn_pack; h once every slot has made its rows) */
+  LP_CHECK(nn_pack_slot(ctx, l->precision, M_XIN));
+  xin = ctx->saved[M_XIN];
   LP_CHECK(new2(rt, R, H, &a1));
   nn_keep(ctx, M_A1, a1);
   LP_CHECK(new2(rt, R, H, &a3));
@@ -270,8 +276,12 @@ static lp_status fwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
       lp_tensor_free(v[i]);
   }
   if (st == LP_OK) st = lp_tensor_gather_rows(outr, oute, rt->rmap, NULL);
+  /* bf16: the experts' outputs are bf16 values, with EP or without (the
+   * combine then carries them as bf16 bits, lossless) */
+  if (st == LP_OK && l->precision == LP_TENSOR_BF16) st = lp_tensor_round_bf16(&outr);
   lp_tensor_free(oute);
   LP_CHECK(st);
+  LP_CHECK(nn_pack_slot(ctx, l->precision, M_H));
   if (m->size == 1) {
     LP_CHECK(lp_tensor_view(outr, &ctx->saved[M_COMB]));
   } else {
@@ -359,6 +369,8 @@ static lp_status bwd_dense(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
     LP_CHECK(nn_swiglu_bwd(l->precision, dy2, ctx->saved[M_SHA1], ctx->saved[M_SHA3],
                         P_SH(l, 0).value, P_SH(l, 1).value, P_SH(l, 2).value,
                         da1, da3, dx, 1.0f));
+    LP_CHECK(nn_pack_slot(ctx, l->precision, M_SHDA1));
+    LP_CHECK(nn_pack_slot(ctx, l->precision, M_SHDA3));
     nn_drop(ctx, M_SHA1);
     nn_drop(ctx, M_SHA3);
   }
@@ -378,6 +390,10 @@ static lp_status bwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
   nn_keep(ctx, M_DOUT, dout);
   LP_CHECK(lp_tensor_gather_rows(dout, ctx->saved[M_DOUTR], rt->emap, NULL));
   nn_drop(ctx, M_DOUTR);
+  /* dout, da1, da3: read by GEMMs only from here (da1, da3 packed once
+   * every slot has used them) */
+  LP_CHECK(nn_pack_slot(ctx, l->precision, M_DOUT));
+  dout = ctx->saved[M_DOUT];
   LP_CHECK(new2(rt, R, H, &da1));
   nn_keep(ctx, M_DA1, da1);
   LP_CHECK(new2(rt, R, H, &da3));
@@ -403,10 +419,14 @@ static lp_status bwd_experts(lp_nn_layer *l, lp_nn_ctx *ctx, int *waiting) {
       lp_tensor_free(v[i]);
   }
   if (st == LP_OK) st = lp_tensor_gather_rows(dxr, dxe, rt->rmap, NULL);
+  /* bf16: so are their input-grads (the dispatch backward's rows) */
+  if (st == LP_OK && l->precision == LP_TENSOR_BF16) st = lp_tensor_round_bf16(&dxr);
   lp_tensor_free(dxe);
   LP_CHECK(st);
   nn_drop(ctx, M_A1);
   nn_drop(ctx, M_A3);
+  LP_CHECK(nn_pack_slot(ctx, l->precision, M_DA1));
+  LP_CHECK(nn_pack_slot(ctx, l->precision, M_DA3));
   if (m->size == 1) return lp_tensor_view(dxr, &ctx->saved[M_DXS]);
   lp_tensor *dxs;
   LP_CHECK(new2(rt, rt->pairs, D, &dxs));

@@ -385,3 +385,25 @@ lp_status lp_nn_param_roles(const lp_nn_layer *l, lp_nn_param_role *roles,
   }
   return LP_OK;
 }
+
+lp_status lp_nn_unrouted_mask(const lp_nn_layer *l, const int64_t *loads, unsigned char *skip,
+                              size_t n) {
+  size_t np;
+  lp_nn_params(l, &np);
+  if (!l || n != np || (n && !skip)) return LP_ERR_ARG;
+  int count = lp_nn_moe_count(l);
+  if (count && !loads) return LP_ERR_ARG;
+  lp_nn_param_role *roles = lp_malloc((n ? n : 1) * sizeof *roles);
+  size_t *base = lp_malloc((size_t)(count + 1) * sizeof *base);
+  lp_status st = roles && base ? lp_nn_param_roles(l, roles, n) : LP_ERR_NOMEM;
+  if (st == LP_OK) {
+    base[0] = 0;
+    for (int k = 0; k < count; k++)
+      base[k + 1] = base[k] + (size_t)lp_nn_moe_get_opts(lp_nn_moe_find(l, k))->experts;
+    for (size_t i = 0; i < n; i++)
+      skip[i] = roles[i].slot >= 0 && loads[base[roles[i].moe] + (size_t)roles[i].expert] == 0;
+  }
+  lp_free(roles);
+  lp_free(base);
+  return st;
+}

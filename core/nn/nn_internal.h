@@ -58,6 +58,9 @@ struct lp_nn_layer {
   /* the GEMMs' precision (lp_nn_layer_set_precision); norms, softmax,
    * losses, routers and optimizers stay float32 whatever it is */
   lp_tensor_precision precision;
+  /* chunks: the precision of the values between children
+   * (lp_nn_chunk_set_boundary; bf16: rounded there) */
+  lp_tensor_precision boundary;
   /* state of a kind the generic layer does not know (moe: config,
    * placement, bias, load), owned: freed by sub_free on release */
   void *sub;
@@ -133,6 +136,16 @@ lp_status nn_fail(lp_nn_ctx *ctx, const lp_nn_layer *l, lp_status st,
 void nn_keep(lp_nn_ctx *ctx, int i, lp_tensor *t);
 /* Frees slot i. */
 void nn_drop(lp_nn_ctx *ctx, int i);
+/* What a layer at precision prec keeps of an activation that only GEMMs
+ * read: at bf16, on a backend whose GEMMs take bf16 operands, *t is
+ * replaced by a packed bf16 copy (lp_tensor_new_bf16; the old header
+ * freed): the values those GEMMs would round it to, so the results are
+ * bitwise the same, at half the bytes and one rounding instead of one per
+ * GEMM. Otherwise (f32, a device, already packed) *t stays. On failure *t
+ * is unchanged. nn_pack_slot does it to ctx slot i (no-op: NULL ctx or an
+ * empty slot). */
+lp_status nn_pack(lp_tensor_precision prec, lp_tensor **t);
+lp_status nn_pack_slot(lp_nn_ctx *ctx, lp_tensor_precision prec, int i);
 /* A dense, owned tensor with x's values: a view when x is dense, else a
  * clone. */
 lp_status nn_dense(const lp_tensor *x, lp_tensor **out);

@@ -129,6 +129,7 @@ lp_status lp_nn_optim_step_masked(lp_nn_optim *o, const unsigned char *skip) {
       LP_CHECK(be->adamw_step(be, n, a->lr, b1, b2, a->eps, decay, bc1, bc2, p,
                               g, m, o->v[i]->data));
     }
+    lp_tensor_touch(pt); /* written through its data: bf16 copies are stale */
   }
   return LP_OK;
 }
@@ -149,6 +150,8 @@ void lp_nn_optim_set_lr(lp_nn_optim *o, float lr) {
 }
 
 int64_t lp_nn_optim_steps(const lp_nn_optim *o) { return o ? o->t : 0; }
+
+size_t lp_nn_optim_count(const lp_nn_optim *o) { return o ? o->n : 0; }
 
 lp_status lp_nn_optim_param_steps(const lp_nn_optim *o, int64_t *steps, size_t n) {
   if (!o || n != o->n || (n && !steps)) return LP_ERR_ARG;

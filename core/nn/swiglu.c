@@ -64,6 +64,9 @@ static lp_status swiglu_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   int64_t hs[LP_TENSOR_MAXDIM];
   lp_status st;
   LP_CHECK(nn_dense(x, &xd));
+  /* x, h (and in input_grad dy, da1, da3) are kept for GEMMs only: at bf16
+   * as the bf16 values they read (nn_pack) */
+  LP_CHECK_GOTO(nn_pack(l->precision, &xd), st, fail);
   nn_shape_last(xd, l->out, hs);
   const lp_tensor_backend *be = lp_tensor_backend_of(xd);
   LP_CHECK_GOTO(lp_tensor_empty(be, xd->ndim, hs, &a1), st, fail);
@@ -77,7 +80,7 @@ static lp_status swiglu_forward(lp_nn_layer *l, lp_nn_ctx *ctx,
   nn_keep(ctx, S_A1, a1);
   nn_keep(ctx, S_A3, a3);
   nn_keep(ctx, S_H, h);
-  return LP_OK;
+  return nn_pack_slot(ctx, l->precision, S_H);
 fail:
   lp_tensor_free(*y);
   *y = NULL;
@@ -93,6 +96,7 @@ static lp_status swiglu_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   lp_tensor *dyd = NULL, *da1 = NULL, *da3 = NULL;
   lp_status st;
   LP_CHECK(nn_dense(dy, &dyd));
+  LP_CHECK_GOTO(nn_pack(l->precision, &dyd), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(ctx->saved[S_A1], &da1), st, fail);
   LP_CHECK_GOTO(lp_tensor_empty_like(ctx->saved[S_A1], &da3), st, fail);
   if (dx) LP_CHECK_GOTO(lp_tensor_empty_like(x, dx), st, fail);
@@ -105,7 +109,8 @@ static lp_status swiglu_input_grad(lp_nn_layer *l, lp_nn_ctx *ctx,
   nn_keep(ctx, S_DY, dyd);
   nn_keep(ctx, S_DA1, da1);
   nn_keep(ctx, S_DA3, da3);
-  return LP_OK;
+  LP_CHECK(nn_pack_slot(ctx, l->precision, S_DA1));
+  return nn_pack_slot(ctx, l->precision, S_DA3);
 fail:
   if (dx) {
     lp_tensor_free(*dx);

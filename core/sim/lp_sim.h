@@ -47,6 +47,15 @@ typedef struct lp_sim_cost {
    * in seconds, scaled by link_unit into cost units. Zero link: no change. */
   lp_link link;
   double message_bytes; /* bytes of one activation / gradient message, >= 0 */
+  /* The activation's size by dtype: act_values values in one activation
+   * (one micro-batch entering a model stage: what a message carries, and
+   * the unit of the memory counters), value_bytes bytes a value (4:
+   * float32, also for 0; 2: bf16, where activations at stage boundaries and
+   * messages are bf16). With act_values > 0 a message is act_values x
+   * value_bytes bytes (message_bytes must then be 0: one or the other) and
+   * the rank stats give peak_act_bytes. */
+  double act_values;
+  int value_bytes;
   /* cost units per second of link time, for exchanges and messages: 1
    * (and 0, the same) when F, B, I, W are in seconds, 1000 in ms */
   double link_unit;
@@ -95,6 +104,11 @@ typedef struct lp_sim_cost {
  * the reason in err for a latency or message size lp_sim_time_check
  * refuses, or a negative or non-finite link field. */
 lp_status lp_sim_message_delay(const lp_sim_cost *c, double *out, char *err);
+/* Bytes of one activation under c: act_values x value_bytes (0 counts as
+ * 4); 0 without act_values. The bytes of one message: message_bytes, or
+ * the activation's bytes when act_values is given. */
+double lp_sim_act_bytes(const lp_sim_cost *c);
+double lp_sim_message_bytes(const lp_sim_cost *c);
 /* Time of one rank's all-to-all-v phase (expert-parallel dispatch or
  * combine) under c's link: lp_link_alltoallv_time(&c->link, bytes_out,
  * bytes_in), the comm layer's model; 0 for a NULL c. */
@@ -166,6 +180,9 @@ typedef struct lp_sim_rank_stats {
   /* data-parallel gradient sums (cost.dp_ranks): their modelled time and
    * the part hidden under the rank's actions (the rest extends finish) */
   double dp, dp_hidden;
+  /* peak over time of the activations held (live + pending W) x the
+   * activation's bytes (cost.act_values x value_bytes; 0 without them) */
+  double peak_act_bytes;
 } lp_sim_rank_stats;
 
 /* A point of a rank's memory counters: values from time t on. */

@@ -48,6 +48,8 @@ void lp_sim_cost_init(lp_sim_cost *c) {
   c->latency = 0;
   memset(&c->link, 0, sizeof c->link);
   c->message_bytes = 0;
+  c->act_values = 0;
+  c->value_bytes = 4;
   c->link_unit = 1;
   c->exchanges = NULL;
   c->nexchange_stages = 0;
@@ -656,7 +658,7 @@ static lp_status collect(run *R, lp_sim_result *res, double latency) {
 
   for (int r = 0; r < R->P; r++) {
     lp_sim_rank_stats *stt = &res->stats[r];
-    int live = 0, pw = 0;
+    int live = 0, pw = 0, held = 0; /* held: peak of live + pw */
     res->ev_first[r] = res->nev;
     res->mem_first[r] = res->nmem;
     sample(res, r, 0, 0, 0);
@@ -680,6 +682,7 @@ static lp_status collect(run *R, lp_sim_result *res, double latency) {
       if (a->type == LP_ACT_F || a->type == LP_ACT_FB) {
         live++;
         if (live > stt->peak_live) stt->peak_live = live;
+        if (live + pw > held) held = live + pw;
         sample(res, r, n->start, live, pw);
       }
       if (btype == LP_ACT_B || btype == LP_ACT_I) {
@@ -707,6 +710,7 @@ static lp_status collect(run *R, lp_sim_result *res, double latency) {
       }
     }
     LP_CHECK(dp_sums(R, r, stt));
+    stt->peak_act_bytes = held * lp_sim_act_bytes(R->cost);
     if (stt->finish > res->makespan) res->makespan = stt->finish;
   }
   res->ev_first[R->P] = res->nev;

@@ -1,13 +1,177 @@
 /* backend_cpu.c — the CPU compute backend: lp_malloc memory, OpenBLAS sgemm
  * (oneDNN's matmul when LUAPIPE_F32_GEMM asks, lp_tensor_f32_onednn),
  * plain loops for elementwise ops. Fixed loop orders, so results are
- * bitwise reproducible for a fixed OPENBLAS_NUM_THREADS. */
+ * bitwise reproducible for a fixed OPENBLAS_NUM_THREADS.
+ *
+ * The elementwise and per-row loops are written so that the compiler
+ * vectorizes them, and built three times (LP_VEC: AVX-512, AVX2, the
+ * generic x86-64 of the build) with the one the CPU supports chosen once
+ * at load. Every one gives the same bits: the C fixes each operation
+ * (ISO C mode: no contraction into FMAs; no -ffast-math), a vector lane
+ * computes exactly what the scalar tail does, and sums run in LANES
+ * fixed partial sums (element j into lane j % LANES, the lanes added as
+ * a fixed tree at the end) whatever the vector width. exp is lp_expf below, a
+ * polynomial in plain float operations, not libm's per element. */
 #include "lp_tensor.h"
+#include "tensor_internal.h"
 
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) &&       \
+    !defined(LP_NO_VEC_CLONES)
+#define LP_VEC __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LP_VEC
+#endif
+#define LP_INLINE static inline __attribute__((always_inline))
+
+/* Partial sums of a reduction: element j goes to lane j % LANES. */
+#define LANES 16
+
+/* e^x in float: Cody-Waite reduction x = k ln2 + r (|r| <= ln2/2, ln2 in
+ * two parts so k * LN2_HI is exact), Cephes' degree-7 polynomial for e^r,
+ * then 2^k applied as two halves 2^k1 2^k2 so that one rounding gives
+ * overflow to inf and gradual underflow to subnormals and 0. Within 1 ulp
+ * of e^x on the 37 million inputs tests/c/test_cpu_kernels.c checks (libm's
+ * expf: 0.5), +-inf and NaN as libm's. */
+LP_INLINE float lp_expf(float x) {
+  x = x < -104.0f ? -104.0f : x; /* e^-104 < half the least subnormal */
+  x = x > 89.0f ? 89.0f : x;     /* e^89 > FLT_MAX (NaN passes both) */
+  const float shift = 0x1.8p23f; /* adding it rounds to an integer */
+  float t = x * 1.44269504088896341f + shift;
+  float kf = t - shift;
+  uint32_t tb;
+  memcpy(&tb, &t, sizeof tb);
+  int32_t k = (int32_t)(tb - 0x4B400000u); /* t's low bits hold k */
+  float r = x - kf * 0.693145751953125f;   /* LN2_HI: 16 bits, exact */
+  r = r - kf * 1.428606765330187e-6f;      /* LN2_LO */
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  int32_t k1 = k / 2, k2 = k - k1; /* each in [-75, 64]: normal powers */
+  uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+  float s1, s2;
+  memcpy(&s1, &b1, sizeof s1);
+  memcpy(&s2, &b2, sizeof s2);
+  return p * s1 * s2;
+}
+
+LP_VEC void lp_tensor_cpu_expf(int64_t n, const float *x, float *y) {
+  for (int64_t i = 0; i < n; i++)
+    y[i] = lp_expf(x[i]);
+}
+
+/* Reductions keep their LANES partial sums in GCC vector types (the
+ * generic x86-64 clone splits them into SSE registers; AVX-512 holds 8
+ * doubles a register), so they stay in registers. A chunk is 16 floats
+ * (two halves of 8); a row's last, shorter chunk is padded (0 for sums: a
+ * lane adds +0, which changes nothing; -inf for maxima). `room` >= n
+ * floats may be read (the causal rows' whole vectors): a short chunk with
+ * room is loaded whole and blended, else gathered one by one. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef double v8d __attribute__((vector_size(64)));
+typedef struct f16 {
+  v8f a, b;
+} f16; /* floats j..j+7, j+8..j+15 */
+typedef struct lanes {
+  v8d a, b;
+} lanes; /* lanes 0..7, 8..15 */
+_Static_assert(LANES == 16, "a chunk is two halves of 8 floats");
+
+/* v: the n (<= LANES) floats at p, then pad. */
+LP_INLINE void f16_load(f16 *v, const float *p, int64_t n, int64_t room, float pad) {
+  if (n >= LANES || room >= LANES) {
+    memcpy(&v->a, p, sizeof v->a);
+    memcpy(&v->b, p + 8, sizeof v->b);
+    if (n >= LANES) return;
+    const v8i lo = {0, 1, 2, 3, 4, 5, 6, 7}, hi = lo + 8;
+    v8f pv = {pad, pad, pad, pad, pad, pad, pad, pad};
+    v8i ka = lo < (int32_t)n, kb = hi < (int32_t)n;
+    v->a = (v8f)(((v8i)v->a & ka) | ((v8i)pv & ~ka));
+    v->b = (v8f)(((v8i)v->b & kb) | ((v8i)pv & ~kb));
+    return;
+  }
+  float t[LANES];
+  for (int k = 0; k < LANES; k++)
+    t[k] = k < n ? p[k] : pad;
+  memcpy(&v->a, t, sizeof v->a);
+  memcpy(&v->b, t + 8, sizeof v->b);
+}
+
+LP_INLINE void lanes_zero(lanes *l) { memset(l, 0, sizeof *l); }
+
+/* l[k] += (double)x[k] */
+LP_INLINE void lanes_add(lanes *l, const f16 *x) {
+  l->a += __builtin_convertvector(x->a, v8d);
+  l->b += __builtin_convertvector(x->b, v8d);
+}
+
+/* l[k] += (double)x[k] * (double)y[k] */
+LP_INLINE void lanes_add_prod(lanes *l, const f16 *x, const f16 *y) {
+  l->a += __builtin_convertvector(x->a, v8d) * __builtin_convertvector(y->a, v8d);
+  l->b += __builtin_convertvector(x->b, v8d) * __builtin_convertvector(y->b, v8d);
+}
+
+/* sum_j (double)e[j] over j < n into l (element j into lane j % LANES). */
+LP_INLINE void lanes_sum(lanes *l, int64_t n, int64_t room, const float *e) {
+  f16 x;
+  for (int64_t j = 0; j < n; j += LANES) {
+    f16_load(&x, e + j, n - j, room - j, 0.0f);
+    lanes_add(l, &x);
+  }
+}
+
+/* sum_j (double)a[j] * (double)b[j] over j < n into l. */
+LP_INLINE void lanes_dot(lanes *l, int64_t n, int64_t room, const float *a, const float *b) {
+  f16 x, y;
+  for (int64_t j = 0; j < n; j += LANES) {
+    f16_load(&x, a + j, n - j, room - j, 0.0f);
+    f16_load(&y, b + j, n - j, room - j, 0.0f);
+    lanes_add_prod(l, &x, &y);
+  }
+}
+
+/* The lanes' total, added as a fixed tree: lane k + lane k + w for w = 8,
+ * 4, 2, 1. */
+LP_INLINE double lanes_total(const lanes *l) {
+  v8d s = l->a + l->b;
+  double t0 = s[0] + s[4], t1 = s[1] + s[5], t2 = s[2] + s[6], t3 = s[3] + s[7];
+  return (t0 + t2) + (t1 + t3);
+}
+
+/* m = x where x > m (a NaN x never enters) */
+LP_INLINE void max8(v8f *m, const v8f *x) {
+  v8i gt = *x > *m;
+  *m = (v8f)(((v8i)*x & gt) | ((v8i)*m & ~gt));
+}
+
+/* The largest of x[0..n) that is not NaN; -inf when there is none. */
+LP_INLINE float lanes_max(int64_t n, int64_t room, const float *x) {
+  f16 m, v;
+  f16_load(&m, x, 0, 0, -INFINITY);
+  for (int64_t j = 0; j < n; j += LANES) {
+    f16_load(&v, x + j, n - j, room - j, -INFINITY);
+    max8(&m.a, &v.a);
+    max8(&m.b, &v.b);
+  }
+  max8(&m.a, &m.b);
+  float t0 = m.a[4] > m.a[0] ? m.a[4] : m.a[0];
+  float t1 = m.a[5] > m.a[1] ? m.a[5] : m.a[1];
+  float t2 = m.a[6] > m.a[2] ? m.a[6] : m.a[2];
+  float t3 = m.a[7] > m.a[3] ? m.a[7] : m.a[3];
+  t0 = t2 > t0 ? t2 : t0;
+  t1 = t3 > t1 ? t3 : t1;
+  return t1 > t0 ? t1 : t0;
+}
 
 static void *cpu_alloc(const lp_tensor_backend *be, size_t bytes) {
   (void)be;
@@ -61,8 +225,7 @@ static lp_status cpu_gemm(const lp_tensor_backend *be, int trans_a, int trans_b,
   return LP_OK;
 }
 
-static lp_status cpu_fill(const lp_tensor_backend *be, int64_t n, float v,
-                          float *x) {
+LP_VEC static lp_status cpu_fill(const lp_tensor_backend *be, int64_t n, float v, float *x) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
     x[i] = v;
@@ -76,32 +239,31 @@ static lp_status cpu_copy(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
-static lp_status cpu_axpy(const lp_tensor_backend *be, int64_t n, float alpha,
-                          const float *x, float *y) {
+LP_VEC static lp_status cpu_axpy(const lp_tensor_backend *be, int64_t n, float alpha,
+                                 const float *x, float *y) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
     y[i] += alpha * x[i];
   return LP_OK;
 }
 
-static lp_status cpu_scale(const lp_tensor_backend *be, int64_t n, float alpha,
-                           float *x) {
+LP_VEC static lp_status cpu_scale(const lp_tensor_backend *be, int64_t n, float alpha, float *x) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
     x[i] *= alpha;
   return LP_OK;
 }
 
-static lp_status cpu_add(const lp_tensor_backend *be, int64_t n, const float *a,
-                         const float *b, float *out) {
+LP_VEC static lp_status cpu_add(const lp_tensor_backend *be, int64_t n, const float *a,
+                                const float *b, float *out) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
     out[i] = a[i] + b[i];
   return LP_OK;
 }
 
-static lp_status cpu_mul(const lp_tensor_backend *be, int64_t n, const float *a,
-                         const float *b, float *out) {
+LP_VEC static lp_status cpu_mul(const lp_tensor_backend *be, int64_t n, const float *a,
+                                const float *b, float *out) {
   (void)be;
   for (int64_t i = 0; i < n; i++)
     out[i] = a[i] * b[i];
@@ -111,31 +273,30 @@ static lp_status cpu_mul(const lp_tensor_backend *be, int64_t n, const float *a,
 #define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f
 
-static lp_status cpu_act(const lp_tensor_backend *be, lp_tensor_act_kind kind,
-                         int64_t n, const float *x, float *y) {
+LP_VEC static lp_status cpu_act(const lp_tensor_backend *be, lp_tensor_act_kind kind, int64_t n,
+                                const float *x, float *y) {
   (void)be;
   switch (kind) {
   case LP_TENSOR_ACT_GELU:
-    /* 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one expf instead of tanhf */
+    /* 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one exp instead of tanhf */
     for (int64_t i = 0; i < n; i++) {
       float v = x[i];
       float u = GELU_C * (v + GELU_A * v * v * v);
-      y[i] = v / (1.0f + expf(-2.0f * u));
+      y[i] = v / (1.0f + lp_expf(-2.0f * u));
     }
     return LP_OK;
   case LP_TENSOR_ACT_SILU:
     for (int64_t i = 0; i < n; i++) {
       float v = x[i];
-      y[i] = v / (1.0f + expf(-v));
+      y[i] = v / (1.0f + lp_expf(-v));
     }
     return LP_OK;
   }
   return LP_ERR_ARG;
 }
 
-static lp_status cpu_act_backward(const lp_tensor_backend *be,
-                                  lp_tensor_act_kind kind, int64_t n,
-                                  const float *x, const float *dy, float *dx) {
+LP_VEC static lp_status cpu_act_backward(const lp_tensor_backend *be, lp_tensor_act_kind kind,
+                                         int64_t n, const float *x, const float *dy, float *dx) {
   (void)be;
   switch (kind) {
   case LP_TENSOR_ACT_GELU:
@@ -143,7 +304,7 @@ static lp_status cpu_act_backward(const lp_tensor_backend *be,
     for (int64_t i = 0; i < n; i++) {
       float v = x[i];
       float u = GELU_C * (v + GELU_A * v * v * v);
-      float s = 1.0f / (1.0f + expf(-2.0f * u));
+      float s = 1.0f / (1.0f + lp_expf(-2.0f * u));
       float du = GELU_C * (1.0f + 3.0f * GELU_A * v * v);
       dx[i] = dy[i] * (s + 2.0f * v * s * (1.0f - s) * du);
     }
@@ -151,7 +312,7 @@ static lp_status cpu_act_backward(const lp_tensor_backend *be,
   case LP_TENSOR_ACT_SILU:
     for (int64_t i = 0; i < n; i++) {
       float v = x[i];
-      float s = 1.0f / (1.0f + expf(-v));
+      float s = 1.0f / (1.0f + lp_expf(-v));
       dx[i] = dy[i] * (s * (1.0f + v * (1.0f - s)));
     }
     return LP_OK;
@@ -159,36 +320,58 @@ static lp_status cpu_act_backward(const lp_tensor_backend *be,
   return LP_ERR_ARG;
 }
 
-static lp_status cpu_softmax_rows(const lp_tensor_backend *be, int64_t rows,
-                                  int64_t cols, const float *x, float *y) {
+/* Softmax of one row of n floats (y may alias x); the sum of the
+ * exponentials in double lanes. A fully masked row (all -inf) gives
+ * zeros. Entries at -inf add exact zeros to the lanes, so a row with
+ * -inf after its first i entries equals the softmax of those i. */
+/* m >= n: the exponentials are taken over m entries (a whole number of
+ * vectors where the row has room: no scalar tail), only the first n
+ * count; y[n..m) is left to the caller. */
+LP_INLINE void softmax_row(int64_t n, int64_t m, const float *x, float *y) {
+  float mx = lanes_max(n, m, x);
+  if (mx == -INFINITY) {
+    for (int64_t j = 0; j < n; j++)
+      y[j] = 0.0f;
+    return;
+  }
+  for (int64_t j = 0; j < m; j++)
+    y[j] = lp_expf(x[j] - mx);
+  lanes acc;
+  lanes_zero(&acc);
+  lanes_sum(&acc, n, m, y);
+  float inv = (float)(1.0 / lanes_total(&acc));
+  for (int64_t j = 0; j < n; j++)
+    y[j] *= inv;
+}
+
+LP_VEC static lp_status cpu_softmax_rows(const lp_tensor_backend *be, int64_t rows, int64_t cols,
+                                         const float *x, float *y) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++)
+    softmax_row(cols, cols, x + r * cols, y + r * cols);
+  return LP_OK;
+}
+
+/* Causal softmax: row r (position i = r % t of its block) is the softmax
+ * of its first i + 1 entries, zeros after; the same bits as causal_mask
+ * then softmax_rows, without the masked triangle's work. The exponentials
+ * run up to a multiple of LANES inside the row (entries that are then
+ * zeroed: x's values there do not matter). */
+LP_VEC static lp_status cpu_causal_softmax_rows(const lp_tensor_backend *be, int64_t rows,
+                                                int64_t t, const float *x, float *y) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
-    const float *xr = x + r * cols;
-    float *yr = y + r * cols;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < cols; j++)
-      if (xr[j] > mx) mx = xr[j];
-    if (mx == -INFINITY) { /* fully masked row: define as zeros */
-      for (int64_t j = 0; j < cols; j++)
-        yr[j] = 0.0f;
-      continue;
-    }
-    double sum = 0.0;
-    for (int64_t j = 0; j < cols; j++) {
-      float e = expf(xr[j] - mx);
-      yr[j] = e;
-      sum += e;
-    }
-    float inv = (float)(1.0 / sum);
-    for (int64_t j = 0; j < cols; j++)
-      yr[j] *= inv;
+    int64_t n = r % t + 1, m = (n + LANES - 1) / LANES * LANES;
+    float *yr = y + r * t;
+    softmax_row(n, m < t ? m : t, x + r * t, yr);
+    for (int64_t j = n; j < t; j++)
+      yr[j] = 0.0f;
   }
   return LP_OK;
 }
 
-static lp_status cpu_sum_rows(const lp_tensor_backend *be, int64_t rows,
-                              int64_t cols, const float *x, float beta,
-                              float *out) {
+LP_VEC static lp_status cpu_sum_rows(const lp_tensor_backend *be, int64_t rows, int64_t cols,
+                                     const float *x, float beta, float *out) {
   (void)be;
   for (int64_t j = 0; j < cols; j++)
     out[j] = beta == 0.0f ? 0.0f : beta * out[j];
@@ -217,10 +400,9 @@ static lp_status cpu_gather_rows(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
-static lp_status cpu_scatter_add_rows(const lp_tensor_backend *be, int64_t n,
-                                      int64_t cols, const float *x,
-                                      const int64_t *idx, const float *scale,
-                                      float *out) {
+LP_VEC static lp_status cpu_scatter_add_rows(const lp_tensor_backend *be, int64_t n, int64_t cols,
+                                             const float *x, const int64_t *idx, const float *scale,
+                                             float *out) {
   (void)be;
   for (int64_t i = 0; i < n; i++) {
     const float *src = x + i * cols;
@@ -254,16 +436,16 @@ static lp_status cpu_add_rowvec(const lp_tensor_backend *be, int64_t rows,
   return LP_OK;
 }
 
-static lp_status cpu_rmsnorm(const lp_tensor_backend *be, int64_t rows,
-                             int64_t d, float eps, const float *x,
-                             const float *w, float *y, float *rstd) {
+LP_VEC static lp_status cpu_rmsnorm(const lp_tensor_backend *be, int64_t rows, int64_t d, float eps,
+                                    const float *x, const float *w, float *y, float *rstd) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * d;
     float *yr = y + r * d;
-    double ss = 0.0;
-    for (int64_t c = 0; c < d; c++)
-      ss += (double)xr[c] * xr[c];
+    lanes acc;
+    lanes_zero(&acc);
+    lanes_dot(&acc, d, d, xr, xr);
+    double ss = lanes_total(&acc);
     float rs = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
     rstd[r] = rs;
     for (int64_t c = 0; c < d; c++)
@@ -272,19 +454,26 @@ static lp_status cpu_rmsnorm(const lp_tensor_backend *be, int64_t rows,
   return LP_OK;
 }
 
-static lp_status cpu_rmsnorm_backward(const lp_tensor_backend *be,
-                                      int64_t rows, int64_t d, const float *x,
-                                      const float *w, const float *rstd,
-                                      const float *dy, float *dx, float *gw) {
+LP_VEC static lp_status cpu_rmsnorm_backward(const lp_tensor_backend *be, int64_t rows, int64_t d,
+                                             const float *x, const float *w, const float *rstd,
+                                             const float *dy, float *dx, float *gw) {
   (void)be;
   for (int64_t r = 0; dx && r < rows; r++) {
     const float *xr = x + r * d, *gr = dy + r * d;
     float *dr = dx + r * d;
     float rs = rstd[r];
-    double m = 0.0; /* mean of (dy * w) * xhat */
-    for (int64_t c = 0; c < d; c++)
-      m += (double)(gr[c] * w[c]) * (xr[c] * rs);
-    float mf = (float)(m / (double)d);
+    lanes acc; /* mean of (dy * w) * xhat */
+    lanes_zero(&acc);
+    f16 gv, wv, xv;
+    for (int64_t c = 0; c < d; c += LANES) {
+      f16_load(&gv, gr + c, d - c, d - c, 0.0f);
+      f16_load(&wv, w + c, d - c, d - c, 0.0f);
+      f16_load(&xv, xr + c, d - c, d - c, 0.0f);
+      gv.a *= wv.a, gv.b *= wv.b; /* float products, as dx's below */
+      xv.a *= rs, xv.b *= rs;
+      lanes_add_prod(&acc, &gv, &xv);
+    }
+    float mf = (float)(lanes_total(&acc) / (double)d);
     for (int64_t c = 0; c < d; c++)
       dr[c] = rs * (gr[c] * w[c] - xr[c] * rs * mf);
   }
@@ -326,43 +515,72 @@ static lp_status cpu_causal_mask(const lp_tensor_backend *be, int64_t rows,
   return LP_OK;
 }
 
-static lp_status cpu_softmax_backward_rows(const lp_tensor_backend *be,
-                                           int64_t rows, int64_t cols,
-                                           const float *p, float *ds) {
+/* ds = p * (ds - sum_j ds[j] p[j]) over one row of n (sum in double
+ * lanes). Entries with p = 0 add exact zeros to the sum. */
+/* (the product runs over m >= n entries; those past n are the caller's) */
+LP_INLINE void softmax_backward_row(int64_t n, int64_t m, const float *pr, float *dr) {
+  lanes acc;
+  lanes_zero(&acc);
+  lanes_dot(&acc, n, m, dr, pr);
+  float sf = (float)lanes_total(&acc);
+  for (int64_t j = 0; j < m; j++)
+    dr[j] = pr[j] * (dr[j] - sf);
+}
+
+LP_VEC static lp_status cpu_softmax_backward_rows(const lp_tensor_backend *be, int64_t rows,
+                                                  int64_t cols, const float *p, float *ds) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++)
+    softmax_backward_row(cols, cols, p + r * cols, ds + r * cols);
+  return LP_OK;
+}
+
+/* The backward of causal_softmax_rows: row r's first r % t + 1 entries as
+ * softmax_backward_rows gives them, zeros after (where p is 0). */
+LP_VEC static lp_status cpu_causal_softmax_backward_rows(const lp_tensor_backend *be, int64_t rows,
+                                                         int64_t t, const float *p, float *ds) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
-    const float *pr = p + r * cols;
-    float *dr = ds + r * cols;
-    double s = 0.0;
-    for (int64_t j = 0; j < cols; j++)
-      s += (double)dr[j] * pr[j];
-    float sf = (float)s;
-    for (int64_t j = 0; j < cols; j++)
-      dr[j] = pr[j] * (dr[j] - sf);
+    int64_t n = r % t + 1, m = (n + LANES - 1) / LANES * LANES;
+    float *dr = ds + r * t;
+    softmax_backward_row(n, m < t ? m : t, p + r * t, dr);
+    for (int64_t j = n; j < t; j++)
+      dr[j] = 0.0f;
   }
   return LP_OK;
 }
 
-static lp_status cpu_cross_entropy(const lp_tensor_backend *be, int64_t rows,
-                                   int64_t v, const float *logits,
-                                   const float *targets, double gs,
-                                   double *loss, float *dl) {
+/* Per row: m = max, e_j = lp_expf(l_j - m) (float), s = sum e_j in
+ * double lanes; loss = m + log s - l_t; dl_j = gs (e_j / s - [j == t]).
+ * Without dl the exponentials go through a stack block of CE_BLOCK (a
+ * multiple of LANES, so the lanes and the loss are the same bits). */
+#define CE_BLOCK 512
+LP_VEC static lp_status cpu_cross_entropy(const lp_tensor_backend *be, int64_t rows, int64_t v,
+                                          const float *logits, const float *targets, double gs,
+                                          double *loss, float *dl) {
   (void)be;
+  float eb[CE_BLOCK];
   for (int64_t r = 0; r < rows; r++) {
     const float *lr = logits + r * v;
     int64_t t = (int64_t)targets[r];
-    float m = lr[0];
-    for (int64_t j = 1; j < v; j++)
-      if (lr[j] > m) m = lr[j];
-    double s = 0.0;
-    for (int64_t j = 0; j < v; j++)
-      s += exp((double)lr[j] - m);
+    float m = lanes_max(v, v, lr);
+    lanes acc;
+    lanes_zero(&acc);
+    float *g = dl ? dl + r * v : NULL;
+    for (int64_t j0 = 0; j0 < v; j0 += CE_BLOCK) {
+      int64_t n = v - j0 < CE_BLOCK ? v - j0 : CE_BLOCK;
+      float *e = g ? g + j0 : eb;
+      for (int64_t j = 0; j < n; j++)
+        e[j] = lp_expf(lr[j0 + j] - m);
+      lanes_sum(&acc, n, n, e);
+    }
+    double s = lanes_total(&acc);
     loss[r] = (double)m + log(s) - (double)lr[t];
-    if (dl) {
-      float *g = dl + r * v;
+    if (g) {
+      double et = g[t];
       for (int64_t j = 0; j < v; j++)
-        g[j] =
-            (float)(gs * (exp((double)lr[j] - m) / s - (j == t ? 1.0 : 0.0)));
+        g[j] = (float)(gs * ((double)g[j] / s));
+      g[t] = (float)(gs * (et / s - 1.0));
     }
   }
   return LP_OK;
@@ -380,9 +598,8 @@ static lp_status cpu_sq_error(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
-static lp_status cpu_sgd_step(const lp_tensor_backend *be, int64_t n,
-                              double lr, double mu, double wd, float *p,
-                              const float *g, float *m) {
+LP_VEC static lp_status cpu_sgd_step(const lp_tensor_backend *be, int64_t n, double lr, double mu,
+                                     double wd, float *p, const float *g, float *m) {
   (void)be;
   for (int64_t j = 0; j < n; j++) {
     double gj = (double)g[j] + wd * (double)p[j];
@@ -393,18 +610,29 @@ static lp_status cpu_sgd_step(const lp_tensor_backend *be, int64_t n,
   return LP_OK;
 }
 
-static lp_status cpu_adamw_step(const lp_tensor_backend *be, int64_t n,
-                                double lr, double b1, double b2, double eps,
-                                double decay, double bc1, double bc2, float *p,
-                                const float *g, float *m, float *v) {
+/* The formula of lp_tensor.h in double, with the two bias corrections as
+ * multiplications by their reciprocals (one division and a sqrt per
+ * element instead of three and a sqrt: the loop was bound by them). The
+ * double results differ from the divisions' by an ulp of a double, so the
+ * float results are the same but for the rare one at a rounding boundary
+ * (tests/c/test_cpu_kernels.c counts them). p, g, m, v are separate
+ * buffers (restrict: no alias checks); sqrt vectorizes because this file
+ * is built with -fno-math-errno (it never sets errno here: v >= 0). */
+LP_VEC static lp_status cpu_adamw_step(const lp_tensor_backend *be, int64_t n, double lr, double b1,
+                                       double b2, double eps, double decay, double bc1, double bc2,
+                                       float *restrict p, const float *restrict g,
+                                       float *restrict m, float *restrict v) {
   (void)be;
+  double ibc1 = 1.0 / bc1, ibc2 = 1.0 / bc2;
   for (int64_t j = 0; j < n; j++) {
     double gj = g[j];
     double pj = (double)p[j] * decay;
-    m[j] = (float)(b1 * (double)m[j] + (1.0 - b1) * gj);
-    v[j] = (float)(b2 * (double)v[j] + (1.0 - b2) * gj * gj);
-    double den = sqrt((double)v[j] / bc2) + eps;
-    p[j] = (float)(pj - lr * ((double)m[j] / bc1) / den);
+    float mj = (float)(b1 * (double)m[j] + (1.0 - b1) * gj);
+    float vj = (float)(b2 * (double)v[j] + (1.0 - b2) * gj * gj);
+    m[j] = mj;
+    v[j] = vj;
+    double den = sqrt((double)vj * ibc2) + eps;
+    p[j] = (float)(pj - lr * ((double)mj * ibc1) / den);
   }
   return LP_OK;
 }
@@ -463,7 +691,10 @@ static const lp_tensor_backend cpu_backend = {
     .adamw_step = cpu_adamw_step,
     .dot_rows = cpu_dot_rows,
     .rope = cpu_rope,
+    .causal_softmax_rows = cpu_causal_softmax_rows,
+    .causal_softmax_backward_rows = cpu_causal_softmax_backward_rows,
     .gemm_bf16 = lp_tensor_cpu_gemm_bf16,
+    .gemm_bf16h = lp_tensor_cpu_gemm_bf16h,
 };
 
 const lp_tensor_backend *lp_tensor_backend_cpu(void) { return &cpu_backend; }

@@ -3,22 +3,28 @@
  *
  * Two engines give the same numbers up to summation order:
  *  - oneDNN (built with LP_TENSOR_WITH_ONEDNN, run when the CPU has
- *    AVX512-BF16 or AMX, asked of oneDNN at run time): the operands are
+ *    AVX512-BF16 or AMX, asked of oneDNN at run time): float operands are
  *    rounded to bf16 copies (round to nearest even, as oneDNN's own
- *    reorder does) and a oneDNN matmul multiplies them;
- *  - the float32 fallback: the operands are rounded to bf16 values held
- *    in floats and OpenBLAS sgemm multiplies them. A product of two bf16
- *    values is exact in float32, so only the order of the sums differs.
+ *    reorder does), operands in bf16 already (gemm_bf16h: a weight's kept
+ *    copy, a packed activation; see lp_tensor.h) go as they are, with
+ *    their own strides (a transposed use is a memory format, not a copy),
+ *    and a oneDNN matmul multiplies them;
+ *  - the float32 fallback: the operands are rounded to (or widened from)
+ *    bf16 values held in floats and OpenBLAS sgemm multiplies them. A
+ *    product of two bf16 values is exact in float32, so only the order of
+ *    the sums differs.
  * Which one runs is fixed per process (lp_tensor_bf16_engine says which;
  * products under 64^3 multiply-adds take the fallback even there, a rule
  * of the shape), so every rank of a run on one kind of machine makes the
  * same choice.
  *
- * oneDNN primitives are cached by shape (a table under a mutex; shapes
- * that are not multiples of 16 share one made for run-time dims, use_rt);
+ * oneDNN primitives are cached by shape (a table under a mutex; a shape
+ * with one dim off a multiple of 16 is split into a fixed-shape part and
+ * a zero-padded 16-wide tail, dnnl_split; shapes with more ragged dims
+ * share one primitive made for run-time dims, use_rt);
  * oneDNN runs on one OpenMP thread per rank unless OMP_NUM_THREADS says
  * otherwise, so results do not depend on how many cores a rank sees. */
-#include "lp_tensor.h"
+#include "tensor_internal.h"
 
 #include <cblas.h>
 #include <limits.h>
@@ -54,6 +60,69 @@ float lp_tensor_bf16_round(float x) {
   return lp_tensor_bf16_to_float(lp_tensor_bf16_from_float(x));
 }
 
+/* The loops below are lp_tensor_bf16_from_float / _to_float without
+ * branches, so that the compiler vectorizes them; each has an AVX-512BW
+ * twin, run where the CPU has it (integer operations: the same bits either
+ * way). */
+#define ROUND_BODY                                                         \
+  for (int64_t i = 0; i < n; i++) {                                        \
+    uint32_t u;                                                            \
+    memcpy(&u, &src[i], sizeof u);                                         \
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;                   \
+    uint32_t q = (u >> 16) | 0x0040u; /* NaN: a quiet NaN */               \
+    dst[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);          \
+  }
+#define ROUNDF_BODY                                                        \
+  for (int64_t i = 0; i < n; i++) {                                        \
+    uint32_t u;                                                            \
+    memcpy(&u, &src[i], sizeof u);                                         \
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;           \
+    uint32_t q = (u & 0xffff0000u) | 0x00400000u;                          \
+    u = (u & 0x7fffffffu) > 0x7f800000u ? q : r;                           \
+    memcpy(&dst[i], &u, sizeof u);                                         \
+  }
+#define WIDEN_BODY                                                         \
+  for (int64_t i = 0; i < n; i++) {                                        \
+    uint32_t u = (uint32_t)src[i] << 16;                                   \
+    memcpy(&dst[i], &u, sizeof u);                                         \
+  }
+
+static void round_to_c(int64_t n, const float *src, uint16_t *dst) { ROUND_BODY }
+static void round_floats_c(int64_t n, const float *src, float *dst) { ROUNDF_BODY }
+static void widen_c(int64_t n, const uint16_t *src, float *dst) { WIDEN_BODY }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define AVX512 __attribute__((target("avx512f,avx512bw")))
+AVX512 static void round_to_512(int64_t n, const float *src, uint16_t *dst) { ROUND_BODY }
+AVX512 static void round_floats_512(int64_t n, const float *src, float *dst) { ROUNDF_BODY }
+AVX512 static void widen_512(int64_t n, const uint16_t *src, float *dst) { WIDEN_BODY }
+static int have_512(void) {
+  static int v = -1; /* a rule of the machine, asked once */
+  if (v < 0) {
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx512bw") ? 1 : 0;
+  }
+  return v;
+}
+#else
+#define round_to_512 round_to_c
+#define round_floats_512 round_floats_c
+#define widen_512 widen_c
+static int have_512(void) { return 0; }
+#endif
+
+void tensor_bf16_round_to(int64_t n, const float *src, uint16_t *dst) {
+  (have_512() ? round_to_512 : round_to_c)(n, src, dst);
+}
+
+void tensor_bf16_round_floats(int64_t n, const float *src, float *dst) {
+  (have_512() ? round_floats_512 : round_floats_c)(n, src, dst);
+}
+
+void tensor_bf16_widen(int64_t n, const uint16_t *src, float *dst) {
+  (have_512() ? widen_512 : widen_c)(n, src, dst);
+}
+
 const char *lp_tensor_precision_name(lp_tensor_precision p) {
   return p == LP_TENSOR_BF16 ? "bf16" : "f32";
 }
@@ -71,13 +140,18 @@ int lp_tensor_precision_parse(const char *s, lp_tensor_precision *out) {
   return 0;
 }
 
-/* Rounds the stored rows x cols matrix at a (row stride lda) to bf16
- * values, dense (row stride cols) into dst. */
-static void round_matrix(int64_t rows, int64_t cols, const float *a,
+/* Rounds the stored rows x cols matrix at a (row stride lda; floats, or
+ * bf16 values when h, widened exactly) to bf16 values held in floats,
+ * dense (row stride cols) into dst. */
+static void round_matrix(int64_t rows, int64_t cols, const void *a, int h,
                          int64_t lda, float *dst) {
+  if (lda == cols) /* dense: one run */
+    cols *= rows, rows = 1;
   for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++)
-      dst[r * cols + c] = lp_tensor_bf16_round(a[r * lda + c]);
+    if (h)
+      tensor_bf16_widen(cols, (const uint16_t *)a + r * lda, dst + r * cols);
+    else
+      tensor_bf16_round_floats(cols, (const float *)a + r * lda, dst + r * cols);
 }
 
 /* ---- engine choice ---------------------------------------------------- */
@@ -145,9 +219,11 @@ static void dnnl_threads(void) {
  * fastest kernels), else one with the dims given at run time (shared by
  * every shape: MoE experts see a new token count at nearly every call,
  * and making a primitive per count costs more than the GEMM). */
-/* m * n * k below which the fallback runs (see lp_tensor_cpu_gemm_bf16):
+/* m * n * k up to which the fallback runs (see lp_tensor_cpu_gemm_bf16):
  * at 64^3 the char-LM's bf16 step went from 1.27x float32's (OpenBLAS
- * AVX-512) to even with it; at 2e6, 1.2x again */
+ * AVX-512) to even with it; at 2e6, 1.2x again. 64^3 itself stays on the
+ * fallback: oneDNN 2.6 gives it its gemm:jit kernel, not AMX (33 us a
+ * call on the MoE LM's attention heads, DNNL_VERBOSE) */
 #define SMALL_GEMM ((int64_t)64 * 64 * 64)
 static int use_rt(int64_t m, int64_t n, int64_t k) {
   return (m | n | k) % 16 != 0;
@@ -158,6 +234,8 @@ typedef struct pkey {
   int bf16, ta, tb;
   int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
+  int64_t batch, sa, sb, sc; /* batch > 1: a batched matmul (strides of
+                              * A, B, C between items); else 0 */
 } pkey;
 
 typedef struct pent {
@@ -176,7 +254,8 @@ static int key_eq(const pkey *x, const pkey *y) {
   return x->rt == y->rt && x->bf16 == y->bf16 && x->ta == y->ta && x->tb == y->tb &&
          x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda &&
          x->ldb == y->ldb && x->ldc == y->ldc && x->alpha == y->alpha &&
-         x->beta == y->beta;
+         x->beta == y->beta && x->batch == y->batch && x->sa == y->sa &&
+         x->sb == y->sb && x->sc == y->sc;
 }
 
 /* The memory descriptors of A (m x k; ta: stored k x m), B (k x n; tb:
@@ -185,6 +264,16 @@ static int key_eq(const pkey *x, const pkey *y) {
 static int make_descs(const pkey *key, int rt, dnnl_memory_desc_t *a,
                       dnnl_memory_desc_t *b, dnnl_memory_desc_t *c) {
   dnnl_data_type_t dt = key->bf16 ? dnnl_bf16 : dnnl_f32;
+  if (key->batch > 1) { /* fixed dims, a leading batch dim */
+    dnnl_dims_t ad = {key->batch, key->m, key->k}, bd = {key->batch, key->k, key->n},
+                cd = {key->batch, key->m, key->n};
+    dnnl_dims_t as = {key->sa, key->ta ? 1 : key->lda, key->ta ? key->lda : 1};
+    dnnl_dims_t bs = {key->sb, key->tb ? 1 : key->ldb, key->tb ? key->ldb : 1};
+    dnnl_dims_t cs = {key->sc, key->ldc, 1};
+    return dnnl_memory_desc_init_by_strides(a, 3, ad, dt, as) == dnnl_success &&
+           dnnl_memory_desc_init_by_strides(b, 3, bd, dt, bs) == dnnl_success &&
+           dnnl_memory_desc_init_by_strides(c, 3, cd, dnnl_f32, cs) == dnnl_success;
+  }
   const int64_t R = DNNL_RUNTIME_DIM_VAL;
   dnnl_dims_t ad = {rt ? R : key->m, rt ? R : key->k};
   dnnl_dims_t bd = {rt ? R : key->k, rt ? R : key->n};
@@ -289,9 +378,10 @@ static lp_status dnnl_run(const pkey *shape, int rt, const void *a,
  * bf16 copy. */
 static void to_bf16(int64_t rows, int64_t cols, const float *a, int64_t lda,
                     uint16_t *dst) {
+  if (lda == cols) /* dense: one run */
+    cols *= rows, rows = 1;
   for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++)
-      dst[r * cols + c] = lp_tensor_bf16_from_float(a[r * lda + c]);
+    tensor_bf16_round_to(cols, a + r * lda, dst + r * cols);
 }
 
 #endif /* LP_TENSOR_WITH_ONEDNN */
@@ -409,19 +499,23 @@ static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
 
 /* The float32 fallback: round, then sgemm on the dense rounded copies. */
 static lp_status gemm_bf16_fallback(int ta, int tb, int64_t m, int64_t n,
-                                    int64_t k, float alpha, const float *a,
-                                    int64_t lda, int64_t stride_a,
-                                    const float *b, int64_t ldb,
+                                    int64_t k, float alpha, const void *a,
+                                    int a_h, int64_t lda, int64_t stride_a,
+                                    const void *b, int b_h, int64_t ldb,
                                     int64_t stride_b, float beta, float *c,
                                     int64_t ldc, int64_t stride_c,
                                     int64_t batch) {
+  size_t ea = a_h ? sizeof(uint16_t) : sizeof(float);
+  size_t eb = b_h ? sizeof(uint16_t) : sizeof(float);
   int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
   float *ra = lp_malloc((size_t)(ar * ac + br * bc) * sizeof(float));
   if (!ra) return LP_ERR_NOMEM;
   float *rb = ra + ar * ac;
   for (int64_t i = 0; i < batch; i++) {
-    round_matrix(ar, ac, a + i * stride_a, lda, ra);
-    round_matrix(br, bc, b + i * stride_b, ldb, rb);
+    round_matrix(ar, ac, (const char *)a + (size_t)(i * stride_a) * ea, a_h,
+                 lda, ra);
+    round_matrix(br, bc, (const char *)b + (size_t)(i * stride_b) * eb, b_h,
+                 ldb, rb);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                 tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha,
                 ra, (int)ac, rb, (int)bc, beta, c + i * stride_c, (int)ldc);
@@ -430,6 +524,139 @@ static lp_status gemm_bf16_fallback(int ta, int tb, int64_t m, int64_t n,
   return LP_OK;
 }
 
+#ifdef LP_TENSOR_WITH_ONEDNN
+/* One oneDNN matmul per batch item: operands in bf16 already go as they
+ * are (their own row strides), float ones are rounded to dense copies. */
+static lp_status matmul_bf16(int ta, int tb, int64_t m, int64_t n, int64_t k,
+                           float alpha, const void *a, int a_h, int64_t lda,
+                           int64_t stride_a, const void *b, int b_h,
+                           int64_t ldb, int64_t stride_b, float beta,
+                           float *c, int64_t ldc, int64_t stride_c,
+                           int64_t batch) {
+  dnnl_threads();
+  int64_t ar = ta ? k : m, ac = ta ? m : k;
+  int64_t br = tb ? n : k, bc = tb ? k : n;
+  pkey key = {0, 1, ta, tb, m, n, k, a_h ? lda : ac, b_h ? ldb : bc, ldc,
+              alpha, beta, 0, 0, 0, 0};
+  int rt = use_rt(m, n, k);
+  size_t na = a_h ? 0 : (size_t)(ar * ac), nb = b_h ? 0 : (size_t)(br * bc);
+  uint16_t *tmp = NULL;
+  if (na + nb && !(tmp = lp_malloc((na + nb) * sizeof(uint16_t))))
+    return LP_ERR_NOMEM;
+  lp_status st = LP_OK;
+  for (int64_t i = 0; i < batch && st == LP_OK; i++) {
+    const uint16_t *pa, *pb;
+    if (a_h) {
+      pa = (const uint16_t *)a + i * stride_a;
+    } else {
+      to_bf16(ar, ac, (const float *)a + i * stride_a, lda, tmp);
+      pa = tmp;
+    }
+    if (b_h) {
+      pb = (const uint16_t *)b + i * stride_b;
+    } else {
+      to_bf16(br, bc, (const float *)b + i * stride_b, ldb, tmp + na);
+      pb = tmp + na;
+    }
+    st = dnnl_run(&key, rt, pa, pb, c + i * stride_c);
+  }
+  lp_free(tmp);
+  return st;
+}
+
+/* dst (rows_p x cols_p, dense bf16) = the logical block [r0, r0 + rows) x
+ * [c0, c0 + cols) of op(P) (op: transposed when t; P floats, rounded, or
+ * bf16 values when h; row stride ld), zeros around it. */
+static void gather_block(const void *p, int h, int t, int64_t ld, int64_t r0,
+                         int64_t rows, int64_t c0, int64_t cols,
+                         int64_t rows_p, int64_t cols_p, uint16_t *dst) {
+  memset(dst, 0, (size_t)(rows_p * cols_p) * sizeof *dst);
+  if (!t) { /* rows of P: whole runs */
+    for (int64_t i = 0; i < rows; i++) {
+      int64_t at = (r0 + i) * ld + c0;
+      if (h)
+        memcpy(dst + i * cols_p, (const uint16_t *)p + at, (size_t)cols * sizeof *dst);
+      else
+        tensor_bf16_round_to(cols, (const float *)p + at, dst + i * cols_p);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) {
+      int64_t at = t ? (c0 + j) * ld + (r0 + i) : (r0 + i) * ld + (c0 + j);
+      dst[i * cols_p + j] = h ? ((const uint16_t *)p)[at]
+                              : lp_tensor_bf16_from_float(((const float *)p)[at]);
+    }
+}
+
+/* The oneDNN path with shapes kept to multiples of 16 where one dim is
+ * not (MoE experts' token counts: m in their forward and dx, k in their
+ * weight-grads): oneDNN's kernels for fixed shapes (AMX) instead of the
+ * much slower one it has for run-time dims. The first multiple-of-16 rows
+ * (or sum terms) go to a primitive of that shape; the rest, padded with
+ * zeros to 16, to a 16-row (16-term) one. Two calls cost more than one
+ * run-time-dims call when the ragged dim is small (the MoE LM's experts
+ * of ~32 tokens: its step 0.93x; DeepSeek-V3 bench's ~256: 1.2x), so
+ * under SPLIT_MIN, or with two or more ragged dims, the run-time-dims
+ * primitive runs. A rule of the shape: every rank splits alike. */
+#define SPLIT_MIN 64
+static lp_status dnnl_split(int ta, int tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const void *a, int a_h, int64_t lda,
+                            int64_t stride_a, const void *b, int b_h,
+                            int64_t ldb, int64_t stride_b, float beta,
+                            float *c, int64_t ldc, int64_t stride_c,
+                            int64_t batch) {
+  int64_t m16 = m & ~(int64_t)15, k16 = k & ~(int64_t)15;
+  int split_m = m % 16 && n % 16 == 0 && k % 16 == 0 && m16 >= SPLIT_MIN;
+  int split_k = !split_m && k % 16 && m % 16 == 0 && n % 16 == 0 && k16 >= SPLIT_MIN;
+  if (!split_m && !split_k)
+    return matmul_bf16(ta, tb, m, n, k, alpha, a, a_h, lda, stride_a, b, b_h, ldb,
+                     stride_b, beta, c, ldc, stride_c, batch);
+  size_t ea = a_h ? sizeof(uint16_t) : sizeof(float);
+  size_t eb = b_h ? sizeof(uint16_t) : sizeof(float);
+  int64_t rm = split_m ? m - m16 : m, rk = split_k ? k - k16 : k;
+  /* the tail: A's rest padded (16 x k, or m x 16 with B's rest 16 x n);
+   * its result (16 x n, or added into C) */
+  int64_t pm = split_m ? 16 : m, pk = split_k ? 16 : k, nb = split_k ? 16 * n : 0;
+  uint16_t *ta_ = lp_malloc((size_t)(pm * pk + nb) * sizeof(uint16_t));
+  float *tc = split_m ? lp_malloc((size_t)(16 * n) * sizeof(float)) : NULL;
+  if (!ta_ || (split_m && !tc)) {
+    lp_free(ta_), lp_free(tc);
+    return LP_ERR_NOMEM;
+  }
+  uint16_t *tb_ = ta_ + pm * pk;
+  lp_status st = LP_OK;
+  for (int64_t i = 0; i < batch && st == LP_OK; i++) {
+    const char *ai = (const char *)a + (size_t)(i * stride_a) * ea;
+    const char *bi = (const char *)b + (size_t)(i * stride_b) * eb;
+    float *ci = c + i * stride_c;
+    /* the multiple-of-16 part */
+    st = matmul_bf16(ta, tb, split_m ? m16 : m, n, split_k ? k16 : k, alpha, ai,
+                   a_h, lda, 0, bi, b_h, ldb, 0, beta, ci, ldc, 0, 1);
+    if (st != LP_OK) break;
+    if (split_m) { /* rows m16.. of op(A), all of B as it is */
+      gather_block(ai, a_h, ta, lda, m16, rm, 0, k, 16, k, ta_);
+      st = matmul_bf16(0, tb, 16, n, k, alpha, ta_, 1, k, 0, bi, b_h, ldb, 0, 0.0f,
+                     tc, n, 0, 1);
+      for (int64_t r = 0; r < rm && st == LP_OK; r++)
+        for (int64_t j = 0; j < n; j++) {
+          float *o = &ci[(m16 + r) * ldc + j];
+          *o = (beta == 0.0f ? 0.0f : beta * *o) + tc[r * n + j];
+        }
+    } else { /* sum terms k16.. of op(A) and op(B), added to C */
+      gather_block(ai, a_h, ta, lda, 0, m, k16, rk, m, 16, ta_);
+      gather_block(bi, b_h, tb, ldb, k16, rk, 0, n, 16, n, tb_);
+      st = matmul_bf16(0, 0, m, n, 16, alpha, ta_, 1, 16, 0, tb_, 1, n, 0, 1.0f, ci,
+                     ldc, 0, 1);
+    }
+    /* C holds part of the result: no falling back now */
+    if (st == LP_ERR_UNSUPPORTED) st = LP_ERR_INTERNAL;
+  }
+  lp_free(ta_), lp_free(tc);
+  return st;
+}
+#endif
+
 lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
                                   int trans_b, int64_t m, int64_t n, int64_t k,
                                   float alpha, const float *a, int64_t lda,
@@ -437,7 +664,21 @@ lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
                                   int64_t ldb, int64_t stride_b, float beta,
                                   float *c, int64_t ldc, int64_t stride_c,
                                   int64_t batch) {
+  return lp_tensor_cpu_gemm_bf16h(be, trans_a, trans_b, m, n, k, alpha, a, 0,
+                                  lda, stride_a, b, 0, ldb, stride_b, beta, c,
+                                  ldc, stride_c, batch);
+}
+
+lp_status lp_tensor_cpu_gemm_bf16h(const lp_tensor_backend *be, int trans_a,
+                                   int trans_b, int64_t m, int64_t n,
+                                   int64_t k, float alpha, const void *a,
+                                   int a_h, int64_t lda, int64_t stride_a,
+                                   const void *b, int b_h, int64_t ldb,
+                                   int64_t stride_b, float beta, float *c,
+                                   int64_t ldc, int64_t stride_c,
+                                   int64_t batch) {
   (void)be;
+  a_h = !!a_h, b_h = !!b_h;
   LP_CHECK(check_dims(m, n, k, lda, ldb, ldc, batch));
   if (m == 0 || n == 0 || batch == 0) return LP_OK;
   trans_a = !!trans_a, trans_b = !!trans_b;
@@ -450,29 +691,18 @@ lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
   /* small products (attention's per-head GEMMs) cost less on the fallback
    * than a oneDNN call's fixed price; a rule of the shape, so every rank
    * makes the same choice */
-  if (lp_tensor_bf16_native() && m * n * k >= SMALL_GEMM) {
-    dnnl_threads();
-    int64_t ar = trans_a ? k : m, ac = trans_a ? m : k;
-    int64_t br = trans_b ? n : k, bc = trans_b ? k : n;
-    pkey key = {0, 1, trans_a, trans_b, m, n, k, ac, bc, ldc, alpha, beta};
-    int rt = use_rt(m, n, k);
-    uint16_t *ha = lp_malloc((size_t)(ar * ac + br * bc) * sizeof(uint16_t));
-    if (!ha) return LP_ERR_NOMEM;
-    uint16_t *hb = ha + ar * ac;
-    lp_status st = LP_OK;
-    for (int64_t i = 0; i < batch && st == LP_OK; i++) {
-      to_bf16(ar, ac, a + i * stride_a, lda, ha);
-      to_bf16(br, bc, b + i * stride_b, ldb, hb);
-      st = dnnl_run(&key, rt, ha, hb, c + i * stride_c);
-    }
-    lp_free(ha);
+  if (lp_tensor_bf16_native() && m * n * k > SMALL_GEMM) {
+    lp_status st = dnnl_split(trans_a, trans_b, m, n, k, alpha, a, a_h, lda,
+                              stride_a, b, b_h, ldb, stride_b, beta, c, ldc,
+                              stride_c, batch);
     if (st != LP_ERR_UNSUPPORTED) return st;
     /* no oneDNN kernel for this shape (the same on every rank): the
      * fallback gives the same products */
   }
 #endif
-  return gemm_bf16_fallback(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a,
-                            b, ldb, stride_b, beta, c, ldc, stride_c, batch);
+  return gemm_bf16_fallback(trans_a, trans_b, m, n, k, alpha, a, a_h, lda,
+                            stride_a, b, b_h, ldb, stride_b, beta, c, ldc,
+                            stride_c, batch);
 }
 
 lp_status lp_tensor_cpu_gemm_onednn_f32(int trans_a, int trans_b, int64_t m,
@@ -490,7 +720,7 @@ lp_status lp_tensor_cpu_gemm_onednn_f32(int trans_a, int trans_b, int64_t m,
     return LP_OK;
   }
   dnnl_threads();
-  pkey key = {0, 0, !!trans_a, !!trans_b, m, n, k, lda, ldb, ldc, alpha, beta};
+  pkey key = {0, 0, !!trans_a, !!trans_b, m, n, k, lda, ldb, ldc, alpha, beta, 0, 0, 0, 0};
   return dnnl_run(&key, use_rt(m, n, k), a, b, c);
 #else
   (void)trans_a, (void)trans_b, (void)alpha, (void)a, (void)b, (void)beta;

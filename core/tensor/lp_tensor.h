@@ -169,6 +169,16 @@ struct lp_tensor_backend {
   lp_status (*rope)(const lp_tensor_backend *be, int64_t rows, int64_t seq,
                     int64_t heads, int64_t d, int64_t ld, int64_t hs,
                     const float *cs, int conj, float *x);
+  /* Causal softmax over [.., T, T] score blocks: row r (position i = r %
+   * t) becomes the softmax of its first i + 1 entries and zeros after (x's
+   * entries after i do not matter; y may alias x): what causal_mask then
+   * softmax_rows give, to the bit. Its backward in place: ds = p * (ds -
+   * sum_{j<=i} ds[j] p[j]) on the first i + 1 entries, zeros after. NULL:
+   * callers run causal_mask + softmax_rows (softmax_backward_rows). */
+  lp_status (*causal_softmax_rows)(const lp_tensor_backend *be, int64_t rows, int64_t t,
+                                   const float *x, float *y);
+  lp_status (*causal_softmax_backward_rows)(const lp_tensor_backend *be, int64_t rows, int64_t t,
+                                            const float *p, float *ds);
 
   /* Mixed-precision GEMM, as gemm but with every element of A and B
    * rounded to bf16 (nearest even) before the products, which are summed
@@ -180,6 +190,17 @@ struct lp_tensor_backend {
                          int64_t stride_a, const float *b, int64_t ldb,
                          int64_t stride_b, float beta, float *c, int64_t ldc,
                          int64_t stride_c, int64_t batch);
+  /* The same with operands that may be bf16 already: a_h (b_h) = 1 when a
+   * (b) points at bf16 values (uint16 bits, host memory; lda and stride_a
+   * in elements), which are used as they are; 0 when it points at floats,
+   * rounded as gemm_bf16 does. NULL: the backend has none (then a bf16
+   * operand answers LP_ERR_UNSUPPORTED and a kept copy is not used). */
+  lp_status (*gemm_bf16h)(const lp_tensor_backend *be, int trans_a,
+                          int trans_b, int64_t m, int64_t n, int64_t k,
+                          float alpha, const void *a, int a_h, int64_t lda,
+                          int64_t stride_a, const void *b, int b_h,
+                          int64_t ldb, int64_t stride_b, float beta, float *c,
+                          int64_t ldc, int64_t stride_c, int64_t batch);
 };
 
 /* The CPU backend: lp_malloc memory, OpenBLAS sgemm, plain loops. Static
@@ -208,6 +229,12 @@ int lp_tensor_precision_parse(const char *s, lp_tensor_precision *out);
 uint16_t lp_tensor_bf16_from_float(float x);
 float lp_tensor_bf16_to_float(uint16_t h);
 float lp_tensor_bf16_round(float x);
+/* bf16 on the wire (bf16_wire.c): n floats to bf16 bits and back (lossless
+ * for values already rounded), n floats rounded in place
+ * (lp_tensor_round_bf16 rounds a tensor). */
+void lp_tensor_bf16_pack(const float *src, size_t n, uint16_t *dst);
+void lp_tensor_bf16_unpack(const uint16_t *src, size_t n, float *dst);
+void lp_tensor_bf16_round_buf(float *x, size_t n);
 /* 1 when this build links oneDNN. */
 int lp_tensor_have_onednn(void);
 /* 1 when the CPU's bf16 GEMMs run on oneDNN (built with it, the CPU has
@@ -226,6 +253,15 @@ lp_status lp_tensor_cpu_gemm_bf16(const lp_tensor_backend *be, int trans_a,
                                   int64_t ldb, int64_t stride_b, float beta,
                                   float *c, int64_t ldc, int64_t stride_c,
                                   int64_t batch);
+/* The CPU backend's gemm_bf16h entry. */
+lp_status lp_tensor_cpu_gemm_bf16h(const lp_tensor_backend *be, int trans_a,
+                                   int trans_b, int64_t m, int64_t n,
+                                   int64_t k, float alpha, const void *a,
+                                   int a_h, int64_t lda, int64_t stride_a,
+                                   const void *b, int b_h, int64_t ldb,
+                                   int64_t stride_b, float beta, float *c,
+                                   int64_t ldc, int64_t stride_c,
+                                   int64_t batch);
 /* Float32 GEMMs on the CPU run on OpenBLAS, or on oneDNN's float32 matmul
  * when LUAPIPE_F32_GEMM says: "onednn", or "auto" where OpenBLAS has only
  * its generic (pre-AVX2) kernels for this CPU and oneDNN has AVX2 or
@@ -313,6 +349,11 @@ lp_status lp_tensor_to_host(const lp_tensor *t, lp_tensor **out);
  * checkpoints, messages). LP_ERR_ARG when t is not dense. */
 lp_status lp_tensor_read(const lp_tensor *t, float *dst);
 lp_status lp_tensor_write(lp_tensor *t, const float *src);
+/* Rounds *t's values to bf16 values in place, on any backend (device
+ * memory through a host copy; bf16_wire.c). A strided *t is first replaced
+ * by a dense copy (the old header freed), so every holder of a dense
+ * tensor sees the rounding and the caller's header ends dense. */
+lp_status lp_tensor_round_bf16(lp_tensor **t);
 
 /* Frees the header and drops its storage reference. NULL is a no-op. */
 void lp_tensor_free(lp_tensor *t);
@@ -347,6 +388,36 @@ const lp_tensor_backend *lp_tensor_backend_of(const lp_tensor *t);
 int lp_tensor_storage_refs(const lp_tensor *t);
 /* Bytes of t's storage (the whole allocation, not just this view). */
 size_t lp_tensor_storage_bytes(const lp_tensor *t);
+/* Bytes per element of t's storage: 4, or 2 for a packed bf16 tensor. */
+size_t lp_tensor_elem_bytes(const lp_tensor *t);
+
+/* ---- bf16 copies (gemm_bf16.c; see "Precision" above) ----------------
+ * Weights: lp_tensor_keep_bf16 marks t's storage (a parameter's value) so
+ * that bf16 GEMMs read a rounded copy of it made once per version instead
+ * of rounding it on every call. Every write through this module (fill,
+ * copy, write, the ops' outputs, the RNG fills) bumps the version; code that
+ * writes a marked tensor's data any other way (an optimizer's kernel, a
+ * receive into its buffer) calls lp_tensor_touch after, or the next GEMM
+ * reads the old values. lp_tensor_move keeps the mark.
+ *
+ * Activations: lp_tensor_new_bf16 makes a new tensor of x's shape whose
+ * storage holds x's values rounded to bf16 (half the bytes): what a GEMM at
+ * bf16 would read of x, so keeping it for backward instead of x gives the
+ * same results. A packed tensor is read only by lp_tensor_gemm_prec at
+ * LP_TENSOR_BF16 and by copies out (lp_tensor_copy into a float tensor,
+ * _clone, _read, _to_host: widened, exact); views of it (rows, reshape)
+ * are fine; every other op answers LP_ERR_ARG. Host backends only
+ * (LP_ERR_UNSUPPORTED elsewhere); x dense (LP_ERR_ARG). */
+void lp_tensor_keep_bf16(lp_tensor *t);
+void lp_tensor_touch(lp_tensor *t);
+lp_status lp_tensor_new_bf16(const lp_tensor *x, lp_tensor **out);
+/* 1 when t is a packed bf16 tensor. */
+int lp_tensor_is_bf16(const lp_tensor *t);
+/* t's bf16 values at t's first element (row strides as t's): a packed
+ * tensor's own, or a kept tensor's copy (made again first when stale);
+ * NULL for any other tensor, or when the copy cannot be allocated. */
+const uint16_t *lp_tensor_bf16_data(const lp_tensor *t);
+
 /* Address of element (i0..i3) (unused trailing indices are ignored). */
 float *lp_tensor_at(const lp_tensor *t, int64_t i0, int64_t i1, int64_t i2,
                     int64_t i3);

@@ -17,7 +17,8 @@ static int one_backend(const lp_tensor *a, const lp_tensor *b) {
 /* ---- fill / copy (the only ops with a strided host loop) ---- */
 
 lp_status lp_tensor_fill(lp_tensor *t, float v) {
-  if (!t) return LP_ERR_ARG;
+  if (!t || tensor_bf16(t)) return LP_ERR_ARG;
+  tensor_touch(t);
   int64_t n = lp_tensor_numel(t);
   if (lp_tensor_is_contiguous(t)) return BE(t)->fill(BE(t), n, v, t->data);
   if (!tensor_host(t)) return LP_ERR_UNSUPPORTED;
@@ -30,10 +31,16 @@ lp_status lp_tensor_fill(lp_tensor *t, float v) {
 
 lp_status lp_tensor_copy(lp_tensor *dst, const lp_tensor *src) {
   if (!dst || !src || lp_tensor_numel(dst) != lp_tensor_numel(src) ||
-      !lp_tensor_same_shape(dst, src))
+      !lp_tensor_same_shape(dst, src) || tensor_bf16(dst))
     return LP_ERR_ARG;
+  tensor_touch(dst);
   int64_t n = lp_tensor_numel(src);
   int dd = lp_tensor_is_contiguous(dst), sd = lp_tensor_is_contiguous(src);
+  if (tensor_bf16(src)) { /* packed bf16 values, widened (exact) */
+    if (!dd || !sd) return LP_ERR_ARG;
+    if (!tensor_host(dst)) return LP_ERR_UNSUPPORTED;
+    return lp_tensor_read(src, dst->data);
+  }
   size_t bytes = (size_t)n * sizeof(float);
   if (dd && sd) {
     if (BE(dst) == BE(src))
@@ -102,6 +109,8 @@ static lp_status elementwise(enum ew_kind kind, lp_tensor *out,
       (b && !lp_tensor_same_shape(out, b)))
     return LP_ERR_ARG;
   if (!one_backend(out, a) || !one_backend(out, b)) return LP_ERR_ARG;
+  if (tensor_bf16(out) || tensor_bf16(a) || tensor_bf16(b)) return LP_ERR_ARG;
+  tensor_touch(out);
   const lp_tensor_backend *be = BE(out);
   int64_t n = lp_tensor_numel(out);
   const lp_tensor *da = a, *db = b;
@@ -181,7 +190,9 @@ lp_status lp_tensor_sum_rows(lp_tensor *out, const lp_tensor *x, float beta) {
     return LP_ERR_ARG;
   int64_t rows, cols;
   lp_tensor_rows_cols(x, &rows, &cols);
-  if (lp_tensor_numel(out) != cols) return LP_ERR_ARG;
+  if (lp_tensor_numel(out) != cols || tensor_bf16(x) || tensor_bf16(out))
+    return LP_ERR_ARG;
+  tensor_touch(out);
   return BE(x)->sum_rows(BE(x), rows, cols, x->data, beta, out->data);
 }
 
@@ -191,7 +202,9 @@ lp_status lp_tensor_add_rowvec(lp_tensor *t, const lp_tensor *v) {
     return LP_ERR_ARG;
   int64_t rows, cols;
   lp_tensor_rows_cols(t, &rows, &cols);
-  if (lp_tensor_numel(v) != cols) return LP_ERR_ARG;
+  if (lp_tensor_numel(v) != cols || tensor_bf16(t) || tensor_bf16(v))
+    return LP_ERR_ARG;
+  tensor_touch(t);
   return BE(t)->add_rowvec(BE(t), rows, cols, v->data, t->data);
 }
 
@@ -201,6 +214,8 @@ lp_status lp_tensor_softmax_rows(lp_tensor *y, const lp_tensor *x) {
   if (!lp_tensor_is_contiguous(x) || !lp_tensor_is_contiguous(y))
     return LP_ERR_ARG;
   int64_t rows, cols;
+  if (tensor_bf16(x) || tensor_bf16(y)) return LP_ERR_ARG;
+  tensor_touch(y);
   lp_tensor_rows_cols(x, &rows, &cols);
   return BE(x)->softmax_rows(BE(x), rows, cols, x->data, y->data);
 }
@@ -221,6 +236,8 @@ static lp_status rows_op(int scatter, lp_tensor *out, const lp_tensor *x,
   if (oc != xc || (n && !idx)) return LP_ERR_ARG;
   for (int64_t i = 0; i < n; i++)
     if (idx[i] < 0 || idx[i] >= bound) return LP_ERR_ARG;
+  if (tensor_bf16(out) || tensor_bf16(x)) return LP_ERR_ARG;
+  tensor_touch(out);
   const lp_tensor_backend *be = BE(out);
   return scatter ? be->scatter_add_rows(be, n, oc, x->data, idx, scale,
                                         out->data)
@@ -251,6 +268,8 @@ lp_status lp_tensor_dot_rows(lp_tensor *out, const lp_tensor *a,
     return LP_ERR_ARG;
   for (int64_t i = 0; idx && i < br; i++)
     if (idx[i] < 0 || idx[i] >= ar) return LP_ERR_ARG;
+  if (tensor_bf16(out) || tensor_bf16(a) || tensor_bf16(b)) return LP_ERR_ARG;
+  tensor_touch(out);
   return BE(out)->dot_rows(BE(out), br, bc, a->data, idx, b->data, out->data);
 }
 
@@ -308,14 +327,28 @@ lp_status lp_tensor_gemm_prec(lp_tensor *c, float alpha, const lp_tensor *a,
   trans_a = !!trans_a, trans_b = !!trans_b;
   int64_t m = trans_a ? ma.cols : ma.rows, k = trans_a ? ma.rows : ma.cols;
   int64_t kb = trans_b ? mb.cols : mb.rows, n = trans_b ? mb.rows : mb.cols;
-  if (k != kb || mc.rows != m || mc.cols != n) return LP_ERR_ARG;
+  if (k != kb || mc.rows != m || mc.cols != n || tensor_bf16(c)) return LP_ERR_ARG;
   const lp_tensor_backend *be = BE(c);
+  tensor_touch(c);
   if (prec == LP_TENSOR_BF16) {
+    /* operands in bf16 already: packed ones (lp_tensor_new_bf16) and
+     * weights' kept copies (lp_tensor_keep_bf16), which go to the engine
+     * as they are instead of being rounded again */
+    const uint16_t *ha = be->gemm_bf16h ? lp_tensor_bf16_data(a) : NULL;
+    const uint16_t *hb = be->gemm_bf16h ? lp_tensor_bf16_data(b) : NULL;
+    if ((tensor_bf16(a) && !ha) || (tensor_bf16(b) && !hb))
+      return LP_ERR_UNSUPPORTED;
+    if (ha || hb)
+      return be->gemm_bf16h(be, trans_a ^ ma.stored_t, trans_b ^ mb.stored_t,
+                            m, n, k, alpha, ha ? (const void *)ha : ma.p, !!ha,
+                            ma.ld, 0, hb ? (const void *)hb : mb.p, !!hb, mb.ld,
+                            0, beta, mc.p, mc.ld, 0, 1);
     if (!be->gemm_bf16) return LP_ERR_UNSUPPORTED;
     return be->gemm_bf16(be, trans_a ^ ma.stored_t, trans_b ^ mb.stored_t, m,
                          n, k, alpha, ma.p, ma.ld, 0, mb.p, mb.ld, 0, beta,
                          mc.p, mc.ld, 0, 1);
   }
+  if (tensor_bf16(a) || tensor_bf16(b)) return LP_ERR_ARG;
   return be->gemm(be, trans_a ^ ma.stored_t, trans_b ^ mb.stored_t, m, n, k,
                   alpha, ma.p, ma.ld, 0, mb.p, mb.ld, 0, beta, mc.p, mc.ld, 0,
                   1);

@@ -76,7 +76,8 @@ double lp_tensor_rng_normal(lp_tensor_rng *r) {
  * place (any strides); dense tensors elsewhere go through a host buffer. */
 static lp_status fill_random(lp_tensor *t, lp_tensor_rng *r, int normal,
                              float a, float b) {
-  if (!t || !r) return LP_ERR_ARG;
+  if (!t || !r || tensor_bf16(t)) return LP_ERR_ARG;
+  tensor_touch(t);
   int64_t n = lp_tensor_numel(t);
   float *buf = NULL;
   int host = tensor_host(t);

@@ -1,6 +1,8 @@
 /* tensor.c — tensor headers, refcounted storage, creation and views. */
 #include "tensor_internal.h"
 
+#include <pthread.h>
+#include <stddef.h>
 #include <string.h>
 
 static const lp_tensor_backend *be_or_cpu(const lp_tensor_backend *be) {
@@ -58,6 +60,7 @@ static void storage_release(lp_tensor_storage *st) {
   if (!st) return;
   if (atomic_fetch_sub(&st->refs, 1) != 1) return;
   if (st->owns) st->be->free(st->be, st->data);
+  lp_free(st->h);
   lp_free(st);
 }
 
@@ -301,7 +304,70 @@ int lp_tensor_storage_refs(const lp_tensor *t) {
 }
 
 size_t lp_tensor_storage_bytes(const lp_tensor *t) {
-  return t ? t->storage->n * sizeof(float) : 0;
+  return t ? t->storage->n * lp_tensor_elem_bytes(t) : 0;
+}
+
+size_t lp_tensor_elem_bytes(const lp_tensor *t) {
+  return tensor_bf16(t) ? sizeof(uint16_t) : sizeof(float);
+}
+
+void lp_tensor_touch(lp_tensor *t) { tensor_touch(t); }
+
+void lp_tensor_keep_bf16(lp_tensor *t) {
+  if (t) t->storage->keep_bf16 = 1;
+}
+
+int lp_tensor_is_bf16(const lp_tensor *t) { return tensor_bf16(t); }
+
+lp_status lp_tensor_new_bf16(const lp_tensor *x, lp_tensor **out) {
+  if (!out) return LP_ERR_ARG;
+  *out = NULL;
+  if (!x || !lp_tensor_is_contiguous(x) || tensor_bf16(x)) return LP_ERR_ARG;
+  if (!tensor_host(x)) return LP_ERR_UNSUPPORTED;
+  int64_t n = lp_tensor_numel(x);
+  lp_tensor_storage *st = lp_malloc(sizeof *st);
+  if (!st) return LP_ERR_NOMEM;
+  memset(st, 0, sizeof *st);
+  atomic_init(&st->refs, 0);
+  st->be = x->storage->be;
+  st->n = (size_t)n;
+  st->owns = 1;
+  st->bf16 = 1;
+  uint16_t *h = st->be->alloc(st->be, (size_t)(n ? n : 1) * sizeof(uint16_t));
+  if (!h) {
+    lp_free(st);
+    return LP_ERR_NOMEM;
+  }
+  tensor_bf16_round_to(n, x->data, h);
+  st->data = (float *)(void *)h;
+  lp_tensor *t = header_new(st, st->data, x->ndim, x->shape, NULL);
+  if (!t) {
+    st->be->free(st->be, h);
+    lp_free(st);
+    return LP_ERR_NOMEM;
+  }
+  *out = t;
+  return LP_OK;
+}
+
+const uint16_t *lp_tensor_bf16_data(const lp_tensor *t) {
+  if (!t) return NULL;
+  lp_tensor_storage *st = t->storage;
+  ptrdiff_t off = t->data - st->data; /* elements */
+  if (st->bf16) return (const uint16_t *)(const void *)st->data + off;
+  if (!st->keep_bf16 || !st->be->host_accessible) return NULL;
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&mu);
+  unsigned v = atomic_load(&st->ver);
+  if (!st->h) st->h = lp_malloc((st->n ? st->n : 1) * sizeof(uint16_t));
+  if (st->h && (!st->h_ok || st->h_ver != v)) {
+    tensor_bf16_round_to((int64_t)st->n, st->data, st->h);
+    st->h_ver = v;
+    st->h_ok = 1;
+  }
+  const uint16_t *h = st->h;
+  pthread_mutex_unlock(&mu);
+  return h ? h + off : NULL;
 }
 
 float *lp_tensor_at(const lp_tensor *t, int64_t i0, int64_t i1, int64_t i2,
@@ -329,6 +395,7 @@ lp_status lp_tensor_move(lp_tensor *t, const lp_tensor_backend *be) {
   }
   /* swap storages: t takes n's, n (freed next) takes t's old one */
   lp_tensor_storage *old = t->storage;
+  n->storage->keep_bf16 = old->keep_bf16;
   t->storage = n->storage;
   t->data = n->data;
   memcpy(t->stride, n->stride, sizeof t->stride);
@@ -380,11 +447,18 @@ lp_status lp_tensor_read(const lp_tensor *t, float *dst) {
   if (!t || !lp_tensor_is_contiguous(t)) return LP_ERR_ARG;
   size_t bytes = (size_t)lp_tensor_numel(t) * sizeof(float);
   if (bytes && !dst) return LP_ERR_ARG;
+  if (tensor_bf16(t)) { /* widening is exact */
+    const uint16_t *h = lp_tensor_bf16_data(t);
+    for (int64_t i = 0; i < lp_tensor_numel(t); i++)
+      dst[i] = lp_tensor_bf16_to_float(h[i]);
+    return LP_OK;
+  }
   return bytes ? t->storage->be->to_host(t->storage->be, dst, t->data, bytes) : LP_OK;
 }
 
 lp_status lp_tensor_write(lp_tensor *t, const float *src) {
-  if (!t || !lp_tensor_is_contiguous(t)) return LP_ERR_ARG;
+  if (!t || !lp_tensor_is_contiguous(t) || tensor_bf16(t)) return LP_ERR_ARG;
+  tensor_touch(t);
   size_t bytes = (size_t)lp_tensor_numel(t) * sizeof(float);
   if (bytes && !src) return LP_ERR_ARG;
   return bytes ? t->storage->be->from_host(t->storage->be, t->data, src, bytes) : LP_OK;

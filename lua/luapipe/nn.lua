@@ -365,7 +365,9 @@ end
 local function chunk_of(self, first, last, seed, name)
   local ls = {}
   for i = first, last do ls[#ls + 1] = self:build_layer(i, seed) end
-  local c = core.nn_chunk(name, ls)
+  -- bf16: the values between the layers (where a stage boundary may fall)
+  -- are bf16, here as on the wire between stages
+  local c = core.nn_chunk(name, ls, self.precision == "bf16" and "bf16" or "f32")
   for _, l in ipairs(ls) do l:close() end
   return c
 end

@@ -257,6 +257,12 @@ function M.summary(exec, sched, opts)
   out.a2a_blocked_ms = sum.a2a_blocked / math.max(n * P, 1) * ms
   out.a2a_link_ms = sum.a2a_link / math.max(n * P, 1) * ms
   out.a2a_hidden_pct = sum.a2a > 0 and 100 * math.min(1, sum.a2a_hidden / sum.a2a) or nil
+  -- bytes every rank sent per step (summed over the ranks, mean over the
+  -- steps): activations and gradients between pipeline ranks, MoE token
+  -- rows between EP ranks (bf16 models: 2 bytes a value)
+  out.msg_bytes = sum.msg_bytes / math.max(steps, 1)
+  out.a2a_bytes = sum.a2a_bytes / math.max(steps, 1)
+  out.wire = exec:wire()
   -- ranks and cores of each rank's host (more ranks than cores: ranks
   -- also wait for a core, which the simulator does not model)
   for r = 0, P - 1 do
@@ -328,10 +334,11 @@ function M.summary(exec, sched, opts)
     local grad = job.rank[r].grad_floats
     red[r + 1] = grad > 0 and link_ms(4 * grad) or 0
   end
-  local act_ms, act_n, act_b = 0, 0, 0
+  local act_ms, act_n, act_v = 0, 0, 0
+  local wire, vb = exec:wire() -- the run's precision between stages; bytes a value (bf16: 2)
   for s = 0, S - 1 do
     local act = exec:message_floats(s)
-    if act > 0 then act_ms, act_n, act_b = act_ms + link_ms(4 * act), act_n + 1, act_b + 4 * act end
+    if act > 0 then act_ms, act_n, act_v = act_ms + link_ms(vb * act), act_n + 1, act_v + act end
   end
   if lk and act_n > 0 then
     opts.latency_ms = act_ms / act_n
@@ -397,8 +404,10 @@ function M.summary(exec, sched, opts)
   -- (an EP partner that starts its side late), so beside the measured step
   -- it shows what the link alone would cost and hide.
   if xch then
+    -- messages of the mean activation's values at the run's precision (the
+    -- simulator sizes them: 2 bytes a value in bf16 when they travel so)
     local mcost = { latency = 0, link = link, link_unit = ms, exchanges = xch, stages = mstages,
-      bytes = act_n > 0 and act_b / act_n or 0 }
+      values = act_n > 0 and act_v / act_n or 0, precision = vb == 2 and wire or "f32" }
     local mok, mres = pcall(sched.simulate, sched, mcost)
     if mok and mres then
       out.model_ms = predict(mres)
@@ -493,6 +502,10 @@ function M.format(s)
   end
   L[#L + 1] = string.format("  bubble: measured %s%%, simulated %s%%", f1(s.bubble_pct),
     f1(s.sim_bubble_pct))
+  if (s.msg_bytes or 0) > 0 or (s.a2a_bytes or 0) > 0 then
+    L[#L + 1] = string.format("  bytes sent per step (all ranks, %s values): %.0f between pipeline "
+      .. "stages, %.0f in all-to-alls", s.wire, s.msg_bytes, s.a2a_bytes)
+  end
   if s.a2a_hidden_pct then
     L[#L + 1] = string.format("  all-to-all: %d exchanges, %s ms per rank and step, %s%% hidden "
       .. "under compute", s.a2a_count, f2(s.a2a_ms), f1(s.a2a_hidden_pct))

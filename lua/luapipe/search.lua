@@ -18,6 +18,14 @@
 --                      activations of 1/pp of the model = 1), a number or a
 --                      table per rank; nil: unlimited
 --   act                activation units per model stage (overrides pp/S)
+--   act_values         values in one activation unit; with it the memory
+--                      figures are also bytes: act_values x 4 (precision
+--                      "f32", the default) or x 2 ("bf16": activations and
+--                      messages in bf16) a unit, r:peak_bytes()
+--   precision          "f32" or "bf16" (needs act_values)
+--   memory_bytes       the limit per rank in bytes instead of activations
+--                      (needs act_values; a number or a table per rank):
+--                      bf16 fits twice the activations of f32
 --   w_share            share of an activation held from its I until its W
 --                      (0..1; Zero Bubble's F +2 / I -1 / W -1 rule is 0.5)
 --   placement          "linear" (default), "interleaved:V", "v",
@@ -266,7 +274,41 @@ local function check_opts(opts, who)
   if opts.seed ~= nil and (math.type(opts.seed) ~= "integer" or opts.seed < 0) then
     bad("seed must be a non-negative integer, got " .. tostring(opts.seed))
   end
+  local av = opts.act_values
+  -- luacheck: ignore 581 (NaN is refused too)
+  if av ~= nil and (type(av) ~= "number" or not (av > 0) or av == math.huge) then
+    bad("act_values must be a positive number (values in one activation), got " .. util.shown(av))
+  end
+  local pr = opts.precision
+  if pr ~= nil and pr ~= "f32" and pr ~= "bf16" then
+    bad("precision must be \"f32\" or \"bf16\", got " .. util.shown(pr))
+  end
+  if (pr ~= nil or opts.memory_bytes ~= nil) and av == nil then
+    bad((opts.memory_bytes ~= nil and "memory_bytes" or "precision")
+      .. " needs act_values (values in one activation: what sizes it in bytes)")
+  end
+  if opts.memory_bytes ~= nil and opts.memory ~= nil then
+    bad("give memory (activations) or memory_bytes, not both")
+  end
 end
+
+-- Bytes of one activation unit: act_values x 4 (f32) or x 2 (bf16); nil
+-- without act_values.
+local function unit_bytes(opts)
+  if not opts.act_values then return nil end
+  return opts.act_values * (opts.precision == "bf16" and 2 or 4)
+end
+
+-- The limit per rank in activation units: memory, or memory_bytes over
+-- the bytes of a unit at the precision; nil: unlimited.
+local function memory_units(opts, P, who)
+  if opts.memory_bytes == nil then return per_rank(opts.memory, P, who) end
+  local mb, ub = per_rank(opts.memory_bytes, P, who), unit_bytes(opts)
+  local t = {}
+  for r = 1, P do t[r] = mb[r] / ub end
+  return t
+end
+M._internal.memory_units = memory_units
 
 local function stderr_tty()
   local ok, yes = pcall(core.isatty, 2)
@@ -393,7 +435,8 @@ function M.search(opts)
   local c = user_cost(opts.cost)
   local o = {}
   for k, v in pairs(opts) do o[k] = v end
-  o.memory = per_rank(opts.memory, P)
+  local ub = unit_bytes(opts)
+  o.memory = memory_units(opts, P)
   local progress = opts.progress
   if progress == nil then progress = stderr_tty() end
   local budget = opts.time or 1
@@ -432,6 +475,7 @@ function M.search(opts)
   if not best then return nil, lasterr, lastreason end
   if robust then best = M._internal.robust_choice(found, c, opts, robust) end
   best.seconds_total = core.now() - t0
+  best.unit_bytes, best.precision = ub, ub and (opts.precision or "f32") or nil
   return best
 end
 
@@ -507,7 +551,7 @@ function M.families(opts, c)
   c = user_cost(c, "search.families")
   local schedules = require("luapipe.schedules")
   local rows = {}
-  local mem = per_rank(opts.memory, opts.pp, "search.families")
+  local mem = memory_units(opts, opts.pp, "search.families")
   local o = { pp = opts.pp, memory = mem, w_share = opts.w_share }
   for _, name in ipairs(schedules.list()) do
     local row = { family = name, label = schedules.label(name) }
@@ -549,6 +593,15 @@ function SearchResult:peak_memory()
   for i, v in ipairs(result(self, "peak_memory").peak) do t[i] = v end
   return t
 end
+-- r:peak_bytes() -> per rank, the peak memory in bytes (act_values x the
+-- precision's bytes a unit); nil without act_values
+function SearchResult:peak_bytes()
+  local ub = result(self, "peak_bytes").unit_bytes
+  if not ub then return nil end
+  local t = {}
+  for i, v in ipairs(self.peak) do t[i] = v * ub end
+  return t
+end
 function SearchResult:evaluations() return result(self, "evaluations").stats.evaluations end
 function SearchResult:seconds()
   return result(self, "seconds").seconds_total or self.stats.seconds
@@ -568,6 +621,12 @@ function SearchResult:__tostring()
         return t
       end)(), " ")),
   }
+  local pb = self.unit_bytes and self:peak_bytes()
+  if pb then
+    for i, v in ipairs(pb) do pb[i] = num(v) end
+    lines[#lines + 1] = string.format("  peak activation bytes per rank (%s, %s bytes an "
+      .. "activation): %s", self.precision or "f32", num(self.unit_bytes), table.concat(pb, " "))
+  end
   return table.concat(lines, "\n")
 end
 

@@ -11,6 +11,10 @@
 -- stages = {[k] = {F = ...}}; bytes (of one cross-rank message) and link
 -- ("lat=50us,bw=2GB/s", the comm layer's emulated-link model: each message
 -- also takes lat + bytes/bw; times then in seconds; `--link` on the CLI).
+-- values (in one activation: what a message carries and what an F holds)
+-- with precision ("f32": 4 bytes a value, the default; "bf16": 2) size
+-- messages and give the memory figures in bytes too (res:ranks()'s
+-- peak_act_bytes; `--precision` on the CLI); bytes or values, not both.
 -- B = I + W fills in what is not given (only B:
 -- I = W = B/2; nothing: F=1, B=2, I=1, W=1). Times are abstract units; in
 -- traces one unit is shown as one millisecond.
@@ -25,9 +29,9 @@ package.loaded["luapipe.sim"] = M -- luapipe.show requires us back
 
 local SimResult = core.SimResult -- the methods table shared with the C binding
 
-M.cost_keys = { "F", "B", "I", "W", "FB", "latency", "bytes" }
+M.cost_keys = { "F", "B", "I", "W", "FB", "latency", "bytes", "values" }
 local canonical = { f = "F", b = "B", i = "I", w = "W", fb = "FB", latency = "latency",
-  lat = "latency", bytes = "bytes" }
+  lat = "latency", bytes = "bytes", values = "values" }
 
 -- sim.parse_cost(text) -> cost table for s:simulate.
 -- text: comma-separated KEY=NUMBER items, e.g. "F=1,B=2,W=1,FB=2.5,latency=0.1";
@@ -55,13 +59,13 @@ function M.read_cost(text)
       local key, value = it:match("^([%w_%[%]]+)%s*=%s*(.+)$")
       if not key then
         return nil, string.format("cost item '%s': expected KEY=NUMBER (keys: F, B, I, W, FB, "
-          .. "latency, bytes)", it)
+          .. "latency, bytes, values)", it)
       end
       local name, stage = key:match("^(%a+)%[(%d+)%]$")
       name = canonical[(name or key):lower()]
-      if not name or (stage and (name == "latency" or name == "bytes")) then
+      if not name or (stage and (name == "latency" or name == "bytes" or name == "values")) then
         return nil, string.format("cost item '%s': unknown key '%s' (keys: F, B, I, W, FB, "
-          .. "latency, bytes%s)",
+          .. "latency, bytes, values%s)",
           it, key, stage and "; per stage: F[k], B[k], I[k], W[k], FB[k]" or "")
       end
       local v = tonumber(value)
@@ -140,9 +144,13 @@ function SimResult.summary(res)
     worst and 100 * worst.bubble_ratio or 0)
   lines[2] = string.format("%6s %10s %10s %10s %8s %12s %10s", "rank", "busy", "bubble",
     "bubble %", "finish", "activations", "pending W")
+  local bytes = false -- with cost.values: the peak held in bytes too
+  for _, r in ipairs(ranks) do bytes = bytes or r.peak_act_bytes > 0 end
+  if bytes then lines[2] = lines[2] .. string.format(" %14s", "act. bytes") end
   for _, r in ipairs(ranks) do
     lines[#lines + 1] = string.format("%6d %10s %10s %9.1f%% %8s %12d %10d", r.rank, num(r.busy),
       num(r.bubble), 100 * r.bubble_ratio, num(r.finish), r.peak_live, r.peak_pending_w)
+      .. (bytes and string.format(" %14s", num(r.peak_act_bytes)) or "")
   end
   return table.concat(lines, "\n")
 end

@@ -375,17 +375,19 @@ end
 
 -- precision = "bf16": Linear, attention (projections, scores, values) and
 -- MoE experts multiply bf16-rounded inputs with float32 sums; embeddings,
--- norms, softmax, the loss, MoE routers, parameters, optimizer state and
--- activations stay float32 (model:set_precision). On the CPU oneDNN runs
+-- norms, softmax, the loss, MoE routers, parameters and optimizer state
+-- stay float32 (model:set_precision); activations at layer boundaries and
+-- their gradients, and MoE expert rows, are bf16 values in every path and
+-- travel as bf16 (lp_nn_chunk_set_boundary, the executor's messages). On the CPU oneDNN runs
 -- the bf16 GEMMs where the build has it and the CPU has AVX512-BF16 or AMX;
 -- elsewhere a float32 fallback over the same rounded inputs does (the
 -- same products, another order of sums, float32 speed), said once.
 -- -> "f32" | "bf16", engine text (bf16 only)
 local function check_precision(opts, fn)
   local p = opts.precision or "f32"
-  if p ~= "f32" and p ~= "bf16" then
-    fail(string.format("%s: 'precision' must be \"f32\" or \"bf16\", got %s", fn, util.shown(p)),
-      "precision")
+  if p ~= "f32" and p ~= "bf16" then -- a usage error, the same on every rank: exit 2
+    util.fail({ what = string.format("%s: 'precision' must be \"f32\" or \"bf16\", got %s", fn,
+      util.shown(p)), option = "precision", status = 2, everywhere = comm.size() > 1 }, 0)
   end
   opts.model:set_precision(p)
   if p ~= "bf16" then return p end
@@ -754,6 +756,22 @@ function M.run(opts)
         b and nn.bounds_text(b) or "(unreadable)", nn.bounds_text(part.bounds)))
     end
   end
+  if ckpt and ckpt.state and ckpt.state.precision ~= nil then
+    -- the checkpoint's precision (state.json; none recorded: an older
+    -- luapipe, nothing said): masters and optimizer state are float32 at
+    -- either, so another precision resumes from them, said once
+    local was = ckpt.state.precision
+    if was ~= "f32" and was ~= "bf16" then
+      checkpoint.fail_all(string.format("luapipe.train: checkpoint %s is damaged: its precision is"
+        .. " %s, not \"f32\" or \"bf16\"", ckpt.state_file, util.shown(was)))
+    end
+    if was ~= c.precision and rank == 0 and not quiet then
+      io.stderr:write(string.format("luapipe.train: note: checkpoint %s was trained at precision"
+        .. " %s, this run trains at %s: its master weights and optimizer state are float32 either"
+        .. " way, so it resumes from them at %s\n", ckpt.state_file, was, c.precision, c.precision))
+      io.stderr:flush()
+    end
+  end
   local balance = eplb_loop(exec, opts.eplb, ep)
   local held = { names = {} } -- gather_model's whole model on rank 0
   if ckpt and ckpt.state and rank == 0 and not quiet and (ckpt.state.lr_schedule or c.lr_record)
@@ -824,7 +842,8 @@ function M.run(opts)
       local saved = checkpoint.after_step(ckpt, exec, k, info, function()
         return { eplb = balance.state(),
           partition = checkpoint.partition_record(part, model:nlayers()),
-          lr_schedule = c.lr_record, grid = { dp = c.dp, ep = c.ep, zero = c.zero } }
+          lr_schedule = c.lr_record, grid = { dp = c.dp, ep = c.ep, zero = c.zero },
+          precision = c.precision }
       end)
       if saved and rank == 0 and not quiet then
         io.write(string.format("checkpoint after step %d written to %s\n", k, saved))

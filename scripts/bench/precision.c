@@ -13,7 +13,13 @@
  * results (oneDNN and fallback) off the double-precision product of the
  * bf16-rounded inputs by more than 1e-5 of sum |a||b|.
  * Usage: bench_precision [--quick] [--runs N] [--min-ms T].
- * Exit status 1 when an entry is wrong. */
+ * Exit status 1 when an entry is wrong.
+ * bench_precision --stash: the bytes one micro-batch keeps for backward
+ * (lp_nn_ctx_bytes after forward, and after input-grad: what a W-split
+ * schedule keeps until W), f32 against bf16, for the layers of the
+ * examples: a char-LM transformer block, an MoE block of train_moe.lua
+ * at --dim 128 --hidden 256, DeepSeek-V3 bench's dense layer (MLA +
+ * SwiGLU) and MoE layer. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <cblas.h>
 #include <math.h>
@@ -22,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "lp_nn.h"
 #include "lp_tensor.h"
 
 #include "bench_check.h"
@@ -100,7 +107,71 @@ static int count_wrong(const shape *s) {
   return wrong;
 }
 
+/* Forward and input-grad of l on x at precision p: the stash bytes after
+ * each (b[0], b[1]). */
+static void stash_of(lp_nn_layer *l, const lp_tensor *x, lp_tensor_precision p,
+                     size_t b[2]) {
+  lp_nn_ctx *ctx;
+  lp_tensor *y = NULL, *dy = NULL, *dx = NULL;
+  CHECK(lp_nn_layer_set_precision(l, p));
+  CHECK(lp_nn_ctx_new(&ctx));
+  CHECK(lp_nn_forward(l, ctx, x, &y));
+  b[0] = lp_nn_ctx_bytes(ctx);
+  CHECK(lp_tensor_empty_like(y, &dy));
+  lp_tensor_rng r;
+  lp_tensor_rng_seed(&r, 3);
+  CHECK(lp_tensor_fill_normal(dy, &r, 0.0f, 1.0f));
+  CHECK(lp_nn_input_grad(l, ctx, dy, &dx));
+  b[1] = lp_nn_ctx_bytes(ctx);
+  lp_nn_ctx_free(ctx);
+  lp_tensor_free(y), lp_tensor_free(dy), lp_tensor_free(dx);
+}
+
+static void stash_row(const char *what, lp_nn_layer *l, int ndim, const int64_t *dims) {
+  lp_tensor *x;
+  CHECK(lp_tensor_empty(NULL, ndim, dims, &x));
+  lp_tensor_rng r;
+  lp_tensor_rng_seed(&r, 5);
+  CHECK(lp_tensor_fill_normal(x, &r, 0.0f, 1.0f));
+  size_t f[2], h[2];
+  stash_of(l, x, LP_TENSOR_F32, f);
+  stash_of(l, x, LP_TENSOR_BF16, h);
+  printf("%-44s %9.1f %9.1f %6.2f %9.1f %9.1f %6.2f\n", what, f[0] / 1024.0, h[0] / 1024.0,
+         (double)h[0] / (double)f[0], f[1] / 1024.0, h[1] / 1024.0, (double)h[1] / (double)f[1]);
+  lp_tensor_free(x);
+  lp_nn_layer_release(l);
+}
+
+static int stash_main(void) {
+  printf("# bytes kept for backward per micro-batch (KiB): after forward f32, bf16, "
+         "bf16/f32; after input-grad f32, bf16, bf16/f32\n");
+  lp_nn_layer *l;
+  CHECK(lp_nn_transformer_block_new("blk", 64, 4, 256, LP_TENSOR_ACT_GELU, 1, &l));
+  stash_row("char-LM block (dim 64, x 4x64)", l, 3, (int64_t[]){4, 64, 64});
+  lp_nn_moe_opts o;
+  memset(&o, 0, sizeof o);
+  o.dim = 128, o.hidden = 256, o.experts = 8, o.topk = 2, o.shared = 1;
+  CHECK(lp_nn_moe_block_new("moe", 2, &o, 1, &l));
+  stash_row("train_moe block (dim 128, hidden 256, x 2x64)", l, 3, (int64_t[]){2, 64, 128});
+  lp_nn_mla_opts m = lp_nn_mla_defaults();
+  m.dim = 256, m.n_heads = 8, m.q_lora_rank = 0, m.kv_lora_rank = 128;
+  m.qk_nope_head_dim = 32, m.qk_rope_head_dim = 16, m.v_head_dim = 32, m.max_seq_len = 256;
+  lp_nn_layer *k[2];
+  CHECK(lp_nn_mla_new("attn", &m, 1, &k[0]));
+  CHECK(lp_nn_swiglu_new("ffn", 256, 1024, 1, &k[1]));
+  CHECK(lp_nn_chunk_new("dense", k, 2, &l));
+  lp_nn_layer_release(k[0]), lp_nn_layer_release(k[1]);
+  stash_row("V3 bench dense layer (MLA + SwiGLU, x 4x256)", l, 3, (int64_t[]){4, 256, 256});
+  memset(&o, 0, sizeof o);
+  o.dim = 256, o.hidden = 128, o.experts = 16, o.topk = 4, o.shared = 1;
+  o.router = LP_NN_ROUTER_SOFTMAX;
+  CHECK(lp_nn_moe_new("moe", &o, 1, &l));
+  stash_row("V3 bench MoE (16 experts top 4 + 1 shared)", l, 2, (int64_t[]){1024, 256});
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 2 && !strcmp(argv[1], "--stash")) return stash_main();
   int runs = 5, quick = 0;
   double min_ms = 60;
   for (int i = 1; i < argc; i++) {

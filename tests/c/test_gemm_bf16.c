@@ -90,11 +90,23 @@ static void check_batch(int ta, int tb, int64_t m, int64_t n, int64_t k,
     }
 }
 
+static void gemm_case(int64_t m, int64_t n, int64_t k);
+
 /* Every transpose combination, batch 2 with padded strides, alpha and
- * beta, on the engine in force. */
+ * beta, on the engine in force; shapes (all > 64^3) with every dim
+ * ragged (oneDNN's run-time-dims primitive), only m or only k not a
+ * multiple of 16 (split into a 16-multiple primitive and a padded tail),
+ * and all multiples of 16. */
 static void gemm_cases(void) {
+  static const int64_t shapes[][3] = {{67, 45, 129}, {67, 48, 128}, {37, 32, 256},
+                                      {64, 48, 131}, {32, 64, 131}, {64, 48, 128}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    gemm_case(shapes[s][0], shapes[s][1], shapes[s][2]);
+}
+
+static void gemm_case(int64_t m, int64_t n, int64_t k) {
   const lp_tensor_backend *be = lp_tensor_backend_cpu();
-  const int64_t m = 67, n = 45, k = 129, pad = 3, batch = 2; /* > 64^3 */
+  const int64_t pad = 3, batch = 2;
   for (int ta = 0; ta < 2; ta++)
     for (int tb = 0; tb < 2; tb++) {
       int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k,
@@ -108,8 +120,8 @@ static void gemm_cases(void) {
       fill(a, sa * batch, 1);
       fill(b, sb * batch, 2);
       fill(c0, sc * batch, 3);
-      for (int beta_i = 0; beta_i < 2; beta_i++) {
-        float alpha = 0.5f, beta = beta_i ? 1.0f : 0.0f;
+      for (int beta_i = 0; beta_i < 3; beta_i++) {
+        float alpha = 0.5f, beta = beta_i == 2 ? 0.75f : beta_i ? 1.0f : 0.0f;
         memcpy(c, c0, sizeof(float) * (size_t)(sc * batch));
         assert_int_equal(be->gemm_bf16(be, ta, tb, m, n, k, alpha, a, lda, sa,
                                        b, ldb, sb, beta, c, ldc, sc, batch),

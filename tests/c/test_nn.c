@@ -759,6 +759,37 @@ static double moe_aux_of(lp_nn_layer *l, const lp_tensor *x) {
   return a;
 }
 
+/* lp_nn_unrouted_mask: exactly the w1 / w3 / w2 of the slots whose
+ * logical expert has load 0 (every slot of it: a redundant copy too);
+ * router and shared expert never; wrong sizes refused. */
+static void test_moe_unrouted_mask(void **state) {
+  (void)state;
+  lp_nn_moe_opts o = moe_opts(6, 5, 4, 2);
+  o.shared = 1;
+  lp_nn_layer *l;
+  assert_int_equal(lp_nn_moe_new("moe", &o, 11, &l), LP_OK);
+  const int p2l[6] = {0, 1, 2, 3, 1, 3}; /* experts 1 and 3 twice */
+  assert_int_equal(lp_nn_moe_set_placement(l, 6, p2l), LP_OK);
+  size_t np;
+  const lp_nn_param *ps = lp_nn_params(l, &np);
+  lp_nn_param_role roles[64];
+  assert_true(np <= 64);
+  assert_int_equal(lp_nn_param_roles(l, roles, np), LP_OK);
+  const int64_t loads[4] = {3, 0, 1, 0};
+  unsigned char skip[64];
+  assert_int_equal(lp_nn_unrouted_mask(l, loads, skip, np), LP_OK);
+  int skipped = 0;
+  for (size_t i = 0; i < np; i++) {
+    int want = roles[i].slot >= 0 && (roles[i].expert == 1 || roles[i].expert == 3);
+    if (skip[i] != want) fail_msg("%s: skip %d, want %d", ps[i].name, skip[i], want);
+    skipped += skip[i];
+  }
+  assert_int_equal(skipped, 4 * 3); /* slots 1, 3, 4, 5 */
+  assert_int_equal(lp_nn_unrouted_mask(l, loads, skip, np - 1), LP_ERR_ARG);
+  assert_int_equal(lp_nn_unrouted_mask(l, NULL, skip, np), LP_ERR_ARG);
+  lp_nn_layer_release(l);
+}
+
 static void test_moe_balance_scale(void **state) {
   (void)state;
   lp_nn_moe_opts o = moe_opts(6, 5, 8, 2);
@@ -1790,6 +1821,7 @@ int main(void) {
       cmocka_unit_test(test_sgd),
       cmocka_unit_test(test_adamw),
       cmocka_unit_test(test_adamw_masked),
+      cmocka_unit_test(test_moe_unrouted_mask),
       cmocka_unit_test(test_training_converges),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_oom),

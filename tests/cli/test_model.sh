@@ -4,7 +4,10 @@
 # README): forward's logits within 1e-4 (max |d| / max |logit|), grad's
 # `loss X` within 1e-5 relative and every gradient under the checkpoint's
 # own names (model.py's or HF's) within 1e-3 relative L2, no more and no
-# fewer; info's description of the HF FP8 folder; bad folders, configs and
+# fewer; --precision bf16: logits within 3e-2 of float32's (max |d| / max
+# |logit|: bf16 keeps 8 bits, rounded again at every GEMM) but not equal
+# to them, loss within 1e-2 relative; info's description of the HF FP8
+# folder; bad folders, configs and
 # token files: one line naming the file (and tensor), exit 2, nothing
 # written. Run from the repo root.
 . "$(dirname "$0")/lib.sh"
@@ -29,6 +32,13 @@ if kind == "logits" then
   for i = 1, #y do dm = math.max(dm, math.abs(x[i] - y[i])); lm = math.max(lm, math.abs(y[i])) end
   assert(dm / lm < 1e-4, string.format("logits off by %.3g of %.3g", dm, lm))
   print("logits ok")
+elseif kind == "bf16" then -- OUT: bf16 logits, REF: float32 logits (both ours)
+  local x, y = a:read("logits"):totable(), r:read("logits"):totable()
+  local dm, lm = 0, 0
+  for i = 1, #y do dm = math.max(dm, math.abs(x[i] - y[i])); lm = math.max(lm, math.abs(y[i])) end
+  assert(dm / lm < 3e-2, string.format("bf16 logits off by %.3g of %.3g", dm, lm))
+  assert(dm / lm > 1e-5, string.format("bf16 logits equal float32's (%.3g): no bf16 ran", dm / lm))
+  print(string.format("bf16 logits within %.3g", dm / lm))
 else
   local n, m = 0, 0
   for name in pairs(r:tensors()) do
@@ -56,8 +66,15 @@ for c in v3_f32 v2lite_bf16 hf_fp8; do
     ok "$c: loss $loss (model.py $want)"
   else bad "$c: loss '$loss', model.py $want"; fi
   expect_rc "$c: gradients equal model.py's" 0 "$LP" "$tmp/compare.lua" "$tmp/g.st" "$d/$c/ref.safetensors" grads
+  expect_rc "$c: forward in bf16" 0 "$LP" model forward "$d/$c/checkpoint" --tokens "$d/$c/tokens.json" -o "$tmp/b.st" --precision bf16
+  expect_rc "$c: bf16 logits near float32's" 0 "$LP" "$tmp/compare.lua" "$tmp/b.st" "$tmp/l.st" bf16
+  expect_rc "$c: grad in bf16" 0 "$LP" model grad "$d/$c/checkpoint" --tokens "$d/$c/tokens.json" -o "$tmp/g.st" --precision bf16
+  loss=$(sed -n 's/^loss //p' "$tmp/out")
+  if awk -v a="$loss" -v b="$want" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-2 * b && d > 0) }'; then
+    ok "$c: bf16 loss $loss (model.py float32 $want)"
+  else bad "$c: bf16 loss '$loss', model.py float32 $want"; fi
 done
-rm -f "$tmp/l.st" "$tmp/g.st"
+rm -f "$tmp/l.st" "$tmp/g.st" "$tmp/b.st"
 
 expect_rc "info (HF, FP8)" 0 "$LP" model info "$d/hf_fp8/checkpoint"
 expect_in "info: layout" "$tmp/out" "Hugging Face's layout (2 files)"
@@ -105,6 +122,8 @@ one_line "token outside the vocabulary" "tokens entry 2 is 200, outside the voca
 echo '{"tokens": [[1, 2]]}' >"$tmp/t.json"
 expect_rc "grad without targets" 2 "$LP" model grad "$d/v3_f32/checkpoint" --tokens "$tmp/t.json" -o "$tmp/o.st"
 one_line "grad without targets" "'targets' must be a non-empty list"
+expect_rc "unknown precision" 2 "$LP" model forward "$d/v3_f32/checkpoint" --tokens "$d/v3_f32/tokens.json" -o "$tmp/o.st" --precision fp16
+one_line "unknown precision" "luapipe model: --precision fp16: unknown precision (f32 or bf16)"
 expect_rc "no such folder" 2 "$LP" model info "$tmp/nothing"
 one_line "no such folder" "$tmp/nothing: no config.json"
 finish

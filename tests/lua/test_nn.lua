@@ -38,6 +38,26 @@ function test_tensor_roundtrip()
   lu.assertStrContains(error_of(t.shape, t), "attempt to use a closed luapipe.Tensor")
 end
 
+-- A chunk with bf16 boundaries rounds each layer's output but the last to
+-- bf16 values before the next layer (where a pipeline stage may end), and
+-- nothing else: 1 + 2^-10 is not a bf16 value (8 bits of mantissa), so it
+-- becomes 1 between the layers; the last output 1 + 2^-12 stays.
+function test_chunk_bf16_boundary()
+  local function two(boundary)
+    local a = core.nn_layer(nn.linear(1, 1), "a", 1)
+    local b = core.nn_layer(nn.linear(1, 1), "b", 1)
+    a:set_params { ["a.weight"] = { 1 }, ["a.bias"] = { 2 ^ -10 } }
+    b:set_params { ["b.weight"] = { 1 }, ["b.bias"] = { 2 ^ -12 } }
+    return core.nn_chunk("c", { a, b }, boundary)
+  end
+  local x = nn.tensor({ 1, 1 }, { 1 })
+  lu.assertEquals(two():forward(x):totable(), { 1 + 2 ^ -10 + 2 ^ -12 })
+  lu.assertEquals(two("f32"):forward(x):totable(), { 1 + 2 ^ -10 + 2 ^ -12 })
+  lu.assertEquals(two("bf16"):forward(x):totable(), { 1 + 2 ^ -12 })
+  lu.assertStrContains(error_of(core.nn_chunk, "c", { core.nn_layer(nn.linear(1, 1), "a", 1) },
+    "fp8"), 'boundary must be "f32" or "bf16", got "fp8"')
+end
+
 function test_layer_params_in_and_out()
   local l = core.nn_layer(nn.linear(3, 2), "layers.0", 7)
   local p = l:params()

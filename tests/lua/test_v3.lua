@@ -8,6 +8,9 @@
 -- after within 1e-3), the correction bias left as stored; a rank's reads
 -- (bytes) cover only its stage; save + reload round trip under the
 -- original names; bad folders give one line naming file and tensor.
+-- v3_sparse (32 experts, 8 tokens a step): experts get no token in some
+-- AdamW steps after having some, so torch leaves them alone (grad None:
+-- no decay, no moment update, no step) and luapipe must too.
 local lu = require("luaunit")
 local core = require("luapipe.core")
 local json = require("luapipe.json")
@@ -94,10 +97,12 @@ local function check_case(case)
   local nref = 0
   for k in pairs(ref:tensors()) do if k:match("^grad%.") then nref = nref + 1 end end
   lu.assertEquals(ngrad, nref)
-  -- five AdamW steps as torch.optim.AdamW
+  -- five AdamW steps as torch.optim.AdamW, with the fixture's settings
+  local meta = json.decode(ref:metadata().fixture)
+  local aw = json.decode(meta.adamw)
   local r = train.reference { model = model, data = mk, steps = 5, microbatches = 1,
-    optimizer = { kind = "adamw", lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8,
-    weight_decay = 0.1 } }
+    optimizer = { kind = "adamw", lr = aw.lr, beta1 = aw.betas[1], beta2 = aw.betas[2],
+    eps = aw.eps, weight_decay = aw.weight_decay } }
   local rl = ref:read("adamw_losses"):totable()
   for k = 1, 5 do
     lu.assertTrue(math.abs(r.losses[k] - rl[k]) / rl[k] < 1e-4,
@@ -126,12 +131,21 @@ local function check_case(case)
     for e = 1, #bias do lu.assertEquals(got[e], bias[e]) end
   end
   r.layer:close()
-  return model
+  return model, meta
 end
 
 function test_v3_f32() check_case("v3_f32") end
 function test_v2lite_bf16() check_case("v2lite_bf16") end
 function test_hf_fp8() check_case("hf_fp8") end
+function test_v3_sparse()
+  -- the case means something: experts lose their tokens after having some,
+  -- and treating their missing gradients as zeros (decay, moments) lands
+  -- far outside the 1e-3 the parameters are held to
+  local _, meta = check_case("v3_sparse")
+  lu.assertTrue(tonumber(meta.skipped_after_tokens) > 0)
+  lu.assertTrue(tonumber(meta.resumed_after_skip) > 0)
+  lu.assertTrue(tonumber(meta.zero_grad_instead_rel_l2) > 1e-2)
+end
 
 function test_hf_fp8_unused_mtp()
   local model = models.load(data .. "hf_fp8/checkpoint")
@@ -179,6 +193,62 @@ function test_reads_per_stage()
   end))
 end
 
+-- dir's index.json against the loaded model's: every saved tensor in the
+-- shard that held it when loaded, every shard holding exactly what the
+-- map says (read back with our reader), total_size the sum of the
+-- tensors' bytes (width: 4 for F32, 2 for BF16)
+local function check_shards(model, dir, width)
+  local idx = json.decode(util.read_file(dir .. "/model.safetensors.index.json"))
+  local want = json.decode(util.read_file(model.dir .. "/model.safetensors.index.json"))
+  local n, bytes, files = 0, 0, {}
+  for name, file in pairs(idx.weight_map) do
+    lu.assertEquals(file, want.weight_map[name], name)
+    files[file] = files[file] or {}
+    files[file][name] = true
+    n = n + 1
+  end
+  lu.assertEquals(n, #model:param_list() + model.args.n_layers - model.args.n_dense_layers)
+  for file, names_in in pairs(files) do
+    local st = assert(core.safetensors_open(dir .. "/" .. file))
+    local k = 0
+    for name, info in pairs(st:tensors()) do
+      lu.assertTrue(names_in[name], file .. " holds " .. name)
+      local c = width
+      for _, d in ipairs(info.shape) do c = c * d end
+      bytes = bytes + c
+      k = k + 1
+    end
+    for _ in pairs(names_in) do k = k - 1 end
+    lu.assertEquals(k, 0, file)
+    st:close()
+  end
+  lu.assertEquals(idx.metadata.total_size, bytes)
+end
+
+-- a save that fails half-way (shard 2 cannot be written) leaves the
+-- folder as it was: the earlier save's files, no shard-1 leftovers
+function test_save_sharded_atomic()
+  local model = models.load(data .. "hf_fp8/checkpoint")
+  local dir = os.tmpname()
+  os.remove(dir)
+  models.save(model, dir)
+  local before = {}
+  local files = { "config.json", "model.safetensors.index.json",
+    "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors" }
+  for _, f in ipairs(files) do before[f] = assert(util.read_file(dir .. "/" .. f)) end
+  local blocker = dir .. "/model-00002-of-00002.safetensors.partial"
+  assert(core.mkdir_p(blocker))
+  local ok, err = pcall(models.save, model, dir, { dtype = "bf16" })
+  lu.assertFalse(ok)
+  lu.assertStrContains(err, "model save: ")
+  lu.assertStrContains(err, blocker)
+  lu.assertNil(err:find("\n"))
+  for _, f in ipairs(files) do lu.assertTrue(util.read_file(dir .. "/" .. f) == before[f], f) end
+  lu.assertNil(io.open(dir .. "/model-00001-of-00002.safetensors.partial"))
+  lu.assertNil(io.open(dir .. "/model.safetensors.index.json.partial"))
+  os.execute("rm -rf '" .. dir .. "'")
+end
+
 function test_save_round_trip()
   for _, case in ipairs({ "v3_f32", "hf_fp8" }) do
     local model = models.load(data .. case .. "/checkpoint")
@@ -186,9 +256,8 @@ function test_save_round_trip()
     os.remove(dir)
     local layer <close> = model:build(0)
     models.save(model, dir, { from = layer })
-    if model.form == "hf" then -- sharded in, sharded out: one shard and its index
-      local idx = json.decode(util.read_file(dir .. "/model.safetensors.index.json"))
-      lu.assertEquals(idx.weight_map["lm_head.weight"], "model-00001-of-00001.safetensors")
+    if model.form == "hf" then -- sharded in, sharded out: the same shards
+      check_shards(model, dir, 4)
     end
     local back = models.load(dir)
     lu.assertEquals(back.form, model.form)
@@ -200,19 +269,25 @@ function test_save_round_trip()
     lu.assertEquals(l2:moe_count(), layer:moe_count())
     if model.args.correction_bias then lu.assertEquals(l2:moe_bias(1), layer:moe_bias(1)) end
     -- the saved file under the original names, readable by our reader
-    local f = model.form == "hf" and "/model-00001-of-00001.safetensors"
-      or "/model0-mp1.safetensors"
-    local st = assert(core.safetensors_open(dir .. f))
-    local t = st:tensors()
+    local files = model.form == "hf" and { "/model-00001-of-00002.safetensors",
+      "/model-00002-of-00002.safetensors" } or { "/model0-mp1.safetensors" }
+    local t = {}
+    for _, f in ipairs(files) do
+      local st = assert(core.safetensors_open(dir .. f))
+      for n in pairs(st:tensors()) do t[n] = true end
+      st:close()
+    end
     for _, p in ipairs(model:param_list()) do
       lu.assertNotNil(t[model.form == "hf" and names.to_hf(p.name) or p.name], p.name)
     end
-    st:close()
     -- bf16: rounded values, same names
     models.save(model, dir, { from = layer, dtype = "bf16" })
-    st = assert(core.safetensors_open(dir .. f))
-    for _, info in pairs(st:tensors()) do lu.assertEquals(info.dtype, "BF16") end
-    st:close()
+    for _, f in ipairs(files) do
+      local st = assert(core.safetensors_open(dir .. f))
+      for _, info in pairs(st:tensors()) do lu.assertEquals(info.dtype, "BF16") end
+      st:close()
+    end
+    if model.form == "hf" then check_shards(model, dir, 2) end
     os.execute("rm -rf '" .. dir .. "'")
   end
 end

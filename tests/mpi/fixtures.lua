@@ -89,16 +89,17 @@ function F.moe_lm_data(step, mb)
 end
 
 -- A token-LM data function over ids 0..vocab-1: micro-batch mb of step
--- `step` is 2 sequences of 8 tokens (inputs and targets), different per mb
--- and step (the DeepSeek-V3 drivers).
-function F.token_data(vocab)
+-- `step` is 2 sequences of `seq` tokens (default 8; inputs and targets),
+-- different per mb and step (the DeepSeek-V3 drivers).
+function F.token_data(vocab, seq)
+  seq = seq or 8
   return function(step, mb)
     local x, y = {}, {}
-    for i = 1, 16 do
+    for i = 1, 2 * seq do
       x[i] = (i * 7 + mb * 13 + step * 29) % vocab
       y[i] = (i * 11 + mb * 5 + step * 3 + 1) % vocab
     end
-    return nn.tensor({ 2, 8 }, x), nn.tensor({ 2, 8 }, y)
+    return nn.tensor({ 2, seq }, x), nn.tensor({ 2, seq }, y)
   end
 end
 

@@ -138,7 +138,7 @@ if [ "$rc" -eq 0 ]; then
   f=$d/ckpt/step2/rank1.ckpt
   printf '\001\000\000\000' | dd of="$f" bs=1 seek=8 conv=notrunc 2>/dev/null
   run "resume from a version-1 rank1.ckpt" 2 1f1b:moe2 error "$d"
-  n=$(grep -c "rank 1: checkpoint $f has format version 1; this luapipe reads version 2 (version 1 has no expert placements" "$tmp/out")
+  n=$(grep -c "rank 1: checkpoint $f has format version 1; this luapipe reads versions 2 to 3 (version 1 has no expert placements" "$tmp/out")
   { [ "$rc" -ne 0 ] && [ "$n" -eq 1 ]; } || { fail "version-1 file ($n ranks said it)"; cat "$tmp/out"; }
 else
   fail "1f1b:moe2 on 2 ranks"

@@ -16,6 +16,8 @@
 #    are printed;
 #  - train_moe --svg / --trace-steps, and no header for a job of the wrong
 #    size;
+#  - state.json records the run's precision; resuming a checkpoint of the
+#    other precision (float32 masters either way) is said once, naming both;
 #  - stopped as Ctrl-C to mpirun stops it (SIGTERM to every rank): rank 0
 #    names, once, the checkpoint a resume would start from.
 # Exits 77 (skipped) without mpirun.
@@ -169,6 +171,21 @@ markers=$("$luapipe" "$tmp/markers.lua" "$tmp/moe.json" 2>&1)
 ex moe-3 3 train_moe.lua --pp 2 --ep 2 --steps 1
 { [ "$rc" -ne 0 ] && once "$tmp/moe-3" "luapipe: pp x ep = 2 x 2 needs 4 ranks, but mpirun started 3 (run it with mpirun -np 4)" &&
   ! grep -q "^train_moe:" "$tmp/moe-3"; } || { fail "train_moe on 3 ranks for pp 2 x ep 2"; cat "$tmp/moe-3"; }
+
+# ---- precision: state.json records it; another precision resumes, said once ----
+ck=$tmp/ck-prec
+ex lm-f32 2 "${lm[@]}" --steps 2 --checkpoint "$ck" --every 2
+{ [ "$rc" -eq 0 ] && grep -q '"precision": *"f32"' "$ck/step2/state.json"; } ||
+  { fail "state.json of an f32 run does not record its precision"; cat "$tmp/lm-f32" "$ck/step2/state.json"; }
+ex lm-bf16 2 "${lm[@]}" --steps 4 --checkpoint "$ck" --every 2 --resume --precision bf16
+{ [ "$rc" -eq 0 ] && once "$tmp/lm-bf16" "luapipe.train: note: checkpoint $ck/step2/state.json was trained at precision f32, this run trains at bf16: its master weights and optimizer state are float32 either way, so it resumes from them at bf16" &&
+  [ "$(grep -c "was trained at precision" "$tmp/lm-bf16")" -eq 1 ] &&
+  grep -q '"precision": *"bf16"' "$ck/step4/state.json" && [ -n "$(steps "$tmp/lm-bf16" 3 4)" ]; } ||
+  { fail "resuming an f32 checkpoint at bf16"; cat "$tmp/lm-bf16"; }
+# the same precision again: nothing said
+ex lm-bf16b 2 "${lm[@]}" --steps 5 --checkpoint "$ck" --every 1 --resume --precision bf16
+{ [ "$rc" -eq 0 ] && ! grep -q "was trained at precision" "$tmp/lm-bf16b"; } ||
+  { fail "resuming a bf16 checkpoint at bf16"; cat "$tmp/lm-bf16b"; }
 
 # ---- stopped by a signal: where a resume would start, once ----
 ck=$tmp/ck-sig

@@ -71,7 +71,8 @@ end
 local function scaled(cost, f)
   local c = {}
   for k, x in pairs(cost) do
-    c[k] = (k == "latency" or k == "link" or k == "bytes" or type(x) ~= "number") and x or x * f
+    c[k] = (k == "latency" or k == "link" or k == "bytes" or k == "values" or type(x) ~= "number")
+      and x or x * f
   end
   return c
 end

@@ -48,7 +48,9 @@ M.topics = {
     intro = "Costs: F, B, I, W, FB (overlapped F&B pair), latency, and per model stage "
       .. "stages = {[k] = {F = ...}}; B = I + W fills in what is not given. Links: link = "
       .. "\"lat=50us,bw=2GB/s\" adds latency + bytes/bandwidth to every cross-rank message of "
-      .. "bytes = N bytes (times in seconds then). MoE exchanges: exchanges = {[stage] = {F = {n =, "
+      .. "bytes = N bytes (times in seconds then), or of values = N values at precision = \"f32\" "
+      .. "(4 bytes a value) or \"bf16\" (2), which also gives each rank's peak activation bytes. "
+      .. "MoE exchanges: exchanges = {[stage] = {F = {n =, "
       .. "bytes_out =, bytes_in =}, B = ..., I = ...}} (per action: how many all-to-all-v, this "
       .. "rank's bytes to / from the other EP ranks in one), link_unit = cost units per second of "
       .. "link time (1000 for ms). Per action: actions = {[rank] = {[i] = time}} (0-based, as "
@@ -60,7 +62,7 @@ M.topics = {
     { "sim.format_cost(cost)", "\"F=1 B=2 W=1\"" },
     { "sim.resolve_cost(cost)", "{F, B, I, W, FB?, latency} as the simulator fills in what is not given (B = I + W), or nil, message" },
     { "res:makespan() / res:max_bubble()", "time to the last action; largest per-rank bubble" },
-    { "res:ranks()", "per rank: busy, bubble, bubble_ratio, finish, peak_live, peak_pending_w, a2a (modelled exchange time), a2a_hidden" },
+    { "res:ranks()", "per rank: busy, bubble, bubble_ratio, finish, peak_live, peak_pending_w, a2a (modelled exchange time), a2a_hidden, peak_act_bytes (with cost.values)" },
     { "res:events([rank])", "the timeline: {rank, text, start, finish}" },
     { "res:messages() / res:memory(rank)", "cross-rank messages; activations over time" },
     { "res:summary() / print(res)", "the per-rank table" },
@@ -115,7 +117,7 @@ M.topics = {
     { "  optimizer = {kind = \"adamw\", lr=, beta1=, beta2=, eps=, weight_decay=}", "AdamW (defaults 1e-3, 0.9, 0.999, 1e-8, 0.01)" },
     { "  partition = \"cost\" | \"layers\"", "model stages of measured layer cost, the split whose simulated step on the schedule is shortest (default; a resume keeps the checkpoint's), or equal layer counts" },
     { "  device = \"cpu\" | \"cuda\" | \"cuda:N\"", "where each rank's stages run (cuda: local rank modulo the GPUs)" },
-    { "  precision = \"f32\" | \"bf16\"", "GEMMs on bf16-rounded inputs with float32 sums (oneDNN on AVX512-BF16/AMX, else a float32 fallback, said once); the rest float32" },
+    { "  precision = \"f32\" | \"bf16\"", "GEMMs on bf16-rounded inputs with float32 sums (oneDNN on AVX512-BF16/AMX, else a float32 fallback, said once); activations at layer boundaries, their gradients and MoE expert rows rounded to bf16 and sent as bf16 (half the message and all-to-all bytes); norms, softmax, loss, router, masters and optimizer state float32; checkpoints record it (resuming another precision is said once)" },
     { "  chunks=, seed=, quiet=, lookahead=", "chunks for interleaved1f1b only (refused otherwise); seed of init and data" },
     { "  trace=, svg=, trace_steps=, log_every=", "measured Chrome trace, SVG of the last step, progress" },
     { "  checkpoint = {dir=, every=}, resume = true", "save every N steps and after the last; continue from dir/latest (another schedule if it places the stages alike)" },
@@ -165,10 +167,13 @@ M.topics = {
       .. "FP8 E4M3 with 128x128 block scales (quantization_config.weight_block_size). A rank reads "
       .. "only its own stages' tensors (with ep, its own experts); MTP layers are listed in .unused. "
       .. "A bad folder raises one line naming the file and tensor (the CLI exits 2). "
-      .. "Command line: luapipe model info|forward|grad DIR.",
+      .. "An expert no token reached in a step is left alone by the optimizer (no decay, no "
+      .. "moment update, its own step count stays), as torch.optim.AdamW leaves a grad of None. "
+      .. "Command line: luapipe model info|forward|grad DIR [--precision bf16].",
     { "models.load(dir, {ep=, bias_speed=})", "a model train{} takes (partition, schedules, pp x ep, EPLB); fields args (ModelArgs), form (\"deepseek\" or \"hf\"), unused, dtypes; ckpt:bytes_read() counts what was read" },
     { "models.deepseek_v3(args)", "the same architecture from ModelArgs keys, initialised from the seed" },
-    { "models.save(model, dir, {from=, dtype=})", "config.json + safetensors in the layout and names it was loaded with, \"f32\" or \"bf16\"; from = a built layer or train{}'s result (every rank calls it; rank 0 writes)" },
+    { "models.save(model, dir, {from=, dtype=})", "config.json + safetensors in the layout and names it was loaded with (HF with an index: the same shards, each tensor in its file, and an index with weight_map and total_size), \"f32\" or \"bf16\"; from = a built layer or train{}'s result (every rank calls it; rank 0 writes); all or nothing" },
+    { "model:set_precision(\"f32\" | \"bf16\")", "GEMM precision of what is built next (train{precision=} sets it)" },
     { "  train{..., save = dir}", "the same after training (f32)" },
     { "models.config.read(config_table, file)", "ModelArgs from either form of config.json" },
     { "models.names.to_hf(name) / from_hf(name)", "model.py's names to Hugging Face's and back (inference/convert.py's map)" },
@@ -229,7 +234,9 @@ M.topics = {
       .. "the best so far.",
     { "search.search{pp=, microbatches=, cost=, memory=, w_share=, placement=, objective=, time=, seed=}",
       "a SearchResult, or nil, message (also luapipe.search{...}); also split=, pairs=, act=, "
-        .. "priority=function(a), robust=, families=, progress=" },
+        .. "priority=function(a), robust=, families=, progress=; act_values= (values in one "
+        .. "activation) with precision = \"f32\" | \"bf16\" and memory_bytes= (a limit in bytes: "
+        .. "bf16 fits twice the activations), r:peak_bytes()" },
     { "search.placement(name | {ranks} | fn, pp, microbatches)", "a placement: linear, interleaved:V, v, bidirectional" },
     { "search.families(opts[, cost])", "every family scored under the same costs and limit" },
     { "search.SearchResult:schedule() / makespan() / span()", "the found schedule (validated); its figures" },

@@ -2,14 +2,16 @@
 -- layout or Hugging Face's) described, run forward, or differentiated.
 --
 --   luapipe model info DIR
---   luapipe model forward DIR --tokens FILE.json -o OUT.safetensors
---   luapipe model grad DIR --tokens FILE.json -o OUT.safetensors
+--   luapipe model forward DIR --tokens FILE.json -o OUT.safetensors [--precision bf16]
+--   luapipe model grad DIR --tokens FILE.json -o OUT.safetensors [--precision bf16]
 --
 -- FILE.json is {"tokens": [[ids...], ...]} (grad: and "targets", the same
 -- shape). forward writes `logits` [B, T, V] float32 for every position;
 -- grad prints `loss X` (mean cross-entropy over every position) and writes
 -- every trained parameter's gradient under its name in DIR's files (the
--- check of llm.c's test_gpt2 against PyTorch). A bad folder, config or
+-- check of llm.c's test_gpt2 against PyTorch). --precision bf16 runs the
+-- GEMMs on bf16-rounded inputs with float32 sums, as train{precision =
+-- "bf16"} does (outputs stay float32). A bad folder, config or
 -- tokens file is one line naming the file (and tensor), exit 2; nothing is
 -- written then.
 local core = require("luapipe.core")
@@ -26,10 +28,14 @@ function M.parser(p)
     :argname("FILE")
   p:option("--output -o", "The safetensors file to write (forward: logits; grad: the gradients).")
     :argname("OUT")
+  p:option("--precision", "GEMM precision of forward / grad: f32, or bf16 (bf16 inputs with "
+    .. "float32 sums; norms, softmax, routers and the outputs stay float32).", "f32")
+    :argname("P")
   p:epilog("Examples:\n"
     .. "  luapipe model info DeepSeek-V2-Lite\n"
     .. "  luapipe model forward ckpt --tokens batch.json -o logits.safetensors\n"
     .. "  luapipe model grad ckpt --tokens batch.json -o grads.safetensors\n"
+    .. "  luapipe model forward ckpt --tokens batch.json -o logits.safetensors --precision bf16\n"
     .. "Layouts: DeepSeek's converted form (config.json with model.py's ModelArgs keys, "
     .. "model0-mp1.safetensors, model.py's names) or Hugging Face's (config.json with its keys, "
     .. "model.safetensors or shards with model.safetensors.index.json, HF names); F32, BF16 "
@@ -145,6 +151,10 @@ function M.run(args)
   end
   if not args.tokens then return fail(args.action .. " needs --tokens FILE.json") end
   if not args.output then return fail(args.action .. " needs -o OUT.safetensors") end
+  if args.precision ~= "f32" and args.precision ~= "bf16" then
+    return fail(string.format("--precision %s: unknown precision (f32 or bf16)", args.precision))
+  end
+  model:set_precision(args.precision)
   local tk, err = read_tokens(args.tokens, args.action == "grad")
   if not tk then return fail(err) end
   local V = model.args.vocab_size

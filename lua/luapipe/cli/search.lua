@@ -20,6 +20,14 @@ function M.parser(p)
   p:option("--cost -c", "costs, e.g. F=1,B=2,W=1,FB=2.5,latency=0 (B = I + W)", "F=1,B=2,W=1")
   p:option("--memory", "memory limit per rank in activations (default: unlimited)")
     :convert(cli.number_option("--memory", 1e-9, math.huge))
+  p:option("--act-values", "values in one activation (one micro-batch's activations of 1/pp "
+    .. "of the model): memory figures also in bytes, 4 a value (f32) or 2 (bf16)")
+    :convert(cli.number_option("--act-values", 1e-9, math.huge))
+  p:option("--precision", "f32 or bf16: bytes of an activation value (needs --act-values)")
+    :choices { "f32", "bf16" }
+  p:option("--memory-bytes", "memory limit per rank in bytes instead of activations (needs "
+    .. "--act-values; bf16 fits twice the activations)")
+    :convert(cli.number_option("--memory-bytes", 1e-9, math.huge))
   p:option("--w-share", "share of an activation held from its I until its W, 0..1 (Zero "
     .. "Bubble's F +2 / I -1 / W -1 rule: 0.5)", "0"):convert(cli.number_option("--w-share", 0, 1))
   p:option("--placement", "linear, interleaved:V, v, bidirectional or any", "linear")
@@ -70,7 +78,8 @@ function M.run(args)
   end
   local opts = { pp = args.pp, microbatches = args.microbatches, cost = cost, memory = args.memory,
     w_share = args.w_share, placement = placement, objective = args.objective, split = args.split,
-    time = args.time, seed = args.seed, robust = args.robust or nil }
+    time = args.time, seed = args.seed, robust = args.robust or nil, act_values = args.act_values,
+    precision = args.precision, memory_bytes = args.memory_bytes }
   if args.format == "json" then opts.progress = false end
   -- the command names itself: the reason is the text after the API's name
   local ok, res, err, reason = pcall(search.search, opts)
@@ -111,7 +120,10 @@ function M.run(args)
     print(string.format("P=%d ranks, M=%d micro-batches, cost F=%s B=%s I=%s W=%s%s latency=%s, "
       .. "memory %s per rank, w_share %s, objective %s", args.pp, args.microbatches, num(c.F),
       num(c.B), num(c.I), num(c.W), c.FB and (" FB=" .. num(c.FB)) or "", num(c.latency),
-      args.memory and num(args.memory) or "unlimited", num(args.w_share), args.objective))
+      args.memory and num(args.memory) or args.memory_bytes and string.format("%s bytes (%s "
+        .. "activations at %s)", num(args.memory_bytes),
+        num(search._internal.memory_units(opts, args.pp)[1]), args.precision or "f32")
+        or "unlimited", num(args.w_share), args.objective))
     print(string.format("%-22s %10s %10s %10s  %s", "schedule", "makespan", "span", "bubble",
       "peak memory per rank"))
     local bubble = 0
@@ -130,6 +142,10 @@ function M.run(args)
     end
     print(string.format("%-22s %10s %10s %10s  %s", "search (" .. res.placement_name .. ")",
       num(st.makespan), num(st.span), num(bubble), peaks(res:peak_memory())))
+    if res:peak_bytes() then
+      print(string.format("%-22s %10s %10s %10s  %s", "  in bytes (" .. res.precision .. ")", "",
+        "", "", peaks(res:peak_bytes())))
+    end
     if st.zb_greedy ~= math.huge then
       print(string.format("%-22s %10s %10s %10s  %s", "Zero Bubble greedy", "-",
         args.objective == "span" and num(st.zb_greedy) or "-", "-",

@@ -19,6 +19,9 @@ function M.parser(p)
   p:option("--link", "emulated link: every cross-rank message also takes lat + bytes/bw, "
     .. "e.g. lat=50us,bw=2GB/s (us|ms|s; GB/s|MB/s|KB/s); message size: bytes= in --cost; "
     .. "costs in seconds")
+  p:option("--precision", "f32 or bf16: the bytes of an activation value (4 or 2) for values= "
+    .. "in --cost (values in one activation): message sizes and the peak activation bytes")
+    :choices { "f32", "bf16" }
   p:option("--svg", "write the timeline as SVG to FILE")
   p:option("--trace", "write a Chrome/Perfetto trace (JSON) to FILE")
   p:flag("--no-gantt", "text format: leave out the Gantt chart")
@@ -35,7 +38,8 @@ local function result_json(s, res, cost)
     local mem = s:memory(r.rank)
     ranks[i] = { rank = r.rank, busy = r.busy, bubble = r.bubble, bubble_ratio = r.bubble_ratio,
       finish = r.finish, peak_activations = r.peak_live, peak_pending_w = r.peak_pending_w,
-      param_stages = mem.param_stages }
+      param_stages = mem.param_stages,
+      peak_activation_bytes = r.peak_act_bytes > 0 and r.peak_act_bytes or nil }
   end
   local timeline = {}
   for i, e in ipairs(res:events()) do
@@ -55,6 +59,13 @@ function M.run(args)
     local l, lerr = require("luapipe.comm").parse_link(args.link)
     if not l then return cli.fail("simulate", "--link: " .. lerr, 2) end
     cost.link = args.link
+  end
+  if args.precision then
+    if not cost.values then
+      return cli.fail("simulate", "--precision needs values= in --cost (values in one "
+        .. "activation: what it sizes in bytes)", 2)
+    end
+    cost.precision = args.precision
   end
   local s, err, code = common.load_schedule(args)
   if not s then return cli.fail("simulate", err, code) end

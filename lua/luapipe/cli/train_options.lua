@@ -169,6 +169,9 @@ function M.finish(args, result, keys, extra)
     lines[#lines + 1] = string.format("final_loss=%.6f\n", result.losses[args.steps] or 0)
     lines[#lines + 1] = string.format("oversubscribed=%d\n", s.oversubscribed and 1 or 0)
     lines[#lines + 1] = string.format("precision=%s\n", result.precision or "f32")
+    -- bytes sent per step, every rank's (bf16: 2 bytes a value)
+    lines[#lines + 1] = string.format("msg_bytes=%.0f\na2a_bytes=%.0f\n", s.msg_bytes or 0,
+      s.a2a_bytes or 0)
     local ok, err = util.write_file(args.report, table.concat(lines))
     if not ok then
       io.stderr:write("luapipe: --report: ", tostring(err), "\n")

@@ -99,13 +99,16 @@ function Ckpt:bytes_read()
   return n
 end
 
--- The folder's files: {{path =, st =}}, index[stored name] = {file =, path =, info =}
+-- The folder's files: {{path =, name =, st =}}, index[stored name] =
+-- {file =, path =, name =, info =}, and HF's index.json as read (nil
+-- without one)
 local function open_files(dir, form)
   local paths = {}
+  local idx
   if form == "hf" then
     local ipath = dir .. "/model.safetensors.index.json"
     if exists(ipath) then
-      local idx = read_json(ipath)
+      idx = read_json(ipath)
       if type(idx.weight_map) ~= "table" then fail(ipath .. ": has no 'weight_map' object") end
       local seen = {}
       for _, f in pairs(idx.weight_map) do
@@ -134,13 +137,14 @@ local function open_files(dir, form)
   for _, p in ipairs(paths) do
     local st, err = core.safetensors_open(p)
     if not st then fail(err) end
-    files[#files + 1] = { path = p, st = st }
+    local name = p:sub(#dir + 2)
+    files[#files + 1] = { path = p, name = name, st = st }
     for n, info in pairs(st:tensors()) do
       if index[n] then fail(string.format("%s: tensor %s is also in %s", p, n, index[n].path)) end
-      index[n] = { file = st, path = p, info = info }
+      index[n] = { file = st, path = p, name = name, info = info }
     end
   end
-  return files, index
+  return files, index, idx
 end
 
 -- Checks the checkpoint against the config from the headers alone; sets
@@ -206,9 +210,9 @@ function M.loader(models, _)
     if not exists(cpath) then fail(dir .. ": no config.json (not a checkpoint folder)") end
     local cfg = read_json(cpath)
     local args, form = config.read(cfg, cpath)
-    local files, index = open_files(dir, form)
-    local ck = setmetatable({ dir = dir, form = form, args = args, files = files, index = index },
-      Ckpt)
+    local files, index, idx = open_files(dir, form)
+    local ck = setmetatable({ dir = dir, form = form, args = args, files = files, index = index,
+      index_json = idx }, Ckpt)
     -- the bias decides the model: look before building the specs
     args.correction_bias = false
     for i = args.n_dense_layers, args.n_layers - 1 do
@@ -323,36 +327,79 @@ local function write_folder(model, dir2, values, list, dtype)
   else
     cfg.dtype = dtype == "bf16" and "bf16" or nil
   end
-  local tensors, order = {}, {}
+  -- the files: HF with an index (model.safetensors.index.json) as it was
+  -- loaded, the same shards (each tensor in the file that held it, one
+  -- the folder did not have in the last shard; a shard left with no
+  -- tensor, e.g. one of only MTP layers or FP8 scales, is not written);
+  -- HF without one: model.safetensors; DeepSeek's: model0-mp1.safetensors
+  local ck = model.ckpt
+  local indexed = form == "hf" and ck and ck.index_json ~= nil
+  local shards, by_name = {}, {}
+  local function shard(name)
+    if not by_name[name] then
+      by_name[name] = { name = name, order = {}, tensors = {} }
+      shards[#shards + 1] = by_name[name]
+    end
+    return by_name[name]
+  end
+  if indexed then
+    for _, f in ipairs(ck.files) do shard(f.name) end -- file order (sorted names)
+  end
+  local last = indexed and shards[#shards].name
+    or form == "hf" and "model.safetensors" or "model0-mp1.safetensors"
+  local map, bytes = {}, 0
   for _, e in ipairs(list) do
     local sname = form == "hf" and names.to_hf(e.name) or e.name
-    tensors[sname] = core.tensor(e.shape, values[e.name])
-    order[#order + 1] = sname
+    local held = indexed and ck.index[sname]
+    local sh = shard(held and held.name or last)
+    sh.tensors[sname] = core.tensor(e.shape, values[e.name])
+    sh.order[#sh.order + 1] = sname
+    map[sname] = sh.name
+    bytes = bytes + numel(e.shape) * (dtype == "bf16" and 2 or 4)
   end
-  -- HF: one shard and its index when the model came sharded, else
-  -- model.safetensors; DeepSeek's: model0-mp1.safetensors
-  local sharded = form == "hf" and model.ckpt and #model.ckpt.files > 1
-  local file = sharded and "model-00001-of-00001.safetensors"
-    or form == "hf" and "model.safetensors" or "model0-mp1.safetensors"
-  local tmp = dir2 .. "/" .. file .. ".partial"
-  local wok, werr = core.safetensors_write(tmp, tensors, { dtype = dtype, order = order,
-    metadata = { format = "pt" } })
-  for _, t in pairs(tensors) do t:close() end
-  if not wok then os.remove(tmp) fail("model save: " .. tostring(werr)) end
-  assert(os.rename(tmp, dir2 .. "/" .. file))
-  if sharded then
-    local map, bytes = {}, 0
-    for _, e in ipairs(list) do
-      map[names.to_hf(e.name)] = file
-      bytes = bytes + numel(e.shape) * (dtype == "bf16" and 2 or 4)
+  -- every file first as FILE.partial (each written atomically); a failure
+  -- removes those written, so the folder keeps what it had; then all are
+  -- renamed into place
+  local written = {}
+  local function undo(msg)
+    for _, w in ipairs(written) do os.remove(w .. ".partial") end
+    for _, sh in ipairs(shards) do for _, t in pairs(sh.tensors) do t:close() end end
+    fail("model save: " .. tostring(msg))
+  end
+  for _, sh in ipairs(shards) do
+    if #sh.order > 0 then
+      local path = dir2 .. "/" .. sh.name
+      local wok, werr = core.safetensors_write(path .. ".partial", sh.tensors, { dtype = dtype,
+        order = sh.order, metadata = { format = "pt" } })
+      if not wok then undo(werr) end
+      written[#written + 1] = path
     end
-    local iok, ierr = util.write_file(dir2 .. "/model.safetensors.index.json", json.encode(
-      { metadata = { total_size = bytes }, weight_map = map }, { indent = true }) .. "\n")
-    if not iok then fail("model save: " .. tostring(ierr)) end
   end
-  local cok, cerr = util.write_file(dir2 .. "/config.json",
+  for _, sh in ipairs(shards) do for _, t in pairs(sh.tensors) do t:close() end sh.tensors = {} end
+  if indexed then
+    local meta = {}
+    for k, v in pairs(type(ck.index_json.metadata) == "table" and ck.index_json.metadata or {}) do
+      meta[k] = v
+    end
+    meta.total_size = bytes
+    local path = dir2 .. "/model.safetensors.index.json"
+    local iok, ierr = util.write_file(path .. ".partial", json.encode(
+      { metadata = meta, weight_map = map }, { indent = true }) .. "\n")
+    if not iok then undo(ierr) end
+    written[#written + 1] = path
+  end
+  local cpath = dir2 .. "/config.json"
+  local cok, cerr = util.write_file(cpath .. ".partial",
     json.encode(cfg, { indent = true }) .. "\n")
-  if not cok then fail("model save: " .. tostring(cerr)) end
+  if not cok then undo(cerr) end
+  written[#written + 1] = cpath
+  for i, w in ipairs(written) do
+    local rok, rerr = os.rename(w .. ".partial", w)
+    if not rok then
+      for j = i, #written do os.remove(written[j] .. ".partial") end
+      fail("model save: " .. tostring(rerr))
+    end
+  end
   return dir2
 end
 

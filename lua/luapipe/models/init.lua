@@ -85,10 +85,13 @@ end
 -- model:build_layer(i, seed [, ep, ep_rank]): layer i under model.py's
 -- name, initialised from seed (partition's cost measurement builds these:
 -- it reads nothing); with ep > 1 its MoE is built placed for EP rank
--- ep_rank: only that rank's expert slots exist (the same values)
+-- ep_rank: only that rank's expert slots exist (the same values); its
+-- GEMMs in the model's precision (model:set_precision)
 function V3:build_layer(i, seed, ep, ep_rank)
   util.int_arg("model:build_layer", 1, "i", i, 1, #self.layers)
-  return core.nn_layer(self.layers[i], self.layer_names[i], seed or 0, ep or 1, ep_rank or 0)
+  local l = core.nn_layer(self.layers[i], self.layer_names[i], seed or 0, ep or 1, ep_rank or 0)
+  if self.precision and self.precision ~= "f32" then l:set_precision(self.precision) end
+  return l
 end
 
 -- The experts (0-based ids, as a set) that EP rank r of `ep` holds under
