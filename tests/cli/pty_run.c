@@ -4,9 +4,14 @@
  *
  *   pty_run [--timeout S] [--prompt TEXT]... [--send LINE | --type LINE]... -- CMD [ARGS]
  *
- * Each --send LINE is typed (followed by Enter) once the output shows one
- * more prompt (any of the --prompt texts) than before (at once when no
- * --prompt is given); "^C" and "^D" send Ctrl-C and Ctrl-D without Enter.
+ * Each --send LINE is typed (followed by Enter) once the command waits at a
+ * prompt: something was written since the last line was typed, the output
+ * ends with one of the --prompt texts (terminal escapes after it aside) and
+ * nothing more came for 150 ms (at once when no --prompt is given). Counting
+ * prompts instead is fooled by readline, which draws the prompt again when
+ * it lists completions, and a line typed early lands in the terminal's
+ * cooked mode, where a Ctrl-D is not the end of input readline sees.
+ * "^C" and "^D" send Ctrl-C and Ctrl-D without Enter.
  * --type LINE is the same with keys written as escapes: "\t" is Tab and
  * "\\" a backslash (so "s:val\t()" asks for completion mid-line).
  * Everything the command writes to the terminal is copied to stdout (CR LF
@@ -32,13 +37,25 @@ static double now(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* Occurrences of needle in the first n bytes of hay. */
-static size_t count_in(const char *hay, size_t n, const char *needle) {
-  size_t k = strlen(needle), c = 0;
-  if (k == 0 || n < k) return 0;
-  for (size_t i = 0; i + k <= n; i++)
-    if (memcmp(hay + i, needle, k) == 0) c++;
-  return c;
+/* Whether the output ends with the prompt text, escape sequences after it
+ * (ESC [ params letter, as readline writes for bracketed paste) aside. */
+static int ends_with_prompt(const char *out, size_t n, const char *prompt) {
+  size_t k = strlen(prompt);
+  for (;;) { /* strip one trailing CSI sequence at a time */
+    size_t i = n;
+    if (i == 0 ||
+        !((out[i - 1] >= 'a' && out[i - 1] <= 'z') || (out[i - 1] >= 'A' && out[i - 1] <= 'Z')))
+      break;
+    i--;
+    while (i > 0 &&
+           ((out[i - 1] >= '0' && out[i - 1] <= '9') || out[i - 1] == ';' || out[i - 1] == '?'))
+      i--;
+    if (i >= 2 && out[i - 1] == '[' && out[i - 2] == '\x1b')
+      n = i - 2;
+    else
+      break;
+  }
+  return k > 0 && n >= k && memcmp(out + n - k, prompt, k) == 0;
 }
 
 /* Writes out[0..n) to stdout with every CR LF as LF. */
@@ -108,17 +125,20 @@ int main(int argc, char **argv) {
   size_t cap = 1 << 16, len = 0;
   char *out = malloc(cap);
   if (!out) return 1;
-  int next = 0;          /* the next --send to type */
-  size_t prompts_seen = 0; /* prompts answered so far */
+  int next = 0;            /* the next --send to type */
+  size_t typed_at = 0;     /* len of the output when the last line was typed */
+  double last_out = now(); /* when the command last wrote */
   double deadline = now() + timeout;
   for (;;) {
     if (next < ns) {
-      size_t shown = 0;
-      for (int k = 0; k < np; k++) shown += count_in(out, len, prompts[k]);
-      if (np == 0 || shown > prompts_seen) {
+      int waiting = np == 0;
+      if (!waiting && len > typed_at && now() - last_out >= 0.15)
+        for (int k = 0; k < np && !waiting; k++)
+          waiting = ends_with_prompt(out, len, prompts[k]);
+      if (waiting) {
         int esc = typed[next];
         const char *line = sends[next++];
-        prompts_seen++;
+        typed_at = len;
         if (strcmp(line, "^C") == 0) {
           write_all(fd, "\x03", 1);
         } else if (strcmp(line, "^D") == 0) {
@@ -164,6 +184,7 @@ int main(int argc, char **argv) {
       ssize_t n = read(fd, out + len, 4096);
       if (n <= 0) break; /* EIO: the command closed the terminal */
       len += (size_t)n;
+      last_out = now();
     }
   }
   int status = 0;
