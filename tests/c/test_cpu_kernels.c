@@ -18,24 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_inputs.h"
 #include "lp_tensor.h"
 #include "tensor_internal.h"
 
 static const lp_tensor_backend *cpu(void) { return lp_tensor_backend_cpu(); }
-
-/* Uniform in [lo, hi) from a fixed LCG (the same numbers on every run). */
-static float urand(uint64_t *s, float lo, float hi) {
-  *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-  return lo + (hi - lo) * (float)((*s >> 40) * (1.0 / 16777216.0));
-}
-
-static float *vec(int64_t n, uint64_t seed, float lo, float hi) {
-  float *x = malloc(sizeof(float) * (size_t)(n ? n : 1));
-  assert_non_null(x);
-  for (int64_t i = 0; i < n; i++)
-    x[i] = urand(&seed, lo, hi);
-  return x;
-}
 
 static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 

@@ -25,18 +25,7 @@
 const lp_tensor_backend *lp_tensor_backend_cpu(void);
 void lp_tensor_cpu_expf(int64_t n, const float *x, float *y);
 
-static float urand(uint64_t *s, float lo, float hi) {
-  *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-  return lo + (hi - lo) * (float)((*s >> 40) * (1.0 / 16777216.0));
-}
-
-static float *vec(int64_t n, uint64_t seed, float lo, float hi) {
-  float *x = malloc(sizeof(float) * (size_t)(n ? n : 1));
-  assert_non_null(x);
-  for (int64_t i = 0; i < n; i++)
-    x[i] = urand(&seed, lo, hi);
-  return x;
-}
+#include "kernel_inputs.h"
 
 static float *dup(const float *x, int64_t n) {
   float *y = malloc(sizeof(float) * (size_t)(n ? n : 1));
