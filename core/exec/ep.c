@@ -581,9 +581,11 @@ lp_status ex_moe_loads_new(lp_exec *e) {
   return LP_OK;
 }
 
-lp_status ex_moe_loads_sum(lp_exec *e) {
-  if (!e->moe.total) return LP_OK;
-  memset(e->moe.counts, 0, e->moe.total * sizeof *e->moe.counts);
+/* Calls fn on every MoE layer of this rank's stages in order, with the
+ * layer's E expert counts in e->moe.counts and a scratch of E int64s. */
+typedef lp_status (*moe_layer_fn)(lp_nn_layer *m, size_t E, double *counts, int64_t *scratch);
+
+static lp_status moe_each(lp_exec *e, moe_layer_fn fn) {
   int64_t *c = NULL;
   size_t cap = 0;
   lp_status st = LP_OK;
@@ -600,18 +602,8 @@ lp_status ex_moe_loads_sum(lp_exec *e) {
         c = nc;
         cap = E;
       }
-      LP_CHECK_GOTO(lp_nn_moe_expert_load(m, c), st, done);
-      for (size_t x = 0; x < E; x++) e->moe.counts[off + x] += (double)c[x];
+      LP_CHECK_GOTO(fn(m, E, e->moe.counts + off, c), st, done);
       off += E;
-    }
-  }
-  {
-    char what[96];
-    snprintf(what, sizeof what, "rank %d: summing expert loads at the end of a step", e->rank);
-    st = lp_comm_allreduce_sum_double(e->world, e->moe.counts, e->moe.total, what);
-    if (st != LP_OK) {
-      ex_comm_fail(e, e->world, st, what);
-      goto done;
     }
   }
 done:
@@ -619,33 +611,33 @@ done:
   return st;
 }
 
+static lp_status add_load(lp_nn_layer *m, size_t E, double *counts, int64_t *c) {
+  LP_CHECK(lp_nn_moe_expert_load(m, c));
+  for (size_t x = 0; x < E; x++) counts[x] += (double)c[x];
+  return LP_OK;
+}
+
+lp_status ex_moe_loads_sum(lp_exec *e) {
+  if (!e->moe.total) return LP_OK;
+  memset(e->moe.counts, 0, e->moe.total * sizeof *e->moe.counts);
+  LP_CHECK(moe_each(e, add_load));
+  char what[96];
+  snprintf(what, sizeof what, "rank %d: summing expert loads at the end of a step", e->rank);
+  lp_status st = lp_comm_allreduce_sum_double(e->world, e->moe.counts, e->moe.total, what);
+  if (st != LP_OK) ex_comm_fail(e, e->world, st, what);
+  return st;
+}
+
+static lp_status update_bias(lp_nn_layer *m, size_t E, double *counts, int64_t *c) {
+  for (size_t x = 0; x < E; x++) c[x] = (int64_t)(counts[x] + 0.5);
+  LP_CHECK(lp_nn_moe_update_bias(m, c));
+  lp_nn_moe_load_reset(m);
+  return LP_OK;
+}
+
 lp_status ex_moe_bias_update(lp_exec *e) {
   if (!e->moe.total) return LP_OK;
-  int64_t *c = NULL;
-  size_t cap = 0;
-  lp_status st = LP_OK;
-  for (int li = 0; li < e->nloc; li++) {
-    vst *vs = &e->vs[li];
-    size_t off = e->moe.off[vs->stage];
-    int nm = lp_nn_moe_count(vs->chunk);
-    for (int i = 0; i < nm; i++) {
-      lp_nn_layer *m = lp_nn_moe_find(vs->chunk, i);
-      size_t E = (size_t)lp_nn_moe_get_opts(m)->experts;
-      if (E > cap) {
-        int64_t *nc = lp_realloc(c, E * sizeof *c);
-        if (!nc) { st = LP_ERR_NOMEM; goto done; }
-        c = nc;
-        cap = E;
-      }
-      for (size_t x = 0; x < E; x++) c[x] = (int64_t)(e->moe.counts[off + x] + 0.5);
-      LP_CHECK_GOTO(lp_nn_moe_update_bias(m, c), st, done);
-      lp_nn_moe_load_reset(m);
-      off += E;
-    }
-  }
-done:
-  lp_free(c);
-  return st;
+  return moe_each(e, update_bias);
 }
 
 lp_status lp_exec_expert_loads(const lp_exec *e, int *layers, const int **experts,
